@@ -1,0 +1,117 @@
+# idemproc — build, test, demo. `make help` lists the targets.
+
+CC      ?= cc
+PREFIX  ?= /usr/local
+BUILD   := build
+SAN     ?=
+VERSION := 0.1.0
+
+# Libraries, found with pkg-config. These variables are recursive (=) on
+# purpose: they are expanded when a recipe runs, i.e. after `deps` has
+# installed whatever pkg-config could not find.
+PKGS      := rdkafka hiredis jansson libmicrohttpd uuid
+TEST_PKGS := criterion
+PKG_CFLAGS  = $(shell pkg-config --cflags $(PKGS))
+PKG_LIBS    = $(shell pkg-config --libs $(PKGS))
+TEST_CFLAGS = $(shell pkg-config --cflags $(TEST_PKGS))
+TEST_LIBS   = $(shell pkg-config --libs $(TEST_PKGS))
+
+# Debian packages the build, the tests and the demo need.
+DEB_PKGS := build-essential pkg-config librdkafka-dev libhiredis-dev \
+            libjansson-dev libcriterion-dev libmicrohttpd-dev uuid-dev \
+            redis-server redis-tools kcat prometheus clang-format
+
+WARN    := -Wall -Wextra -Wshadow -Wstrict-prototypes -Wwrite-strings -Werror
+CFLAGS  ?= -O2 -g
+ALL_CFLAGS = -std=c11 -D_GNU_SOURCE $(WARN) $(CFLAGS) -MMD -MP \
+             -DIDEM_VERSION='"$(VERSION)"' $(PKG_CFLAGS)
+LDLIBS_ALL = $(PKG_LIBS) -lpthread -lm
+ifneq ($(SAN),)
+ALL_CFLAGS += -fsanitize=$(SAN) -fno-omit-frame-pointer
+LDFLAGS    += -fsanitize=$(SAN)
+endif
+
+SRCS      := $(wildcard processor/*.c)
+OBJS      := $(SRCS:processor/%.c=$(BUILD)/obj/%.o)
+LIB_OBJS  := $(filter-out $(BUILD)/obj/main.o,$(OBJS))
+TEST_SRCS := $(wildcard tests/*.c)
+TEST_OBJS := $(TEST_SRCS:tests/%.c=$(BUILD)/tobj/%.o)
+BIN       := $(BUILD)/idemproc
+TEST_BIN  := $(BUILD)/idemproc-tests
+
+# Tests build argv arrays from string literals, hence -Wno-write-strings there.
+# Criterion options for `make test`; e.g. make test TEST_ARGS='--filter=conf/*'
+TEST_JOBS ?= 2
+TEST_ARGS ?=
+
+.PHONY: all deps deps-check test check-format format demo bench clean install help
+
+all: $(BIN)
+
+help:
+	@echo "make [all]      build $(BIN) (installs missing Debian packages first)"
+	@echo "make test       format check, unit and integration tests"
+	@echo "make demo       whole pipeline on the embedded broker and a private redis"
+	@echo "make bench      throughput benchmark against the per-message reference"
+	@echo "make format     clang-format the sources"
+	@echo "make SAN=address,undefined ...   sanitizer build"
+	@echo "make deps       install the Debian packages listed in DEB_PKGS"
+
+# deps-check runs before every compile: cheap when everything is present,
+# installs the missing packages otherwise (apt-get, through sudo when not root).
+deps-check:
+	@pkg-config --exists $(PKGS) $(TEST_PKGS) && command -v redis-server >/dev/null \
+	  && command -v kcat >/dev/null && command -v promtool >/dev/null \
+	  && command -v clang-format >/dev/null || $(MAKE) --no-print-directory deps
+
+deps:
+	@missing=""; for p in $(DEB_PKGS); do \
+	  dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q '^install ok installed' || missing="$$missing $$p"; \
+	done; \
+	if [ -n "$$missing" ]; then \
+	  sudo=""; [ "$$(id -u)" -eq 0 ] || sudo=sudo; \
+	  echo "deps: installing$$missing"; \
+	  $$sudo apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y -qq --no-install-recommends $$missing; \
+	else echo "deps: all Debian packages present"; fi
+
+$(BUILD)/obj $(BUILD)/tobj:
+	@mkdir -p $@
+
+$(BUILD)/obj/%.o: processor/%.c | deps-check $(BUILD)/obj
+	$(CC) $(ALL_CFLAGS) -c -o $@ $<
+
+$(BUILD)/tobj/%.o: tests/%.c | deps-check $(BUILD)/tobj
+	$(CC) $(ALL_CFLAGS) -Wno-write-strings $(TEST_CFLAGS) -Iprocessor -c -o $@ $<
+
+$(BIN): $(OBJS)
+	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS_ALL)
+
+$(TEST_BIN): $(TEST_OBJS) $(LIB_OBJS)
+	$(CC) $(LDFLAGS) -o $@ $^ $(TEST_LIBS) $(LDLIBS_ALL)
+
+check-format: | deps-check
+	@out=$$(clang-format --dry-run --Werror processor/*.[ch] tests/*.[ch] 2>&1); \
+	if [ -n "$$out" ]; then echo "$$out" | head -20; echo "check-format: run 'make format'"; exit 1; fi; \
+	echo "check-format: ok"
+
+format: | deps-check
+	clang-format -i processor/*.[ch] tests/*.[ch]
+
+test: check-format $(BIN) $(TEST_BIN)
+	IDEMPROC_BIN=$(abspath $(BIN)) IDEMPROC_SRC=$(abspath .) \
+	  $(TEST_BIN) --jobs=$(TEST_JOBS) $(TEST_ARGS)
+
+demo: $(BIN)
+	@tests/demo.sh $(BIN)
+
+bench: $(BIN)
+	@tests/bench.sh $(BIN)
+
+install: $(BIN)
+	install -D -m 0755 $(BIN) $(DESTDIR)$(PREFIX)/bin/idemproc
+
+clean:
+	rm -rf $(BUILD)
+
+-include $(OBJS:.o=.d) $(TEST_OBJS:.o=.d)

@@ -1,0 +1,24 @@
+/* cmd: the entry points of idemproc's subcommands (one cmd_<name>.c each).
+ * Each returns the process exit code: 0 success, 1 runtime failure, 2 usage
+ * or configuration error. `argv[0]` is the subcommand's name. */
+#ifndef IDEM_CMD_H
+#define IDEM_CMD_H
+
+#include <stdio.h>
+
+#define IDEM_EXIT_OK    0
+#define IDEM_EXIT_FAIL  1
+#define IDEM_EXIT_USAGE 2
+
+int idem_cmd_run(int argc, char **argv, char **envp);
+int idem_cmd_produce(int argc, char **argv, char **envp);
+int idem_cmd_broker(int argc, char **argv, char **envp);
+int idem_cmd_verify(int argc, char **argv, char **envp);
+
+/* Usage texts, printed by `idemproc help CMD` and `idemproc CMD --help`. */
+void idem_cmd_run_usage(FILE *out);
+void idem_cmd_produce_usage(FILE *out);
+void idem_cmd_broker_usage(FILE *out);
+void idem_cmd_verify_usage(FILE *out);
+
+#endif

@@ -1,0 +1,918 @@
+/* conf: the configuration table, its sources (file, environment, --set) and
+ * the effective configuration every command reads. */
+#include "conf.h"
+#include "util.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+typedef enum { PROP_STR, PROP_INT, PROP_ENUM } prop_type_t;
+
+/* One configuration key. Like librdkafka's rd_kafka_property table: parsing,
+ * validation, help, check-config and the README all read this. */
+typedef struct {
+    const char *name;
+    prop_type_t type;
+    size_t offset;        /* of the field in idem_conf_t */
+    const char *def;      /* default as text; NULL = unset */
+    int64_t min, max;     /* PROP_INT range */
+    const char *enums[6]; /* PROP_ENUM names, index = stored value */
+    int secret;           /* never printed or logged */
+    int required;         /* finalize fails when unset or empty */
+    const char *doc;
+} prop_t;
+
+#define F(field) offsetof(idem_conf_t, field)
+
+static const prop_t props[] = {
+    {"kafka.bootstrap.servers",
+     PROP_STR,
+     F(bootstrap_servers),
+     NULL,
+     0,
+     0,
+     {0},
+     0,
+     1,
+     "Kafka brokers, host:port[,host:port...]"},
+    {"group.id",
+     PROP_STR,
+     F(group_id),
+     NULL,
+     0,
+     0,
+     {0},
+     0,
+     1,
+     "consumer group; also scopes the dedup marks in Redis"},
+    {"input.topics",
+     PROP_STR,
+     F(input_topics),
+     NULL,
+     0,
+     0,
+     {0},
+     0,
+     1,
+     "comma list of topics to consume; a ^ prefix makes one a regex"},
+    {"dlq.topic",
+     PROP_STR,
+     F(dlq_topic),
+     NULL,
+     0,
+     0,
+     {0},
+     0,
+     1,
+     "dead-letter topic for poison records"},
+    {"output.topic",
+     PROP_STR,
+     F(output_topic),
+     NULL,
+     0,
+     0,
+     {0},
+     0,
+     0,
+     "topic the forward handler writes to (required with handler=forward)"},
+    {"member.id",
+     PROP_STR,
+     F(member_id),
+     NULL,
+     0,
+     0,
+     {0},
+     0,
+     0,
+     "this member's name: client.id, lease owner, logs (default "
+     "hostname-pid)"},
+    {"handler",
+     PROP_ENUM,
+     F(handler),
+     "ledger",
+     0,
+     0,
+     {"ledger", "forward"},
+     0,
+     0,
+     "ledger: effect in Redis, one script; forward: write to "
+     "output.topic under a lease"},
+    {"redis.url",
+     PROP_STR,
+     F(redis_url),
+     "redis://127.0.0.1:6379/0",
+     0,
+     0,
+     {0},
+     0,
+     1,
+     "redis://[:password@]host:port[/db] or unix:///path.sock"},
+    {"redis.password",
+     PROP_STR,
+     F(redis_password),
+     NULL,
+     0,
+     0,
+     {0},
+     1,
+     0,
+     "Redis AUTH password (overrides one in redis.url)"},
+    {"redis.prefix",
+     PROP_STR,
+     F(redis_prefix),
+     "idemproc:",
+     0,
+     0,
+     {0},
+     0,
+     0,
+     "prefix of every Redis key"},
+    {"redis.timeout.ms",
+     PROP_INT,
+     F(redis_timeout_ms),
+     "2000",
+     10,
+     600000,
+     {0},
+     0,
+     0,
+     "Redis connect and command timeout"},
+    {"dedup.ttl.seconds",
+     PROP_INT,
+     F(dedup_ttl_seconds),
+     "86400",
+     1,
+     31536000,
+     {0},
+     0,
+     0,
+     "how long a done mark is kept (the dedup window)"},
+    {"dedup.lease.ms",
+     PROP_INT,
+     F(dedup_lease_ms),
+     "30000",
+     100,
+     3600000,
+     {0},
+     0,
+     0,
+     "lease on a record while an external effect is in flight"},
+    {"retry.max.attempts",
+     PROP_INT,
+     F(retry_max_attempts),
+     "5",
+     1,
+     1000,
+     {0},
+     0,
+     0,
+     "attempts of a retriable handler error before max-retries"},
+    {"retry.backoff.initial.ms",
+     PROP_INT,
+     F(retry_backoff_initial_ms),
+     "100",
+     1,
+     3600000,
+     {0},
+     0,
+     0,
+     "first retry delay (doubles, with jitter)"},
+    {"retry.backoff.max.ms",
+     PROP_INT,
+     F(retry_backoff_max_ms),
+     "10000",
+     1,
+     3600000,
+     {0},
+     0,
+     0,
+     "largest retry and reconnect delay"},
+    {"batch.max.messages",
+     PROP_INT,
+     F(batch_max_messages),
+     "1000",
+     1,
+     100000,
+     {0},
+     0,
+     0,
+     "records per batch (one Redis round trip)"},
+    {"batch.max.wait.ms",
+     PROP_INT,
+     F(batch_max_wait_ms),
+     "20",
+     0,
+     60000,
+     {0},
+     0,
+     0,
+     "longest wait to fill a batch"},
+    {"commit.interval.ms",
+     PROP_INT,
+     F(commit_interval_ms),
+     "1000",
+     10,
+     3600000,
+     {0},
+     0,
+     0,
+     "asynchronous offset commit period"},
+    {"message.max.bytes",
+     PROP_INT,
+     F(message_max_bytes),
+     "1048576",
+     64,
+     104857600,
+     {0},
+     0,
+     0,
+     "larger record values go to the DLQ as too-large"},
+    {"max.inflight.messages",
+     PROP_INT,
+     F(max_inflight_messages),
+     "100000",
+     1,
+     10000000,
+     {0},
+     0,
+     0,
+     "records held unfinished before fetching pauses (bounds memory)"},
+    {"http.listen",
+     PROP_STR,
+     F(http_listen),
+     "127.0.0.1:9464",
+     0,
+     0,
+     {0},
+     0,
+     0,
+     "metrics and probes address host:port; empty disables HTTP"},
+    {"health.stall.ms",
+     PROP_INT,
+     F(health_stall_ms),
+     "30000",
+     100,
+     3600000,
+     {0},
+     0,
+     0,
+     "/healthz fails when the loop made no progress this long"},
+    {"stats.interval.ms",
+     PROP_INT,
+     F(stats_interval_ms),
+     "5000",
+     0,
+     3600000,
+     {0},
+     0,
+     0,
+     "librdkafka statistics period (consumer lag); 0 = off"},
+    {"progress.interval.ms",
+     PROP_INT,
+     F(progress_interval_ms),
+     "10000",
+     0,
+     3600000,
+     {0},
+     0,
+     0,
+     "period of the progress log line; 0 = off"},
+    {"log.level",
+     PROP_ENUM,
+     F(log_level),
+     "info",
+     0,
+     0,
+     {"debug", "info", "warn", "error"},
+     0,
+     0,
+     "least severe level logged"},
+    {"log.format",
+     PROP_ENUM,
+     F(log_format),
+     "json",
+     0,
+     0,
+     {"json", "text"},
+     0,
+     0,
+     "json: one object a line; text: for people"},
+    {"shutdown.timeout.ms",
+     PROP_INT,
+     F(shutdown_timeout_ms),
+     "10000",
+     100,
+     600000,
+     {0},
+     0,
+     0,
+     "SIGTERM: finish, flush, commit and leave within this"},
+};
+
+#define PROP_CNT (sizeof(props) / sizeof(props[0]))
+
+const char *idem_handler2str(int handler)
+{
+    return handler == IDEM_HANDLER_FORWARD ? "forward" : "ledger";
+}
+
+static const prop_t *prop_find(const char *name)
+{
+    for (size_t i = 0; i < PROP_CNT; i++)
+        if (!strcmp(props[i].name, name))
+            return &props[i];
+    return NULL;
+}
+
+static void err_set(char *errstr, size_t errstr_size, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+static void err_set(char *errstr, size_t errstr_size, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(errstr, errstr_size, fmt, ap);
+    va_end(ap);
+}
+
+/* Levenshtein distance, for "did you mean" hints. */
+static size_t edit_distance(const char *a, const char *b)
+{
+    size_t la = strlen(a), lb = strlen(b);
+    size_t *row = idem_xcalloc(lb + 1, sizeof(*row));
+    for (size_t j = 0; j <= lb; j++)
+        row[j] = j;
+    for (size_t i = 1; i <= la; i++) {
+        size_t diag = row[0];
+        row[0] = i;
+        for (size_t j = 1; j <= lb; j++) {
+            size_t up = row[j];
+            size_t cost = a[i - 1] == b[j - 1] ? 0 : 1;
+            size_t best = diag + cost;
+            if (row[j] + 1 < best)
+                best = row[j] + 1;
+            if (row[j - 1] + 1 < best)
+                best = row[j - 1] + 1;
+            row[j] = best;
+            diag = up;
+        }
+    }
+    size_t d = row[lb];
+    free(row);
+    return d;
+}
+
+static const char *closest_key(const char *name)
+{
+    const char *best = NULL;
+    size_t best_d = (size_t)-1;
+    for (size_t i = 0; i < PROP_CNT; i++) {
+        size_t d = edit_distance(name, props[i].name);
+        if (d < best_d) {
+            best_d = d;
+            best = props[i].name;
+        }
+    }
+    /* Only suggest what is plausibly a typo. */
+    return best_d <= 1 + strlen(name) / 4 ? best : NULL;
+}
+
+static int is_secret_kafka_prop(const char *name)
+{
+    return strstr(name, "password") || strstr(name, "secret") ||
+           strstr(name, "sasl.jaas") || strstr(name, "key.pem");
+}
+
+/* Reads a whole small file (a mounted secret) into a new string, trailing
+ * newlines removed. Returns NULL with errstr on failure. */
+static char *read_secret_file(const char *key, const char *path, char *errstr,
+                              size_t errstr_size)
+{
+    FILE *fp = fopen(path, "r");
+    if (!fp) {
+        err_set(errstr, errstr_size, "%s: cannot read \"%s\": %s", key, path,
+                strerror(errno));
+        return NULL;
+    }
+    char *buf = idem_xmalloc(65537);
+    size_t n = fread(buf, 1, 65536, fp);
+    int toolong = !feof(fp);
+    fclose(fp);
+    if (toolong) {
+        free(buf);
+        err_set(errstr, errstr_size, "%s: \"%s\" is larger than 64 KiB", key,
+                path);
+        return NULL;
+    }
+    while (n > 0 && (buf[n - 1] == '\n' || buf[n - 1] == '\r'))
+        n--;
+    buf[n] = '\0';
+    return buf;
+}
+
+static int kafka_set(idem_conf_t *conf, const char *prop, const char *value)
+{
+    for (size_t i = 0; i < conf->kafka_cnt; i++) {
+        if (!strcmp(conf->kafka[i].name, prop)) {
+            free(conf->kafka[i].value);
+            conf->kafka[i].value = idem_xstrdup(value);
+            return 0;
+        }
+    }
+    conf->kafka = idem_xrealloc(conf->kafka,
+                                (conf->kafka_cnt + 1) * sizeof(*conf->kafka));
+    conf->kafka[conf->kafka_cnt].name = idem_xstrdup(prop);
+    conf->kafka[conf->kafka_cnt].value = idem_xstrdup(value);
+    conf->kafka_cnt++;
+    return 0;
+}
+
+/* The generic setter: validates `value` against the property's type, range
+ * and enum, then stores it. */
+static int prop_set(idem_conf_t *conf, const prop_t *p, const char *value,
+                    char *errstr, size_t errstr_size)
+{
+    char *field = (char *)conf + p->offset;
+    switch (p->type) {
+    case PROP_STR: {
+        char **s = (char **)field;
+        free(*s);
+        *s = value ? idem_xstrdup(value) : NULL;
+        return 0;
+    }
+    case PROP_INT: {
+        char *end;
+        errno = 0;
+        long long v = strtoll(value, &end, 10);
+        if (!*value || *end || errno) {
+            err_set(errstr, errstr_size, "%s: \"%s\" is not an integer",
+                    p->name, value);
+            return -1;
+        }
+        if (v < p->min || v > p->max) {
+            err_set(errstr, errstr_size,
+                    "%s: %lld is out of range (%" PRId64 "..%" PRId64 ")",
+                    p->name, v, p->min, p->max);
+            return -1;
+        }
+        *(int64_t *)field = v;
+        return 0;
+    }
+    case PROP_ENUM: {
+        char allowed[128] = "";
+        for (int i = 0; p->enums[i]; i++) {
+            if (!strcmp(p->enums[i], value)) {
+                *(int *)field = i;
+                return 0;
+            }
+            if (i)
+                strncat(allowed, ", ", sizeof(allowed) - strlen(allowed) - 1);
+            strncat(allowed, p->enums[i],
+                    sizeof(allowed) - strlen(allowed) - 1);
+        }
+        err_set(errstr, errstr_size, "%s: \"%s\" is not one of: %s", p->name,
+                value, allowed);
+        return -1;
+    }
+    }
+    return -1;
+}
+
+int idem_conf_set(idem_conf_t *conf, const char *key, const char *value,
+                  char *errstr, size_t errstr_size)
+{
+    size_t klen = strlen(key);
+    if (klen > 5 && !strcmp(key + klen - 5, ".file")) {
+        char base[256];
+        if (klen - 5 >= sizeof(base)) {
+            err_set(errstr, errstr_size, "%s: key too long", key);
+            return -1;
+        }
+        memcpy(base, key, klen - 5);
+        base[klen - 5] = '\0';
+        char *content = read_secret_file(key, value, errstr, errstr_size);
+        if (!content)
+            return -1;
+        int r = idem_conf_set(conf, base, content, errstr, errstr_size);
+        memset(content, 0, strlen(content));
+        free(content);
+        return r;
+    }
+
+    const prop_t *p = prop_find(key);
+    if (p)
+        return prop_set(conf, p, value, errstr, errstr_size);
+    if (!strncmp(key, "kafka.", 6) && key[6])
+        return kafka_set(conf, key + 6, value);
+
+    const char *hint = closest_key(key);
+    if (hint)
+        err_set(errstr, errstr_size,
+                "%s: unknown configuration key (did you mean \"%s\"?)", key,
+                hint);
+    else
+        err_set(errstr, errstr_size,
+                "%s: unknown configuration key (see 'idemproc help config')",
+                key);
+    return -1;
+}
+
+idem_conf_t *idem_conf_new(void)
+{
+    idem_conf_t *conf = idem_xcalloc(1, sizeof(*conf));
+    char errstr[256];
+    for (size_t i = 0; i < PROP_CNT; i++) {
+        if (props[i].def &&
+            prop_set(conf, &props[i], props[i].def, errstr, sizeof(errstr)))
+            abort(); /* a bad default is a bug in the table */
+    }
+    return conf;
+}
+
+void idem_conf_destroy(idem_conf_t *conf)
+{
+    if (!conf)
+        return;
+    for (size_t i = 0; i < PROP_CNT; i++)
+        if (props[i].type == PROP_STR)
+            free(*(char **)((char *)conf + props[i].offset));
+    for (size_t i = 0; i < conf->kafka_cnt; i++) {
+        free(conf->kafka[i].name);
+        free(conf->kafka[i].value);
+    }
+    free(conf->kafka);
+    free(conf);
+}
+
+static char *trim(char *s)
+{
+    while (isspace((unsigned char)*s))
+        s++;
+    char *e = s + strlen(s);
+    while (e > s && isspace((unsigned char)e[-1]))
+        *--e = '\0';
+    return s;
+}
+
+int idem_conf_load_file(idem_conf_t *conf, const char *path, char *errstr,
+                        size_t errstr_size)
+{
+    FILE *fp = fopen(path, "r");
+    if (!fp) {
+        err_set(errstr, errstr_size, "%s: cannot open: %s", path,
+                strerror(errno));
+        return -1;
+    }
+    char line[8192];
+    int lineno = 0;
+    int r = 0;
+    while (fgets(line, sizeof(line), fp)) {
+        lineno++;
+        char *s = trim(line);
+        if (!*s || *s == '#' || *s == '!')
+            continue;
+        char *eq = strchr(s, '=');
+        if (!eq) {
+            err_set(errstr, errstr_size,
+                    "%s:%d: expected key=value, got \"%s\"", path, lineno, s);
+            r = -1;
+            break;
+        }
+        *eq = '\0';
+        char *key = trim(s), *value = trim(eq + 1);
+        char sub[512];
+        if (idem_conf_set(conf, key, value, sub, sizeof(sub))) {
+            err_set(errstr, errstr_size, "%s:%d: %s", path, lineno, sub);
+            r = -1;
+            break;
+        }
+    }
+    fclose(fp);
+    return r;
+}
+
+/* IDEMPROC_<KEY>: the key upper-cased with '.' and '-' as '_'. */
+static void env_name(const char *key, char *out, size_t out_size)
+{
+    size_t n = (size_t)snprintf(out, out_size, "IDEMPROC_");
+    for (; *key && n + 1 < out_size; key++)
+        out[n++] = (*key == '.' || *key == '-')
+                       ? '_'
+                       : (char)toupper((unsigned char)*key);
+    out[n] = '\0';
+}
+
+/* Maps an environment variable name to a key: a table key (with or without
+ * a _FILE suffix) or KAFKA_<PROP> -> kafka.<prop> with '_' as '.'. */
+static int env_key(const char *var, char *key, size_t key_size)
+{
+    char name[256];
+    for (size_t i = 0; i < PROP_CNT; i++) {
+        env_name(props[i].name, name, sizeof(name));
+        size_t nl = strlen(name);
+        if (!strcmp(var, name)) {
+            snprintf(key, key_size, "%s", props[i].name);
+            return 0;
+        }
+        if (!strncmp(var, name, nl) && !strcmp(var + nl, "_FILE")) {
+            snprintf(key, key_size, "%s.file", props[i].name);
+            return 0;
+        }
+    }
+    if (!strncmp(var, "IDEMPROC_KAFKA_", 15) && var[15]) {
+        size_t n = (size_t)snprintf(key, key_size, "kafka.");
+        for (const char *c = var + 15; *c && n + 1 < key_size; c++)
+            key[n++] = *c == '_' ? '.' : (char)tolower((unsigned char)*c);
+        key[n] = '\0';
+        return 0;
+    }
+    return -1;
+}
+
+int idem_conf_load_env(idem_conf_t *conf, char **envp, char *errstr,
+                       size_t errstr_size)
+{
+    for (char **e = envp; e && *e; e++) {
+        if (strncmp(*e, "IDEMPROC_", 9))
+            continue;
+        const char *eq = strchr(*e, '=');
+        if (!eq)
+            continue;
+        char var[256], key[256], sub[512];
+        size_t vl = (size_t)(eq - *e);
+        if (vl >= sizeof(var))
+            continue;
+        memcpy(var, *e, vl);
+        var[vl] = '\0';
+        if (!strcmp(var, "IDEMPROC_BIN") || !strcmp(var, "IDEMPROC_SRC"))
+            continue; /* test harness variables, not configuration */
+        if (env_key(var, key, sizeof(key))) {
+            err_set(errstr, errstr_size,
+                    "%s: environment variable names no configuration key", var);
+            return -1;
+        }
+        if (idem_conf_set(conf, key, eq + 1, sub, sizeof(sub))) {
+            err_set(errstr, errstr_size, "%s (from %s)", sub, var);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+int idem_conf_apply_kafka(const idem_conf_t *conf, rd_kafka_conf_t *kconf,
+                          char *errstr, size_t errstr_size)
+{
+    char kerr[512];
+    if (conf->bootstrap_servers &&
+        rd_kafka_conf_set(kconf, "bootstrap.servers", conf->bootstrap_servers,
+                          kerr, sizeof(kerr)) != RD_KAFKA_CONF_OK) {
+        err_set(errstr, errstr_size, "kafka.bootstrap.servers: %s", kerr);
+        return -1;
+    }
+    for (size_t i = 0; i < conf->kafka_cnt; i++) {
+        if (rd_kafka_conf_set(kconf, conf->kafka[i].name, conf->kafka[i].value,
+                              kerr, sizeof(kerr)) != RD_KAFKA_CONF_OK) {
+            err_set(errstr, errstr_size, "kafka.%s: %s", conf->kafka[i].name,
+                    kerr);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* Parses the host part of redis.url enough to reject what cannot work. */
+static int check_redis_url(const char *url, char *errstr, size_t errstr_size)
+{
+    if (!strncmp(url, "unix://", 7)) {
+        if (url[7] != '/') {
+            err_set(errstr, errstr_size,
+                    "redis.url: \"%s\" needs an absolute socket path", url);
+            return -1;
+        }
+        return 0;
+    }
+    if (strncmp(url, "redis://", 8)) {
+        const char *colon = strstr(url, "://");
+        err_set(errstr, errstr_size,
+                "redis.url: unsupported scheme \"%.*s\" (use redis:// or "
+                "unix://)",
+                colon ? (int)(colon - url) : (int)strlen(url), url);
+        return -1;
+    }
+    idem_redis_addr_t a;
+    if (idem_redis_url_parse(url, &a, errstr, errstr_size))
+        return -1;
+    return 0;
+}
+
+int idem_conf_finalize(idem_conf_t *conf, char *errstr, size_t errstr_size)
+{
+    for (size_t i = 0; i < PROP_CNT; i++) {
+        const prop_t *p = &props[i];
+        if (p->required && p->type == PROP_STR) {
+            char *v = *(char **)((char *)conf + p->offset);
+            if (!v || !*v) {
+                err_set(errstr, errstr_size, "%s: required but not set",
+                        p->name);
+                return -1;
+            }
+        }
+    }
+    if (check_redis_url(conf->redis_url, errstr, errstr_size))
+        return -1;
+    if (conf->handler == IDEM_HANDLER_FORWARD &&
+        (!conf->output_topic || !*conf->output_topic)) {
+        err_set(errstr, errstr_size,
+                "output.topic: required when handler=forward");
+        return -1;
+    }
+    if (conf->retry_backoff_initial_ms > conf->retry_backoff_max_ms) {
+        err_set(errstr, errstr_size,
+                "retry.backoff.initial.ms: %" PRId64
+                " is above retry.backoff.max.ms (%" PRId64 ")",
+                conf->retry_backoff_initial_ms, conf->retry_backoff_max_ms);
+        return -1;
+    }
+    if (conf->max_inflight_messages < conf->batch_max_messages) {
+        err_set(errstr, errstr_size,
+                "max.inflight.messages: %" PRId64
+                " is below batch.max.messages (%" PRId64 ")",
+                conf->max_inflight_messages, conf->batch_max_messages);
+        return -1;
+    }
+    /* A topic may not feed itself: the DLQ or the output would be consumed
+     * again as input. */
+    char *topics = idem_xstrdup(conf->input_topics);
+    char *rest = topics;
+    int r = 0;
+    for (char *t = strsep(&rest, ","); t; t = strsep(&rest, ",")) {
+        t = trim(t);
+        if (!*t) {
+            err_set(errstr, errstr_size,
+                    "input.topics: empty topic name in \"%s\"",
+                    conf->input_topics);
+            r = -1;
+            break;
+        }
+        if (!strcmp(t, conf->dlq_topic) ||
+            (conf->handler == IDEM_HANDLER_FORWARD &&
+             !strcmp(t, conf->output_topic))) {
+            err_set(errstr, errstr_size,
+                    "input.topics: \"%s\" is also the %s topic", t,
+                    !strcmp(t, conf->dlq_topic) ? "dlq" : "output");
+            r = -1;
+            break;
+        }
+    }
+    free(topics);
+    if (r)
+        return r;
+    if (!conf->member_id || !*conf->member_id) {
+        char host[128] = "idemproc";
+        gethostname(host, sizeof(host) - 1);
+        host[sizeof(host) - 1] = '\0';
+        char id[192];
+        snprintf(id, sizeof(id), "%s-%ld", host, (long)getpid());
+        free(conf->member_id);
+        conf->member_id = idem_xstrdup(id);
+    }
+    /* Let librdkafka judge every pass-through property now, so a typo is a
+     * configuration error (exit 2) and not a runtime failure. */
+    rd_kafka_conf_t *kconf = rd_kafka_conf_new();
+    r = idem_conf_apply_kafka(conf, kconf, errstr, errstr_size);
+    rd_kafka_conf_destroy(kconf);
+    return r;
+}
+
+idem_conf_t *idem_conf_load(const char *path, char **envp, char **sets,
+                            size_t set_cnt, char *errstr, size_t errstr_size)
+{
+    idem_conf_t *conf = idem_conf_new();
+    if (path && idem_conf_load_file(conf, path, errstr, errstr_size))
+        goto fail;
+    if (idem_conf_load_env(conf, envp, errstr, errstr_size))
+        goto fail;
+    for (size_t i = 0; i < set_cnt; i++) {
+        char *eq = strchr(sets[i], '=');
+        if (!eq) {
+            err_set(errstr, errstr_size,
+                    "--set: expected key=value, got \"%s\"", sets[i]);
+            goto fail;
+        }
+        char key[256];
+        size_t kl = (size_t)(eq - sets[i]);
+        if (kl >= sizeof(key))
+            kl = sizeof(key) - 1;
+        memcpy(key, sets[i], kl);
+        key[kl] = '\0';
+        if (idem_conf_set(conf, key, eq + 1, errstr, errstr_size))
+            goto fail;
+    }
+    if (idem_conf_finalize(conf, errstr, errstr_size))
+        goto fail;
+    return conf;
+fail:
+    idem_conf_destroy(conf);
+    return NULL;
+}
+
+/* Formats the value of a property as text into `buf`; secrets masked. */
+static const char *prop_value(const idem_conf_t *conf, const prop_t *p,
+                              char *buf, size_t size)
+{
+    const char *field = (const char *)conf + p->offset;
+    switch (p->type) {
+    case PROP_STR: {
+        const char *s = *(char *const *)field;
+        if (!s)
+            return "";
+        if (p->secret)
+            return "[redacted]";
+        if (!strcmp(p->name, "redis.url"))
+            return idem_redis_url_redact(s, buf, size);
+        return s;
+    }
+    case PROP_INT:
+        snprintf(buf, size, "%" PRId64, *(const int64_t *)field);
+        return buf;
+    case PROP_ENUM:
+        return p->enums[*(const int *)field];
+    }
+    return "";
+}
+
+void idem_conf_dump(const idem_conf_t *conf, FILE *out)
+{
+    char buf[1024];
+    for (size_t i = 0; i < PROP_CNT; i++)
+        fprintf(out, "%s=%s\n", props[i].name,
+                prop_value(conf, &props[i], buf, sizeof(buf)));
+    for (size_t i = 0; i < conf->kafka_cnt; i++)
+        fprintf(out, "kafka.%s=%s\n", conf->kafka[i].name,
+                is_secret_kafka_prop(conf->kafka[i].name)
+                    ? "[redacted]"
+                    : conf->kafka[i].value);
+}
+
+static void prop_type_text(const prop_t *p, char *buf, size_t size)
+{
+    switch (p->type) {
+    case PROP_STR:
+        snprintf(buf, size, "string");
+        break;
+    case PROP_INT:
+        snprintf(buf, size, "integer %" PRId64 "..%" PRId64, p->min, p->max);
+        break;
+    case PROP_ENUM: {
+        size_t n = 0;
+        buf[0] = '\0';
+        for (int i = 0; p->enums[i] && n < size; i++)
+            n += (size_t)snprintf(buf + n, size - n, "%s%s",
+                                  i ? ", " : "one of: ", p->enums[i]);
+        break;
+    }
+    }
+}
+
+void idem_conf_print_help(FILE *out)
+{
+    char type[128];
+    fprintf(out, "Configuration keys (file key=value < IDEMPROC_<KEY> "
+                 "environment < --set key=value):\n\n");
+    for (size_t i = 0; i < PROP_CNT; i++) {
+        const prop_t *p = &props[i];
+        prop_type_text(p, type, sizeof(type));
+        fprintf(out, "  %-26s %s%s%s\n", p->name, type,
+                p->required ? ", required" : "", p->secret ? ", secret" : "");
+        fprintf(out, "  %-26s default: %s\n", "", p->def ? p->def : "(none)");
+        fprintf(out, "  %-26s %s\n\n", "", p->doc);
+    }
+    fprintf(out, "  kafka.<property>           passed to librdkafka unchanged "
+                 "(see its CONFIGURATION.md)\n"
+                 "  <key>.file                 read <key>'s value from a file "
+                 "(e.g. a mounted Secret)\n");
+}
+
+void idem_conf_print_markdown(FILE *out)
+{
+    char type[128];
+    fprintf(out, "| key | type | default | description |\n");
+    fprintf(out, "| --- | --- | --- | --- |\n");
+    for (size_t i = 0; i < PROP_CNT; i++) {
+        const prop_t *p = &props[i];
+        prop_type_text(p, type, sizeof(type));
+        fprintf(out, "| `%s` | %s%s%s | %s%s%s | %s |\n", p->name, type,
+                p->required ? ", required" : "", p->secret ? ", secret" : "",
+                p->def ? "`" : "", p->def ? p->def : "", p->def ? "`" : "",
+                p->doc);
+    }
+    fprintf(out, "| `kafka.<property>` | string | | passed to librdkafka "
+                 "unchanged (SASL, SSL, tuning) |\n");
+    fprintf(out, "| `<key>.file` | path | | read the key's value from a file "
+                 "(mounted Secret) |\n");
+}

@@ -1,0 +1,101 @@
+/* conf: the configuration table, its sources (file, environment, --set) and
+ * the effective configuration every command reads. */
+#ifndef IDEM_CONF_H
+#define IDEM_CONF_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include <librdkafka/rdkafka.h>
+
+typedef enum { IDEM_HANDLER_LEDGER = 0, IDEM_HANDLER_FORWARD } idem_handler_t;
+
+/* The effective configuration. Fields are filled through the table in conf.c
+ * (never assign them directly outside tests); strings are owned by the conf
+ * and freed by idem_conf_destroy(). Unset optional strings are NULL. */
+typedef struct idem_conf_s {
+    char *bootstrap_servers; /* kafka.bootstrap.servers */
+    char *group_id;
+    char *input_topics; /* comma list; "^" prefix = regex subscription */
+    char *dlq_topic;
+    char *output_topic;   /* forward handler only */
+    char *member_id;      /* client.id, lease owner, log context */
+    char *redis_url;      /* redis://[:pw@]host:port/db or unix:///path */
+    char *redis_password; /* overrides the url's password */
+    char *redis_prefix;
+    int64_t redis_timeout_ms;
+    int64_t dedup_ttl_seconds;
+    int64_t dedup_lease_ms;
+    int handler; /* idem_handler_t */
+    int64_t retry_max_attempts;
+    int64_t retry_backoff_initial_ms;
+    int64_t retry_backoff_max_ms;
+    int64_t batch_max_messages;
+    int64_t batch_max_wait_ms;
+    int64_t commit_interval_ms;
+    int64_t message_max_bytes;
+    int64_t max_inflight_messages; /* bound on records held in memory */
+    char *http_listen;             /* host:port; empty = no HTTP server */
+    int64_t health_stall_ms;
+    int64_t stats_interval_ms;
+    int64_t progress_interval_ms;
+    int log_level;  /* idem_log_level_t */
+    int log_format; /* idem_log_format_t */
+    int64_t shutdown_timeout_ms;
+
+    /* kafka.<prop> pass-through, in the order they were set (later wins). */
+    struct idem_conf_kv {
+        char *name; /* librdkafka property name, without "kafka." */
+        char *value;
+    } * kafka;
+    size_t kafka_cnt;
+} idem_conf_t;
+
+/* A new configuration holding the built-in defaults. Never NULL (aborts on
+ * out-of-memory, as every allocation in this program does). */
+idem_conf_t *idem_conf_new(void);
+void idem_conf_destroy(idem_conf_t *conf);
+
+/* Sets one key (table key, "kafka.<prop>", or "<key>.file" to read the value
+ * from a file such as a mounted Kubernetes Secret). Validates type, range and
+ * enum. Returns 0, or -1 with errstr naming the key and the problem. */
+int idem_conf_set(idem_conf_t *conf, const char *key, const char *value,
+                  char *errstr, size_t errstr_size);
+
+/* Reads a Java-properties style file (key=value, '#' or '!' comments, blank
+ * lines). Returns 0 or -1 with "FILE:LINE: ..." in errstr. */
+int idem_conf_load_file(idem_conf_t *conf, const char *path, char *errstr,
+                        size_t errstr_size);
+
+/* Applies every IDEMPROC_<KEY> variable of `envp` (borrowed). */
+int idem_conf_load_env(idem_conf_t *conf, char **envp, char *errstr,
+                       size_t errstr_size);
+
+/* Cross-key checks and the librdkafka check of every kafka.* property
+ * (librdkafka's own error text is shown). Returns 0 or -1. */
+int idem_conf_finalize(idem_conf_t *conf, char *errstr, size_t errstr_size);
+
+/* The usual sequence of a command: defaults < file (may be NULL) < envp <
+ * sets ("key=value" strings, borrowed), then finalize. Returns a conf the
+ * caller destroys, or NULL with errstr filled. */
+idem_conf_t *idem_conf_load(const char *path, char **envp, char **sets,
+                            size_t set_cnt, char *errstr, size_t errstr_size);
+
+/* Applies kafka.bootstrap.servers and every kafka.* pass-through property to
+ * `kconf` (borrowed). Returns 0 or -1 with librdkafka's text. */
+int idem_conf_apply_kafka(const idem_conf_t *conf, rd_kafka_conf_t *kconf,
+                          char *errstr, size_t errstr_size);
+
+/* Prints the effective configuration as key=value lines, secrets masked. */
+void idem_conf_dump(const idem_conf_t *conf, FILE *out);
+
+/* Prints the table for `idemproc help config`. */
+void idem_conf_print_help(FILE *out);
+
+/* Prints the README's configuration section (a Markdown table). */
+void idem_conf_print_markdown(FILE *out);
+
+const char *idem_handler2str(int handler);
+
+#endif

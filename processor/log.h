@@ -1,0 +1,36 @@
+/* log: one-line structured logs on stderr (JSON by default, text for people).
+ */
+#ifndef IDEM_LOG_H
+#define IDEM_LOG_H
+
+#include <stdarg.h>
+
+typedef enum {
+    IDEM_LOG_DEBUG = 0,
+    IDEM_LOG_INFO,
+    IDEM_LOG_WARN,
+    IDEM_LOG_ERROR,
+} idem_log_level_t;
+
+typedef enum {
+    IDEM_LOG_JSON = 0,
+    IDEM_LOG_TEXT,
+} idem_log_format_t;
+
+/* Process-wide logger settings; safe to call before any thread starts. */
+void idem_log_setup(idem_log_level_t level, idem_log_format_t format);
+const char *idem_log_level2str(idem_log_level_t level);
+int idem_log_enabled(idem_log_level_t level);
+
+/* Log one event. `fields` is a NULL-terminated list of key, value string
+ * pairs (both borrowed) added as context, e.g.
+ *   idem_log_kv(IDEM_LOG_WARN, "redis down", "error", errstr, NULL);
+ * Values are JSON-escaped; the whole line is written with one write(2) so
+ * lines from several threads never interleave. */
+void idem_log_kv(idem_log_level_t level, const char *msg, ...);
+
+/* printf-style message without context fields. */
+void idem_log(idem_log_level_t level, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
+#endif

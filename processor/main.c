@@ -1,0 +1,165 @@
+/* main: idemproc's entry point; dispatches to the subcommands. */
+#include "cmd.h"
+#include "conf.h"
+
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <librdkafka/rdkafka.h>
+
+extern char **environ;
+
+static void check_config_usage(FILE *out)
+{
+    fprintf(out, "usage: idemproc check-config -c FILE [--set key=value]...\n"
+                 "  Validates the configuration (file < IDEMPROC_* environment "
+                 "< --set) and\n  prints the effective one, secrets "
+                 "redacted. Exit 0 valid, 2 invalid.\n");
+}
+
+/* Parses -c FILE and --set k=v (shared by run and check-config's options).
+ * Returns 0, or 2 after printing a usage line. `sets` is allocated with
+ * argc entries; the caller frees it. */
+static int cmd_check_config(int argc, char **argv, char **envp)
+{
+    const char *path = NULL;
+    char **sets = calloc((size_t)argc, sizeof(*sets));
+    size_t set_cnt = 0;
+    static const struct option opts[] = {{"config", required_argument, 0, 'c'},
+                                         {"set", required_argument, 0, 's'},
+                                         {"help", no_argument, 0, 'h'},
+                                         {0, 0, 0, 0}};
+    int c;
+    optind = 1;
+    while ((c = getopt_long(argc, argv, "c:s:h", opts, NULL)) != -1) {
+        switch (c) {
+        case 'c':
+            path = optarg;
+            break;
+        case 's':
+            sets[set_cnt++] = optarg;
+            break;
+        case 'h':
+            check_config_usage(stdout);
+            free(sets);
+            return IDEM_EXIT_OK;
+        default:
+            check_config_usage(stderr);
+            free(sets);
+            return IDEM_EXIT_USAGE;
+        }
+    }
+    if (optind < argc) {
+        fprintf(stderr, "idemproc check-config: unexpected argument \"%s\"\n",
+                argv[optind]);
+        free(sets);
+        return IDEM_EXIT_USAGE;
+    }
+    char errstr[512];
+    idem_conf_t *conf =
+        idem_conf_load(path, envp, sets, set_cnt, errstr, sizeof(errstr));
+    free(sets);
+    if (!conf) {
+        fprintf(stderr, "idemproc: %s\n", errstr);
+        return IDEM_EXIT_USAGE;
+    }
+    idem_conf_dump(conf, stdout);
+    idem_conf_destroy(conf);
+    return IDEM_EXIT_OK;
+}
+
+static void usage(FILE *out)
+{
+    fprintf(out,
+            "idemproc %s - exactly-once effects from at-least-once Kafka\n\n"
+            "usage: idemproc COMMAND [options]\n\n"
+            "commands:\n"
+            "  run -c FILE [--set k=v]...     the processor "
+            "(consumer-group member)\n"
+            "  produce -b BOOTSTRAP -t TOPIC  idempotent producer: test "
+            "traffic or JSON lines\n"
+            "  broker [--brokers N] [--topic NAME:PARTITIONS]...\n"
+            "                                 embedded in-memory Kafka for "
+            "development\n"
+            "  verify -c FILE --expect FILE   compare the Redis ledger (and "
+            "DLQ) with produce --expect\n"
+            "  check-config -c FILE           validate and print the "
+            "effective configuration\n"
+            "  help [COMMAND|config]          this text, a command's "
+            "options, or the config keys\n"
+            "  --version                      print the version\n\n"
+            "exit codes: 0 ok, 1 runtime failure, 2 usage or configuration "
+            "error\n",
+            IDEM_VERSION);
+}
+
+typedef struct {
+    const char *name;
+    int (*main)(int argc, char **argv, char **envp);
+    void (*usage)(FILE *out);
+} command_t;
+
+static const command_t commands[] = {
+    {"run", idem_cmd_run, idem_cmd_run_usage},
+    {"produce", idem_cmd_produce, idem_cmd_produce_usage},
+    {"broker", idem_cmd_broker, idem_cmd_broker_usage},
+    {"verify", idem_cmd_verify, idem_cmd_verify_usage},
+    {"check-config", cmd_check_config, check_config_usage},
+};
+
+static const command_t *command_find(const char *name)
+{
+    for (size_t i = 0; i < sizeof(commands) / sizeof(commands[0]); i++)
+        if (!strcmp(commands[i].name, name))
+            return &commands[i];
+    return NULL;
+}
+
+static int cmd_help(int argc, char **argv)
+{
+    if (argc < 2) {
+        usage(stdout);
+        return IDEM_EXIT_OK;
+    }
+    if (!strcmp(argv[1], "config")) {
+        idem_conf_print_help(stdout);
+        return IDEM_EXIT_OK;
+    }
+    if (!strcmp(argv[1], "config-markdown")) {
+        idem_conf_print_markdown(stdout);
+        return IDEM_EXIT_OK;
+    }
+    const command_t *cmd = command_find(argv[1]);
+    if (!cmd) {
+        fprintf(stderr, "idemproc help: unknown command \"%s\"\n", argv[1]);
+        return IDEM_EXIT_USAGE;
+    }
+    cmd->usage(stdout);
+    return IDEM_EXIT_OK;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2) {
+        usage(stderr);
+        return IDEM_EXIT_USAGE;
+    }
+    const char *name = argv[1];
+    if (!strcmp(name, "--version") || !strcmp(name, "version")) {
+        printf("idemproc %s (librdkafka %s)\n", IDEM_VERSION,
+               rd_kafka_version_str());
+        return IDEM_EXIT_OK;
+    }
+    if (!strcmp(name, "help") || !strcmp(name, "--help") || !strcmp(name, "-h"))
+        return cmd_help(argc - 1, argv + 1);
+    const command_t *cmd = command_find(name);
+    if (!cmd) {
+        fprintf(stderr,
+                "idemproc: unknown command \"%s\" (see 'idemproc help')\n",
+                name);
+        return IDEM_EXIT_USAGE;
+    }
+    return cmd->main(argc - 1, argv + 1, environ);
+}

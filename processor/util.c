@@ -1,0 +1,183 @@
+/* util: allocation that cannot fail, clocks, and small parsers shared by
+ * every command. */
+#include "util.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <uuid/uuid.h>
+
+static void oom(size_t size)
+{
+    fprintf(stderr, "idemproc: out of memory allocating %zu bytes\n", size);
+    abort();
+}
+
+void *idem_xmalloc(size_t size)
+{
+    void *p = malloc(size ? size : 1);
+    if (!p)
+        oom(size);
+    return p;
+}
+
+void *idem_xcalloc(size_t n, size_t size)
+{
+    void *p = calloc(n ? n : 1, size ? size : 1);
+    if (!p)
+        oom(n * size);
+    return p;
+}
+
+void *idem_xrealloc(void *ptr, size_t size)
+{
+    void *p = realloc(ptr, size ? size : 1);
+    if (!p)
+        oom(size);
+    return p;
+}
+
+char *idem_xstrdup(const char *s)
+{
+    char *p = strdup(s);
+    if (!p)
+        oom(strlen(s) + 1);
+    return p;
+}
+
+int64_t idem_now_us(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
+}
+
+int64_t idem_now_ms(void)
+{
+    return idem_now_us() / 1000;
+}
+
+int64_t idem_wall_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+char *idem_rfc3339(int64_t wall_ms, char *buf, size_t size)
+{
+    time_t sec = (time_t)(wall_ms / 1000);
+    struct tm tm;
+    gmtime_r(&sec, &tm);
+    size_t n = strftime(buf, size, "%Y-%m-%dT%H:%M:%S", &tm);
+    snprintf(buf + n, size - n, ".%03dZ", (int)(wall_ms % 1000));
+    return buf;
+}
+
+void idem_uuid(char out[37])
+{
+    uuid_t u;
+    uuid_generate_random(u);
+    uuid_unparse_lower(u, out);
+}
+
+int idem_redis_url_parse(const char *url, idem_redis_addr_t *out, char *errstr,
+                         size_t errstr_size)
+{
+    memset(out, 0, sizeof(*out));
+    if (!strncmp(url, "unix://", 7)) {
+        const char *path = url + 7;
+        const char *q = strchr(path, '?');
+        size_t pl = q ? (size_t)(q - path) : strlen(path);
+        if (pl == 0 || pl >= sizeof(out->path) || path[0] != '/') {
+            snprintf(errstr, errstr_size,
+                     "redis.url: \"%s\" needs an absolute socket path", url);
+            return -1;
+        }
+        out->is_unix = 1;
+        memcpy(out->path, path, pl);
+        if (q && !strncmp(q, "?db=", 4))
+            out->db = atoi(q + 4);
+        return 0;
+    }
+    if (strncmp(url, "redis://", 8)) {
+        snprintf(errstr, errstr_size,
+                 "redis.url: unsupported scheme in \"%s\" (use redis:// or "
+                 "unix://)",
+                 url);
+        return -1;
+    }
+    const char *p = url + 8;
+    const char *at = strrchr(p, '@');
+    if (at) {
+        const char *colon = memchr(p, ':', (size_t)(at - p));
+        const char *pw = colon ? colon + 1 : p;
+        size_t pwl = (size_t)(at - pw);
+        if (pwl >= sizeof(out->password)) {
+            snprintf(errstr, errstr_size, "redis.url: password too long");
+            return -1;
+        }
+        memcpy(out->password, pw, pwl);
+        p = at + 1;
+    }
+    const char *slash = strchr(p, '/');
+    size_t hl = slash ? (size_t)(slash - p) : strlen(p);
+    char hostport[300];
+    if (hl == 0 || hl >= sizeof(hostport)) {
+        snprintf(errstr, errstr_size, "redis.url: no host in \"%s\"", url);
+        return -1;
+    }
+    memcpy(hostport, p, hl);
+    hostport[hl] = '\0';
+    out->port = 6379;
+    char *colon = strrchr(hostport, ':');
+    if (colon) {
+        char *end;
+        long port = strtol(colon + 1, &end, 10);
+        if (*end || port < 1 || port > 65535) {
+            snprintf(errstr, errstr_size,
+                     "redis.url: bad port \"%s\" (1..65535)", colon + 1);
+            return -1;
+        }
+        out->port = (int)port;
+        *colon = '\0';
+    }
+    if (!hostport[0] || strlen(hostport) >= sizeof(out->host)) {
+        snprintf(errstr, errstr_size, "redis.url: no host in \"%s\"", url);
+        return -1;
+    }
+    snprintf(out->host, sizeof(out->host), "%s", hostport);
+    if (slash && slash[1]) {
+        char *end;
+        long db = strtol(slash + 1, &end, 10);
+        if (*end || db < 0 || db > 1000000) {
+            snprintf(errstr, errstr_size,
+                     "redis.url: bad database \"%s\" (a number)", slash + 1);
+            return -1;
+        }
+        out->db = (int)db;
+    }
+    return 0;
+}
+
+const char *idem_redis_url_redact(const char *url, char *buf, size_t size)
+{
+    const char *at = strncmp(url, "redis://", 8) ? NULL : strrchr(url, '@');
+    if (!at) {
+        snprintf(buf, size, "%s", url);
+        return buf;
+    }
+    snprintf(buf, size, "redis://***%s", at);
+    return buf;
+}
+
+void idem_sleep_ms(int64_t ms, volatile int *stop)
+{
+    struct timespec ts = {.tv_sec = ms / 1000,
+                          .tv_nsec = (ms % 1000) * 1000000L};
+    while (nanosleep(&ts, &ts) == -1 && errno == EINTR)
+        if (stop && *stop)
+            break;
+}
