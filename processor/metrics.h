@@ -1,0 +1,72 @@
+/* metrics: the process's Prometheus metrics; updated by the processing
+ * thread, rendered by the HTTP thread. Every function is thread-safe. */
+#ifndef IDEM_METRICS_H
+#define IDEM_METRICS_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "outcome.h"
+
+typedef struct idem_metrics_s idem_metrics_t;
+
+idem_metrics_t *idem_metrics_new(void);
+void idem_metrics_destroy(idem_metrics_t *m); /* NULL is a no-op */
+
+/* Counters (idemproc_records_total{outcome}, idemproc_duplicates_total{kind},
+ * idemproc_dlq_records_total{reason}, idemproc_retries_total,
+ * idemproc_redis_errors_total, idemproc_commits_total{result},
+ * idemproc_rebalances_total{event}). */
+void idem_metrics_outcome_add(idem_metrics_t *m, idem_outcome_t o,
+                              uint64_t n);
+void idem_metrics_duplicate_add(idem_metrics_t *m, idem_dup_kind_t k,
+                                uint64_t n);
+void idem_metrics_dlq_add(idem_metrics_t *m, idem_reason_t r, uint64_t n);
+void idem_metrics_retry_add(idem_metrics_t *m, uint64_t n);
+void idem_metrics_redis_error_add(idem_metrics_t *m, uint64_t n);
+/* ok: 1 for a successful commit, 0 for a failed one. Also records the time
+ * of the last successful commit (idemproc_last_commit_timestamp_seconds). */
+void idem_metrics_commit_add(idem_metrics_t *m, int ok);
+/* event: "assign", "revoke" or "lost" (borrowed). */
+void idem_metrics_rebalance_add(idem_metrics_t *m, const char *event);
+
+/* Histograms (seconds for latencies, records for batch size). */
+void idem_metrics_latency_observe(idem_metrics_t *m, double seconds);
+void idem_metrics_batch_observe(idem_metrics_t *m, double records);
+void idem_metrics_redis_observe(idem_metrics_t *m, double seconds);
+
+/* Gauges. */
+void idem_metrics_assigned_set(idem_metrics_t *m, int64_t partitions);
+void idem_metrics_paused_set(idem_metrics_t *m, int64_t partitions);
+void idem_metrics_inflight_set(idem_metrics_t *m, int64_t records);
+
+/* Readiness (idemproc_ready and /readyz). reason is borrowed and copied;
+ * NULL or "" when ready. */
+void idem_metrics_ready_set(idem_metrics_t *m, int ready, const char *reason);
+/* Returns 1 when ready; copies the not-ready reason into reason. */
+int idem_metrics_ready_get(idem_metrics_t *m, char *reason,
+                           size_t reason_size);
+
+/* Liveness: the processing loop calls this every iteration; /healthz
+ * compares the last call with health.stall.ms. */
+void idem_metrics_heartbeat(idem_metrics_t *m);
+int64_t idem_metrics_heartbeat_age_ms(idem_metrics_t *m);
+
+/* Consumer lag: parses a librdkafka statistics JSON document (borrowed; the
+ * stats_cb payload) and replaces idemproc_consumer_lag{topic,partition}.
+ * Returns 0, or -1 when the document cannot be parsed. */
+int idem_metrics_stats_json(idem_metrics_t *m, const char *json, size_t len);
+
+/* Reads a counter back (tests, progress log, demo summary). */
+uint64_t idem_metrics_outcome_get(idem_metrics_t *m, idem_outcome_t o);
+uint64_t idem_metrics_duplicate_get(idem_metrics_t *m, idem_dup_kind_t k);
+uint64_t idem_metrics_dlq_get(idem_metrics_t *m, idem_reason_t r);
+/* Sum of the lag gauges; -1 when no statistics arrived yet. */
+int64_t idem_metrics_lag_total(idem_metrics_t *m);
+
+/* Writes the Prometheus text format (0.0.4) of every metric, including
+ * idemproc_build_info{version}. */
+void idem_metrics_render(idem_metrics_t *m, FILE *out);
+
+#endif
