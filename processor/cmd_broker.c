@@ -1,16 +1,158 @@
-/* cmd_broker: placeholder until the command lands (replaced in this change). */
+/* cmd_broker: `idemproc broker`, the embedded in-memory development Kafka. */
+#include "broker.h"
 #include "cmd.h"
+#include "util.h"
+
+#include <getopt.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Cleared by SIGTERM/SIGINT; the only process-global state of the command. */
+static volatile sig_atomic_t broker_running = 1;
+
+/* Signal handler (SIGTERM, SIGINT): asks the main loop to stop. */
+static void broker_on_signal(int sig)
+{
+    (void)sig;
+    broker_running = 0;
+}
 
 void idem_cmd_broker_usage(FILE *out)
 {
-    fprintf(out, "idemproc broker: not built yet\n");
+    fprintf(
+        out,
+        "usage: idemproc broker [--brokers N] [--topic NAME:PARTITIONS]...\n"
+        "  An embedded development Kafka (librdkafka's mock cluster) on "
+        "127.0.0.1.\n"
+        "  Prints its bootstrap servers as the first line on stdout and "
+        "serves until\n"
+        "  SIGTERM or SIGINT (exit 0).\n\n"
+        "options:\n"
+        "  --brokers N             number of brokers (1..32, default 1)\n"
+        "  --topic NAME:PARTITIONS create a topic (repeatable); topics used "
+        "without\n"
+        "                          creating them are auto-created with 4 "
+        "partitions\n"
+        "  -h, --help              this text\n\n"
+        "limits of the mock cluster:\n"
+        "  - state is in memory only: nothing persists, and every start "
+        "listens on\n"
+        "    new random ports;\n"
+        "  - it keeps only about 5 MiB per partition and silently drops older "
+        "records\n"
+        "    beyond that, so size partitions for the data (--topic "
+        "NAME:P) or consume\n"
+        "    while producing;\n"
+        "  - it answers a fetch with no data only after fetch.wait.max.ms, so "
+        "clients\n"
+        "    should set fetch.wait.max.ms low (e.g. 10).\n");
+}
+
+/* Names the flag getopt stopped at, as one usage line on stderr. */
+static int usage_error(int c, char **argv, const char *what)
+{
+    const char *flag = argv[optind - 1];
+    if (c == '?' && optopt)
+        fprintf(stderr, "idemproc broker: unknown option -%c\n", optopt);
+    else
+        fprintf(stderr, "idemproc broker: %s %s\n", what, flag);
+    return IDEM_EXIT_USAGE;
 }
 
 int idem_cmd_broker(int argc, char **argv, char **envp)
 {
-    (void)argc;
-    (void)argv;
     (void)envp;
-    idem_cmd_broker_usage(stderr);
-    return IDEM_EXIT_FAIL;
+    static const struct option opts[] = {{"brokers", required_argument, 0, 'n'},
+                                         {"topic", required_argument, 0, 't'},
+                                         {"help", no_argument, 0, 'h'},
+                                         {0, 0, 0, 0}};
+    char errstr[512];
+    int broker_cnt = 1;
+    char **topics = idem_xcalloc((size_t)argc, sizeof(*topics));
+    size_t topic_cnt = 0;
+    int c;
+    optind = 1;
+    opterr = 0;
+    while ((c = getopt_long(argc, argv, ":h", opts, NULL)) != -1) {
+        switch (c) {
+        case 'n': {
+            char *end;
+            long n = strtol(optarg, &end, 10);
+            if (!*optarg || *end || n < 1 || n > 32) {
+                fprintf(stderr,
+                        "idemproc broker: --brokers: bad value \"%s\" "
+                        "(1..32)\n",
+                        optarg);
+                free(topics);
+                return IDEM_EXIT_USAGE;
+            }
+            broker_cnt = (int)n;
+            break;
+        }
+        case 't': {
+            char name[256];
+            int32_t p;
+            if (idem_broker_topic_spec_parse(optarg, name, sizeof(name), &p,
+                                             errstr, sizeof(errstr))) {
+                fprintf(stderr, "idemproc broker: %s\n", errstr);
+                free(topics);
+                return IDEM_EXIT_USAGE;
+            }
+            topics[topic_cnt++] = optarg;
+            break;
+        }
+        case 'h':
+            idem_cmd_broker_usage(stdout);
+            free(topics);
+            return IDEM_EXIT_OK;
+        case ':':
+            free(topics);
+            return usage_error(c, argv, "missing value for");
+        default:
+            free(topics);
+            return usage_error(c, argv, "unknown option");
+        }
+    }
+    if (optind < argc) {
+        fprintf(stderr, "idemproc broker: unexpected argument \"%s\"\n",
+                argv[optind]);
+        free(topics);
+        return IDEM_EXIT_USAGE;
+    }
+
+    struct sigaction sa;
+    memset(&sa, 0, sizeof(sa));
+    sa.sa_handler = broker_on_signal;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGINT, &sa, NULL);
+
+    idem_broker_t *broker = idem_broker_new(broker_cnt, errstr, sizeof(errstr));
+    if (!broker) {
+        fprintf(stderr, "idemproc broker: %s\n", errstr);
+        free(topics);
+        return IDEM_EXIT_FAIL;
+    }
+    for (size_t i = 0; i < topic_cnt; i++) {
+        char name[256];
+        int32_t p;
+        idem_broker_topic_spec_parse(topics[i], name, sizeof(name), &p, errstr,
+                                     sizeof(errstr));
+        if (idem_broker_topic_create(broker, name, p, errstr, sizeof(errstr))) {
+            fprintf(stderr, "idemproc broker: %s\n", errstr);
+            idem_broker_destroy(broker);
+            free(topics);
+            return IDEM_EXIT_USAGE;
+        }
+    }
+    free(topics);
+
+    printf("%s\n", idem_broker_bootstraps(broker));
+    fflush(stdout);
+    while (broker_running)
+        idem_sleep_ms(200, (volatile int *)&broker_running);
+    idem_broker_destroy(broker);
+    return IDEM_EXIT_OK;
 }

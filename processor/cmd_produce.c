@@ -1,17 +1,613 @@
-/* cmd_produce: placeholder until the command lands (replaced in this change).
- */
+/* cmd_produce: `idemproc produce`, the idempotent producer of generated
+ * payment traffic or of JSON lines from a file or stdin. */
 #include "cmd.h"
+#include "gen.h"
+#include "outcome.h"
+#include "producer.h"
+#include "util.h"
+
+#include <errno.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <math.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <jansson.h>
+
+/* Set by the first SIGINT/SIGTERM: stop generating or reading, flush. */
+static volatile int produce_stop = 0;
+/* Set by the second: purge what is still queued and report it as failed. */
+static volatile int produce_abort = 0;
+
+/* Signal handler (SIGINT, SIGTERM), on whichever thread the kernel picks
+ * (librdkafka's threads block signals): only sets the two flags. */
+static void produce_on_signal(int sig)
+{
+    (void)sig;
+    if (produce_stop)
+        produce_abort = 1;
+    produce_stop = 1;
+}
 
 void idem_cmd_produce_usage(FILE *out)
 {
-    fprintf(out, "idemproc produce: not built yet\n");
+    fprintf(
+        out,
+        "usage: idemproc produce -b BOOTSTRAP -t TOPIC [options]\n"
+        "  Idempotent producer (enable.idempotence=true, acks=all). Sends "
+        "generated\n"
+        "  payment traffic, or JSON lines with --input. Exit 0 only when "
+        "every message\n"
+        "  was acknowledged; 1 otherwise (\"N of M messages failed: "
+        "REASON\").\n\n"
+        "options:\n"
+        "  -b, --bootstrap LIST     bootstrap servers (host:port,...)\n"
+        "  -t, --topic TOPIC        topic to write to\n"
+        "  -X PROP=VALUE            librdkafka property (repeatable), e.g. "
+        "-X linger.ms=20\n"
+        "  -v, --verbose            print the effective librdkafka settings "
+        "(secrets masked)\n"
+        "  --rate R                 messages per second (0 = as fast as "
+        "possible; default 0)\n\n"
+        "generated traffic (deterministic: same seed and options, same "
+        "bytes):\n"
+        "  --count N                unique payments + poison records "
+        "(default 1000)\n"
+        "  --users N                user_id drawn from user-1..user-N "
+        "(default 100)\n"
+        "  --currencies LIST        e.g. TRY,EUR,USD (3 upper-case letters "
+        "each; default EUR)\n"
+        "  --seed S                 PRNG seed (default 1)\n"
+        "  --duplicates F           0..1: adds round(F*count) copies of "
+        "earlier valid\n"
+        "                           payments, half redeliveries (same "
+        "message_id), half\n"
+        "                           resends (new message_id, same "
+        "idempotency_key), some\n"
+        "                           adjacent, some hundreds to thousands of "
+        "records later\n"
+        "  --poison F               0..1: round(F*count) of count are poison, "
+        "cycling\n"
+        "                           too-large, not-json, not-object, "
+        "no-identity, invalid-field\n"
+        "  --too-large-bytes N      size of too-large values (default: the "
+        "processor's\n"
+        "                           message.max.bytes default + 1)\n"
+        "  --expect FILE            write the expected outcome (counts and "
+        "ledger) as JSON\n\n"
+        "JSON lines:\n"
+        "  --input FILE|-           send each line of FILE (- = stdin); lines "
+        "that are not\n"
+        "                           JSON are sent as-is and counted\n"
+        "  --key-field NAME         field used as key (default order_id, then "
+        "message_id)\n"
+        "  --add-message-id         add a random message_id to objects that "
+        "lack one\n\n"
+        "The embedded broker keeps only about 5 MiB per partition: size "
+        "partitions\n"
+        "for large runs (idemproc broker --topic NAME:P).\n");
+}
+
+enum {
+    OPT_COUNT = 256,
+    OPT_RATE,
+    OPT_USERS,
+    OPT_CURRENCIES,
+    OPT_SEED,
+    OPT_DUPLICATES,
+    OPT_POISON,
+    OPT_TOO_LARGE,
+    OPT_EXPECT,
+    OPT_INPUT,
+    OPT_KEY_FIELD,
+    OPT_ADD_MESSAGE_ID,
+};
+
+typedef struct {
+    const char *bootstrap;
+    const char *topic;
+    char **props;
+    size_t prop_cnt;
+    int verbose;
+    double rate;
+    idem_gen_opts_t gen;
+    const char *expect_path;
+    const char *input_path;
+    const char *key_field;
+    int add_message_id;
+    const char *gen_flag; /* a generator-only flag that was given */
+} produce_args_t;
+
+static int parse_i64(const char *flag, const char *s, int64_t min, int64_t max,
+                     int64_t *out)
+{
+    char *end;
+    errno = 0;
+    long long v = strtoll(s, &end, 10);
+    if (errno || end == s || *end || v < min || v > max) {
+        fprintf(stderr,
+                "idemproc produce: %s: bad value \"%s\" (%" PRId64 "..%" PRId64
+                ")\n",
+                flag, s, min, max);
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+static int parse_double(const char *flag, const char *s, double min, double max,
+                        double *out)
+{
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || end == s || *end || !(v >= min && v <= max)) {
+        fprintf(stderr, "idemproc produce: %s: bad value \"%s\" (%g..%g)\n",
+                flag, s, min, max);
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+/* Parses argv into *a. Returns 0, 1 after --help, or -1 after printing one
+ * line naming the bad flag. a->props is allocated; the caller frees it. */
+static int args_parse(int argc, char **argv, produce_args_t *a)
+{
+    static const struct option opts[] = {
+        {"bootstrap", required_argument, 0, 'b'},
+        {"topic", required_argument, 0, 't'},
+        {"verbose", no_argument, 0, 'v'},
+        {"help", no_argument, 0, 'h'},
+        {"count", required_argument, 0, OPT_COUNT},
+        {"rate", required_argument, 0, OPT_RATE},
+        {"users", required_argument, 0, OPT_USERS},
+        {"currencies", required_argument, 0, OPT_CURRENCIES},
+        {"seed", required_argument, 0, OPT_SEED},
+        {"duplicates", required_argument, 0, OPT_DUPLICATES},
+        {"poison", required_argument, 0, OPT_POISON},
+        {"too-large-bytes", required_argument, 0, OPT_TOO_LARGE},
+        {"expect", required_argument, 0, OPT_EXPECT},
+        {"input", required_argument, 0, OPT_INPUT},
+        {"key-field", required_argument, 0, OPT_KEY_FIELD},
+        {"add-message-id", no_argument, 0, OPT_ADD_MESSAGE_ID},
+        {0, 0, 0, 0}};
+    char errstr[256];
+    int64_t v;
+    int c;
+    memset(a, 0, sizeof(*a));
+    idem_gen_opts_init(&a->gen);
+    a->props = idem_xcalloc((size_t)argc, sizeof(*a->props));
+    optind = 1;
+    opterr = 0;
+    while ((c = getopt_long(argc, argv, ":b:t:X:vh", opts, NULL)) != -1) {
+        const char *flag = argv[optind - 1];
+        switch (c) {
+        case 'b':
+            a->bootstrap = optarg;
+            break;
+        case 't':
+            a->topic = optarg;
+            break;
+        case 'X':
+            if (!strchr(optarg, '=') || optarg[0] == '=') {
+                fprintf(stderr,
+                        "idemproc produce: -X: \"%s\" is not "
+                        "property=value\n",
+                        optarg);
+                return -1;
+            }
+            a->props[a->prop_cnt++] = optarg;
+            break;
+        case 'v':
+            a->verbose = 1;
+            break;
+        case 'h':
+            idem_cmd_produce_usage(stdout);
+            return 1;
+        case OPT_COUNT:
+            a->gen_flag = "--count";
+            if (parse_i64("--count", optarg, 1, INT64_C(1000000000),
+                          &a->gen.count))
+                return -1;
+            break;
+        case OPT_RATE:
+            if (parse_double("--rate", optarg, 0, 10000000, &a->rate))
+                return -1;
+            break;
+        case OPT_USERS:
+            a->gen_flag = "--users";
+            if (parse_i64("--users", optarg, 1, INT64_C(1000000000),
+                          &a->gen.users))
+                return -1;
+            break;
+        case OPT_CURRENCIES:
+            a->gen_flag = "--currencies";
+            if (idem_gen_currencies_check(optarg, errstr, sizeof(errstr))) {
+                fprintf(stderr, "idemproc produce: %s\n", errstr);
+                return -1;
+            }
+            a->gen.currencies = optarg;
+            break;
+        case OPT_SEED:
+            a->gen_flag = "--seed";
+            if (parse_i64("--seed", optarg, 0, INT64_MAX, &v))
+                return -1;
+            a->gen.seed = (uint64_t)v;
+            break;
+        case OPT_DUPLICATES:
+            a->gen_flag = "--duplicates";
+            if (parse_double("--duplicates", optarg, 0, 1, &a->gen.duplicates))
+                return -1;
+            break;
+        case OPT_POISON:
+            a->gen_flag = "--poison";
+            if (parse_double("--poison", optarg, 0, 1, &a->gen.poison))
+                return -1;
+            break;
+        case OPT_TOO_LARGE:
+            a->gen_flag = "--too-large-bytes";
+            if (parse_i64("--too-large-bytes", optarg, 1024, INT64_C(100000000),
+                          &a->gen.too_large_bytes))
+                return -1;
+            break;
+        case OPT_EXPECT:
+            a->gen_flag = "--expect";
+            a->expect_path = optarg;
+            break;
+        case OPT_INPUT:
+            a->input_path = optarg;
+            break;
+        case OPT_KEY_FIELD:
+            if (!*optarg) {
+                fprintf(stderr, "idemproc produce: --key-field: empty\n");
+                return -1;
+            }
+            a->key_field = optarg;
+            break;
+        case OPT_ADD_MESSAGE_ID:
+            a->add_message_id = 1;
+            break;
+        case ':':
+            fprintf(stderr, "idemproc produce: missing value for %s\n", flag);
+            return -1;
+        default:
+            if (optopt && optopt < 256)
+                fprintf(stderr, "idemproc produce: unknown option -%c\n",
+                        optopt);
+            else
+                fprintf(stderr, "idemproc produce: unknown option %s\n", flag);
+            return -1;
+        }
+    }
+    if (optind < argc) {
+        fprintf(stderr, "idemproc produce: unexpected argument \"%s\"\n",
+                argv[optind]);
+        return -1;
+    }
+    if (!a->bootstrap || !*a->bootstrap) {
+        fprintf(stderr, "idemproc produce: -b/--bootstrap is required\n");
+        return -1;
+    }
+    if (!a->topic || !*a->topic) {
+        fprintf(stderr, "idemproc produce: -t/--topic is required\n");
+        return -1;
+    }
+    if (a->input_path && a->gen_flag) {
+        fprintf(stderr,
+                "idemproc produce: %s: only for generated traffic, not with "
+                "--input\n",
+                a->gen_flag);
+        return -1;
+    }
+    if (!a->input_path && (a->key_field || a->add_message_id)) {
+        fprintf(stderr, "idemproc produce: %s: only with --input\n",
+                a->key_field ? "--key-field" : "--add-message-id");
+        return -1;
+    }
+    return 0;
+}
+
+/* Paces sending at `rate` messages per second with a token bucket whose
+ * burst is a twentieth of a second; waits by serving delivery reports. */
+typedef struct {
+    double rate, tokens, burst;
+    int64_t last_us;
+} bucket_t;
+
+static void bucket_init(bucket_t *b, double rate)
+{
+    b->rate = rate;
+    b->burst = rate / 20 > 1 ? rate / 20 : 1;
+    b->tokens = 1;
+    b->last_us = idem_now_us();
+}
+
+static void bucket_take(bucket_t *b, idem_producer_t *p)
+{
+    if (b->rate <= 0)
+        return;
+    for (;;) {
+        int64_t now = idem_now_us();
+        b->tokens += (double)(now - b->last_us) * b->rate / 1e6;
+        b->last_us = now;
+        if (b->tokens > b->burst)
+            b->tokens = b->burst;
+        if (b->tokens >= 1 || produce_stop) {
+            b->tokens -= 1;
+            return;
+        }
+        int wait_ms = (int)ceil((1 - b->tokens) * 1000 / b->rate);
+        idem_producer_poll(p, wait_ms > 0 ? wait_ms : 1);
+    }
+}
+
+/* A progress bar on stderr, only for a terminal. total <= 0: unknown. */
+typedef struct {
+    int on;
+    int64_t last_ms, start_ms;
+} progress_t;
+
+static void progress_show(progress_t *pg, int64_t done, int64_t total,
+                          int force)
+{
+    if (!pg->on)
+        return;
+    int64_t now = idem_now_ms();
+    if (!force && now - pg->last_ms < 200)
+        return;
+    pg->last_ms = now;
+    double secs = (double)(now - pg->start_ms) / 1000;
+    double rate = secs > 0 ? (double)done / secs : 0;
+    if (total > 0) {
+        int width = 30, fill = (int)(done * width / total);
+        char bar[32];
+        for (int i = 0; i < width; i++)
+            bar[i] = i < fill ? '#' : '.';
+        bar[width] = '\0';
+        fprintf(stderr, "\r[%s] %3d%% %" PRId64 "/%" PRId64 " %.0f msgs/s ",
+                bar, (int)(done * 100 / total), done, total, rate);
+    } else {
+        fprintf(stderr, "\r%" PRId64 " sent %.0f msgs/s ", done, rate);
+    }
+}
+
+static void progress_end(progress_t *pg)
+{
+    if (pg->on)
+        fprintf(stderr, "\r\033[K");
+}
+
+typedef struct {
+    int64_t sent;     /* handed to the producer */
+    int64_t not_json; /* --input lines that are not JSON */
+} counts_t;
+
+static void produce_generated(produce_args_t *a, idem_gen_t *gen,
+                              idem_producer_t *p, progress_t *pg, counts_t *cnt)
+{
+    bucket_t bucket;
+    idem_gen_record_t rec;
+    char errstr[256];
+    int64_t total = idem_gen_total(gen);
+    bucket_init(&bucket, a->rate);
+    while (!produce_stop && idem_gen_next(gen, &rec)) {
+        bucket_take(&bucket, p);
+        cnt->sent++;
+        idem_producer_send(p, rec.key, rec.key_len, rec.value, rec.value_len,
+                           rec.hdr_message_id, rec.hdr_idempotency_key, errstr,
+                           sizeof(errstr));
+        idem_producer_poll(p, 0);
+        progress_show(pg, cnt->sent, total, 0);
+    }
+}
+
+/* Returns the string value of field `name` of obj, or NULL. Integers are
+ * formatted into buf. */
+static const char *field_text(json_t *obj, const char *name, char *buf,
+                              size_t size)
+{
+    json_t *v = json_object_get(obj, name);
+    if (json_is_string(v))
+        return json_string_value(v);
+    if (json_is_integer(v)) {
+        snprintf(buf, size, "%" JSON_INTEGER_FORMAT, json_integer_value(v));
+        return buf;
+    }
+    return NULL;
+}
+
+static int produce_input(produce_args_t *a, idem_producer_t *p, progress_t *pg,
+                         counts_t *cnt, char *errstr, size_t errstr_size)
+{
+    FILE *fp = stdin;
+    if (strcmp(a->input_path, "-")) {
+        fp = fopen(a->input_path, "r");
+        if (!fp) {
+            snprintf(errstr, errstr_size, "--input: cannot open \"%s\": %m",
+                     a->input_path);
+            return -1;
+        }
+    }
+    bucket_t bucket;
+    bucket_init(&bucket, a->rate);
+    char *line = NULL, *edited = NULL;
+    size_t cap = 0;
+    ssize_t len;
+    char serr[256];
+    while (!produce_stop && (len = getline(&line, &cap, fp)) >= 0) {
+        while (len > 0 && (line[len - 1] == '\n' || line[len - 1] == '\r'))
+            line[--len] = '\0';
+        if (len == 0)
+            continue;
+        const char *value = line, *key = NULL, *mid = NULL, *ikey = NULL;
+        size_t value_len = (size_t)len;
+        char keybuf[64], midbuf[64], newmid[37];
+        json_error_t jerr;
+        json_t *doc = json_loadb(line, (size_t)len, JSON_DECODE_ANY, &jerr);
+        if (!doc)
+            cnt->not_json++;
+        if (json_is_object(doc)) {
+            mid = field_text(doc, "message_id", midbuf, sizeof(midbuf));
+            ikey = field_text(doc, "idempotency_key", keybuf, 0);
+            if (a->add_message_id && !json_object_get(doc, "message_id")) {
+                /* Insert the field textually after '{': re-serializing would
+                 * change the bytes (e.g. 12.30 would become 12.3). */
+                idem_uuid(newmid);
+                const char *brace = strchr(line, '{');
+                size_t pre = (size_t)(brace - line) + 1;
+                free(edited);
+                edited = idem_xmalloc((size_t)len + 64);
+                int n = snprintf(edited, (size_t)len + 64,
+                                 "%.*s\"message_id\":\"%s\"%s%s", (int)pre,
+                                 line, newmid, json_object_size(doc) ? "," : "",
+                                 line + pre);
+                value = edited;
+                value_len = (size_t)n;
+                mid = newmid;
+            }
+            char kb[64];
+            const char *field = a->key_field ? a->key_field : "order_id";
+            key = field_text(doc, field, kb, sizeof(kb));
+            if (!key)
+                key = mid;
+            if (key) { /* keep a copy: doc goes away before the send */
+                snprintf(keybuf, sizeof(keybuf), "%s", key);
+                if (strlen(key) >= sizeof(keybuf))
+                    key = NULL;
+            }
+        }
+        char ikeybuf[256];
+        if (ikey) {
+            snprintf(ikeybuf, sizeof(ikeybuf), "%s", ikey);
+            ikey = ikeybuf;
+        }
+        if (mid && mid != newmid) {
+            snprintf(newmid, sizeof(newmid), "%.36s", mid);
+            mid = newmid;
+        }
+        if (key)
+            key = keybuf;
+        json_decref(doc);
+        bucket_take(&bucket, p);
+        cnt->sent++;
+        idem_producer_send(p, key, key ? strlen(key) : 0, value, value_len, mid,
+                           ikey, serr, sizeof(serr));
+        idem_producer_poll(p, 0);
+        progress_show(pg, cnt->sent, 0, 0);
+    }
+    free(line);
+    free(edited);
+    if (fp != stdin)
+        fclose(fp);
+    return 0;
 }
 
 int idem_cmd_produce(int argc, char **argv, char **envp)
 {
-    (void)argc;
-    (void)argv;
     (void)envp;
-    idem_cmd_produce_usage(stderr);
-    return IDEM_EXIT_FAIL;
+    produce_args_t a;
+    char errstr[512];
+    int rc = args_parse(argc, argv, &a);
+    if (rc) {
+        free(a.props);
+        return rc > 0 ? IDEM_EXIT_OK : IDEM_EXIT_USAGE;
+    }
+    idem_gen_t *gen = NULL;
+    if (!a.input_path) {
+        gen = idem_gen_new(&a.gen, errstr, sizeof(errstr));
+        if (!gen) {
+            fprintf(stderr, "idemproc produce: %s\n", errstr);
+            free(a.props);
+            return IDEM_EXIT_USAGE;
+        }
+    }
+    size_t max_value = gen ? (size_t)a.gen.too_large_bytes : 1000000;
+    idem_producer_t *p =
+        idem_producer_new(a.bootstrap, a.topic, a.props, a.prop_cnt, max_value,
+                          a.verbose ? stderr : NULL, errstr, sizeof(errstr));
+    free(a.props);
+    if (!p) {
+        fprintf(stderr, "idemproc produce: %s\n", errstr);
+        idem_gen_destroy(gen);
+        return IDEM_EXIT_USAGE;
+    }
+
+    struct sigaction sa;
+    memset(&sa, 0, sizeof(sa));
+    sa.sa_handler = produce_on_signal;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGINT, &sa, NULL);
+
+    progress_t pg = {.on = isatty(2), .start_ms = idem_now_ms()};
+    counts_t cnt = {0, 0};
+    int64_t start_us = idem_now_us();
+    int input_failed = 0;
+    if (gen)
+        produce_generated(&a, gen, p, &pg, &cnt);
+    else
+        input_failed = produce_input(&a, p, &pg, &cnt, errstr, sizeof(errstr));
+    idem_producer_flush(p, &produce_abort);
+    progress_show(&pg, cnt.sent, gen ? idem_gen_total(gen) : 0, 1);
+    progress_end(&pg);
+    double secs = (double)(idem_now_us() - start_us) / 1e6;
+
+    idem_producer_stats_t st;
+    idem_producer_stats(p, &st);
+    char extra[256];
+    if (gen) {
+        json_t *e = idem_gen_expect(gen);
+        json_t *d = json_object_get(e, "duplicates");
+        json_t *po = json_object_get(e, "poison");
+        json_int_t poison = 0;
+        const char *k;
+        json_t *v;
+        json_object_foreach(po, k, v) poison += json_integer_value(v);
+        snprintf(extra, sizeof(extra),
+                 "duplicates %" JSON_INTEGER_FORMAT
+                 " (redelivery %" JSON_INTEGER_FORMAT
+                 ", resend %" JSON_INTEGER_FORMAT
+                 "), poison %" JSON_INTEGER_FORMAT,
+                 json_integer_value(json_object_get(d, "redelivery")) +
+                     json_integer_value(json_object_get(d, "resend")),
+                 json_integer_value(json_object_get(d, "redelivery")),
+                 json_integer_value(json_object_get(d, "resend")), poison);
+        json_decref(e);
+    } else {
+        snprintf(extra, sizeof(extra), "not-json lines %" PRId64, cnt.not_json);
+    }
+    fprintf(stderr,
+            "produce: sent %" PRId64 ", acked %" PRId64 ", failed %" PRId64
+            ", %s, elapsed %.3fs, %.0f msgs/s%s\n",
+            cnt.sent, st.acked, st.failed, extra, secs,
+            secs > 0 ? (double)st.acked / secs : 0.0,
+            produce_stop ? " (interrupted)" : "");
+
+    rc = IDEM_EXIT_OK;
+    if (input_failed) {
+        fprintf(stderr, "idemproc produce: %s\n", errstr);
+        rc = IDEM_EXIT_FAIL;
+    }
+    if (gen && a.expect_path &&
+        idem_gen_expect_write(gen, a.expect_path, errstr, sizeof(errstr))) {
+        fprintf(stderr, "idemproc produce: %s\n", errstr);
+        rc = IDEM_EXIT_FAIL;
+    }
+    if (st.failed || st.acked != cnt.sent) {
+        int64_t failed = cnt.sent - st.acked;
+        fprintf(stderr,
+                "idemproc produce: %" PRId64 " of %" PRId64
+                " messages failed: %s\n",
+                failed, cnt.sent,
+                st.first_error[0] ? st.first_error : "not acknowledged");
+        rc = IDEM_EXIT_FAIL;
+    }
+    idem_producer_destroy(p);
+    idem_gen_destroy(gen);
+    return rc;
 }
