@@ -232,16 +232,6 @@ static const prop_t props[] = {
      0,
      0,
      "larger record values go to the DLQ as too-large"},
-    {"max.inflight.messages",
-     PROP_INT,
-     F(max_inflight_messages),
-     "100000",
-     1,
-     10000000,
-     {0},
-     0,
-     0,
-     "records held unfinished before fetching pauses (bounds memory)"},
     {"http.listen",
      PROP_STR,
      F(http_listen),
@@ -736,13 +726,6 @@ int idem_conf_finalize(idem_conf_t *conf, char *errstr, size_t errstr_size)
                 "retry.backoff.initial.ms: %" PRId64
                 " is above retry.backoff.max.ms (%" PRId64 ")",
                 conf->retry_backoff_initial_ms, conf->retry_backoff_max_ms);
-        return -1;
-    }
-    if (conf->max_inflight_messages < conf->batch_max_messages) {
-        err_set(errstr, errstr_size,
-                "max.inflight.messages: %" PRId64
-                " is below batch.max.messages (%" PRId64 ")",
-                conf->max_inflight_messages, conf->batch_max_messages);
         return -1;
     }
     /* A topic may not feed itself: the DLQ or the output would be consumed

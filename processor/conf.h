@@ -35,8 +35,7 @@ typedef struct idem_conf_s {
     int64_t batch_max_wait_ms;
     int64_t commit_interval_ms;
     int64_t message_max_bytes;
-    int64_t max_inflight_messages; /* bound on records held in memory */
-    char *http_listen;             /* host:port; empty = no HTTP server */
+    char *http_listen; /* host:port; empty = no HTTP server */
     int64_t health_stall_ms;
     int64_t stats_interval_ms;
     int64_t progress_interval_ms;

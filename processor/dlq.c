@@ -1,0 +1,152 @@
+/* dlq: the dead-letter producer: poison records with their original key,
+ * bytes and headers plus dlq.* headers that say why. */
+#include "dlq.h"
+#include "log.h"
+#include "util.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct idem_dlq_s {
+    const idem_conf_t *conf;
+    rd_kafka_t *rk;
+    rd_kafka_topic_t *rkt;
+};
+
+/* Delivery report callback: fires on the thread that calls rd_kafka_poll or
+ * rd_kafka_flush for this producer (the processing thread). */
+static void dlq_dr_cb(rd_kafka_t *rk, const rd_kafka_message_t *m, void *opaque)
+{
+    (void)rk;
+    (void)opaque;
+    volatile int *state = m->_private;
+    if (m->err)
+        idem_log_kv(IDEM_LOG_WARN, "dlq write failed", "error",
+                    rd_kafka_err2str(m->err), NULL);
+    if (state)
+        *state = m->err ? -1 : 1;
+}
+
+/* librdkafka log callback: fires on librdkafka's threads. */
+static void dlq_log_cb(const rd_kafka_t *rk, int level, const char *fac,
+                       const char *buf)
+{
+    (void)rk;
+    idem_log_kv(level <= 3 ? IDEM_LOG_ERROR
+                           : (level <= 4 ? IDEM_LOG_WARN : IDEM_LOG_DEBUG),
+                buf, "component", "dlq-producer", "facility", fac, NULL);
+}
+
+idem_dlq_t *idem_dlq_new(const idem_conf_t *conf, char *errstr,
+                         size_t errstr_size)
+{
+    rd_kafka_conf_t *kc = rd_kafka_conf_new();
+    char kerr[512];
+    if (idem_conf_apply_kafka(conf, kc, errstr, errstr_size)) {
+        rd_kafka_conf_destroy(kc);
+        return NULL;
+    }
+    /* Consumer-only properties passed through kafka.* are ignored by a
+     * producer with a warning; what matters here is set last. */
+    const char *props[][2] = {{"enable.idempotence", "true"},
+                              {"acks", "all"},
+                              {"linger.ms", "5"},
+                              {"message.timeout.ms", "15000"}};
+    for (size_t i = 0; i < sizeof(props) / sizeof(props[0]); i++) {
+        if (rd_kafka_conf_set(kc, props[i][0], props[i][1], kerr,
+                              sizeof(kerr)) != RD_KAFKA_CONF_OK) {
+            snprintf(errstr, errstr_size, "dlq producer: %s", kerr);
+            rd_kafka_conf_destroy(kc);
+            return NULL;
+        }
+    }
+    rd_kafka_conf_set_dr_msg_cb(kc, dlq_dr_cb);
+    rd_kafka_conf_set_log_cb(kc, dlq_log_cb);
+    rd_kafka_t *rk = rd_kafka_new(RD_KAFKA_PRODUCER, kc, kerr, sizeof(kerr));
+    if (!rk) {
+        snprintf(errstr, errstr_size, "dlq producer: %s", kerr);
+        return NULL;
+    }
+    idem_dlq_t *d = idem_xcalloc(1, sizeof(*d));
+    d->conf = conf;
+    d->rk = rk;
+    d->rkt = rd_kafka_topic_new(rk, conf->dlq_topic, NULL);
+    return d;
+}
+
+void idem_dlq_destroy(idem_dlq_t *d)
+{
+    if (!d)
+        return;
+    rd_kafka_flush(d->rk, 5000);
+    rd_kafka_topic_destroy(d->rkt);
+    rd_kafka_destroy(d->rk);
+    free(d);
+}
+
+rd_kafka_t *idem_dlq_handle(idem_dlq_t *d)
+{
+    return d->rk;
+}
+
+static void hdr_add(rd_kafka_headers_t *h, const char *name, const char *v)
+{
+    rd_kafka_header_add(h, name, -1, v, -1);
+}
+
+int idem_dlq_send(idem_dlq_t *d, const rd_kafka_message_t *msg,
+                  idem_reason_t reason, const char *error, int attempts,
+                  volatile int *state, char *errstr, size_t errstr_size)
+{
+    rd_kafka_headers_t *orig = NULL;
+    rd_kafka_headers_t *h;
+    if (rd_kafka_message_headers(msg, &orig) == RD_KAFKA_RESP_ERR_NO_ERROR &&
+        orig)
+        h = rd_kafka_headers_copy(orig);
+    else
+        h = rd_kafka_headers_new(12);
+    char num[32], ts[40];
+    hdr_add(h, "dlq.reason", idem_reason2str(reason));
+    hdr_add(h, "dlq.error", error);
+    hdr_add(h, "dlq.original.topic", rd_kafka_topic_name(msg->rkt));
+    snprintf(num, sizeof(num), "%" PRId32, msg->partition);
+    hdr_add(h, "dlq.original.partition", num);
+    snprintf(num, sizeof(num), "%" PRId64, msg->offset);
+    hdr_add(h, "dlq.original.offset", num);
+    rd_kafka_timestamp_type_t tstype;
+    int64_t tsv = rd_kafka_message_timestamp(msg, &tstype);
+    snprintf(num, sizeof(num), "%" PRId64, tsv);
+    hdr_add(h, "dlq.original.timestamp", num);
+    hdr_add(h, "dlq.group", d->conf->group_id);
+    snprintf(num, sizeof(num), "%d", attempts);
+    hdr_add(h, "dlq.attempts", num);
+    hdr_add(h, "dlq.failed.at", idem_rfc3339(idem_wall_ms(), ts, sizeof(ts)));
+
+    rd_kafka_resp_err_t err;
+    for (;;) {
+        err = rd_kafka_producev(
+            d->rk, RD_KAFKA_V_RKT(d->rkt),
+            RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY),
+            RD_KAFKA_V_KEY(msg->key, msg->key_len),
+            RD_KAFKA_V_VALUE(msg->payload, msg->len), RD_KAFKA_V_HEADERS(h),
+            RD_KAFKA_V_OPAQUE((void *)state), RD_KAFKA_V_END);
+        if (err != RD_KAFKA_RESP_ERR__QUEUE_FULL)
+            break;
+        rd_kafka_poll(d->rk, 100);
+    }
+    if (err) {
+        rd_kafka_headers_destroy(h); /* not taken over on failure */
+        *state = -1;
+        snprintf(errstr, errstr_size, "dlq: %s", rd_kafka_err2str(err));
+        return -1;
+    }
+    return 0;
+}
+
+int idem_dlq_flush(idem_dlq_t *d, int timeout_ms)
+{
+    rd_kafka_flush(d->rk, timeout_ms);
+    return rd_kafka_outq_len(d->rk);
+}

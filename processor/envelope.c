@@ -1,0 +1,182 @@
+/* envelope: parses and validates one record's value and headers into what
+ * the handlers need, or a poison reason with a human-readable error. */
+#include "envelope.h"
+
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#define AMOUNT_MAX 1000000000.0 /* largest accepted amount, major units */
+
+int idem_amount_to_minor(double amount, int64_t *minor, char *errstr,
+                         size_t errstr_size)
+{
+    if (!isfinite(amount) || amount <= 0 || amount > AMOUNT_MAX) {
+        snprintf(errstr, errstr_size,
+                 "amount: %.17g must be above 0 and at most %.0f", amount,
+                 AMOUNT_MAX);
+        return -1;
+    }
+    double scaled = amount * 100.0;
+    double rounded = nearbyint(scaled);
+    /* Below 1e11 a double's spacing is < 2e-5, so any real third decimal
+     * shows up as a difference of at least ~1e-3 after scaling. */
+    if (fabs(scaled - rounded) > 1e-3) {
+        snprintf(errstr, errstr_size, "amount: %.17g has more than 2 decimals",
+                 amount);
+        return -1;
+    }
+    *minor = (int64_t)rounded;
+    return 0;
+}
+
+/* Copies header `name` into out when present (as a string). Returns 1 when
+ * found, 0 when absent, -1 when too long. */
+static int header_string(const rd_kafka_headers_t *headers, const char *name,
+                         char *out, size_t out_size)
+{
+    const void *v;
+    size_t sz;
+    if (!headers || rd_kafka_header_get_last(headers, name, &v, &sz) != 0 || !v)
+        return 0;
+    if (sz >= out_size)
+        return -1;
+    memcpy(out, v, sz);
+    out[sz] = '\0';
+    return sz > 0 ? 1 : 0;
+}
+
+/* Reads optional string field `name` of obj into out. Returns 1 found,
+ * 0 absent, -1 invalid (errstr filled). */
+static int field_string(json_t *obj, const char *name, char *out,
+                        size_t out_size, char *errstr, size_t errstr_size)
+{
+    json_t *v = json_object_get(obj, name);
+    if (!v || json_is_null(v))
+        return 0;
+    if (!json_is_string(v)) {
+        snprintf(errstr, errstr_size, "%s: must be a string", name);
+        return -1;
+    }
+    size_t l = json_string_length(v);
+    if (l == 0) {
+        snprintf(errstr, errstr_size, "%s: must not be empty", name);
+        return -1;
+    }
+    if (l >= out_size) {
+        snprintf(errstr, errstr_size, "%s: longer than %zu bytes", name,
+                 out_size - 1);
+        return -1;
+    }
+    memcpy(out, json_string_value(v), l + 1);
+    return 1;
+}
+
+static int parse_ledger_fields(json_t *obj, idem_envelope_t *out, char *errstr,
+                               size_t errstr_size)
+{
+    int r = field_string(obj, "user_id", out->user_id, sizeof(out->user_id),
+                         errstr, errstr_size);
+    if (r < 0)
+        return -1;
+    if (r == 0) {
+        snprintf(errstr, errstr_size, "user_id: missing");
+        return -1;
+    }
+    json_t *amount = json_object_get(obj, "amount");
+    if (!amount) {
+        snprintf(errstr, errstr_size, "amount: missing");
+        return -1;
+    }
+    if (!json_is_number(amount)) {
+        snprintf(errstr, errstr_size, "amount: must be a JSON number");
+        return -1;
+    }
+    if (idem_amount_to_minor(json_number_value(amount), &out->amount_minor,
+                             errstr, errstr_size))
+        return -1;
+    json_t *cur = json_object_get(obj, "currency");
+    const char *c = json_is_string(cur) ? json_string_value(cur) : NULL;
+    if (!c || json_string_length(cur) != 3 || c[0] < 'A' || c[0] > 'Z' ||
+        c[1] < 'A' || c[1] > 'Z' || c[2] < 'A' || c[2] > 'Z') {
+        snprintf(errstr, errstr_size,
+                 "currency: must be 3 upper-case letters (ISO 4217)");
+        return -1;
+    }
+    memcpy(out->currency, c, 4);
+    return 0;
+}
+
+int idem_envelope_parse(const void *value, size_t len,
+                        const rd_kafka_headers_t *headers, int need_ledger,
+                        size_t max_bytes, idem_envelope_t *out,
+                        idem_reason_t *reason, char *errstr, size_t errstr_size)
+{
+    memset(out, 0, sizeof(*out));
+    if (len > max_bytes) {
+        *reason = IDEM_REASON_TOO_LARGE;
+        snprintf(errstr, errstr_size,
+                 "value is %zu bytes, above message.max.bytes %zu", len,
+                 max_bytes);
+        return -1;
+    }
+    if (!value || len == 0) {
+        *reason = IDEM_REASON_NOT_JSON;
+        snprintf(errstr, errstr_size, "empty value");
+        return -1;
+    }
+    json_error_t jerr;
+    json_t *root = json_loadb(value, len, JSON_REJECT_DUPLICATES, &jerr);
+    if (!root) {
+        *reason = IDEM_REASON_NOT_JSON;
+        snprintf(errstr, errstr_size, "not JSON: %s at byte %d", jerr.text,
+                 jerr.position);
+        return -1;
+    }
+    if (!json_is_object(root)) {
+        *reason = IDEM_REASON_NOT_OBJECT;
+        snprintf(errstr, errstr_size, "JSON value is not an object");
+        json_decref(root);
+        return -1;
+    }
+
+    int r = -1;
+    *reason = IDEM_REASON_INVALID_FIELD;
+    char key[IDEM_ENVELOPE_ID_MAX + 1] = "";
+    int have_key = field_string(root, "idempotency_key", key, sizeof(key),
+                                errstr, errstr_size);
+    if (have_key < 0)
+        goto done;
+    int have_mid = field_string(root, "message_id", out->message_id,
+                                sizeof(out->message_id), errstr, errstr_size);
+    if (have_mid < 0)
+        goto done;
+    if (!have_key && (have_key = header_string(headers, "idempotency_key", key,
+                                               sizeof(key))) < 0) {
+        snprintf(errstr, errstr_size, "idempotency_key: header too long");
+        goto done;
+    }
+    if (!have_mid &&
+        (have_mid = header_string(headers, "message_id", out->message_id,
+                                  sizeof(out->message_id))) < 0) {
+        snprintf(errstr, errstr_size, "message_id: header too long");
+        goto done;
+    }
+    if (have_key) {
+        memcpy(out->identity, key, sizeof(out->identity));
+    } else if (have_mid) {
+        memcpy(out->identity, out->message_id, sizeof(out->identity));
+    } else {
+        *reason = IDEM_REASON_NO_IDENTITY;
+        snprintf(errstr, errstr_size,
+                 "neither idempotency_key nor message_id in value or headers");
+        goto done;
+    }
+    if (need_ledger && parse_ledger_fields(root, out, errstr, errstr_size))
+        goto done;
+    r = 0;
+done:
+    json_decref(root);
+    return r;
+}

@@ -1,0 +1,43 @@
+/* envelope: parses and validates one record's value and headers into what
+ * the handlers need (identity, message_id, ledger fields), or a poison
+ * reason with a human-readable error (DESIGN.md sections 4 and 6). */
+#ifndef IDEM_ENVELOPE_H
+#define IDEM_ENVELOPE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <librdkafka/rdkafka.h>
+
+#include "outcome.h"
+
+#define IDEM_ENVELOPE_ID_MAX 256 /* longest identity / message_id kept */
+
+typedef struct {
+    char identity[IDEM_ENVELOPE_ID_MAX + 1]; /* idempotency_key or message_id */
+    char message_id[IDEM_ENVELOPE_ID_MAX + 1]; /* "" when absent */
+    /* ledger fields (filled when `need_ledger`) */
+    char user_id[IDEM_ENVELOPE_ID_MAX + 1];
+    char currency[4];
+    int64_t amount_minor; /* amount in minor units (cents) */
+} idem_envelope_t;
+
+/* Parses `value` (borrowed, `len` bytes) with the record's `headers`
+ * (borrowed, may be NULL). With need_ledger also validates user_id, amount
+ * and currency. Returns 0 and fills `out` for a good record; returns -1 for
+ * poison with *reason set and a one-line explanation in errstr (for
+ * invalid-field it starts with the field name: "amount: ..."). `max_bytes`
+ * is message.max.bytes. */
+int idem_envelope_parse(const void *value, size_t len,
+                        const rd_kafka_headers_t *headers, int need_ledger,
+                        size_t max_bytes, idem_envelope_t *out,
+                        idem_reason_t *reason, char *errstr,
+                        size_t errstr_size);
+
+/* Converts a JSON number to minor units: exact for up to 2 decimals, no
+ * floating-point drift (the decimal is rounded to the nearest cent and
+ * rejected when it had more precision). Returns 0, or -1 with errstr. */
+int idem_amount_to_minor(double amount, int64_t *minor, char *errstr,
+                         size_t errstr_size);
+
+#endif

@@ -1,0 +1,1115 @@
+/* pipeline: the processing loop of `idemproc run`: consume batches, dedup
+ * and apply them through Redis, dead-letter poison, commit finished
+ * prefixes, survive rebalances and infrastructure outages.
+ *
+ * One thread does everything (librdkafka's callbacks included), so no state
+ * here needs a lock. A batch is worked on until every record in it is
+ * finished; while it is not, all partitions are paused and the loop keeps
+ * polling (group membership stays alive) and retries with backoff. */
+#include "pipeline.h"
+#include "dlq.h"
+#include "envelope.h"
+#include "log.h"
+#include "store.h"
+#include "util.h"
+
+#include <inttypes.h>
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef enum { REC_PENDING = 0, REC_DONE } rec_state_t;
+
+/* One consumed record and what we know about it. */
+typedef struct {
+    rd_kafka_message_t *msg; /* owned; destroyed when the record leaves */
+    int64_t polled_us;
+    rec_state_t state;
+    int parsed;
+    int poison; /* 1: goes to the DLQ with `reason` */
+    idem_reason_t reason;
+    char error[256];
+    idem_envelope_t env;
+    int attempts;           /* handler attempts (retry.max.attempts) */
+    int store_sent;         /* a store call that may have applied it failed */
+    int64_t retry_at_ms;    /* not before this (busy lease, backoff) */
+    volatile int dlq_state; /* 0 not sent / in flight, 1 acked, -1 failed */
+    int dlq_queued;
+    volatile int out_state;      /* forward: 0 in flight, 1 acked, -1 failed */
+    rd_kafka_resp_err_t out_err; /* forward: why the write failed */
+    int out_queued;
+    int claimed; /* forward: holds our lease */
+} rec_t;
+
+/* One assigned partition and its commit position. */
+typedef struct {
+    char *topic;
+    int32_t partition;
+    int64_t next_offset; /* everything below is finished; -1 unknown */
+    int64_t committed;   /* last offset we asked to commit; -1 none */
+    int64_t high_seen;   /* highest offset taken into a batch */
+    int blocked;         /* scratch for advance_offsets */
+} part_t;
+
+struct idem_pipeline_s {
+    const idem_conf_t *conf;
+    idem_metrics_t *m;
+    idem_store_t *store;
+    idem_dlq_t *dlq;
+    rd_kafka_t *rk;  /* consumer */
+    rd_kafka_t *out; /* forward: output producer */
+    rd_kafka_topic_t *out_rkt;
+
+    rec_t *recs;
+    size_t cnt, cap;
+    part_t *parts;
+    size_t part_cnt, part_cap;
+
+    int paused;     /* all partitions paused by us */
+    int infra_down; /* last attempt failed on infrastructure */
+    char infra_reason[512];
+    int64_t backoff_ms;
+    int64_t next_attempt_ms;
+    int brokers_down;
+    int epoch;       /* bumped on every rebalance: lease fencing */
+    char owner[320]; /* "lease:<member>:<epoch>" */
+    int recommit;    /* an async commit failed: send all again */
+
+    int64_t last_commit_ms;
+    int64_t last_progress_ms;
+    uint64_t progress_records;
+};
+
+/* ---------------------------------------------------------------- helpers */
+
+static void owner_update(idem_pipeline_t *p)
+{
+    snprintf(p->owner, sizeof(p->owner), "lease:%s:%d", p->conf->member_id,
+             p->epoch);
+}
+
+static part_t *part_find(idem_pipeline_t *p, const char *topic, int32_t part)
+{
+    for (size_t i = 0; i < p->part_cnt; i++)
+        if (p->parts[i].partition == part && !strcmp(p->parts[i].topic, topic))
+            return &p->parts[i];
+    return NULL;
+}
+
+static part_t *part_add(idem_pipeline_t *p, const char *topic, int32_t part)
+{
+    part_t *pt = part_find(p, topic, part);
+    if (pt)
+        return pt;
+    if (p->part_cnt == p->part_cap) {
+        p->part_cap = p->part_cap ? p->part_cap * 2 : 16;
+        p->parts = idem_xrealloc(p->parts, p->part_cap * sizeof(*p->parts));
+    }
+    pt = &p->parts[p->part_cnt++];
+    pt->topic = idem_xstrdup(topic);
+    pt->partition = part;
+    pt->next_offset = -1;
+    pt->committed = -1;
+    pt->high_seen = -1;
+    pt->blocked = 0;
+    return pt;
+}
+
+static void part_remove(idem_pipeline_t *p, const char *topic, int32_t part)
+{
+    part_t *pt = part_find(p, topic, part);
+    if (!pt)
+        return;
+    free(pt->topic);
+    *pt = p->parts[--p->part_cnt];
+}
+
+static part_t *rec_part(idem_pipeline_t *p, const rec_t *r)
+{
+    return part_find(p, rd_kafka_topic_name(r->msg->rkt), r->msg->partition);
+}
+
+static void set_ready(idem_pipeline_t *p)
+{
+    if (p->infra_down)
+        idem_metrics_ready_set(p->m, 0, p->infra_reason);
+    else if (p->brokers_down)
+        idem_metrics_ready_set(p->m, 0, "kafka: all brokers are down");
+    else
+        idem_metrics_ready_set(p->m, 1, NULL);
+}
+
+/* ------------------------------------------------------------ commits */
+
+/* Builds the list of partitions whose finished prefix moved past what we
+ * last committed (only_revoked: just those in `subset`). NULL if none. */
+static rd_kafka_topic_partition_list_t *
+commit_list(idem_pipeline_t *p, const rd_kafka_topic_partition_list_t *subset)
+{
+    rd_kafka_topic_partition_list_t *l = NULL;
+    for (size_t i = 0; i < p->part_cnt; i++) {
+        part_t *pt = &p->parts[i];
+        if (pt->next_offset < 0 ||
+            (pt->next_offset == pt->committed && !p->recommit))
+            continue;
+        if (subset && !rd_kafka_topic_partition_list_find(subset, pt->topic,
+                                                          pt->partition))
+            continue;
+        if (!l)
+            l = rd_kafka_topic_partition_list_new(8);
+        rd_kafka_topic_partition_list_add(l, pt->topic, pt->partition)->offset =
+            pt->next_offset;
+    }
+    return l;
+}
+
+/* Commits finished offsets: asynchronously (the result arrives in
+ * commit_cb) or synchronously (revoke, shutdown). */
+static void commit_offsets(idem_pipeline_t *p,
+                           const rd_kafka_topic_partition_list_t *subset,
+                           int sync)
+{
+    rd_kafka_topic_partition_list_t *l = commit_list(p, subset);
+    p->last_commit_ms = idem_now_ms();
+    if (!l)
+        return;
+    for (int i = 0; i < l->cnt; i++) {
+        part_t *pt = part_find(p, l->elems[i].topic, l->elems[i].partition);
+        pt->committed = pt->next_offset;
+    }
+    if (!subset)
+        p->recommit = 0;
+    rd_kafka_resp_err_t err = rd_kafka_commit(p->rk, l, sync ? 0 : 1);
+    if (sync) {
+        idem_metrics_commit_add(p->m, err == RD_KAFKA_RESP_ERR_NO_ERROR);
+        if (err) {
+            idem_log_kv(IDEM_LOG_WARN, "synchronous commit failed", "error",
+                        rd_kafka_err2str(err), NULL);
+            p->recommit = 1;
+        }
+    } else if (err) {
+        idem_metrics_commit_add(p->m, 0);
+        p->recommit = 1;
+    }
+    rd_kafka_topic_partition_list_destroy(l);
+}
+
+/* Offset commit result callback: fires inside rd_kafka_consumer_poll (or
+ * rd_kafka_commit) on the processing thread. */
+static void commit_cb(rd_kafka_t *rk, rd_kafka_resp_err_t err,
+                      rd_kafka_topic_partition_list_t *offsets, void *opaque)
+{
+    (void)rk;
+    (void)offsets;
+    idem_pipeline_t *p = opaque;
+    if (err == RD_KAFKA_RESP_ERR__NO_OFFSET)
+        return;
+    idem_metrics_commit_add(p->m, err == RD_KAFKA_RESP_ERR_NO_ERROR);
+    if (err) {
+        idem_log_kv(IDEM_LOG_WARN, "offset commit failed", "error",
+                    rd_kafka_err2str(err), NULL);
+        p->recommit = 1;
+    }
+}
+
+/* Moves each partition's next_offset over the contiguous prefix of
+ * finished records, then drops records that are finished and below it. */
+static void advance_offsets(idem_pipeline_t *p)
+{
+    for (size_t i = 0; i < p->part_cnt; i++)
+        p->parts[i].blocked = 0;
+    for (size_t i = 0; i < p->cnt; i++) {
+        rec_t *r = &p->recs[i];
+        part_t *pt = rec_part(p, r);
+        if (!pt || pt->blocked)
+            continue;
+        if (r->state == REC_DONE)
+            pt->next_offset = r->msg->offset + 1;
+        else
+            pt->blocked = 1;
+    }
+    size_t keep = 0;
+    for (size_t i = 0; i < p->cnt; i++) {
+        rec_t *r = &p->recs[i];
+        part_t *pt = rec_part(p, r);
+        if (r->state == REC_DONE && pt && r->msg->offset < pt->next_offset) {
+            rd_kafka_message_destroy(r->msg);
+            continue;
+        }
+        if (keep != i)
+            p->recs[keep] = *r;
+        keep++;
+    }
+    p->cnt = keep;
+    idem_metrics_inflight_set(p->m, (int64_t)p->cnt);
+}
+
+/* Drops the records of `parts` from the batch without finishing them
+ * (the partitions moved to another member, which will read them again). */
+static void batch_drop_partitions(idem_pipeline_t *p,
+                                  const rd_kafka_topic_partition_list_t *parts)
+{
+    size_t keep = 0;
+    for (size_t i = 0; i < p->cnt; i++) {
+        rec_t *r = &p->recs[i];
+        if (rd_kafka_topic_partition_list_find(
+                parts, rd_kafka_topic_name(r->msg->rkt), r->msg->partition)) {
+            rd_kafka_message_destroy(r->msg);
+            continue;
+        }
+        if (keep != i)
+            p->recs[keep] = *r;
+        keep++;
+    }
+    p->cnt = keep;
+}
+
+/* ----------------------------------------------------- pause and resume */
+
+static void pause_all(idem_pipeline_t *p, int pause)
+{
+    if (p->paused == pause || p->part_cnt == 0) {
+        p->paused = pause;
+        idem_metrics_paused_set(p->m, pause ? (int64_t)p->part_cnt : 0);
+        return;
+    }
+    rd_kafka_topic_partition_list_t *l =
+        rd_kafka_topic_partition_list_new((int)p->part_cnt);
+    for (size_t i = 0; i < p->part_cnt; i++)
+        rd_kafka_topic_partition_list_add(l, p->parts[i].topic,
+                                          p->parts[i].partition);
+    if (pause)
+        rd_kafka_pause_partitions(p->rk, l);
+    else
+        rd_kafka_resume_partitions(p->rk, l);
+    rd_kafka_topic_partition_list_destroy(l);
+    p->paused = pause;
+    idem_metrics_paused_set(p->m, pause ? (int64_t)p->part_cnt : 0);
+}
+
+/* ------------------------------------------------------------ outcomes */
+
+static void rec_finish(idem_pipeline_t *p, rec_t *r, idem_outcome_t o)
+{
+    r->state = REC_DONE;
+    idem_metrics_outcome_add(p->m, o, 1);
+    idem_metrics_latency_observe(p->m,
+                                 (double)(idem_now_us() - r->polled_us) / 1e6);
+    p->progress_records++;
+}
+
+static void rec_duplicate(idem_pipeline_t *p, rec_t *r, const char *prior)
+{
+    /* The same message_id means Kafka (or the producer) delivered the very
+     * same message again; a new message_id with a known idempotency key is
+     * a client that sent the operation again. A record whose earlier store
+     * call failed after it may have run counts as processed. */
+    int same = !strcmp(prior, r->env.message_id);
+    if (same && r->store_sent) {
+        rec_finish(p, r, IDEM_OUTCOME_PROCESSED);
+        return;
+    }
+    idem_metrics_duplicate_add(p->m,
+                               same ? IDEM_DUP_REDELIVERY : IDEM_DUP_RESEND, 1);
+    rec_finish(p, r, IDEM_OUTCOME_DUPLICATE);
+    if (idem_log_enabled(IDEM_LOG_DEBUG)) {
+        char off[24];
+        snprintf(off, sizeof(off), "%" PRId64, r->msg->offset);
+        idem_log_kv(IDEM_LOG_DEBUG, "duplicate", "topic",
+                    rd_kafka_topic_name(r->msg->rkt), "offset", off,
+                    "message_id", r->env.message_id, "kind",
+                    same ? "redelivery" : "resend", NULL);
+    }
+}
+
+static void rec_poison(rec_t *r, idem_reason_t reason, const char *error)
+{
+    r->poison = 1;
+    r->reason = reason;
+    snprintf(r->error, sizeof(r->error), "%s", error);
+}
+
+/* A retriable handler error: back off with jitter, or give up. */
+static void rec_retry(idem_pipeline_t *p, rec_t *r, const char *error)
+{
+    r->attempts++;
+    if (r->attempts >= p->conf->retry_max_attempts) {
+        char e[256];
+        snprintf(e, sizeof(e), "gave up after %d attempts: %s", r->attempts,
+                 error);
+        rec_poison(r, IDEM_REASON_MAX_RETRIES, e);
+        return;
+    }
+    idem_metrics_retry_add(p->m, 1);
+    int64_t d = p->conf->retry_backoff_initial_ms << (r->attempts - 1);
+    if (d > p->conf->retry_backoff_max_ms || d <= 0)
+        d = p->conf->retry_backoff_max_ms;
+    d = d / 2 + (int64_t)(rand() % (int)(d / 2 + 1)); /* "equal jitter" */
+    r->retry_at_ms = idem_now_ms() + d;
+}
+
+/* --------------------------------------------------------- the handlers */
+
+/* Collects the valid, unfinished, due records of the batch. */
+static size_t due_records(idem_pipeline_t *p, rec_t **out,
+                          const idem_envelope_t **envs, int64_t now)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < p->cnt; i++) {
+        rec_t *r = &p->recs[i];
+        if (r->state == REC_DONE || r->poison || r->retry_at_ms > now)
+            continue;
+        out[n] = r;
+        envs[n] = &r->env;
+        n++;
+    }
+    return n;
+}
+
+static int handle_ledger(idem_pipeline_t *p, rec_t **rs,
+                         const idem_envelope_t **envs, size_t n,
+                         idem_store_result_t *res, char *errstr,
+                         size_t errstr_size)
+{
+    if (idem_store_ledger_apply(p->store, envs, n, res, errstr, errstr_size)) {
+        for (size_t i = 0; i < n; i++)
+            rs[i]->store_sent = 1;
+        return -1;
+    }
+    for (size_t i = 0; i < n; i++) {
+        switch (res[i].mark) {
+        case IDEM_MARK_NEW:
+            rec_finish(p, rs[i], IDEM_OUTCOME_PROCESSED);
+            break;
+        case IDEM_MARK_DONE:
+            rec_duplicate(p, rs[i], res[i].prior_mid);
+            break;
+        case IDEM_MARK_REJECT:
+            rec_poison(rs[i], IDEM_REASON_HANDLER_REJECTED, res[i].detail);
+            break;
+        case IDEM_MARK_BUSY: /* a forward-handler lease on this identity */
+        case IDEM_MARK_LOST:
+            rs[i]->retry_at_ms = idem_now_ms() + p->conf->dedup_lease_ms / 4;
+            break;
+        }
+    }
+    return 0;
+}
+
+/* Output delivery report: fires in rd_kafka_flush/poll of the output
+ * producer, on the processing thread. */
+static void out_dr_cb(rd_kafka_t *rk, const rd_kafka_message_t *m, void *opaque)
+{
+    (void)rk;
+    (void)opaque;
+    rec_t *r = m->_private;
+    if (m->err)
+        idem_log_kv(IDEM_LOG_WARN, "output write failed", "error",
+                    rd_kafka_err2str(m->err), NULL);
+    r->out_err = m->err;
+    r->out_state = m->err ? -1 : 1;
+}
+
+/* Queues r's enriched copy (value + processed_at) to output.topic. */
+static int forward_send(idem_pipeline_t *p, rec_t *r, char *errstr,
+                        size_t errstr_size)
+{
+    json_t *root = json_loadb(r->msg->payload, r->msg->len, 0, NULL);
+    if (!root) { /* cannot happen: the envelope parsed it */
+        snprintf(errstr, errstr_size, "forward: value no longer parses");
+        return -1;
+    }
+    char ts[40];
+    json_object_set_new(
+        root, "processed_at",
+        json_string(idem_rfc3339(idem_wall_ms(), ts, sizeof(ts))));
+    char *value = json_dumps(root, JSON_COMPACT | JSON_PRESERVE_ORDER);
+    json_decref(root);
+    rd_kafka_headers_t *orig = NULL, *h = NULL;
+    if (rd_kafka_message_headers(r->msg, &orig) == 0 && orig)
+        h = rd_kafka_headers_copy(orig);
+    r->out_state = 0;
+    rd_kafka_resp_err_t err;
+    for (;;) {
+        err = rd_kafka_producev(p->out, RD_KAFKA_V_RKT(p->out_rkt),
+                                RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_FREE),
+                                RD_KAFKA_V_KEY(r->msg->key, r->msg->key_len),
+                                RD_KAFKA_V_VALUE(value, strlen(value)),
+                                RD_KAFKA_V_HEADERS(h),
+                                RD_KAFKA_V_OPAQUE((void *)r), RD_KAFKA_V_END);
+        if (err != RD_KAFKA_RESP_ERR__QUEUE_FULL)
+            break;
+        rd_kafka_poll(p->out, 100);
+    }
+    if (err) {
+        free(value);
+        if (h)
+            rd_kafka_headers_destroy(h);
+        snprintf(errstr, errstr_size, "output: %s", rd_kafka_err2str(err));
+        return -1;
+    }
+    r->out_queued = 1;
+    return 0;
+}
+
+/* Classifies a failed output write: the same message can never be written
+ * (poison: handler-rejected), the cluster is unreachable (infrastructure:
+ * pause, never dead-letter), or this write failed for a reason that may
+ * pass (a retriable handler error, counted against retry.max.attempts). */
+typedef enum { OUT_PERMANENT, OUT_INFRA, OUT_RETRIABLE } out_error_kind_t;
+
+static out_error_kind_t output_error_kind(rd_kafka_resp_err_t err)
+{
+    switch (err) {
+    case RD_KAFKA_RESP_ERR_MSG_SIZE_TOO_LARGE:
+    case RD_KAFKA_RESP_ERR_INVALID_MSG:
+    case RD_KAFKA_RESP_ERR_INVALID_RECORD:
+    case RD_KAFKA_RESP_ERR_INVALID_MSG_SIZE:
+        return OUT_PERMANENT;
+    case RD_KAFKA_RESP_ERR__MSG_TIMED_OUT:
+    case RD_KAFKA_RESP_ERR__TRANSPORT:
+    case RD_KAFKA_RESP_ERR__ALL_BROKERS_DOWN:
+    case RD_KAFKA_RESP_ERR__TIMED_OUT:
+    case RD_KAFKA_RESP_ERR_NO_ERROR: /* no report yet: still in flight */
+        return OUT_INFRA;
+    default:
+        return OUT_RETRIABLE;
+    }
+}
+
+/* Forward: claim (lease) -> write to output.topic and wait for the broker's
+ * acknowledgement -> turn the lease into the done mark. A crash anywhere
+ * leaves at worst a lease that expires, never a done mark without output. */
+static int handle_forward(idem_pipeline_t *p, rec_t **rs,
+                          const idem_envelope_t **envs, size_t n,
+                          idem_store_result_t *res, char *errstr,
+                          size_t errstr_size)
+{
+    if (idem_store_claim(p->store, p->owner, envs, n, res, errstr, errstr_size))
+        return -1;
+    size_t claimed = 0;
+    int64_t now = idem_now_ms();
+    for (size_t i = 0; i < n; i++) {
+        rec_t *r = rs[i];
+        switch (res[i].mark) {
+        case IDEM_MARK_NEW:
+            r->claimed = 1;
+            rs[claimed] = r;
+            envs[claimed] = &r->env;
+            claimed++;
+            break;
+        case IDEM_MARK_DONE:
+            rec_duplicate(p, r, res[i].prior_mid);
+            break;
+        default: /* leased elsewhere: wait, the lease expires if dead */
+            r->retry_at_ms = now + p->conf->dedup_lease_ms / 4 + 50;
+            break;
+        }
+    }
+    for (size_t i = 0; i < claimed; i++)
+        if (forward_send(p, rs[i], errstr, errstr_size))
+            return -1;
+    rd_kafka_flush(p->out, (int)p->conf->shutdown_timeout_ms / 2);
+    size_t acked = 0;
+    int failed = 0;
+    for (size_t i = 0; i < claimed; i++) {
+        rec_t *r = rs[i];
+        if (r->out_state == 1) {
+            rs[acked] = r;
+            envs[acked] = &r->env;
+            acked++;
+            continue;
+        }
+        r->out_queued = 0;
+        switch (output_error_kind(r->out_state ? r->out_err
+                                               : RD_KAFKA_RESP_ERR_NO_ERROR)) {
+        case OUT_PERMANENT:
+            rec_poison(r, IDEM_REASON_HANDLER_REJECTED,
+                       rd_kafka_err2str(r->out_err));
+            break;
+        case OUT_RETRIABLE:
+            rec_retry(p, r, rd_kafka_err2str(r->out_err));
+            break;
+        case OUT_INFRA:
+            failed = 1;
+            break;
+        }
+    }
+    if (acked && idem_store_mark_done(p->store, p->owner, envs, acked, res,
+                                      errstr, errstr_size))
+        return -1;
+    for (size_t i = 0; i < acked; i++) {
+        if (res[i].mark == IDEM_MARK_LOST)
+            idem_log_kv(IDEM_LOG_WARN,
+                        "lease taken over before mark; output may be "
+                        "duplicated",
+                        "message_id", rs[i]->env.message_id, "holder",
+                        res[i].detail, NULL);
+        rec_finish(p, rs[i], IDEM_OUTCOME_PROCESSED);
+    }
+    if (failed) {
+        snprintf(errstr, errstr_size, "output: writes to %s not acknowledged",
+                 p->conf->output_topic);
+        return -1;
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------ the batch cycle */
+
+static void parse_records(idem_pipeline_t *p)
+{
+    int need_ledger = p->conf->handler == IDEM_HANDLER_LEDGER;
+    for (size_t i = 0; i < p->cnt; i++) {
+        rec_t *r = &p->recs[i];
+        if (r->parsed)
+            continue;
+        r->parsed = 1;
+        rd_kafka_headers_t *h = NULL;
+        rd_kafka_message_headers(r->msg, &h);
+        idem_reason_t reason;
+        char err[256];
+        if (idem_envelope_parse(r->msg->payload, r->msg->len, h, need_ledger,
+                                (size_t)p->conf->message_max_bytes, &r->env,
+                                &reason, err, sizeof(err)))
+            rec_poison(r, reason, err);
+    }
+}
+
+/* Sends poison records to the DLQ and waits for the acknowledgements.
+ * Returns 0 when every poison record is finished, -1 (infrastructure). */
+static int dead_letter(idem_pipeline_t *p, char *errstr, size_t errstr_size)
+{
+    int queued = 0;
+    for (size_t i = 0; i < p->cnt; i++) {
+        rec_t *r = &p->recs[i];
+        if (r->state == REC_DONE || !r->poison || r->dlq_queued)
+            continue;
+        r->dlq_state = 0;
+        if (idem_dlq_send(p->dlq, r->msg, r->reason, r->error,
+                          r->attempts ? r->attempts : 1, &r->dlq_state, errstr,
+                          errstr_size))
+            return -1;
+        r->dlq_queued = 1;
+        queued++;
+    }
+    if (!queued)
+        return 0;
+    idem_dlq_flush(p->dlq, (int)p->conf->shutdown_timeout_ms / 2);
+    int failed = 0;
+    for (size_t i = 0; i < p->cnt; i++) {
+        rec_t *r = &p->recs[i];
+        if (r->state == REC_DONE || !r->poison || !r->dlq_queued)
+            continue;
+        if (r->dlq_state == 1) {
+            idem_metrics_dlq_add(p->m, r->reason, 1);
+            rec_finish(p, r, IDEM_OUTCOME_DLQ);
+            if (idem_log_enabled(IDEM_LOG_INFO)) {
+                char part[16], off[24];
+                snprintf(part, sizeof(part), "%" PRId32, r->msg->partition);
+                snprintf(off, sizeof(off), "%" PRId64, r->msg->offset);
+                idem_log_kv(IDEM_LOG_INFO, "dead-lettered", "topic",
+                            rd_kafka_topic_name(r->msg->rkt), "partition", part,
+                            "offset", off, "reason", idem_reason2str(r->reason),
+                            "error", r->error, NULL);
+            }
+        } else {
+            /* Failed or still unknown after the wait: send again later (the
+             * DLQ is at-least-once; verify counts distinct originals). */
+            r->dlq_queued = r->dlq_state == 0;
+            failed = 1;
+        }
+    }
+    if (failed) {
+        snprintf(errstr, errstr_size, "dlq: writes to %s not acknowledged",
+                 p->conf->dlq_topic);
+        return -1;
+    }
+    return 0;
+}
+
+/* One attempt at the batch in hand. Returns 0 when the attempt ran (some
+ * records may wait for a retry time), -1 on an infrastructure failure. */
+static int process_batch(idem_pipeline_t *p, char *errstr, size_t errstr_size)
+{
+    if (p->cnt == 0)
+        return 0;
+    idem_metrics_heartbeat(p->m);
+    parse_records(p);
+    rec_t **rs = idem_xmalloc(p->cnt * sizeof(*rs));
+    const idem_envelope_t **envs = idem_xmalloc(p->cnt * sizeof(*envs));
+    idem_store_result_t *res = idem_xmalloc(p->cnt * sizeof(*res));
+    int rc = 0;
+    size_t n = due_records(p, rs, envs, idem_now_ms());
+    if (n) {
+        rc = p->conf->handler == IDEM_HANDLER_FORWARD
+                 ? handle_forward(p, rs, envs, n, res, errstr, errstr_size)
+                 : handle_ledger(p, rs, envs, n, res, errstr, errstr_size);
+    }
+    free(rs);
+    free(envs);
+    free(res);
+    /* Poison (including handler rejections just found) goes out even when
+     * the handler's infrastructure failed, so the DLQ is not held up. */
+    char dlqerr[256];
+    if (dead_letter(p, dlqerr, sizeof(dlqerr)) && rc == 0) {
+        snprintf(errstr, errstr_size, "%s", dlqerr);
+        rc = -1;
+    }
+    advance_offsets(p);
+    return rc;
+}
+
+/* Earliest retry time of a waiting record, or 0 when none waits. */
+static int64_t batch_next_retry(idem_pipeline_t *p)
+{
+    int64_t t = 0;
+    for (size_t i = 0; i < p->cnt; i++) {
+        rec_t *r = &p->recs[i];
+        if (r->state != REC_DONE && (t == 0 || r->retry_at_ms < t))
+            t = r->retry_at_ms;
+    }
+    return t;
+}
+
+/* Runs process_batch and turns its result into pause/backoff/readiness. */
+static void attempt_batch(idem_pipeline_t *p)
+{
+    char errstr[512];
+    int rc = process_batch(p, errstr, sizeof(errstr));
+    int64_t now = idem_now_ms();
+    if (rc) {
+        if (!p->infra_down)
+            idem_log_kv(IDEM_LOG_ERROR, "infrastructure failure: pausing input",
+                        "error", errstr, NULL);
+        p->infra_down = 1;
+        snprintf(p->infra_reason, sizeof(p->infra_reason), "%s", errstr);
+        p->backoff_ms = p->backoff_ms
+                            ? (p->backoff_ms * 2 > p->conf->retry_backoff_max_ms
+                                   ? p->conf->retry_backoff_max_ms
+                                   : p->backoff_ms * 2)
+                            : p->conf->retry_backoff_initial_ms;
+        p->next_attempt_ms = now + p->backoff_ms;
+    } else {
+        if (p->infra_down)
+            idem_log_kv(IDEM_LOG_INFO, "infrastructure back: resuming", NULL);
+        p->infra_down = 0;
+        p->backoff_ms = 0;
+        p->next_attempt_ms = batch_next_retry(p);
+    }
+    set_ready(p);
+    pause_all(p, p->cnt > 0);
+}
+
+/* ------------------------------------------------------------ rebalance */
+
+/* Rebalance callback: fires inside rd_kafka_consumer_poll (or close) on the
+ * processing thread. Before partitions are given up, the batch in hand is
+ * finished if the infrastructure allows and their offsets are committed
+ * synchronously; a lost assignment commits nothing. */
+static void rebalance_cb(rd_kafka_t *rk, rd_kafka_resp_err_t err,
+                         rd_kafka_topic_partition_list_t *parts, void *opaque)
+{
+    idem_pipeline_t *p = opaque;
+    int cooperative = !strcmp(rd_kafka_rebalance_protocol(rk), "COOPERATIVE");
+    p->epoch++;
+    owner_update(p);
+    if (err == RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS) {
+        idem_metrics_rebalance_add(p->m, "assign");
+        for (int i = 0; i < parts->cnt; i++)
+            part_add(p, parts->elems[i].topic, parts->elems[i].partition);
+        if (cooperative)
+            rd_kafka_error_destroy(rd_kafka_incremental_assign(rk, parts));
+        else
+            rd_kafka_assign(rk, parts);
+        if (p->paused) { /* keep new partitions quiet while we wait */
+            p->paused = 0;
+            pause_all(p, 1);
+        }
+        char cnt[16];
+        snprintf(cnt, sizeof(cnt), "%d", parts->cnt);
+        idem_log_kv(IDEM_LOG_INFO, "partitions assigned", "count", cnt,
+                    "protocol", cooperative ? "cooperative" : "eager", NULL);
+    } else {
+        int lost = rd_kafka_assignment_lost(rk);
+        idem_metrics_rebalance_add(p->m, lost ? "lost" : "revoke");
+        if (!lost) {
+            if (p->cnt && !p->infra_down)
+                attempt_batch(p);
+            commit_offsets(p, parts, 1);
+        }
+        batch_drop_partitions(p, parts);
+        for (int i = 0; i < parts->cnt; i++)
+            part_remove(p, parts->elems[i].topic, parts->elems[i].partition);
+        if (cooperative)
+            rd_kafka_error_destroy(rd_kafka_incremental_unassign(rk, parts));
+        else
+            rd_kafka_assign(rk, NULL);
+        idem_log_kv(IDEM_LOG_INFO,
+                    lost ? "partitions lost" : "partitions revoked", NULL);
+        if (p->cnt == 0)
+            p->paused = 0;
+    }
+    idem_metrics_assigned_set(p->m, (int64_t)p->part_cnt);
+    idem_metrics_inflight_set(p->m, (int64_t)p->cnt);
+}
+
+/* ---------------------------------------------------- librdkafka glue */
+
+/* Log callback; with log.queue it fires in rd_kafka_consumer_poll on the
+ * processing thread. */
+static void consumer_log_cb(const rd_kafka_t *rk, int level, const char *fac,
+                            const char *buf)
+{
+    (void)rk;
+    idem_log_kv(level <= 3 ? IDEM_LOG_ERROR
+                           : (level <= 4 ? IDEM_LOG_WARN
+                                         : (level <= 6 ? IDEM_LOG_INFO
+                                                       : IDEM_LOG_DEBUG)),
+                buf, "component", "librdkafka", "facility", fac, NULL);
+}
+
+/* Error callback: fires in rd_kafka_consumer_poll, processing thread. */
+static void consumer_error_cb(rd_kafka_t *rk, int err, const char *reason,
+                              void *opaque)
+{
+    (void)rk;
+    idem_pipeline_t *p = opaque;
+    if (err == RD_KAFKA_RESP_ERR__ALL_BROKERS_DOWN) {
+        p->brokers_down = 1;
+        set_ready(p);
+    }
+    idem_log_kv(IDEM_LOG_WARN, "kafka error", "error",
+                rd_kafka_err2str((rd_kafka_resp_err_t)err), "reason", reason,
+                NULL);
+}
+
+/* Statistics callback: fires in rd_kafka_consumer_poll every
+ * statistics.interval.ms. Returns 0: librdkafka frees json. */
+static int consumer_stats_cb(rd_kafka_t *rk, char *json, size_t len,
+                             void *opaque)
+{
+    (void)rk;
+    idem_pipeline_t *p = opaque;
+    idem_metrics_stats_json(p->m, json, len);
+    return 0;
+}
+
+static int kconf_set(rd_kafka_conf_t *kc, const char *name, const char *value,
+                     char *errstr, size_t errstr_size)
+{
+    char kerr[512];
+    if (rd_kafka_conf_set(kc, name, value, kerr, sizeof(kerr)) ==
+        RD_KAFKA_CONF_OK)
+        return 0;
+    snprintf(errstr, errstr_size, "kafka.%s: %s", name, kerr);
+    return -1;
+}
+
+static int conf_has_kafka(const idem_conf_t *conf, const char *name)
+{
+    for (size_t i = 0; i < conf->kafka_cnt; i++)
+        if (!strcmp(conf->kafka[i].name, name))
+            return 1;
+    return 0;
+}
+
+static rd_kafka_t *consumer_new(idem_pipeline_t *p, char *errstr,
+                                size_t errstr_size)
+{
+    const idem_conf_t *c = p->conf;
+    rd_kafka_conf_t *kc = rd_kafka_conf_new();
+    char num[32];
+    snprintf(num, sizeof(num), "%" PRId64, c->stats_interval_ms);
+    /* Defaults first, then the user's kafka.* (which may override the
+     * tuning ones), then what correctness requires. */
+    if ((!conf_has_kafka(c, "statistics.interval.ms") &&
+         kconf_set(kc, "statistics.interval.ms", num, errstr, errstr_size)) ||
+        kconf_set(kc, "client.id", c->member_id, errstr, errstr_size) ||
+        kconf_set(kc, "auto.offset.reset", "earliest", errstr, errstr_size) ||
+        idem_conf_apply_kafka(c, kc, errstr, errstr_size) ||
+        kconf_set(kc, "group.id", c->group_id, errstr, errstr_size) ||
+        kconf_set(kc, "enable.auto.commit", "false", errstr, errstr_size) ||
+        kconf_set(kc, "enable.auto.offset.store", "false", errstr,
+                  errstr_size) ||
+        kconf_set(kc, "enable.partition.eof", "false", errstr, errstr_size) ||
+        kconf_set(kc, "log.queue", "true", errstr, errstr_size)) {
+        rd_kafka_conf_destroy(kc);
+        return NULL;
+    }
+    rd_kafka_conf_set_opaque(kc, p);
+    rd_kafka_conf_set_rebalance_cb(kc, rebalance_cb);
+    rd_kafka_conf_set_offset_commit_cb(kc, commit_cb);
+    rd_kafka_conf_set_log_cb(kc, consumer_log_cb);
+    rd_kafka_conf_set_error_cb(kc, consumer_error_cb);
+    if (c->stats_interval_ms > 0 || conf_has_kafka(c, "statistics.interval.ms"))
+        rd_kafka_conf_set_stats_cb(kc, consumer_stats_cb);
+    char kerr[512];
+    rd_kafka_t *rk = rd_kafka_new(RD_KAFKA_CONSUMER, kc, kerr, sizeof(kerr));
+    if (!rk) {
+        snprintf(errstr, errstr_size, "kafka consumer: %s", kerr);
+        return NULL;
+    }
+    rd_kafka_set_log_queue(rk, NULL); /* logs to the main queue ... */
+    rd_kafka_poll_set_consumer(rk);   /* ... served by consumer_poll */
+    return rk;
+}
+
+static rd_kafka_t *output_new(const idem_conf_t *c, char *errstr,
+                              size_t errstr_size)
+{
+    rd_kafka_conf_t *kc = rd_kafka_conf_new();
+    if (idem_conf_apply_kafka(c, kc, errstr, errstr_size) ||
+        kconf_set(kc, "enable.idempotence", "true", errstr, errstr_size) ||
+        kconf_set(kc, "acks", "all", errstr, errstr_size) ||
+        kconf_set(kc, "linger.ms", "5", errstr, errstr_size) ||
+        kconf_set(kc, "message.timeout.ms", "15000", errstr, errstr_size)) {
+        rd_kafka_conf_destroy(kc);
+        return NULL;
+    }
+    rd_kafka_conf_set_dr_msg_cb(kc, out_dr_cb);
+    char kerr[512];
+    rd_kafka_t *rk = rd_kafka_new(RD_KAFKA_PRODUCER, kc, kerr, sizeof(kerr));
+    if (!rk)
+        snprintf(errstr, errstr_size, "output producer: %s", kerr);
+    return rk;
+}
+
+static int subscribe(idem_pipeline_t *p, char *errstr, size_t errstr_size)
+{
+    rd_kafka_topic_partition_list_t *l = rd_kafka_topic_partition_list_new(4);
+    char *topics = idem_xstrdup(p->conf->input_topics);
+    char *rest = topics;
+    for (char *t = strsep(&rest, ","); t; t = strsep(&rest, ",")) {
+        while (*t == ' ')
+            t++;
+        size_t tl = strlen(t);
+        while (tl && t[tl - 1] == ' ')
+            t[--tl] = '\0';
+        rd_kafka_topic_partition_list_add(l, t, RD_KAFKA_PARTITION_UA);
+    }
+    free(topics);
+    rd_kafka_resp_err_t err = rd_kafka_subscribe(p->rk, l);
+    rd_kafka_topic_partition_list_destroy(l);
+    if (err) {
+        snprintf(errstr, errstr_size, "input.topics: subscribe: %s",
+                 rd_kafka_err2str(err));
+        return -1;
+    }
+    return 0;
+}
+
+idem_pipeline_t *idem_pipeline_new(const idem_conf_t *conf, idem_metrics_t *m,
+                                   char *errstr, size_t errstr_size)
+{
+    idem_pipeline_t *p = idem_xcalloc(1, sizeof(*p));
+    p->conf = conf;
+    p->m = m;
+    owner_update(p);
+    p->cap = (size_t)conf->batch_max_messages;
+    p->recs = idem_xcalloc(p->cap, sizeof(*p->recs));
+    p->store = idem_store_new(conf, m);
+    if (!(p->dlq = idem_dlq_new(conf, errstr, errstr_size)))
+        goto fail;
+    if (conf->handler == IDEM_HANDLER_FORWARD) {
+        if (!(p->out = output_new(conf, errstr, errstr_size)))
+            goto fail;
+        p->out_rkt = rd_kafka_topic_new(p->out, conf->output_topic, NULL);
+    }
+    if (!(p->rk = consumer_new(p, errstr, errstr_size)))
+        goto fail;
+    if (subscribe(p, errstr, errstr_size))
+        goto fail;
+    idem_metrics_ready_set(m, 0, "starting");
+    return p;
+fail:
+    idem_pipeline_destroy(p);
+    return NULL;
+}
+
+void idem_pipeline_destroy(idem_pipeline_t *p)
+{
+    if (!p)
+        return;
+    for (size_t i = 0; i < p->cnt; i++)
+        rd_kafka_message_destroy(p->recs[i].msg);
+    if (p->rk)
+        rd_kafka_destroy(p->rk);
+    if (p->out_rkt)
+        rd_kafka_topic_destroy(p->out_rkt);
+    if (p->out) {
+        rd_kafka_flush(p->out, 5000);
+        rd_kafka_destroy(p->out);
+    }
+    idem_dlq_destroy(p->dlq);
+    idem_store_destroy(p->store);
+    for (size_t i = 0; i < p->part_cnt; i++)
+        free(p->parts[i].topic);
+    free(p->parts);
+    free(p->recs);
+    free(p);
+}
+
+/* ------------------------------------------------------------ the loop */
+
+/* Adds a polled message to the batch (taking ownership), or destroys it
+ * when it is an error or a record we already have. */
+static void batch_add(idem_pipeline_t *p, rd_kafka_message_t *msg)
+{
+    if (msg->err) {
+        if (msg->err != RD_KAFKA_RESP_ERR__PARTITION_EOF)
+            idem_log_kv(IDEM_LOG_WARN, "consume error", "error",
+                        rd_kafka_message_errstr(msg), NULL);
+        rd_kafka_message_destroy(msg);
+        return;
+    }
+    if (p->brokers_down) {
+        p->brokers_down = 0;
+        set_ready(p);
+    }
+    part_t *pt = part_find(p, rd_kafka_topic_name(msg->rkt), msg->partition);
+    if (!pt || msg->offset <= pt->high_seen ||
+        (pt->next_offset >= 0 && msg->offset < pt->next_offset)) {
+        rd_kafka_message_destroy(msg); /* not ours, or already in hand */
+        return;
+    }
+    pt->high_seen = msg->offset;
+    if (p->cnt == p->cap) {
+        p->cap *= 2;
+        p->recs = idem_xrealloc(p->recs, p->cap * sizeof(*p->recs));
+    }
+    rec_t *r = &p->recs[p->cnt++];
+    memset(r, 0, sizeof(*r));
+    r->msg = msg;
+    r->polled_us = idem_now_us();
+}
+
+/* Fills the batch up to batch.max.messages or batch.max.wait.ms. */
+static void batch_fill(idem_pipeline_t *p, volatile int *stop)
+{
+    size_t max = (size_t)p->conf->batch_max_messages;
+    int64_t deadline = 0;
+    while (p->cnt < max && !*stop) {
+        int64_t now = idem_now_ms();
+        int timeout = 100;
+        if (p->cnt > 0) {
+            if (!deadline)
+                deadline = now + p->conf->batch_max_wait_ms;
+            if (now >= deadline)
+                break;
+            timeout = (int)(deadline - now);
+        }
+        rd_kafka_message_t *msg = rd_kafka_consumer_poll(p->rk, timeout);
+        if (!msg) {
+            if (p->cnt == 0)
+                break; /* idle: let the loop do its housekeeping */
+            continue;
+        }
+        batch_add(p, msg);
+    }
+}
+
+static void progress_log(idem_pipeline_t *p, int64_t now)
+{
+    if (p->conf->progress_interval_ms <= 0 ||
+        now - p->last_progress_ms < p->conf->progress_interval_ms)
+        return;
+    double secs = (double)(now - p->last_progress_ms) / 1000.0;
+    char rate[32], lag[32], proc[32], dup[32], dlq[32];
+    snprintf(rate, sizeof(rate), "%.0f",
+             p->last_progress_ms ? (double)p->progress_records / secs : 0.0);
+    snprintf(lag, sizeof(lag), "%" PRId64, idem_metrics_lag_total(p->m));
+    snprintf(proc, sizeof(proc), "%" PRIu64,
+             idem_metrics_outcome_get(p->m, IDEM_OUTCOME_PROCESSED));
+    snprintf(dup, sizeof(dup), "%" PRIu64,
+             idem_metrics_outcome_get(p->m, IDEM_OUTCOME_DUPLICATE));
+    snprintf(dlq, sizeof(dlq), "%" PRIu64,
+             idem_metrics_outcome_get(p->m, IDEM_OUTCOME_DLQ));
+    if (p->last_progress_ms)
+        idem_log_kv(IDEM_LOG_INFO, "progress", "rate", rate, "lag", lag,
+                    "processed", proc, "duplicate", dup, "dlq", dlq, NULL);
+    p->last_progress_ms = now;
+    p->progress_records = 0;
+}
+
+int idem_pipeline_run(idem_pipeline_t *p, volatile int *stop, char *errstr,
+                      size_t errstr_size)
+{
+    char cerr[512];
+    if (idem_store_connect(p->store, cerr, sizeof(cerr))) {
+        idem_log_kv(IDEM_LOG_WARN, "redis not reachable yet", "error", cerr,
+                    NULL);
+        p->infra_down = 1;
+        snprintf(p->infra_reason, sizeof(p->infra_reason), "%s", cerr);
+        p->backoff_ms = p->conf->retry_backoff_initial_ms;
+    }
+    set_ready(p);
+    p->last_progress_ms = idem_now_ms();
+    p->last_commit_ms = idem_now_ms();
+
+    while (!*stop) {
+        int64_t now = idem_now_ms();
+        idem_metrics_heartbeat(p->m);
+        if (p->cnt > 0 || p->infra_down) {
+            /* Waiting: keep the membership alive, retry when due. */
+            rd_kafka_message_t *msg = rd_kafka_consumer_poll(p->rk, 50);
+            if (msg)
+                batch_add(p, msg);
+            if (now >= p->next_attempt_ms) {
+                if (p->cnt)
+                    attempt_batch(p);
+                else if (idem_store_connect(p->store, cerr, sizeof(cerr)) ==
+                         0) {
+                    p->infra_down = 0;
+                    p->backoff_ms = 0;
+                    set_ready(p);
+                    pause_all(p, 0);
+                } else {
+                    p->backoff_ms =
+                        p->backoff_ms * 2 > p->conf->retry_backoff_max_ms
+                            ? p->conf->retry_backoff_max_ms
+                            : p->backoff_ms * 2;
+                    p->next_attempt_ms = now + p->backoff_ms;
+                    snprintf(p->infra_reason, sizeof(p->infra_reason), "%s",
+                             cerr);
+                    set_ready(p);
+                }
+            }
+        } else {
+            batch_fill(p, stop);
+            if (p->cnt) {
+                idem_metrics_batch_observe(p->m, (double)p->cnt);
+                attempt_batch(p);
+            }
+        }
+        if (now - p->last_commit_ms >= p->conf->commit_interval_ms)
+            commit_offsets(p, NULL, 0);
+        progress_log(p, now);
+        if (p->out)
+            rd_kafka_poll(p->out, 0);
+        rd_kafka_poll(idem_dlq_handle(p->dlq), 0);
+    }
+
+    /* Shutdown: finish what is in hand if the infrastructure allows, within
+     * the time left, then commit synchronously and leave the group. */
+    int64_t deadline = idem_now_ms() + p->conf->shutdown_timeout_ms;
+    idem_log_kv(IDEM_LOG_INFO, "shutting down", NULL);
+    while (p->cnt > 0 && idem_now_ms() < deadline - 1000) {
+        if (idem_now_ms() >= p->next_attempt_ms)
+            attempt_batch(p);
+        if (p->infra_down)
+            break;
+        if (p->cnt)
+            idem_sleep_ms(20, NULL);
+    }
+    idem_dlq_flush(p->dlq, 1000);
+    commit_offsets(p, NULL, 1);
+    rd_kafka_resp_err_t err = rd_kafka_consumer_close(p->rk);
+    if (err) {
+        snprintf(errstr, errstr_size, "leaving the group: %s",
+                 rd_kafka_err2str(err));
+        return -1;
+    }
+    return 0;
+}
