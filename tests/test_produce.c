@@ -1,0 +1,415 @@
+/* test_produce: `idemproc produce` against `idemproc broker`, read back with
+ * kcat (an independent client) and compared with the generator and with
+ * --expect. */
+#include "gen.h"
+#include "harness.h"
+
+#include <criterion/criterion.h>
+#include <jansson.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static int count_lines(const char *s)
+{
+    int n = 0;
+    for (; s && *s; s++)
+        n += *s == '\n';
+    return n;
+}
+
+/* Everything in `topic` as "key\theaders\tvalue" lines (kcat's format). */
+static char *kcat_read(const char *bootstrap, const char *topic)
+{
+    char *argv[] = {"/usr/bin/kcat",
+                    "-C",
+                    "-b",
+                    (char *)bootstrap,
+                    "-t",
+                    (char *)topic,
+                    "-e",
+                    "-o",
+                    "beginning",
+                    "-q",
+                    "-X",
+                    "fetch.wait.max.ms=10",
+                    "-f",
+                    "%k\t%h\t%s\n",
+                    NULL};
+    char *out = NULL;
+    int rc = th_run(argv, &out, NULL, 60000);
+    cr_assert_eq(rc, 0, "kcat exit %d", rc);
+    return out;
+}
+
+/* Splits text into its lines (modified in place), sorted. */
+static int cmp_str(const void *a, const void *b)
+{
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+static char **lines_sorted(char *text, size_t *n)
+{
+    size_t cap = 16, cnt = 0;
+    char **v = malloc(cap * sizeof(*v));
+    for (char *p = text, *nl; p && *p; p = nl + 1) {
+        nl = strchr(p, '\n');
+        if (!nl)
+            break;
+        *nl = '\0';
+        if (cnt == cap)
+            v = realloc(v, (cap *= 2) * sizeof(*v));
+        v[cnt++] = p;
+    }
+    qsort(v, cnt, sizeof(*v), cmp_str);
+    *n = cnt;
+    return v;
+}
+
+/* The raw "amount" text of a value, into buf; -1 when absent. */
+static int amount_text(const char *value, char *buf, size_t size)
+{
+    const char *a = strstr(value, "\"amount\":");
+    if (!a)
+        return -1;
+    a += 9;
+    size_t n = strcspn(a, ",}");
+    if (n >= size)
+        return -1;
+    memcpy(buf, a, n);
+    buf[n] = '\0';
+    return 0;
+}
+
+/* The processor's validity rules. 1 for a valid payment (cur, user, cents
+ * and ikey filled), 0 otherwise. */
+static int valid_payment(const char *value, size_t max_bytes, char *cur,
+                         char *user, long long *cents, char *ikey)
+{
+    if (strlen(value) > max_bytes)
+        return 0;
+    json_t *d = json_loads(value, JSON_DECODE_ANY, NULL);
+    int ok = json_is_object(d);
+    json_t *ik = json_object_get(d, "idempotency_key");
+    json_t *u = json_object_get(d, "user_id");
+    json_t *a = json_object_get(d, "amount");
+    json_t *c = json_object_get(d, "currency");
+    char at[64];
+    long long whole, frac;
+    char tail;
+    ok = ok && json_is_string(ik) && *json_string_value(ik) &&
+         json_is_string(u) && *json_string_value(u) && json_is_number(a) &&
+         json_number_value(a) > 0 && json_is_string(c) &&
+         strlen(json_string_value(c)) == 3 && !amount_text(value, at, 64) &&
+         strlen(at) >= 4 && at[strlen(at) - 3] == '.' &&
+         sscanf(at, "%lld.%2lld%c", &whole, &frac, &tail) == 2;
+    for (int i = 0; ok && i < 3; i++)
+        ok = json_string_value(c)[i] >= 'A' && json_string_value(c)[i] <= 'Z';
+    if (ok) {
+        strcpy(cur, json_string_value(c));
+        snprintf(user, 64, "%s", json_string_value(u));
+        snprintf(ikey, 128, "%s", json_string_value(ik));
+        *cents = whole * 100 + frac;
+    }
+    json_decref(d);
+    return ok;
+}
+
+Test(produce, generated_traffic_round_trips_through_the_broker)
+{
+    th_broker_t b;
+    const char *extra[] = {"--topic", "pay:8", NULL};
+    cr_assert_eq(th_broker_start(&b, extra), 0);
+    char *dir = th_tmpdir();
+    char expect_path[512];
+    snprintf(expect_path, sizeof(expect_path), "%s/expect.json", dir);
+    char *argv[] = {(char *)th_bin(),
+                    "produce",
+                    "-b",
+                    b.bootstrap,
+                    "-t",
+                    "pay",
+                    "--count",
+                    "1500",
+                    "--duplicates",
+                    "0.2",
+                    "--poison",
+                    "0.1",
+                    "--too-large-bytes",
+                    "4096",
+                    "--seed",
+                    "42",
+                    "--users",
+                    "20",
+                    "--currencies",
+                    "TRY,EUR,USD",
+                    "--expect",
+                    expect_path,
+                    NULL};
+    char *out = NULL, *err = NULL;
+    int rc = th_run(argv, &out, &err, 120000);
+    cr_assert_eq(rc, 0, "produce exit %d: %s", rc, err);
+    cr_expect(strstr(err, "sent 1800, acked 1800, failed 0"), "%s", err);
+    cr_expect_eq(count_lines(err), 1, "one summary line: %s", err);
+    cr_expect_str_empty(out);
+
+    /* What kcat read equals what the generator makes, record for record. */
+    char *got = kcat_read(b.bootstrap, "pay");
+    idem_gen_opts_t o;
+    idem_gen_opts_init(&o);
+    o.count = 1500;
+    o.duplicates = 0.2;
+    o.poison = 0.1;
+    o.too_large_bytes = 4096;
+    o.seed = 42;
+    o.users = 20;
+    o.currencies = "TRY,EUR,USD";
+    char gerr[256];
+    idem_gen_t *g = idem_gen_new(&o, gerr, sizeof(gerr));
+    char *want = NULL;
+    size_t want_len = 0;
+    FILE *fp = open_memstream(&want, &want_len);
+    idem_gen_record_t r;
+    while (idem_gen_next(g, &r)) {
+        fprintf(fp, "%.*s\t", (int)r.key_len, r.key);
+        if (r.hdr_message_id)
+            fprintf(fp, "message_id=%s,idempotency_key=%s", r.hdr_message_id,
+                    r.hdr_idempotency_key);
+        fprintf(fp, "\t%.*s\n", (int)r.value_len, r.value);
+    }
+    fclose(fp);
+    json_t *gen_expect = idem_gen_expect(g);
+    idem_gen_destroy(g);
+    size_t ng, nw;
+    char **gl = lines_sorted(got, &ng);
+    char **wl = lines_sorted(want, &nw);
+    cr_assert_eq(ng, 1800, "kcat read %zu records", ng);
+    cr_assert_eq(ng, nw);
+    for (size_t i = 0; i < ng; i++)
+        cr_assert_str_eq(gl[i], wl[i], "record %zu", i);
+
+    /* --expect: the generator's expectations, and a ledger recomputed from
+     * what the independent client read. */
+    json_error_t je;
+    json_t *e = json_load_file(expect_path, 0, &je);
+    cr_assert(e, "%s", je.text);
+    cr_assert(json_equal(e, gen_expect));
+    cr_assert_eq(json_integer_value(json_object_get(e, "sent")), 1800);
+    json_t *ledger = json_object(), *seen = json_object();
+    long long unique = 0;
+    for (size_t i = 0; i < ng; i++) {
+        char *value = strchr(strchr(gl[i], '\t') + 1, '\t') + 1;
+        char cur[8], user[64], ikey[128];
+        long long cents;
+        if (!valid_payment(value, 4095, cur, user, &cents, ikey) ||
+            json_object_get(seen, ikey))
+            continue;
+        json_object_set_new(seen, ikey, json_true());
+        unique++;
+        json_t *c = json_object_get(ledger, cur);
+        if (!c)
+            json_object_set_new(ledger, cur, c = json_object());
+        json_t *s = json_object_get(c, user);
+        json_object_set_new(
+            c, user, json_integer((s ? json_integer_value(s) : 0) + cents));
+    }
+    cr_assert_eq(json_integer_value(json_object_get(e, "unique")), unique);
+    cr_assert_eq(json_integer_value(json_object_get(e, "applied")), unique);
+    cr_assert(json_equal(json_object_get(e, "ledger"), ledger),
+              "ledger differs from what kcat read");
+
+    json_decref(ledger);
+    json_decref(seen);
+    json_decref(e);
+    json_decref(gen_expect);
+    free(gl);
+    free(wl);
+    free(got);
+    free(want);
+    free(out);
+    free(err);
+    th_rmrf(dir);
+    free(dir);
+    th_broker_stop(&b);
+}
+
+Test(produce, input_lines_with_added_message_id)
+{
+    th_broker_t b;
+    cr_assert_eq(th_broker_start(&b, NULL), 0);
+    char *dir = th_tmpdir();
+    char path[512];
+    snprintf(path, sizeof(path), "%s/in.jsonl", dir);
+    FILE *fp = fopen(path, "w");
+    fputs("{\"order_id\":\"A-1\",\"amount\":12.30}\n"
+          "{\"message_id\":\"m-2\",\"idempotency_key\":\"k-2\"}\n"
+          "this is not json\n"
+          "\n"
+          "{\"idempotency_key\":\"k-4\",\"user_id\":\"u\"}\n",
+          fp);
+    fclose(fp);
+    char *argv[] = {(char *)th_bin(),
+                    "produce",
+                    "-b",
+                    b.bootstrap,
+                    "-t",
+                    "in",
+                    "--input",
+                    path,
+                    "--add-message-id",
+                    NULL};
+    char *out = NULL, *err = NULL;
+    int rc = th_run(argv, &out, &err, 60000);
+    cr_assert_eq(rc, 0, "%s", err);
+    cr_expect(strstr(err, "sent 4, acked 4"), "%s", err);
+    cr_expect(strstr(err, "not-json lines 1"), "%s", err);
+
+    char *got = kcat_read(b.bootstrap, "in");
+    size_t n;
+    char **l = lines_sorted(got, &n);
+    cr_assert_eq(n, 4, "%s", got);
+    int a1 = 0, m2 = 0, k4 = 0, raw = 0;
+    for (size_t i = 0; i < n; i++) {
+        char *t1 = strchr(l[i], '\t'), *t2 = t1 ? strchr(t1 + 1, '\t') : NULL;
+        cr_assert(t2, "%s", l[i]);
+        *t1 = *t2 = '\0';
+        const char *key = l[i], *hdrs = t1 + 1, *value = t2 + 1;
+        if (!strcmp(value, "this is not json")) {
+            raw++;
+            cr_expect_str_empty(key);
+            cr_expect_str_empty(hdrs);
+            continue;
+        }
+        json_t *d = json_loads(value, 0, NULL);
+        cr_assert(json_is_object(d), "%s", value);
+        const char *mid = json_string_value(json_object_get(d, "message_id"));
+        cr_assert(mid, "every object has a message_id: %s", value);
+        char want_hdr[256];
+        snprintf(want_hdr, sizeof(want_hdr), "message_id=%s", mid);
+        cr_expect(!strncmp(hdrs, want_hdr, strlen(want_hdr)), "%s vs %s", hdrs,
+                  want_hdr);
+        if (!strcmp(key, "A-1")) {
+            a1++;
+            cr_expect_eq(strlen(mid), 36, "a UUID: %s", mid);
+            /* the original bytes are kept: 12.30 stays 12.30 */
+            cr_expect(strstr(value, "\"amount\":12.30}"), "%s", value);
+        } else if (!strcmp(key, "m-2")) {
+            m2++;
+            cr_expect_str_eq(hdrs, "message_id=m-2,idempotency_key=k-2");
+            cr_expect_str_eq(value,
+                             "{\"message_id\":\"m-2\",\"idempotency_key\":"
+                             "\"k-2\"}");
+        } else {
+            k4++; /* no order_id: the key is the added message_id */
+            cr_expect_str_eq(key, mid);
+            cr_expect(strstr(hdrs, "idempotency_key=k-4"), "%s", hdrs);
+        }
+        json_decref(d);
+    }
+    cr_expect(a1 == 1 && m2 == 1 && k4 == 1 && raw == 1);
+    free(l);
+    free(got);
+    free(out);
+    free(err);
+    th_rmrf(dir);
+    free(dir);
+    th_broker_stop(&b);
+}
+
+Test(produce, bad_flags_exit_2_with_one_line)
+{
+    const char *cases[][5] = {
+        {"--count", "0", NULL, NULL, "--count"},
+        {"--poison", "1.5", NULL, NULL, "--poison"},
+        {"--duplicates", "x", NULL, NULL, "--duplicates"},
+        {"--currencies", "eur", NULL, NULL, "--currencies"},
+        {"--rate", "-1", NULL, NULL, "--rate"},
+        {"--users", "0", NULL, NULL, "--users"},
+        {"--too-large-bytes", "10", NULL, NULL, "--too-large-bytes"},
+        {"--nope", NULL, NULL, NULL, "--nope"},
+        {"-X", "noequals", NULL, NULL, "-X"},
+        {"-X", "no.such.property=1", NULL, NULL, "no.such.property"},
+        {"--input", "-", "--poison", "0.1", "--poison"},
+        {"--key-field", "id", NULL, NULL, "--key-field"},
+        {"--count", NULL, NULL, NULL, "--count"},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        char *argv[12] = {(char *)th_bin(), "produce", "-b",
+                          "127.0.0.1:1",    "-t",      "t"};
+        int n = 6;
+        for (int j = 0; j < 4 && cases[i][j]; j++)
+            argv[n++] = (char *)cases[i][j];
+        argv[n] = NULL;
+        char *out = NULL, *err = NULL;
+        int rc = th_run(argv, &out, &err, 10000);
+        cr_expect_eq(rc, 2, "%s: rc %d", cases[i][0], rc);
+        cr_expect_eq(count_lines(err), 1, "%s: \"%s\"", cases[i][0], err);
+        cr_expect(strstr(err, cases[i][4]), "%s: \"%s\"", cases[i][0], err);
+        free(out);
+        free(err);
+    }
+    char *argv[] = {(char *)th_bin(), "produce", "-t", "t", NULL};
+    char *err = NULL;
+    cr_expect_eq(th_run(argv, NULL, &err, 10000), 2);
+    cr_expect(strstr(err, "--bootstrap"), "%s", err);
+    free(err);
+}
+
+Test(produce, unreachable_bootstrap_exits_1_with_failure_count)
+{
+    char bs[64];
+    snprintf(bs, sizeof(bs), "127.0.0.1:%d", th_free_port());
+    char *argv[] = {(char *)th_bin(),
+                    "produce",
+                    "-b",
+                    bs,
+                    "-t",
+                    "t",
+                    "--count",
+                    "5",
+                    "-X",
+                    "message.timeout.ms=2000",
+                    NULL};
+    char *err = NULL;
+    int rc = th_run(argv, NULL, &err, 60000);
+    cr_assert_eq(rc, 1, "rc %d: %s", rc, err);
+    cr_expect(strstr(err, "5 of 5 messages failed: "), "%s", err);
+    free(err);
+}
+
+Test(produce, sigint_stops_flushes_and_reports)
+{
+    th_broker_t b;
+    cr_assert_eq(th_broker_start(&b, NULL), 0);
+    char *dir = th_tmpdir();
+    char expect_path[512], errp[512];
+    snprintf(expect_path, sizeof(expect_path), "%s/expect.json", dir);
+    snprintf(errp, sizeof(errp), "%s/err", dir);
+    char *argv[] = {
+        (char *)th_bin(), "produce",   "-b",      b.bootstrap, "-t",
+        "slow",           "--count",   "1000000", "--rate",    "200",
+        "--expect",       expect_path, NULL};
+    pid_t pid = th_spawn(argv, NULL, errp, NULL);
+    usleep(300000);
+    kill(pid, SIGINT);
+    int rc = th_wait(pid, 30000);
+    if (rc == -1)
+        th_stop(pid, 1000);
+    cr_assert_eq(rc, 0, "rc %d", rc);
+    char *err = th_slurp(errp, NULL);
+    cr_expect(strstr(err, "(interrupted)"), "%s", err);
+    json_t *e = json_load_file(expect_path, 0, NULL);
+    cr_assert(e);
+    char *got = kcat_read(b.bootstrap, "slow");
+    cr_expect_eq(json_integer_value(json_object_get(e, "sent")),
+                 count_lines(got), "every generated record was delivered");
+    cr_expect_lt(json_integer_value(json_object_get(e, "sent")), 1000000);
+    json_decref(e);
+    free(got);
+    free(err);
+    th_rmrf(dir);
+    free(dir);
+    th_broker_stop(&b);
+}
