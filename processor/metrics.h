@@ -18,8 +18,7 @@ void idem_metrics_destroy(idem_metrics_t *m); /* NULL is a no-op */
  * idemproc_dlq_records_total{reason}, idemproc_retries_total,
  * idemproc_redis_errors_total, idemproc_commits_total{result},
  * idemproc_rebalances_total{event}). */
-void idem_metrics_outcome_add(idem_metrics_t *m, idem_outcome_t o,
-                              uint64_t n);
+void idem_metrics_outcome_add(idem_metrics_t *m, idem_outcome_t o, uint64_t n);
 void idem_metrics_duplicate_add(idem_metrics_t *m, idem_dup_kind_t k,
                                 uint64_t n);
 void idem_metrics_dlq_add(idem_metrics_t *m, idem_reason_t r, uint64_t n);
@@ -45,8 +44,7 @@ void idem_metrics_inflight_set(idem_metrics_t *m, int64_t records);
  * NULL or "" when ready. */
 void idem_metrics_ready_set(idem_metrics_t *m, int ready, const char *reason);
 /* Returns 1 when ready; copies the not-ready reason into reason. */
-int idem_metrics_ready_get(idem_metrics_t *m, char *reason,
-                           size_t reason_size);
+int idem_metrics_ready_get(idem_metrics_t *m, char *reason, size_t reason_size);
 
 /* Liveness: the processing loop calls this every iteration; /healthz
  * compares the last call with health.stall.ms. */
@@ -54,7 +52,8 @@ void idem_metrics_heartbeat(idem_metrics_t *m);
 int64_t idem_metrics_heartbeat_age_ms(idem_metrics_t *m);
 
 /* Consumer lag: parses a librdkafka statistics JSON document (borrowed; the
- * stats_cb payload) and replaces idemproc_consumer_lag{topic,partition}.
+ * stats_cb payload) and replaces
+ * idemproc_consumer_lag_records{topic,partition}.
  * Returns 0, or -1 when the document cannot be parsed. */
 int idem_metrics_stats_json(idem_metrics_t *m, const char *json, size_t len);
 
@@ -68,5 +67,14 @@ int64_t idem_metrics_lag_total(idem_metrics_t *m);
 /* Writes the Prometheus text format (0.0.4) of every metric, including
  * idemproc_build_info{version}. */
 void idem_metrics_render(idem_metrics_t *m, FILE *out);
+
+/* Records a heartbeat as having happened at mono_ms (idem_now_ms() clock).
+ * idem_metrics_heartbeat() is this with the current time; tests use it to
+ * fake a stalled loop without sleeping. */
+void idem_metrics_heartbeat_at(idem_metrics_t *m, int64_t mono_ms);
+
+/* Writes value to out escaped as a Prometheus label value (backslash,
+ * double quote and line feed), without the surrounding quotes. */
+void idem_metrics_escape_label(const char *value, FILE *out);
 
 #endif

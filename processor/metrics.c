@@ -1,0 +1,614 @@
+/* metrics: the process's Prometheus metrics (text format 0.0.4); counters and
+ * gauges are lock-free atomics, histograms, the lag table and readiness sit
+ * behind small mutexes so the HTTP thread always renders a consistent view. */
+#include "metrics.h"
+
+#include <inttypes.h>
+#include <jansson.h>
+#include <librdkafka/rdkafka.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "util.h"
+
+#ifndef IDEM_VERSION
+#define IDEM_VERSION "unknown"
+#endif
+
+#define HIST_MAX_BOUNDS  16 /* upper bounds per histogram, +Inf excluded */
+#define READY_REASON_MAX 256
+
+/* Bucket upper bounds ("le"), ascending; +Inf is implicit. */
+static const double latency_bounds[] = {0.0005, 0.001, 0.0025, 0.005, 0.01,
+                                        0.025,  0.05,  0.1,    0.25,  0.5,
+                                        1,      2.5,   5,      10};
+static const double batch_bounds[] = {1,   10,   50,   100,  250,
+                                      500, 1000, 2500, 5000, 10000};
+static const double redis_bounds[] = {0.0001, 0.00025, 0.0005, 0.001,
+                                      0.0025, 0.005,   0.01,   0.025,
+                                      0.05,   0.1,     0.5,    1};
+
+#define NBOUNDS(a) (sizeof(a) / sizeof((a)[0]))
+
+typedef struct {
+    const char *name; /* base name; _bucket/_sum/_count are appended */
+    const char *help;
+    const double *bounds;
+    size_t nbounds;
+    pthread_mutex_t lock;                  /* guards everything below */
+    uint64_t buckets[HIST_MAX_BOUNDS + 1]; /* per bucket, not cumulative;
+                                              the last one is (max, +Inf] */
+    uint64_t count;
+    double sum;
+} histogram_t;
+
+typedef struct {
+    char *topic; /* owned */
+    int32_t partition;
+    int64_t lag;
+} lag_entry_t;
+
+typedef enum {
+    REB_ASSIGN = 0,
+    REB_REVOKE,
+    REB_LOST,
+    REB_CNT
+} rebalance_event_t;
+
+static const char *rebalance_names[REB_CNT] = {"assign", "revoke", "lost"};
+
+struct idem_metrics_s {
+    _Atomic uint64_t outcomes[IDEM_OUTCOME_CNT];
+    _Atomic uint64_t duplicates[IDEM_DUP_CNT];
+    _Atomic uint64_t dlq[IDEM_REASON_CNT];
+    _Atomic uint64_t retries;
+    _Atomic uint64_t redis_errors;
+    _Atomic uint64_t commits_ok;
+    _Atomic uint64_t commits_error;
+    _Atomic uint64_t rebalances[REB_CNT];
+
+    _Atomic int64_t last_commit_wall_ms; /* 0 until the first good commit */
+    _Atomic int64_t assigned;
+    _Atomic int64_t paused;
+    _Atomic int64_t inflight;
+    _Atomic int64_t heartbeat_mono_ms; /* idem_now_ms() of the last beat */
+    int64_t start_wall_ms;             /* set once in _new */
+
+    histogram_t latency;
+    histogram_t batch;
+    histogram_t redis;
+
+    pthread_mutex_t lag_lock; /* guards lags, lag_cnt, lag_seen */
+    lag_entry_t *lags;
+    size_t lag_cnt;
+    int lag_seen; /* 1 once a statistics document was parsed */
+
+    pthread_mutex_t ready_lock; /* guards ready, ready_reason */
+    int ready;
+    char ready_reason[READY_REASON_MAX];
+};
+
+static void histogram_init(histogram_t *h, const char *name, const char *help,
+                           const double *bounds, size_t nbounds)
+{
+    memset(h, 0, sizeof(*h));
+    h->name = name;
+    h->help = help;
+    h->bounds = bounds;
+    h->nbounds = nbounds;
+    pthread_mutex_init(&h->lock, NULL);
+}
+
+/* Adds one observation: it lands in the first bucket whose bound is >= v
+ * (Prometheus "le" semantics). NaN is dropped: it would poison _sum. */
+static void histogram_observe(histogram_t *h, double v)
+{
+    if (isnan(v))
+        return;
+    size_t i = 0;
+    while (i < h->nbounds && v > h->bounds[i])
+        i++;
+    pthread_mutex_lock(&h->lock);
+    h->buckets[i]++;
+    h->count++;
+    h->sum += v;
+    pthread_mutex_unlock(&h->lock);
+}
+
+static void lags_free(lag_entry_t *lags, size_t cnt)
+{
+    for (size_t i = 0; i < cnt; i++)
+        free(lags[i].topic);
+    free(lags);
+}
+
+idem_metrics_t *idem_metrics_new(void)
+{
+    idem_metrics_t *m = idem_xcalloc(1, sizeof(*m));
+    /* calloc zeroes the atomics; that is a valid initial state for lock-free
+     * atomic integers on every platform we build on, but initialise them
+     * explicitly so the intent is plain. */
+    for (int i = 0; i < IDEM_OUTCOME_CNT; i++)
+        atomic_init(&m->outcomes[i], 0);
+    for (int i = 0; i < IDEM_DUP_CNT; i++)
+        atomic_init(&m->duplicates[i], 0);
+    for (int i = 0; i < IDEM_REASON_CNT; i++)
+        atomic_init(&m->dlq[i], 0);
+    for (int i = 0; i < REB_CNT; i++)
+        atomic_init(&m->rebalances[i], 0);
+    atomic_init(&m->retries, 0);
+    atomic_init(&m->redis_errors, 0);
+    atomic_init(&m->commits_ok, 0);
+    atomic_init(&m->commits_error, 0);
+    atomic_init(&m->last_commit_wall_ms, 0);
+    atomic_init(&m->assigned, 0);
+    atomic_init(&m->paused, 0);
+    atomic_init(&m->inflight, 0);
+    atomic_init(&m->heartbeat_mono_ms, idem_now_ms());
+    m->start_wall_ms = idem_wall_ms();
+
+    histogram_init(&m->latency, "idemproc_processing_latency_seconds",
+                   "Time from fetching a record to its outcome.",
+                   latency_bounds, NBOUNDS(latency_bounds));
+    histogram_init(&m->batch, "idemproc_batch_size_records",
+                   "Records per processed batch.", batch_bounds,
+                   NBOUNDS(batch_bounds));
+    histogram_init(&m->redis, "idemproc_redis_roundtrip_seconds",
+                   "Duration of one (pipelined) Redis round trip.",
+                   redis_bounds, NBOUNDS(redis_bounds));
+
+    pthread_mutex_init(&m->lag_lock, NULL);
+    pthread_mutex_init(&m->ready_lock, NULL);
+    m->ready = 0;
+    snprintf(m->ready_reason, sizeof(m->ready_reason), "starting");
+    return m;
+}
+
+void idem_metrics_destroy(idem_metrics_t *m)
+{
+    if (!m)
+        return;
+    pthread_mutex_destroy(&m->latency.lock);
+    pthread_mutex_destroy(&m->batch.lock);
+    pthread_mutex_destroy(&m->redis.lock);
+    pthread_mutex_destroy(&m->lag_lock);
+    pthread_mutex_destroy(&m->ready_lock);
+    lags_free(m->lags, m->lag_cnt);
+    free(m);
+}
+
+static void counter_add(_Atomic uint64_t *c, uint64_t n)
+{
+    atomic_fetch_add_explicit(c, n, memory_order_relaxed);
+}
+
+static uint64_t counter_get(_Atomic uint64_t *c)
+{
+    return atomic_load_explicit(c, memory_order_relaxed);
+}
+
+void idem_metrics_outcome_add(idem_metrics_t *m, idem_outcome_t o, uint64_t n)
+{
+    if ((unsigned)o < IDEM_OUTCOME_CNT)
+        counter_add(&m->outcomes[o], n);
+}
+
+void idem_metrics_duplicate_add(idem_metrics_t *m, idem_dup_kind_t k,
+                                uint64_t n)
+{
+    if ((unsigned)k < IDEM_DUP_CNT)
+        counter_add(&m->duplicates[k], n);
+}
+
+void idem_metrics_dlq_add(idem_metrics_t *m, idem_reason_t r, uint64_t n)
+{
+    if ((unsigned)r < IDEM_REASON_CNT)
+        counter_add(&m->dlq[r], n);
+}
+
+void idem_metrics_retry_add(idem_metrics_t *m, uint64_t n)
+{
+    counter_add(&m->retries, n);
+}
+
+void idem_metrics_redis_error_add(idem_metrics_t *m, uint64_t n)
+{
+    counter_add(&m->redis_errors, n);
+}
+
+void idem_metrics_commit_add(idem_metrics_t *m, int ok)
+{
+    if (ok) {
+        counter_add(&m->commits_ok, 1);
+        atomic_store_explicit(&m->last_commit_wall_ms, idem_wall_ms(),
+                              memory_order_relaxed);
+    } else {
+        counter_add(&m->commits_error, 1);
+    }
+}
+
+/* Unknown event names are ignored: a typo in the caller must not invent a
+ * new series that no dashboard or alert knows about. */
+void idem_metrics_rebalance_add(idem_metrics_t *m, const char *event)
+{
+    for (int i = 0; event && i < REB_CNT; i++)
+        if (!strcmp(event, rebalance_names[i]))
+            counter_add(&m->rebalances[i], 1);
+}
+
+void idem_metrics_latency_observe(idem_metrics_t *m, double seconds)
+{
+    histogram_observe(&m->latency, seconds);
+}
+
+void idem_metrics_batch_observe(idem_metrics_t *m, double records)
+{
+    histogram_observe(&m->batch, records);
+}
+
+void idem_metrics_redis_observe(idem_metrics_t *m, double seconds)
+{
+    histogram_observe(&m->redis, seconds);
+}
+
+void idem_metrics_assigned_set(idem_metrics_t *m, int64_t partitions)
+{
+    atomic_store_explicit(&m->assigned, partitions, memory_order_relaxed);
+}
+
+void idem_metrics_paused_set(idem_metrics_t *m, int64_t partitions)
+{
+    atomic_store_explicit(&m->paused, partitions, memory_order_relaxed);
+}
+
+void idem_metrics_inflight_set(idem_metrics_t *m, int64_t records)
+{
+    atomic_store_explicit(&m->inflight, records, memory_order_relaxed);
+}
+
+void idem_metrics_ready_set(idem_metrics_t *m, int ready, const char *reason)
+{
+    pthread_mutex_lock(&m->ready_lock);
+    m->ready = ready ? 1 : 0;
+    snprintf(m->ready_reason, sizeof(m->ready_reason), "%s",
+             (!ready && reason) ? reason : "");
+    pthread_mutex_unlock(&m->ready_lock);
+}
+
+int idem_metrics_ready_get(idem_metrics_t *m, char *reason, size_t reason_size)
+{
+    pthread_mutex_lock(&m->ready_lock);
+    int ready = m->ready;
+    if (reason && reason_size > 0)
+        snprintf(reason, reason_size, "%s", m->ready_reason);
+    pthread_mutex_unlock(&m->ready_lock);
+    return ready;
+}
+
+void idem_metrics_heartbeat(idem_metrics_t *m)
+{
+    idem_metrics_heartbeat_at(m, idem_now_ms());
+}
+
+void idem_metrics_heartbeat_at(idem_metrics_t *m, int64_t mono_ms)
+{
+    atomic_store_explicit(&m->heartbeat_mono_ms, mono_ms, memory_order_relaxed);
+}
+
+int64_t idem_metrics_heartbeat_age_ms(idem_metrics_t *m)
+{
+    int64_t age = idem_now_ms() - atomic_load_explicit(&m->heartbeat_mono_ms,
+                                                       memory_order_relaxed);
+    return age < 0 ? 0 : age;
+}
+
+/* Appends one lag entry to *lags (grown as needed). */
+static void lags_push(lag_entry_t **lags, size_t *cnt, size_t *cap,
+                      const char *topic, int32_t partition, int64_t lag)
+{
+    if (*cnt == *cap) {
+        *cap = *cap ? *cap * 2 : 16;
+        *lags = idem_xrealloc(*lags, *cap * sizeof(**lags));
+    }
+    (*lags)[*cnt].topic = idem_xstrdup(topic);
+    (*lags)[*cnt].partition = partition;
+    (*lags)[*cnt].lag = lag;
+    (*cnt)++;
+}
+
+/* Parses a decimal partition id ("0".."2147483647"); -1 when it is not one
+ * (librdkafka's internal "-1" UA partition included). */
+static int32_t partition_parse(const char *s)
+{
+    char *end;
+    long v = strtol(s, &end, 10);
+    if (end == s || *end || v < 0 || v > INT32_MAX)
+        return -1;
+    return (int32_t)v;
+}
+
+/* We read "consumer_lag" (high watermark minus the *committed* offset), not
+ * "consumer_lag_stored": the pipeline commits explicit offsets after the
+ * contiguous finished prefix and never calls rd_kafka_offsets_store(), so the
+ * stored offset is not maintained, and the committed offset is what a
+ * restarted member would resume from, i.e. the work really outstanding.
+ * Partitions librdkafka knows from metadata but does not fetch for us carry
+ * -1 and are skipped, as are partitions no longer desired (revoked). */
+int idem_metrics_stats_json(idem_metrics_t *m, const char *json, size_t len)
+{
+    json_error_t jerr;
+    json_t *root = json_loadb(json, len, 0, &jerr);
+    if (!root || !json_is_object(root)) {
+        json_decref(root);
+        return -1;
+    }
+    lag_entry_t *lags = NULL;
+    size_t cnt = 0, cap = 0;
+    json_t *topics = json_object_get(root, "topics");
+    const char *tname;
+    json_t *topic;
+    if (json_is_object(topics)) {
+        json_object_foreach(topics, tname, topic)
+        {
+            json_t *parts = json_object_get(topic, "partitions");
+            if (!json_is_object(parts))
+                continue;
+            const char *pname;
+            json_t *part;
+            json_object_foreach(parts, pname, part)
+            {
+                int32_t partition = partition_parse(pname);
+                if (partition < 0)
+                    continue;
+                json_t *desired = json_object_get(part, "desired");
+                if (desired && json_is_false(desired))
+                    continue;
+                json_t *lag = json_object_get(part, "consumer_lag");
+                if (!json_is_integer(lag) || json_integer_value(lag) < 0)
+                    continue;
+                lags_push(&lags, &cnt, &cap, tname, partition,
+                          (int64_t)json_integer_value(lag));
+            }
+        }
+    }
+    json_decref(root);
+
+    pthread_mutex_lock(&m->lag_lock);
+    lag_entry_t *old = m->lags;
+    size_t old_cnt = m->lag_cnt;
+    m->lags = lags;
+    m->lag_cnt = cnt;
+    m->lag_seen = 1;
+    pthread_mutex_unlock(&m->lag_lock);
+    lags_free(old, old_cnt);
+    return 0;
+}
+
+uint64_t idem_metrics_outcome_get(idem_metrics_t *m, idem_outcome_t o)
+{
+    return (unsigned)o < IDEM_OUTCOME_CNT ? counter_get(&m->outcomes[o]) : 0;
+}
+
+uint64_t idem_metrics_duplicate_get(idem_metrics_t *m, idem_dup_kind_t k)
+{
+    return (unsigned)k < IDEM_DUP_CNT ? counter_get(&m->duplicates[k]) : 0;
+}
+
+uint64_t idem_metrics_dlq_get(idem_metrics_t *m, idem_reason_t r)
+{
+    return (unsigned)r < IDEM_REASON_CNT ? counter_get(&m->dlq[r]) : 0;
+}
+
+int64_t idem_metrics_lag_total(idem_metrics_t *m)
+{
+    pthread_mutex_lock(&m->lag_lock);
+    int64_t total = m->lag_seen ? 0 : -1;
+    for (size_t i = 0; i < m->lag_cnt; i++)
+        total += m->lags[i].lag;
+    pthread_mutex_unlock(&m->lag_lock);
+    return total;
+}
+
+/* ---- rendering ---------------------------------------------------------- */
+
+void idem_metrics_escape_label(const char *value, FILE *out)
+{
+    for (const char *p = value; *p; p++) {
+        if (*p == '\\')
+            fputs("\\\\", out);
+        else if (*p == '"')
+            fputs("\\\"", out);
+        else if (*p == '\n')
+            fputs("\\n", out);
+        else
+            fputc(*p, out);
+    }
+}
+
+/* Writes v with the fewest digits that read back as the same double, so
+ * bounds print as "0.0005" and sums are exact; +Inf/-Inf/NaN as Prometheus
+ * spells them. */
+static void put_double(FILE *out, double v)
+{
+    if (isnan(v)) {
+        fputs("NaN", out);
+        return;
+    }
+    if (isinf(v)) {
+        fputs(v > 0 ? "+Inf" : "-Inf", out);
+        return;
+    }
+    /* Like Go's strconv 'g' with shortest precision: no exponent for
+     * integers below 1e21 ("10000", not "1e+04"). */
+    int min_prec = 1;
+    if (fabs(v) >= 1 && fabs(v) < 1e21)
+        min_prec = (int)floor(log10(fabs(v))) + 1;
+    char buf[40];
+    for (int prec = 1; prec <= 17; prec++) {
+        snprintf(buf, sizeof(buf), "%.*g", prec, v);
+        if (strtod(buf, NULL) == v) {
+            if (prec < min_prec)
+                snprintf(buf, sizeof(buf), "%.*g", min_prec, v);
+            break;
+        }
+    }
+    fputs(buf, out);
+}
+
+static void put_header(FILE *out, const char *name, const char *type,
+                       const char *help)
+{
+    fprintf(out, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+}
+
+/* One sample with at most one label (label NULL = none). */
+static void put_u64(FILE *out, const char *name, const char *label,
+                    const char *value, uint64_t v)
+{
+    fputs(name, out);
+    if (label) {
+        fprintf(out, "{%s=\"", label);
+        idem_metrics_escape_label(value, out);
+        fputs("\"}", out);
+    }
+    fprintf(out, " %" PRIu64 "\n", v);
+}
+
+static void put_i64(FILE *out, const char *name, int64_t v)
+{
+    fprintf(out, "%s %" PRId64 "\n", name, v);
+}
+
+static void render_histogram(FILE *out, histogram_t *h)
+{
+    uint64_t buckets[HIST_MAX_BOUNDS + 1];
+    pthread_mutex_lock(&h->lock);
+    memcpy(buckets, h->buckets, sizeof(buckets));
+    uint64_t count = h->count;
+    double sum = h->sum;
+    pthread_mutex_unlock(&h->lock);
+
+    put_header(out, h->name, "histogram", h->help);
+    uint64_t cumulative = 0;
+    for (size_t i = 0; i <= h->nbounds; i++) {
+        cumulative += buckets[i];
+        fprintf(out, "%s_bucket{le=\"", h->name);
+        put_double(out, i < h->nbounds ? h->bounds[i] : INFINITY);
+        fprintf(out, "\"} %" PRIu64 "\n", cumulative);
+    }
+    fprintf(out, "%s_sum ", h->name);
+    put_double(out, sum);
+    fprintf(out, "\n%s_count %" PRIu64 "\n", h->name, count);
+}
+
+static void render_lag(FILE *out, idem_metrics_t *m)
+{
+    put_header(out, "idemproc_consumer_lag_records", "gauge",
+               "Records behind the partition high watermark, from the last "
+               "committed offset (librdkafka statistics consumer_lag).");
+    pthread_mutex_lock(&m->lag_lock);
+    for (size_t i = 0; i < m->lag_cnt; i++) {
+        fputs("idemproc_consumer_lag_records{topic=\"", out);
+        idem_metrics_escape_label(m->lags[i].topic, out);
+        fprintf(out, "\",partition=\"%" PRId32 "\"} %" PRId64 "\n",
+                m->lags[i].partition, m->lags[i].lag);
+    }
+    pthread_mutex_unlock(&m->lag_lock);
+}
+
+void idem_metrics_render(idem_metrics_t *m, FILE *out)
+{
+    put_header(out, "idemproc_records_total", "counter",
+               "Consumed records by final outcome.");
+    for (int i = 0; i < IDEM_OUTCOME_CNT; i++)
+        put_u64(out, "idemproc_records_total", "outcome",
+                idem_outcome2str((idem_outcome_t)i),
+                counter_get(&m->outcomes[i]));
+
+    put_header(out, "idemproc_duplicates_total", "counter",
+               "Duplicate records skipped, by kind (redelivery: same "
+               "message_id; resend: same idempotency_key, new message_id).");
+    for (int i = 0; i < IDEM_DUP_CNT; i++)
+        put_u64(out, "idemproc_duplicates_total", "kind",
+                idem_dup_kind2str((idem_dup_kind_t)i),
+                counter_get(&m->duplicates[i]));
+
+    put_header(out, "idemproc_dlq_records_total", "counter",
+               "Records written to the dead-letter topic, by dlq.reason.");
+    for (int i = 0; i < IDEM_REASON_CNT; i++)
+        put_u64(out, "idemproc_dlq_records_total", "reason",
+                idem_reason2str((idem_reason_t)i), counter_get(&m->dlq[i]));
+
+    put_header(out, "idemproc_retries_total", "counter",
+               "Retries of retryable handler errors.");
+    put_u64(out, "idemproc_retries_total", NULL, NULL,
+            counter_get(&m->retries));
+
+    render_histogram(out, &m->latency);
+    render_histogram(out, &m->batch);
+    render_histogram(out, &m->redis);
+
+    put_header(out, "idemproc_redis_errors_total", "counter",
+               "Failed Redis commands or connections.");
+    put_u64(out, "idemproc_redis_errors_total", NULL, NULL,
+            counter_get(&m->redis_errors));
+
+    put_header(out, "idemproc_commits_total", "counter",
+               "Offset commits by result.");
+    put_u64(out, "idemproc_commits_total", "result", "ok",
+            counter_get(&m->commits_ok));
+    put_u64(out, "idemproc_commits_total", "result", "error",
+            counter_get(&m->commits_error));
+
+    put_header(out, "idemproc_last_commit_timestamp_seconds", "gauge",
+               "Unix time of the last successful offset commit (0: none "
+               "yet).");
+    fputs("idemproc_last_commit_timestamp_seconds ", out);
+    put_double(out, (double)atomic_load_explicit(&m->last_commit_wall_ms,
+                                                 memory_order_relaxed) /
+                        1000.0);
+    fputc('\n', out);
+
+    put_header(out, "idemproc_rebalances_total", "counter",
+               "Consumer group rebalance events.");
+    for (int i = 0; i < REB_CNT; i++)
+        put_u64(out, "idemproc_rebalances_total", "event", rebalance_names[i],
+                counter_get(&m->rebalances[i]));
+
+    put_header(out, "idemproc_assigned_partitions", "gauge",
+               "Partitions currently assigned to this member.");
+    put_i64(out, "idemproc_assigned_partitions",
+            atomic_load_explicit(&m->assigned, memory_order_relaxed));
+    put_header(out, "idemproc_paused_partitions", "gauge",
+               "Assigned partitions currently paused (backpressure or "
+               "infrastructure failure).");
+    put_i64(out, "idemproc_paused_partitions",
+            atomic_load_explicit(&m->paused, memory_order_relaxed));
+    put_header(out, "idemproc_inflight_records", "gauge",
+               "Records fetched whose outcome is not final yet.");
+    put_i64(out, "idemproc_inflight_records",
+            atomic_load_explicit(&m->inflight, memory_order_relaxed));
+
+    render_lag(out, m);
+
+    put_header(out, "idemproc_ready", "gauge",
+               "1 when the processor is ready (see /readyz), else 0.");
+    put_i64(out, "idemproc_ready", idem_metrics_ready_get(m, NULL, 0));
+
+    put_header(out, "idemproc_build_info", "gauge",
+               "Build information; the value is always 1.");
+    fputs("idemproc_build_info{version=\"", out);
+    idem_metrics_escape_label(IDEM_VERSION, out);
+    fputs("\",librdkafka=\"", out);
+    idem_metrics_escape_label(rd_kafka_version_str(), out);
+    fputs("\"} 1\n", out);
+
+    put_header(out, "idemproc_start_time_seconds", "gauge",
+               "Unix time the process started.");
+    fputs("idemproc_start_time_seconds ", out);
+    put_double(out, (double)m->start_wall_ms / 1000.0);
+    fputc('\n', out);
+}
