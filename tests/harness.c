@@ -319,3 +319,26 @@ void th_broker_stop(th_broker_t *b)
     free(b->dir);
     b->dir = NULL;
 }
+
+int th_run_env(char *const argv[], char *const env[], char **out, char **err,
+               int timeout_ms)
+{
+    char *dir = th_tmpdir();
+    char op[512], ep[512];
+    snprintf(op, sizeof(op), "%s/out", dir);
+    snprintf(ep, sizeof(ep), "%s/err", dir);
+    pid_t pid = th_spawn(argv, op, ep, env);
+    int rc = th_wait(pid, timeout_ms);
+    if (rc == -1) {
+        kill(pid, SIGKILL);
+        th_wait(pid, 5000);
+        rc = 128 + SIGKILL;
+    }
+    if (out)
+        *out = th_slurp(op, NULL);
+    if (err)
+        *err = th_slurp(ep, NULL);
+    th_rmrf(dir);
+    free(dir);
+    return rc;
+}

@@ -69,4 +69,9 @@ typedef struct {
 int th_broker_start(th_broker_t *b, const char *const extra[]);
 void th_broker_stop(th_broker_t *b);
 
+/* th_run with an explicit environment (NULL-terminated "NAME=value"
+ * strings; NULL = inherit). Same return and ownership as th_run. */
+int th_run_env(char *const argv[], char *const env[], char **out, char **err,
+               int timeout_ms);
+
 #endif
