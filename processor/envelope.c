@@ -127,7 +127,7 @@ int idem_envelope_parse(const void *value, size_t len,
         return -1;
     }
     json_error_t jerr;
-    json_t *root = json_loadb(value, len, JSON_REJECT_DUPLICATES, &jerr);
+    json_t *root = json_loadb(value, len, JSON_DECODE_ANY, &jerr);
     if (!root) {
         *reason = IDEM_REASON_NOT_JSON;
         snprintf(errstr, errstr_size, "not JSON: %s at byte %d", jerr.text,

@@ -3,8 +3,8 @@
 
 #include <string.h>
 
-static const char *outcome_names[IDEM_OUTCOME_CNT] = {"processed",
-                                                      "duplicate", "dlq"};
+static const char *outcome_names[IDEM_OUTCOME_CNT] = {"processed", "duplicate",
+                                                      "dlq"};
 static const char *dup_names[IDEM_DUP_CNT] = {"redelivery", "resend"};
 static const char *reason_names[IDEM_REASON_CNT] = {
     "too-large",     "not-json",         "not-object", "no-identity",

@@ -560,7 +560,7 @@ static int handle_forward(idem_pipeline_t *p, rec_t **rs,
 
 static void parse_records(idem_pipeline_t *p)
 {
-    int need_ledger = p->conf->handler == IDEM_HANDLER_LEDGER;
+    int need_ledger = 1; /* both handlers carry payments (DESIGN.md 4) */
     for (size_t i = 0; i < p->cnt; i++) {
         rec_t *r = &p->recs[i];
         if (r->parsed)
