@@ -20,19 +20,6 @@ struct idem_broker_s {
     int broker_cnt;
 };
 
-/* librdkafka log callback for the mock's handle: fires on librdkafka's
- * internal threads; forwards warnings and errors (syslog level <= 4) to our
- * log, whose writes are single write(2) calls and thus thread-safe. */
-static void broker_log_cb(const rd_kafka_t *rk, int level, const char *fac,
-                          const char *buf)
-{
-    (void)rk;
-    if (level > 4)
-        return;
-    idem_log_kv(level <= 3 ? IDEM_LOG_ERROR : IDEM_LOG_WARN, buf, "component",
-                "broker", "facility", fac, NULL);
-}
-
 idem_broker_t *idem_broker_new(int broker_cnt, char *errstr, size_t errstr_size)
 {
     if (broker_cnt < 1 || broker_cnt > 32) {
@@ -41,7 +28,7 @@ idem_broker_t *idem_broker_new(int broker_cnt, char *errstr, size_t errstr_size)
         return NULL;
     }
     rd_kafka_conf_t *conf = rd_kafka_conf_new();
-    rd_kafka_conf_set_log_cb(conf, broker_log_cb);
+    rd_kafka_conf_set_log_cb(conf, idem_log_rdkafka);
     /* The handle only hosts the cluster; keep it from logging that it has
      * no bootstrap servers of its own. */
     rd_kafka_conf_set(conf, "log_level", "4", NULL, 0);

@@ -29,16 +29,6 @@ static void dlq_dr_cb(rd_kafka_t *rk, const rd_kafka_message_t *m, void *opaque)
         *state = m->err ? -1 : 1;
 }
 
-/* librdkafka log callback: fires on librdkafka's threads. */
-static void dlq_log_cb(const rd_kafka_t *rk, int level, const char *fac,
-                       const char *buf)
-{
-    (void)rk;
-    idem_log_kv(level <= 3 ? IDEM_LOG_ERROR
-                           : (level <= 4 ? IDEM_LOG_WARN : IDEM_LOG_DEBUG),
-                buf, "component", "dlq-producer", "facility", fac, NULL);
-}
-
 idem_dlq_t *idem_dlq_new(const idem_conf_t *conf, char *errstr,
                          size_t errstr_size)
 {
@@ -63,7 +53,7 @@ idem_dlq_t *idem_dlq_new(const idem_conf_t *conf, char *errstr,
         }
     }
     rd_kafka_conf_set_dr_msg_cb(kc, dlq_dr_cb);
-    rd_kafka_conf_set_log_cb(kc, dlq_log_cb);
+    rd_kafka_conf_set_log_cb(kc, idem_log_rdkafka);
     rd_kafka_t *rk = rd_kafka_new(RD_KAFKA_PRODUCER, kc, kerr, sizeof(kerr));
     if (!rk) {
         snprintf(errstr, errstr_size, "dlq producer: %s", kerr);

@@ -2,6 +2,8 @@
  */
 #include "log.h"
 
+#include <librdkafka/rdkafka.h>
+
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
@@ -155,4 +157,17 @@ void idem_log(idem_log_level_t level, const char *fmt, ...)
     vsnprintf(msg, sizeof(msg), fmt, ap);
     va_end(ap);
     log_emit_nofields(level, msg, NULL);
+}
+
+void idem_log_rdkafka(const rd_kafka_t *rk, int level, const char *facility,
+                      const char *buf)
+{
+    idem_log_level_t l = level <= 3   ? IDEM_LOG_ERROR
+                         : level <= 4 ? IDEM_LOG_WARN
+                         : level <= 6 ? IDEM_LOG_INFO
+                                      : IDEM_LOG_DEBUG;
+    if (!strcmp(facility, "CONFWARN"))
+        l = IDEM_LOG_DEBUG;
+    idem_log_kv(l, buf, "component", "librdkafka", "client",
+                rk ? rd_kafka_name(rk) : "", "facility", facility, NULL);
 }

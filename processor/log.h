@@ -33,4 +33,13 @@ void idem_log_kv(idem_log_level_t level, const char *msg, ...);
 void idem_log(idem_log_level_t level, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 
+/* librdkafka log callback (rd_kafka_conf_set_log_cb) for every client of
+ * this process: maps syslog levels to ours and names the client. Fires on
+ * librdkafka's threads, or on the polling thread with log.queue. Warnings
+ * about properties that do not apply to a client type (kafka.* keys are
+ * given to every client) are demoted to debug. */
+struct rd_kafka_s;
+void idem_log_rdkafka(const struct rd_kafka_s *rk, int level,
+                      const char *facility, const char *buf);
+
 #endif

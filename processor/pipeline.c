@@ -75,6 +75,7 @@ struct idem_pipeline_s {
     int epoch;       /* bumped on every rebalance: lease fencing */
     char owner[320]; /* "lease:<member>:<epoch>" */
     int recommit;    /* an async commit failed: send all again */
+    int again;       /* the handler deferred records to a next pass */
 
     int64_t last_commit_ms;
     int64_t last_progress_ms;
@@ -390,6 +391,7 @@ static int handle_ledger(idem_pipeline_t *p, rec_t **rs,
             break;
         case IDEM_MARK_BUSY: /* a forward-handler lease on this identity */
         case IDEM_MARK_LOST:
+        case IDEM_MARK_AGAIN:
             rs[i]->retry_at_ms = idem_now_ms() + p->conf->dedup_lease_ms / 4;
             break;
         }
@@ -501,6 +503,9 @@ static int handle_forward(idem_pipeline_t *p, rec_t **rs,
             break;
         case IDEM_MARK_DONE:
             rec_duplicate(p, r, res[i].prior_mid);
+            break;
+        case IDEM_MARK_AGAIN: /* due again as soon as the first is done */
+            p->again = 1;
             break;
         default: /* leased elsewhere: wait, the lease expires if dead */
             r->retry_at_ms = now + p->conf->dedup_lease_ms / 4 + 50;
@@ -641,11 +646,18 @@ static int process_batch(idem_pipeline_t *p, char *errstr, size_t errstr_size)
     const idem_envelope_t **envs = idem_xmalloc(p->cnt * sizeof(*envs));
     idem_store_result_t *res = idem_xmalloc(p->cnt * sizeof(*res));
     int rc = 0;
-    size_t n = due_records(p, rs, envs, idem_now_ms());
-    if (n) {
+    /* Passes: a record deferred behind an earlier one with the same
+     * identity (forward) is asked again once that one is finished. */
+    for (int pass = 0; rc == 0 && pass < 16; pass++) {
+        size_t n = due_records(p, rs, envs, idem_now_ms());
+        if (!n)
+            break;
+        p->again = 0;
         rc = p->conf->handler == IDEM_HANDLER_FORWARD
                  ? handle_forward(p, rs, envs, n, res, errstr, errstr_size)
                  : handle_ledger(p, rs, envs, n, res, errstr, errstr_size);
+        if (!p->again)
+            break;
     }
     free(rs);
     free(envs);
@@ -757,19 +769,6 @@ static void rebalance_cb(rd_kafka_t *rk, rd_kafka_resp_err_t err,
 
 /* ---------------------------------------------------- librdkafka glue */
 
-/* Log callback; with log.queue it fires in rd_kafka_consumer_poll on the
- * processing thread. */
-static void consumer_log_cb(const rd_kafka_t *rk, int level, const char *fac,
-                            const char *buf)
-{
-    (void)rk;
-    idem_log_kv(level <= 3 ? IDEM_LOG_ERROR
-                           : (level <= 4 ? IDEM_LOG_WARN
-                                         : (level <= 6 ? IDEM_LOG_INFO
-                                                       : IDEM_LOG_DEBUG)),
-                buf, "component", "librdkafka", "facility", fac, NULL);
-}
-
 /* Error callback: fires in rd_kafka_consumer_poll, processing thread. */
 static void consumer_error_cb(rd_kafka_t *rk, int err, const char *reason,
                               void *opaque)
@@ -841,7 +840,7 @@ static rd_kafka_t *consumer_new(idem_pipeline_t *p, char *errstr,
     rd_kafka_conf_set_opaque(kc, p);
     rd_kafka_conf_set_rebalance_cb(kc, rebalance_cb);
     rd_kafka_conf_set_offset_commit_cb(kc, commit_cb);
-    rd_kafka_conf_set_log_cb(kc, consumer_log_cb);
+    rd_kafka_conf_set_log_cb(kc, idem_log_rdkafka);
     rd_kafka_conf_set_error_cb(kc, consumer_error_cb);
     if (c->stats_interval_ms > 0 || conf_has_kafka(c, "statistics.interval.ms"))
         rd_kafka_conf_set_stats_cb(kc, consumer_stats_cb);
@@ -869,6 +868,7 @@ static rd_kafka_t *output_new(const idem_conf_t *c, char *errstr,
         return NULL;
     }
     rd_kafka_conf_set_dr_msg_cb(kc, out_dr_cb);
+    rd_kafka_conf_set_log_cb(kc, idem_log_rdkafka);
     char kerr[512];
     rd_kafka_t *rk = rd_kafka_new(RD_KAFKA_PRODUCER, kc, kerr, sizeof(kerr));
     if (!rk)

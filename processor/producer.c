@@ -18,19 +18,6 @@ struct idem_producer_s {
     int64_t dr_failed; /* failures reported by delivery reports */
 };
 
-/* librdkafka log callback. With log.queue=true and the log queue forwarded
- * to the main queue it fires from rd_kafka_poll()/rd_kafka_flush() on the
- * caller's thread. Forwards warnings and errors (syslog levels <= 4). */
-static void producer_log_cb(const rd_kafka_t *rk, int level, const char *fac,
-                            const char *buf)
-{
-    (void)rk;
-    if (level > 4)
-        return;
-    idem_log_kv(level <= 3 ? IDEM_LOG_ERROR : IDEM_LOG_WARN, buf, "component",
-                "producer", "facility", fac, NULL);
-}
-
 /* Delivery report callback: fires once per message from rd_kafka_poll() or
  * rd_kafka_flush() on the caller's thread. */
 static void producer_dr_cb(rd_kafka_t *rk, const rd_kafka_message_t *msg,
@@ -117,7 +104,7 @@ idem_producer_t *idem_producer_new(const char *bootstrap, const char *topic,
     int max_bytes_set = 0;
     rd_kafka_conf_set_opaque(conf, p);
     rd_kafka_conf_set_dr_msg_cb(conf, producer_dr_cb);
-    rd_kafka_conf_set_log_cb(conf, producer_log_cb);
+    rd_kafka_conf_set_log_cb(conf, idem_log_rdkafka);
     rd_kafka_conf_set_error_cb(conf, producer_error_cb);
     if (conf_set(conf, "bootstrap.servers", bootstrap, errstr, errstr_size) ||
         conf_set(conf, "log.queue", "true", errstr, errstr_size) ||

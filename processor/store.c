@@ -76,7 +76,7 @@ static const char ledger_lua[] =
 
 /* Claim: (identity, message_id) pairs. Free or our own lease -> lease for
  * ARGV[3] ms; a second record with an identity already claimed in this call
- * is "busy" (it is classified after the first one finishes). */
+ * is "again": it is classified once the first one is finished. */
 static const char claim_lua[] =
     "local prefix, group, ms, owner = ARGV[1], ARGV[2], ARGV[3], ARGV[4]\n"
     "local mine = owner .. ':'\n"
@@ -85,7 +85,7 @@ static const char claim_lua[] =
     "  local id = ARGV[i]\n"
     "  local k = prefix .. 'dedup:' .. group .. ':' .. id\n"
     "  if seen[id] then\n"
-    "    out[#out + 1] = 'busy'\n"
+    "    out[#out + 1] = 'again'\n"
     "  else\n"
     "    local v = redis.call('GET', k)\n"
     "    if (not v) or string.sub(v, 1, #mine) == mine then\n"
@@ -278,6 +278,8 @@ static void result_from_string(idem_store_result_t *res, const char *str,
         res->mark = IDEM_MARK_REJECT;
         snprintf(res->detail, sizeof(res->detail), "%.*s", (int)(len - 7),
                  str + 7);
+    } else if (len == 5 && !memcmp(str, "again", 5)) {
+        res->mark = IDEM_MARK_AGAIN;
     } else if (len >= 5 && !memcmp(str, "lost:", 5)) {
         res->mark = IDEM_MARK_LOST;
         snprintf(res->detail, sizeof(res->detail), "%.*s", (int)(len - 5),

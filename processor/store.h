@@ -20,6 +20,8 @@ typedef enum {
     IDEM_MARK_BUSY,    /* leased by someone else (or earlier in the batch) */
     IDEM_MARK_REJECT,  /* the effect was refused (error in `detail`) */
     IDEM_MARK_LOST,    /* mark: our lease was taken over by another owner */
+    IDEM_MARK_AGAIN,   /* claim: same identity as an earlier record of this
+                          call; ask again once that one is finished */
 } idem_mark_t;
 
 typedef struct {
@@ -51,8 +53,9 @@ int idem_store_ledger_apply(idem_store_t *s, const idem_envelope_t *const *env,
 
 /* Forward handler, step 1: claim each record with a lease
  * "lease:<owner>:<message_id>" for dedup.lease.ms, unless already done
- * (IDEM_MARK_DONE) or leased by another owner / earlier in this call
- * (IDEM_MARK_BUSY). A lease of the same owner is re-claimed. */
+ * (IDEM_MARK_DONE), leased by another owner (IDEM_MARK_BUSY) or claimed
+ * by an earlier record of this call (IDEM_MARK_AGAIN). A lease of the same
+ * owner is re-claimed. */
 int idem_store_claim(idem_store_t *s, const char *owner,
                      const idem_envelope_t *const *env, size_t n,
                      idem_store_result_t *results, char *errstr,

@@ -342,3 +342,208 @@ int th_run_env(char *const argv[], char *const env[], char **out, char **err,
     free(dir);
     return rc;
 }
+
+int th_http_get(int port, const char *path, char **body)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET,
+                            .sin_port = htons((uint16_t)port),
+                            .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    if (body)
+        *body = NULL;
+    if (fd < 0)
+        return -1;
+    struct timeval tv = {.tv_sec = 5};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    if (connect(fd, (struct sockaddr *)&a, sizeof(a))) {
+        close(fd);
+        return -1;
+    }
+    char req[512];
+    int n = snprintf(req, sizeof(req),
+                     "GET %s HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n", path);
+    if (write(fd, req, (size_t)n) != n) {
+        close(fd);
+        return -1;
+    }
+    size_t cap = 65536, len = 0;
+    char *buf = malloc(cap);
+    ssize_t r;
+    while ((r = read(fd, buf + len, cap - len - 1)) > 0) {
+        len += (size_t)r;
+        if (cap - len < 2) {
+            cap *= 2;
+            buf = realloc(buf, cap);
+        }
+    }
+    close(fd);
+    buf[len] = '\0';
+    int status = -1;
+    if (sscanf(buf, "HTTP/%*s %d", &status) != 1) {
+        free(buf);
+        return -1;
+    }
+    char *b = strstr(buf, "\r\n\r\n");
+    if (body)
+        *body = strdup(b ? b + 4 : "");
+    free(buf);
+    return status;
+}
+
+double th_metric(const char *body, const char *name)
+{
+    size_t nl = strlen(name);
+    for (const char *l = body; l && *l;
+         l = strchr(l, '\n') ? strchr(l, '\n') + 1 : NULL) {
+        if (!strncmp(l, name, nl) && l[nl] == ' ')
+            return strtod(l + nl + 1, NULL);
+    }
+    return -1;
+}
+
+int th_write_file(const char *path, const char *text)
+{
+    FILE *fp = fopen(path, "w");
+    if (!fp)
+        return -1;
+    fputs(text, fp);
+    return fclose(fp);
+}
+
+int th_stack_start(th_stack_t *s, int partitions,
+                   const char *const extra_props[])
+{
+    memset(s, 0, sizeof(*s));
+    s->dir = th_tmpdir();
+    if (th_redis_start(&s->redis))
+        return -1;
+    char t1[64], t2[64];
+    snprintf(t1, sizeof(t1), "payments:%d", partitions);
+    snprintf(t2, sizeof(t2), "payments.out:%d", partitions);
+    const char *args[] = {"--topic", t1, "--topic", "payments.dlq:2",
+                          "--topic", t2, NULL};
+    if (th_broker_start(&s->broker, args))
+        return -1;
+    snprintf(s->conf, sizeof(s->conf), "%s/idemproc.properties", s->dir);
+    snprintf(s->expect, sizeof(s->expect), "%s/expect.json", s->dir);
+    FILE *fp = fopen(s->conf, "w");
+    if (!fp)
+        return -1;
+    fprintf(fp,
+            "kafka.bootstrap.servers=%s\n"
+            "group.id=test-group\n"
+            "input.topics=payments\n"
+            "dlq.topic=payments.dlq\n"
+            "redis.url=%s\n"
+            "message.max.bytes=4096\n"
+            "kafka.fetch.wait.max.ms=10\n"
+            "kafka.session.timeout.ms=6000\n"
+            "kafka.heartbeat.interval.ms=500\n"
+            "batch.max.wait.ms=10\n"
+            "commit.interval.ms=200\n"
+            "retry.backoff.max.ms=1000\n"
+            "stats.interval.ms=1000\n"
+            "progress.interval.ms=2000\n"
+            "shutdown.timeout.ms=10000\n"
+            "http.listen=\n",
+            s->broker.bootstrap, s->redis.url);
+    for (int i = 0; extra_props && extra_props[i]; i++)
+        fprintf(fp, "%s\n", extra_props[i]);
+    return fclose(fp);
+}
+
+void th_stack_stop(th_stack_t *s)
+{
+    th_broker_stop(&s->broker);
+    th_redis_stop(&s->redis);
+    th_rmrf(s->dir);
+    free(s->dir);
+    s->dir = NULL;
+}
+
+int th_stack_produce(th_stack_t *s, const char *const args[])
+{
+    char *argv[64] = {(char *)th_bin(),    "produce", "-b",
+                      s->broker.bootstrap, "-t",      "payments",
+                      "--expect",          s->expect};
+    int n = 8;
+    for (int i = 0; args && args[i] && n < 63; i++)
+        argv[n++] = (char *)args[i];
+    argv[n] = NULL;
+    return th_run(argv, NULL, NULL, 120000);
+}
+
+pid_t th_stack_member(th_stack_t *s, const char *name, const char *const sets[])
+{
+    char idset[128], log[600];
+    snprintf(idset, sizeof(idset), "member.id=%s", name);
+    snprintf(log, sizeof(log), "%s/%s.log", s->dir, name);
+    char *argv[64] = {(char *)th_bin(), "run", "-c", s->conf, "--set", idset};
+    int n = 6;
+    for (int i = 0; sets && sets[i] && n < 61; i++) {
+        argv[n++] = "--set";
+        argv[n++] = (char *)sets[i];
+    }
+    argv[n] = NULL;
+    return th_spawn(argv, NULL, log, NULL);
+}
+
+int th_stack_verify(th_stack_t *s, int dlq, const char *const sets[],
+                    char **out)
+{
+    char *argv[64] = {(char *)th_bin(), "verify",  "-c",           s->conf,
+                      "--expect",       s->expect, "--timeout-ms", "20000"};
+    int n = 8;
+    if (dlq)
+        argv[n++] = "--dlq";
+    for (int i = 0; sets && sets[i] && n < 61; i++) {
+        argv[n++] = "--set";
+        argv[n++] = (char *)sets[i];
+    }
+    argv[n] = NULL;
+    char *o = NULL;
+    int rc = th_run(argv, &o, NULL, 60000);
+    if (out)
+        *out = o;
+    else
+        free(o);
+    return rc;
+}
+
+int th_stack_wait_verified(th_stack_t *s, int dlq, const char *const sets[],
+                           int timeout_ms, char **out)
+{
+    struct timespec t0, t;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    char *o = NULL;
+    for (;;) {
+        free(o);
+        o = NULL;
+        if (th_stack_verify(s, dlq, sets, &o) == 0)
+            break;
+        clock_gettime(CLOCK_MONOTONIC, &t);
+        if ((t.tv_sec - t0.tv_sec) * 1000 + (t.tv_nsec - t0.tv_nsec) / 1000000 >
+            timeout_ms) {
+            if (out)
+                *out = o;
+            else
+                free(o);
+            return -1;
+        }
+        usleep(300000);
+    }
+    if (out)
+        *out = o;
+    else
+        free(o);
+    return 0;
+}
+
+long th_stack_applied(th_stack_t *s)
+{
+    const char *args[] = {"GET", "idemproc:ledger:applied", NULL};
+    char *out = th_redis_cli(&s->redis, args);
+    long v = out ? strtol(out, NULL, 10) : 0;
+    free(out);
+    return v;
+}

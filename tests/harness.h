@@ -75,3 +75,55 @@ int th_run_env(char *const argv[], char *const env[], char **out, char **err,
                int timeout_ms);
 
 #endif
+
+/* Minimal HTTP/1.0 GET to 127.0.0.1:port. Returns the status code (and
+ * the body, caller frees) or -1 when nothing answered. */
+int th_http_get(int port, const char *path, char **body);
+
+/* Value of the first sample line of `name` (with labels exactly as given,
+ * e.g. "idemproc_records_total{outcome=\"processed\"}") in a Prometheus
+ * text body; -1 when absent. */
+double th_metric(const char *body, const char *name);
+
+/* Writes text to path. 0 on success. */
+int th_write_file(const char *path, const char *text);
+
+/* A whole test stack: a private redis-server and the embedded broker with
+ * topics payments:<partitions>, payments.dlq:2 and payments.out:<partitions>,
+ * and a properties file for `run` and `verify` in a temp dir. */
+typedef struct {
+    th_redis_t redis;
+    th_broker_t broker;
+    char *dir;
+    char conf[512];   /* properties file path */
+    char expect[512]; /* where th_stack_produce writes --expect */
+} th_stack_t;
+
+/* extra_props: NULL-terminated "key=value" lines added to the properties
+ * file (may be NULL). Returns 0 when everything started. */
+int th_stack_start(th_stack_t *s, int partitions,
+                   const char *const extra_props[]);
+void th_stack_stop(th_stack_t *s);
+
+/* Runs `produce -b <broker> -t payments --expect <s->expect>` plus args
+ * (NULL-terminated). Returns produce's exit code. */
+int th_stack_produce(th_stack_t *s, const char *const args[]);
+
+/* Starts `run -c <conf> --set member.id=<name>` plus --set sets
+ * (NULL-terminated "key=value", may be NULL); stderr goes to
+ * <dir>/<name>.log. Returns the pid. */
+pid_t th_stack_member(th_stack_t *s, const char *name,
+                      const char *const sets[]);
+
+/* Runs `verify -c <conf> --expect <s->expect>` (with --dlq when dlq) plus
+ * sets; returns its exit code, *out (may be NULL) its stdout. */
+int th_stack_verify(th_stack_t *s, int dlq, const char *const sets[],
+                    char **out);
+
+/* Polls th_stack_verify until it exits 0 or timeout_ms passes. Returns 0
+ * when verified; the last output goes to *out (may be NULL). */
+int th_stack_wait_verified(th_stack_t *s, int dlq, const char *const sets[],
+                           int timeout_ms, char **out);
+
+/* Reads the redis counter <prefix>ledger:applied (0 when absent). */
+long th_stack_applied(th_stack_t *s);
