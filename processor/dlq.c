@@ -11,6 +11,7 @@
 
 struct idem_dlq_s {
     const idem_conf_t *conf;
+    idem_dlq_report_cb *report;
     rd_kafka_t *rk;
     rd_kafka_topic_t *rkt;
 };
@@ -20,47 +21,50 @@ struct idem_dlq_s {
 static void dlq_dr_cb(rd_kafka_t *rk, const rd_kafka_message_t *m, void *opaque)
 {
     (void)rk;
-    (void)opaque;
-    volatile int *state = m->_private;
+    idem_dlq_t *d = opaque;
     if (m->err)
         idem_log_kv(IDEM_LOG_WARN, "dlq write failed", "error",
                     rd_kafka_err2str(m->err), NULL);
-    if (state)
-        *state = m->err ? -1 : 1;
+    d->report(m->_private, m->err);
 }
 
-idem_dlq_t *idem_dlq_new(const idem_conf_t *conf, char *errstr,
-                         size_t errstr_size)
+idem_dlq_t *idem_dlq_new(const idem_conf_t *conf, idem_dlq_report_cb *report,
+                         char *errstr, size_t errstr_size)
 {
+    idem_dlq_t *d = idem_xcalloc(1, sizeof(*d));
+    d->conf = conf;
+    d->report = report;
     rd_kafka_conf_t *kc = rd_kafka_conf_new();
     char kerr[512];
     if (idem_conf_apply_kafka(conf, kc, errstr, errstr_size)) {
         rd_kafka_conf_destroy(kc);
+        free(d);
         return NULL;
     }
     /* Consumer-only properties passed through kafka.* are ignored by a
      * producer with a warning; what matters here is set last. */
     const char *props[][2] = {{"enable.idempotence", "true"},
                               {"acks", "all"},
-                              {"linger.ms", "5"},
+                              {"linger.ms", "0"},
                               {"message.timeout.ms", "15000"}};
     for (size_t i = 0; i < sizeof(props) / sizeof(props[0]); i++) {
         if (rd_kafka_conf_set(kc, props[i][0], props[i][1], kerr,
                               sizeof(kerr)) != RD_KAFKA_CONF_OK) {
             snprintf(errstr, errstr_size, "dlq producer: %s", kerr);
             rd_kafka_conf_destroy(kc);
+            free(d);
             return NULL;
         }
     }
+    rd_kafka_conf_set_opaque(kc, d);
     rd_kafka_conf_set_dr_msg_cb(kc, dlq_dr_cb);
     rd_kafka_conf_set_log_cb(kc, idem_log_rdkafka);
     rd_kafka_t *rk = rd_kafka_new(RD_KAFKA_PRODUCER, kc, kerr, sizeof(kerr));
     if (!rk) {
         snprintf(errstr, errstr_size, "dlq producer: %s", kerr);
+        free(d);
         return NULL;
     }
-    idem_dlq_t *d = idem_xcalloc(1, sizeof(*d));
-    d->conf = conf;
     d->rk = rk;
     d->rkt = rd_kafka_topic_new(rk, conf->dlq_topic, NULL);
     return d;
@@ -76,9 +80,9 @@ void idem_dlq_destroy(idem_dlq_t *d)
     free(d);
 }
 
-rd_kafka_t *idem_dlq_handle(idem_dlq_t *d)
+void idem_dlq_poll(idem_dlq_t *d)
 {
-    return d->rk;
+    rd_kafka_poll(d->rk, 0);
 }
 
 static void hdr_add(rd_kafka_headers_t *h, const char *name, const char *v)
@@ -88,7 +92,7 @@ static void hdr_add(rd_kafka_headers_t *h, const char *name, const char *v)
 
 int idem_dlq_send(idem_dlq_t *d, const rd_kafka_message_t *msg,
                   idem_reason_t reason, const char *error, int attempts,
-                  volatile int *state, char *errstr, size_t errstr_size)
+                  void *opaque, char *errstr, size_t errstr_size)
 {
     rd_kafka_headers_t *orig = NULL;
     rd_kafka_headers_t *h;
@@ -116,19 +120,18 @@ int idem_dlq_send(idem_dlq_t *d, const rd_kafka_message_t *msg,
 
     rd_kafka_resp_err_t err;
     for (;;) {
-        err = rd_kafka_producev(
-            d->rk, RD_KAFKA_V_RKT(d->rkt),
-            RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY),
-            RD_KAFKA_V_KEY(msg->key, msg->key_len),
-            RD_KAFKA_V_VALUE(msg->payload, msg->len), RD_KAFKA_V_HEADERS(h),
-            RD_KAFKA_V_OPAQUE((void *)state), RD_KAFKA_V_END);
+        err = rd_kafka_producev(d->rk, RD_KAFKA_V_RKT(d->rkt),
+                                RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY),
+                                RD_KAFKA_V_KEY(msg->key, msg->key_len),
+                                RD_KAFKA_V_VALUE(msg->payload, msg->len),
+                                RD_KAFKA_V_HEADERS(h),
+                                RD_KAFKA_V_OPAQUE(opaque), RD_KAFKA_V_END);
         if (err != RD_KAFKA_RESP_ERR__QUEUE_FULL)
             break;
         rd_kafka_poll(d->rk, 100);
     }
     if (err) {
         rd_kafka_headers_destroy(h); /* not taken over on failure */
-        *state = -1;
         snprintf(errstr, errstr_size, "dlq: %s", rd_kafka_err2str(err));
         return -1;
     }

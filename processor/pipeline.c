@@ -3,8 +3,12 @@
  * prefixes, survive rebalances and infrastructure outages.
  *
  * One thread does everything (librdkafka's callbacks included), so no state
- * here needs a lock. A batch is worked on until every record in it is
- * finished; while it is not, all partitions are paused and the loop keeps
+ * here needs a lock. Records wait in one array, in the order they were
+ * polled, until they are finished; a partition's offset advances over its
+ * contiguous finished prefix only. The ledger handler keeps one Redis
+ * request in flight and fills and parses the next batch while Redis runs
+ * the script; dead letters are acknowledged asynchronously. While the
+ * infrastructure is down every partition is paused and the loop keeps
  * polling (group membership stays alive) and retries with backoff. */
 #include "pipeline.h"
 #include "dlq.h"
@@ -19,7 +23,21 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* How many batches may wait in memory (in flight, being filled, waiting
+ * for a retry or an acknowledgement) before fetching pauses. */
+#define BATCHES_IN_HAND 4
+
 typedef enum { REC_PENDING = 0, REC_DONE } rec_state_t;
+
+/* The fate of one asynchronous write (DLQ or output), owned by whoever is
+ * last: the record frees it once it read the result; a record dropped
+ * before the report marks it orphan and the report frees it. Records move
+ * inside the batch array, so librdkafka never gets a pointer to one. */
+typedef struct {
+    int state; /* 0 in flight, 1 acknowledged, -1 failed */
+    rd_kafka_resp_err_t err;
+    int orphan;
+} ticket_t;
 
 /* One consumed record and what we know about it. */
 typedef struct {
@@ -31,15 +49,12 @@ typedef struct {
     idem_reason_t reason;
     char error[256];
     idem_envelope_t env;
-    int attempts;           /* handler attempts (retry.max.attempts) */
-    int store_sent;         /* a store call that may have applied it failed */
-    int64_t retry_at_ms;    /* not before this (busy lease, backoff) */
-    volatile int dlq_state; /* 0 not sent / in flight, 1 acked, -1 failed */
-    int dlq_queued;
-    volatile int out_state;      /* forward: 0 in flight, 1 acked, -1 failed */
-    rd_kafka_resp_err_t out_err; /* forward: why the write failed */
-    int out_queued;
-    int claimed; /* forward: holds our lease */
+    int attempts;        /* handler attempts (retry.max.attempts) */
+    int sent;            /* in the Redis request in flight */
+    int store_sent;      /* a store call that may have applied it failed */
+    int64_t retry_at_ms; /* not before this (busy lease, backoff) */
+    ticket_t *dlq;       /* DLQ write in flight or just reported */
+    ticket_t *out;       /* forward: output write */
 } rec_t;
 
 /* One assigned partition and its commit position. */
@@ -50,6 +65,7 @@ typedef struct {
     int64_t committed;   /* last offset we asked to commit; -1 none */
     int64_t high_seen;   /* highest offset taken into a batch */
     int blocked;         /* scratch for advance_offsets */
+    int waiting;         /* scratch: an earlier record waits (keep order) */
 } part_t;
 
 struct idem_pipeline_s {
@@ -63,6 +79,11 @@ struct idem_pipeline_s {
 
     rec_t *recs;
     size_t cnt, cap;
+    size_t inflight;              /* records in the Redis request in flight */
+    rec_t **rs;                   /* scratch: records handed to a handler */
+    const idem_envelope_t **envs; /* scratch: their envelopes */
+    idem_store_result_t *res;     /* scratch: what the store said */
+    size_t scratch_cap;
     part_t *parts;
     size_t part_cnt, part_cap;
 
@@ -83,6 +104,25 @@ struct idem_pipeline_s {
 };
 
 /* ---------------------------------------------------------------- helpers */
+
+/* Lets go of a record: its message, and any write still in flight (the
+ * delivery report frees that ticket). */
+static void rec_release(rec_t *r)
+{
+    if (r->dlq) {
+        if (r->dlq->state == 0)
+            r->dlq->orphan = 1;
+        else
+            free(r->dlq);
+    }
+    if (r->out) {
+        if (r->out->state == 0)
+            r->out->orphan = 1;
+        else
+            free(r->out);
+    }
+    rd_kafka_message_destroy(r->msg);
+}
 
 static void owner_update(idem_pipeline_t *p)
 {
@@ -181,17 +221,13 @@ static void commit_offsets(idem_pipeline_t *p,
     }
     if (!subset)
         p->recommit = 0;
+    /* commit_cb reports the result (synchronous commits included); only a
+     * request that could not even be made is counted here. */
     rd_kafka_resp_err_t err = rd_kafka_commit(p->rk, l, sync ? 0 : 1);
-    if (sync) {
-        idem_metrics_commit_add(p->m, err == RD_KAFKA_RESP_ERR_NO_ERROR);
-        if (err) {
-            idem_log_kv(IDEM_LOG_WARN, "synchronous commit failed", "error",
-                        rd_kafka_err2str(err), NULL);
-            p->recommit = 1;
-        }
-    } else if (err) {
-        idem_metrics_commit_add(p->m, 0);
+    if (err) {
         p->recommit = 1;
+        if (!sync)
+            idem_metrics_commit_add(p->m, 0);
     }
     rd_kafka_topic_partition_list_destroy(l);
 }
@@ -235,7 +271,7 @@ static void advance_offsets(idem_pipeline_t *p)
         rec_t *r = &p->recs[i];
         part_t *pt = rec_part(p, r);
         if (r->state == REC_DONE && pt && r->msg->offset < pt->next_offset) {
-            rd_kafka_message_destroy(r->msg);
+            rec_release(r);
             continue;
         }
         if (keep != i)
@@ -256,7 +292,7 @@ static void batch_drop_partitions(idem_pipeline_t *p,
         rec_t *r = &p->recs[i];
         if (rd_kafka_topic_partition_list_find(
                 parts, rd_kafka_topic_name(r->msg->rkt), r->msg->partition)) {
-            rd_kafka_message_destroy(r->msg);
+            rec_release(r);
             continue;
         }
         if (keep != i)
@@ -285,6 +321,14 @@ static void pause_all(idem_pipeline_t *p, int pause)
     else
         rd_kafka_resume_partitions(p->rk, l);
     rd_kafka_topic_partition_list_destroy(l);
+    char held[24];
+    snprintf(held, sizeof(held), "%zu", p->cnt);
+    idem_log_kv(pause && p->infra_down ? IDEM_LOG_WARN : IDEM_LOG_DEBUG,
+                pause ? "input paused" : "input resumed", "records_in_hand",
+                held, "reason",
+                pause ? (p->infra_down ? p->infra_reason : "records in hand")
+                      : "",
+                NULL);
     p->paused = pause;
     idem_metrics_paused_set(p->m, pause ? (int64_t)p->part_cnt : 0);
 }
@@ -352,65 +396,132 @@ static void rec_retry(idem_pipeline_t *p, rec_t *r, const char *error)
 
 /* --------------------------------------------------------- the handlers */
 
-/* Collects the valid, unfinished, due records of the batch. */
-static size_t due_records(idem_pipeline_t *p, rec_t **out,
-                          const idem_envelope_t **envs, int64_t now)
+static void scratch_reserve(idem_pipeline_t *p)
 {
+    if (p->scratch_cap >= p->cnt)
+        return;
+    /* Kept across batches: a fresh ~400 KiB allocation per batch would be
+     * an mmap and page faults every time. */
+    p->scratch_cap = p->cnt > p->cap ? p->cnt : p->cap;
+    p->rs = idem_xrealloc(p->rs, p->scratch_cap * sizeof(*p->rs));
+    p->envs = idem_xrealloc(p->envs, p->scratch_cap * sizeof(*p->envs));
+    p->res = idem_xrealloc(p->res, p->scratch_cap * sizeof(*p->res));
+}
+
+/* Collects the valid, unfinished records that may go to the handler now,
+ * in poll order, into p->rs/p->envs. A record waiting for its retry time
+ * holds back the later records of its partition, so effects keep the
+ * partition's order. */
+static size_t due_records(idem_pipeline_t *p, int64_t now)
+{
+    scratch_reserve(p);
+    for (size_t i = 0; i < p->part_cnt; i++)
+        p->parts[i].waiting = 0;
     size_t n = 0;
     for (size_t i = 0; i < p->cnt; i++) {
         rec_t *r = &p->recs[i];
-        if (r->state == REC_DONE || r->poison || r->retry_at_ms > now)
+        if (r->state == REC_DONE || r->poison || r->sent)
             continue;
-        out[n] = r;
-        envs[n] = &r->env;
+        part_t *pt = rec_part(p, r);
+        if (pt && pt->waiting)
+            continue;
+        if (r->retry_at_ms > now) {
+            if (pt)
+                pt->waiting = 1;
+            continue;
+        }
+        p->rs[n] = r;
+        p->envs[n] = &r->env;
         n++;
     }
     return n;
 }
 
-static int handle_ledger(idem_pipeline_t *p, rec_t **rs,
-                         const idem_envelope_t **envs, size_t n,
-                         idem_store_result_t *res, char *errstr,
-                         size_t errstr_size)
+/* Starts the ledger script for every due record (one pipelined request);
+ * the results are read by ledger_recv. Returns 0 or -1 (infrastructure). */
+static int ledger_send(idem_pipeline_t *p, char *errstr, size_t errstr_size)
 {
-    if (idem_store_ledger_apply(p->store, envs, n, res, errstr, errstr_size)) {
+    if (p->inflight)
+        return 0;
+    size_t n = due_records(p, idem_now_ms());
+    if (!n)
+        return 0;
+    if (idem_store_ledger_send(p->store, p->envs, n, errstr, errstr_size)) {
         for (size_t i = 0; i < n; i++)
-            rs[i]->store_sent = 1;
+            p->rs[i]->store_sent = 1;
         return -1;
     }
+    for (size_t i = 0; i < n; i++)
+        p->rs[i]->sent = 1;
+    p->inflight = n;
+    idem_metrics_batch_observe(p->m, (double)n);
+    return 0;
+}
+
+/* Reads the results of the request in flight and finishes its records. */
+static int ledger_recv(idem_pipeline_t *p, char *errstr, size_t errstr_size)
+{
+    if (!p->inflight)
+        return 0;
+    scratch_reserve(p);
+    size_t n = 0;
+    for (size_t i = 0; i < p->cnt; i++)
+        if (p->recs[i].sent)
+            p->rs[n++] = &p->recs[i];
+    int rc = 0;
+    if (n != p->inflight) { /* records were dropped by a rebalance */
+        snprintf(errstr, errstr_size, "internal: %zu of %zu records in flight",
+                 n, p->inflight);
+        rc = -1;
+    }
+    idem_store_result_t *res = p->res;
+    if (rc == 0)
+        rc = idem_store_ledger_recv(p->store, p->inflight, res, errstr,
+                                    errstr_size);
+    p->inflight = 0;
     for (size_t i = 0; i < n; i++) {
+        rec_t *r = p->rs[i];
+        r->sent = 0;
+        if (rc) {
+            r->store_sent = 1; /* its chunk may have run: marks will say */
+            continue;
+        }
         switch (res[i].mark) {
         case IDEM_MARK_NEW:
-            rec_finish(p, rs[i], IDEM_OUTCOME_PROCESSED);
+            rec_finish(p, r, IDEM_OUTCOME_PROCESSED);
             break;
         case IDEM_MARK_DONE:
-            rec_duplicate(p, rs[i], res[i].prior_mid);
+            rec_duplicate(p, r, res[i].prior_mid);
             break;
         case IDEM_MARK_REJECT:
-            rec_poison(rs[i], IDEM_REASON_HANDLER_REJECTED, res[i].detail);
+            rec_poison(r, IDEM_REASON_HANDLER_REJECTED, res[i].detail);
             break;
         case IDEM_MARK_BUSY: /* a forward-handler lease on this identity */
         case IDEM_MARK_LOST:
         case IDEM_MARK_AGAIN:
-            rs[i]->retry_at_ms = idem_now_ms() + p->conf->dedup_lease_ms / 4;
+            r->retry_at_ms = idem_now_ms() + p->conf->dedup_lease_ms / 4;
             break;
         }
     }
-    return 0;
+    return rc;
 }
 
-/* Output delivery report: fires in rd_kafka_flush/poll of the output
- * producer, on the processing thread. */
+/* Delivery report of the output producer: fires in rd_kafka_flush/poll of
+ * that producer, on the processing thread. */
 static void out_dr_cb(rd_kafka_t *rk, const rd_kafka_message_t *m, void *opaque)
 {
     (void)rk;
     (void)opaque;
-    rec_t *r = m->_private;
+    ticket_t *t = m->_private;
     if (m->err)
         idem_log_kv(IDEM_LOG_WARN, "output write failed", "error",
                     rd_kafka_err2str(m->err), NULL);
-    r->out_err = m->err;
-    r->out_state = m->err ? -1 : 1;
+    if (t->orphan) {
+        free(t);
+        return;
+    }
+    t->err = m->err;
+    t->state = m->err ? -1 : 1;
 }
 
 /* Queues r's enriched copy (value + processed_at) to output.topic. */
@@ -431,27 +542,28 @@ static int forward_send(idem_pipeline_t *p, rec_t *r, char *errstr,
     rd_kafka_headers_t *orig = NULL, *h = NULL;
     if (rd_kafka_message_headers(r->msg, &orig) == 0 && orig)
         h = rd_kafka_headers_copy(orig);
-    r->out_state = 0;
+    ticket_t *t = idem_xcalloc(1, sizeof(*t));
     rd_kafka_resp_err_t err;
     for (;;) {
         err = rd_kafka_producev(p->out, RD_KAFKA_V_RKT(p->out_rkt),
                                 RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_FREE),
                                 RD_KAFKA_V_KEY(r->msg->key, r->msg->key_len),
                                 RD_KAFKA_V_VALUE(value, strlen(value)),
-                                RD_KAFKA_V_HEADERS(h),
-                                RD_KAFKA_V_OPAQUE((void *)r), RD_KAFKA_V_END);
+                                RD_KAFKA_V_HEADERS(h), RD_KAFKA_V_OPAQUE(t),
+                                RD_KAFKA_V_END);
         if (err != RD_KAFKA_RESP_ERR__QUEUE_FULL)
             break;
         rd_kafka_poll(p->out, 100);
     }
     if (err) {
         free(value);
+        free(t);
         if (h)
             rd_kafka_headers_destroy(h);
         snprintf(errstr, errstr_size, "output: %s", rd_kafka_err2str(err));
         return -1;
     }
-    r->out_queued = 1;
+    r->out = t;
     return 0;
 }
 
@@ -482,21 +594,31 @@ static out_error_kind_t output_error_kind(rd_kafka_resp_err_t err)
 
 /* Forward: claim (lease) -> write to output.topic and wait for the broker's
  * acknowledgement -> turn the lease into the done mark. A crash anywhere
- * leaves at worst a lease that expires, never a done mark without output. */
-static int handle_forward(idem_pipeline_t *p, rec_t **rs,
-                          const idem_envelope_t **envs, size_t n,
-                          idem_store_result_t *res, char *errstr,
+ * leaves at worst a lease that expires, never a done mark without output.
+ * Records behind a deferred one of the same partition are not written in
+ * this pass (their claim is ours and is taken again next pass), so the
+ * output keeps each partition's order. */
+static int handle_forward(idem_pipeline_t *p, size_t n, char *errstr,
                           size_t errstr_size)
 {
+    rec_t **rs = p->rs;
+    const idem_envelope_t **envs = p->envs;
+    idem_store_result_t *res = p->res;
     if (idem_store_claim(p->store, p->owner, envs, n, res, errstr, errstr_size))
         return -1;
     size_t claimed = 0;
     int64_t now = idem_now_ms();
+    for (size_t i = 0; i < p->part_cnt; i++)
+        p->parts[i].waiting = 0;
     for (size_t i = 0; i < n; i++) {
         rec_t *r = rs[i];
+        part_t *pt = rec_part(p, r);
+        if (pt && pt->waiting) {
+            p->again = 1; /* behind a deferred record: next pass */
+            continue;
+        }
         switch (res[i].mark) {
         case IDEM_MARK_NEW:
-            r->claimed = 1;
             rs[claimed] = r;
             envs[claimed] = &r->env;
             claimed++;
@@ -506,9 +628,13 @@ static int handle_forward(idem_pipeline_t *p, rec_t **rs,
             break;
         case IDEM_MARK_AGAIN: /* due again as soon as the first is done */
             p->again = 1;
+            if (pt)
+                pt->waiting = 1;
             break;
         default: /* leased elsewhere: wait, the lease expires if dead */
             r->retry_at_ms = now + p->conf->dedup_lease_ms / 4 + 50;
+            if (pt)
+                pt->waiting = 1;
             break;
         }
     }
@@ -520,21 +646,29 @@ static int handle_forward(idem_pipeline_t *p, rec_t **rs,
     int failed = 0;
     for (size_t i = 0; i < claimed; i++) {
         rec_t *r = rs[i];
-        if (r->out_state == 1) {
+        ticket_t *t = r->out;
+        if (t->state == 0) { /* no report within the wait: let it go */
+            t->orphan = 1;
+            r->out = NULL;
+            failed = 1;
+            continue;
+        }
+        int state = t->state;
+        rd_kafka_resp_err_t err = t->err;
+        free(t);
+        r->out = NULL;
+        if (state == 1) {
             rs[acked] = r;
             envs[acked] = &r->env;
             acked++;
             continue;
         }
-        r->out_queued = 0;
-        switch (output_error_kind(r->out_state ? r->out_err
-                                               : RD_KAFKA_RESP_ERR_NO_ERROR)) {
+        switch (output_error_kind(err)) {
         case OUT_PERMANENT:
-            rec_poison(r, IDEM_REASON_HANDLER_REJECTED,
-                       rd_kafka_err2str(r->out_err));
+            rec_poison(r, IDEM_REASON_HANDLER_REJECTED, rd_kafka_err2str(err));
             break;
         case OUT_RETRIABLE:
-            rec_retry(p, r, rd_kafka_err2str(r->out_err));
+            rec_retry(p, r, rd_kafka_err2str(err));
             break;
         case OUT_INFRA:
             failed = 1;
@@ -561,11 +695,27 @@ static int handle_forward(idem_pipeline_t *p, rec_t **rs,
     return 0;
 }
 
+/* The forward handler, synchronously, in passes: a record deferred behind
+ * an earlier one of its identity or partition goes in the next pass. */
+static int forward_passes(idem_pipeline_t *p, char *errstr, size_t errstr_size)
+{
+    for (int pass = 0; pass < 16; pass++) {
+        size_t n = due_records(p, idem_now_ms());
+        if (!n)
+            return 0;
+        p->again = 0;
+        if (handle_forward(p, n, errstr, errstr_size))
+            return -1;
+        if (!p->again)
+            return 0;
+    }
+    return 0;
+}
+
 /* ------------------------------------------------------ the batch cycle */
 
 static void parse_records(idem_pipeline_t *p)
 {
-    int need_ledger = 1; /* both handlers carry payments (DESIGN.md 4) */
     for (size_t i = 0; i < p->cnt; i++) {
         rec_t *r = &p->recs[i];
         if (r->parsed)
@@ -575,39 +725,61 @@ static void parse_records(idem_pipeline_t *p)
         rd_kafka_message_headers(r->msg, &h);
         idem_reason_t reason;
         char err[256];
-        if (idem_envelope_parse(r->msg->payload, r->msg->len, h, need_ledger,
+        /* Both handlers carry payments (DESIGN.md section 4). */
+        if (idem_envelope_parse(r->msg->payload, r->msg->len, h, 1,
                                 (size_t)p->conf->message_max_bytes, &r->env,
                                 &reason, err, sizeof(err)))
             rec_poison(r, reason, err);
     }
 }
 
-/* Sends poison records to the DLQ and waits for the acknowledgements.
- * Returns 0 when every poison record is finished, -1 (infrastructure). */
-static int dead_letter(idem_pipeline_t *p, char *errstr, size_t errstr_size)
+/* DLQ delivery report (see idem_dlq_report_cb): fires in idem_dlq_poll or
+ * idem_dlq_flush on the processing thread. */
+static void dlq_report(void *opaque, rd_kafka_resp_err_t err)
 {
-    int queued = 0;
+    ticket_t *t = opaque;
+    if (t->orphan) {
+        free(t);
+        return;
+    }
+    t->err = err;
+    t->state = err ? -1 : 1;
+}
+
+/* Queues every poison record that has no DLQ write yet. Returns 0, or -1
+ * when the producer refused to queue (infrastructure). */
+static int dlq_queue(idem_pipeline_t *p, char *errstr, size_t errstr_size)
+{
     for (size_t i = 0; i < p->cnt; i++) {
         rec_t *r = &p->recs[i];
-        if (r->state == REC_DONE || !r->poison || r->dlq_queued)
+        if (r->state == REC_DONE || !r->poison || r->dlq)
             continue;
-        r->dlq_state = 0;
+        ticket_t *t = idem_xcalloc(1, sizeof(*t));
         if (idem_dlq_send(p->dlq, r->msg, r->reason, r->error,
-                          r->attempts ? r->attempts : 1, &r->dlq_state, errstr,
-                          errstr_size))
+                          r->attempts ? r->attempts : 1, t, errstr,
+                          errstr_size)) {
+            free(t);
             return -1;
-        r->dlq_queued = 1;
-        queued++;
+        }
+        r->dlq = t;
     }
-    if (!queued)
-        return 0;
-    idem_dlq_flush(p->dlq, (int)p->conf->shutdown_timeout_ms / 2);
+    return 0;
+}
+
+/* Finishes poison records whose DLQ write was acknowledged; a failed write
+ * is queued again later (the DLQ is at-least-once: verify counts distinct
+ * originals). Returns -1 when a write failed (infrastructure). */
+static int dlq_collect(idem_pipeline_t *p, char *errstr, size_t errstr_size)
+{
+    idem_dlq_poll(p->dlq);
     int failed = 0;
     for (size_t i = 0; i < p->cnt; i++) {
         rec_t *r = &p->recs[i];
-        if (r->state == REC_DONE || !r->poison || !r->dlq_queued)
+        if (!r->dlq || r->dlq->state == 0)
             continue;
-        if (r->dlq_state == 1) {
+        ticket_t *t = r->dlq;
+        r->dlq = NULL;
+        if (t->state == 1) {
             idem_metrics_dlq_add(p->m, r->reason, 1);
             rec_finish(p, r, IDEM_OUTCOME_DLQ);
             if (idem_log_enabled(IDEM_LOG_INFO)) {
@@ -619,54 +791,44 @@ static int dead_letter(idem_pipeline_t *p, char *errstr, size_t errstr_size)
                             "offset", off, "reason", idem_reason2str(r->reason),
                             "error", r->error, NULL);
             }
-        } else {
-            /* Failed or still unknown after the wait: send again later (the
-             * DLQ is at-least-once; verify counts distinct originals). */
-            r->dlq_queued = r->dlq_state == 0;
+        } else if (!failed) {
             failed = 1;
+            snprintf(errstr, errstr_size, "dlq: write to %s failed: %s",
+                     p->conf->dlq_topic, rd_kafka_err2str(t->err));
         }
+        free(t);
     }
-    if (failed) {
-        snprintf(errstr, errstr_size, "dlq: writes to %s not acknowledged",
-                 p->conf->dlq_topic);
-        return -1;
-    }
-    return 0;
+    return failed ? -1 : 0;
 }
 
-/* One attempt at the batch in hand. Returns 0 when the attempt ran (some
- * records may wait for a retry time), -1 on an infrastructure failure. */
-static int process_batch(idem_pipeline_t *p, char *errstr, size_t errstr_size)
+/* One step of work on the records in hand: parse what is new, queue dead
+ * letters, run the handler (ledger: finish the request in flight, start
+ * the next), collect acknowledgements, advance offsets. Returns 0, or -1
+ * on an infrastructure failure (errstr). */
+static int work(idem_pipeline_t *p, char *errstr, size_t errstr_size)
 {
-    if (p->cnt == 0)
+    if (p->cnt == 0 && !p->inflight)
         return 0;
     idem_metrics_heartbeat(p->m);
     parse_records(p);
-    rec_t **rs = idem_xmalloc(p->cnt * sizeof(*rs));
-    const idem_envelope_t **envs = idem_xmalloc(p->cnt * sizeof(*envs));
-    idem_store_result_t *res = idem_xmalloc(p->cnt * sizeof(*res));
-    int rc = 0;
-    /* Passes: a record deferred behind an earlier one with the same
-     * identity (forward) is asked again once that one is finished. */
-    for (int pass = 0; rc == 0 && pass < 16; pass++) {
-        size_t n = due_records(p, rs, envs, idem_now_ms());
-        if (!n)
-            break;
-        p->again = 0;
-        rc = p->conf->handler == IDEM_HANDLER_FORWARD
-                 ? handle_forward(p, rs, envs, n, res, errstr, errstr_size)
-                 : handle_ledger(p, rs, envs, n, res, errstr, errstr_size);
-        if (!p->again)
-            break;
+    int rc = dlq_queue(p, errstr, errstr_size);
+    if (rc == 0) {
+        if (p->conf->handler == IDEM_HANDLER_FORWARD) {
+            rc = forward_passes(p, errstr, errstr_size);
+        } else {
+            rc = ledger_recv(p, errstr, errstr_size);
+            if (rc == 0)
+                rc = ledger_send(p, errstr, errstr_size);
+        }
     }
-    free(rs);
-    free(envs);
-    free(res);
-    /* Poison (including handler rejections just found) goes out even when
-     * the handler's infrastructure failed, so the DLQ is not held up. */
-    char dlqerr[256];
-    if (dead_letter(p, dlqerr, sizeof(dlqerr)) && rc == 0) {
-        snprintf(errstr, errstr_size, "%s", dlqerr);
+    /* Handler rejections found just now go out at once. */
+    char e2[512];
+    if (dlq_queue(p, e2, sizeof(e2)) && rc == 0) {
+        snprintf(errstr, errstr_size, "%s", e2);
+        rc = -1;
+    }
+    if (dlq_collect(p, e2, sizeof(e2)) && rc == 0) {
+        snprintf(errstr, errstr_size, "%s", e2);
         rc = -1;
     }
     advance_offsets(p);
@@ -679,17 +841,20 @@ static int64_t batch_next_retry(idem_pipeline_t *p)
     int64_t t = 0;
     for (size_t i = 0; i < p->cnt; i++) {
         rec_t *r = &p->recs[i];
-        if (r->state != REC_DONE && (t == 0 || r->retry_at_ms < t))
+        if (r->state != REC_DONE && r->retry_at_ms &&
+            (t == 0 || r->retry_at_ms < t))
             t = r->retry_at_ms;
     }
     return t;
 }
 
-/* Runs process_batch and turns its result into pause/backoff/readiness. */
-static void attempt_batch(idem_pipeline_t *p)
+/* Runs work() and turns its result into backoff, readiness and pausing:
+ * paused while the infrastructure is down or BATCHES_IN_HAND batches wait
+ * (bounded memory), fetching otherwise. */
+static void attempt(idem_pipeline_t *p)
 {
     char errstr[512];
-    int rc = process_batch(p, errstr, sizeof(errstr));
+    int rc = work(p, errstr, sizeof(errstr));
     int64_t now = idem_now_ms();
     if (rc) {
         if (!p->infra_down)
@@ -711,13 +876,36 @@ static void attempt_batch(idem_pipeline_t *p)
         p->next_attempt_ms = batch_next_retry(p);
     }
     set_ready(p);
-    pause_all(p, p->cnt > 0);
+    pause_all(p,
+              p->infra_down || p->cnt >= (size_t)p->conf->batch_max_messages *
+                                             (BATCHES_IN_HAND - 1));
+}
+
+/* Finishes as much of what is in hand as the infrastructure allows before
+ * `deadline_ms` (revoke, shutdown): the request in flight, what is due,
+ * and the DLQ acknowledgements. */
+static void drain(idem_pipeline_t *p, int64_t deadline_ms)
+{
+    char errstr[512];
+    for (int i = 0; i < 8 && idem_now_ms() < deadline_ms; i++) {
+        if (work(p, errstr, sizeof(errstr)))
+            break;
+        if (!p->inflight && (p->conf->handler == IDEM_HANDLER_FORWARD ||
+                             due_records(p, idem_now_ms()) == 0))
+            break;
+    }
+    if (p->inflight)
+        ledger_recv(p, errstr, sizeof(errstr));
+    int64_t left = deadline_ms - idem_now_ms();
+    idem_dlq_flush(p->dlq, left > 0 ? (int)left : 0);
+    dlq_collect(p, errstr, sizeof(errstr));
+    advance_offsets(p);
 }
 
 /* ------------------------------------------------------------ rebalance */
 
 /* Rebalance callback: fires inside rd_kafka_consumer_poll (or close) on the
- * processing thread. Before partitions are given up, the batch in hand is
+ * processing thread. Before partitions are given up, what is in hand is
  * finished if the infrastructure allows and their offsets are committed
  * synchronously; a lost assignment commits nothing. */
 static void rebalance_cb(rd_kafka_t *rk, rd_kafka_resp_err_t err,
@@ -746,9 +934,12 @@ static void rebalance_cb(rd_kafka_t *rk, rd_kafka_resp_err_t err,
     } else {
         int lost = rd_kafka_assignment_lost(rk);
         idem_metrics_rebalance_add(p->m, lost ? "lost" : "revoke");
+        char errstr[512];
+        if (p->inflight) /* its replies must be read either way */
+            ledger_recv(p, errstr, sizeof(errstr));
         if (!lost) {
-            if (p->cnt && !p->infra_down)
-                attempt_batch(p);
+            if (!p->infra_down)
+                drain(p, idem_now_ms() + p->conf->shutdown_timeout_ms / 2);
             commit_offsets(p, parts, 1);
         }
         batch_drop_partitions(p, parts);
@@ -758,9 +949,12 @@ static void rebalance_cb(rd_kafka_t *rk, rd_kafka_resp_err_t err,
             rd_kafka_error_destroy(rd_kafka_incremental_unassign(rk, parts));
         else
             rd_kafka_assign(rk, NULL);
+        char cnt[16];
+        snprintf(cnt, sizeof(cnt), "%d", parts->cnt);
         idem_log_kv(IDEM_LOG_INFO,
-                    lost ? "partitions lost" : "partitions revoked", NULL);
-        if (p->cnt == 0)
+                    lost ? "partitions lost" : "partitions revoked", "count",
+                    cnt, NULL);
+        if (p->part_cnt == 0)
             p->paused = 0;
     }
     idem_metrics_assigned_set(p->m, (int64_t)p->part_cnt);
@@ -907,10 +1101,10 @@ idem_pipeline_t *idem_pipeline_new(const idem_conf_t *conf, idem_metrics_t *m,
     p->conf = conf;
     p->m = m;
     owner_update(p);
-    p->cap = (size_t)conf->batch_max_messages;
+    p->cap = (size_t)conf->batch_max_messages * BATCHES_IN_HAND;
     p->recs = idem_xcalloc(p->cap, sizeof(*p->recs));
     p->store = idem_store_new(conf, m);
-    if (!(p->dlq = idem_dlq_new(conf, errstr, errstr_size)))
+    if (!(p->dlq = idem_dlq_new(conf, dlq_report, errstr, errstr_size)))
         goto fail;
     if (conf->handler == IDEM_HANDLER_FORWARD) {
         if (!(p->out = output_new(conf, errstr, errstr_size)))
@@ -933,7 +1127,7 @@ void idem_pipeline_destroy(idem_pipeline_t *p)
     if (!p)
         return;
     for (size_t i = 0; i < p->cnt; i++)
-        rd_kafka_message_destroy(p->recs[i].msg);
+        rec_release(&p->recs[i]);
     if (p->rk)
         rd_kafka_destroy(p->rk);
     if (p->out_rkt)
@@ -942,12 +1136,15 @@ void idem_pipeline_destroy(idem_pipeline_t *p)
         rd_kafka_flush(p->out, 5000);
         rd_kafka_destroy(p->out);
     }
-    idem_dlq_destroy(p->dlq);
+    idem_dlq_destroy(p->dlq); /* reports of orphaned tickets free them */
     idem_store_destroy(p->store);
     for (size_t i = 0; i < p->part_cnt; i++)
         free(p->parts[i].topic);
     free(p->parts);
     free(p->recs);
+    free(p->rs);
+    free(p->envs);
+    free(p->res);
     free(p);
 }
 
@@ -975,7 +1172,7 @@ static void batch_add(idem_pipeline_t *p, rd_kafka_message_t *msg)
         return;
     }
     pt->high_seen = msg->offset;
-    if (p->cnt == p->cap) {
+    if (p->cnt == p->cap) { /* only while pausing takes effect */
         p->cap *= 2;
         p->recs = idem_xrealloc(p->recs, p->cap * sizeof(*p->recs));
     }
@@ -985,28 +1182,33 @@ static void batch_add(idem_pipeline_t *p, rd_kafka_message_t *msg)
     r->polled_us = idem_now_us();
 }
 
-/* Fills the batch up to batch.max.messages or batch.max.wait.ms. */
+/* Polls up to batch.max.messages new records, waiting at most
+ * batch.max.wait.ms once there is something to work on (a record, or a
+ * Redis request in flight), and up to 100 ms when idle. */
 static void batch_fill(idem_pipeline_t *p, volatile int *stop)
 {
     size_t max = (size_t)p->conf->batch_max_messages;
-    int64_t deadline = 0;
-    while (p->cnt < max && !*stop) {
+    size_t added = 0, start = p->cnt;
+    int64_t deadline =
+        p->cnt || p->inflight ? idem_now_ms() + p->conf->batch_max_wait_ms : 0;
+    while (added < max && !*stop) {
         int64_t now = idem_now_ms();
         int timeout = 100;
-        if (p->cnt > 0) {
-            if (!deadline)
-                deadline = now + p->conf->batch_max_wait_ms;
+        if (deadline) {
             if (now >= deadline)
                 break;
             timeout = (int)(deadline - now);
         }
         rd_kafka_message_t *msg = rd_kafka_consumer_poll(p->rk, timeout);
         if (!msg) {
-            if (p->cnt == 0)
+            if (!deadline)
                 break; /* idle: let the loop do its housekeeping */
             continue;
         }
         batch_add(p, msg);
+        added = p->cnt > start ? p->cnt - start : 0;
+        if (added && !deadline)
+            deadline = now + p->conf->batch_max_wait_ms;
     }
 }
 
@@ -1043,6 +1245,7 @@ int idem_pipeline_run(idem_pipeline_t *p, volatile int *stop, char *errstr,
         p->infra_down = 1;
         snprintf(p->infra_reason, sizeof(p->infra_reason), "%s", cerr);
         p->backoff_ms = p->conf->retry_backoff_initial_ms;
+        p->next_attempt_ms = idem_now_ms() + p->backoff_ms;
     }
     set_ready(p);
     p->last_progress_ms = idem_now_ms();
@@ -1051,16 +1254,19 @@ int idem_pipeline_run(idem_pipeline_t *p, volatile int *stop, char *errstr,
     while (!*stop) {
         int64_t now = idem_now_ms();
         idem_metrics_heartbeat(p->m);
-        if (p->cnt > 0 || p->infra_down) {
+        if (p->infra_down || p->paused) {
             /* Waiting: keep the membership alive, retry when due. */
             rd_kafka_message_t *msg = rd_kafka_consumer_poll(p->rk, 50);
             if (msg)
                 batch_add(p, msg);
             if (now >= p->next_attempt_ms) {
-                if (p->cnt)
-                    attempt_batch(p);
-                else if (idem_store_connect(p->store, cerr, sizeof(cerr)) ==
-                         0) {
+                if (p->cnt || p->inflight) {
+                    attempt(p);
+                } else if (idem_store_connect(p->store, cerr, sizeof(cerr)) ==
+                           0) {
+                    if (p->infra_down)
+                        idem_log_kv(IDEM_LOG_INFO,
+                                    "infrastructure back: resuming", NULL);
                     p->infra_down = 0;
                     p->backoff_ms = 0;
                     set_ready(p);
@@ -1069,7 +1275,9 @@ int idem_pipeline_run(idem_pipeline_t *p, volatile int *stop, char *errstr,
                     p->backoff_ms =
                         p->backoff_ms * 2 > p->conf->retry_backoff_max_ms
                             ? p->conf->retry_backoff_max_ms
-                            : p->backoff_ms * 2;
+                            : (p->backoff_ms
+                                   ? p->backoff_ms * 2
+                                   : p->conf->retry_backoff_initial_ms);
                     p->next_attempt_ms = now + p->backoff_ms;
                     snprintf(p->infra_reason, sizeof(p->infra_reason), "%s",
                              cerr);
@@ -1077,33 +1285,26 @@ int idem_pipeline_run(idem_pipeline_t *p, volatile int *stop, char *errstr,
                 }
             }
         } else {
+            /* Fill the next batch while Redis runs the previous one. */
             batch_fill(p, stop);
-            if (p->cnt) {
-                idem_metrics_batch_observe(p->m, (double)p->cnt);
-                attempt_batch(p);
-            }
+            if (p->cnt || p->inflight)
+                attempt(p);
         }
         if (now - p->last_commit_ms >= p->conf->commit_interval_ms)
             commit_offsets(p, NULL, 0);
         progress_log(p, now);
         if (p->out)
             rd_kafka_poll(p->out, 0);
-        rd_kafka_poll(idem_dlq_handle(p->dlq), 0);
     }
 
     /* Shutdown: finish what is in hand if the infrastructure allows, within
      * the time left, then commit synchronously and leave the group. */
-    int64_t deadline = idem_now_ms() + p->conf->shutdown_timeout_ms;
     idem_log_kv(IDEM_LOG_INFO, "shutting down", NULL);
-    while (p->cnt > 0 && idem_now_ms() < deadline - 1000) {
-        if (idem_now_ms() >= p->next_attempt_ms)
-            attempt_batch(p);
-        if (p->infra_down)
-            break;
-        if (p->cnt)
-            idem_sleep_ms(20, NULL);
-    }
-    idem_dlq_flush(p->dlq, 1000);
+    int64_t deadline = idem_now_ms() + p->conf->shutdown_timeout_ms;
+    if (!p->infra_down)
+        drain(p, deadline - 1000 - p->conf->shutdown_timeout_ms / 4);
+    else if (p->inflight)
+        ledger_recv(p, cerr, sizeof(cerr));
     commit_offsets(p, NULL, 1);
     rd_kafka_resp_err_t err = rd_kafka_consumer_close(p->rk);
     if (err) {

@@ -135,6 +135,11 @@ struct idem_store_s {
     const char **argv;
     size_t *argvlen;
     size_t argv_cap;
+    char (*nums)[24]; /* amounts as text for the ledger script */
+    size_t nums_cap;
+    size_t pending_chunks; /* replies store_recv still has to read */
+    size_t pending_n;      /* records in that request */
+    int64_t sent_at_us;
 };
 
 idem_store_t *idem_store_new(const idem_conf_t *conf, idem_metrics_t *m)
@@ -153,6 +158,7 @@ void idem_store_disconnect(idem_store_t *s)
     if (s->c)
         redisFree(s->c);
     s->c = NULL;
+    s->pending_chunks = 0; /* their replies died with the connection */
 }
 
 void idem_store_destroy(idem_store_t *s)
@@ -162,6 +168,7 @@ void idem_store_destroy(idem_store_t *s)
     idem_store_disconnect(s);
     free(s->argv);
     free(s->argvlen);
+    free(s->nums);
     free(s);
 }
 
@@ -312,100 +319,133 @@ static size_t record_args(script_t script, const idem_envelope_t *env,
     return 5;
 }
 
-/* Sends every chunk of the batch as EVALSHA calls in one pipeline, then
- * reads the replies. On NOSCRIPT (Redis restarted without its scripts) the
- * scripts are reloaded and the whole call is repeated once: a chunk that
- * failed with NOSCRIPT did not run at all. */
+/* Appends every chunk of the records as an EVALSHA call and writes them
+ * all out (one pipeline, one round trip); the replies are read by
+ * store_recv. Returns 0, or -1 (the connection is dropped). */
+static int store_send(idem_store_t *s, script_t script, const char *arg3,
+                      const char *owner, const idem_envelope_t *const *env,
+                      size_t n, char *errstr, size_t errstr_size)
+{
+    size_t per = script == SCRIPT_LEDGER ? 5 : 2;
+    size_t fixed = 3 /* EVALSHA sha numkeys */ + 3 + (owner ? 1 : 0);
+    if (s->pending_chunks) {
+        snprintf(errstr, errstr_size, "redis: a request is still in flight");
+        return -1;
+    }
+    if (idem_store_connect(s, errstr, errstr_size))
+        return -1;
+    if (script == SCRIPT_LEDGER && s->nums_cap < n) {
+        s->nums = idem_xrealloc(s->nums, n * sizeof(*s->nums));
+        s->nums_cap = n;
+    }
+    s->sent_at_us = idem_now_us();
+    size_t chunks = 0;
+    for (size_t off = 0; off < n; off += CHUNK_RECORDS, chunks++) {
+        size_t cnt = n - off < CHUNK_RECORDS ? n - off : CHUNK_RECORDS;
+        argv_reserve(s, fixed + cnt * per);
+        size_t a = 0;
+        s->argv[a++] = "EVALSHA";
+        s->argv[a++] = s->sha[script];
+        s->argv[a++] = "0";
+        s->argv[a++] = s->conf->redis_prefix;
+        s->argv[a++] = s->conf->group_id;
+        s->argv[a++] = arg3;
+        if (owner)
+            s->argv[a++] = owner;
+        for (size_t i = 0; i < a; i++)
+            s->argvlen[i] = strlen(s->argv[i]);
+        for (size_t i = 0; i < cnt; i++)
+            a += record_args(script, env[off + i], s->argv + a, s->argvlen + a,
+                             script == SCRIPT_LEDGER ? s->nums[off + i] : NULL,
+                             24);
+        if (redisAppendCommandArgv(s->c, (int)a, s->argv, s->argvlen) !=
+            REDIS_OK)
+            return store_fail(s, errstr, errstr_size, "EVALSHA", s->c->errstr);
+    }
+    int done = 0;
+    while (!done)
+        if (redisBufferWrite(s->c, &done) != REDIS_OK)
+            return store_fail(s, errstr, errstr_size, "EVALSHA", s->c->errstr);
+    s->pending_chunks = chunks;
+    s->pending_n = n;
+    return 0;
+}
+
+/* Reads the replies of the request store_send wrote into results[n].
+ * NOSCRIPT (an operator flushed the script cache) reloads the scripts and
+ * fails this request: the caller retries it, which the marks make safe.
+ * Returns 0, or -1 (the connection is dropped). */
+static int store_recv(idem_store_t *s, size_t n, idem_store_result_t *results,
+                      char *errstr, size_t errstr_size)
+{
+    size_t chunks = s->pending_chunks;
+    if (!chunks || n != s->pending_n) {
+        snprintf(errstr, errstr_size, "redis: no request in flight for %zu", n);
+        return -1;
+    }
+    s->pending_chunks = 0;
+    int noscript = 0;
+    char err[256] = "";
+    for (size_t ch = 0, off = 0; ch < chunks; ch++, off += CHUNK_RECORDS) {
+        redisReply *r = NULL;
+        if (redisGetReply(s->c, (void **)&r) != REDIS_OK || !r)
+            return store_fail(s, errstr, errstr_size, "EVALSHA", s->c->errstr);
+        size_t cnt = n - off < CHUNK_RECORDS ? n - off : CHUNK_RECORDS;
+        if (r->type == REDIS_REPLY_ERROR) {
+            if (!strncmp(r->str, "NOSCRIPT", 8))
+                noscript = 1;
+            else if (!err[0])
+                snprintf(err, sizeof(err), "%s", r->str);
+        } else if (r->type != REDIS_REPLY_ARRAY || r->elements != cnt) {
+            snprintf(err, sizeof(err), "unexpected reply to script");
+        } else {
+            for (size_t i = 0; i < cnt; i++)
+                result_from_string(&results[off + i],
+                                   r->element[i]->str ? r->element[i]->str : "",
+                                   r->element[i]->len);
+        }
+        freeReplyObject(r);
+    }
+    if (s->metrics)
+        idem_metrics_redis_observe(
+            s->metrics, (double)(idem_now_us() - s->sent_at_us) / 1e6);
+    if (noscript) {
+        idem_log(IDEM_LOG_WARN, "redis lost its scripts; reloading");
+        if (store_load_scripts(s, errstr, errstr_size) == 0)
+            snprintf(errstr, errstr_size,
+                     "redis: scripts were flushed; reloaded, will retry");
+        if (s->metrics)
+            idem_metrics_redis_error_add(s->metrics, 1);
+        return -1;
+    }
+    if (err[0])
+        return store_fail(s, errstr, errstr_size, "EVALSHA", err);
+    return 0;
+}
+
 static int store_eval_batch(idem_store_t *s, script_t script, const char *arg3,
                             const char *owner,
                             const idem_envelope_t *const *env, size_t n,
                             idem_store_result_t *results, char *errstr,
                             size_t errstr_size)
 {
-    size_t per = script == SCRIPT_LEDGER ? 5 : 2;
-    size_t fixed = 3 /* EVALSHA sha numkeys */ + 3 + (owner ? 1 : 0);
-    char(*nums)[24] = script == SCRIPT_LEDGER
-                          ? idem_xmalloc((n ? n : 1) * sizeof(*nums))
-                          : NULL;
-    int rc = -1;
-    for (int attempt = 0; attempt < 2; attempt++) {
-        if (idem_store_connect(s, errstr, errstr_size))
-            goto out;
-        int64_t t0 = idem_now_us();
-        size_t chunks = 0;
-        for (size_t off = 0; off < n; off += CHUNK_RECORDS, chunks++) {
-            size_t cnt = n - off < CHUNK_RECORDS ? n - off : CHUNK_RECORDS;
-            argv_reserve(s, fixed + cnt * per);
-            size_t a = 0;
-            s->argv[a++] = "EVALSHA";
-            s->argv[a++] = s->sha[script];
-            s->argv[a++] = "0";
-            s->argv[a++] = s->conf->redis_prefix;
-            s->argv[a++] = s->conf->group_id;
-            s->argv[a++] = arg3;
-            if (owner)
-                s->argv[a++] = owner;
-            for (size_t i = 0; i < a; i++)
-                s->argvlen[i] = strlen(s->argv[i]);
-            for (size_t i = 0; i < cnt; i++)
-                a += record_args(script, env[off + i], s->argv + a,
-                                 s->argvlen + a, nums ? nums[off + i] : NULL,
-                                 24);
-            if (redisAppendCommandArgv(s->c, (int)a, s->argv, s->argvlen) !=
-                REDIS_OK) {
-                store_fail(s, errstr, errstr_size, "EVALSHA", s->c->errstr);
-                goto out;
-            }
-        }
-        int noscript = 0, failed = 0;
-        char err[256] = "";
-        for (size_t ch = 0, off = 0; ch < chunks; ch++, off += CHUNK_RECORDS) {
-            redisReply *r = NULL;
-            if (redisGetReply(s->c, (void **)&r) != REDIS_OK || !r) {
-                store_fail(s, errstr, errstr_size, "EVALSHA", s->c->errstr);
-                goto out;
-            }
-            size_t cnt = n - off < CHUNK_RECORDS ? n - off : CHUNK_RECORDS;
-            if (r->type == REDIS_REPLY_ERROR) {
-                if (!strncmp(r->str, "NOSCRIPT", 8))
-                    noscript = 1;
-                else if (!failed)
-                    snprintf(err, sizeof(err), "%s", r->str);
-                failed = 1;
-            } else if (r->type != REDIS_REPLY_ARRAY || r->elements != cnt) {
-                failed = 1;
-                snprintf(err, sizeof(err), "unexpected reply to script");
-            } else {
-                for (size_t i = 0; i < cnt; i++)
-                    result_from_string(&results[off + i],
-                                       r->element[i]->str ? r->element[i]->str
-                                                          : "",
-                                       r->element[i]->len);
-            }
-            freeReplyObject(r);
-        }
-        if (s->metrics)
-            idem_metrics_redis_observe(s->metrics,
-                                       (double)(idem_now_us() - t0) / 1e6);
-        if (noscript && attempt == 0) {
-            idem_log(IDEM_LOG_WARN, "redis lost its scripts; reloading");
-            if (store_load_scripts(s, errstr, errstr_size))
-                goto out;
-            continue;
-        }
-        if (failed) {
-            /* Chunks that succeeded are in results; the caller retries the
-             * whole batch, which the marks make safe. */
-            store_fail(s, errstr, errstr_size, "EVALSHA",
-                       err[0] ? err : "NOSCRIPT after reload");
-            goto out;
-        }
-        rc = 0;
-        break;
-    }
-out:
-    free(nums);
-    return rc;
+    if (store_send(s, script, arg3, owner, env, n, errstr, errstr_size))
+        return -1;
+    return store_recv(s, n, results, errstr, errstr_size);
+}
+
+int idem_store_ledger_send(idem_store_t *s, const idem_envelope_t *const *env,
+                           size_t n, char *errstr, size_t errstr_size)
+{
+    return store_send(s, SCRIPT_LEDGER, s->ttl, NULL, env, n, errstr,
+                      errstr_size);
+}
+
+int idem_store_ledger_recv(idem_store_t *s, size_t n,
+                           idem_store_result_t *results, char *errstr,
+                           size_t errstr_size)
+{
+    return store_recv(s, n, results, errstr, errstr_size);
 }
 
 int idem_store_ledger_apply(idem_store_t *s, const idem_envelope_t *const *env,

@@ -51,6 +51,18 @@ int idem_store_ledger_apply(idem_store_t *s, const idem_envelope_t *const *env,
                             size_t n, idem_store_result_t *results,
                             char *errstr, size_t errstr_size);
 
+/* The ledger call in two halves, so the caller can work while Redis runs
+ * the script: _send writes the whole pipelined request, _recv reads its
+ * replies into results[n] (n as sent). One request in flight at a time.
+ * Same results and failures as idem_store_ledger_apply; after a failed
+ * _recv some chunks may have been applied, which their marks reveal when
+ * the caller sends them again. */
+int idem_store_ledger_send(idem_store_t *s, const idem_envelope_t *const *env,
+                           size_t n, char *errstr, size_t errstr_size);
+int idem_store_ledger_recv(idem_store_t *s, size_t n,
+                           idem_store_result_t *results, char *errstr,
+                           size_t errstr_size);
+
 /* Forward handler, step 1: claim each record with a lease
  * "lease:<owner>:<message_id>" for dedup.lease.ms, unless already done
  * (IDEM_MARK_DONE), leased by another owner (IDEM_MARK_BUSY) or claimed
