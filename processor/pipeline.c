@@ -93,6 +93,7 @@ struct idem_pipeline_s {
     int64_t backoff_ms;
     int64_t next_attempt_ms;
     int brokers_down;
+    int joined; /* a first assignment (maybe empty) arrived */
     int epoch;       /* bumped on every rebalance: lease fencing */
     char owner[320]; /* "lease:<member>:<epoch>" */
     int recommit;    /* an async commit failed: send all again */
@@ -173,7 +174,9 @@ static part_t *rec_part(idem_pipeline_t *p, const rec_t *r)
 
 static void set_ready(idem_pipeline_t *p)
 {
-    if (p->infra_down)
+    if (!p->joined)
+        idem_metrics_ready_set(p->m, 0, "joining the consumer group");
+    else if (p->infra_down)
         idem_metrics_ready_set(p->m, 0, p->infra_reason);
     else if (p->brokers_down)
         idem_metrics_ready_set(p->m, 0, "kafka: all brokers are down");
@@ -917,6 +920,9 @@ static void rebalance_cb(rd_kafka_t *rk, rd_kafka_resp_err_t err,
     owner_update(p);
     if (err == RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS) {
         idem_metrics_rebalance_add(p->m, "assign");
+        p->joined = 1;
+        p->brokers_down = 0; /* the coordinator just answered */
+        set_ready(p);
         for (int i = 0; i < parts->cnt; i++)
             part_add(p, parts->elems[i].topic, parts->elems[i].partition);
         if (cooperative)
@@ -1300,6 +1306,7 @@ int idem_pipeline_run(idem_pipeline_t *p, volatile int *stop, char *errstr,
     /* Shutdown: finish what is in hand if the infrastructure allows, within
      * the time left, then commit synchronously and leave the group. */
     idem_log_kv(IDEM_LOG_INFO, "shutting down", NULL);
+    idem_metrics_ready_set(p->m, 0, "shutting down");
     int64_t deadline = idem_now_ms() + p->conf->shutdown_timeout_ms;
     if (!p->infra_down)
         drain(p, deadline - 1000 - p->conf->shutdown_timeout_ms / 4);

@@ -374,13 +374,25 @@ Test(pipeline, redis_outage_pauses_and_resumes_without_dead_letters,
     cr_assert_eq(th_stack_produce(&s, big), 0);
     long unique = expect_count(&s, "unique", NULL);
     pid_t m = th_stack_member(&s, "m1", NULL);
+    /* Starting: alive but not ready until it is in the group. */
+    int status = -1;
+    char *body = NULL;
+    for (int t = 0; t < 100 && status < 0; t++) {
+        status = th_http_get(port, "/readyz", &body);
+        usleep(20000);
+    }
+    cr_expect_eq(status, 503, "a member that has not joined is not ready");
+    cr_expect(body && (strstr(body, "joining") || strstr(body, "starting")),
+              "reason: %s", body);
+    free(body);
+    body = NULL;
+    cr_expect_eq(th_http_get(port, "/healthz", NULL), 200);
     cr_assert_eq(wait_applied(&s, unique / 5, 60000), 0);
     cr_assert_eq(th_http_get(port, "/readyz", NULL), 200);
 
     cr_assert_eq(th_redis_kill(&s.redis), 0);
     /* Not ready, with the reason, while Redis is gone; still alive. */
-    int status = 0;
-    char *body = NULL;
+    status = 0;
     for (int t = 0; t < 100 && status != 503; t++) {
         free(body);
         status = th_http_get(port, "/readyz", &body);
@@ -415,13 +427,26 @@ Test(pipeline, metrics_match_the_traffic_exactly, .timeout = 120)
     int port = th_free_port();
     char listen[64];
     snprintf(listen, sizeof(listen), "http.listen=127.0.0.1:%d", port);
-    const char *props[] = {listen, NULL};
+    /* Secrets that must never reach a log line or /metrics, even with
+     * every debug context of librdkafka on. */
+    const char *props[] = {listen,
+                           "log.level=debug",
+                           "kafka.debug=all",
+                           "kafka.sasl.username=svc",
+                           "kafka.sasl.password=hunter2-kafka",
+                           "redis.password=hunter2-redis",
+                           NULL};
     cr_assert_eq(th_stack_start(&s, 4, props), 0);
+    /* Redis must then ask for that password. */
+    const char *auth[] = {"CONFIG", "SET", "requirepass", "hunter2-redis",
+                          NULL};
+    free(th_redis_cli(&s.redis, auth));
     cr_assert_eq(th_stack_produce(&s, traffic), 0);
     pid_t m = th_stack_member(&s, "m1", NULL);
     ASSERT_VERIFIED(&s, 1, NULL, 60000);
     char *body = NULL;
     cr_assert_eq(th_http_get(port, "/metrics", &body), 200);
+    cr_expect_null(strstr(body, "hunter2"), "a secret reached /metrics");
     cr_expect_eq(
         th_metric(body, "idemproc_records_total{outcome=\"processed\"}"),
         (double)expect_count(&s, "unique", NULL));
@@ -465,7 +490,8 @@ Test(pipeline, metrics_match_the_traffic_exactly, .timeout = 120)
     free(body);
     cr_expect_eq(th_stop(m, 15000), 0);
     char *log = member_log(&s, "m1");
-    cr_expect_null(strstr(log, "hunter2"));
+    cr_expect_gt(strlen(log), 10000, "debug logging was on");
+    cr_expect_null(strstr(log, "hunter2"), "a secret reached the log");
     free(log);
     th_stack_stop(&s);
 }
