@@ -80,12 +80,20 @@ static void redirect(int fd, const char *path)
 pid_t th_spawn(char *const argv[], const char *out_path, const char *err_path,
                char *const env[])
 {
+    return th_spawn_in(NULL, argv, out_path, err_path, env);
+}
+
+pid_t th_spawn_in(const char *dir, char *const argv[], const char *out_path,
+                  const char *err_path, char *const env[])
+{
     pid_t parent = getpid();
     pid_t pid = fork();
     if (pid != 0)
         return pid;
     prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (getppid() != parent)
+        _exit(127);
+    if (dir && chdir(dir))
         _exit(127);
     int devnull = open("/dev/null", O_RDONLY);
     if (devnull >= 0) {

@@ -25,6 +25,10 @@ int th_free_port(void);
 pid_t th_spawn(char *const argv[], const char *out_path, const char *err_path,
                char *const env[]);
 
+/* th_spawn in working directory `dir` (NULL = the current one). */
+pid_t th_spawn_in(const char *dir, char *const argv[], const char *out_path,
+                  const char *err_path, char *const env[]);
+
 /* Runs argv to completion (killed after timeout_ms). Returns the exit code,
  * 128+signal when killed. *out / *err (may be NULL) receive the output;
  * caller frees. */

@@ -8,6 +8,7 @@
 #include <ctype.h>
 #include <jansson.h>
 #include <limits.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -338,8 +339,49 @@ static json_t *volume_named(json_t *workload, const char *name)
  * false, and the Secret mounted at the credentials mount point (here a temp
  * dir with one file per key of base/secret.example.yaml, since the real
  * paths do not exist on this machine). */
-static void pod_conf_load(json_t *objs, json_t *workload, const char *cname,
-                          pod_conf_t *pc)
+/* A pod to start for real instead of checking its configuration: the
+ * properties keys to point at this machine's broker and Redis, the
+ * working directory, and where its stderr goes. */
+typedef struct {
+    const char *const *overrides; /* "key=value" lines replacing the file's */
+    const char *cwd;
+    const char *log;
+    pid_t pid; /* out */
+} pod_run_t;
+
+static char *props_override(const char *props, const char *const *overrides)
+{
+    char *out = strdup(props);
+    for (int i = 0; overrides && overrides[i]; i++) {
+        const char *eq = strchr(overrides[i], '=');
+        size_t kl = (size_t)(eq - overrides[i]);
+        size_t n = strlen(out) + strlen(overrides[i]) + 2;
+        char *next = malloc(n);
+        next[0] = '\0';
+        int found = 0;
+        char *save = NULL;
+        for (char *line = strtok_r(out, "\n", &save); line;
+             line = strtok_r(NULL, "\n", &save)) {
+            if (!strncmp(line, overrides[i], kl) &&
+                (line[kl] == '=' || line[kl] == ' ')) {
+                line = (char *)overrides[i];
+                found = 1;
+            }
+            strcat(next, line);
+            strcat(next, "\n");
+        }
+        if (!found) {
+            strcat(next, overrides[i]);
+            strcat(next, "\n");
+        }
+        free(out);
+        out = next;
+    }
+    return out;
+}
+
+static void pod_prepare(json_t *objs, json_t *workload, const char *cname,
+                        pod_conf_t *pc, pod_run_t *run)
 {
     memset(pc, 0, sizeof(*pc));
     pc->dir = th_tmpdir();
@@ -380,6 +422,11 @@ static void pod_conf_load(json_t *objs, json_t *workload, const char *cname,
         snprintf(sec_prefix, sizeof(sec_prefix), "%s/", sec_mount);
 
     char *rewritten = replace_all(props, sec_prefix, secrets);
+    if (run) {
+        char *o = props_override(rewritten, run->overrides);
+        free(rewritten);
+        rewritten = o;
+    }
     char *conf_path = write_file(pc->dir, "idemproc.properties", rewritten);
     free(rewritten);
 
@@ -443,7 +490,7 @@ static void pod_conf_load(json_t *objs, json_t *workload, const char *cname,
     char *argv[64];
     int an = 0;
     argv[an++] = (char *)th_bin();
-    argv[an++] = "check-config";
+    argv[an++] = run ? "run" : "check-config";
     char cm_file[PATH_MAX];
     snprintf(cm_file, sizeof(cm_file), "%s/idemproc.properties", cm_mount);
     int saw_c = 0;
@@ -463,10 +510,19 @@ static void pod_conf_load(json_t *objs, json_t *workload, const char *cname,
     argv[an] = NULL;
     cr_assert(saw_c, "container args have no -c FILE");
 
-    pc->rc = th_run_env(argv, env, &pc->conf, &pc->err, 30000);
+    if (run)
+        run->pid = th_spawn_in(run->cwd, argv, NULL, run->log, env);
+    else
+        pc->rc = th_run_env(argv, env, &pc->conf, &pc->err, 30000);
     for (int k = 0; k < en; k++)
         free(env[k]);
     free(conf_path);
+}
+
+static void pod_conf_load(json_t *objs, json_t *workload, const char *cname,
+                          pod_conf_t *pc)
+{
+    pod_prepare(objs, workload, cname, pc, NULL);
 }
 
 /* Loads the processor's effective configuration and asserts it is valid. */
@@ -1291,4 +1347,108 @@ Test(deploy, prometheusrule_matches_alerts, .timeout = 120)
     free(doc);
     free(rules);
     free(rules_path);
+}
+
+/* The pod rehearsal: the processor runs exactly as its container would
+ * (arguments, environment with the pod name, configuration only from the
+ * mounted ConfigMap file and the Secret files, another working directory)
+ * against this machine's broker and Redis; SIGTERM arrives while traffic
+ * flows; it must exit 0 within the grace period (less the preStop sleep)
+ * without losing anything, and write nothing where it runs. */
+Test(deploy, pod_rehearsal_sigterm_during_traffic, .timeout = 240)
+{
+    json_t *objs = render_overlay("dev");
+    json_t *d = processor(objs);
+    long long grace = jint(
+        JGET(d, "spec", "template", "spec", "terminationGracePeriodSeconds"));
+    cr_assert_gt(grace, 0);
+
+    th_stack_t s;
+    cr_assert_eq(th_stack_start(&s, 6, NULL), 0);
+    char boot[300], redis[128], listen[64];
+    snprintf(boot, sizeof(boot), "kafka.bootstrap.servers=%s",
+             s.broker.bootstrap);
+    snprintf(redis, sizeof(redis), "redis.url=%s", s.redis.url);
+    /* Tests use 127.0.0.1 only; the pod listens on 0.0.0.0. */
+    snprintf(listen, sizeof(listen), "http.listen=127.0.0.1:%d",
+             th_free_port());
+    const char *overrides[] = {boot,
+                               redis,
+                               listen,
+                               "kafka.fetch.wait.max.ms=10",
+                               "kafka.session.timeout.ms=6000",
+                               "message.max.bytes=4096",
+                               NULL};
+
+    /* Traffic keeps flowing while the pod is stopped. */
+    char *pargv[] = {(char *)th_bin(),
+                     "produce",
+                     "-b",
+                     s.broker.bootstrap,
+                     "-t",
+                     "payments",
+                     "--count",
+                     "20000",
+                     "--rate",
+                     "4000",
+                     "--duplicates",
+                     "0.1",
+                     "--poison",
+                     "0.01",
+                     "--too-large-bytes",
+                     "5000",
+                     "--seed",
+                     "21",
+                     "--expect",
+                     s.expect,
+                     NULL};
+    pid_t producer = th_spawn(pargv, NULL, NULL, NULL);
+
+    char *cwd = th_tmpdir();
+    char log1[600], log2[600];
+    snprintf(log1, sizeof(log1), "%s/pod1.log", s.dir);
+    snprintf(log2, sizeof(log2), "%s/pod2.log", s.dir);
+    pod_conf_t pc1, pc2;
+    pod_run_t run1 = {.overrides = overrides, .cwd = cwd, .log = log1};
+    pod_prepare(objs, d, "idemproc", &pc1, &run1);
+    sleep(6); /* joined and busy, traffic still arriving */
+    kill(run1.pid, SIGTERM);
+    int rc = th_wait(run1.pid, (int)(grace * 1000 - 5000));
+    char *l1 = th_slurp(log1, NULL);
+    cr_expect_eq(rc, 0, "SIGTERM: exit %d, want 0 within %lld s:\n%.2000s", rc,
+                 grace - 5, l1 ? l1 : "");
+    cr_expect(l1 && strstr(l1, "stopped cleanly"), "no clean stop");
+    free(l1);
+    if (rc < 0)
+        th_stop(run1.pid, 1000);
+
+    /* The next pod takes over; together nothing is lost or doubled. */
+    pod_run_t run2 = {.overrides = overrides, .cwd = cwd, .log = log2};
+    pod_prepare(objs, d, "idemproc", &pc2, &run2);
+    cr_expect_eq(th_wait(producer, 60000), 0, "produce failed");
+    char *vout = NULL;
+    /* verify as the pods' group: the DLQ is filtered by dlq.group. */
+    char *group = prop_get(pc1.props, "group.id");
+    char gset[256];
+    snprintf(gset, sizeof(gset), "group.id=%s", group);
+    free(group);
+    const char *vsets[] = {gset, NULL};
+    int vrc = th_stack_wait_verified(&s, 1, vsets, 90000, &vout);
+    cr_expect_eq(vrc, 0, "after the rehearsal verify is not exact:\n%s", vout);
+    free(vout);
+    cr_expect_eq(th_stop(run2.pid, (int)(grace * 1000)), 0);
+
+    /* Nothing written where the pod runs (its root file system is
+     * read-only; only /tmp is writable). */
+    char *lsargv[] = {"/bin/ls", "-A", cwd, NULL};
+    char *ls = NULL;
+    th_run(lsargv, &ls, NULL, 10000);
+    cr_expect_str_eq(ls ? ls : "", "", "the pod wrote into its directory");
+    free(ls);
+    th_rmrf(cwd);
+    free(cwd);
+    pod_conf_free(&pc1);
+    pod_conf_free(&pc2);
+    th_stack_stop(&s);
+    json_decref(objs);
 }
