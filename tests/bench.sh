@@ -1,0 +1,117 @@
+#!/usr/bin/env bash
+# bench.sh BIN: throughput of one member against a reference measured in the
+# same run, for `make bench`.
+#
+# One embedded broker and one private redis-server; 200,000 payments with
+# 10% duplicates and 1% poison. The reference is kcat reading the same topic
+# from the beginning (what the broker and the machine can deliver at all);
+# then one `idemproc run` member (ledger handler) processes it, timed from
+# its first finished record to its last, and verify must say exact. Prints
+# both rates and their ratio. Needs bash >= 5, kcat, redis-server/redis-cli.
+set -euo pipefail
+
+BIN=${1:-build/idemproc}
+COUNT=${BENCH_COUNT:-200000}
+PARTITIONS=48 # the mock keeps ~5 MiB per partition: 220k x ~430 B
+
+BIN=$(cd "$(dirname "$BIN")" && pwd)/$(basename "$BIN")
+DIR=$(mktemp -d "${TMPDIR:-/tmp}/idemproc-bench.XXXXXX")
+PIDS=()
+cleanup() {
+    local rc=$? p
+    set +e
+    for p in "${PIDS[@]}"; do kill -TERM "$p" 2>/dev/null; done
+    for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null; done
+    rm -rf "$DIR"
+    exit "$rc"
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+now_us() { local t=${EPOCHREALTIME//[.,]/}; echo "$((10#$t))"; }
+rate() { echo "$(($1 * 1000000 / ($2 > 0 ? $2 : 1)))"; }
+free_port() {
+    local p
+    for _ in $(seq 200); do
+        p=$((20000 + RANDOM % 12000))
+        if ! (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then
+            echo "$p"
+            return
+        fi
+    done
+    echo "bench: no free port" >&2
+    exit 1
+}
+metric_sum() ( # PORT: sum of idemproc_records_total over outcomes
+    exec 3<>"/dev/tcp/127.0.0.1/$1" || exit 0
+    printf 'GET /metrics HTTP/1.0\r\n\r\n' >&3
+    awk '/^idemproc_records_total\{/ { s += $2 } END { print s + 0 }' <&3
+) 2>/dev/null
+
+"$BIN" broker --topic "payments:$PARTITIONS" --topic payments.dlq:4 \
+    >"$DIR/broker.out" 2>"$DIR/broker.log" &
+PIDS+=($!)
+for _ in $(seq 100); do [[ -s $DIR/broker.out ]] && break; sleep 0.05; done
+BOOT=$(head -n 1 "$DIR/broker.out")
+RPORT=$(free_port)
+redis-server --port "$RPORT" --bind 127.0.0.1 --dir "$DIR" --save '' \
+    --appendonly no >"$DIR/redis.log" 2>&1 &
+PIDS+=($!)
+for _ in $(seq 100); do
+    redis-cli -p "$RPORT" ping >/dev/null 2>&1 && break
+    sleep 0.05
+done
+
+"$BIN" produce -b "$BOOT" -t payments --count "$COUNT" --duplicates 0.1 \
+    --poison 0.01 --too-large-bytes 5000 --seed 7 --expect "$DIR/expect.json" \
+    2>"$DIR/produce.log"
+SENT=$(awk -F'[:,]' '/"sent"/ { gsub(/ /, "", $2); print $2 }' "$DIR/expect.json")
+
+# Reference: a plain consumer reading everything, in this same run.
+t0=$(now_us)
+READ=$(kcat -C -b "$BOOT" -t payments -o beginning -e -q \
+    -X fetch.wait.max.ms=10 -f '%o\n' | wc -l)
+KCAT_US=$(($(now_us) - t0))
+[[ $READ == "$SENT" ]] || { echo "bench: kcat read $READ of $SENT" >&2; exit 1; }
+
+HPORT=$(free_port)
+cat >"$DIR/bench.properties" <<PROPS
+kafka.bootstrap.servers=$BOOT
+group.id=idemproc-bench
+input.topics=payments
+dlq.topic=payments.dlq
+redis.url=redis://127.0.0.1:$RPORT/0
+message.max.bytes=4096
+kafka.fetch.wait.max.ms=10
+kafka.session.timeout.ms=6000
+http.listen=127.0.0.1:$HPORT
+log.level=warn
+PROPS
+"$BIN" run -c "$DIR/bench.properties" 2>"$DIR/member.log" &
+MEMBER=$!
+PIDS+=("$MEMBER")
+first=0
+done_at=0
+deadline=$(($(now_us) + 120000000))
+while (($(now_us) < deadline)); do
+    n=$(metric_sum "$HPORT")
+    n=${n:-0}
+    if ((n > 0 && first == 0)); then first=$(now_us); fi
+    if ((n >= SENT)); then done_at=$(now_us); break; fi
+    sleep 0.02
+done
+((done_at)) || { echo "bench: the member did not finish" >&2; tail "$DIR/member.log" >&2; exit 1; }
+IDEM_US=$((done_at - first))
+"$BIN" verify -c "$DIR/bench.properties" --expect "$DIR/expect.json" --dlq \
+    >"$DIR/verify.out" || { cat "$DIR/verify.out" >&2; exit 1; }
+kill -TERM "$MEMBER"
+wait "$MEMBER"
+
+K=$(rate "$SENT" "$KCAT_US")
+I=$(rate "$SENT" "$IDEM_US")
+printf 'bench: %s records (%s partitions), one member, ledger handler\n' "$SENT" "$PARTITIONS"
+printf 'bench: reference  kcat read-only      %8s msgs/s\n' "$K"
+printf 'bench: idemproc   dedup+ledger+DLQ    %8s msgs/s  (%s%% of the reference)\n' \
+    "$I" "$((I * 100 / (K > 0 ? K : 1)))"
+sed 's/^/bench: /' "$DIR/verify.out"
