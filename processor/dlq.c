@@ -36,7 +36,13 @@ idem_dlq_t *idem_dlq_new(const idem_conf_t *conf, idem_dlq_report_cb *report,
     d->report = report;
     rd_kafka_conf_t *kc = rd_kafka_conf_new();
     char kerr[512];
-    if (idem_conf_apply_kafka(conf, kc, errstr, errstr_size)) {
+    /* A dead letter carries the original value, which may be larger than
+     * librdkafka's default limit (too-large records by definition are):
+     * allow the protocol maximum unless kafka.message.max.bytes says
+     * otherwise. */
+    if (rd_kafka_conf_set(kc, "message.max.bytes", "1000000000", kerr,
+                          sizeof(kerr)) != RD_KAFKA_CONF_OK ||
+        idem_conf_apply_kafka(conf, kc, errstr, errstr_size)) {
         rd_kafka_conf_destroy(kc);
         free(d);
         return NULL;
@@ -92,7 +98,8 @@ static void hdr_add(rd_kafka_headers_t *h, const char *name, const char *v)
 
 int idem_dlq_send(idem_dlq_t *d, const rd_kafka_message_t *msg,
                   idem_reason_t reason, const char *error, int attempts,
-                  void *opaque, char *errstr, size_t errstr_size)
+                  int drop_value, void *opaque, char *errstr,
+                  size_t errstr_size)
 {
     rd_kafka_headers_t *orig = NULL;
     rd_kafka_headers_t *h;
@@ -120,12 +127,21 @@ int idem_dlq_send(idem_dlq_t *d, const rd_kafka_message_t *msg,
 
     rd_kafka_resp_err_t err;
     for (;;) {
-        err = rd_kafka_producev(d->rk, RD_KAFKA_V_RKT(d->rkt),
-                                RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY),
-                                RD_KAFKA_V_KEY(msg->key, msg->key_len),
-                                RD_KAFKA_V_VALUE(msg->payload, msg->len),
-                                RD_KAFKA_V_HEADERS(h),
-                                RD_KAFKA_V_OPAQUE(opaque), RD_KAFKA_V_END);
+        if (drop_value) {
+            snprintf(num, sizeof(num), "%zu", msg->len);
+            hdr_add(h, "dlq.value.dropped", num);
+        }
+        err = rd_kafka_producev(
+            d->rk, RD_KAFKA_V_RKT(d->rkt),
+            RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY),
+            RD_KAFKA_V_KEY(msg->key, msg->key_len),
+            RD_KAFKA_V_VALUE(drop_value ? NULL : msg->payload,
+                             drop_value ? 0 : msg->len),
+            RD_KAFKA_V_HEADERS(h), RD_KAFKA_V_OPAQUE(opaque), RD_KAFKA_V_END);
+        if (err == RD_KAFKA_RESP_ERR_MSG_SIZE_TOO_LARGE && !drop_value) {
+            drop_value = 1; /* see idem_dlq_send's contract */
+            continue;
+        }
         if (err != RD_KAFKA_RESP_ERR__QUEUE_FULL)
             break;
         rd_kafka_poll(d->rk, 100);

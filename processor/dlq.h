@@ -26,11 +26,17 @@ idem_dlq_t *idem_dlq_new(const idem_conf_t *conf, idem_dlq_report_cb *report,
 void idem_dlq_destroy(idem_dlq_t *d); /* flushes up to 5 s; NULL no-op */
 
 /* Queues the dead-letter copy of `msg` (borrowed) with reason, error text
- * and attempts; `report` gets `opaque` back with the result. Returns 0, or
- * -1 when it could not even be queued (errstr; no report follows). */
+ * and attempts; `report` gets `opaque` back with the result. A value the
+ * producer or the broker can never accept (too large) would block the
+ * partition forever, so with drop_value (or when the producer refuses the
+ * size at once) the copy carries no value and a header
+ * dlq.value.dropped=<original length>; the original stays in its topic at
+ * dlq.original.offset. Returns 0, or -1 when it could not even be queued
+ * (errstr; no report follows). */
 int idem_dlq_send(idem_dlq_t *d, const rd_kafka_message_t *msg,
                   idem_reason_t reason, const char *error, int attempts,
-                  void *opaque, char *errstr, size_t errstr_size);
+                  int drop_value, void *opaque, char *errstr,
+                  size_t errstr_size);
 
 /* Serves delivery reports without waiting. */
 void idem_dlq_poll(idem_dlq_t *d);

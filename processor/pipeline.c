@@ -54,6 +54,7 @@ typedef struct {
     int store_sent;      /* a store call that may have applied it failed */
     int64_t retry_at_ms; /* not before this (busy lease, backoff) */
     ticket_t *dlq;       /* DLQ write in flight or just reported */
+    int dlq_drop_value;  /* the DLQ refused the value: send it without */
     ticket_t *out;       /* forward: output write */
 } rec_t;
 
@@ -93,7 +94,7 @@ struct idem_pipeline_s {
     int64_t backoff_ms;
     int64_t next_attempt_ms;
     int brokers_down;
-    int joined; /* a first assignment (maybe empty) arrived */
+    int joined;      /* a first assignment (maybe empty) arrived */
     int epoch;       /* bumped on every rebalance: lease fencing */
     char owner[320]; /* "lease:<member>:<epoch>" */
     int recommit;    /* an async commit failed: send all again */
@@ -759,8 +760,8 @@ static int dlq_queue(idem_pipeline_t *p, char *errstr, size_t errstr_size)
             continue;
         ticket_t *t = idem_xcalloc(1, sizeof(*t));
         if (idem_dlq_send(p->dlq, r->msg, r->reason, r->error,
-                          r->attempts ? r->attempts : 1, t, errstr,
-                          errstr_size)) {
+                          r->attempts ? r->attempts : 1, r->dlq_drop_value, t,
+                          errstr, errstr_size)) {
             free(t);
             return -1;
         }
@@ -794,6 +795,11 @@ static int dlq_collect(idem_pipeline_t *p, char *errstr, size_t errstr_size)
                             "offset", off, "reason", idem_reason2str(r->reason),
                             "error", r->error, NULL);
             }
+        } else if (t->err == RD_KAFKA_RESP_ERR_MSG_SIZE_TOO_LARGE ||
+                   t->err == RD_KAFKA_RESP_ERR_RECORD_LIST_TOO_LARGE) {
+            /* The broker will never take this value: send the dead letter
+             * without it rather than hold the partition forever. */
+            r->dlq_drop_value = 1;
         } else if (!failed) {
             failed = 1;
             snprintf(errstr, errstr_size, "dlq: write to %s failed: %s",
@@ -1059,7 +1065,15 @@ static rd_kafka_t *output_new(const idem_conf_t *c, char *errstr,
                               size_t errstr_size)
 {
     rd_kafka_conf_t *kc = rd_kafka_conf_new();
-    if (idem_conf_apply_kafka(c, kc, errstr, errstr_size) ||
+    /* A valid record may be up to message.max.bytes (plus processed_at);
+     * librdkafka's default limit is lower. kafka.message.max.bytes wins. */
+    char limit[32];
+    snprintf(limit, sizeof(limit), "%" PRId64,
+             c->message_max_bytes + 65536 > 1000000
+                 ? c->message_max_bytes + 65536
+                 : 1000000);
+    if (kconf_set(kc, "message.max.bytes", limit, errstr, errstr_size) ||
+        idem_conf_apply_kafka(c, kc, errstr, errstr_size) ||
         kconf_set(kc, "enable.idempotence", "true", errstr, errstr_size) ||
         kconf_set(kc, "acks", "all", errstr, errstr_size) ||
         kconf_set(kc, "linger.ms", "5", errstr, errstr_size) ||

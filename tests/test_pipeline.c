@@ -579,3 +579,53 @@ Test(pipeline, second_signal_exits_at_once, .timeout = 60)
     cr_expect(rc == 128 + SIGTERM || rc == 0, "rc %d", rc);
     th_stack_stop(&s);
 }
+
+/* Regression: with the default message.max.bytes a too-large record is
+ * bigger than librdkafka's default producer limit; its dead letter must
+ * still be written (it once stalled the member forever). */
+Test(pipeline, default_sized_too_large_records_reach_the_dlq, .timeout = 120)
+{
+    th_stack_t s;
+    const char *props[] = {"message.max.bytes=1048576", NULL};
+    cr_assert_eq(th_stack_start(&s, 4, props), 0);
+    const char *few[] = {
+        "--count", "120", "--poison", "0.2",
+        "--seed",  "18",  NULL}; /* default --too-large-bytes: 1048577 */
+    cr_assert_eq(th_stack_produce(&s, few), 0);
+    cr_assert_gt(expect_count(&s, "poison", "too-large"), 0);
+    pid_t m = th_stack_member(&s, "m1", NULL);
+    ASSERT_VERIFIED(&s, 1, NULL, 60000);
+    cr_expect_eq(th_stop(m, 15000), 0);
+    th_stack_stop(&s);
+}
+
+/* A dead letter whose value the DLQ can never take is written without the
+ * value (dlq.value.dropped says how long it was) instead of blocking. */
+Test(pipeline, dead_letter_too_big_for_the_dlq_drops_its_value, .timeout = 120)
+{
+    th_stack_t s;
+    const char *props[] = {"message.max.bytes=4096",
+                           "kafka.message.max.bytes=100000", NULL};
+    cr_assert_eq(th_stack_start(&s, 4, props), 0);
+    const char *few[] = {"--count", "120", "--poison",          "0.2",
+                         "--seed",  "19",  "--too-large-bytes", "200000",
+                         NULL};
+    cr_assert_eq(th_stack_produce(&s, few), 0);
+    long too_large = expect_count(&s, "poison", "too-large");
+    cr_assert_gt(too_large, 0);
+    pid_t m = th_stack_member(&s, "m1", NULL);
+    ASSERT_VERIFIED(&s, 1, NULL, 60000);
+    cr_expect_eq(th_stop(m, 15000), 0);
+    recs_t dlq = read_topic(s.broker.bootstrap, "payments.dlq");
+    long dropped = 0;
+    for (size_t i = 0; i < dlq.n; i++) {
+        if (strcmp(hdr(&dlq.v[i], "dlq.reason"), "too-large"))
+            continue;
+        cr_expect_str_eq(hdr(&dlq.v[i], "dlq.value.dropped"), "200000");
+        cr_expect_eq(dlq.v[i].len, 0);
+        dropped++;
+    }
+    cr_expect_eq(dropped, too_large);
+    recs_free(&dlq);
+    th_stack_stop(&s);
+}
