@@ -80,7 +80,10 @@ void idem_dlq_destroy(idem_dlq_t *d)
 {
     if (!d)
         return;
-    rd_kafka_flush(d->rk, 5000);
+    /* Unacknowledged dead letters are not finished, so their offsets were
+     * not committed: the next owner writes them again. No need to wait. */
+    rd_kafka_purge(d->rk, RD_KAFKA_PURGE_F_QUEUE | RD_KAFKA_PURGE_F_INFLIGHT);
+    rd_kafka_flush(d->rk, 100); /* delivers the purge reports */
     rd_kafka_topic_destroy(d->rkt);
     rd_kafka_destroy(d->rk);
     free(d);

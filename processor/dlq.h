@@ -23,7 +23,9 @@ typedef void idem_dlq_report_cb(void *opaque, rd_kafka_resp_err_t err);
 /* A new DLQ producer for conf (borrowed). Returns NULL with errstr. */
 idem_dlq_t *idem_dlq_new(const idem_conf_t *conf, idem_dlq_report_cb *report,
                          char *errstr, size_t errstr_size);
-void idem_dlq_destroy(idem_dlq_t *d); /* flushes up to 5 s; NULL no-op */
+/* Purges what is not acknowledged (its reports still fire) and destroys
+ * the producer. NULL is a no-op. */
+void idem_dlq_destroy(idem_dlq_t *d);
 
 /* Queues the dead-letter copy of `msg` (borrowed) with reason, error text
  * and attempts; `report` gets `opaque` back with the result. A value the

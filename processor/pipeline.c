@@ -100,6 +100,7 @@ struct idem_pipeline_s {
     int recommit;    /* an async commit failed: send all again */
     int again;       /* the handler deferred records to a next pass */
 
+    int64_t stop_by_ms; /* shutting down: every wait ends by then */
     int64_t last_commit_ms;
     int64_t last_progress_ms;
     uint64_t progress_records;
@@ -185,6 +186,16 @@ static void set_ready(idem_pipeline_t *p)
         idem_metrics_ready_set(p->m, 1, NULL);
 }
 
+/* How long a blocking wait (an output flush) may take: half of
+ * shutdown.timeout.ms normally, what is left of it while shutting down. */
+static int wait_budget_ms(const idem_pipeline_t *p)
+{
+    if (!p->stop_by_ms)
+        return (int)(p->conf->shutdown_timeout_ms / 2);
+    int64_t left = p->stop_by_ms - idem_now_ms();
+    return left > 0 ? (int)left : 0;
+}
+
 /* ------------------------------------------------------------ commits */
 
 /* Builds the list of partitions whose finished prefix moved past what we
@@ -251,6 +262,9 @@ static void commit_cb(rd_kafka_t *rk, rd_kafka_resp_err_t err,
         idem_log_kv(IDEM_LOG_WARN, "offset commit failed", "error",
                     rd_kafka_err2str(err), NULL);
         p->recommit = 1;
+    } else if (p->brokers_down) {
+        p->brokers_down = 0; /* the coordinator answered */
+        set_ready(p);
     }
 }
 
@@ -645,7 +659,7 @@ static int handle_forward(idem_pipeline_t *p, size_t n, char *errstr,
     for (size_t i = 0; i < claimed; i++)
         if (forward_send(p, rs[i], errstr, errstr_size))
             return -1;
-    rd_kafka_flush(p->out, (int)p->conf->shutdown_timeout_ms / 2);
+    rd_kafka_flush(p->out, wait_budget_ms(p));
     size_t acked = 0;
     int failed = 0;
     for (size_t i = 0; i < claimed; i++) {
@@ -708,6 +722,7 @@ static int forward_passes(idem_pipeline_t *p, char *errstr, size_t errstr_size)
         if (!n)
             return 0;
         p->again = 0;
+        idem_metrics_batch_observe(p->m, (double)n);
         if (handle_forward(p, n, errstr, errstr_size))
             return -1;
         if (!p->again)
@@ -998,6 +1013,11 @@ static int consumer_stats_cb(rd_kafka_t *rk, char *json, size_t len,
     (void)rk;
     idem_pipeline_t *p = opaque;
     idem_metrics_stats_json(p->m, json, len);
+    /* Brokers back (an idle member sees no message that would say so). */
+    if (p->brokers_down && memmem(json, len, "\"state\":\"UP\"", 12)) {
+        p->brokers_down = 0;
+        set_ready(p);
+    }
     return 0;
 }
 
@@ -1153,7 +1173,11 @@ void idem_pipeline_destroy(idem_pipeline_t *p)
     if (p->out_rkt)
         rd_kafka_topic_destroy(p->out_rkt);
     if (p->out) {
-        rd_kafka_flush(p->out, 5000);
+        /* Unacknowledged writes are not marked done: the next owner of
+         * the partition redoes them. Nothing to wait for here. */
+        rd_kafka_purge(p->out,
+                       RD_KAFKA_PURGE_F_QUEUE | RD_KAFKA_PURGE_F_INFLIGHT);
+        rd_kafka_flush(p->out, 100); /* reports free orphaned tickets */
         rd_kafka_destroy(p->out);
     }
     idem_dlq_destroy(p->dlq); /* reports of orphaned tickets free them */
@@ -1322,8 +1346,11 @@ int idem_pipeline_run(idem_pipeline_t *p, volatile int *stop, char *errstr,
     idem_log_kv(IDEM_LOG_INFO, "shutting down", NULL);
     idem_metrics_ready_set(p->m, 0, "shutting down");
     int64_t deadline = idem_now_ms() + p->conf->shutdown_timeout_ms;
+    /* Leave a quarter (and a second) for the commit and leaving the
+     * group. */
+    p->stop_by_ms = deadline - 1000 - p->conf->shutdown_timeout_ms / 4;
     if (!p->infra_down)
-        drain(p, deadline - 1000 - p->conf->shutdown_timeout_ms / 4);
+        drain(p, p->stop_by_ms);
     else if (p->inflight)
         ledger_recv(p, cerr, sizeof(cerr));
     commit_offsets(p, NULL, 1);
