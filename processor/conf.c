@@ -6,6 +6,7 @@
 #include <ctype.h>
 #include <errno.h>
 #include <inttypes.h>
+#include <regex.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
@@ -375,7 +376,8 @@ static const char *closest_key(const char *name)
 static int is_secret_kafka_prop(const char *name)
 {
     return strstr(name, "password") || strstr(name, "secret") ||
-           strstr(name, "sasl.jaas") || strstr(name, "key.pem");
+           strstr(name, "sasl.jaas") || strstr(name, "key.pem") ||
+           strstr(name, "oauthbearer.config") || strstr(name, "keystore");
 }
 
 /* Reads a whole small file (a mounted secret) into a new string, trailing
@@ -700,6 +702,29 @@ static int check_redis_url(const char *url, char *errstr, size_t errstr_size)
     return 0;
 }
 
+/* Whether input entry `entry` (a name, or "^regex" as librdkafka takes
+ * it) would consume `topic`. Returns 1, 0, or -1 with errstr for a regex
+ * that does not compile. POSIX extended syntax is close enough to
+ * librdkafka's for this safety check. */
+static int topic_matches(const char *entry, const char *topic, char *errstr,
+                         size_t errstr_size)
+{
+    if (*entry != '^')
+        return !strcmp(entry, topic);
+    regex_t re;
+    int rc = regcomp(&re, entry, REG_EXTENDED | REG_NOSUB);
+    if (rc) {
+        char msg[128];
+        regerror(rc, &re, msg, sizeof(msg));
+        err_set(errstr, errstr_size, "input.topics: bad regex \"%s\": %s",
+                entry, msg);
+        return -1;
+    }
+    int hit = regexec(&re, topic, 0, NULL, 0) == 0;
+    regfree(&re);
+    return hit;
+}
+
 int idem_conf_finalize(idem_conf_t *conf, char *errstr, size_t errstr_size)
 {
     for (size_t i = 0; i < PROP_CNT; i++) {
@@ -742,12 +767,23 @@ int idem_conf_finalize(idem_conf_t *conf, char *errstr, size_t errstr_size)
             r = -1;
             break;
         }
-        if (!strcmp(t, conf->dlq_topic) ||
-            (conf->handler == IDEM_HANDLER_FORWARD &&
-             !strcmp(t, conf->output_topic))) {
+        const char *out =
+            conf->handler == IDEM_HANDLER_FORWARD ? conf->output_topic : NULL;
+        int hit = topic_matches(t, conf->dlq_topic, errstr, errstr_size);
+        const char *which = "dlq";
+        if (hit == 0 && out) {
+            hit = topic_matches(t, out, errstr, errstr_size);
+            which = "output";
+        }
+        if (hit < 0) {
+            r = -1;
+            break;
+        }
+        if (hit) {
             err_set(errstr, errstr_size,
-                    "input.topics: \"%s\" is also the %s topic", t,
-                    !strcmp(t, conf->dlq_topic) ? "dlq" : "output");
+                    "input.topics: \"%s\" %s the %s topic \"%s\"", t,
+                    *t == '^' ? "matches" : "is also", which,
+                    !strcmp(which, "dlq") ? conf->dlq_topic : out);
             r = -1;
             break;
         }

@@ -79,11 +79,17 @@ int idem_amount_to_minor(double amount, int64_t *minor, char *errstr,
     }
     double scaled = amount * 100.0;
     double rounded = nearbyint(scaled);
-    /* Below 1e11 a double's spacing is < 2e-5, so any real third decimal
-     * shows up as a difference of at least ~1e-3 after scaling. */
-    if (fabs(scaled - rounded) > 1e-3) {
+    /* A decimal with at most 2 places, parsed to the nearest double and
+     * scaled, lands within a few units in the last place of an integer;
+     * any further digit puts it measurably farther away. */
+    double ulp = nextafter(fabs(scaled), INFINITY) - fabs(scaled);
+    if (fabs(scaled - rounded) > 8 * ulp) {
         snprintf(errstr, errstr_size, "amount: %.17g has more than 2 decimals",
                  amount);
+        return -1;
+    }
+    if (rounded < 1) {
+        snprintf(errstr, errstr_size, "amount: %.17g is below 0.01", amount);
         return -1;
     }
     *minor = (int64_t)rounded;
