@@ -11,6 +11,7 @@
 
 struct idem_dlq_s {
     const idem_conf_t *conf;
+    char fatal[512]; /* the producer's fatal error, "" while healthy */
     idem_dlq_report_cb *report;
     rd_kafka_t *rk;
     rd_kafka_topic_t *rkt;
@@ -26,6 +27,22 @@ static void dlq_dr_cb(rd_kafka_t *rk, const rd_kafka_message_t *m, void *opaque)
         idem_log_kv(IDEM_LOG_WARN, "dlq write failed", "error",
                     rd_kafka_err2str(m->err), NULL);
     d->report(m->_private, m->err);
+}
+
+/* Error callback: fires in rd_kafka_poll/flush on the processing thread.
+ * Only a fatal error (the idempotent producer cannot guarantee order or
+ * no duplication any more) matters here; the rest is retried inside
+ * librdkafka and surfaces as failed deliveries. */
+static void dlq_error_cb(rd_kafka_t *rk, int err, const char *reason,
+                         void *opaque)
+{
+    idem_dlq_t *d = opaque;
+    if (err != RD_KAFKA_RESP_ERR__FATAL)
+        return;
+    char why[400];
+    rd_kafka_fatal_error(rk, why, sizeof(why));
+    snprintf(d->fatal, sizeof(d->fatal), "dlq producer: %s", why);
+    (void)reason;
 }
 
 idem_dlq_t *idem_dlq_new(const idem_conf_t *conf, idem_dlq_report_cb *report,
@@ -64,9 +81,11 @@ idem_dlq_t *idem_dlq_new(const idem_conf_t *conf, idem_dlq_report_cb *report,
     }
     rd_kafka_conf_set_opaque(kc, d);
     rd_kafka_conf_set_dr_msg_cb(kc, dlq_dr_cb);
+    rd_kafka_conf_set_error_cb(kc, dlq_error_cb);
     rd_kafka_conf_set_log_cb(kc, idem_log_rdkafka);
     rd_kafka_t *rk = rd_kafka_new(RD_KAFKA_PRODUCER, kc, kerr, sizeof(kerr));
     if (!rk) {
+        rd_kafka_conf_destroy(kc); /* ours again when rd_kafka_new fails */
         snprintf(errstr, errstr_size, "dlq producer: %s", kerr);
         free(d);
         return NULL;
@@ -161,4 +180,9 @@ int idem_dlq_flush(idem_dlq_t *d, int timeout_ms)
 {
     rd_kafka_flush(d->rk, timeout_ms);
     return rd_kafka_outq_len(d->rk);
+}
+
+const char *idem_dlq_fatal(const idem_dlq_t *d)
+{
+    return d->fatal[0] ? d->fatal : NULL;
 }

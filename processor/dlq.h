@@ -40,6 +40,10 @@ int idem_dlq_send(idem_dlq_t *d, const rd_kafka_message_t *msg,
                   int drop_value, void *opaque, char *errstr,
                   size_t errstr_size);
 
+/* The producer's fatal error (borrowed text), or NULL while healthy. After
+ * one, no write can be trusted: the process must stop. */
+const char *idem_dlq_fatal(const idem_dlq_t *d);
+
 /* Serves delivery reports without waiting. */
 void idem_dlq_poll(idem_dlq_t *d);
 

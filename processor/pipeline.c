@@ -101,6 +101,7 @@ struct idem_pipeline_s {
     int again;       /* the handler deferred records to a next pass */
 
     int64_t stop_by_ms; /* shutting down: every wait ends by then */
+    char fatal[512];    /* a producer's fatal error: stop */
     int64_t last_commit_ms;
     int64_t last_progress_ms;
     uint64_t progress_records;
@@ -405,8 +406,10 @@ static void rec_retry(idem_pipeline_t *p, rec_t *r, const char *error)
         return;
     }
     idem_metrics_retry_add(p->m, 1);
-    int64_t d = p->conf->retry_backoff_initial_ms << (r->attempts - 1);
-    if (d > p->conf->retry_backoff_max_ms || d <= 0)
+    int64_t d = p->conf->retry_backoff_initial_ms;
+    for (int i = 1; i < r->attempts && d < p->conf->retry_backoff_max_ms; i++)
+        d *= 2;
+    if (d > p->conf->retry_backoff_max_ms)
         d = p->conf->retry_backoff_max_ms;
     d = d / 2 + (int64_t)(rand() % (int)(d / 2 + 1)); /* "equal jitter" */
     r->retry_at_ms = idem_now_ms() + d;
@@ -490,6 +493,7 @@ static int ledger_recv(idem_pipeline_t *p, char *errstr, size_t errstr_size)
     if (n != p->inflight) { /* records were dropped by a rebalance */
         snprintf(errstr, errstr_size, "internal: %zu of %zu records in flight",
                  n, p->inflight);
+        idem_store_disconnect(p->store); /* unread replies die with it */
         rc = -1;
     }
     idem_store_result_t *res = p->res;
@@ -542,7 +546,33 @@ static void out_dr_cb(rd_kafka_t *rk, const rd_kafka_message_t *m, void *opaque)
     t->state = m->err ? -1 : 1;
 }
 
-/* Queues r's enriched copy (value + processed_at) to output.topic. */
+/* Classifies a failed output write: the same message can never be written
+ * (poison: handler-rejected), the cluster is unreachable (infrastructure:
+ * pause, never dead-letter), or this write failed for a reason that may
+ * pass (a retriable handler error, counted against retry.max.attempts). */
+typedef enum { OUT_PERMANENT, OUT_INFRA, OUT_RETRIABLE } out_error_kind_t;
+
+static out_error_kind_t output_error_kind(rd_kafka_resp_err_t err)
+{
+    switch (err) {
+    case RD_KAFKA_RESP_ERR_MSG_SIZE_TOO_LARGE:
+    case RD_KAFKA_RESP_ERR_INVALID_RECORD:
+    case RD_KAFKA_RESP_ERR_INVALID_MSG_SIZE:
+    case RD_KAFKA_RESP_ERR_RECORD_LIST_TOO_LARGE:
+        return OUT_PERMANENT;
+    case RD_KAFKA_RESP_ERR_INVALID_MSG: /* CRC mismatch on the way: again */
+        return OUT_RETRIABLE;
+    default:
+        /* Everything else (unreachable or refusing cluster, missing topic,
+         * authorization, no report yet) is infrastructure: pause and
+         * retry, never dead-letter. */
+        return OUT_INFRA;
+    }
+}
+
+/* Queues r's enriched copy (value + processed_at) to output.topic.
+ * Returns 0 queued, 1 never writable (r is now poison: handler-rejected),
+ * -1 infrastructure (errstr). */
 static int forward_send(idem_pipeline_t *p, rec_t *r, char *errstr,
                         size_t errstr_size)
 {
@@ -578,36 +608,15 @@ static int forward_send(idem_pipeline_t *p, rec_t *r, char *errstr,
         free(t);
         if (h)
             rd_kafka_headers_destroy(h);
+        if (output_error_kind(err) == OUT_PERMANENT) {
+            rec_poison(r, IDEM_REASON_HANDLER_REJECTED, rd_kafka_err2str(err));
+            return 1;
+        }
         snprintf(errstr, errstr_size, "output: %s", rd_kafka_err2str(err));
         return -1;
     }
     r->out = t;
     return 0;
-}
-
-/* Classifies a failed output write: the same message can never be written
- * (poison: handler-rejected), the cluster is unreachable (infrastructure:
- * pause, never dead-letter), or this write failed for a reason that may
- * pass (a retriable handler error, counted against retry.max.attempts). */
-typedef enum { OUT_PERMANENT, OUT_INFRA, OUT_RETRIABLE } out_error_kind_t;
-
-static out_error_kind_t output_error_kind(rd_kafka_resp_err_t err)
-{
-    switch (err) {
-    case RD_KAFKA_RESP_ERR_MSG_SIZE_TOO_LARGE:
-    case RD_KAFKA_RESP_ERR_INVALID_MSG:
-    case RD_KAFKA_RESP_ERR_INVALID_RECORD:
-    case RD_KAFKA_RESP_ERR_INVALID_MSG_SIZE:
-        return OUT_PERMANENT;
-    case RD_KAFKA_RESP_ERR__MSG_TIMED_OUT:
-    case RD_KAFKA_RESP_ERR__TRANSPORT:
-    case RD_KAFKA_RESP_ERR__ALL_BROKERS_DOWN:
-    case RD_KAFKA_RESP_ERR__TIMED_OUT:
-    case RD_KAFKA_RESP_ERR_NO_ERROR: /* no report yet: still in flight */
-        return OUT_INFRA;
-    default:
-        return OUT_RETRIABLE;
-    }
 }
 
 /* Forward: claim (lease) -> write to output.topic and wait for the broker's
@@ -656,9 +665,22 @@ static int handle_forward(idem_pipeline_t *p, size_t n, char *errstr,
             break;
         }
     }
-    for (size_t i = 0; i < claimed; i++)
-        if (forward_send(p, rs[i], errstr, errstr_size))
+    size_t queued = 0;
+    for (size_t i = 0; i < claimed; i++) {
+        int q = forward_send(p, rs[i], errstr, errstr_size);
+        if (q < 0) {
+            /* Writes already queued are left to finish; their records are
+             * claimed again next time and their reports free the tickets. */
+            for (size_t j = 0; j < queued; j++) {
+                rs[j]->out->orphan = 1;
+                rs[j]->out = NULL;
+            }
             return -1;
+        }
+        if (q == 0)
+            rs[queued++] = rs[i];
+    }
+    claimed = queued;
     rd_kafka_flush(p->out, wait_budget_ms(p));
     size_t acked = 0;
     int failed = 0;
@@ -1073,6 +1095,7 @@ static rd_kafka_t *consumer_new(idem_pipeline_t *p, char *errstr,
     char kerr[512];
     rd_kafka_t *rk = rd_kafka_new(RD_KAFKA_CONSUMER, kc, kerr, sizeof(kerr));
     if (!rk) {
+        rd_kafka_conf_destroy(kc); /* ours again when rd_kafka_new fails */
         snprintf(errstr, errstr_size, "kafka consumer: %s", kerr);
         return NULL;
     }
@@ -1081,9 +1104,24 @@ static rd_kafka_t *consumer_new(idem_pipeline_t *p, char *errstr,
     return rk;
 }
 
-static rd_kafka_t *output_new(const idem_conf_t *c, char *errstr,
+/* Output producer error callback: fires in rd_kafka_poll/flush of that
+ * producer on the processing thread; see dlq_error_cb. */
+static void output_error_cb(rd_kafka_t *rk, int err, const char *reason,
+                            void *opaque)
+{
+    idem_pipeline_t *p = opaque;
+    (void)reason;
+    if (err != RD_KAFKA_RESP_ERR__FATAL)
+        return;
+    char why[400];
+    rd_kafka_fatal_error(rk, why, sizeof(why));
+    snprintf(p->fatal, sizeof(p->fatal), "output producer: %s", why);
+}
+
+static rd_kafka_t *output_new(idem_pipeline_t *p, char *errstr,
                               size_t errstr_size)
 {
+    const idem_conf_t *c = p->conf;
     rd_kafka_conf_t *kc = rd_kafka_conf_new();
     /* A valid record may be up to message.max.bytes (plus processed_at);
      * librdkafka's default limit is lower. kafka.message.max.bytes wins. */
@@ -1101,12 +1139,16 @@ static rd_kafka_t *output_new(const idem_conf_t *c, char *errstr,
         rd_kafka_conf_destroy(kc);
         return NULL;
     }
+    rd_kafka_conf_set_opaque(kc, p);
     rd_kafka_conf_set_dr_msg_cb(kc, out_dr_cb);
+    rd_kafka_conf_set_error_cb(kc, output_error_cb);
     rd_kafka_conf_set_log_cb(kc, idem_log_rdkafka);
     char kerr[512];
     rd_kafka_t *rk = rd_kafka_new(RD_KAFKA_PRODUCER, kc, kerr, sizeof(kerr));
-    if (!rk)
+    if (!rk) {
+        rd_kafka_conf_destroy(kc); /* ours again when rd_kafka_new fails */
         snprintf(errstr, errstr_size, "output producer: %s", kerr);
+    }
     return rk;
 }
 
@@ -1147,7 +1189,7 @@ idem_pipeline_t *idem_pipeline_new(const idem_conf_t *conf, idem_metrics_t *m,
     if (!(p->dlq = idem_dlq_new(conf, dlq_report, errstr, errstr_size)))
         goto fail;
     if (conf->handler == IDEM_HANDLER_FORWARD) {
-        if (!(p->out = output_new(conf, errstr, errstr_size)))
+        if (!(p->out = output_new(p, errstr, errstr_size)))
             goto fail;
         p->out_rkt = rd_kafka_topic_new(p->out, conf->output_topic, NULL);
     }
@@ -1233,8 +1275,22 @@ static void batch_fill(idem_pipeline_t *p, volatile int *stop)
 {
     size_t max = (size_t)p->conf->batch_max_messages;
     size_t added = 0, start = p->cnt;
-    int64_t deadline =
-        p->cnt || p->inflight ? idem_now_ms() + p->conf->batch_max_wait_ms : 0;
+    int64_t now0 = idem_now_ms();
+    int64_t deadline = 0; /* 0: idle, wait up to 100 ms for a record */
+    if (p->inflight) {
+        deadline = now0 + p->conf->batch_max_wait_ms;
+    } else if (p->cnt) {
+        /* Records wait for a retry time: sleep in poll until then (at most
+         * 100 ms), never spin, even with batch.max.wait.ms=0. */
+        int64_t until = p->next_attempt_ms > now0 ? p->next_attempt_ms : now0;
+        if (until > now0 + 100)
+            until = now0 + 100;
+        deadline = until > now0 + p->conf->batch_max_wait_ms
+                       ? until
+                       : now0 + p->conf->batch_max_wait_ms;
+        if (deadline == now0)
+            deadline = now0 + 1;
+    }
     while (added < max && !*stop) {
         int64_t now = idem_now_ms();
         int timeout = 100;
@@ -1339,6 +1395,13 @@ int idem_pipeline_run(idem_pipeline_t *p, volatile int *stop, char *errstr,
         progress_log(p, now);
         if (p->out)
             rd_kafka_poll(p->out, 0);
+        if (!p->fatal[0] && idem_dlq_fatal(p->dlq))
+            snprintf(p->fatal, sizeof(p->fatal), "%s", idem_dlq_fatal(p->dlq));
+        if (p->fatal[0]) {
+            idem_log_kv(IDEM_LOG_ERROR, "fatal producer error: stopping",
+                        "error", p->fatal, NULL);
+            break;
+        }
     }
 
     /* Shutdown: finish what is in hand if the infrastructure allows, within
@@ -1349,12 +1412,16 @@ int idem_pipeline_run(idem_pipeline_t *p, volatile int *stop, char *errstr,
     /* Leave a quarter (and a second) for the commit and leaving the
      * group. */
     p->stop_by_ms = deadline - 1000 - p->conf->shutdown_timeout_ms / 4;
-    if (!p->infra_down)
+    if (!p->infra_down && !p->fatal[0])
         drain(p, p->stop_by_ms);
     else if (p->inflight)
         ledger_recv(p, cerr, sizeof(cerr));
     commit_offsets(p, NULL, 1);
     rd_kafka_resp_err_t err = rd_kafka_consumer_close(p->rk);
+    if (p->fatal[0]) {
+        snprintf(errstr, errstr_size, "%s", p->fatal);
+        return -1;
+    }
     if (err) {
         snprintf(errstr, errstr_size, "leaving the group: %s",
                  rd_kafka_err2str(err));

@@ -125,6 +125,7 @@ static int read_topic(const idem_conf_t *conf, const char *topic,
     }
     rd_kafka_t *rk = rd_kafka_new(RD_KAFKA_CONSUMER, kc, kerr, sizeof(kerr));
     if (!rk) {
+        rd_kafka_conf_destroy(kc); /* ours again when rd_kafka_new fails */
         snprintf(errstr, errstr_size, "topic reader: %s", kerr);
         return -1;
     }
@@ -135,15 +136,26 @@ static int read_topic(const idem_conf_t *conf, const char *topic,
     rd_kafka_resp_err_t err = rd_kafka_metadata(rk, 0, rkt, &md, timeout_ms);
     if (err || md->topic_cnt != 1 || md->topics[0].err) {
         snprintf(errstr, errstr_size, "topic %s: metadata: %s", topic,
-                 rd_kafka_err2str(err ? err : md->topics[0].err));
+                 rd_kafka_err2str(err ? err
+                                  : md->topic_cnt != 1
+                                      ? RD_KAFKA_RESP_ERR__UNKNOWN_TOPIC
+                                      : md->topics[0].err));
         goto out;
     }
+    /* The end of each partition is its high watermark when the read
+     * starts; a partition is done when a record at or past it, or the end
+     * of the partition, was seen (once: later arrivals do not count). */
+    int pcnt = md->topics[0].partition_cnt;
+    int32_t max_id = 0;
+    for (int i = 0; i < pcnt; i++)
+        if (md->topics[0].partitions[i].id > max_id)
+            max_id = md->topics[0].partitions[i].id;
+    int64_t *end = idem_xcalloc((size_t)max_id + 1, sizeof(*end));
+    char *done = idem_xcalloc((size_t)max_id + 1, 1);
     rd_kafka_topic_partition_list_t *l =
-        rd_kafka_topic_partition_list_new(md->topics[0].partition_cnt);
-    int64_t *end =
-        idem_xcalloc((size_t)md->topics[0].partition_cnt + 1, sizeof(*end));
+        rd_kafka_topic_partition_list_new(pcnt);
     int remaining = 0;
-    for (int i = 0; i < md->topics[0].partition_cnt; i++) {
+    for (int i = 0; i < pcnt; i++) {
         int32_t part = md->topics[0].partitions[i].id;
         int64_t lo, hi;
         err = rd_kafka_query_watermark_offsets(rk, topic, part, &lo, &hi,
@@ -153,20 +165,25 @@ static int read_topic(const idem_conf_t *conf, const char *topic,
                      part, rd_kafka_err2str(err));
             rd_kafka_topic_partition_list_destroy(l);
             free(end);
+            free(done);
             goto out;
         }
+        end[part] = hi;
         if (hi > lo) {
             rd_kafka_topic_partition_list_add(l, topic, part)->offset =
                 RD_KAFKA_OFFSET_BEGINNING;
             remaining++;
+        } else {
+            done[part] = 1;
         }
     }
     err = rd_kafka_assign(rk, l);
     rd_kafka_topic_partition_list_destroy(l);
-    free(end);
     if (err) {
         snprintf(errstr, errstr_size, "topic %s: assign: %s", topic,
                  rd_kafka_err2str(err));
+        free(end);
+        free(done);
         goto out;
     }
     int64_t deadline = idem_now_ms() + timeout_ms;
@@ -174,12 +191,20 @@ static int read_topic(const idem_conf_t *conf, const char *topic,
         rd_kafka_message_t *m = rd_kafka_consumer_poll(rk, 100);
         if (!m)
             continue;
-        if (m->err == RD_KAFKA_RESP_ERR__PARTITION_EOF)
-            remaining--;
-        else if (!m->err)
+        int32_t part = m->partition;
+        int in_range = part >= 0 && part <= max_id;
+        if (!m->err)
             cb(m, opaque);
+        if (in_range && !done[part] &&
+            (m->err == RD_KAFKA_RESP_ERR__PARTITION_EOF ||
+             (!m->err && m->offset + 1 >= end[part]))) {
+            done[part] = 1;
+            remaining--;
+        }
         rd_kafka_message_destroy(m);
     }
+    free(end);
+    free(done);
     if (remaining > 0) {
         snprintf(errstr, errstr_size,
                  "topic %s: not read to its end within %d ms", topic,
