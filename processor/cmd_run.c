@@ -1,13 +1,13 @@
 /* cmd_run: `idemproc run`, the processor: wires configuration, logging,
  * metrics, the HTTP endpoints and the pipeline, and owns the signals. */
 #include "cmd.h"
+#include "cmdline.h"
 #include "conf.h"
 #include "http.h"
 #include "log.h"
 #include "metrics.h"
 #include "pipeline.h"
 
-#include <getopt.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
@@ -58,47 +58,12 @@ void idem_cmd_run_usage(FILE *out)
 
 int idem_cmd_run(int argc, char **argv, char **envp)
 {
-    const char *path = NULL;
-    char **sets = calloc((size_t)argc + 1, sizeof(*sets));
-    size_t set_cnt = 0;
-    static const struct option opts[] = {{"config", required_argument, 0, 'c'},
-                                         {"set", required_argument, 0, 's'},
-                                         {"help", no_argument, 0, 'h'},
-                                         {0, 0, 0, 0}};
-    int c;
-    optind = 1;
-    while ((c = getopt_long(argc, argv, "c:s:h", opts, NULL)) != -1) {
-        switch (c) {
-        case 'c':
-            path = optarg;
-            break;
-        case 's':
-            sets[set_cnt++] = optarg;
-            break;
-        case 'h':
-            idem_cmd_run_usage(stdout);
-            free(sets);
-            return IDEM_EXIT_OK;
-        default:
-            idem_cmd_run_usage(stderr);
-            free(sets);
-            return IDEM_EXIT_USAGE;
-        }
-    }
-    if (optind < argc) {
-        fprintf(stderr, "idemproc run: unexpected argument \"%s\"\n",
-                argv[optind]);
-        free(sets);
-        return IDEM_EXIT_USAGE;
-    }
+    idem_conf_t *conf;
+    int rc = idem_cmdline_conf(argc, argv, envp, idem_cmd_run_usage, NULL, NULL,
+                               NULL, NULL, &conf);
+    if (rc >= 0)
+        return rc;
     char errstr[512];
-    idem_conf_t *conf =
-        idem_conf_load(path, envp, sets, set_cnt, errstr, sizeof(errstr));
-    free(sets);
-    if (!conf) {
-        fprintf(stderr, "idemproc: %s\n", errstr);
-        return IDEM_EXIT_USAGE;
-    }
     idem_log_setup((idem_log_level_t)conf->log_level,
                    (idem_log_format_t)conf->log_format);
 
@@ -113,7 +78,7 @@ int idem_cmd_run(int argc, char **argv, char **envp)
     sigaction(SIGALRM, &sa, NULL);
     signal(SIGPIPE, SIG_IGN);
 
-    int rc = IDEM_EXIT_OK;
+    rc = IDEM_EXIT_OK;
     idem_metrics_t *m = idem_metrics_new();
     idem_http_t *http = NULL;
     idem_pipeline_t *p = NULL;

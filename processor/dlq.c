@@ -37,12 +37,16 @@ static void dlq_error_cb(rd_kafka_t *rk, int err, const char *reason,
                          void *opaque)
 {
     idem_dlq_t *d = opaque;
-    if (err != RD_KAFKA_RESP_ERR__FATAL)
+    if (err != RD_KAFKA_RESP_ERR__FATAL) {
+        /* With an error callback set librdkafka no longer logs these. */
+        idem_log_kv(IDEM_LOG_WARN, "dlq producer error", "error",
+                    rd_kafka_err2str((rd_kafka_resp_err_t)err), "reason",
+                    reason, NULL);
         return;
+    }
     char why[400];
     rd_kafka_fatal_error(rk, why, sizeof(why));
     snprintf(d->fatal, sizeof(d->fatal), "dlq producer: %s", why);
-    (void)reason;
 }
 
 idem_dlq_t *idem_dlq_new(const idem_conf_t *conf, idem_dlq_report_cb *report,

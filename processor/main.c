@@ -1,8 +1,8 @@
 /* main: idemproc's entry point; dispatches to the subcommands. */
 #include "cmd.h"
+#include "cmdline.h"
 #include "conf.h"
 
-#include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,52 +19,14 @@ static void check_config_usage(FILE *out)
                  "redacted. Exit 0 valid, 2 invalid.\n");
 }
 
-/* Parses -c FILE and --set k=v (shared by run and check-config's options).
- * Returns 0, or 2 after printing a usage line. `sets` is allocated with
- * argc entries; the caller frees it. */
+/* `idemproc check-config`: validate and print the effective config. */
 static int cmd_check_config(int argc, char **argv, char **envp)
 {
-    const char *path = NULL;
-    char **sets = calloc((size_t)argc, sizeof(*sets));
-    size_t set_cnt = 0;
-    static const struct option opts[] = {{"config", required_argument, 0, 'c'},
-                                         {"set", required_argument, 0, 's'},
-                                         {"help", no_argument, 0, 'h'},
-                                         {0, 0, 0, 0}};
-    int c;
-    optind = 1;
-    while ((c = getopt_long(argc, argv, "c:s:h", opts, NULL)) != -1) {
-        switch (c) {
-        case 'c':
-            path = optarg;
-            break;
-        case 's':
-            sets[set_cnt++] = optarg;
-            break;
-        case 'h':
-            check_config_usage(stdout);
-            free(sets);
-            return IDEM_EXIT_OK;
-        default:
-            check_config_usage(stderr);
-            free(sets);
-            return IDEM_EXIT_USAGE;
-        }
-    }
-    if (optind < argc) {
-        fprintf(stderr, "idemproc check-config: unexpected argument \"%s\"\n",
-                argv[optind]);
-        free(sets);
-        return IDEM_EXIT_USAGE;
-    }
-    char errstr[512];
-    idem_conf_t *conf =
-        idem_conf_load(path, envp, sets, set_cnt, errstr, sizeof(errstr));
-    free(sets);
-    if (!conf) {
-        fprintf(stderr, "idemproc: %s\n", errstr);
-        return IDEM_EXIT_USAGE;
-    }
+    idem_conf_t *conf;
+    int rc = idem_cmdline_conf(argc, argv, envp, check_config_usage, NULL, NULL,
+                               NULL, NULL, &conf);
+    if (rc >= 0)
+        return rc;
     idem_conf_dump(conf, stdout);
     idem_conf_destroy(conf);
     return IDEM_EXIT_OK;

@@ -177,7 +177,9 @@ static part_t *rec_part(idem_pipeline_t *p, const rec_t *r)
 
 static void set_ready(idem_pipeline_t *p)
 {
-    if (!p->joined)
+    if (p->stop_by_ms)
+        idem_metrics_ready_set(p->m, 0, "shutting down");
+    else if (!p->joined)
         idem_metrics_ready_set(p->m, 0, "joining the consumer group");
     else if (p->infra_down)
         idem_metrics_ready_set(p->m, 0, p->infra_reason);
@@ -987,8 +989,10 @@ static void rebalance_cb(rd_kafka_t *rk, rd_kafka_resp_err_t err,
         if (p->inflight) /* its replies must be read either way */
             ledger_recv(p, errstr, sizeof(errstr));
         if (!lost) {
-            if (!p->infra_down)
-                drain(p, idem_now_ms() + p->conf->shutdown_timeout_ms / 2);
+            if (!p->infra_down && !p->fatal[0])
+                drain(p, p->stop_by_ms ? p->stop_by_ms
+                                       : idem_now_ms() +
+                                             p->conf->shutdown_timeout_ms / 2);
             commit_offsets(p, parts, 1);
         }
         batch_drop_partitions(p, parts);
@@ -1110,9 +1114,13 @@ static void output_error_cb(rd_kafka_t *rk, int err, const char *reason,
                             void *opaque)
 {
     idem_pipeline_t *p = opaque;
-    (void)reason;
-    if (err != RD_KAFKA_RESP_ERR__FATAL)
+    if (err != RD_KAFKA_RESP_ERR__FATAL) {
+        /* With an error callback set librdkafka no longer logs these. */
+        idem_log_kv(IDEM_LOG_WARN, "output producer error", "error",
+                    rd_kafka_err2str((rd_kafka_resp_err_t)err), "reason",
+                    reason, NULL);
         return;
+    }
     char why[400];
     rd_kafka_fatal_error(rk, why, sizeof(why));
     snprintf(p->fatal, sizeof(p->fatal), "output producer: %s", why);
@@ -1407,11 +1415,12 @@ int idem_pipeline_run(idem_pipeline_t *p, volatile int *stop, char *errstr,
     /* Shutdown: finish what is in hand if the infrastructure allows, within
      * the time left, then commit synchronously and leave the group. */
     idem_log_kv(IDEM_LOG_INFO, "shutting down", NULL);
-    idem_metrics_ready_set(p->m, 0, "shutting down");
-    int64_t deadline = idem_now_ms() + p->conf->shutdown_timeout_ms;
-    /* Leave a quarter (and a second) for the commit and leaving the
-     * group. */
-    p->stop_by_ms = deadline - 1000 - p->conf->shutdown_timeout_ms / 4;
+    /* Finishing what is in hand gets three quarters of shutdown.timeout.ms
+     * less up to a second; the rest is for the commit and leaving the
+     * group (the watchdog in cmd_run.c ends it all at the full timeout). */
+    int64_t t = p->conf->shutdown_timeout_ms;
+    p->stop_by_ms = idem_now_ms() + t * 3 / 4 - (t / 4 < 1000 ? t / 4 : 1000);
+    set_ready(p);
     if (!p->infra_down && !p->fatal[0])
         drain(p, p->stop_by_ms);
     else if (p->inflight)
