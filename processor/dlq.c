@@ -72,7 +72,7 @@ idem_dlq_t *idem_dlq_new(const idem_conf_t *conf, idem_dlq_report_cb *report,
      * producer with a warning; what matters here is set last. */
     const char *props[][2] = {{"enable.idempotence", "true"},
                               {"acks", "all"},
-                              {"linger.ms", "0"},
+                              {"linger.ms", "5"},
                               {"message.timeout.ms", "15000"}};
     for (size_t i = 0; i < sizeof(props) / sizeof(props[0]); i++) {
         if (rd_kafka_conf_set(kc, props[i][0], props[i][1], kerr,
@@ -115,6 +115,11 @@ void idem_dlq_destroy(idem_dlq_t *d)
 void idem_dlq_poll(idem_dlq_t *d)
 {
     rd_kafka_poll(d->rk, 0);
+}
+
+void idem_dlq_wait(idem_dlq_t *d, int timeout_ms)
+{
+    rd_kafka_poll(d->rk, timeout_ms);
 }
 
 static void hdr_add(rd_kafka_headers_t *h, const char *name, const char *v)

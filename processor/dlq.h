@@ -47,6 +47,9 @@ const char *idem_dlq_fatal(const idem_dlq_t *d);
 /* Serves delivery reports without waiting. */
 void idem_dlq_poll(idem_dlq_t *d);
 
+/* Serves delivery reports, waiting up to timeout_ms for the first. */
+void idem_dlq_wait(idem_dlq_t *d, int timeout_ms);
+
 /* Waits up to timeout_ms for every queued write's delivery report.
  * Returns the number still outstanding (0 = all reported). */
 int idem_dlq_flush(idem_dlq_t *d, int timeout_ms);

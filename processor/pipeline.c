@@ -100,8 +100,9 @@ struct idem_pipeline_s {
     int recommit;    /* an async commit failed: send all again */
     int again;       /* the handler deferred records to a next pass */
 
-    int64_t stop_by_ms; /* shutting down: every wait ends by then */
-    char fatal[512];    /* a producer's fatal error: stop */
+    int64_t stop_by_ms;    /* shutting down: every wait ends by then */
+    int64_t full_since_ms; /* hands full since (0: not full) */
+    char fatal[512];       /* a producer's fatal error: stop */
     int64_t last_commit_ms;
     int64_t last_progress_ms;
     uint64_t progress_records;
@@ -896,9 +897,17 @@ static int64_t batch_next_retry(idem_pipeline_t *p)
     return t;
 }
 
+/* Whether BATCHES_IN_HAND - 1 batches wait: fetch no more (bounded
+ * memory, and room for the batch being filled). */
+static int batch_full(const idem_pipeline_t *p)
+{
+    return p->cnt >=
+           (size_t)p->conf->batch_max_messages * (BATCHES_IN_HAND - 1);
+}
+
 /* Runs work() and turns its result into backoff, readiness and pausing:
- * paused while the infrastructure is down or BATCHES_IN_HAND batches wait
- * (bounded memory), fetching otherwise. */
+ * paused while the infrastructure is down or the hands stay full, fetching
+ * otherwise. */
 static void attempt(idem_pipeline_t *p)
 {
     char errstr[512];
@@ -924,9 +933,18 @@ static void attempt(idem_pipeline_t *p)
         p->next_attempt_ms = batch_next_retry(p);
     }
     set_ready(p);
-    pause_all(p,
-              p->infra_down || p->cnt >= (size_t)p->conf->batch_max_messages *
-                                             (BATCHES_IN_HAND - 1));
+    /* Full hands (records waiting for dead-letter acknowledgements or a
+     * retry time) first just stop the fetching loop; only when that lasts
+     * do we pause, since pausing drops librdkafka's prefetched records and
+     * they must be fetched again. */
+    if (batch_full(p)) {
+        if (!p->full_since_ms)
+            p->full_since_ms = now;
+    } else {
+        p->full_since_ms = 0;
+    }
+    pause_all(p, p->infra_down ||
+                     (p->full_since_ms && now - p->full_since_ms > 1000));
 }
 
 /* Finishes as much of what is in hand as the infrastructure allows before
@@ -1393,8 +1411,12 @@ int idem_pipeline_run(idem_pipeline_t *p, volatile int *stop, char *errstr,
                 }
             }
         } else {
-            /* Fill the next batch while Redis runs the previous one. */
-            batch_fill(p, stop);
+            /* Fill the next batch while Redis runs the previous one; with
+             * full hands wait a moment for acknowledgements instead. */
+            if (batch_full(p))
+                idem_dlq_wait(p->dlq, 5);
+            else
+                batch_fill(p, stop);
             if (p->cnt || p->inflight)
                 attempt(p);
         }
