@@ -1,6 +1,6 @@
 /* dlq: the dead-letter producer: poison records with their original key,
- * bytes and headers plus dlq.* headers that say why (DESIGN.md section 7),
- * through an idempotent producer (acks=all). */
+ * bytes and headers plus dlq.* headers that say why (README.md, "Dead
+ * letters"), through an idempotent producer (acks=all). */
 #ifndef IDEM_DLQ_H
 #define IDEM_DLQ_H
 

@@ -1,6 +1,6 @@
 /* envelope: parses and validates one record's value and headers into what
  * the handlers need (identity, message_id, ledger fields), or a poison
- * reason with a human-readable error (DESIGN.md sections 4 and 6). */
+ * reason with a human-readable error (README.md, "The envelope"). */
 #ifndef IDEM_ENVELOPE_H
 #define IDEM_ENVELOPE_H
 

@@ -1,5 +1,5 @@
 /* outcome: the names every module shares for what became of a record:
- * outcomes, duplicate kinds and dead-letter reasons (DESIGN.md section 6). */
+ * outcomes, duplicate kinds and dead-letter reasons (README.md). */
 #ifndef IDEM_OUTCOME_H
 #define IDEM_OUTCOME_H
 

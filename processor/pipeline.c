@@ -769,7 +769,7 @@ static void parse_records(idem_pipeline_t *p)
         rd_kafka_message_headers(r->msg, &h);
         idem_reason_t reason;
         char err[256];
-        /* Both handlers carry payments (DESIGN.md section 4). */
+        /* Both handlers carry payments (README.md, "The envelope"). */
         if (idem_envelope_parse(r->msg->payload, r->msg->len, h, 1,
                                 (size_t)p->conf->message_max_bytes, &r->env,
                                 &reason, err, sizeof(err)))

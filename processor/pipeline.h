@@ -18,7 +18,7 @@ idem_pipeline_t *idem_pipeline_new(const idem_conf_t *conf, idem_metrics_t *m,
                                    char *errstr, size_t errstr_size);
 
 /* Runs until *stop becomes non-zero (set from a signal handler), then
- * shuts down per DESIGN.md section 8: finishes the batch in hand, flushes
+ * shuts down (docs/design.md, "Shutdown"): finishes the batch in hand, flushes
  * the DLQ, commits synchronously and leaves the group within
  * shutdown.timeout.ms. Returns 0 on a clean stop, -1 on a fatal error
  * (errstr). */

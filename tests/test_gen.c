@@ -90,7 +90,7 @@ static int amount_is_two_decimals(const char *t)
            t[i + 2] >= '0' && t[i + 2] <= '9' && t[i + 3] == '\0';
 }
 
-/* The processor's validity rules (DESIGN.md section 4, the issue's list).
+/* The processor's validity rules (README.md, "The envelope").
  * Returns the poison reason, or -1 for a valid payment (fields filled). */
 static int classify(const char *value, size_t len, const char *hdr_mid,
                     const char *hdr_ikey, size_t max_bytes, char *cur,

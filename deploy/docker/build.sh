@@ -92,6 +92,13 @@ check-runtime)
     [ -n "$needed" ] || die "$bin: no NEEDED entries (static binary?)"
     bad=0
     for so in $needed; do
+        case "$so" in
+        libasan.so.* | libubsan.so.* | liblsan.so.* | libtsan.so.*)
+            # a sanitizer build (make SAN=...): never what an image ships
+            echo "$so (sanitizer runtime, not for images)"
+            continue
+            ;;
+        esac
         path=$(ldd "$bin" | awk -v so="$so" '$1 == so { print $3 }')
         [ -n "$path" ] && [ "$path" != "not" ] || {
             echo "check-runtime: $so: not found by ldd" >&2
