@@ -418,10 +418,21 @@ int th_write_file(const char *path, const char *text)
     return fclose(fp);
 }
 
+/* The stack of the test running in this process (one test per process). */
+static th_stack_t *stack_current;
+
+void th_stack_cleanup(void)
+{
+    if (stack_current && stack_current->dir)
+        th_stack_stop(stack_current);
+    stack_current = NULL;
+}
+
 int th_stack_start(th_stack_t *s, int partitions,
                    const char *const extra_props[])
 {
     memset(s, 0, sizeof(*s));
+    stack_current = s;
     s->dir = th_tmpdir();
     if (th_redis_start(&s->redis))
         return -1;
@@ -467,6 +478,8 @@ void th_stack_stop(th_stack_t *s)
     th_rmrf(s->dir);
     free(s->dir);
     s->dir = NULL;
+    if (stack_current == s)
+        stack_current = NULL;
 }
 
 int th_stack_produce(th_stack_t *s, const char *const args[])

@@ -109,6 +109,10 @@ int th_stack_start(th_stack_t *s, int partitions,
                    const char *const extra_props[]);
 void th_stack_stop(th_stack_t *s);
 
+/* A suite's .fini: stops the stack a failed test left running (its
+ * processes die with the test anyway; this removes its temp dirs). */
+void th_stack_cleanup(void);
+
 /* Runs `produce -b <broker> -t payments --expect <s->expect>` plus args
  * (NULL-terminated). Returns produce's exit code. */
 int th_stack_produce(th_stack_t *s, const char *const args[]);

@@ -16,7 +16,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#define KUBECTL  "/usr/bin/kubectl"
+#define KUBECTL "/usr/bin/kubectl"
+TestSuite(deploy, .fini = th_stack_cleanup);
+
 #define POD_NAME "idemproc-5f7c9d8b6-x2x7q" /* what metadata.name gives */
 
 static const char *const overlays[] = {"dev", "production", NULL};
@@ -1349,6 +1351,10 @@ Test(deploy, prometheusrule_matches_alerts, .timeout = 120)
     free(rules_path);
 }
 
+/* The rehearsal's stack, at file scope so the suite's .fini can stop it
+ * after a failed assertion. */
+static th_stack_t stk;
+
 /* The pod rehearsal: the processor runs exactly as its container would
  * (arguments, environment with the pod name, configuration only from the
  * mounted ConfigMap file and the Secret files, another working directory)
@@ -1363,12 +1369,11 @@ Test(deploy, pod_rehearsal_sigterm_during_traffic, .timeout = 240)
         JGET(d, "spec", "template", "spec", "terminationGracePeriodSeconds"));
     cr_assert_gt(grace, 0);
 
-    th_stack_t s;
-    cr_assert_eq(th_stack_start(&s, 6, NULL), 0);
+    cr_assert_eq(th_stack_start(&stk, 6, NULL), 0);
     char boot[300], redis[128], listen[64];
     snprintf(boot, sizeof(boot), "kafka.bootstrap.servers=%s",
-             s.broker.bootstrap);
-    snprintf(redis, sizeof(redis), "redis.url=%s", s.redis.url);
+             stk.broker.bootstrap);
+    snprintf(redis, sizeof(redis), "redis.url=%s", stk.redis.url);
     /* Tests use 127.0.0.1 only; the pod listens on 0.0.0.0. */
     snprintf(listen, sizeof(listen), "http.listen=127.0.0.1:%d",
              th_free_port());
@@ -1384,7 +1389,7 @@ Test(deploy, pod_rehearsal_sigterm_during_traffic, .timeout = 240)
     char *pargv[] = {(char *)th_bin(),
                      "produce",
                      "-b",
-                     s.broker.bootstrap,
+                     stk.broker.bootstrap,
                      "-t",
                      "payments",
                      "--count",
@@ -1400,14 +1405,14 @@ Test(deploy, pod_rehearsal_sigterm_during_traffic, .timeout = 240)
                      "--seed",
                      "21",
                      "--expect",
-                     s.expect,
+                     stk.expect,
                      NULL};
     pid_t producer = th_spawn(pargv, NULL, NULL, NULL);
 
     char *cwd = th_tmpdir();
     char log1[600], log2[600];
-    snprintf(log1, sizeof(log1), "%s/pod1.log", s.dir);
-    snprintf(log2, sizeof(log2), "%s/pod2.log", s.dir);
+    snprintf(log1, sizeof(log1), "%s/pod1.log", stk.dir);
+    snprintf(log2, sizeof(log2), "%s/pod2.log", stk.dir);
     pod_conf_t pc1, pc2;
     pod_run_t run1 = {.overrides = overrides, .cwd = cwd, .log = log1};
     pod_prepare(objs, d, "idemproc", &pc1, &run1);
@@ -1433,7 +1438,7 @@ Test(deploy, pod_rehearsal_sigterm_during_traffic, .timeout = 240)
     snprintf(gset, sizeof(gset), "group.id=%s", group);
     free(group);
     const char *vsets[] = {gset, NULL};
-    int vrc = th_stack_wait_verified(&s, 1, vsets, 90000, &vout);
+    int vrc = th_stack_wait_verified(&stk, 1, vsets, 90000, &vout);
     cr_expect_eq(vrc, 0, "after the rehearsal verify is not exact:\n%s", vout);
     free(vout);
     cr_expect_eq(th_stop(run2.pid, (int)(grace * 1000)), 0);
@@ -1449,6 +1454,6 @@ Test(deploy, pod_rehearsal_sigterm_during_traffic, .timeout = 240)
     free(cwd);
     pod_conf_free(&pc1);
     pod_conf_free(&pc2);
-    th_stack_stop(&s);
+    th_stack_stop(&stk);
     json_decref(objs);
 }

@@ -13,6 +13,14 @@
 #include <string.h>
 #include <unistd.h>
 
+/* At file scope, not on a test's stack: a failed assertion leaves the test
+ * function, and the suite's .fini still needs the stack (one test runs per
+ * process, so each test has its own). */
+static th_stack_t stk;
+
+TestSuite(pipeline, .fini = th_stack_cleanup);
+TestSuite(forward, .fini = th_stack_cleanup);
+
 /* One record read back from a topic by an independent consumer. */
 typedef struct {
     int32_t partition;
@@ -173,25 +181,24 @@ static const char *const traffic[] = {"--count",
 
 Test(pipeline, exact_ledger_and_every_poison_reason_in_dlq, .timeout = 120)
 {
-    th_stack_t s;
     /* Large batches so duplicates, including adjacent ones, share a batch. */
     const char *props[] = {"batch.max.messages=5000", "batch.max.wait.ms=200",
                            NULL};
-    cr_assert_eq(th_stack_start(&s, 4, props), 0);
-    cr_assert_eq(th_stack_produce(&s, traffic), 0);
-    pid_t m = th_stack_member(&s, "m1", NULL);
-    ASSERT_VERIFIED(&s, 1, NULL, 60000);
+    cr_assert_eq(th_stack_start(&stk, 4, props), 0);
+    cr_assert_eq(th_stack_produce(&stk, traffic), 0);
+    pid_t m = th_stack_member(&stk, "m1", NULL);
+    ASSERT_VERIFIED(&stk, 1, NULL, 60000);
     cr_expect_eq(th_stop(m, 15000), 0, "SIGTERM must exit 0");
 
     /* Every dead letter: original key and bytes, original headers, and the
      * dlq.* headers, matching the record at its original position. */
-    recs_t in = read_topic(s.broker.bootstrap, "payments");
-    recs_t dlq = read_topic(s.broker.bootstrap, "payments.dlq");
+    recs_t in = read_topic(stk.broker.bootstrap, "payments");
+    recs_t dlq = read_topic(stk.broker.bootstrap, "payments.dlq");
     long poison = 0;
     const char *all[] = {"too-large", "not-json", "not-object", "no-identity",
                          "invalid-field"};
     for (int r = 0; r < 5; r++)
-        poison += expect_count(&s, "poison", all[r]);
+        poison += expect_count(&stk, "poison", all[r]);
     cr_expect_geq((long)dlq.n, poison, "the DLQ lacks records");
     int reasons[16] = {0};
     const char *names[] = {"too-large", "not-json", "not-object", "no-identity",
@@ -238,37 +245,36 @@ Test(pipeline, exact_ledger_and_every_poison_reason_in_dlq, .timeout = 120)
                       hdr(d, "dlq.error"));
     }
     for (int r = 0; r < 5; r++)
-        cr_expect_eq(reasons[r], expect_count(&s, "poison", names[r]),
+        cr_expect_eq(reasons[r], expect_count(&stk, "poison", names[r]),
                      "reason %s", names[r]);
     recs_free(&in);
     recs_free(&dlq);
-    th_stack_stop(&s);
+    th_stack_stop(&stk);
 }
 
 Test(pipeline, restart_continues_from_committed_offsets, .timeout = 180)
 {
-    th_stack_t s;
     const char *props[] = {"http.listen=127.0.0.1:0", NULL};
-    cr_assert_eq(th_stack_start(&s, 4, props), 0);
+    cr_assert_eq(th_stack_start(&stk, 4, props), 0);
     const char *big[] = {
         "--count",           "40000", "--duplicates", "0.1", "--poison", "0.01",
         "--too-large-bytes", "5000",  "--seed",       "12",  NULL};
-    cr_assert_eq(th_stack_produce(&s, big), 0);
-    long unique = expect_count(&s, "unique", NULL);
+    cr_assert_eq(th_stack_produce(&stk, big), 0);
+    long unique = expect_count(&stk, "unique", NULL);
     /* Small batches so the stop lands mid-stream. */
     const char *slow[] = {"batch.max.messages=50", NULL};
-    pid_t m = th_stack_member(&s, "m1", slow);
-    cr_assert_eq(wait_applied(&s, unique / 5, 60000), 0);
+    pid_t m = th_stack_member(&stk, "m1", slow);
+    cr_assert_eq(wait_applied(&stk, unique / 5, 60000), 0);
     cr_assert_eq(th_stop(m, 15000), 0, "SIGTERM must exit 0");
-    long before = th_stack_applied(&s);
+    long before = th_stack_applied(&stk);
     cr_expect_lt(before, unique, "stopped too late to test a restart");
 
     int port = th_free_port();
     char listen[64];
     snprintf(listen, sizeof(listen), "http.listen=127.0.0.1:%d", port);
     const char *sets[] = {listen, NULL};
-    m = th_stack_member(&s, "m2", sets);
-    ASSERT_VERIFIED(&s, 1, NULL, 90000);
+    m = th_stack_member(&stk, "m2", sets);
+    ASSERT_VERIFIED(&stk, 1, NULL, 90000);
     /* The restarted member began at the committed offsets: it saw no
      * record the first one had finished and committed, so it processed
      * and skipped far fewer records than were sent. */
@@ -278,12 +284,12 @@ Test(pipeline, restart_continues_from_committed_offsets, .timeout = 180)
         th_metric(body, "idemproc_records_total{outcome=\"processed\"}") +
         th_metric(body, "idemproc_records_total{outcome=\"duplicate\"}") +
         th_metric(body, "idemproc_records_total{outcome=\"dlq\"}");
-    long sent = expect_count(&s, "sent", NULL);
+    long sent = expect_count(&stk, "sent", NULL);
     cr_expect_lt(seen, (double)sent - (double)before * 0.9,
                  "restart re-read from the beginning (%f of %ld)", seen, sent);
     free(body);
     cr_expect_eq(th_stop(m, 15000), 0);
-    th_stack_stop(&s);
+    th_stack_stop(&stk);
 }
 
 typedef struct {
@@ -302,24 +308,23 @@ ParameterizedTestParameters(pipeline, member_joins_and_leaves)
 ParameterizedTest(strategy_t *strategy, pipeline, member_joins_and_leaves,
                   .timeout = 180)
 {
-    th_stack_t s;
     char strat[128];
     snprintf(strat, sizeof(strat), "kafka.partition.assignment.strategy=%s",
              strategy->name);
     const char *props[] = {strat, "batch.max.messages=100", NULL};
-    cr_assert_eq(th_stack_start(&s, 8, props), 0);
+    cr_assert_eq(th_stack_start(&stk, 8, props), 0);
     const char *big[] = {
         "--count",           "40000", "--duplicates", "0.1", "--poison", "0.01",
         "--too-large-bytes", "5000",  "--seed",       "13",  NULL};
-    cr_assert_eq(th_stack_produce(&s, big), 0);
-    long unique = expect_count(&s, "unique", NULL);
-    pid_t a = th_stack_member(&s, "a", NULL);
-    cr_assert_eq(wait_applied(&s, unique / 10, 60000), 0);
-    pid_t b = th_stack_member(&s, "b", NULL);
+    cr_assert_eq(th_stack_produce(&stk, big), 0);
+    long unique = expect_count(&stk, "unique", NULL);
+    pid_t a = th_stack_member(&stk, "a", NULL);
+    cr_assert_eq(wait_applied(&stk, unique / 10, 60000), 0);
+    pid_t b = th_stack_member(&stk, "b", NULL);
     /* Wait until b has partitions and works, then let it leave. */
     int assigned = 0;
     for (int t = 0; t < 300 && !assigned; t++) {
-        char *log = member_log(&s, "b");
+        char *log = member_log(&stk, "b");
         assigned = strstr(log, "partitions assigned") != NULL;
         free(log);
         usleep(100000);
@@ -327,53 +332,51 @@ ParameterizedTest(strategy_t *strategy, pipeline, member_joins_and_leaves,
     cr_expect(assigned, "member b never got partitions");
     usleep(500000);
     cr_expect_eq(th_stop(b, 15000), 0, "b must leave cleanly");
-    ASSERT_VERIFIED(&s, 1, NULL, 120000);
+    ASSERT_VERIFIED(&stk, 1, NULL, 120000);
     cr_expect_eq(th_stop(a, 15000), 0);
-    char *log = member_log(&s, "a");
+    char *log = member_log(&stk, "a");
     cr_expect(strstr(log, "partitions revoked") ||
                   strstr(log, "partitions assigned\",\"count\""),
               "a saw no rebalance:\n%s", log);
     free(log);
-    th_stack_stop(&s);
+    th_stack_stop(&stk);
 }
 
 Test(pipeline, sigkill_mid_stream_then_restart, .timeout = 180)
 {
-    th_stack_t s;
     const char *props[] = {"batch.max.messages=50", NULL};
-    cr_assert_eq(th_stack_start(&s, 4, props), 0);
+    cr_assert_eq(th_stack_start(&stk, 4, props), 0);
     const char *big[] = {
         "--count",           "30000", "--duplicates", "0.1", "--poison", "0.01",
         "--too-large-bytes", "5000",  "--seed",       "14",  NULL};
-    cr_assert_eq(th_stack_produce(&s, big), 0);
-    long unique = expect_count(&s, "unique", NULL);
-    pid_t m = th_stack_member(&s, "m1", NULL);
-    cr_assert_eq(wait_applied(&s, unique / 4, 60000), 0);
+    cr_assert_eq(th_stack_produce(&stk, big), 0);
+    long unique = expect_count(&stk, "unique", NULL);
+    pid_t m = th_stack_member(&stk, "m1", NULL);
+    cr_assert_eq(wait_applied(&stk, unique / 4, 60000), 0);
     kill(m, SIGKILL);
     cr_expect_eq(th_wait(m, 5000), 128 + SIGKILL);
-    cr_expect_lt(th_stack_applied(&s), unique);
-    m = th_stack_member(&s, "m2", NULL);
-    ASSERT_VERIFIED(&s, 1, NULL, 120000);
+    cr_expect_lt(th_stack_applied(&stk), unique);
+    m = th_stack_member(&stk, "m2", NULL);
+    ASSERT_VERIFIED(&stk, 1, NULL, 120000);
     cr_expect_eq(th_stop(m, 15000), 0);
-    th_stack_stop(&s);
+    th_stack_stop(&stk);
 }
 
 Test(pipeline, redis_outage_pauses_and_resumes_without_dead_letters,
      .timeout = 180)
 {
-    th_stack_t s;
     int port = th_free_port();
     char listen[64];
     snprintf(listen, sizeof(listen), "http.listen=127.0.0.1:%d", port);
     const char *props[] = {listen, "batch.max.messages=50",
                            "redis.timeout.ms=500", NULL};
-    cr_assert_eq(th_stack_start(&s, 4, props), 0);
+    cr_assert_eq(th_stack_start(&stk, 4, props), 0);
     const char *big[] = {
         "--count",           "30000", "--duplicates", "0.1", "--poison", "0.01",
         "--too-large-bytes", "5000",  "--seed",       "15",  NULL};
-    cr_assert_eq(th_stack_produce(&s, big), 0);
-    long unique = expect_count(&s, "unique", NULL);
-    pid_t m = th_stack_member(&s, "m1", NULL);
+    cr_assert_eq(th_stack_produce(&stk, big), 0);
+    long unique = expect_count(&stk, "unique", NULL);
+    pid_t m = th_stack_member(&stk, "m1", NULL);
     /* Starting: alive but not ready until it is in the group. */
     int status = -1;
     char *body = NULL;
@@ -387,10 +390,10 @@ Test(pipeline, redis_outage_pauses_and_resumes_without_dead_letters,
     free(body);
     body = NULL;
     cr_expect_eq(th_http_get(port, "/healthz", NULL), 200);
-    cr_assert_eq(wait_applied(&s, unique / 5, 60000), 0);
+    cr_assert_eq(wait_applied(&stk, unique / 5, 60000), 0);
     cr_assert_eq(th_http_get(port, "/readyz", NULL), 200);
 
-    cr_assert_eq(th_redis_kill(&s.redis), 0);
+    cr_assert_eq(th_redis_kill(&stk.redis), 0);
     /* Not ready, with the reason, while Redis is gone; still alive. */
     status = 0;
     for (int t = 0; t < 100 && status != 503; t++) {
@@ -405,8 +408,8 @@ Test(pipeline, redis_outage_pauses_and_resumes_without_dead_letters,
     sleep(3);
     cr_expect_eq(th_http_get(port, "/healthz", NULL), 200,
                  "a paused loop is still alive");
-    cr_assert_eq(th_redis_restart(&s.redis), 0);
-    ASSERT_VERIFIED(&s, 1, NULL, 120000);
+    cr_assert_eq(th_redis_restart(&stk.redis), 0);
+    ASSERT_VERIFIED(&stk, 1, NULL, 120000);
     status = 0;
     for (int t = 0; t < 100 && status != 200; t++) {
         status = th_http_get(port, "/readyz", NULL);
@@ -417,13 +420,12 @@ Test(pipeline, redis_outage_pauses_and_resumes_without_dead_letters,
     cr_expect_gt(th_metric(body, "idemproc_redis_errors_total"), 0);
     free(body);
     cr_expect_eq(th_stop(m, 15000), 0);
-    th_stack_stop(&s);
+    th_stack_stop(&stk);
 }
 
 /* Counters on /metrics agree exactly with what produce --expect says. */
 Test(pipeline, metrics_match_the_traffic_exactly, .timeout = 120)
 {
-    th_stack_t s;
     int port = th_free_port();
     char listen[64];
     snprintf(listen, sizeof(listen), "http.listen=127.0.0.1:%d", port);
@@ -436,25 +438,25 @@ Test(pipeline, metrics_match_the_traffic_exactly, .timeout = 120)
                            "kafka.sasl.password=hunter2-kafka",
                            "redis.password=hunter2-redis",
                            NULL};
-    cr_assert_eq(th_stack_start(&s, 4, props), 0);
+    cr_assert_eq(th_stack_start(&stk, 4, props), 0);
     /* Redis must then ask for that password. */
     const char *auth[] = {"CONFIG", "SET", "requirepass", "hunter2-redis",
                           NULL};
-    free(th_redis_cli(&s.redis, auth));
-    cr_assert_eq(th_stack_produce(&s, traffic), 0);
-    pid_t m = th_stack_member(&s, "m1", NULL);
-    ASSERT_VERIFIED(&s, 1, NULL, 60000);
+    free(th_redis_cli(&stk.redis, auth));
+    cr_assert_eq(th_stack_produce(&stk, traffic), 0);
+    pid_t m = th_stack_member(&stk, "m1", NULL);
+    ASSERT_VERIFIED(&stk, 1, NULL, 60000);
     char *body = NULL;
     cr_assert_eq(th_http_get(port, "/metrics", &body), 200);
     cr_expect_null(strstr(body, "hunter2"), "a secret reached /metrics");
     cr_expect_eq(
         th_metric(body, "idemproc_records_total{outcome=\"processed\"}"),
-        (double)expect_count(&s, "unique", NULL));
+        (double)expect_count(&stk, "unique", NULL));
     cr_expect_eq(
         th_metric(body, "idemproc_duplicates_total{kind=\"redelivery\"}"),
-        (double)expect_count(&s, "duplicates", "redelivery"));
+        (double)expect_count(&stk, "duplicates", "redelivery"));
     cr_expect_eq(th_metric(body, "idemproc_duplicates_total{kind=\"resend\"}"),
-                 (double)expect_count(&s, "duplicates", "resend"));
+                 (double)expect_count(&stk, "duplicates", "resend"));
     const char *reasons[] = {"too-large", "not-json", "not-object",
                              "no-identity", "invalid-field"};
     for (int i = 0; i < 5; i++) {
@@ -462,7 +464,7 @@ Test(pipeline, metrics_match_the_traffic_exactly, .timeout = 120)
         snprintf(name, sizeof(name),
                  "idemproc_dlq_records_total{reason=\"%s\"}", reasons[i]);
         cr_expect_eq(th_metric(body, name),
-                     (double)expect_count(&s, "poison", reasons[i]), "%s",
+                     (double)expect_count(&stk, "poison", reasons[i]), "%s",
                      name);
     }
     cr_expect_eq(th_metric(body, "idemproc_ready"), 1);
@@ -478,7 +480,7 @@ Test(pipeline, metrics_match_the_traffic_exactly, .timeout = 120)
     cr_expect_gt(th_metric(body, "idemproc_commits_total{result=\"ok\"}"), 0);
     /* promtool accepts a live scrape. */
     char path[600];
-    snprintf(path, sizeof(path), "%s/scrape.txt", s.dir);
+    snprintf(path, sizeof(path), "%s/scrape.txt", stk.dir);
     th_write_file(path, body);
     char cmd[800];
     snprintf(cmd, sizeof(cmd), "promtool check metrics < %s", path);
@@ -489,25 +491,24 @@ Test(pipeline, metrics_match_the_traffic_exactly, .timeout = 120)
     free(err);
     free(body);
     cr_expect_eq(th_stop(m, 15000), 0);
-    char *log = member_log(&s, "m1");
+    char *log = member_log(&stk, "m1");
     cr_expect_gt(strlen(log), 10000, "debug logging was on");
     cr_expect_null(strstr(log, "hunter2"), "a secret reached the log");
     free(log);
-    th_stack_stop(&s);
+    th_stack_stop(&stk);
 }
 
 /* A member died holding a lease (forward handler): the record waits until
  * the lease expires, then is forwarded exactly once and marked done. */
 Test(forward, expired_lease_of_a_dead_owner_is_processed_again, .timeout = 120)
 {
-    th_stack_t s;
     const char *props[] = {"handler=forward", "output.topic=payments.out",
                            "dedup.lease.ms=3000", NULL};
-    cr_assert_eq(th_stack_start(&s, 4, props), 0);
+    cr_assert_eq(th_stack_start(&stk, 4, props), 0);
     const char *one[] = {"--count", "20", "--seed", "16", NULL};
-    cr_assert_eq(th_stack_produce(&s, one), 0);
+    cr_assert_eq(th_stack_produce(&stk, one), 0);
     /* Take the identity of the first record and lease it to a dead owner. */
-    recs_t in = read_topic(s.broker.bootstrap, "payments");
+    recs_t in = read_topic(stk.broker.bootstrap, "payments");
     cr_assert_gt(in.n, 0);
     const char *ikey = hdr(&in.v[0], "idempotency_key");
     char key[512], val[256];
@@ -515,16 +516,16 @@ Test(forward, expired_lease_of_a_dead_owner_is_processed_again, .timeout = 120)
     snprintf(val, sizeof(val), "lease:dead-member:1:%s",
              hdr(&in.v[0], "message_id"));
     const char *set[] = {"SET", key, val, "PX", "4000", NULL};
-    char *ok = th_redis_cli(&s.redis, set);
+    char *ok = th_redis_cli(&stk.redis, set);
     cr_assert_str_eq(ok, "OK");
     free(ok);
-    pid_t m = th_stack_member(&s, "m1", NULL);
-    ASSERT_VERIFIED(&s, 1, NULL, 60000);
+    pid_t m = th_stack_member(&stk, "m1", NULL);
+    ASSERT_VERIFIED(&stk, 1, NULL, 60000);
     const char *get[] = {"GET", key, NULL};
-    char *mark = th_redis_cli(&s.redis, get);
+    char *mark = th_redis_cli(&stk.redis, get);
     cr_expect(mark && !strncmp(mark, "done:", 5), "mark: %s", mark);
     free(mark);
-    recs_t out = read_topic(s.broker.bootstrap, "payments.out");
+    recs_t out = read_topic(stk.broker.bootstrap, "payments.out");
     int copies = 0;
     for (size_t i = 0; i < out.n; i++) {
         json_t *v = json_loadb(out.v[i].value, out.v[i].len, 0, NULL);
@@ -536,11 +537,11 @@ Test(forward, expired_lease_of_a_dead_owner_is_processed_again, .timeout = 120)
         json_decref(v);
     }
     cr_expect_eq(copies, 1, "the leased record was forwarded %d times", copies);
-    cr_expect_eq((long)out.n, expect_count(&s, "unique", NULL));
+    cr_expect_eq((long)out.n, expect_count(&stk, "unique", NULL));
     recs_free(&in);
     recs_free(&out);
     cr_expect_eq(th_stop(m, 15000), 0);
-    th_stack_stop(&s);
+    th_stack_stop(&stk);
 }
 
 /* forward loses nothing: with duplicates and poison, and a member killed
@@ -548,36 +549,34 @@ Test(forward, expired_lease_of_a_dead_owner_is_processed_again, .timeout = 120)
  * ledger from it) and every poison record reaches the DLQ. */
 Test(forward, loses_nothing_across_sigkill, .timeout = 180)
 {
-    th_stack_t s;
     const char *props[] = {"handler=forward", "output.topic=payments.out",
                            "dedup.lease.ms=2000", "batch.max.messages=50",
                            NULL};
-    cr_assert_eq(th_stack_start(&s, 4, props), 0);
+    cr_assert_eq(th_stack_start(&stk, 4, props), 0);
     const char *big[] = {
         "--count",           "8000", "--duplicates", "0.1", "--poison", "0.01",
         "--too-large-bytes", "5000", "--seed",       "17",  NULL};
-    cr_assert_eq(th_stack_produce(&s, big), 0);
-    pid_t m = th_stack_member(&s, "m1", NULL);
+    cr_assert_eq(th_stack_produce(&stk, big), 0);
+    pid_t m = th_stack_member(&stk, "m1", NULL);
     usleep(4000000); /* let it join and work for a while */
     kill(m, SIGKILL);
     th_wait(m, 5000);
-    m = th_stack_member(&s, "m2", NULL);
-    ASSERT_VERIFIED(&s, 1, NULL, 120000);
+    m = th_stack_member(&stk, "m2", NULL);
+    ASSERT_VERIFIED(&stk, 1, NULL, 120000);
     cr_expect_eq(th_stop(m, 15000), 0);
-    th_stack_stop(&s);
+    th_stack_stop(&stk);
 }
 
 Test(pipeline, second_signal_exits_at_once, .timeout = 60)
 {
-    th_stack_t s;
-    cr_assert_eq(th_stack_start(&s, 2, NULL), 0);
-    pid_t m = th_stack_member(&s, "m1", NULL);
+    cr_assert_eq(th_stack_start(&stk, 2, NULL), 0);
+    pid_t m = th_stack_member(&stk, "m1", NULL);
     usleep(1500000);
     kill(m, SIGTERM);
     kill(m, SIGTERM);
     int rc = th_wait(m, 10000);
     cr_expect(rc == 128 + SIGTERM || rc == 0, "rc %d", rc);
-    th_stack_stop(&s);
+    th_stack_stop(&stk);
 }
 
 /* Regression: with the default message.max.bytes a too-large record is
@@ -585,38 +584,36 @@ Test(pipeline, second_signal_exits_at_once, .timeout = 60)
  * still be written (it once stalled the member forever). */
 Test(pipeline, default_sized_too_large_records_reach_the_dlq, .timeout = 120)
 {
-    th_stack_t s;
     const char *props[] = {"message.max.bytes=1048576", NULL};
-    cr_assert_eq(th_stack_start(&s, 4, props), 0);
+    cr_assert_eq(th_stack_start(&stk, 4, props), 0);
     const char *few[] = {
         "--count", "120", "--poison", "0.2",
         "--seed",  "18",  NULL}; /* default --too-large-bytes: 1048577 */
-    cr_assert_eq(th_stack_produce(&s, few), 0);
-    cr_assert_gt(expect_count(&s, "poison", "too-large"), 0);
-    pid_t m = th_stack_member(&s, "m1", NULL);
-    ASSERT_VERIFIED(&s, 1, NULL, 60000);
+    cr_assert_eq(th_stack_produce(&stk, few), 0);
+    cr_assert_gt(expect_count(&stk, "poison", "too-large"), 0);
+    pid_t m = th_stack_member(&stk, "m1", NULL);
+    ASSERT_VERIFIED(&stk, 1, NULL, 60000);
     cr_expect_eq(th_stop(m, 15000), 0);
-    th_stack_stop(&s);
+    th_stack_stop(&stk);
 }
 
 /* A dead letter whose value the DLQ can never take is written without the
  * value (dlq.value.dropped says how long it was) instead of blocking. */
 Test(pipeline, dead_letter_too_big_for_the_dlq_drops_its_value, .timeout = 120)
 {
-    th_stack_t s;
     const char *props[] = {"message.max.bytes=4096",
                            "kafka.message.max.bytes=100000", NULL};
-    cr_assert_eq(th_stack_start(&s, 4, props), 0);
+    cr_assert_eq(th_stack_start(&stk, 4, props), 0);
     const char *few[] = {"--count", "120", "--poison",          "0.2",
                          "--seed",  "19",  "--too-large-bytes", "200000",
                          NULL};
-    cr_assert_eq(th_stack_produce(&s, few), 0);
-    long too_large = expect_count(&s, "poison", "too-large");
+    cr_assert_eq(th_stack_produce(&stk, few), 0);
+    long too_large = expect_count(&stk, "poison", "too-large");
     cr_assert_gt(too_large, 0);
-    pid_t m = th_stack_member(&s, "m1", NULL);
-    ASSERT_VERIFIED(&s, 1, NULL, 60000);
+    pid_t m = th_stack_member(&stk, "m1", NULL);
+    ASSERT_VERIFIED(&stk, 1, NULL, 60000);
     cr_expect_eq(th_stop(m, 15000), 0);
-    recs_t dlq = read_topic(s.broker.bootstrap, "payments.dlq");
+    recs_t dlq = read_topic(stk.broker.bootstrap, "payments.dlq");
     long dropped = 0;
     for (size_t i = 0; i < dlq.n; i++) {
         if (strcmp(hdr(&dlq.v[i], "dlq.reason"), "too-large"))
@@ -627,5 +624,5 @@ Test(pipeline, dead_letter_too_big_for_the_dlq_drops_its_value, .timeout = 120)
     }
     cr_expect_eq(dropped, too_large);
     recs_free(&dlq);
-    th_stack_stop(&s);
+    th_stack_stop(&stk);
 }
