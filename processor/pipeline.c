@@ -272,6 +272,35 @@ static void commit_cb(rd_kafka_t *rk, rd_kafka_resp_err_t err,
     }
 }
 
+/* Releases the records for which drop(p, r, ctx) is true and closes the
+ * gaps, keeping the poll order of the rest. */
+static void batch_remove_if(idem_pipeline_t *p,
+                            int (*drop)(idem_pipeline_t *p, const rec_t *r,
+                                        const void *ctx),
+                            const void *ctx)
+{
+    size_t keep = 0;
+    for (size_t i = 0; i < p->cnt; i++) {
+        rec_t *r = &p->recs[i];
+        if (drop(p, r, ctx)) {
+            rec_release(r);
+            continue;
+        }
+        if (keep != i)
+            p->recs[keep] = *r;
+        keep++;
+    }
+    p->cnt = keep;
+}
+
+/* Finished and below its partition's committable offset: done with it. */
+static int rec_committable(idem_pipeline_t *p, const rec_t *r, const void *ctx)
+{
+    (void)ctx;
+    part_t *pt = rec_part(p, r);
+    return r->state == REC_DONE && pt && r->msg->offset < pt->next_offset;
+}
+
 /* Moves each partition's next_offset over the contiguous prefix of
  * finished records, then drops records that are finished and below it. */
 static void advance_offsets(idem_pipeline_t *p)
@@ -288,40 +317,25 @@ static void advance_offsets(idem_pipeline_t *p)
         else
             pt->blocked = 1;
     }
-    size_t keep = 0;
-    for (size_t i = 0; i < p->cnt; i++) {
-        rec_t *r = &p->recs[i];
-        part_t *pt = rec_part(p, r);
-        if (r->state == REC_DONE && pt && r->msg->offset < pt->next_offset) {
-            rec_release(r);
-            continue;
-        }
-        if (keep != i)
-            p->recs[keep] = *r;
-        keep++;
-    }
-    p->cnt = keep;
+    batch_remove_if(p, rec_committable, NULL);
     idem_metrics_inflight_set(p->m, (int64_t)p->cnt);
 }
 
 /* Drops the records of `parts` from the batch without finishing them
  * (the partitions moved to another member, which will read them again). */
+static int rec_in_partitions(idem_pipeline_t *p, const rec_t *r,
+                             const void *parts)
+{
+    (void)p;
+    return rd_kafka_topic_partition_list_find(parts,
+                                              rd_kafka_topic_name(r->msg->rkt),
+                                              r->msg->partition) != NULL;
+}
+
 static void batch_drop_partitions(idem_pipeline_t *p,
                                   const rd_kafka_topic_partition_list_t *parts)
 {
-    size_t keep = 0;
-    for (size_t i = 0; i < p->cnt; i++) {
-        rec_t *r = &p->recs[i];
-        if (rd_kafka_topic_partition_list_find(
-                parts, rd_kafka_topic_name(r->msg->rkt), r->msg->partition)) {
-            rec_release(r);
-            continue;
-        }
-        if (keep != i)
-            p->recs[keep] = *r;
-        keep++;
-    }
-    p->cnt = keep;
+    batch_remove_if(p, rec_in_partitions, parts);
 }
 
 /* ----------------------------------------------------- pause and resume */

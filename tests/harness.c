@@ -160,24 +160,7 @@ char *th_slurp(const char *path, size_t *len)
 
 int th_run(char *const argv[], char **out, char **err, int timeout_ms)
 {
-    char *dir = th_tmpdir();
-    char op[512], ep[512];
-    snprintf(op, sizeof(op), "%s/out", dir);
-    snprintf(ep, sizeof(ep), "%s/err", dir);
-    pid_t pid = th_spawn(argv, op, ep, NULL);
-    int rc = th_wait(pid, timeout_ms);
-    if (rc == -1) {
-        kill(pid, SIGKILL);
-        th_wait(pid, 5000);
-        rc = 128 + SIGKILL;
-    }
-    if (out)
-        *out = th_slurp(op, NULL);
-    if (err)
-        *err = th_slurp(ep, NULL);
-    th_rmrf(dir);
-    free(dir);
-    return rc;
+    return th_run_env(argv, NULL, out, err, timeout_ms);
 }
 
 static int redis_ping(th_redis_t *r)
