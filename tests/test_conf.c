@@ -236,3 +236,21 @@ Test(conf, check_config_command_exit_codes)
     free(out);
     free(err);
 }
+
+/* The Kubernetes way: a mounted Secret named by IDEMPROC_<KEY>_FILE. */
+Test(conf, secret_file_from_the_environment)
+{
+    char *dir = th_tmpdir();
+    char *pw = write_tmp(dir, "pw", "from-a-secret\n");
+    char var[600];
+    snprintf(var, sizeof(var), "IDEMPROC_REDIS_PASSWORD_FILE=%s", pw);
+    char *envp[] = {var, NULL};
+    char err[512];
+    idem_conf_t *c = load(NULL, envp, NULL, 0, err, sizeof(err));
+    cr_assert(c, "%s", err);
+    cr_expect_str_eq(c->redis_password, "from-a-secret");
+    idem_conf_destroy(c);
+    th_rmrf(dir);
+    free(dir);
+    free(pw);
+}

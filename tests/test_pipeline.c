@@ -567,15 +567,51 @@ Test(forward, loses_nothing_across_sigkill, .timeout = 180)
     th_stack_stop(&stk);
 }
 
-Test(pipeline, second_signal_exits_at_once, .timeout = 60)
+/* Wait until a member's log shows `text`; 0 when it did. */
+static int wait_log(const char *name, const char *text, int timeout_ms)
 {
-    cr_assert_eq(th_stack_start(&stk, 2, NULL), 0);
+    for (int t = 0; t < timeout_ms; t += 100) {
+        char *log = member_log(&stk, name);
+        int found = strstr(log, text) != NULL;
+        free(log);
+        if (found)
+            return 0;
+        usleep(100000);
+    }
+    return -1;
+}
+
+/* A shutdown that cannot finish (the broker froze) is ended by a second
+ * signal at once, and by the watchdog at shutdown.timeout.ms otherwise. */
+Test(pipeline, second_signal_or_watchdog_ends_a_stuck_shutdown, .timeout = 90)
+{
+    const char *props[] = {"shutdown.timeout.ms=4000", NULL};
+    cr_assert_eq(th_stack_start(&stk, 2, props), 0);
     pid_t m = th_stack_member(&stk, "m1", NULL);
-    usleep(1500000);
+    cr_assert_eq(wait_log("m1", "partitions assigned", 30000), 0);
+    kill(stk.broker.pid, SIGSTOP);
     kill(m, SIGTERM);
+    cr_assert_eq(wait_log("m1", "shutting down", 5000), 0);
+    usleep(300000);
+    cr_assert_eq(th_wait(m, 0), -1,
+                 "shutdown finished against a frozen "
+                 "broker: the test proves nothing");
     kill(m, SIGTERM);
-    int rc = th_wait(m, 10000);
-    cr_expect(rc == 128 + SIGTERM || rc == 0, "rc %d", rc);
+    cr_expect_eq(th_wait(m, 2000), 128 + SIGTERM,
+                 "the second signal must exit at once");
+
+    /* Without a second signal the watchdog ends it after the timeout. */
+    kill(stk.broker.pid, SIGCONT);
+    m = th_stack_member(&stk, "m2", NULL);
+    cr_assert_eq(wait_log("m2", "partitions assigned", 45000), 0);
+    kill(stk.broker.pid, SIGSTOP);
+    kill(m, SIGTERM);
+    int rc = th_wait(m, 9000);
+    cr_expect_eq(rc, 1, "watchdog exit code, got %d", rc);
+    char *log = member_log(&stk, "m2");
+    cr_expect(strstr(log, "shutdown.timeout.ms exceeded"), "%s", log);
+    free(log);
+    kill(stk.broker.pid, SIGCONT);
     th_stack_stop(&stk);
 }
 
