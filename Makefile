@@ -16,10 +16,13 @@ PKG_LIBS    = $(shell pkg-config --libs $(PKGS))
 TEST_CFLAGS = $(shell pkg-config --cflags $(TEST_PKGS))
 TEST_LIBS   = $(shell pkg-config --libs $(TEST_PKGS))
 
-# Debian packages the build, the tests and the demo need.
-DEB_PKGS := build-essential pkg-config librdkafka-dev libhiredis-dev \
-            libjansson-dev libcriterion-dev libmicrohttpd-dev uuid-dev \
-            redis-server redis-tools kcat prometheus clang-format
+# Debian packages: what building needs, and what the tests, the demo and
+# the benchmark need on top (servers and real clients they run).
+BUILD_DEB_PKGS := build-essential pkg-config librdkafka-dev libhiredis-dev \
+                  libjansson-dev libmicrohttpd-dev uuid-dev
+TEST_DEB_PKGS  := libcriterion-dev redis-server redis-tools kcat prometheus \
+                  clang-format
+DEB_PKGS       := $(BUILD_DEB_PKGS) $(TEST_DEB_PKGS)
 
 WARN    := -Wall -Wextra -Wshadow -Wstrict-prototypes -Wwrite-strings -Werror
 CFLAGS  ?= -O2 -g
@@ -44,7 +47,8 @@ TEST_BIN  := $(BUILD)/idemproc-tests
 TEST_JOBS ?= 2
 TEST_ARGS ?=
 
-.PHONY: all deps deps-check test check-format format demo bench clean install help
+# The test objects need Criterion, which only deps-check-test installs.
+.PHONY: all deps deps-check deps-check-test test check-format format demo bench clean install help
 
 all: $(BIN)
 
@@ -52,24 +56,33 @@ help:
 	@echo "make [all]      build $(BIN) (installs missing Debian packages first)"
 	@echo "make test       format check, unit and integration tests"
 	@echo "make demo       whole pipeline on the embedded broker and a private redis"
-	@echo "make bench      throughput benchmark against the per-message reference"
+	@echo "make bench      one member's throughput against kcat reading the same topic"
 	@echo "make format     clang-format the sources"
 	@echo "make SAN=address,undefined ...   sanitizer build"
 	@echo "make deps       install the Debian packages listed in DEB_PKGS"
 
-# deps-check runs before every compile: cheap when everything is present,
-# installs the missing packages otherwise (apt-get, through sudo when not root).
+# deps-check runs before every compile, deps-check-test before the tests,
+# the demo and the benchmark: cheap when everything is present, installs
+# what is missing otherwise (apt-get, through sudo when not root). A plain
+# `make` installs only what building needs.
 deps-check:
-	@pkg-config --exists $(PKGS) $(TEST_PKGS) && command -v redis-server >/dev/null \
+	@pkg-config --exists $(PKGS) \
+	  || $(MAKE) --no-print-directory deps DEB_PKGS="$(BUILD_DEB_PKGS)"
+
+deps-check-test: deps-check
+	@pkg-config --exists $(TEST_PKGS) && command -v redis-server >/dev/null \
 	  && command -v kcat >/dev/null && command -v promtool >/dev/null \
-	  && command -v clang-format >/dev/null || $(MAKE) --no-print-directory deps
+	  && command -v clang-format >/dev/null \
+	  || $(MAKE) --no-print-directory deps DEB_PKGS="$(TEST_DEB_PKGS)"
 
 deps:
 	@missing=""; for p in $(DEB_PKGS); do \
 	  dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q '^install ok installed' || missing="$$missing $$p"; \
 	done; \
 	if [ -n "$$missing" ]; then \
-	  sudo=""; [ "$$(id -u)" -eq 0 ] || sudo=sudo; \
+	  sudo=""; if [ "$$(id -u)" -ne 0 ]; then \
+	    command -v sudo >/dev/null || { echo "deps: missing$$missing; run 'make deps' as root (no sudo here)" >&2; exit 1; }; \
+	    sudo=sudo; fi; \
 	  echo "deps: installing$$missing"; \
 	  $$sudo apt-get update -qq && \
 	  DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y -qq --no-install-recommends $$missing; \
@@ -81,7 +94,7 @@ $(BUILD)/obj $(BUILD)/tobj:
 $(BUILD)/obj/%.o: processor/%.c | deps-check $(BUILD)/obj
 	$(CC) $(ALL_CFLAGS) -c -o $@ $<
 
-$(BUILD)/tobj/%.o: tests/%.c | deps-check $(BUILD)/tobj
+$(BUILD)/tobj/%.o: tests/%.c | deps-check-test $(BUILD)/tobj
 	$(CC) $(ALL_CFLAGS) -Wno-write-strings $(TEST_CFLAGS) -Iprocessor -c -o $@ $<
 
 $(BIN): $(OBJS)
@@ -90,22 +103,22 @@ $(BIN): $(OBJS)
 $(TEST_BIN): $(TEST_OBJS) $(LIB_OBJS)
 	$(CC) $(LDFLAGS) -o $@ $^ $(TEST_LIBS) $(LDLIBS_ALL)
 
-check-format: | deps-check
+check-format: | deps-check-test
 	@out=$$(clang-format --dry-run --Werror processor/*.[ch] tests/*.[ch] 2>&1); \
 	if [ -n "$$out" ]; then echo "$$out" | head -20; echo "check-format: run 'make format'"; exit 1; fi; \
 	echo "check-format: ok"
 
-format: | deps-check
+format: | deps-check-test
 	clang-format -i processor/*.[ch] tests/*.[ch]
 
 test: check-format $(BIN) $(TEST_BIN)
 	IDEMPROC_BIN=$(abspath $(BIN)) IDEMPROC_SRC=$(abspath .) \
 	  $(TEST_BIN) --jobs=$(TEST_JOBS) $(TEST_ARGS)
 
-demo: $(BIN)
+demo: $(BIN) | deps-check-test
 	@tests/demo.sh $(BIN)
 
-bench: $(BIN)
+bench: $(BIN) | deps-check-test
 	@tests/bench.sh $(BIN)
 
 install: $(BIN)

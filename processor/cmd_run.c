@@ -41,6 +41,14 @@ static void on_signal(int sig)
     alarm(shutdown_watchdog_s);
 }
 
+/* Shutdown began without a signal (a fatal producer error): the same
+ * watchdog bounds it. Called on the processing thread. */
+static void arm_watchdog(void)
+{
+    if (!run_stop)
+        alarm(shutdown_watchdog_s);
+}
+
 void idem_cmd_run_usage(FILE *out)
 {
     fprintf(out, "usage: idemproc run -c FILE [--set key=value]...\n"
@@ -98,6 +106,7 @@ int idem_cmd_run(int argc, char **argv, char **envp)
         rc = IDEM_EXIT_FAIL;
         goto out;
     }
+    idem_pipeline_on_shutdown(p, arm_watchdog);
     idem_log_kv(IDEM_LOG_INFO, "started", "member", conf->member_id, "group",
                 conf->group_id, "topics", conf->input_topics, "handler",
                 idem_handler2str(conf->handler), "version", IDEM_VERSION, NULL);

@@ -740,6 +740,22 @@ int idem_conf_finalize(idem_conf_t *conf, char *errstr, size_t errstr_size)
     }
     if (check_redis_url(conf->redis_url, errstr, errstr_size))
         return -1;
+    /* Both go into Redis key names: a ':' in the group would make two
+     * groups' dedup keys collide, glob characters in the prefix would
+     * break the SCAN MATCH that verify uses. */
+    if (strchr(conf->group_id, ':')) {
+        err_set(errstr, errstr_size,
+                "group.id: \"%s\" may not contain ':' (it is part of the "
+                "Redis dedup keys)",
+                conf->group_id);
+        return -1;
+    }
+    if (strpbrk(conf->redis_prefix, "*?[]\\")) {
+        err_set(errstr, errstr_size,
+                "redis.prefix: \"%s\" may not contain * ? [ ] or \\",
+                conf->redis_prefix);
+        return -1;
+    }
     if (conf->handler == IDEM_HANDLER_FORWARD &&
         (!conf->output_topic || !*conf->output_topic)) {
         err_set(errstr, errstr_size,

@@ -22,6 +22,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 /* How many batches may wait in memory (in flight, being filled, waiting
  * for a retry or an acknowledgement) before fetching pauses. */
@@ -100,9 +101,10 @@ struct idem_pipeline_s {
     int recommit;    /* an async commit failed: send all again */
     int again;       /* the handler deferred records to a next pass */
 
-    int64_t stop_by_ms;    /* shutting down: every wait ends by then */
-    int64_t full_since_ms; /* hands full since (0: not full) */
-    char fatal[512];       /* a producer's fatal error: stop */
+    int64_t stop_by_ms;        /* shutting down: every wait ends by then */
+    int64_t full_since_ms;     /* hands full since (0: not full) */
+    char fatal[512];           /* a producer's fatal error: stop */
+    void (*on_shutdown)(void); /* called once when shutdown begins */
     int64_t last_commit_ms;
     int64_t last_progress_ms;
     uint64_t progress_records;
@@ -1223,6 +1225,8 @@ idem_pipeline_t *idem_pipeline_new(const idem_conf_t *conf, idem_metrics_t *m,
     p->conf = conf;
     p->m = m;
     owner_update(p);
+    /* Retry jitter must differ between members, or they retry in step. */
+    srand((unsigned)(getpid() ^ idem_wall_ms()));
     p->cap = (size_t)conf->batch_max_messages * BATCHES_IN_HAND;
     p->recs = idem_xcalloc(p->cap, sizeof(*p->recs));
     p->store = idem_store_new(conf, m);
@@ -1242,6 +1246,11 @@ idem_pipeline_t *idem_pipeline_new(const idem_conf_t *conf, idem_metrics_t *m,
 fail:
     idem_pipeline_destroy(p);
     return NULL;
+}
+
+void idem_pipeline_on_shutdown(idem_pipeline_t *p, void (*fn)(void))
+{
+    p->on_shutdown = fn;
 }
 
 void idem_pipeline_destroy(idem_pipeline_t *p)
@@ -1451,6 +1460,8 @@ int idem_pipeline_run(idem_pipeline_t *p, volatile int *stop, char *errstr,
     /* Shutdown: finish what is in hand if the infrastructure allows, within
      * the time left, then commit synchronously and leave the group. */
     idem_log_kv(IDEM_LOG_INFO, "shutting down", NULL);
+    if (p->on_shutdown)
+        p->on_shutdown(); /* e.g. arm the watchdog, also after a fatal */
     /* Finishing what is in hand gets three quarters of shutdown.timeout.ms
      * less up to a second; the rest is for the commit and leaving the
      * group (the watchdog in cmd_run.c ends it all at the full timeout). */

@@ -25,6 +25,11 @@ idem_pipeline_t *idem_pipeline_new(const idem_conf_t *conf, idem_metrics_t *m,
 int idem_pipeline_run(idem_pipeline_t *p, volatile int *stop, char *errstr,
                       size_t errstr_size);
 
+/* fn is called on the processing thread when shutdown begins, whatever
+ * the cause (a signal, a fatal producer error): the command arms its
+ * watchdog there. */
+void idem_pipeline_on_shutdown(idem_pipeline_t *p, void (*fn)(void));
+
 void idem_pipeline_destroy(idem_pipeline_t *p); /* NULL is a no-op */
 
 #endif

@@ -22,7 +22,8 @@
  * small, the marks are read with one MGET, the increments are summed per
  * (currency, user) and applied with one HINCRBY each, and only new records
  * get a SET. An increment Redis refuses (overflow) leaves its records
- * unmarked and returns "reject:<error>" for them. */
+ * unmarked and returns "reject:<error>" for them, and for the repeats of
+ * their identity later in the chunk. */
 static const char ledger_lua[] =
     "local prefix, group, ttl = ARGV[1], ARGV[2], ARGV[3]\n"
     "local n = (#ARGV - 3) / 5\n"
@@ -32,18 +33,20 @@ static const char ledger_lua[] =
     "1]\n"
     "end\n"
     "local marks = redis.call('MGET', unpack(keys))\n"
-    "local out, seen, sums, new = {}, {}, {}, {}\n"
+    "local out, seen, sums, new, dups = {}, {}, {}, {}, {}\n"
     "for j = 1, n do\n"
     "  local b = 3 + (j - 1) * 5\n"
-    "  local v = seen[ARGV[b + 1]] or marks[j]\n"
-    "  if v then\n"
-    "    out[j] = v\n"
+    "  local first = seen[ARGV[b + 1]]\n"
+    "  if first then\n"
+    "    dups[#dups + 1] = {j, first}\n"
+    "  elseif marks[j] then\n"
+    "    out[j] = marks[j]\n"
     "  else\n"
     "    local h = prefix .. 'ledger:' .. ARGV[b + 3]\n"
     "    local f = ARGV[b + 4]\n"
     "    sums[h] = sums[h] or {}\n"
     "    sums[h][f] = (sums[h][f] or 0) + tonumber(ARGV[b + 5])\n"
-    "    seen[ARGV[b + 1]] = 'done:' .. ARGV[b + 2]\n"
+    "    seen[ARGV[b + 1]] = j\n"
     "    new[#new + 1] = j\n"
     "    out[j] = ''\n"
     "  end\n"
@@ -72,14 +75,27 @@ static const char ledger_lua[] =
     "if applied > 0 then\n"
     "  redis.call('INCRBY', prefix .. 'ledger:applied', applied)\n"
     "end\n"
+    "for _, d in ipairs(dups) do\n"
+    "  local j, first = d[1], d[2]\n"
+    "  if out[first] == '' then\n"
+    "    out[j] = 'done:' .. ARGV[3 + (first - 1) * 5 + 2]\n"
+    "  else\n"
+    "    out[j] = out[first]\n"
+    "  end\n"
+    "end\n"
     "return out\n";
 
-/* Claim: (identity, message_id) pairs. Free or our own lease -> lease for
- * ARGV[3] ms; a second record with an identity already claimed in this call
- * is "again": it is classified once the first one is finished. */
+/* Claim: (identity, message_id) pairs. Free, or a lease of this member
+ * from any rebalance epoch (records it still holds on partitions it kept)
+ * -> lease for ARGV[3] ms under the current owner "lease:<member>:<epoch>";
+ * a second record with an identity already claimed in this call is
+ * "again": it is classified once the first one is finished. The mark
+ * script still requires the exact current owner: a claim, its write and
+ * its mark happen in one pass, without a rebalance in between. */
 static const char claim_lua[] =
     "local prefix, group, ms, owner = ARGV[1], ARGV[2], ARGV[3], ARGV[4]\n"
     "local mine = owner .. ':'\n"
+    "local member = string.match(owner, '^(.*:)[^:]*$')\n"
     "local out, seen = {}, {}\n"
     "for i = 5, #ARGV, 2 do\n"
     "  local id = ARGV[i]\n"
@@ -88,7 +104,9 @@ static const char claim_lua[] =
     "    out[#out + 1] = 'again'\n"
     "  else\n"
     "    local v = redis.call('GET', k)\n"
-    "    if (not v) or string.sub(v, 1, #mine) == mine then\n"
+    "    local ours = v and string.sub(v, 1, #member) == member and\n"
+    "                 string.match(string.sub(v, #member + 1), '^%d+:')\n"
+    "    if (not v) or ours then\n"
     "      redis.call('SET', k, mine .. ARGV[i + 1], 'PX', ms)\n"
     "      seen[id] = true\n"
     "      out[#out + 1] = ''\n"

@@ -16,7 +16,25 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#define KUBECTL "/usr/bin/kubectl"
+/* kubectl as found on PATH (these machines ship it in /usr/bin). */
+static char *kubectl(void)
+{
+    static char found[PATH_MAX];
+    if (found[0])
+        return found;
+    const char *path = getenv("PATH");
+    char *dirs = strdup(path ? path : "/usr/bin:/bin");
+    char *rest = dirs;
+    for (char *d = strsep(&rest, ":"); d; d = strsep(&rest, ":")) {
+        snprintf(found, sizeof(found), "%s/kubectl", *d ? d : ".");
+        if (access(found, X_OK) == 0)
+            break;
+        found[0] = '\0';
+    }
+    free(dirs);
+    cr_assert(found[0], "kubectl is not on PATH");
+    return found;
+}
 TestSuite(deploy, .fini = th_stack_cleanup);
 
 #define POD_NAME "idemproc-5f7c9d8b6-x2x7q" /* what metadata.name gives */
@@ -119,7 +137,7 @@ static json_t *parse_objects(const char *text)
  * print JSON, which jansson reads. */
 static json_t *yaml_file_to_json(const char *path)
 {
-    char *argv[] = {KUBECTL,      "annotate", "--local", "-f",
+    char *argv[] = {kubectl(),    "annotate", "--local", "-f",
                     (char *)path, "-o",       "json",    "idemproc.io/parsed=1",
                     NULL};
     char *out = NULL, *err = NULL;
@@ -134,7 +152,7 @@ static json_t *yaml_file_to_json(const char *path)
 /* Renders a kustomization directory; returns its objects. */
 static json_t *render_dir(const char *dir)
 {
-    char *argv[] = {KUBECTL, "kustomize", (char *)dir, NULL};
+    char *argv[] = {kubectl(), "kustomize", (char *)dir, NULL};
     char *out = NULL, *err = NULL;
     int rc = th_run(argv, &out, &err, 60000);
     cr_assert_eq(rc, 0, "kubectl kustomize %s failed (%d): %s", dir, rc, err);

@@ -119,6 +119,31 @@ static recs_t read_topic(const char *bootstrap, const char *topic)
     return out;
 }
 
+/* Records in a topic: the sum of its partitions' high watermarks. */
+static long topic_size(const char *bootstrap, const char *topic)
+{
+    char err[512];
+    rd_kafka_conf_t *kc = rd_kafka_conf_new();
+    rd_kafka_conf_set(kc, "bootstrap.servers", bootstrap, err, sizeof(err));
+    rd_kafka_t *rk = rd_kafka_new(RD_KAFKA_PRODUCER, kc, err, sizeof(err));
+    cr_assert(rk, "%s", err);
+    const rd_kafka_metadata_t *md;
+    rd_kafka_topic_t *rkt = rd_kafka_topic_new(rk, topic, NULL);
+    long n = 0;
+    if (rd_kafka_metadata(rk, 0, rkt, &md, 10000) == 0) {
+        for (int i = 0; i < md->topics[0].partition_cnt; i++) {
+            int64_t lo, hi;
+            if (rd_kafka_query_watermark_offsets(rk, topic, i, &lo, &hi,
+                                                 10000) == 0)
+                n += (long)(hi - lo);
+        }
+        rd_kafka_metadata_destroy(md);
+    }
+    rd_kafka_topic_destroy(rkt);
+    rd_kafka_destroy(rk);
+    return n;
+}
+
 static const char *hdr(const rec_t *r, const char *name)
 {
     return json_string_value(json_object_get(r->headers, name));
@@ -335,8 +360,12 @@ ParameterizedTest(strategy_t *strategy, pipeline, member_joins_and_leaves,
     ASSERT_VERIFIED(&stk, 1, NULL, 120000);
     cr_expect_eq(th_stop(a, 15000), 0);
     char *log = member_log(&stk, "a");
-    cr_expect(strstr(log, "partitions revoked") ||
-                  strstr(log, "partitions assigned\",\"count\""),
+    /* a started alone with every partition; b's arrival and departure
+     * must have taken some away and given them back. */
+    int assigns = 0;
+    for (char *q = log; (q = strstr(q, "partitions assigned")); q++)
+        assigns++;
+    cr_expect(strstr(log, "partitions revoked") || assigns >= 2,
               "a saw no rebalance:\n%s", log);
     free(log);
     th_stack_stop(&stk);
@@ -557,10 +586,19 @@ Test(forward, loses_nothing_across_sigkill, .timeout = 180)
         "--count",           "8000", "--duplicates", "0.1", "--poison", "0.01",
         "--too-large-bytes", "5000", "--seed",       "17",  NULL};
     cr_assert_eq(th_stack_produce(&stk, big), 0);
+    long unique = expect_count(&stk, "unique", NULL);
     pid_t m = th_stack_member(&stk, "m1", NULL);
-    usleep(4000000); /* let it join and work for a while */
+    /* Kill it mid-stream: part of the output written, not all. */
+    long written = 0;
+    for (int t = 0; t < 600 && written < unique / 4; t++) {
+        written = topic_size(stk.broker.bootstrap, "payments.out");
+        usleep(100000);
+    }
     kill(m, SIGKILL);
-    th_wait(m, 5000);
+    cr_expect_eq(th_wait(m, 5000), 128 + SIGKILL);
+    written = topic_size(stk.broker.bootstrap, "payments.out");
+    cr_assert_geq(written, unique / 4, "m1 never got going");
+    cr_assert_lt(written, unique, "killed too late to prove anything");
     m = th_stack_member(&stk, "m2", NULL);
     ASSERT_VERIFIED(&stk, 1, NULL, 120000);
     cr_expect_eq(th_stop(m, 15000), 0);
@@ -660,5 +698,75 @@ Test(pipeline, dead_letter_too_big_for_the_dlq_drops_its_value, .timeout = 120)
     }
     cr_expect_eq(dropped, too_large);
     recs_free(&dlq);
+    th_stack_stop(&stk);
+}
+
+/* A member's own lease from an earlier rebalance epoch (a record it still
+ * held on a partition it kept) is taken over at once, not waited out. */
+Test(forward, own_lease_from_an_earlier_epoch_is_taken_at_once, .timeout = 90)
+{
+    const char *props[] = {"handler=forward", "output.topic=payments.out",
+                           "dedup.lease.ms=60000", NULL};
+    cr_assert_eq(th_stack_start(&stk, 4, props), 0);
+    const char *one[] = {"--count", "20", "--seed", "23", NULL};
+    cr_assert_eq(th_stack_produce(&stk, one), 0);
+    recs_t in = read_topic(stk.broker.bootstrap, "payments");
+    cr_assert_gt(in.n, 0);
+    char key[512], val[300];
+    snprintf(key, sizeof(key), "idemproc:dedup:test-group:%s",
+             hdr(&in.v[0], "idempotency_key"));
+    snprintf(val, sizeof(val), "lease:m1:0:%s", hdr(&in.v[0], "message_id"));
+    const char *set[] = {"SET", key, val, "PX", "60000", NULL};
+    free(th_redis_cli(&stk.redis, set));
+    recs_free(&in);
+    pid_t m = th_stack_member(&stk, "m1", NULL);
+    /* Far less than the 60 s lease: it must not wait for it. */
+    ASSERT_VERIFIED(&stk, 0, NULL, 25000);
+    cr_expect_eq(th_stop(m, 15000), 0);
+    th_stack_stop(&stk);
+}
+
+/* An increment Redis refuses (the balance would overflow) is poison:
+ * handler-rejected, nothing applied, no mark set. */
+Test(pipeline, refused_increment_is_handler_rejected, .timeout = 90)
+{
+    cr_assert_eq(th_stack_start(&stk, 2, NULL), 0);
+    const char *few[] = {"--count",
+                         "6",
+                         "--users",
+                         "1",
+                         "--currencies",
+                         "EUR",
+                         "--duplicates",
+                         "0.5",
+                         "--seed",
+                         "24",
+                         NULL};
+    cr_assert_eq(th_stack_produce(&stk, few), 0);
+    /* Every record, duplicates included: none of them can be applied, and
+     * a duplicate of a refused record is refused too (no mark was set). */
+    long sent = expect_count(&stk, "sent", NULL);
+    const char *full[] = {"HSET", "idemproc:ledger:EUR", "user-1",
+                          "9223372036854775000", NULL};
+    free(th_redis_cli(&stk.redis, full));
+    pid_t m = th_stack_member(&stk, "m1", NULL);
+    long rejected = 0;
+    for (int t = 0; t < 300 && rejected < sent; t++) {
+        recs_t dlq = read_topic(stk.broker.bootstrap, "payments.dlq");
+        rejected = 0;
+        for (size_t i = 0; i < dlq.n; i++)
+            if (!strcmp(hdr(&dlq.v[i], "dlq.reason"), "handler-rejected"))
+                rejected++;
+        recs_free(&dlq);
+        usleep(100000);
+    }
+    cr_expect_eq(rejected, sent, "%ld of %ld records handler-rejected",
+                 rejected, sent);
+    cr_expect_eq(th_stack_applied(&stk), 0);
+    const char *bal[] = {"HGET", "idemproc:ledger:EUR", "user-1", NULL};
+    char *v = th_redis_cli(&stk.redis, bal);
+    cr_expect_str_eq(v, "9223372036854775000");
+    free(v);
+    cr_expect_eq(th_stop(m, 15000), 0);
     th_stack_stop(&stk);
 }
