@@ -770,3 +770,50 @@ Test(pipeline, refused_increment_is_handler_rejected, .timeout = 90)
     cr_expect_eq(th_stop(m, 15000), 0);
     th_stack_stop(&stk);
 }
+
+/* Redis forgets its scripts (SCRIPT FLUSH by an operator, a failover to a
+ * replica without them): NOSCRIPT reloads them, nothing is dead-lettered
+ * for it, the ledger stays exact; done marks carry dedup.ttl.seconds. */
+Test(pipeline, script_flush_reloads_and_marks_expire, .timeout = 120)
+{
+    const char *props[] = {"batch.max.messages=50", "dedup.ttl.seconds=3600",
+                           NULL};
+    cr_assert_eq(th_stack_start(&stk, 4, props), 0);
+    const char *big[] = {
+        "--count",           "20000", "--duplicates", "0.1", "--poison", "0.01",
+        "--too-large-bytes", "5000",  "--seed",       "25",  NULL};
+    cr_assert_eq(th_stack_produce(&stk, big), 0);
+    long unique = expect_count(&stk, "unique", NULL);
+    pid_t m = th_stack_member(&stk, "m1", NULL);
+    cr_assert_eq(wait_applied(&stk, unique / 5, 60000), 0);
+    for (int i = 0; i < 3; i++) {
+        const char *flush[] = {"SCRIPT", "FLUSH", NULL};
+        char *ok = th_redis_cli(&stk.redis, flush);
+        cr_expect_str_eq(ok, "OK");
+        free(ok);
+        usleep(200000);
+    }
+    ASSERT_VERIFIED(&stk, 1, NULL, 90000);
+    char *log = member_log(&stk, "m1");
+    cr_expect(strstr(log, "reloading"), "no NOSCRIPT seen: the test proves "
+                                        "nothing");
+    free(log);
+    /* A done mark expires after dedup.ttl.seconds. */
+    recs_t in = read_topic(stk.broker.bootstrap, "payments");
+    char key[512];
+    for (size_t i = 0; i < in.n; i++) {
+        const char *ik = hdr(&in.v[i], "idempotency_key");
+        if (!ik)
+            continue;
+        snprintf(key, sizeof(key), "idemproc:dedup:test-group:%s", ik);
+        break;
+    }
+    recs_free(&in);
+    const char *ttl[] = {"TTL", key, NULL};
+    char *t = th_redis_cli(&stk.redis, ttl);
+    long secs = t ? atol(t) : -9;
+    cr_expect(secs > 3000 && secs <= 3600, "TTL of %s: %s", key, t);
+    free(t);
+    cr_expect_eq(th_stop(m, 15000), 0);
+    th_stack_stop(&stk);
+}
