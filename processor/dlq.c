@@ -1,6 +1,7 @@
 /* dlq: the dead-letter producer: poison records with their original key,
  * bytes and headers plus dlq.* headers that say why. */
 #include "dlq.h"
+#include "kafka.h"
 #include "log.h"
 #include "util.h"
 
@@ -11,7 +12,6 @@
 
 struct idem_dlq_s {
     const idem_conf_t *conf;
-    char fatal[512]; /* the producer's fatal error, "" while healthy */
     idem_dlq_report_cb *report;
     rd_kafka_t *rk;
     rd_kafka_topic_t *rkt;
@@ -29,68 +29,27 @@ static void dlq_dr_cb(rd_kafka_t *rk, const rd_kafka_message_t *m, void *opaque)
     d->report(m->_private, m->err);
 }
 
-/* Error callback: fires in rd_kafka_poll/flush on the processing thread.
- * Only a fatal error (the idempotent producer cannot guarantee order or
- * no duplication any more) matters here; the rest is retried inside
- * librdkafka and surfaces as failed deliveries. */
-static void dlq_error_cb(rd_kafka_t *rk, int err, const char *reason,
-                         void *opaque)
-{
-    idem_dlq_t *d = opaque;
-    if (err != RD_KAFKA_RESP_ERR__FATAL) {
-        /* With an error callback set librdkafka no longer logs these. */
-        idem_log_kv(IDEM_LOG_WARN, "dlq producer error", "error",
-                    rd_kafka_err2str((rd_kafka_resp_err_t)err), "reason",
-                    reason, NULL);
-        return;
-    }
-    char why[400];
-    rd_kafka_fatal_error(rk, why, sizeof(why));
-    snprintf(d->fatal, sizeof(d->fatal), "dlq producer: %s", why);
-}
-
 idem_dlq_t *idem_dlq_new(const idem_conf_t *conf, idem_dlq_report_cb *report,
                          char *errstr, size_t errstr_size)
 {
     idem_dlq_t *d = idem_xcalloc(1, sizeof(*d));
     d->conf = conf;
     d->report = report;
-    rd_kafka_conf_t *kc = rd_kafka_conf_new();
-    char kerr[512];
     /* A dead letter carries the original value, which may be larger than
      * librdkafka's default limit (too-large records by definition are):
      * allow the protocol maximum unless kafka.message.max.bytes says
      * otherwise. */
-    if (rd_kafka_conf_set(kc, "message.max.bytes", "1000000000", kerr,
-                          sizeof(kerr)) != RD_KAFKA_CONF_OK ||
-        idem_conf_apply_kafka(conf, kc, errstr, errstr_size)) {
-        rd_kafka_conf_destroy(kc);
+    rd_kafka_conf_t *kc =
+        idem_kafka_writer_conf(conf, 1000000000, errstr, errstr_size);
+    if (!kc) {
         free(d);
         return NULL;
     }
-    /* Consumer-only properties passed through kafka.* are ignored by a
-     * producer with a warning; what matters here is set last. */
-    const char *props[][2] = {{"enable.idempotence", "true"},
-                              {"acks", "all"},
-                              {"linger.ms", "5"},
-                              {"message.timeout.ms", "15000"}};
-    for (size_t i = 0; i < sizeof(props) / sizeof(props[0]); i++) {
-        if (rd_kafka_conf_set(kc, props[i][0], props[i][1], kerr,
-                              sizeof(kerr)) != RD_KAFKA_CONF_OK) {
-            snprintf(errstr, errstr_size, "dlq producer: %s", kerr);
-            rd_kafka_conf_destroy(kc);
-            free(d);
-            return NULL;
-        }
-    }
     rd_kafka_conf_set_opaque(kc, d);
     rd_kafka_conf_set_dr_msg_cb(kc, dlq_dr_cb);
-    rd_kafka_conf_set_error_cb(kc, dlq_error_cb);
-    rd_kafka_conf_set_log_cb(kc, idem_log_rdkafka);
-    rd_kafka_t *rk = rd_kafka_new(RD_KAFKA_PRODUCER, kc, kerr, sizeof(kerr));
+    rd_kafka_t *rk = idem_kafka_new(RD_KAFKA_PRODUCER, kc, "dlq producer",
+                                    errstr, errstr_size);
     if (!rk) {
-        rd_kafka_conf_destroy(kc); /* ours again when rd_kafka_new fails */
-        snprintf(errstr, errstr_size, "dlq producer: %s", kerr);
         free(d);
         return NULL;
     }
@@ -191,7 +150,7 @@ int idem_dlq_flush(idem_dlq_t *d, int timeout_ms)
     return rd_kafka_outq_len(d->rk);
 }
 
-const char *idem_dlq_fatal(const idem_dlq_t *d)
+int idem_dlq_fatal(idem_dlq_t *d, char *buf, size_t size)
 {
-    return d->fatal[0] ? d->fatal : NULL;
+    return idem_kafka_fatal(d->rk, "dlq producer", buf, size);
 }

@@ -40,9 +40,9 @@ int idem_dlq_send(idem_dlq_t *d, const rd_kafka_message_t *msg,
                   int drop_value, void *opaque, char *errstr,
                   size_t errstr_size);
 
-/* The producer's fatal error (borrowed text), or NULL while healthy. After
- * one, no write can be trusted: the process must stop. */
-const char *idem_dlq_fatal(const idem_dlq_t *d);
+/* Returns 1 with the producer's fatal error in buf, 0 while healthy.
+ * After one, no write can be trusted: the process must stop. */
+int idem_dlq_fatal(idem_dlq_t *d, char *buf, size_t size);
 
 /* Serves delivery reports without waiting. */
 void idem_dlq_poll(idem_dlq_t *d);

@@ -13,6 +13,7 @@
 #include "pipeline.h"
 #include "dlq.h"
 #include "envelope.h"
+#include "kafka.h"
 #include "log.h"
 #include "store.h"
 #include "util.h"
@@ -1081,25 +1082,6 @@ static int consumer_stats_cb(rd_kafka_t *rk, char *json, size_t len,
     return 0;
 }
 
-static int kconf_set(rd_kafka_conf_t *kc, const char *name, const char *value,
-                     char *errstr, size_t errstr_size)
-{
-    char kerr[512];
-    if (rd_kafka_conf_set(kc, name, value, kerr, sizeof(kerr)) ==
-        RD_KAFKA_CONF_OK)
-        return 0;
-    snprintf(errstr, errstr_size, "kafka.%s: %s", name, kerr);
-    return -1;
-}
-
-static int conf_has_kafka(const idem_conf_t *conf, const char *name)
-{
-    for (size_t i = 0; i < conf->kafka_cnt; i++)
-        if (!strcmp(conf->kafka[i].name, name))
-            return 1;
-    return 0;
-}
-
 static rd_kafka_t *consumer_new(idem_pipeline_t *p, char *errstr,
                                 size_t errstr_size)
 {
@@ -1109,17 +1091,21 @@ static rd_kafka_t *consumer_new(idem_pipeline_t *p, char *errstr,
     snprintf(num, sizeof(num), "%" PRId64, c->stats_interval_ms);
     /* Defaults first, then the user's kafka.* (which may override the
      * tuning ones), then what correctness requires. */
-    if ((!conf_has_kafka(c, "statistics.interval.ms") &&
-         kconf_set(kc, "statistics.interval.ms", num, errstr, errstr_size)) ||
-        kconf_set(kc, "client.id", c->member_id, errstr, errstr_size) ||
-        kconf_set(kc, "auto.offset.reset", "earliest", errstr, errstr_size) ||
+    if ((!idem_kafka_user_set(c, "statistics.interval.ms") &&
+         idem_kafka_set(kc, "statistics.interval.ms", num, errstr,
+                        errstr_size)) ||
+        idem_kafka_set(kc, "client.id", c->member_id, errstr, errstr_size) ||
+        idem_kafka_set(kc, "auto.offset.reset", "earliest", errstr,
+                       errstr_size) ||
         idem_conf_apply_kafka(c, kc, errstr, errstr_size) ||
-        kconf_set(kc, "group.id", c->group_id, errstr, errstr_size) ||
-        kconf_set(kc, "enable.auto.commit", "false", errstr, errstr_size) ||
-        kconf_set(kc, "enable.auto.offset.store", "false", errstr,
-                  errstr_size) ||
-        kconf_set(kc, "enable.partition.eof", "false", errstr, errstr_size) ||
-        kconf_set(kc, "log.queue", "true", errstr, errstr_size)) {
+        idem_kafka_set(kc, "group.id", c->group_id, errstr, errstr_size) ||
+        idem_kafka_set(kc, "enable.auto.commit", "false", errstr,
+                       errstr_size) ||
+        idem_kafka_set(kc, "enable.auto.offset.store", "false", errstr,
+                       errstr_size) ||
+        idem_kafka_set(kc, "enable.partition.eof", "false", errstr,
+                       errstr_size) ||
+        idem_kafka_set(kc, "log.queue", "true", errstr, errstr_size)) {
         rd_kafka_conf_destroy(kc);
         return NULL;
     }
@@ -1128,70 +1114,33 @@ static rd_kafka_t *consumer_new(idem_pipeline_t *p, char *errstr,
     rd_kafka_conf_set_offset_commit_cb(kc, commit_cb);
     rd_kafka_conf_set_log_cb(kc, idem_log_rdkafka);
     rd_kafka_conf_set_error_cb(kc, consumer_error_cb);
-    if (c->stats_interval_ms > 0 || conf_has_kafka(c, "statistics.interval.ms"))
+    if (c->stats_interval_ms > 0 ||
+        idem_kafka_user_set(c, "statistics.interval.ms"))
         rd_kafka_conf_set_stats_cb(kc, consumer_stats_cb);
-    char kerr[512];
-    rd_kafka_t *rk = rd_kafka_new(RD_KAFKA_CONSUMER, kc, kerr, sizeof(kerr));
-    if (!rk) {
-        rd_kafka_conf_destroy(kc); /* ours again when rd_kafka_new fails */
-        snprintf(errstr, errstr_size, "kafka consumer: %s", kerr);
+    rd_kafka_t *rk = idem_kafka_new(RD_KAFKA_CONSUMER, kc, "kafka consumer",
+                                    errstr, errstr_size);
+    if (!rk)
         return NULL;
-    }
     rd_kafka_set_log_queue(rk, NULL); /* logs to the main queue ... */
     rd_kafka_poll_set_consumer(rk);   /* ... served by consumer_poll */
     return rk;
 }
 
-/* Output producer error callback: fires in rd_kafka_poll/flush of that
- * producer on the processing thread; see dlq_error_cb. */
-static void output_error_cb(rd_kafka_t *rk, int err, const char *reason,
-                            void *opaque)
-{
-    idem_pipeline_t *p = opaque;
-    if (err != RD_KAFKA_RESP_ERR__FATAL) {
-        /* With an error callback set librdkafka no longer logs these. */
-        idem_log_kv(IDEM_LOG_WARN, "output producer error", "error",
-                    rd_kafka_err2str((rd_kafka_resp_err_t)err), "reason",
-                    reason, NULL);
-        return;
-    }
-    char why[400];
-    rd_kafka_fatal_error(rk, why, sizeof(why));
-    snprintf(p->fatal, sizeof(p->fatal), "output producer: %s", why);
-}
-
+/* The forward handler's idempotent output producer: a valid record may be
+ * up to message.max.bytes (plus processed_at), above librdkafka's default
+ * limit. Returns NULL with errstr. */
 static rd_kafka_t *output_new(idem_pipeline_t *p, char *errstr,
                               size_t errstr_size)
 {
-    const idem_conf_t *c = p->conf;
-    rd_kafka_conf_t *kc = rd_kafka_conf_new();
-    /* A valid record may be up to message.max.bytes (plus processed_at);
-     * librdkafka's default limit is lower. kafka.message.max.bytes wins. */
-    char limit[32];
-    snprintf(limit, sizeof(limit), "%" PRId64,
-             c->message_max_bytes + 65536 > 1000000
-                 ? c->message_max_bytes + 65536
-                 : 1000000);
-    if (kconf_set(kc, "message.max.bytes", limit, errstr, errstr_size) ||
-        idem_conf_apply_kafka(c, kc, errstr, errstr_size) ||
-        kconf_set(kc, "enable.idempotence", "true", errstr, errstr_size) ||
-        kconf_set(kc, "acks", "all", errstr, errstr_size) ||
-        kconf_set(kc, "linger.ms", "5", errstr, errstr_size) ||
-        kconf_set(kc, "message.timeout.ms", "15000", errstr, errstr_size)) {
-        rd_kafka_conf_destroy(kc);
+    int64_t limit = p->conf->message_max_bytes + 65536;
+    rd_kafka_conf_t *kc = idem_kafka_writer_conf(
+        p->conf, limit > 1000000 ? limit : 1000000, errstr, errstr_size);
+    if (!kc)
         return NULL;
-    }
     rd_kafka_conf_set_opaque(kc, p);
     rd_kafka_conf_set_dr_msg_cb(kc, out_dr_cb);
-    rd_kafka_conf_set_error_cb(kc, output_error_cb);
-    rd_kafka_conf_set_log_cb(kc, idem_log_rdkafka);
-    char kerr[512];
-    rd_kafka_t *rk = rd_kafka_new(RD_KAFKA_PRODUCER, kc, kerr, sizeof(kerr));
-    if (!rk) {
-        rd_kafka_conf_destroy(kc); /* ours again when rd_kafka_new fails */
-        snprintf(errstr, errstr_size, "output producer: %s", kerr);
-    }
-    return rk;
+    return idem_kafka_new(RD_KAFKA_PRODUCER, kc, "output producer", errstr,
+                          errstr_size);
 }
 
 static int subscribe(idem_pipeline_t *p, char *errstr, size_t errstr_size)
@@ -1448,8 +1397,10 @@ int idem_pipeline_run(idem_pipeline_t *p, volatile int *stop, char *errstr,
         progress_log(p, now);
         if (p->out)
             rd_kafka_poll(p->out, 0);
-        if (!p->fatal[0] && idem_dlq_fatal(p->dlq))
-            snprintf(p->fatal, sizeof(p->fatal), "%s", idem_dlq_fatal(p->dlq));
+        if (!p->fatal[0] &&
+            !idem_dlq_fatal(p->dlq, p->fatal, sizeof(p->fatal)) && p->out)
+            idem_kafka_fatal(p->out, "output producer", p->fatal,
+                             sizeof(p->fatal));
         if (p->fatal[0]) {
             idem_log_kv(IDEM_LOG_ERROR, "fatal producer error: stopping",
                         "error", p->fatal, NULL);

@@ -2,6 +2,7 @@
  * expectations `produce --expect` wrote. */
 #include "verify.h"
 #include "envelope.h"
+#include "kafka.h"
 #include "outcome.h"
 #include "store.h"
 #include "util.h"
@@ -123,12 +124,10 @@ static int read_topic(const idem_conf_t *conf, const char *topic,
         rd_kafka_conf_destroy(kc);
         return -1;
     }
-    rd_kafka_t *rk = rd_kafka_new(RD_KAFKA_CONSUMER, kc, kerr, sizeof(kerr));
-    if (!rk) {
-        rd_kafka_conf_destroy(kc); /* ours again when rd_kafka_new fails */
-        snprintf(errstr, errstr_size, "topic reader: %s", kerr);
+    rd_kafka_t *rk = idem_kafka_new(RD_KAFKA_CONSUMER, kc, "topic reader",
+                                    errstr, errstr_size);
+    if (!rk)
         return -1;
-    }
     rd_kafka_poll_set_consumer(rk);
     int rc = -1;
     const rd_kafka_metadata_t *md = NULL;

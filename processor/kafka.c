@@ -1,0 +1,71 @@
+/* kafka: what the processor's librdkafka clients share: setting
+ * properties with our error text, creating a client, the settings of its
+ * idempotent writers (DLQ, forward output), and their fatal errors. */
+#include "kafka.h"
+#include "log.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <string.h>
+
+int idem_kafka_set(rd_kafka_conf_t *kc, const char *name, const char *value,
+                   char *errstr, size_t errstr_size)
+{
+    char kerr[512];
+    if (rd_kafka_conf_set(kc, name, value, kerr, sizeof(kerr)) ==
+        RD_KAFKA_CONF_OK)
+        return 0;
+    snprintf(errstr, errstr_size, "kafka.%s: %s", name, kerr);
+    return -1;
+}
+
+int idem_kafka_user_set(const idem_conf_t *conf, const char *name)
+{
+    for (size_t i = 0; i < conf->kafka_cnt; i++)
+        if (!strcmp(conf->kafka[i].name, name))
+            return 1;
+    return 0;
+}
+
+rd_kafka_conf_t *idem_kafka_writer_conf(const idem_conf_t *conf,
+                                        int64_t max_bytes, char *errstr,
+                                        size_t errstr_size)
+{
+    rd_kafka_conf_t *kc = rd_kafka_conf_new();
+    char limit[32];
+    snprintf(limit, sizeof(limit), "%" PRId64, max_bytes);
+    if (idem_kafka_set(kc, "message.max.bytes", limit, errstr, errstr_size) ||
+        idem_conf_apply_kafka(conf, kc, errstr, errstr_size) ||
+        idem_kafka_set(kc, "enable.idempotence", "true", errstr, errstr_size) ||
+        idem_kafka_set(kc, "acks", "all", errstr, errstr_size) ||
+        idem_kafka_set(kc, "linger.ms", "5", errstr, errstr_size) ||
+        idem_kafka_set(kc, "message.timeout.ms", "15000", errstr,
+                       errstr_size)) {
+        rd_kafka_conf_destroy(kc);
+        return NULL;
+    }
+    rd_kafka_conf_set_log_cb(kc, idem_log_rdkafka);
+    return kc;
+}
+
+rd_kafka_t *idem_kafka_new(rd_kafka_type_t type, rd_kafka_conf_t *kc,
+                           const char *who, char *errstr, size_t errstr_size)
+{
+    char kerr[512];
+    rd_kafka_t *rk = rd_kafka_new(type, kc, kerr, sizeof(kerr));
+    if (!rk) {
+        rd_kafka_conf_destroy(kc);
+        snprintf(errstr, errstr_size, "%s: %s", who, kerr);
+    }
+    return rk;
+}
+
+int idem_kafka_fatal(rd_kafka_t *rk, const char *who, char *buf, size_t size)
+{
+    char why[400];
+    if (rd_kafka_fatal_error(rk, why, sizeof(why)) ==
+        RD_KAFKA_RESP_ERR_NO_ERROR)
+        return 0;
+    snprintf(buf, size, "%s: %s", who, why);
+    return 1;
+}
