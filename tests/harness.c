@@ -1,6 +1,7 @@
 /* harness: real processes for integration tests: a private redis-server on
  * a free port in a temp dir, the embedded broker, and idemproc commands. */
 #include "harness.h"
+#include "envelope.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -550,4 +551,20 @@ long th_stack_applied(th_stack_t *s)
     long v = out ? strtol(out, NULL, 10) : 0;
     free(out);
     return v;
+}
+
+int th_classify(const char *value, size_t len, const char *hdr_mid,
+                const char *hdr_ikey, size_t max_bytes, void *env)
+{
+    rd_kafka_headers_t *h = rd_kafka_headers_new(2);
+    if (hdr_mid)
+        rd_kafka_header_add(h, "message_id", -1, hdr_mid, -1);
+    if (hdr_ikey)
+        rd_kafka_header_add(h, "idempotency_key", -1, hdr_ikey, -1);
+    idem_reason_t reason;
+    char err[256];
+    int r = idem_envelope_parse(value, len, h, 1, max_bytes, env, &reason, err,
+                                sizeof(err));
+    rd_kafka_headers_destroy(h);
+    return r == 0 ? -1 : (int)reason;
 }

@@ -78,6 +78,13 @@ void th_broker_stop(th_broker_t *b);
 int th_run_env(char *const argv[], char *const env[], char **out, char **err,
                int timeout_ms);
 
+/* The processor's own verdict on a record (idem_envelope_parse with the
+ * ledger fields), so generator tests check what the processor will do:
+ * -1 for a valid payment with *env filled, else the poison reason. The
+ * header values may be NULL (no such header). */
+int th_classify(const char *value, size_t len, const char *hdr_mid,
+                const char *hdr_ikey, size_t max_bytes, void *env);
+
 #endif
 
 /* Minimal HTTP/1.0 GET to 127.0.0.1:port. Returns the status code (and

@@ -1,7 +1,9 @@
 /* test_gen: the traffic generator: determinism, poison of every reason,
  * duplicates of both kinds and placements, and its expectations. */
 #include "conf.h"
+#include "envelope.h"
 #include "gen.h"
+#include "harness.h"
 #include "outcome.h"
 
 #include <criterion/criterion.h>
@@ -90,56 +92,20 @@ static int amount_is_two_decimals(const char *t)
            t[i + 2] >= '0' && t[i + 2] <= '9' && t[i + 3] == '\0';
 }
 
-/* The processor's validity rules (README.md, "The envelope").
- * Returns the poison reason, or -1 for a valid payment (fields filled). */
+/* What the processor makes of a generated record (th_classify): -1 for a
+ * valid payment (its currency, user and cents filled), else the reason. */
 static int classify(const char *value, size_t len, const char *hdr_mid,
                     const char *hdr_ikey, size_t max_bytes, char *cur,
                     char *user, long long *cents)
 {
-    if (len > max_bytes)
-        return IDEM_REASON_TOO_LARGE;
-    json_error_t e;
-    json_t *doc = json_loadb(value, len, JSON_DECODE_ANY, &e);
-    if (!doc)
-        return IDEM_REASON_NOT_JSON;
-    int reason = -1;
-    if (!json_is_object(doc)) {
-        reason = IDEM_REASON_NOT_OBJECT;
-        goto out;
+    idem_envelope_t env;
+    int r = th_classify(value, len, hdr_mid, hdr_ikey, max_bytes, &env);
+    if (r < 0) {
+        snprintf(cur, 8, "%s", env.currency);
+        snprintf(user, IDEM_ENVELOPE_ID_MAX + 1, "%s", env.user_id);
+        *cents = env.amount_minor;
     }
-    json_t *ik = json_object_get(doc, "idempotency_key");
-    json_t *mid = json_object_get(doc, "message_id");
-    if (!ik && !mid && !hdr_mid && !hdr_ikey) {
-        reason = IDEM_REASON_NO_IDENTITY;
-        goto out;
-    }
-    json_t *u = json_object_get(doc, "user_id");
-    json_t *amt = json_object_get(doc, "amount");
-    json_t *c = json_object_get(doc, "currency");
-    char at[64];
-    if ((ik && (!json_is_string(ik) || !*json_string_value(ik))) ||
-        (mid && (!json_is_string(mid) || !*json_string_value(mid))) ||
-        !json_is_string(u) || !*json_string_value(u) || !json_is_number(amt) ||
-        json_number_value(amt) <= 0 || json_number_value(amt) > 1e9 ||
-        amount_text(value, at, sizeof(at)) || !amount_is_two_decimals(at) ||
-        !json_is_string(c) || strlen(json_string_value(c)) != 3) {
-        reason = IDEM_REASON_INVALID_FIELD;
-        goto out;
-    }
-    const char *cs = json_string_value(c);
-    for (int i = 0; i < 3; i++)
-        if (cs[i] < 'A' || cs[i] > 'Z')
-            reason = IDEM_REASON_INVALID_FIELD;
-    if (reason >= 0)
-        goto out;
-    strcpy(cur, cs);
-    snprintf(user, 64, "%s", json_string_value(u));
-    long long whole = 0, frac = 0;
-    sscanf(at, "%lld.%lld", &whole, &frac);
-    *cents = whole * 100 + frac;
-out:
-    json_decref(doc);
-    return reason;
+    return r;
 }
 
 static idem_gen_opts_t opts_with(uint64_t seed, int64_t count, double dups,
@@ -193,7 +159,7 @@ Test(gen, every_poison_reason_and_flavour_and_processor_agrees)
     int seen[IDEM_REASON_CNT][8] = {{0}};
     for (size_t i = 0; i < n; i++) {
         rec_copy_t *r = &all[i];
-        char cur[8], user[64];
+        char cur[8], user[IDEM_ENVELOPE_ID_MAX + 1];
         long long cents;
         int got = classify(r->value, r->rec.value_len, r->mid, r->ikey, 4095,
                            cur, user, &cents);
@@ -277,7 +243,7 @@ Test(gen, expect_counts_and_ledger_match_a_recomputation)
     json_t *ledger = json_object(), *keys = json_object();
     long long reasons[IDEM_REASON_CNT] = {0}, unique = 0;
     for (size_t i = 0; i < n; i++) {
-        char cur[8], user[64];
+        char cur[8], user[IDEM_ENVELOPE_ID_MAX + 1];
         long long cents;
         int r = classify(all[i].value, all[i].rec.value_len, all[i].mid,
                          all[i].ikey, 4095, cur, user, &cents);
