@@ -11,6 +11,13 @@
 
 typedef enum { IDEM_HANDLER_LEDGER = 0, IDEM_HANDLER_FORWARD } idem_handler_t;
 
+/* dlq.headers.format: which headers a dead letter gets. */
+typedef enum {
+    IDEM_DLQ_HEADERS_IDEMPROC = 0, /* dlq.* only */
+    IDEM_DLQ_HEADERS_SPRING,       /* kafka_dlt-* only */
+    IDEM_DLQ_HEADERS_BOTH
+} idem_dlq_headers_t;
+
 /* The effective configuration. Fields are filled through the table in conf.c
  * (never assign them directly outside tests); strings are owned by the conf
  * and freed by idem_conf_destroy(). Unset optional strings are NULL. */
@@ -19,6 +26,8 @@ typedef struct idem_conf_s {
     char *group_id;
     char *input_topics; /* comma list; "^" prefix = regex subscription */
     char *dlq_topic;
+    int dlq_headers_format;  /* idem_dlq_headers_t */
+    int64_t dlq_replay_max;  /* dlq replay refuses records replayed this often */
     char *output_topic;   /* forward handler only */
     char *member_id;      /* client.id, lease owner, log context */
     char *redis_url;      /* redis://[:pw@]host:port/db or unix:///path */

@@ -86,6 +86,73 @@ static void hdr_add(rd_kafka_headers_t *h, const char *name, const char *v)
     rd_kafka_header_add(h, name, -1, v, -1);
 }
 
+/* Headers a dead letter gets here. A record that already carries one (a
+ * copy of a dead letter fed back by hand, a replay that failed again) has
+ * it replaced, so each appears once; dlq.replayed.from and
+ * dlq.replay.count are kept, so replays of one record are counted across
+ * its trips through the DLQ. */
+static const char *const own_headers[] = {
+    "dlq.reason",
+    "dlq.error",
+    "dlq.original.topic",
+    "dlq.original.partition",
+    "dlq.original.offset",
+    "dlq.original.timestamp",
+    "dlq.group",
+    "dlq.attempts",
+    "dlq.failed.at",
+    "dlq.value.dropped",
+    "kafka_dlt-original-topic",
+    "kafka_dlt-original-partition",
+    "kafka_dlt-original-offset",
+    "kafka_dlt-original-timestamp",
+    "kafka_dlt-original-timestamp-type",
+    "kafka_dlt-original-consumer-group",
+    "kafka_dlt-exception-fqcn",
+    "kafka_dlt-exception-cause-fqcn",
+    "kafka_dlt-exception-message",
+    "kafka_dlt-exception-stacktrace",
+    NULL};
+
+static void be_put(unsigned char *out, uint64_t v, int bytes)
+{
+    for (int i = bytes - 1; i >= 0; i--, v >>= 8)
+        out[i] = (unsigned char)(v & 0xff);
+}
+
+void idem_dlq_spring_headers(rd_kafka_headers_t *h, const char *topic,
+                             int32_t partition, int64_t offset,
+                             int64_t timestamp,
+                             rd_kafka_timestamp_type_t tstype,
+                             const char *group, const char *reason,
+                             const char *error)
+{
+    unsigned char b[8];
+    hdr_add(h, "kafka_dlt-original-topic", topic);
+    be_put(b, (uint32_t)partition, 4);
+    rd_kafka_header_add(h, "kafka_dlt-original-partition", -1, b, 4);
+    be_put(b, (uint64_t)offset, 8);
+    rd_kafka_header_add(h, "kafka_dlt-original-offset", -1, b, 8);
+    be_put(b, (uint64_t)timestamp, 8);
+    rd_kafka_header_add(h, "kafka_dlt-original-timestamp", -1, b, 8);
+    /* The names of Kafka's TimestampType, as Spring writes them. */
+    hdr_add(h, "kafka_dlt-original-timestamp-type",
+            tstype == RD_KAFKA_TIMESTAMP_CREATE_TIME       ? "CreateTime"
+            : tstype == RD_KAFKA_TIMESTAMP_LOG_APPEND_TIME ? "LogAppendTime"
+                                                           : "NoTimestampType");
+    hdr_add(h, "kafka_dlt-original-consumer-group", group);
+    char fqcn[64];
+    snprintf(fqcn, sizeof(fqcn), "%s%s", IDEM_DLQ_SPRING_FQCN_PREFIX, reason);
+    hdr_add(h, "kafka_dlt-exception-fqcn", fqcn);
+    hdr_add(h, "kafka_dlt-exception-message", error);
+    /* Spring always writes a stack trace; ours is its first line. */
+    size_t n = strlen(fqcn) + strlen(error) + 3;
+    char *trace = idem_xmalloc(n);
+    snprintf(trace, n, "%s: %s", fqcn, error);
+    hdr_add(h, "kafka_dlt-exception-stacktrace", trace);
+    free(trace);
+}
+
 int idem_dlq_send(idem_dlq_t *d, const rd_kafka_message_t *msg,
                   idem_reason_t reason, const char *error, int attempts,
                   int drop_value, void *opaque, char *errstr,
@@ -94,26 +161,38 @@ int idem_dlq_send(idem_dlq_t *d, const rd_kafka_message_t *msg,
     rd_kafka_headers_t *orig = NULL;
     rd_kafka_headers_t *h;
     if (rd_kafka_message_headers(msg, &orig) == RD_KAFKA_RESP_ERR_NO_ERROR &&
-        orig)
+        orig) {
         h = rd_kafka_headers_copy(orig);
-    else
+        for (int i = 0; own_headers[i]; i++)
+            rd_kafka_header_remove(h, own_headers[i]);
+    } else {
         h = rd_kafka_headers_new(12);
+    }
     char num[32], ts[40];
-    hdr_add(h, "dlq.reason", idem_reason2str(reason));
-    hdr_add(h, "dlq.error", error);
-    hdr_add(h, "dlq.original.topic", rd_kafka_topic_name(msg->rkt));
-    snprintf(num, sizeof(num), "%" PRId32, msg->partition);
-    hdr_add(h, "dlq.original.partition", num);
-    snprintf(num, sizeof(num), "%" PRId64, msg->offset);
-    hdr_add(h, "dlq.original.offset", num);
     rd_kafka_timestamp_type_t tstype;
     int64_t tsv = rd_kafka_message_timestamp(msg, &tstype);
-    snprintf(num, sizeof(num), "%" PRId64, tsv);
-    hdr_add(h, "dlq.original.timestamp", num);
-    hdr_add(h, "dlq.group", d->conf->group_id);
-    snprintf(num, sizeof(num), "%d", attempts);
-    hdr_add(h, "dlq.attempts", num);
-    hdr_add(h, "dlq.failed.at", idem_rfc3339(idem_wall_ms(), ts, sizeof(ts)));
+    int fmt = d->conf->dlq_headers_format;
+    if (fmt != IDEM_DLQ_HEADERS_SPRING) {
+        hdr_add(h, "dlq.reason", idem_reason2str(reason));
+        hdr_add(h, "dlq.error", error);
+        hdr_add(h, "dlq.original.topic", rd_kafka_topic_name(msg->rkt));
+        snprintf(num, sizeof(num), "%" PRId32, msg->partition);
+        hdr_add(h, "dlq.original.partition", num);
+        snprintf(num, sizeof(num), "%" PRId64, msg->offset);
+        hdr_add(h, "dlq.original.offset", num);
+        snprintf(num, sizeof(num), "%" PRId64, tsv);
+        hdr_add(h, "dlq.original.timestamp", num);
+        hdr_add(h, "dlq.group", d->conf->group_id);
+        snprintf(num, sizeof(num), "%d", attempts);
+        hdr_add(h, "dlq.attempts", num);
+        hdr_add(h, "dlq.failed.at",
+                idem_rfc3339(idem_wall_ms(), ts, sizeof(ts)));
+    }
+    if (fmt != IDEM_DLQ_HEADERS_IDEMPROC)
+        idem_dlq_spring_headers(h, rd_kafka_topic_name(msg->rkt),
+                                msg->partition, msg->offset, tsv, tstype,
+                                d->conf->group_id, idem_reason2str(reason),
+                                error);
 
     rd_kafka_resp_err_t err;
     for (;;) {

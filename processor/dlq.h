@@ -33,12 +33,31 @@ void idem_dlq_destroy(idem_dlq_t *d);
  * partition forever, so with drop_value (or when the producer refuses the
  * size at once) the copy carries no value and a header
  * dlq.value.dropped=<original length>; the original stays in its topic at
- * dlq.original.offset. Returns 0, or -1 when it could not even be queued
+ * dlq.original.offset. dlq.headers.format chooses the dlq.* headers, the
+ * Spring ones (idem_dlq_spring_headers) or both; dlq.value.dropped is
+ * always written. Returns 0, or -1 when it could not even be queued
  * (errstr; no report follows). */
 int idem_dlq_send(idem_dlq_t *d, const rd_kafka_message_t *msg,
                   idem_reason_t reason, const char *error, int attempts,
                   int drop_value, void *opaque, char *errstr,
                   size_t errstr_size);
+
+/* What kafka_dlt-exception-fqcn says: this prefix and the dlq.reason. */
+#define IDEM_DLQ_SPRING_FQCN_PREFIX "idemproc."
+
+/* Adds to h (borrowed) the headers Spring for Apache Kafka's
+ * DeadLetterPublishingRecoverer writes (KafkaHeaders.DLT_*), with its
+ * encodings: topic, timestamp type, group, exception class and message as
+ * UTF-8; partition as a 4-byte and offset and timestamp as 8-byte
+ * big-endian integers (Java's ByteBuffer.putInt/putLong). The exception
+ * class is IDEM_DLQ_SPRING_FQCN_PREFIX + reason; the stack trace is the
+ * one line "<class>: <message>". */
+void idem_dlq_spring_headers(rd_kafka_headers_t *h, const char *topic,
+                             int32_t partition, int64_t offset,
+                             int64_t timestamp,
+                             rd_kafka_timestamp_type_t tstype,
+                             const char *group, const char *reason,
+                             const char *error);
 
 /* Returns 1 with the producer's fatal error in buf, 0 while healthy.
  * After one, no write can be trusted: the process must stop. */

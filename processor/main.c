@@ -47,6 +47,9 @@ static void usage(FILE *out)
             "development\n"
             "  verify -c FILE --expect FILE   compare the Redis ledger (and "
             "DLQ) with produce --expect\n"
+            "  dlq stats|inspect|replay -c FILE  what is in the DLQ and "
+            "why; send dead\n"
+            "                                 letters back through dedup\n"
             "  check-config -c FILE           validate and print the "
             "effective configuration\n"
             "  help [COMMAND|config]          this text, a command's "
@@ -68,6 +71,7 @@ static const command_t commands[] = {
     {"produce", idem_cmd_produce, idem_cmd_produce_usage},
     {"broker", idem_cmd_broker, idem_cmd_broker_usage},
     {"verify", idem_cmd_verify, idem_cmd_verify_usage},
+    {"dlq", idem_cmd_dlq, idem_cmd_dlq_usage},
     {"check-config", cmd_check_config, check_config_usage},
 };
 
