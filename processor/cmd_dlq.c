@@ -15,7 +15,7 @@
 #include <unistd.h>
 
 #define READ_TIMEOUT_MS 30000 /* metadata, watermarks, each next record */
-#define FLUSH_EVERY 1000      /* replays between waits for their reports */
+#define FLUSH_EVERY     1000  /* replays between waits for their reports */
 
 void idem_cmd_dlq_usage(FILE *out)
 {
@@ -138,7 +138,8 @@ static int dlq_opt(int opt, const char *arg, void *opaque)
         return 0;
     case OPT_SINCE:
     case OPT_UNTIL: {
-        int64_t *t = opt == OPT_SINCE ? &o->filter.since_ms : &o->filter.until_ms;
+        int64_t *t =
+            opt == OPT_SINCE ? &o->filter.since_ms : &o->filter.until_ms;
         if (idem_dlqtime_parse(arg, idem_wall_ms(), t, err, sizeof(err))) {
             fprintf(stderr, "idemproc %s: %s: %s\n", o->name,
                     opt == OPT_SINCE ? "--since" : "--until", err);
@@ -200,8 +201,9 @@ static int dlq_opt(int opt, const char *arg, void *opaque)
             return 0;
         }
     }
-    fprintf(stderr, "idemproc %s: this option is not for %s (see 'idemproc "
-                    "help dlq')\n",
+    fprintf(stderr,
+            "idemproc %s: this option is not for %s (see 'idemproc "
+            "help dlq')\n",
             o->name, o->name);
     return -1;
 }
@@ -247,7 +249,8 @@ static int scan(const idem_conf_t *conf, const dlq_opts_t *o,
     long matched = 0;
     for (;;) {
         rd_kafka_message_t *m;
-        int rc = idem_dlqread_next(rd, &m, READ_TIMEOUT_MS, errstr, errstr_size);
+        int rc =
+            idem_dlqread_next(rd, &m, READ_TIMEOUT_MS, errstr, errstr_size);
         if (rc <= 0)
             return rc;
         (*read_cnt)++;
@@ -310,8 +313,8 @@ static int run_stats(const idem_conf_t *conf, const dlq_opts_t *o,
         idem_dlqstats_partition(s, parts[i].partition, parts[i].low,
                                 parts[i].high);
     long read_cnt = 0;
-    int rc = scan(conf, o, rd, &read_cnt, stats_cb, NULL, s, errstr,
-                  sizeof(errstr));
+    int rc =
+        scan(conf, o, rd, &read_cnt, stats_cb, NULL, s, errstr, sizeof(errstr));
     if (rc) {
         fprintf(stderr, "idemproc %s: %s\n", o->name, errstr);
     } else if (o->json) {
@@ -351,7 +354,7 @@ typedef struct {
     size_t part_index;
     int32_t partition; /* in the DLQ */
     int64_t offset;    /* in the DLQ */
-    int state;      /* 0 in flight, 1 acked, -1 failed */
+    int state;         /* 0 in flight, 1 acked, -1 failed */
     rd_kafka_resp_err_t err;
 } slot_t;
 
@@ -406,8 +409,9 @@ static void progress(replay_t *rp, int last)
     if (!last && now - rp->shown_ms < 250)
         return;
     rp->shown_ms = now;
-    fprintf(stderr, "\rreplay: read %ld, matched %ld, sent %ld, acked %ld, "
-                    "refused %ld, failed %ld%s",
+    fprintf(stderr,
+            "\rreplay: read %ld, matched %ld, sent %ld, acked %ld, "
+            "refused %ld, failed %ld%s",
             rp->read_cnt, rp->matched, rp->sent, rp->acked, rp->refused,
             rp->failed, last ? "\n" : "");
 }
@@ -490,8 +494,9 @@ static int replay_cb(const idem_dlqrec_t *r, size_t pi, void *opaque)
     int32_t part = !o->to && r->orig_partition >= 0 ? r->orig_partition
                                                     : RD_KAFKA_PARTITION_UA;
     if (o->dry_run) {
-        printf("would replay %s/%" PRId32 "/%" PRId64 " (%s) to %s", r->dlq_topic,
-               r->partition, r->offset, r->reason ? r->reason : "?", target);
+        printf("would replay %s/%" PRId32 "/%" PRId64 " (%s) to %s",
+               r->dlq_topic, r->partition, r->offset,
+               r->reason ? r->reason : "?", target);
         if (part >= 0)
             printf("/%" PRId32, part);
         printf(" as replay %d of at most %" PRId64 "\n", r->replay_count + 1,
@@ -521,15 +526,15 @@ static int replay_cb(const idem_dlqrec_t *r, size_t pi, void *opaque)
     if (err) {
         rd_kafka_headers_destroy(h); /* not taken over on failure */
         rp->failed++;
-        fprintf(stderr, "failed %s/%" PRId32 "/%" PRId64 ": %s\n",
-                r->dlq_topic, r->partition, r->offset, rd_kafka_err2str(err));
+        fprintf(stderr, "failed %s/%" PRId32 "/%" PRId64 ": %s\n", r->dlq_topic,
+                r->partition, r->offset, rd_kafka_err2str(err));
         if (r->offset < rp->cur[pi].first_fail)
             rp->cur[pi].first_fail = r->offset;
         free(s);
     } else {
         rp->sent++;
-        rp->slots = idem_xrealloc(rp->slots,
-                                  (rp->slot_cnt + 1) * sizeof(*rp->slots));
+        rp->slots =
+            idem_xrealloc(rp->slots, (rp->slot_cnt + 1) * sizeof(*rp->slots));
         rp->slots[rp->slot_cnt++] = s;
         if (rp->slot_cnt >= FLUSH_EVERY)
             replay_settle(rp);
@@ -571,8 +576,8 @@ static int run_replay(const idem_conf_t *conf, const dlq_opts_t *o,
     replay_settle(&rp);
     progress(&rp, 1);
     char fatal[512];
-    if (rp.rk && idem_kafka_fatal(rp.rk, "replay producer", fatal,
-                                  sizeof(fatal))) {
+    if (rp.rk &&
+        idem_kafka_fatal(rp.rk, "replay producer", fatal, sizeof(fatal))) {
         fprintf(stderr, "idemproc %s: %s\n", o->name, fatal);
         rc = -1;
     }
@@ -580,8 +585,8 @@ static int run_replay(const idem_conf_t *conf, const dlq_opts_t *o,
         fprintf(stderr, "idemproc %s: %s\n", o->name, errstr);
     printf("replay: read %ld, matched %ld, %s %ld, acked %ld, refused %ld, "
            "failed %ld\n",
-           rp.read_cnt, rp.matched, o->dry_run ? "would send" : "sent",
-           rp.sent, rp.acked, rp.refused, rp.failed);
+           rp.read_cnt, rp.matched, o->dry_run ? "would send" : "sent", rp.sent,
+           rp.acked, rp.refused, rp.failed);
     fflush(stdout);
     if (rp.rk)
         rd_kafka_destroy(rp.rk);
@@ -647,9 +652,9 @@ int idem_cmd_dlq(int argc, char **argv, char **envp)
     if (rc >= 0)
         return rc;
     char errstr[512];
-    idem_dlqread_t *rd =
-        idem_dlqread_new(conf, o.verb == DLQ_REPLAY ? o.checkpoint : NULL,
-                         o.from_offset, READ_TIMEOUT_MS, errstr, sizeof(errstr));
+    idem_dlqread_t *rd = idem_dlqread_new(
+        conf, o.verb == DLQ_REPLAY ? o.checkpoint : NULL, o.from_offset,
+        READ_TIMEOUT_MS, errstr, sizeof(errstr));
     if (!rd) {
         fprintf(stderr, "idemproc %s: %s\n", o.name, errstr);
         idem_conf_destroy(conf);

@@ -26,12 +26,12 @@ typedef struct idem_conf_s {
     char *group_id;
     char *input_topics; /* comma list; "^" prefix = regex subscription */
     char *dlq_topic;
-    int dlq_headers_format;  /* idem_dlq_headers_t */
-    int64_t dlq_replay_max;  /* dlq replay refuses records replayed this often */
-    char *output_topic;   /* forward handler only */
-    char *member_id;      /* client.id, lease owner, log context */
-    char *redis_url;      /* redis://[:pw@]host:port/db or unix:///path */
-    char *redis_password; /* overrides the url's password */
+    int dlq_headers_format; /* idem_dlq_headers_t */
+    int64_t dlq_replay_max; /* dlq replay refuses records replayed this often */
+    char *output_topic;     /* forward handler only */
+    char *member_id;        /* client.id, lease owner, log context */
+    char *redis_url;        /* redis://[:pw@]host:port/db or unix:///path */
+    char *redis_password;   /* overrides the url's password */
     char *redis_prefix;
     int64_t redis_timeout_ms;
     int64_t dedup_ttl_seconds;

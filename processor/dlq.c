@@ -91,28 +91,27 @@ static void hdr_add(rd_kafka_headers_t *h, const char *name, const char *v)
  * it replaced, so each appears once; dlq.replayed.from and
  * dlq.replay.count are kept, so replays of one record are counted across
  * its trips through the DLQ. */
-static const char *const own_headers[] = {
-    "dlq.reason",
-    "dlq.error",
-    "dlq.original.topic",
-    "dlq.original.partition",
-    "dlq.original.offset",
-    "dlq.original.timestamp",
-    "dlq.group",
-    "dlq.attempts",
-    "dlq.failed.at",
-    "dlq.value.dropped",
-    "kafka_dlt-original-topic",
-    "kafka_dlt-original-partition",
-    "kafka_dlt-original-offset",
-    "kafka_dlt-original-timestamp",
-    "kafka_dlt-original-timestamp-type",
-    "kafka_dlt-original-consumer-group",
-    "kafka_dlt-exception-fqcn",
-    "kafka_dlt-exception-cause-fqcn",
-    "kafka_dlt-exception-message",
-    "kafka_dlt-exception-stacktrace",
-    NULL};
+static const char *const own_headers[] = {"dlq.reason",
+                                          "dlq.error",
+                                          "dlq.original.topic",
+                                          "dlq.original.partition",
+                                          "dlq.original.offset",
+                                          "dlq.original.timestamp",
+                                          "dlq.group",
+                                          "dlq.attempts",
+                                          "dlq.failed.at",
+                                          "dlq.value.dropped",
+                                          "kafka_dlt-original-topic",
+                                          "kafka_dlt-original-partition",
+                                          "kafka_dlt-original-offset",
+                                          "kafka_dlt-original-timestamp",
+                                          "kafka_dlt-original-timestamp-type",
+                                          "kafka_dlt-original-consumer-group",
+                                          "kafka_dlt-exception-fqcn",
+                                          "kafka_dlt-exception-cause-fqcn",
+                                          "kafka_dlt-exception-message",
+                                          "kafka_dlt-exception-stacktrace",
+                                          NULL};
 
 static void be_put(unsigned char *out, uint64_t v, int bytes)
 {
@@ -189,10 +188,9 @@ int idem_dlq_send(idem_dlq_t *d, const rd_kafka_message_t *msg,
                 idem_rfc3339(idem_wall_ms(), ts, sizeof(ts)));
     }
     if (fmt != IDEM_DLQ_HEADERS_IDEMPROC)
-        idem_dlq_spring_headers(h, rd_kafka_topic_name(msg->rkt),
-                                msg->partition, msg->offset, tsv, tstype,
-                                d->conf->group_id, idem_reason2str(reason),
-                                error);
+        idem_dlq_spring_headers(
+            h, rd_kafka_topic_name(msg->rkt), msg->partition, msg->offset, tsv,
+            tstype, d->conf->group_id, idem_reason2str(reason), error);
 
     rd_kafka_resp_err_t err;
     for (;;) {

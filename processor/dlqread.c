@@ -39,8 +39,9 @@ static int partition_count(rd_kafka_t *rk, rd_kafka_topic_t *rkt,
         n = md->topics[0].partition_cnt;
     else
         snprintf(errstr, errstr_size, "dlq.topic %s: %s", topic,
-                 rd_kafka_err2str(md->topic_cnt ? md->topics[0].err
-                                                : RD_KAFKA_RESP_ERR__UNKNOWN_TOPIC));
+                 rd_kafka_err2str(md->topic_cnt
+                                      ? md->topics[0].err
+                                      : RD_KAFKA_RESP_ERR__UNKNOWN_TOPIC));
     rd_kafka_metadata_destroy(md);
     return n;
 }
@@ -84,8 +85,8 @@ idem_dlqread_t *idem_dlqread_new(const idem_conf_t *conf, const char *group,
         return NULL;
     }
     rd_kafka_conf_set_log_cb(kc, idem_log_rdkafka);
-    rd_kafka_t *rk =
-        idem_kafka_new(RD_KAFKA_CONSUMER, kc, "dlq reader", errstr, errstr_size);
+    rd_kafka_t *rk = idem_kafka_new(RD_KAFKA_CONSUMER, kc, "dlq reader", errstr,
+                                    errstr_size);
     if (!rk)
         return NULL;
     idem_dlqread_t *r = idem_xcalloc(1, sizeof(*r));
@@ -100,8 +101,8 @@ idem_dlqread_t *idem_dlqread_new(const idem_conf_t *conf, const char *group,
                             sizeof(kerr));
     r->rkt = rd_kafka_topic_new(rk, r->topic, tc);
     r->q = rd_kafka_queue_new(rk);
-    int n = partition_count(rk, r->rkt, r->topic, timeout_ms, errstr,
-                            errstr_size);
+    int n =
+        partition_count(rk, r->rkt, r->topic, timeout_ms, errstr, errstr_size);
     if (n < 0) {
         idem_dlqread_destroy(r);
         return NULL;
@@ -215,8 +216,9 @@ int idem_dlqread_next(idem_dlqread_t *r, rd_kafka_message_t **msg,
             continue;
         }
         if (m->err) {
-            snprintf(errstr, errstr_size, "dlq.topic %s: partition %" PRId32
-                     ": %s", r->topic, pi, rd_kafka_message_errstr(m));
+            snprintf(errstr, errstr_size,
+                     "dlq.topic %s: partition %" PRId32 ": %s", r->topic, pi,
+                     rd_kafka_message_errstr(m));
             rd_kafka_message_destroy(m);
             return -1;
         }
@@ -232,8 +234,8 @@ int idem_dlqread_next(idem_dlqread_t *r, rd_kafka_message_t **msg,
     return 0;
 }
 
-int idem_dlqread_commit(idem_dlqread_t *r, size_t i, int64_t next,
-                        char *errstr, size_t errstr_size)
+int idem_dlqread_commit(idem_dlqread_t *r, size_t i, int64_t next, char *errstr,
+                        size_t errstr_size)
 {
     if (!r->has_group || i >= r->part_cnt) {
         snprintf(errstr, errstr_size, "checkpoint: no group to commit for");
@@ -247,9 +249,9 @@ int idem_dlqread_commit(idem_dlqread_t *r, size_t i, int64_t next,
         err = l->elems[0].err;
     rd_kafka_topic_partition_list_destroy(l);
     if (err) {
-        snprintf(errstr, errstr_size, "checkpoint: commit of %s/%" PRId32
-                 " at %" PRId64 ": %s", r->topic, r->parts[i].partition,
-                 next, rd_kafka_err2str(err));
+        snprintf(errstr, errstr_size,
+                 "checkpoint: commit of %s/%" PRId32 " at %" PRId64 ": %s",
+                 r->topic, r->parts[i].partition, next, rd_kafka_err2str(err));
         return -1;
     }
     return 0;

@@ -47,7 +47,7 @@ int idem_dlqread_next(idem_dlqread_t *r, rd_kafka_message_t **msg,
 /* Commits `next` (the offset to continue from) for the partition at index
  * i of idem_dlqread_parts, synchronously, for the reader's group. Returns 0
  * or -1 with errstr (also when the reader has no group). */
-int idem_dlqread_commit(idem_dlqread_t *r, size_t i, int64_t next,
-                        char *errstr, size_t errstr_size);
+int idem_dlqread_commit(idem_dlqread_t *r, size_t i, int64_t next, char *errstr,
+                        size_t errstr_size);
 
 #endif

@@ -164,8 +164,8 @@ int idem_dlqfilter_match(const idem_dlqfilter_t *f, const idem_dlqrec_t *r)
     if (f->key && (!r->key || strlen(f->key) != r->key_len ||
                    memcmp(f->key, r->key, r->key_len)))
         return 0;
-    if (f->grep && (!r->value || !memmem(r->value, r->value_len, f->grep,
-                                         strlen(f->grep))))
+    if (f->grep && (!r->value ||
+                    !memmem(r->value, r->value_len, f->grep, strlen(f->grep))))
         return 0;
     if (f->since_ms != INT64_MIN || f->until_ms != INT64_MAX) {
         if (r->failed_at_ms < 0 || r->failed_at_ms < f->since_ms ||
@@ -241,8 +241,7 @@ static int rfc3339_parse(const char *s, int64_t *out)
         if (*p)
             return -1;
     }
-    if (mo < 1 || mo > 12 || d < 1 || d > 31 || h > 23 || mi > 59 ||
-        sec > 60)
+    if (mo < 1 || mo > 12 || d < 1 || d > 31 || h > 23 || mi > 59 || sec > 60)
         return -1;
     struct tm tm = {.tm_year = y - 1900,
                     .tm_mon = mo - 1,
@@ -280,8 +279,7 @@ static size_t utf8_cut(const unsigned char *p, size_t len, size_t max)
 
 /* Sets name to the bytes as a JSON string, or name_hex when they are not
  * UTF-8. */
-static void json_set_bytes(json_t *o, const char *name, const void *p,
-                           size_t n)
+static void json_set_bytes(json_t *o, const char *name, const void *p, size_t n)
 {
     json_t *s = json_stringn(p ? p : "", n);
     if (s) {
@@ -316,13 +314,12 @@ void idem_dlqrec_print_json(const idem_dlqrec_t *r, long max_bytes, FILE *out)
         json_object_set_new(o, "original_partition",
                             json_integer(r->orig_partition));
     if (r->orig_offset >= 0)
-        json_object_set_new(o, "original_offset",
-                            json_integer(r->orig_offset));
+        json_object_set_new(o, "original_offset", json_integer(r->orig_offset));
     if (r->orig_timestamp >= 0) {
         char ts[40];
-        json_object_set_new(o, "original_timestamp",
-                            json_string(idem_rfc3339(r->orig_timestamp, ts,
-                                                     sizeof(ts))));
+        json_object_set_new(
+            o, "original_timestamp",
+            json_string(idem_rfc3339(r->orig_timestamp, ts, sizeof(ts))));
     }
     json_set_str(o, "group", r->group);
     json_object_set_new(o, "attempts", json_integer(r->attempts));
@@ -336,12 +333,12 @@ void idem_dlqrec_print_json(const idem_dlqrec_t *r, long max_bytes, FILE *out)
     if (max_bytes >= 0)
         shown = utf8_cut(r->value, r->value_len, (size_t)max_bytes);
     json_set_bytes(o, "value", r->value, shown);
-    json_object_set_new(o, "value_bytes", json_integer((json_int_t)r->value_len));
+    json_object_set_new(o, "value_bytes",
+                        json_integer((json_int_t)r->value_len));
     if (shown < r->value_len)
         json_object_set_new(o, "value_truncated", json_true());
     if (r->value_dropped >= 0)
-        json_object_set_new(o, "value_dropped",
-                            json_integer(r->value_dropped));
+        json_object_set_new(o, "value_dropped", json_integer(r->value_dropped));
     char *line = json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER);
     fprintf(out, "%s\n", line);
     free(line);
@@ -372,8 +369,7 @@ void idem_dlqrec_print_text(const idem_dlqrec_t *r, long max_bytes, FILE *out)
             r->orig_offset);
     if (r->orig_timestamp >= 0) {
         char ts[40];
-        fprintf(out, " at %s",
-                idem_rfc3339(r->orig_timestamp, ts, sizeof(ts)));
+        fprintf(out, " at %s", idem_rfc3339(r->orig_timestamp, ts, sizeof(ts)));
     }
     fprintf(out, ", group %s, attempts %d, replays %d\n",
             r->group ? r->group : "?", r->attempts, r->replay_count);
@@ -492,8 +488,8 @@ void idem_dlqstats_add(idem_dlqstats_t *s, const idem_dlqrec_t *r)
     }
 }
 
-void idem_dlqstats_partition(idem_dlqstats_t *s, int32_t partition,
-                             int64_t low, int64_t high)
+void idem_dlqstats_partition(idem_dlqstats_t *s, int32_t partition, int64_t low,
+                             int64_t high)
 {
     s->parts = idem_xrealloc(s->parts, (s->part_cnt + 1) * sizeof(*s->parts));
     s->parts[s->part_cnt++] = (part_t){partition, low, high};
@@ -590,7 +586,8 @@ void idem_dlqstats_print_json(idem_dlqstats_t *s, const char *dlq_topic,
     json_t *parts = json_array();
     for (size_t i = 0; i < s->part_cnt; i++) {
         json_t *p = json_object();
-        json_object_set_new(p, "partition", json_integer(s->parts[i].partition));
+        json_object_set_new(p, "partition",
+                            json_integer(s->parts[i].partition));
         json_object_set_new(p, "low", json_integer(s->parts[i].low));
         json_object_set_new(p, "high", json_integer(s->parts[i].high));
         json_array_append_new(parts, p);
@@ -615,8 +612,8 @@ rd_kafka_headers_t *idem_dlqrec_replay_headers(const idem_dlqrec_t *r)
     const char *name;
     const void *v;
     size_t n;
-    for (size_t i = 0; r->headers &&
-                       !rd_kafka_header_get_all(r->headers, i, &name, &v, &n);
+    for (size_t i = 0;
+         r->headers && !rd_kafka_header_get_all(r->headers, i, &name, &v, &n);
          i++)
         if (!added_in_dlq(name))
             rd_kafka_header_add(h, name, -1, v, v ? (ssize_t)n : 0);

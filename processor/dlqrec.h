@@ -70,10 +70,8 @@ int idem_dlqtime_parse(const char *s, int64_t now_ms, int64_t *out,
 /* Output of inspect: one line per record. max_bytes bounds the value shown
  * (-1 = all); a cut value ends on a UTF-8 character boundary and the line
  * says how long the value really was. */
-void idem_dlqrec_print_json(const idem_dlqrec_t *r, long max_bytes,
-                            FILE *out);
-void idem_dlqrec_print_text(const idem_dlqrec_t *r, long max_bytes,
-                            FILE *out);
+void idem_dlqrec_print_json(const idem_dlqrec_t *r, long max_bytes, FILE *out);
+void idem_dlqrec_print_text(const idem_dlqrec_t *r, long max_bytes, FILE *out);
 
 /* Counts for `dlq stats`. */
 typedef struct idem_dlqstats_s idem_dlqstats_t;
@@ -84,11 +82,10 @@ void idem_dlqstats_destroy(idem_dlqstats_t *s);
 void idem_dlqstats_add(idem_dlqstats_t *s, const idem_dlqrec_t *r);
 /* Notes a DLQ partition's bounds as of the start of the read: low is its
  * earliest offset still stored, so `low` dead letters are gone. */
-void idem_dlqstats_partition(idem_dlqstats_t *s, int32_t partition,
-                             int64_t low, int64_t high);
+void idem_dlqstats_partition(idem_dlqstats_t *s, int32_t partition, int64_t low,
+                             int64_t high);
 /* The report: a table for people or one JSON object. */
-void idem_dlqstats_print(idem_dlqstats_t *s, const char *dlq_topic,
-                         FILE *out);
+void idem_dlqstats_print(idem_dlqstats_t *s, const char *dlq_topic, FILE *out);
 void idem_dlqstats_print_json(idem_dlqstats_t *s, const char *dlq_topic,
                               FILE *out);
 
