@@ -342,8 +342,7 @@ static int run_inspect(const idem_conf_t *conf, const dlq_opts_t *o,
         fprintf(stderr, "idemproc %s: %s\n", o->name, errstr);
         return IDEM_EXIT_FAIL;
     }
-    fprintf(stderr, "%s: %ld of %ld dead letters read shown\n", o->name,
-            in.shown, read_cnt);
+    fprintf(stderr, "%s: %ld shown, %ld read\n", o->name, in.shown, read_cnt);
     return IDEM_EXIT_OK;
 }
 
