@@ -78,6 +78,26 @@ enum {
     OPT_CHECKPOINT,
 };
 
+/* Every option of the three; dlq_opt refuses those a verb does not take. */
+static const struct option dlq_options[] = {
+    {"reason", required_argument, 0, OPT_REASON},
+    {"topic", required_argument, 0, OPT_TOPIC},
+    {"since", required_argument, 0, OPT_SINCE},
+    {"until", required_argument, 0, OPT_UNTIL},
+    {"key", required_argument, 0, OPT_KEY},
+    {"grep", required_argument, 0, OPT_GREP},
+    {"limit", required_argument, 0, OPT_LIMIT},
+    {"from-offset", required_argument, 0, OPT_FROM},
+    {"format", required_argument, 0, OPT_FORMAT},
+    {"max-bytes", required_argument, 0, OPT_MAX_BYTES},
+    {"value", no_argument, 0, OPT_VALUE},
+    {"json", no_argument, 0, OPT_JSON},
+    {"to", required_argument, 0, OPT_TO},
+    {"dry-run", no_argument, 0, OPT_DRY_RUN},
+    {"rate", required_argument, 0, OPT_RATE},
+    {"checkpoint", required_argument, 0, OPT_CHECKPOINT},
+    {0, 0, 0, 0}};
+
 typedef enum { DLQ_STATS, DLQ_INSPECT, DLQ_REPLAY } dlq_verb_t;
 
 typedef struct {
@@ -201,10 +221,14 @@ static int dlq_opt(int opt, const char *arg, void *opaque)
             return 0;
         }
     }
+    const char *flag = "?";
+    for (size_t i = 0; dlq_options[i].name; i++)
+        if (dlq_options[i].val == opt)
+            flag = dlq_options[i].name;
     fprintf(stderr,
-            "idemproc %s: this option is not for %s (see 'idemproc "
-            "help dlq')\n",
-            o->name, o->name);
+            "idemproc %s: --%s is not an option of %s (see 'idemproc help "
+            "dlq')\n",
+            o->name, flag, o->name);
     return -1;
 }
 
@@ -621,32 +645,14 @@ int idem_cmd_dlq(int argc, char **argv, char **envp)
     }
     o.verb = verbs[v].verb;
     o.name = verbs[v].full;
-    static const struct option opts[] = {
-        {"reason", required_argument, 0, OPT_REASON},
-        {"topic", required_argument, 0, OPT_TOPIC},
-        {"since", required_argument, 0, OPT_SINCE},
-        {"until", required_argument, 0, OPT_UNTIL},
-        {"key", required_argument, 0, OPT_KEY},
-        {"grep", required_argument, 0, OPT_GREP},
-        {"limit", required_argument, 0, OPT_LIMIT},
-        {"from-offset", required_argument, 0, OPT_FROM},
-        {"format", required_argument, 0, OPT_FORMAT},
-        {"max-bytes", required_argument, 0, OPT_MAX_BYTES},
-        {"value", no_argument, 0, OPT_VALUE},
-        {"json", no_argument, 0, OPT_JSON},
-        {"to", required_argument, 0, OPT_TO},
-        {"dry-run", no_argument, 0, OPT_DRY_RUN},
-        {"rate", required_argument, 0, OPT_RATE},
-        {"checkpoint", required_argument, 0, OPT_CHECKPOINT},
-        {0, 0, 0, 0}};
     /* argv[1] (the verb) becomes the argv[0] getopt skips. */
     char **args = idem_xcalloc((size_t)argc, sizeof(*args));
     args[0] = (char *)o.name;
     for (int i = 2; i < argc; i++)
         args[i - 1] = argv[i];
     idem_conf_t *conf;
-    int rc = idem_cmdline_conf(argc - 1, args, envp, idem_cmd_dlq_usage, opts,
-                               NULL, dlq_opt, &o, &conf);
+    int rc = idem_cmdline_conf(argc - 1, args, envp, idem_cmd_dlq_usage,
+                               dlq_options, NULL, dlq_opt, &o, &conf);
     free(args);
     if (rc >= 0)
         return rc;

@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 static th_stack_t stk;
@@ -211,6 +212,39 @@ static void fill_dlq_partition(int count, size_t bytes)
     rd_kafka_destroy(rk);
 }
 
+/* Whether the member's group committed every partition of `payments` to
+ * its end (so every record, replays included, has its outcome). */
+static int input_committed_to_end(void)
+{
+    char err[512];
+    rd_kafka_conf_t *kc = rd_kafka_conf_new();
+    rd_kafka_conf_set(kc, "bootstrap.servers", stk.broker.bootstrap, err,
+                      sizeof(err));
+    rd_kafka_conf_set(kc, "group.id", "test-group", err, sizeof(err));
+    rd_kafka_t *rk = rd_kafka_new(RD_KAFKA_CONSUMER, kc, err, sizeof(err));
+    cr_assert(rk, "%s", err);
+    rd_kafka_topic_partition_list_t *l = rd_kafka_topic_partition_list_new(2);
+    rd_kafka_topic_partition_list_add(l, "payments", 0);
+    rd_kafka_topic_partition_list_add(l, "payments", 1);
+    int done = rd_kafka_committed(rk, l, 10000) == 0;
+    for (int i = 0; done && i < l->cnt; i++) {
+        int64_t lo, hi;
+        done = rd_kafka_query_watermark_offsets(rk, "payments", i, &lo, &hi,
+                                                10000) == 0 &&
+               l->elems[i].offset >= hi;
+    }
+    rd_kafka_topic_partition_list_destroy(l);
+    rd_kafka_destroy(rk);
+    return done;
+}
+
+static void wait_input_done(void)
+{
+    for (int t = 0; t < 600 && !input_committed_to_end(); t++)
+        usleep(100000);
+    cr_assert(input_committed_to_end(), "member never finished the input");
+}
+
 /* Stats and inspect on an empty DLQ, then on one with every reason and a
  * partition whose earliest records retention removed. */
 Test(dlq, stats_and_inspect_every_reason_and_a_retention_gap, .timeout = 180)
@@ -265,8 +299,8 @@ Test(dlq, stats_and_inspect_every_reason_and_a_retention_gap, .timeout = 180)
             break;
         usleep(100000);
     }
-    /* Let the rest of user-1's records arrive, then read again. */
-    usleep(1500000);
+    /* Every input record finished (dead letters acknowledged): read again. */
+    wait_input_done();
     json_decref(s);
     s = stats(NULL);
     json_t *by = json_object_get(s, "by_reason");
@@ -413,39 +447,6 @@ Test(dlq, stats_and_inspect_every_reason_and_a_retention_gap, .timeout = 180)
     th_stack_stop(&stk);
 }
 
-/* Whether the member's group committed every partition of `payments` to
- * its end (so every record, replays included, has its outcome). */
-static int input_committed_to_end(void)
-{
-    char err[512];
-    rd_kafka_conf_t *kc = rd_kafka_conf_new();
-    rd_kafka_conf_set(kc, "bootstrap.servers", stk.broker.bootstrap, err,
-                      sizeof(err));
-    rd_kafka_conf_set(kc, "group.id", "test-group", err, sizeof(err));
-    rd_kafka_t *rk = rd_kafka_new(RD_KAFKA_CONSUMER, kc, err, sizeof(err));
-    cr_assert(rk, "%s", err);
-    rd_kafka_topic_partition_list_t *l = rd_kafka_topic_partition_list_new(2);
-    rd_kafka_topic_partition_list_add(l, "payments", 0);
-    rd_kafka_topic_partition_list_add(l, "payments", 1);
-    int done = rd_kafka_committed(rk, l, 10000) == 0;
-    for (int i = 0; done && i < l->cnt; i++) {
-        int64_t lo, hi;
-        done = rd_kafka_query_watermark_offsets(rk, "payments", i, &lo, &hi,
-                                                10000) == 0 &&
-               l->elems[i].offset >= hi;
-    }
-    rd_kafka_topic_partition_list_destroy(l);
-    rd_kafka_destroy(rk);
-    return done;
-}
-
-static void wait_input_done(void)
-{
-    for (int t = 0; t < 600 && !input_committed_to_end(); t++)
-        usleep(100000);
-    cr_assert(input_committed_to_end(), "member never finished the input");
-}
-
 static long expect_num(const char *name)
 {
     json_t *e = json_load_file(stk.expect, 0, NULL);
@@ -533,8 +534,16 @@ Test(dlq, replay_after_the_fix_applies_each_record_once, .timeout = 180)
     cr_expect_eq(th_stack_applied(&stk), applied);
     cr_expect_eq(written(), sent, "a replay was dead-lettered again");
 
-    /* Everything again, without a checkpoint: all duplicates now. */
-    cr_assert_eq(dlq_cmd("replay", NULL, &out, &err), 0, "%s", err);
+    /* Everything again, without a checkpoint: all duplicates now. At 20
+     * records a second, the sends take at least (sent - 1) / 20 s. */
+    const char *slow[] = {"--rate", "20/s", NULL};
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    cr_assert_eq(dlq_cmd("replay", slow, &out, &err), 0, "%s", err);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    double took = (double)(t1.tv_sec - t0.tv_sec) +
+                  (double)(t1.tv_nsec - t0.tv_nsec) / 1e9;
+    cr_expect_geq(took, (double)(sent - 1) / 20.0, "%.3f s", took);
     cr_expect(strstr(out, summary), "%s", out);
     free(out);
     free(err);

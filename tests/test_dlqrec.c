@@ -111,6 +111,7 @@ Test(dlqrec, decodes_spring_headers_alone)
     cr_expect_str_eq(r.group, "g");
     /* No failure time in Spring's headers: the dead letter's timestamp. */
     cr_expect_str_eq(r.failed_at, "2026-12-01T00:00:00.000Z");
+    cr_expect_eq(r.failed_at_ms, NOW, "so --since/--until work on it");
     idem_dlqrec_clear(&r);
     rd_kafka_headers_destroy(h);
 }
