@@ -407,6 +407,7 @@ typedef struct {
 
 struct idem_dlqstats_s {
     long written;
+    long replays; /* dead letters of replayed records */
     tally_t *reasons, *topics;
     size_t reason_cnt, topic_cnt;
     char **originals; /* "topic/partition/offset", for the distinct count */
@@ -461,6 +462,8 @@ static void tally(tally_t **t, size_t *n, const char *name)
 void idem_dlqstats_add(idem_dlqstats_t *s, const idem_dlqrec_t *r)
 {
     s->written++;
+    if (r->replay_count > 0)
+        s->replays++;
     tally(&s->reasons, &s->reason_cnt, r->reason ? r->reason : "(none)");
     tally(&s->topics, &s->topic_cnt, r->orig_topic ? r->orig_topic : "(none)");
     char buf[600];
@@ -535,8 +538,11 @@ void idem_dlqstats_print(idem_dlqstats_t *s, const char *dlq_topic, FILE *out)
             fprintf(out, " (%" PRId64 " earlier ones are gone)", gone(s));
         fputs("\n", out);
     } else {
-        fprintf(out, "dlq %s: %ld dead letters, %ld distinct originals\n",
+        fprintf(out, "dlq %s: %ld dead letters, %ld distinct originals",
                 dlq_topic, s->written, distinct(s));
+        if (s->replays)
+            fprintf(out, ", %ld of them replays that failed again", s->replays);
+        fputs("\n", out);
         fprintf(out, "  oldest failed.at %s\n  newest failed.at %s\n",
                 s->oldest_ms >= 0 ? s->oldest : "?",
                 s->newest_ms >= 0 ? s->newest : "?");
@@ -566,6 +572,7 @@ void idem_dlqstats_print_json(idem_dlqstats_t *s, const char *dlq_topic,
     json_object_set_new(o, "topic", json_string(dlq_topic));
     json_object_set_new(o, "written", json_integer(s->written));
     json_object_set_new(o, "distinct", json_integer(distinct(s)));
+    json_object_set_new(o, "replays", json_integer(s->replays));
     json_object_set_new(o, "gone", json_integer(gone(s)));
     json_object_set_new(o, "oldest_failed_at",
                         s->oldest_ms >= 0 ? json_string(s->oldest)

@@ -632,6 +632,16 @@ Test(dlq, replay_counts_trips_and_refuses_past_replay_max, .timeout = 180)
                  out);
     free(out);
     free(err);
+    json_t *st = stats(NULL);
+    cr_expect_eq(json_integer_value(json_object_get(st, "written")), 3);
+    cr_expect_eq(json_integer_value(json_object_get(st, "replays")), 2);
+    json_decref(st);
+    cr_assert_eq(dlq_cmd("stats", NULL, &out, &err), 0, "%s", err);
+    cr_expect(strstr(out, "3 dead letters, 3 distinct originals, 2 of them "
+                          "replays that failed again\n"),
+              "%s", out);
+    free(out);
+    free(err);
     char *h = dlq_headers();
     cr_expect_eq(count_lines(h), 3, "%s", h);
     cr_expect_eq(occurrences(h, "dlq.reason=handler-rejected"), 3, "%s", h);
