@@ -99,6 +99,10 @@ idem_dlqread_t *idem_dlqread_new(const idem_conf_t *conf, const char *group,
     char kerr[256];
     rd_kafka_topic_conf_set(tc, "auto.commit.enable", "false", kerr,
                             sizeof(kerr));
+    /* Retention removing the start while we begin: go on at the new
+     * earliest record, not at the end. */
+    rd_kafka_topic_conf_set(tc, "auto.offset.reset", "smallest", kerr,
+                            sizeof(kerr));
     r->rkt = rd_kafka_topic_new(rk, r->topic, tc);
     r->q = rd_kafka_queue_new(rk);
     int n =
@@ -204,23 +208,33 @@ int idem_dlqread_next(idem_dlqread_t *r, rd_kafka_message_t **msg,
         if (!m)
             continue;
         int32_t pi = m->partition;
-        if (pi < 0 || (size_t)pi >= r->part_cnt) {
-            rd_kafka_message_destroy(m);
-            continue;
-        }
         if (m->err == RD_KAFKA_RESP_ERR__PARTITION_EOF) {
             /* Nothing more (e.g. control records at the end): done. */
-            if (m->offset >= r->next[pi])
+            if (pi >= 0 && (size_t)pi < r->part_cnt && m->offset >= r->next[pi])
                 r->next[pi] = r->parts[pi].high;
             rd_kafka_message_destroy(m);
             continue;
         }
         if (m->err) {
+            /* The topic or partition is gone, or we may not read it: stop.
+             * Anything else (a broker restarting, a connection reset) the
+             * consumer recovers from: wait, up to the timeout. */
+            int fatal = m->err == RD_KAFKA_RESP_ERR__UNKNOWN_PARTITION ||
+                        m->err == RD_KAFKA_RESP_ERR__UNKNOWN_TOPIC ||
+                        m->err == RD_KAFKA_RESP_ERR_UNKNOWN_TOPIC_OR_PART ||
+                        m->err == RD_KAFKA_RESP_ERR_TOPIC_AUTHORIZATION_FAILED;
             snprintf(errstr, errstr_size,
                      "dlq.topic %s: partition %" PRId32 ": %s", r->topic, pi,
                      rd_kafka_message_errstr(m));
             rd_kafka_message_destroy(m);
-            return -1;
+            if (fatal)
+                return -1;
+            idem_log_kv(IDEM_LOG_WARN, "dlq read", "error", errstr, NULL);
+            continue;
+        }
+        if (pi < 0 || (size_t)pi >= r->part_cnt) {
+            rd_kafka_message_destroy(m);
+            continue;
         }
         if (m->offset >= r->parts[pi].high) { /* arrived after the start */
             r->next[pi] = r->parts[pi].high;
