@@ -516,6 +516,25 @@ Test(dlq, replay_after_the_fix_applies_each_record_once, .timeout = 180)
     free(out);
     free(err);
 
+    /* On a terminal (script(1) gives it one) a progress line goes to
+     * stderr; piped, as above, none. */
+    char cmd[1200];
+    snprintf(cmd, sizeof(cmd), "%s dlq replay -c %s --dry-run", th_bin(),
+             stk.conf);
+    char *sargv[] = {"/usr/bin/script", "-qec", cmd, "/dev/null", NULL};
+    cr_assert_eq(th_run(sargv, &out, NULL, 60000), 0);
+    char progress[160];
+    snprintf(progress, sizeof(progress),
+             "\rreplay: read %ld, matched %ld, sent %ld, acked 0, refused 0, "
+             "failed 0",
+             sent, sent, sent);
+    cr_expect(strstr(out, progress), "%s", out);
+    free(out);
+    cr_assert_eq(dlq_cmd("replay", dry, &out, &err), 0, "%s", err);
+    cr_expect_null(strstr(err, "\rreplay:"), "%s", err);
+    free(out);
+    free(err);
+
     /* The fix, then the replay. */
     const char *fix[] = {"HDEL", "idemproc:ledger:EUR", "user-1", NULL};
     free(th_redis_cli(&stk.redis, fix));
