@@ -10,16 +10,37 @@
 
 void idem_cmd_verify_usage(FILE *out)
 {
-    fprintf(out,
-            "usage: idemproc verify -c FILE --expect FILE [--dlq] "
-            "[--timeout-ms N] [--set k=v]...\n"
-            "  Compares the ledger and the applied counter in Redis with the "
-            "file that\n"
-            "  'produce --expect' wrote; with --dlq also reads dlq.topic to "
-            "its end and\n"
-            "  compares distinct dead-lettered records by reason. Prints each "
-            "difference.\n"
-            "  Exit 0 exact match, 1 mismatch or failure, 2 usage.\n");
+    fprintf(
+        out,
+        "usage: idemproc verify -c FILE --expect FILE [--dlq] [--timeout-ms N] "
+        "[--set k=v]...\n"
+        "  Compares the effect with the file that 'produce --expect' wrote "
+        "(from\n"
+        "  generated traffic or from --input lines; README, \"The expectation "
+        "file\"):\n"
+        "  handler=ledger: the ledger hashes and the applied counter in "
+        "Redis;\n"
+        "  handler=forward: output.topic read to its end, whose distinct "
+        "records\n"
+        "  must rebuild the same ledger. With --dlq also reads dlq.topic to "
+        "its end\n"
+        "  and compares distinct dead-lettered records of this group.id by "
+        "reason;\n"
+        "  a partition whose earliest offset is above 0 (records dropped by "
+        "retention\n"
+        "  or by the embedded broker's size limit) is reported. Prints each "
+        "difference.\n\n"
+        "options:\n"
+        "  -c, --config FILE   the processor's configuration (as for run)\n"
+        "  --expect FILE       the expectation file (required)\n"
+        "  --dlq               also compare the dead letters\n"
+        "  --timeout-ms N      bound on reaching Kafka and reading a topic "
+        "to its end\n"
+        "                      (100..3600000, default 30000)\n"
+        "  --set key=value     override a configuration key (repeatable)\n\n"
+        "  Exit 0 exact match, 1 mismatch or failure, 2 usage (including a "
+        "missing\n"
+        "  or malformed --expect file).\n");
 }
 
 typedef struct {
@@ -75,10 +96,17 @@ int idem_cmd_verify(int argc, char **argv, char **envp)
         return IDEM_EXIT_USAGE;
     }
     char errstr[512];
-    int r = idem_verify(conf, o.expect, o.with_dlq, o.timeout_ms, stdout,
-                        errstr, sizeof(errstr));
+    json_t *expect = idem_verify_expect_load(o.expect, errstr, sizeof(errstr));
+    if (!expect) {
+        fprintf(stderr, "idemproc verify: %s\n", errstr);
+        idem_conf_destroy(conf);
+        return IDEM_EXIT_USAGE;
+    }
+    int r = idem_verify(conf, expect, o.with_dlq, o.timeout_ms, stdout, errstr,
+                        sizeof(errstr));
     if (r < 0)
         fprintf(stderr, "idemproc verify: %s\n", errstr);
+    json_decref(expect);
     idem_conf_destroy(conf);
     return r == 0 ? IDEM_EXIT_OK : IDEM_EXIT_FAIL;
 }

@@ -19,6 +19,49 @@ int idem_kafka_set(rd_kafka_conf_t *kc, const char *name, const char *value,
     return -1;
 }
 
+/* The librdkafka properties idemproc sets after the user's kafka.* ones
+ * (consumer_new in pipeline.c, idem_kafka_writer_conf below): a kafka.*
+ * value for them would be shown by check-config and then silently
+ * replaced, so idem_conf_set refuses them. Aliases librdkafka accepts for
+ * the same property are listed too. */
+static const struct {
+    const char *name;
+    const char *instead; /* what to do instead, for the error */
+} kafka_managed[] = {
+    {"group.id", "use group.id"},
+    {"enable.auto.commit",
+     "idemproc commits finished offsets itself (commit.interval.ms)"},
+    {"auto.commit.enable",
+     "idemproc commits finished offsets itself (commit.interval.ms)"},
+    {"enable.auto.offset.store",
+     "idemproc stores an offset only when its record is finished"},
+    {"enable.partition.eof", "the processor's loop relies on it being false"},
+    {"log.queue", "use log.level and log.format"},
+    {"enable.idempotence",
+     "always true for the DLQ and output writers (no duplicates from "
+     "retries)"},
+    {"acks", "always all for the DLQ and output writers"},
+    {"request.required.acks", "always all for the DLQ and output writers"},
+    {"linger.ms", "the DLQ and output writers always use 5"},
+    {"queue.buffering.max.ms", "the DLQ and output writers always use 5"},
+    {"message.timeout.ms",
+     "the DLQ and output writers always use 15000 (a longer outage pauses "
+     "input and retries)"},
+    {"delivery.timeout.ms",
+     "the DLQ and output writers always use 15000 (a longer outage pauses "
+     "input and retries)"},
+    {"metadata.broker.list", "use kafka.bootstrap.servers"},
+};
+
+const char *idem_kafka_managed(const char *name)
+{
+    for (size_t i = 0; i < sizeof(kafka_managed) / sizeof(kafka_managed[0]);
+         i++)
+        if (!strcmp(kafka_managed[i].name, name))
+            return kafka_managed[i].instead;
+    return NULL;
+}
+
 int idem_kafka_user_set(const idem_conf_t *conf, const char *name)
 {
     for (size_t i = 0; i < conf->kafka_cnt; i++)

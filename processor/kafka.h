@@ -16,6 +16,11 @@
 int idem_kafka_set(rd_kafka_conf_t *kc, const char *name, const char *value,
                    char *errstr, size_t errstr_size);
 
+/* When librdkafka property `name` is one idemproc always sets itself
+ * (group.id, enable.auto.commit, acks, ...), what the user should do
+ * instead, as a short phrase (static); NULL for every other property. */
+const char *idem_kafka_managed(const char *name);
+
 /* Whether the user passed kafka.<name> (so our default must not win). */
 int idem_kafka_user_set(const idem_conf_t *conf, const char *name);
 

@@ -81,9 +81,17 @@ static const command_t *command_find(const char *name)
 
 static int cmd_help(int argc, char **argv)
 {
-    if (argc < 2) {
+    if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") ||
+        !strcmp(argv[1], "help")) {
         usage(stdout);
         return IDEM_EXIT_OK;
+    }
+    if (argc > 2) {
+        fprintf(stderr,
+                "idemproc help: unexpected argument \"%s\" (usage: idemproc "
+                "help [COMMAND|config])\n",
+                argv[2]);
+        return IDEM_EXIT_USAGE;
     }
     if (!strcmp(argv[1], "config")) {
         idem_conf_print_help(stdout);
@@ -95,7 +103,10 @@ static int cmd_help(int argc, char **argv)
     }
     const command_t *cmd = command_find(argv[1]);
     if (!cmd) {
-        fprintf(stderr, "idemproc help: unknown command \"%s\"\n", argv[1]);
+        fprintf(stderr,
+                "idemproc help: unknown command \"%s\" (commands: run, "
+                "produce, broker, verify, check-config; or config)\n",
+                argv[1]);
         return IDEM_EXIT_USAGE;
     }
     cmd->usage(stdout);
