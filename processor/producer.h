@@ -30,6 +30,12 @@ idem_producer_t *idem_producer_new(const char *bootstrap, const char *topic,
                                    size_t max_value_bytes, FILE *dump,
                                    char *errstr, size_t errstr_size);
 
+/* Waits up to timeout_ms for any broker to answer a metadata request (no
+ * topic is named, so none is auto-created). Returns 0, or -1 with
+ * librdkafka's reason in errstr. */
+int idem_producer_wait_broker(idem_producer_t *p, int timeout_ms, char *errstr,
+                              size_t errstr_size);
+
 /* Enqueues one message (key, value and header values are copied; key and
  * headers may be NULL). When librdkafka's queue is full it serves delivery
  * reports and retries, forever: the queue drains as messages are delivered
