@@ -365,8 +365,8 @@ Test(produce, missing_input_file_is_one_line)
 
 /* --input with --expect: the expectation comes from the lines sent, judged
  * like the processor; --add-message-id=stable gives a line the same id
- * every time it is sent; -c FILE supplies bootstrap and topic; empty lines
- * are counted. */
+ * every time it is sent; -c FILE supplies bootstrap, topic and the log
+ * format; empty lines are counted. */
 Test(produce, input_expect_stable_ids_and_config_file)
 {
     th_broker_t b;
@@ -390,7 +390,7 @@ Test(produce, input_expect_stable_ids_and_config_file)
                  0);
     snprintf(text, sizeof(text),
              "kafka.bootstrap.servers=%s\ninput.topics=lines\n"
-             "message.max.bytes=1000\nlog.format=text\n",
+             "message.max.bytes=1000\nlog.format=text\nlog.level=debug\n",
              b.bootstrap);
     cr_assert_eq(th_write_file(conf, text), 0);
     char *argv[] = {(char *)th_bin(),
@@ -402,6 +402,8 @@ Test(produce, input_expect_stable_ids_and_config_file)
                     "--expect",
                     expect,
                     "--add-message-id=stable",
+                    "-X",
+                    "debug=metadata",
                     NULL};
     for (int round = 0; round < 2; round++) {
         char *err = NULL;
@@ -410,6 +412,9 @@ Test(produce, input_expect_stable_ids_and_config_file)
         cr_expect(strstr(err, "sent 5, acked 5"), "%s", err);
         cr_expect(strstr(err, "not-json lines 1, empty lines skipped 1"), "%s",
                   err);
+        /* librdkafka's own lines follow log.format=text from the file. */
+        cr_expect(strstr(err, "Z debug "), "%s", err);
+        cr_expect_null(strstr(err, "{\"ts\""), "%s", err);
         free(err);
     }
     json_t *e = json_load_file(expect, 0, NULL);
