@@ -1,11 +1,13 @@
 /* kafka: what the processor's librdkafka clients share: setting
  * properties with our error text, creating a client, the settings of its
- * idempotent writers (DLQ, forward output), and their fatal errors. */
+ * idempotent writers (DLQ, forward output), the kafka.* properties it
+ * manages, their fatal errors, and check-config's reachability check. */
 #ifndef IDEM_KAFKA_H
 #define IDEM_KAFKA_H
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include <librdkafka/rdkafka.h>
 
@@ -44,5 +46,13 @@ rd_kafka_t *idem_kafka_new(rd_kafka_type_t type, rd_kafka_conf_t *kc,
  * hit a fatal error (it can no longer guarantee order and no duplicates:
  * the process must stop), 0 while healthy. */
 int idem_kafka_fatal(rd_kafka_t *rk, const char *who, char *buf, size_t size);
+
+/* check-config --connect: asks conf's brokers (with every kafka.*
+ * setting, security included) for metadata within timeout_ms, and prints
+ * to out how many brokers answered and whether the input, DLQ and (forward)
+ * output topics exist; a missing topic is reported, not an error. Returns
+ * 0, or -1 with errstr naming the bootstrap servers when none answered. */
+int idem_kafka_check(const idem_conf_t *conf, int timeout_ms, FILE *out,
+                     char *errstr, size_t errstr_size);
 
 #endif

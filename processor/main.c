@@ -2,6 +2,9 @@
 #include "cmd.h"
 #include "cmdline.h"
 #include "conf.h"
+#include "kafka.h"
+#include "store.h"
+#include "util.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,23 +16,88 @@ extern char **environ;
 
 static void check_config_usage(FILE *out)
 {
-    fprintf(out, "usage: idemproc check-config -c FILE [--set key=value]...\n"
-                 "  Validates the configuration (file < IDEMPROC_* environment "
-                 "< --set) and\n  prints the effective one, secrets "
-                 "redacted. Exit 0 valid, 2 invalid.\n");
+    fprintf(out,
+            "usage: idemproc check-config -c FILE [--connect [--timeout-ms N]] "
+            "[--set key=value]...\n"
+            "  Validates the configuration (file < IDEMPROC_* environment "
+            "< --set) and\n  prints the effective one, secrets redacted.\n"
+            "  --connect        then also reach Kafka (brokers; input, DLQ "
+            "and output\n"
+            "                   topics) and Redis with these settings\n"
+            "  --timeout-ms N   bound on each of those (100..3600000, default "
+            "30000)\n"
+            "  Exit 0 valid (and reachable), 1 not reachable, 2 invalid.\n");
 }
 
-/* `idemproc check-config`: validate and print the effective config. */
+typedef struct {
+    int connect;
+    int timeout_ms;
+} check_opts_t;
+
+/* idem_cmdline_opt_cb for check-config's own options. */
+static int check_config_opt(int opt, const char *arg, void *opaque)
+{
+    check_opts_t *o = opaque;
+    if (opt == 'C') {
+        o->connect = 1;
+        return 0;
+    }
+    char *end;
+    long v = strtol(arg, &end, 10);
+    if (!*arg || *end || v < 100 || v > 3600000) {
+        fprintf(stderr,
+                "idemproc check-config: --timeout-ms: \"%s\" is not a "
+                "number of ms (100..3600000)\n",
+                arg);
+        return -1;
+    }
+    o->timeout_ms = (int)v;
+    return 0;
+}
+
+/* `idemproc check-config`: validate and print the effective config; with
+ * --connect also reach Kafka and Redis. */
 static int cmd_check_config(int argc, char **argv, char **envp)
 {
+    static const struct option opts[] = {
+        {"connect", no_argument, 0, 'C'},
+        {"timeout-ms", required_argument, 0, 'T'},
+        {0, 0, 0, 0}};
+    check_opts_t o = {.timeout_ms = 30000};
     idem_conf_t *conf;
-    int rc = idem_cmdline_conf(argc, argv, envp, check_config_usage, NULL, NULL,
-                               NULL, NULL, &conf);
+    int rc = idem_cmdline_conf(argc, argv, envp, check_config_usage, opts, "",
+                               check_config_opt, &o, &conf);
     if (rc >= 0)
         return rc;
     idem_conf_dump(conf, stdout);
+    rc = IDEM_EXIT_OK;
+    char errstr[512];
+    if (o.connect) {
+        fflush(stdout);
+        if (idem_kafka_check(conf, o.timeout_ms, stdout, errstr,
+                             sizeof(errstr))) {
+            fprintf(stderr, "idemproc check-config: %s\n", errstr);
+            rc = IDEM_EXIT_FAIL;
+        }
+        /* The Redis timeout is redis.timeout.ms; --timeout-ms bounds the
+         * whole check from above. */
+        if (conf->redis_timeout_ms > o.timeout_ms)
+            conf->redis_timeout_ms = o.timeout_ms;
+        idem_store_t *store = idem_store_new(conf, NULL);
+        char url[512];
+        if (idem_store_connect(store, errstr, sizeof(errstr))) {
+            fprintf(stderr, "idemproc check-config: %s (redis.url %s)\n",
+                    errstr,
+                    idem_redis_url_redact(conf->redis_url, url, sizeof(url)));
+            rc = IDEM_EXIT_FAIL;
+        } else {
+            printf("check-config: redis: connected to %s\n",
+                   idem_redis_url_redact(conf->redis_url, url, sizeof(url)));
+        }
+        idem_store_destroy(store);
+    }
     idem_conf_destroy(conf);
-    return IDEM_EXIT_OK;
+    return rc;
 }
 
 static void usage(FILE *out)

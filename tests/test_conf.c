@@ -314,3 +314,40 @@ Test(conf, first_run_messages)
     free(out);
     free(err);
 }
+
+/* check-config --connect with nothing listening: exit 1 within the bound,
+ * one line each for Kafka (naming the bootstrap servers) and Redis. */
+Test(conf, check_config_connect_unreachable)
+{
+    char bs[64], url[64];
+    snprintf(bs, sizeof(bs), "kafka.bootstrap.servers=127.0.0.1:%d",
+             th_free_port());
+    snprintf(url, sizeof(url), "redis.url=redis://127.0.0.1:%d/0",
+             th_free_port());
+    char *argv[] = {(char *)th_bin(),
+                    "check-config",
+                    "--connect",
+                    "--timeout-ms",
+                    "1000",
+                    "--set",
+                    bs,
+                    "--set",
+                    "group.id=g",
+                    "--set",
+                    "input.topics=t",
+                    "--set",
+                    "dlq.topic=d",
+                    "--set",
+                    url,
+                    NULL};
+    char *out = NULL, *err = NULL;
+    cr_expect_eq(th_run(argv, &out, &err, 30000), 1, "%s", err);
+    char want[128];
+    snprintf(want, sizeof(want),
+             "no Kafka broker reachable at %s within 1000 ms",
+             bs + strlen("kafka.bootstrap.servers="));
+    cr_expect(strstr(err, want), "%s", err);
+    cr_expect(strstr(err, "redis: connect: "), "%s", err);
+    free(out);
+    free(err);
+}
