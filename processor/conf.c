@@ -986,7 +986,10 @@ void idem_conf_print_help(FILE *out)
         fprintf(out, "  %-26s %s\n\n", "", p->doc);
     }
     fprintf(out, "  kafka.<property>           passed to librdkafka unchanged "
-                 "(see its CONFIGURATION.md)\n"
+                 "(see its CONFIGURATION.md),\n"
+                 "                             except the ones idemproc sets "
+                 "itself (an error says\n"
+                 "                             what to use instead)\n"
                  "  <key>.file                 read <key>'s value from a file "
                  "(e.g. a mounted Secret)\n");
 }
@@ -1005,7 +1008,8 @@ void idem_conf_print_markdown(FILE *out)
                 p->doc);
     }
     fprintf(out, "| `kafka.<property>` | string | | passed to librdkafka "
-                 "unchanged (SASL, SSL, tuning) |\n");
+                 "unchanged (SASL, SSL, tuning), except the ones idemproc "
+                 "sets itself |\n");
     fprintf(out, "| `<key>.file` | path | | read the key's value from a file "
                  "(mounted Secret) |\n");
 }
