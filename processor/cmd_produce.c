@@ -240,6 +240,17 @@ static int args_parse(int argc, char **argv, produce_args_t *a)
                         optarg);
                 return -1;
             }
+            /* The promise of this command; accepting and then replacing
+             * them would be a silent surprise. */
+            if (!strncmp(optarg, "acks=", 5) ||
+                !strncmp(optarg, "request.required.acks=", 22) ||
+                !strncmp(optarg, "enable.idempotence=", 19)) {
+                fprintf(stderr,
+                        "idemproc produce: -X %.*s: not configurable (produce "
+                        "is always idempotent with acks=all)\n",
+                        (int)strcspn(optarg, "="), optarg);
+                return -1;
+            }
             a->props[a->prop_cnt++] = optarg;
             if (!strncmp(optarg, "message.timeout.ms=", 19) ||
                 !strncmp(optarg, "delivery.timeout.ms=", 20))

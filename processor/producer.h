@@ -19,7 +19,8 @@ typedef struct {
 
 /* A producer for `topic` on `bootstrap`. `props` are "name=value" librdkafka
  * properties (borrowed; applied after our defaults, so they win, except
- * that idempotence and acks=all cannot be turned off). max_value_bytes is
+ * that idempotence and acks=all cannot be turned off: `produce` refuses
+ * -X for them). max_value_bytes is
  * the largest value the caller will send: message.max.bytes is raised to
  * fit it unless props set it. When dump is not NULL the effective librdkafka
  * configuration is printed there, secrets masked. Returns NULL with errstr
