@@ -54,6 +54,23 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 143' TERM INT
 
+# When this script is killed outright (SIGKILL: nothing runs its EXIT
+# trap), a watchdog stops what the README's commands started. It is
+# disowned so that it takes no job number (`kill %3` must mean the third
+# README job).
+(
+    trap '' TERM INT
+    while kill -0 $$ 2>/dev/null; do sleep 1; done
+    if [[ -f $W/pids ]]; then
+        pids=$(cat "$W/pids")
+        kill -TERM $pids 2>/dev/null
+        sleep 3
+        kill -KILL $pids 2>/dev/null
+        rm -rf "$W"
+    fi
+) >/dev/null 2>&1 &
+disown
+
 fail() {
     echo "first_hour: FAIL: $*" >&2
     for f in "$W"/*.log; do
@@ -213,6 +230,7 @@ for ((i = 0; i < ncmd; i++)); do
         fi
         eval "$text &"
         pid=$!
+        echo "$pid" >>"$W/pids"
         want_n=$(wc -l <"$W/want.$i")
         if ((want_n > 0)); then
             for _ in $(seq 300); do
