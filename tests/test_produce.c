@@ -352,6 +352,31 @@ Test(produce, unreachable_bootstrap_exits_1_with_failure_count)
     free(err);
 }
 
+/* -c FILE hands its kafka.* settings to the producer (-v prints the
+ * effective librdkafka configuration before anything is sent). */
+Test(produce, config_file_kafka_settings_reach_the_producer)
+{
+    char *dir = th_tmpdir();
+    char conf[512], text[256];
+    snprintf(conf, sizeof(conf), "%s/c.properties", dir);
+    snprintf(text, sizeof(text),
+             "kafka.bootstrap.servers=127.0.0.1:%d\ninput.topics=t\n"
+             "kafka.socket.timeout.ms=12345\nkafka.sasl.password=hunter2\n",
+             th_free_port());
+    cr_assert_eq(th_write_file(conf, text), 0);
+    char *argv[] = {(char *)th_bin(), "produce", "-c",      conf, "-v",
+                    "--timeout",      "1",       "--count", "1",  NULL};
+    char *err = NULL;
+    cr_expect_eq(th_run(argv, NULL, &err, 30000), 1, "%s", err);
+    cr_expect(strstr(err, "socket.timeout.ms=12345\n"), "%s", err);
+    cr_expect(strstr(err, "no Kafka broker reachable at 127.0.0.1:"), "%s",
+              err);
+    cr_expect_null(strstr(err, "hunter2"), "%s", err);
+    free(err);
+    th_rmrf(dir);
+    free(dir);
+}
+
 /* A missing --input file is a usage error before anything is sent: one
  * line, no all-zero summary. */
 Test(produce, missing_input_file_is_one_line)
