@@ -21,7 +21,7 @@ TEST_LIBS   = $(shell pkg-config --libs $(TEST_PKGS))
 BUILD_DEB_PKGS := build-essential pkg-config librdkafka-dev libhiredis-dev \
                   libjansson-dev libmicrohttpd-dev uuid-dev
 TEST_DEB_PKGS  := libcriterion-dev redis-server redis-tools kcat prometheus \
-                  clang-format
+                  clang-format jq
 DEB_PKGS       := $(BUILD_DEB_PKGS) $(TEST_DEB_PKGS)
 
 WARN    := -Wall -Wextra -Wshadow -Wstrict-prototypes -Wwrite-strings -Werror
@@ -72,7 +72,7 @@ deps-check:
 deps-check-test: deps-check
 	@pkg-config --exists $(TEST_PKGS) && command -v redis-server >/dev/null \
 	  && command -v kcat >/dev/null && command -v promtool >/dev/null \
-	  && command -v clang-format >/dev/null \
+	  && command -v clang-format >/dev/null && command -v jq >/dev/null \
 	  || $(MAKE) --no-print-directory deps DEB_PKGS="$(TEST_DEB_PKGS)"
 
 deps:

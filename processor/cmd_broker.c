@@ -2,7 +2,9 @@
 #include "broker.h"
 #include "cmd.h"
 #include "util.h"
+#include "watermark.h"
 
+#include <inttypes.h>
 #include <getopt.h>
 #include <signal.h>
 #include <stdio.h>
@@ -42,12 +44,26 @@ void idem_cmd_broker_usage(FILE *out)
         "    new random ports;\n"
         "  - it keeps only about 5 MiB per partition and silently drops older "
         "records\n"
-        "    beyond that, so size partitions for the data (--topic "
-        "NAME:P) or consume\n"
-        "    while producing;\n"
+        "    beyond that (a warning on stderr says so), so size partitions "
+        "for the\n"
+        "    data (--topic NAME:P);\n"
         "  - it answers a fetch with no data only after fetch.wait.max.ms, so "
         "clients\n"
         "    should set fetch.wait.max.ms low (e.g. 10).\n");
+}
+
+/* idem_watermark_cb: the mock cluster drops a partition's oldest records
+ * without a word when it passes its size limit; say it on stderr. */
+static void broker_on_dropped(const char *topic, int32_t partition, int64_t low,
+                              int64_t dropped, void *opaque)
+{
+    (void)opaque;
+    fprintf(stderr,
+            "idemproc broker: warning: %s [%" PRId32 "] dropped its %" PRId64
+            " oldest records (earliest offset now %" PRId64
+            "): this broker keeps about 5 MiB per partition; use more "
+            "partitions (--topic %s:N) or smaller records\n",
+            topic, partition, dropped, low, topic);
 }
 
 /* Names the flag getopt stopped at, as one usage line on stderr. */
@@ -151,8 +167,25 @@ int idem_cmd_broker(int argc, char **argv, char **envp)
 
     printf("%s\n", idem_broker_bootstraps(broker));
     fflush(stdout);
-    while (broker_running)
+    /* Every few seconds, look for partitions that lost their oldest
+     * records (see broker_on_dropped). */
+    idem_watermark_t *wm = idem_watermark_new(idem_broker_bootstraps(broker),
+                                              errstr, sizeof(errstr));
+    if (!wm)
+        fprintf(stderr,
+                "idemproc broker: %s (no warnings about dropped "
+                "records)\n",
+                errstr);
+    int64_t next_check = idem_now_ms() + 2000;
+    while (broker_running) {
         idem_sleep_ms(200, (volatile int *)&broker_running);
+        if (wm && broker_running && idem_now_ms() >= next_check) {
+            idem_watermark_check(wm, 2000, broker_on_dropped, NULL, errstr,
+                                 sizeof(errstr));
+            next_check = idem_now_ms() + 2000;
+        }
+    }
+    idem_watermark_destroy(wm);
     idem_broker_destroy(broker);
     return IDEM_EXIT_OK;
 }

@@ -1,7 +1,10 @@
 /* cmd_produce: `idemproc produce`, the idempotent producer of generated
  * payment traffic or of JSON lines from a file or stdin. */
 #include "cmd.h"
+#include "conf.h"
+#include "expect.h"
 #include "gen.h"
+#include "log.h"
 #include "outcome.h"
 #include "producer.h"
 #include "util.h"
@@ -38,6 +41,7 @@ void idem_cmd_produce_usage(FILE *out)
     fprintf(
         out,
         "usage: idemproc produce -b BOOTSTRAP -t TOPIC [options]\n"
+        "       idemproc produce -c FILE [options]\n"
         "  Idempotent producer (enable.idempotence=true, acks=all). Sends "
         "generated\n"
         "  payment traffic, or JSON lines with --input. Exit 0 only when "
@@ -47,6 +51,19 @@ void idem_cmd_produce_usage(FILE *out)
         "options:\n"
         "  -b, --bootstrap LIST     bootstrap servers (host:port,...)\n"
         "  -t, --topic TOPIC        topic to write to\n"
+        "  -c, --config FILE        the processor's configuration file (and "
+        "IDEMPROC_*\n"
+        "                           variables): kafka.bootstrap.servers, "
+        "kafka.* (security),\n"
+        "                           the topic from input.topics, "
+        "message.max.bytes for\n"
+        "                           --expect, log.format and log.level; -b, "
+        "-t, -X win\n"
+        "  --timeout SECONDS        give up on a broker that does not answer, "
+        "and on\n"
+        "                           each message not acknowledged, after this "
+        "long\n"
+        "                           (message.timeout.ms; default 30)\n"
         "  -X PROP=VALUE            librdkafka property (repeatable), e.g. "
         "-X linger.ms=20\n"
         "  -v, --verbose            print the effective librdkafka settings "
@@ -78,15 +95,24 @@ void idem_cmd_produce_usage(FILE *out)
         "processor's\n"
         "                           message.max.bytes default + 1)\n"
         "  --expect FILE            write the expected outcome (counts and "
-        "ledger) as JSON\n\n"
+        "ledger) as JSON;\n"
+        "                           also with --input (README, \"The "
+        "expectation file\")\n\n"
         "JSON lines:\n"
         "  --input FILE|-           send each line of FILE (- = stdin); lines "
         "that are not\n"
-        "                           JSON are sent as-is and counted\n"
+        "                           JSON are sent as-is and counted, empty "
+        "lines are\n"
+        "                           skipped and counted\n"
         "  --key-field NAME         field used as key (default order_id, then "
         "message_id)\n"
-        "  --add-message-id         add a random message_id to objects that "
-        "lack one\n\n"
+        "  --add-message-id[=random|stable]\n"
+        "                           add a message_id to objects that lack "
+        "one: random, or\n"
+        "                           stable = derived from the line's bytes, "
+        "so a re-sent\n"
+        "                           file counts as redeliveries (default "
+        "random)\n\n"
         "The embedded broker keeps only about 5 MiB per partition: size "
         "partitions\n"
         "for large runs (idemproc broker --topic NAME:P).\n");
@@ -105,7 +131,10 @@ enum {
     OPT_INPUT,
     OPT_KEY_FIELD,
     OPT_ADD_MESSAGE_ID,
+    OPT_TIMEOUT,
 };
+
+enum { MID_NONE = 0, MID_RANDOM, MID_STABLE };
 
 typedef struct {
     const char *bootstrap;
@@ -118,7 +147,14 @@ typedef struct {
     const char *expect_path;
     const char *input_path;
     const char *key_field;
-    int add_message_id;
+    int add_message_id; /* MID_* */
+    const char *config_path;
+    int64_t timeout_s;
+    int timeout_set;
+    int message_timeout_set; /* -X message.timeout.ms or delivery.timeout.ms */
+    idem_conf_t *conf;       /* -c FILE and IDEMPROC_*, not finalized */
+    char **kafka_props;      /* "name=value" from conf, owned */
+    size_t kafka_prop_cnt;
     const char *gen_flag; /* a generator-only flag that was given */
 } produce_args_t;
 
@@ -174,17 +210,20 @@ static int args_parse(int argc, char **argv, produce_args_t *a)
         {"expect", required_argument, 0, OPT_EXPECT},
         {"input", required_argument, 0, OPT_INPUT},
         {"key-field", required_argument, 0, OPT_KEY_FIELD},
-        {"add-message-id", no_argument, 0, OPT_ADD_MESSAGE_ID},
+        {"add-message-id", optional_argument, 0, OPT_ADD_MESSAGE_ID},
+        {"config", required_argument, 0, 'c'},
+        {"timeout", required_argument, 0, OPT_TIMEOUT},
         {0, 0, 0, 0}};
     char errstr[256];
     int64_t v;
     int c;
     memset(a, 0, sizeof(*a));
     idem_gen_opts_init(&a->gen);
+    a->timeout_s = 30;
     a->props = idem_xcalloc((size_t)argc, sizeof(*a->props));
     optind = 1;
     opterr = 0;
-    while ((c = getopt_long(argc, argv, ":b:t:X:vh", opts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, ":b:t:X:c:vh", opts, NULL)) != -1) {
         const char *flag = argv[optind - 1];
         switch (c) {
         case 'b':
@@ -201,7 +240,29 @@ static int args_parse(int argc, char **argv, produce_args_t *a)
                         optarg);
                 return -1;
             }
+            /* The promise of this command; accepting and then replacing
+             * them would be a silent surprise. */
+            if (!strncmp(optarg, "acks=", 5) ||
+                !strncmp(optarg, "request.required.acks=", 22) ||
+                !strncmp(optarg, "enable.idempotence=", 19)) {
+                fprintf(stderr,
+                        "idemproc produce: -X %.*s: not configurable (produce "
+                        "is always idempotent with acks=all)\n",
+                        (int)strcspn(optarg, "="), optarg);
+                return -1;
+            }
             a->props[a->prop_cnt++] = optarg;
+            if (!strncmp(optarg, "message.timeout.ms=", 19) ||
+                !strncmp(optarg, "delivery.timeout.ms=", 20))
+                a->message_timeout_set = 1;
+            break;
+        case 'c':
+            a->config_path = optarg;
+            break;
+        case OPT_TIMEOUT:
+            if (parse_i64("--timeout", optarg, 1, 86400, &a->timeout_s))
+                return -1;
+            a->timeout_set = 1;
             break;
         case 'v':
             a->verbose = 1;
@@ -256,7 +317,6 @@ static int args_parse(int argc, char **argv, produce_args_t *a)
                 return -1;
             break;
         case OPT_EXPECT:
-            a->gen_flag = "--expect";
             a->expect_path = optarg;
             break;
         case OPT_INPUT:
@@ -270,7 +330,17 @@ static int args_parse(int argc, char **argv, produce_args_t *a)
             a->key_field = optarg;
             break;
         case OPT_ADD_MESSAGE_ID:
-            a->add_message_id = 1;
+            if (!optarg || !strcmp(optarg, "random")) {
+                a->add_message_id = MID_RANDOM;
+            } else if (!strcmp(optarg, "stable")) {
+                a->add_message_id = MID_STABLE;
+            } else {
+                fprintf(stderr,
+                        "idemproc produce: --add-message-id: \"%s\" is not "
+                        "random or stable\n",
+                        optarg);
+                return -1;
+            }
             break;
         case ':':
             fprintf(stderr, "idemproc produce: missing value for %s\n", flag);
@@ -289,14 +359,6 @@ static int args_parse(int argc, char **argv, produce_args_t *a)
                 argv[optind]);
         return -1;
     }
-    if (!a->bootstrap || !*a->bootstrap) {
-        fprintf(stderr, "idemproc produce: -b/--bootstrap is required\n");
-        return -1;
-    }
-    if (!a->topic || !*a->topic) {
-        fprintf(stderr, "idemproc produce: -t/--topic is required\n");
-        return -1;
-    }
     if (a->input_path && a->gen_flag) {
         fprintf(stderr,
                 "idemproc produce: %s: only for generated traffic, not with "
@@ -310,6 +372,64 @@ static int args_parse(int argc, char **argv, produce_args_t *a)
         return -1;
     }
     return 0;
+}
+
+/* Loads the configuration file (-c) and the IDEMPROC_* environment the way
+ * `run` does, without run's required keys, and fills what -b/-t/-X left
+ * open: bootstrap servers, the topic (input.topics when it names exactly
+ * one topic) and the kafka.* properties (before -X, so -X wins). Returns
+ * 0, or -1 after one line on stderr. */
+static int args_resolve(produce_args_t *a, char **envp)
+{
+    char errstr[512];
+    a->conf = idem_conf_new();
+    if ((a->config_path && idem_conf_load_file(a->conf, a->config_path, errstr,
+                                               sizeof(errstr))) ||
+        idem_conf_load_env(a->conf, envp, errstr, sizeof(errstr))) {
+        fprintf(stderr, "idemproc produce: %s\n", errstr);
+        return -1;
+    }
+    const idem_conf_t *c = a->conf;
+    if (!a->bootstrap && c->bootstrap_servers && *c->bootstrap_servers)
+        a->bootstrap = c->bootstrap_servers;
+    if (!a->bootstrap || !*a->bootstrap) {
+        fprintf(stderr, "idemproc produce: -b/--bootstrap is required (or -c "
+                        "FILE with kafka.bootstrap.servers)\n");
+        return -1;
+    }
+    if (!a->topic && c->input_topics && *c->input_topics) {
+        if (strchr(c->input_topics, ',') || c->input_topics[0] == '^') {
+            fprintf(stderr,
+                    "idemproc produce: -t/--topic is required: input.topics "
+                    "\"%s\" is not a single topic\n",
+                    c->input_topics);
+            return -1;
+        }
+        a->topic = c->input_topics;
+    }
+    if (!a->topic || !*a->topic) {
+        fprintf(stderr, "idemproc produce: -t/--topic is required (or -c "
+                        "FILE with input.topics)\n");
+        return -1;
+    }
+    a->kafka_props = idem_xcalloc(c->kafka_cnt + 1, sizeof(*a->kafka_props));
+    for (size_t i = 0; i < c->kafka_cnt; i++) {
+        size_t n = strlen(c->kafka[i].name) + strlen(c->kafka[i].value) + 2;
+        a->kafka_props[i] = idem_xmalloc(n);
+        snprintf(a->kafka_props[i], n, "%s=%s", c->kafka[i].name,
+                 c->kafka[i].value);
+    }
+    a->kafka_prop_cnt = c->kafka_cnt;
+    return 0;
+}
+
+static void args_free(produce_args_t *a)
+{
+    for (size_t i = 0; i < a->kafka_prop_cnt; i++)
+        free(a->kafka_props[i]);
+    free(a->kafka_props);
+    free(a->props);
+    idem_conf_destroy(a->conf);
 }
 
 /* Paces sending at `rate` messages per second with a token bucket whose
@@ -385,6 +505,7 @@ static void progress_end(progress_t *pg)
 typedef struct {
     int64_t sent;     /* handed to the producer */
     int64_t not_json; /* --input lines that are not JSON */
+    int64_t empty;    /* --input lines skipped because they are empty */
 } counts_t;
 
 static void produce_generated(produce_args_t *a, idem_gen_t *gen,
@@ -421,18 +542,13 @@ static const char *field_text(json_t *obj, const char *name, char *buf,
     return NULL;
 }
 
-static int produce_input(produce_args_t *a, idem_producer_t *p, progress_t *pg,
-                         counts_t *cnt, char *errstr, size_t errstr_size)
+/* Sends every non-empty line of fp (borrowed); each value sent is also
+ * judged by `expect` (may be NULL). Returns 0, or -1 with errstr after a
+ * read error. */
+static int produce_input(produce_args_t *a, FILE *fp, idem_producer_t *p,
+                         idem_expect_t *expect, progress_t *pg, counts_t *cnt,
+                         char *errstr, size_t errstr_size)
 {
-    FILE *fp = stdin;
-    if (strcmp(a->input_path, "-")) {
-        fp = fopen(a->input_path, "r");
-        if (!fp) {
-            snprintf(errstr, errstr_size, "--input: cannot open \"%s\": %m",
-                     a->input_path);
-            return -1;
-        }
-    }
     bucket_t bucket;
     bucket_init(&bucket, a->rate);
     char *line = NULL, *edited = NULL;
@@ -442,8 +558,10 @@ static int produce_input(produce_args_t *a, idem_producer_t *p, progress_t *pg,
     while (!produce_stop && (len = getline(&line, &cap, fp)) >= 0) {
         while (len > 0 && (line[len - 1] == '\n' || line[len - 1] == '\r'))
             line[--len] = '\0';
-        if (len == 0)
+        if (len == 0) {
+            cnt->empty++;
             continue;
+        }
         const char *value = line, *key = NULL, *mid = NULL, *ikey = NULL;
         size_t value_len = (size_t)len;
         char keybuf[64], midbuf[64], newmid[37];
@@ -457,7 +575,10 @@ static int produce_input(produce_args_t *a, idem_producer_t *p, progress_t *pg,
             if (a->add_message_id && !json_object_get(doc, "message_id")) {
                 /* Insert the field textually after '{': re-serializing would
                  * change the bytes (e.g. 12.30 would become 12.3). */
-                idem_uuid(newmid);
+                if (a->add_message_id == MID_STABLE)
+                    idem_uuid_stable(line, (size_t)len, newmid);
+                else
+                    idem_uuid(newmid);
                 const char *brace = strchr(line, '{');
                 size_t pre = (size_t)(brace - line) + 1;
                 free(edited);
@@ -495,70 +616,48 @@ static int produce_input(produce_args_t *a, idem_producer_t *p, progress_t *pg,
         json_decref(doc);
         bucket_take(&bucket, p);
         cnt->sent++;
+        if (expect)
+            idem_expect_add(expect, value, value_len);
         idem_producer_send(p, key, key ? strlen(key) : 0, value, value_len, mid,
                            ikey, serr, sizeof(serr));
         idem_producer_poll(p, 0);
         progress_show(pg, cnt->sent, 0, 0);
     }
+    int failed = ferror(fp);
+    if (failed)
+        snprintf(errstr, errstr_size, "--input %s: read error: %m",
+                 a->input_path);
     free(line);
     free(edited);
-    if (fp != stdin)
-        fclose(fp);
-    return 0;
+    return failed ? -1 : 0;
 }
 
-int idem_cmd_produce(int argc, char **argv, char **envp)
+/* The props for idem_producer_new: the configuration file's kafka.*
+ * first, then -X (later wins), then message.timeout.ms from --timeout
+ * unless -X set it. Returns a new array of borrowed strings; *cnt its
+ * length. tbuf holds the timeout property. */
+static char **producer_props(const produce_args_t *a, char *tbuf,
+                             size_t tbuf_size, size_t *cnt)
 {
-    (void)envp;
-    produce_args_t a;
-    char errstr[512];
-    int rc = args_parse(argc, argv, &a);
-    if (rc) {
-        free(a.props);
-        return rc > 0 ? IDEM_EXIT_OK : IDEM_EXIT_USAGE;
+    char **v = idem_xcalloc(a->kafka_prop_cnt + a->prop_cnt + 1, sizeof(*v));
+    size_t n = 0;
+    for (size_t i = 0; i < a->kafka_prop_cnt; i++)
+        v[n++] = a->kafka_props[i];
+    for (size_t i = 0; i < a->prop_cnt; i++)
+        v[n++] = a->props[i];
+    if (!a->message_timeout_set || a->timeout_set) {
+        snprintf(tbuf, tbuf_size, "message.timeout.ms=%" PRId64,
+                 a->timeout_s * 1000);
+        v[n++] = tbuf;
     }
-    idem_gen_t *gen = NULL;
-    if (!a.input_path) {
-        gen = idem_gen_new(&a.gen, errstr, sizeof(errstr));
-        if (!gen) {
-            fprintf(stderr, "idemproc produce: %s\n", errstr);
-            free(a.props);
-            return IDEM_EXIT_USAGE;
-        }
-    }
-    size_t max_value = gen ? (size_t)a.gen.too_large_bytes : 1000000;
-    idem_producer_t *p =
-        idem_producer_new(a.bootstrap, a.topic, a.props, a.prop_cnt, max_value,
-                          a.verbose ? stderr : NULL, errstr, sizeof(errstr));
-    free(a.props);
-    if (!p) {
-        fprintf(stderr, "idemproc produce: %s\n", errstr);
-        idem_gen_destroy(gen);
-        return IDEM_EXIT_USAGE;
-    }
+    *cnt = n;
+    return v;
+}
 
-    struct sigaction sa;
-    memset(&sa, 0, sizeof(sa));
-    sa.sa_handler = produce_on_signal;
-    sigemptyset(&sa.sa_mask);
-    sigaction(SIGTERM, &sa, NULL);
-    sigaction(SIGINT, &sa, NULL);
-
-    progress_t pg = {.on = isatty(2), .start_ms = idem_now_ms()};
-    counts_t cnt = {0, 0};
-    int64_t start_us = idem_now_us();
-    int input_failed = 0;
-    if (gen)
-        produce_generated(&a, gen, p, &pg, &cnt);
-    else
-        input_failed = produce_input(&a, p, &pg, &cnt, errstr, sizeof(errstr));
-    idem_producer_flush(p, &produce_abort);
-    progress_show(&pg, cnt.sent, gen ? idem_gen_total(gen) : 0, 1);
-    progress_end(&pg);
-    double secs = (double)(idem_now_us() - start_us) / 1e6;
-
-    idem_producer_stats_t st;
-    idem_producer_stats(p, &st);
+/* Prints the one-line summary on stderr. */
+static void summary_print(idem_gen_t *gen, const counts_t *cnt,
+                          const idem_producer_stats_t *st, double secs)
+{
     char extra[256];
     if (gen) {
         json_t *e = idem_gen_expect(gen);
@@ -579,24 +678,116 @@ int idem_cmd_produce(int argc, char **argv, char **envp)
                  json_integer_value(json_object_get(d, "resend")), poison);
         json_decref(e);
     } else {
-        snprintf(extra, sizeof(extra), "not-json lines %" PRId64, cnt.not_json);
+        snprintf(extra, sizeof(extra),
+                 "not-json lines %" PRId64 ", empty lines skipped %" PRId64,
+                 cnt->not_json, cnt->empty);
     }
     fprintf(stderr,
             "produce: sent %" PRId64 ", acked %" PRId64 ", failed %" PRId64
             ", %s, elapsed %.3fs, %.0f msgs/s%s\n",
-            cnt.sent, st.acked, st.failed, extra, secs,
-            secs > 0 ? (double)st.acked / secs : 0.0,
+            cnt->sent, st->acked, st->failed, extra, secs,
+            secs > 0 ? (double)st->acked / secs : 0.0,
             produce_stop ? " (interrupted)" : "");
+}
+
+int idem_cmd_produce(int argc, char **argv, char **envp)
+{
+    produce_args_t a;
+    char errstr[512];
+    int rc = args_parse(argc, argv, &a);
+    if (rc == 0 && args_resolve(&a, envp))
+        rc = -1;
+    if (rc) {
+        args_free(&a);
+        return rc > 0 ? IDEM_EXIT_OK : IDEM_EXIT_USAGE;
+    }
+    idem_log_setup((idem_log_level_t)a.conf->log_level,
+                   (idem_log_format_t)a.conf->log_format);
+    idem_gen_t *gen = NULL;
+    FILE *in = NULL;
+    if (!a.input_path) {
+        gen = idem_gen_new(&a.gen, errstr, sizeof(errstr));
+        if (!gen) {
+            fprintf(stderr, "idemproc produce: %s\n", errstr);
+            args_free(&a);
+            return IDEM_EXIT_USAGE;
+        }
+    } else if (!strcmp(a.input_path, "-")) {
+        in = stdin;
+    } else if (!(in = fopen(a.input_path, "r"))) {
+        fprintf(stderr, "idemproc produce: --input: cannot open \"%s\": %m\n",
+                a.input_path);
+        args_free(&a);
+        return IDEM_EXIT_USAGE;
+    }
+    size_t max_value = gen ? (size_t)a.gen.too_large_bytes : 1000000;
+    size_t prop_cnt;
+    char tprop[64];
+    char **props = producer_props(&a, tprop, sizeof(tprop), &prop_cnt);
+    idem_producer_t *p =
+        idem_producer_new(a.bootstrap, a.topic, props, prop_cnt, max_value,
+                          a.verbose ? stderr : NULL, errstr, sizeof(errstr));
+    free(props);
+    if (!p) {
+        fprintf(stderr, "idemproc produce: %s\n", errstr);
+        goto usage_fail;
+    }
+    /* Nothing reachable: one line after --timeout, instead of a failure per
+     * message after message.timeout.ms. */
+    if (idem_producer_wait_broker(p, (int)(a.timeout_s * 1000), errstr,
+                                  sizeof(errstr))) {
+        fprintf(stderr,
+                "idemproc produce: no Kafka broker reachable at %s within "
+                "%" PRId64 " s (--timeout): %s; nothing sent\n",
+                a.bootstrap, a.timeout_s, errstr);
+        idem_producer_destroy(p);
+        idem_gen_destroy(gen);
+        if (in && in != stdin)
+            fclose(in);
+        args_free(&a);
+        return IDEM_EXIT_FAIL;
+    }
+
+    struct sigaction sa;
+    memset(&sa, 0, sizeof(sa));
+    sa.sa_handler = produce_on_signal;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGINT, &sa, NULL);
+
+    idem_expect_t *expect =
+        in && a.expect_path ? idem_expect_new((size_t)a.conf->message_max_bytes)
+                            : NULL;
+    progress_t pg = {.on = isatty(2), .start_ms = idem_now_ms()};
+    counts_t cnt = {0, 0, 0};
+    int64_t start_us = idem_now_us();
+    int input_failed = 0;
+    if (gen)
+        produce_generated(&a, gen, p, &pg, &cnt);
+    else
+        input_failed =
+            produce_input(&a, in, p, expect, &pg, &cnt, errstr, sizeof(errstr));
+    idem_producer_flush(p, &produce_abort);
+    progress_show(&pg, cnt.sent, gen ? idem_gen_total(gen) : 0, 1);
+    progress_end(&pg);
+    double secs = (double)(idem_now_us() - start_us) / 1e6;
+
+    idem_producer_stats_t st;
+    idem_producer_stats(p, &st);
+    summary_print(gen, &cnt, &st, secs);
 
     rc = IDEM_EXIT_OK;
     if (input_failed) {
         fprintf(stderr, "idemproc produce: %s\n", errstr);
         rc = IDEM_EXIT_FAIL;
     }
-    if (gen && a.expect_path &&
-        idem_gen_expect_write(gen, a.expect_path, errstr, sizeof(errstr))) {
-        fprintf(stderr, "idemproc produce: %s\n", errstr);
-        rc = IDEM_EXIT_FAIL;
+    if (a.expect_path) {
+        json_t *doc = gen ? idem_gen_expect(gen) : idem_expect_json(expect);
+        if (idem_expect_write(doc, a.expect_path, errstr, sizeof(errstr))) {
+            fprintf(stderr, "idemproc produce: %s\n", errstr);
+            rc = IDEM_EXIT_FAIL;
+        }
+        json_decref(doc);
     }
     if (st.failed || st.acked != cnt.sent) {
         int64_t failed = cnt.sent - st.acked;
@@ -607,7 +798,17 @@ int idem_cmd_produce(int argc, char **argv, char **envp)
                 st.first_error[0] ? st.first_error : "not acknowledged");
         rc = IDEM_EXIT_FAIL;
     }
+    idem_expect_destroy(expect);
     idem_producer_destroy(p);
     idem_gen_destroy(gen);
+    if (in && in != stdin)
+        fclose(in);
+    args_free(&a);
     return rc;
+usage_fail:
+    idem_gen_destroy(gen);
+    if (in && in != stdin)
+        fclose(in);
+    args_free(&a);
+    return IDEM_EXIT_USAGE;
 }

@@ -69,7 +69,15 @@ int idem_cmdline_conf(int argc, char **argv, char **envp,
         *conf =
             idem_conf_load(path, envp, sets, set_cnt, errstr, sizeof(errstr));
         if (!*conf) {
-            fprintf(stderr, "idemproc: %s\n", errstr);
+            /* A first run without -c fails on the first required key: say
+             * what is missing is the file, not just that key. */
+            if (!path && strstr(errstr, "required but not set"))
+                fprintf(stderr,
+                        "idemproc %s: %s (no configuration file given: use "
+                        "-c FILE; 'idemproc help config' lists the keys)\n",
+                        argv[0], errstr);
+            else
+                fprintf(stderr, "idemproc: %s\n", errstr);
             rc = IDEM_EXIT_USAGE;
         }
     }

@@ -1,6 +1,7 @@
 /* conf: the configuration table, its sources (file, environment, --set) and
  * the effective configuration every command reads. */
 #include "conf.h"
+#include "kafka.h"
 #include "util.h"
 
 #include <ctype.h>
@@ -132,7 +133,7 @@ static const prop_t props[] = {
      0,
      {0},
      0,
-     1,
+     0,
      "redis://[:password@]host:port[/db] or unix:///path.sock"},
     {"redis.password",
      PROP_STR,
@@ -428,8 +429,29 @@ static char *read_secret_file(const char *key, const char *path, char *errstr,
     return buf;
 }
 
-static int kafka_set(idem_conf_t *conf, const char *prop, const char *value)
+/* Stores kafka.<prop>. Refuses a property idemproc sets itself, and lets
+ * librdkafka judge the value now, so that the error carries the file and
+ * line (or variable) it came from; cross-property checks happen later in
+ * rd_kafka_new. */
+static int kafka_set(idem_conf_t *conf, const char *prop, const char *value,
+                     char *errstr, size_t errstr_size)
 {
+    const char *instead = idem_kafka_managed(prop);
+    if (instead) {
+        err_set(errstr, errstr_size,
+                "kafka.%s: set by idemproc itself, not configurable (%s)", prop,
+                instead);
+        return -1;
+    }
+    rd_kafka_conf_t *scratch = rd_kafka_conf_new();
+    char kerr[512];
+    rd_kafka_conf_res_t res =
+        rd_kafka_conf_set(scratch, prop, value, kerr, sizeof(kerr));
+    rd_kafka_conf_destroy(scratch);
+    if (res != RD_KAFKA_CONF_OK) {
+        err_set(errstr, errstr_size, "kafka.%s: %s", prop, kerr);
+        return -1;
+    }
     for (size_t i = 0; i < conf->kafka_cnt; i++) {
         if (!strcmp(conf->kafka[i].name, prop)) {
             free(conf->kafka[i].value);
@@ -521,7 +543,7 @@ int idem_conf_set(idem_conf_t *conf, const char *key, const char *value,
     if (p)
         return prop_set(conf, p, value, errstr, errstr_size);
     if (!strncmp(key, "kafka.", 6) && key[6])
-        return kafka_set(conf, key + 6, value);
+        return kafka_set(conf, key + 6, value, errstr, errstr_size);
 
     const char *hint = closest_key(key);
     if (hint)
@@ -647,6 +669,26 @@ static int env_key(const char *var, char *key, size_t key_size)
     return -1;
 }
 
+/* The environment name of the table key closest to `var` (a typo such as
+ * IDEMPROC_GROUPID), or NULL when none is plausibly meant. Returns a
+ * static buffer. */
+static const char *closest_env(const char *var)
+{
+    static char best[256];
+    char name[256];
+    size_t best_d = (size_t)-1;
+    for (size_t i = 0; i < PROP_CNT; i++) {
+        env_name(props[i].name, name, sizeof(name));
+        size_t d = edit_distance(var, name);
+        if (d < best_d) {
+            best_d = d;
+            snprintf(best, sizeof(best), "%s", name);
+        }
+    }
+    size_t rest = strlen(var) > 9 ? strlen(var) - 9 : 0;
+    return best_d <= 1 + rest / 4 ? best : NULL;
+}
+
 int idem_conf_load_env(idem_conf_t *conf, char **envp, char *errstr,
                        size_t errstr_size)
 {
@@ -665,8 +707,18 @@ int idem_conf_load_env(idem_conf_t *conf, char **envp, char *errstr,
         if (!strcmp(var, "IDEMPROC_BIN") || !strcmp(var, "IDEMPROC_SRC"))
             continue; /* test harness variables, not configuration */
         if (env_key(var, key, sizeof(key))) {
-            err_set(errstr, errstr_size,
-                    "%s: environment variable names no configuration key", var);
+            const char *hint = closest_env(var);
+            if (hint)
+                err_set(errstr, errstr_size,
+                        "%s: environment variable names no configuration key "
+                        "(did you mean %s?)",
+                        var, hint);
+            else
+                err_set(errstr, errstr_size,
+                        "%s: environment variable names no configuration key "
+                        "(IDEMPROC_<KEY>: the key upper-cased, '.' and '-' "
+                        "as '_')",
+                        var);
             return -1;
         }
         if (idem_conf_set(conf, key, eq + 1, sub, sizeof(sub))) {
@@ -758,6 +810,12 @@ int idem_conf_finalize(idem_conf_t *conf, char *errstr, size_t errstr_size)
                 return -1;
             }
         }
+    }
+    if (!conf->redis_url || !*conf->redis_url) {
+        err_set(errstr, errstr_size,
+                "redis.url: empty (leave it out for the default "
+                "redis://127.0.0.1:6379/0)");
+        return -1;
     }
     if (check_redis_url(conf->redis_url, errstr, errstr_size))
         return -1;
@@ -949,7 +1007,10 @@ void idem_conf_print_help(FILE *out)
         fprintf(out, "  %-26s %s\n\n", "", p->doc);
     }
     fprintf(out, "  kafka.<property>           passed to librdkafka unchanged "
-                 "(see its CONFIGURATION.md)\n"
+                 "(see its CONFIGURATION.md),\n"
+                 "                             except the ones idemproc sets "
+                 "itself (an error says\n"
+                 "                             what to use instead)\n"
                  "  <key>.file                 read <key>'s value from a file "
                  "(e.g. a mounted Secret)\n");
 }
@@ -968,7 +1029,8 @@ void idem_conf_print_markdown(FILE *out)
                 p->doc);
     }
     fprintf(out, "| `kafka.<property>` | string | | passed to librdkafka "
-                 "unchanged (SASL, SSL, tuning) |\n");
+                 "unchanged (SASL, SSL, tuning), except the ones idemproc "
+                 "sets itself |\n");
     fprintf(out, "| `<key>.file` | path | | read the key's value from a file "
                  "(mounted Secret) |\n");
 }

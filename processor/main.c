@@ -2,6 +2,9 @@
 #include "cmd.h"
 #include "cmdline.h"
 #include "conf.h"
+#include "kafka.h"
+#include "store.h"
+#include "util.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,23 +16,88 @@ extern char **environ;
 
 static void check_config_usage(FILE *out)
 {
-    fprintf(out, "usage: idemproc check-config -c FILE [--set key=value]...\n"
-                 "  Validates the configuration (file < IDEMPROC_* environment "
-                 "< --set) and\n  prints the effective one, secrets "
-                 "redacted. Exit 0 valid, 2 invalid.\n");
+    fprintf(out,
+            "usage: idemproc check-config -c FILE [--connect [--timeout-ms N]] "
+            "[--set key=value]...\n"
+            "  Validates the configuration (file < IDEMPROC_* environment "
+            "< --set) and\n  prints the effective one, secrets redacted.\n"
+            "  --connect        then also reach Kafka (brokers; input, DLQ "
+            "and output\n"
+            "                   topics) and Redis with these settings\n"
+            "  --timeout-ms N   bound on each of those (100..3600000, default "
+            "30000)\n"
+            "  Exit 0 valid (and reachable), 1 not reachable, 2 invalid.\n");
 }
 
-/* `idemproc check-config`: validate and print the effective config. */
+typedef struct {
+    int connect;
+    int timeout_ms;
+} check_opts_t;
+
+/* idem_cmdline_opt_cb for check-config's own options. */
+static int check_config_opt(int opt, const char *arg, void *opaque)
+{
+    check_opts_t *o = opaque;
+    if (opt == 'C') {
+        o->connect = 1;
+        return 0;
+    }
+    char *end;
+    long v = strtol(arg, &end, 10);
+    if (!*arg || *end || v < 100 || v > 3600000) {
+        fprintf(stderr,
+                "idemproc check-config: --timeout-ms: \"%s\" is not a "
+                "number of ms (100..3600000)\n",
+                arg);
+        return -1;
+    }
+    o->timeout_ms = (int)v;
+    return 0;
+}
+
+/* `idemproc check-config`: validate and print the effective config; with
+ * --connect also reach Kafka and Redis. */
 static int cmd_check_config(int argc, char **argv, char **envp)
 {
+    static const struct option opts[] = {
+        {"connect", no_argument, 0, 'C'},
+        {"timeout-ms", required_argument, 0, 'T'},
+        {0, 0, 0, 0}};
+    check_opts_t o = {.timeout_ms = 30000};
     idem_conf_t *conf;
-    int rc = idem_cmdline_conf(argc, argv, envp, check_config_usage, NULL, NULL,
-                               NULL, NULL, &conf);
+    int rc = idem_cmdline_conf(argc, argv, envp, check_config_usage, opts, "",
+                               check_config_opt, &o, &conf);
     if (rc >= 0)
         return rc;
     idem_conf_dump(conf, stdout);
+    rc = IDEM_EXIT_OK;
+    char errstr[512];
+    if (o.connect) {
+        fflush(stdout);
+        if (idem_kafka_check(conf, o.timeout_ms, stdout, errstr,
+                             sizeof(errstr))) {
+            fprintf(stderr, "idemproc check-config: %s\n", errstr);
+            rc = IDEM_EXIT_FAIL;
+        }
+        /* The Redis timeout is redis.timeout.ms; --timeout-ms bounds the
+         * whole check from above. */
+        if (conf->redis_timeout_ms > o.timeout_ms)
+            conf->redis_timeout_ms = o.timeout_ms;
+        idem_store_t *store = idem_store_new(conf, NULL);
+        char url[512];
+        if (idem_store_connect(store, errstr, sizeof(errstr))) {
+            fprintf(stderr, "idemproc check-config: %s (redis.url %s)\n",
+                    errstr,
+                    idem_redis_url_redact(conf->redis_url, url, sizeof(url)));
+            rc = IDEM_EXIT_FAIL;
+        } else {
+            printf("check-config: redis: connected to %s\n",
+                   idem_redis_url_redact(conf->redis_url, url, sizeof(url)));
+        }
+        idem_store_destroy(store);
+    }
     idem_conf_destroy(conf);
-    return IDEM_EXIT_OK;
+    return rc;
 }
 
 static void usage(FILE *out)
@@ -42,16 +110,20 @@ static void usage(FILE *out)
             "(consumer-group member)\n"
             "  produce -b BOOTSTRAP -t TOPIC  idempotent producer: test "
             "traffic or JSON lines\n"
+            "  produce -c FILE [options]      the same, with run's "
+            "configuration file\n"
             "  broker [--brokers N] [--topic NAME:PARTITIONS]...\n"
             "                                 embedded in-memory Kafka for "
             "development\n"
             "  verify -c FILE --expect FILE   compare the Redis ledger (and "
-            "DLQ) with produce --expect\n"
+            "DLQ) with an expectation\n"
             "  dlq stats|inspect|replay -c FILE  what is in the DLQ and "
             "why; send dead\n"
             "                                 letters back through dedup\n"
             "  check-config -c FILE           validate and print the "
             "effective configuration\n"
+            "                                 (--connect: also reach Kafka "
+            "and Redis)\n"
             "  help [COMMAND|config]          this text, a command's "
             "options, or the config keys\n"
             "  --version                      print the version\n\n"
@@ -85,9 +157,17 @@ static const command_t *command_find(const char *name)
 
 static int cmd_help(int argc, char **argv)
 {
-    if (argc < 2) {
+    if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") ||
+        !strcmp(argv[1], "help")) {
         usage(stdout);
         return IDEM_EXIT_OK;
+    }
+    if (argc > 2) {
+        fprintf(stderr,
+                "idemproc help: unexpected argument \"%s\" (usage: idemproc "
+                "help [COMMAND|config])\n",
+                argv[2]);
+        return IDEM_EXIT_USAGE;
     }
     if (!strcmp(argv[1], "config")) {
         idem_conf_print_help(stdout);
@@ -99,7 +179,10 @@ static int cmd_help(int argc, char **argv)
     }
     const command_t *cmd = command_find(argv[1]);
     if (!cmd) {
-        fprintf(stderr, "idemproc help: unknown command \"%s\"\n", argv[1]);
+        fprintf(stderr,
+                "idemproc help: unknown command \"%s\" (commands: run, "
+                "produce, broker, verify, check-config; or config)\n",
+                argv[1]);
         return IDEM_EXIT_USAGE;
     }
     cmd->usage(stdout);

@@ -1319,7 +1319,12 @@ static void progress_log(idem_pipeline_t *p, int64_t now)
     char rate[32], lag[32], proc[32], dup[32], dlq[32];
     snprintf(rate, sizeof(rate), "%.0f",
              p->last_progress_ms ? (double)p->progress_records / secs : 0.0);
-    snprintf(lag, sizeof(lag), "%" PRId64, idem_metrics_lag_total(p->m));
+    /* -1 until the first librdkafka statistics: unknown, not negative. */
+    int64_t lag_total = idem_metrics_lag_total(p->m);
+    if (lag_total < 0)
+        snprintf(lag, sizeof(lag), "?");
+    else
+        snprintf(lag, sizeof(lag), "%" PRId64, lag_total);
     snprintf(proc, sizeof(proc), "%" PRIu64,
              idem_metrics_outcome_get(p->m, IDEM_OUTCOME_PROCESSED));
     snprintf(dup, sizeof(dup), "%" PRIu64,

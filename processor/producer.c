@@ -163,6 +163,21 @@ fail:
     return NULL;
 }
 
+int idem_producer_wait_broker(idem_producer_t *p, int timeout_ms, char *errstr,
+                              size_t errstr_size)
+{
+    const struct rd_kafka_metadata *md = NULL;
+    rd_kafka_resp_err_t err =
+        rd_kafka_metadata(p->rk, 0, NULL, &md, timeout_ms);
+    if (md)
+        rd_kafka_metadata_destroy(md);
+    if (err) {
+        snprintf(errstr, errstr_size, "%s", rd_kafka_err2str(err));
+        return -1;
+    }
+    return 0;
+}
+
 int idem_producer_send(idem_producer_t *p, const void *key, size_t key_len,
                        const void *value, size_t value_len,
                        const char *hdr_message_id,

@@ -19,7 +19,8 @@ typedef struct {
 
 /* A producer for `topic` on `bootstrap`. `props` are "name=value" librdkafka
  * properties (borrowed; applied after our defaults, so they win, except
- * that idempotence and acks=all cannot be turned off). max_value_bytes is
+ * that idempotence and acks=all cannot be turned off: `produce` refuses
+ * -X for them). max_value_bytes is
  * the largest value the caller will send: message.max.bytes is raised to
  * fit it unless props set it. When dump is not NULL the effective librdkafka
  * configuration is printed there, secrets masked. Returns NULL with errstr
@@ -29,6 +30,12 @@ idem_producer_t *idem_producer_new(const char *bootstrap, const char *topic,
                                    char *const *props, size_t prop_cnt,
                                    size_t max_value_bytes, FILE *dump,
                                    char *errstr, size_t errstr_size);
+
+/* Waits up to timeout_ms for any broker to answer a metadata request (no
+ * topic is named, so none is auto-created). Returns 0, or -1 with
+ * librdkafka's reason in errstr. */
+int idem_producer_wait_broker(idem_producer_t *p, int timeout_ms, char *errstr,
+                              size_t errstr_size);
 
 /* Enqueues one message (key, value and header values are copied; key and
  * headers may be NULL). When librdkafka's queue is full it serves delivery

@@ -83,6 +83,18 @@ void idem_uuid(char out[37])
     uuid_unparse_lower(u, out);
 }
 
+void idem_uuid_stable(const void *data, size_t len, char out[37])
+{
+    /* Our own name space, so that the ids cannot collide with UUIDv5s that
+     * other software derives from the same bytes. Never change it: the
+     * ids of re-sent files would change with it. */
+    static const uuid_t ns = {0x3f, 0x2c, 0x8e, 0x51, 0x6a, 0x0d, 0x4b, 0x7e,
+                              0x9c, 0x11, 0x5d, 0x2a, 0xe4, 0x70, 0x93, 0xb6};
+    uuid_t u;
+    uuid_generate_sha1(u, ns, data, len);
+    uuid_unparse_lower(u, out);
+}
+
 int idem_redis_url_parse(const char *url, idem_redis_addr_t *out, char *errstr,
                          size_t errstr_size)
 {

@@ -24,6 +24,10 @@ char *idem_rfc3339(int64_t wall_ms, char *buf, size_t size);
 /* A fresh random UUID (libuuid) as 36 characters + NUL into out[37]. */
 void idem_uuid(char out[37]);
 
+/* A UUID derived from `len` bytes of data (name-based, SHA-1: version 5
+ * in an idemproc name space): the same bytes always give the same id. */
+void idem_uuid_stable(const void *data, size_t len, char out[37]);
+
 typedef struct {
     int is_unix; /* 1: path is a socket */
     char host[256];

@@ -367,6 +367,10 @@ printf '%s\n' "$VERIFY_OUT" | grep -E '^verify: (ledger|dlq) exact' | sed 's/^/d
 if ! grep -q 'ledger exact' <<<"$VERIFY_OUT" || ! grep -q 'dlq exact' <<<"$VERIFY_OUT"; then
     die "verify passed without 'ledger exact' and 'dlq exact': $VERIFY_OUT"
 fi
+# The partitions are sized so that the broker keeps every record.
+if grep -q 'dropped its' "$DIR/broker.log"; then
+    die "the broker dropped records: $(grep 'dropped its' "$DIR/broker.log" | head -3)"
+fi
 
 # --- shutdown ------------------------------------------------------------
 # One SIGTERM each, at once (a second signal makes a member exit at once,

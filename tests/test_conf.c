@@ -166,6 +166,21 @@ Test(conf, file_errors_name_file_and_line)
     idem_conf_t *c = load(path, NULL, NULL, 0, err, sizeof(err));
     cr_assert_null(c);
     cr_expect(strstr(err, "bad.properties:2: expected key=value"), "%s", err);
+    free(path);
+    /* librdkafka's verdict on a kafka.* key carries the file and line. */
+    path = write_tmp(dir, "k.properties",
+                     "group.id=g\n# comment\nkafka.socket.timeout.ms=abc\n");
+    c = load(path, NULL, NULL, 0, err, sizeof(err));
+    cr_assert_null(c);
+    cr_expect(strstr(err, "k.properties:3: kafka.socket.timeout.ms: "), "%s",
+              err);
+    free(path);
+    path = write_tmp(dir, "g.properties", "kafka.group.id=zzz\n");
+    c = load(path, NULL, NULL, 0, err, sizeof(err));
+    cr_assert_null(c);
+    cr_expect(strstr(err, "g.properties:1: kafka.group.id: set by idemproc "
+                          "itself, not configurable (use group.id)"),
+              "%s", err);
     c = load("/nonexistent/x.properties", NULL, NULL, 0, err, sizeof(err));
     cr_assert_null(c);
     cr_expect(strstr(err, "/nonexistent/x.properties: cannot open"), "%s", err);
@@ -180,7 +195,16 @@ Test(conf, unknown_environment_variable_is_an_error)
     char err[512];
     idem_conf_t *c = load(NULL, envp, NULL, 0, err, sizeof(err));
     cr_assert_null(c);
-    cr_expect(strstr(err, "IDEMPROC_GROUPID"), "%s", err);
+    cr_expect(strstr(err, "IDEMPROC_GROUPID: environment variable names no "
+                          "configuration key (did you mean "
+                          "IDEMPROC_GROUP_ID?)"),
+              "%s", err);
+    char *far[] = {"IDEMPROC_XYZZY=1", NULL};
+    c = load(NULL, far, NULL, 0, err, sizeof(err));
+    cr_assert_null(c);
+    cr_expect(strstr(err, "IDEMPROC_XYZZY: environment variable names no "
+                          "configuration key (IDEMPROC_<KEY>"),
+              "%s", err);
 }
 
 /* The README's configuration section must be what the table prints. */
@@ -253,4 +277,77 @@ Test(conf, secret_file_from_the_environment)
     th_rmrf(dir);
     free(dir);
     free(pw);
+}
+
+/* Messages a first run meets: run without -c names the missing file, help
+ * takes --help, help config does not call a defaulted key required, and
+ * verify --help names the forward handler and --timeout-ms. */
+Test(conf, first_run_messages)
+{
+    char *run[] = {(char *)th_bin(), "run", NULL};
+    char *out = NULL, *err = NULL;
+    cr_expect_eq(th_run(run, &out, &err, 10000), 2);
+    cr_expect(strstr(err, "kafka.bootstrap.servers: required but not set (no "
+                          "configuration file given: use -c FILE"),
+              "%s", err);
+    free(out);
+    free(err);
+    char *help[] = {(char *)th_bin(), "help", "--help", NULL};
+    cr_expect_eq(th_run(help, &out, &err, 10000), 0, "%s", err);
+    cr_expect(strstr(out, "usage: idemproc COMMAND"), "%s", out);
+    free(out);
+    free(err);
+    char *cfg[] = {(char *)th_bin(), "help", "config", NULL};
+    cr_expect_eq(th_run(cfg, &out, &err, 10000), 0, "%s", err);
+    char *line = strstr(out, "  redis.url ");
+    cr_assert(line, "%s", out);
+    char *eol = strchr(line, '\n');
+    *eol = '\0';
+    cr_expect_null(strstr(line, "required"), "%s", line);
+    free(out);
+    free(err);
+    char *vh[] = {(char *)th_bin(), "verify", "--help", NULL};
+    cr_expect_eq(th_run(vh, &out, &err, 10000), 0, "%s", err);
+    cr_expect(strstr(out, "handler=forward") && strstr(out, "--timeout-ms") &&
+                  strstr(out, "--dlq"),
+              "%s", out);
+    free(out);
+    free(err);
+}
+
+/* check-config --connect with nothing listening: exit 1 within the bound,
+ * one line each for Kafka (naming the bootstrap servers) and Redis. */
+Test(conf, check_config_connect_unreachable)
+{
+    char bs[64], url[64];
+    snprintf(bs, sizeof(bs), "kafka.bootstrap.servers=127.0.0.1:%d",
+             th_free_port());
+    snprintf(url, sizeof(url), "redis.url=redis://127.0.0.1:%d/0",
+             th_free_port());
+    char *argv[] = {(char *)th_bin(),
+                    "check-config",
+                    "--connect",
+                    "--timeout-ms",
+                    "1000",
+                    "--set",
+                    bs,
+                    "--set",
+                    "group.id=g",
+                    "--set",
+                    "input.topics=t",
+                    "--set",
+                    "dlq.topic=d",
+                    "--set",
+                    url,
+                    NULL};
+    char *out = NULL, *err = NULL;
+    cr_expect_eq(th_run(argv, &out, &err, 30000), 1, "%s", err);
+    char want[128];
+    snprintf(want, sizeof(want),
+             "no Kafka broker reachable at %s within 1000 ms",
+             bs + strlen("kafka.bootstrap.servers="));
+    cr_expect(strstr(err, want), "%s", err);
+    cr_expect(strstr(err, "redis: connect: "), "%s", err);
+    free(out);
+    free(err);
 }

@@ -817,3 +817,29 @@ Test(pipeline, script_flush_reloads_and_marks_expire, .timeout = 120)
     cr_expect_eq(th_stop(m, 15000), 0);
     th_stack_stop(&stk);
 }
+
+/* Before librdkafka's first statistics the lag is unknown: the progress
+ * line says lag=?, never lag=-1. */
+Test(pipeline, progress_line_lag_unknown_before_statistics)
+{
+    cr_assert_eq(th_stack_start(&stk, 2, NULL), 0);
+    const char *sets[] = {"stats.interval.ms=0", "progress.interval.ms=100",
+                          "log.format=text", NULL};
+    pid_t m = th_stack_member(&stk, "m1", sets);
+    char logp[600];
+    snprintf(logp, sizeof(logp), "%s/m1.log", stk.dir);
+    char *log = NULL;
+    for (int i = 0; i < 300; i++) {
+        free(log);
+        log = th_slurp(logp, NULL);
+        if (log && strstr(log, " progress "))
+            break;
+        usleep(100000);
+    }
+    cr_expect_eq(th_stop(m, 10000), 0);
+    cr_assert(log && strstr(log, " progress "), "%s", log ? log : "");
+    cr_expect(strstr(log, "lag=? "), "%s", log);
+    cr_expect_null(strstr(log, "lag=-1"), "%s", log);
+    free(log);
+    th_stack_stop(&stk);
+}

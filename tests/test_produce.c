@@ -4,6 +4,7 @@
 #include "gen.h"
 #include "envelope.h"
 #include "harness.h"
+#include "util.h"
 
 #include <criterion/criterion.h>
 #include <jansson.h>
@@ -299,6 +300,11 @@ Test(produce, bad_flags_exit_2_with_one_line)
         {"--nope", NULL, NULL, NULL, "--nope"},
         {"-X", "noequals", NULL, NULL, "-X"},
         {"-X", "no.such.property=1", NULL, NULL, "no.such.property"},
+        {"-X", "acks=0", NULL, NULL, "-X acks: not configurable"},
+        {"-X", "enable.idempotence=false", NULL, NULL,
+         "-X enable.idempotence: not configurable"},
+        {"--add-message-id=sometimes", NULL, NULL, NULL, "--add-message-id"},
+        {"--timeout", "0", NULL, NULL, "--timeout"},
         {"--input", "-", "--poison", "0.1", "--poison"},
         {"--key-field", "id", NULL, NULL, "--key-field"},
         {"--count", NULL, NULL, NULL, "--count"},
@@ -329,22 +335,153 @@ Test(produce, unreachable_bootstrap_exits_1_with_failure_count)
 {
     char bs[64];
     snprintf(bs, sizeof(bs), "127.0.0.1:%d", th_free_port());
+    char *argv[] = {(char *)th_bin(), "produce", "-b",        bs,  "-t", "t",
+                    "--count",        "5",       "--timeout", "2", NULL};
+    char *err = NULL;
+    int64_t t0 = idem_now_ms();
+    int rc = th_run(argv, NULL, &err, 60000);
+    int64_t took = idem_now_ms() - t0;
+    cr_assert_eq(rc, 1, "rc %d: %s", rc, err);
+    char want[128];
+    snprintf(want, sizeof(want),
+             "idemproc produce: no Kafka broker reachable at %s within 2 s",
+             bs);
+    cr_expect(strstr(err, want), "%s", err);
+    cr_expect_eq(count_lines(err), 1, "one line, no log lines: %s", err);
+    cr_expect_lt(took, 20000, "bounded by --timeout: %lld ms", (long long)took);
+    free(err);
+}
+
+/* -c FILE hands its kafka.* settings to the producer (-v prints the
+ * effective librdkafka configuration before anything is sent). */
+Test(produce, config_file_kafka_settings_reach_the_producer)
+{
+    char *dir = th_tmpdir();
+    char conf[512], text[256];
+    snprintf(conf, sizeof(conf), "%s/c.properties", dir);
+    snprintf(text, sizeof(text),
+             "kafka.bootstrap.servers=127.0.0.1:%d\ninput.topics=t\n"
+             "kafka.socket.timeout.ms=12345\nkafka.sasl.password=hunter2\n",
+             th_free_port());
+    cr_assert_eq(th_write_file(conf, text), 0);
+    char *argv[] = {(char *)th_bin(), "produce", "-c",      conf, "-v",
+                    "--timeout",      "1",       "--count", "1",  NULL};
+    char *err = NULL;
+    cr_expect_eq(th_run(argv, NULL, &err, 30000), 1, "%s", err);
+    cr_expect(strstr(err, "socket.timeout.ms=12345\n"), "%s", err);
+    cr_expect(strstr(err, "no Kafka broker reachable at 127.0.0.1:"), "%s",
+              err);
+    cr_expect_null(strstr(err, "hunter2"), "%s", err);
+    free(err);
+    th_rmrf(dir);
+    free(dir);
+}
+
+/* A missing --input file is a usage error before anything is sent: one
+ * line, no all-zero summary. */
+Test(produce, missing_input_file_is_one_line)
+{
+    char *argv[] = {
+        (char *)th_bin(), "produce",         "-b", "127.0.0.1:1", "-t", "t",
+        "--input",        "/nonexistent/in", NULL};
+    char *err = NULL;
+    cr_assert_eq(th_run(argv, NULL, &err, 20000), 2, "%s", err);
+    cr_expect_eq(count_lines(err), 1, "%s", err);
+    cr_expect(strstr(err, "--input: cannot open \"/nonexistent/in\""), "%s",
+              err);
+    cr_expect_null(strstr(err, "produce: sent"), "%s", err);
+    free(err);
+}
+
+/* --input with --expect: the expectation comes from the lines sent, judged
+ * like the processor; --add-message-id=stable gives a line the same id
+ * every time it is sent; -c FILE supplies bootstrap, topic and the log
+ * format; empty lines are counted. */
+Test(produce, input_expect_stable_ids_and_config_file)
+{
+    th_broker_t b;
+    cr_assert_eq(th_broker_start(&b, NULL), 0);
+    char *dir = th_tmpdir();
+    char in[512], conf[512], expect[512], text[1024];
+    snprintf(in, sizeof(in), "%s/in.jsonl", dir);
+    snprintf(conf, sizeof(conf), "%s/c.properties", dir);
+    snprintf(expect, sizeof(expect), "%s/x.json", dir);
+    cr_assert_eq(th_write_file(in,
+                               "{\"idempotency_key\":\"k1\",\"user_id\":\"u1\","
+                               "\"amount\":1.5,\"currency\":\"EUR\"}\n"
+                               "\n"
+                               "{\"idempotency_key\":\"k2\",\"user_id\":\"u1\","
+                               "\"amount\":2,\"currency\":\"EUR\"}\n"
+                               "{\"idempotency_key\":\"k3\",\"user_id\":\"u2\","
+                               "\"amount\":1.005,\"currency\":\"USD\"}\n"
+                               "not json\n"
+                               "{\"idempotency_key\":\"k1\",\"user_id\":\"u1\","
+                               "\"amount\":1.5,\"currency\":\"EUR\"}\n"),
+                 0);
+    snprintf(text, sizeof(text),
+             "kafka.bootstrap.servers=%s\ninput.topics=lines\n"
+             "message.max.bytes=1000\nlog.format=text\nlog.level=debug\n",
+             b.bootstrap);
+    cr_assert_eq(th_write_file(conf, text), 0);
     char *argv[] = {(char *)th_bin(),
                     "produce",
-                    "-b",
-                    bs,
-                    "-t",
-                    "t",
-                    "--count",
-                    "5",
+                    "-c",
+                    conf,
+                    "--input",
+                    in,
+                    "--expect",
+                    expect,
+                    "--add-message-id=stable",
                     "-X",
-                    "message.timeout.ms=2000",
+                    "debug=metadata",
                     NULL};
-    char *err = NULL;
-    int rc = th_run(argv, NULL, &err, 60000);
-    cr_assert_eq(rc, 1, "rc %d: %s", rc, err);
-    cr_expect(strstr(err, "5 of 5 messages failed: "), "%s", err);
-    free(err);
+    for (int round = 0; round < 2; round++) {
+        char *err = NULL;
+        int rc = th_run(argv, NULL, &err, 60000);
+        cr_assert_eq(rc, 0, "%s", err);
+        cr_expect(strstr(err, "sent 5, acked 5"), "%s", err);
+        cr_expect(strstr(err, "not-json lines 1, empty lines skipped 1"), "%s",
+                  err);
+        /* librdkafka's own lines follow log.format=text from the file. */
+        cr_expect(strstr(err, "Z debug "), "%s", err);
+        cr_expect_null(strstr(err, "{\"ts\""), "%s", err);
+        free(err);
+    }
+    json_t *e = json_load_file(expect, 0, NULL);
+    cr_assert(e);
+    cr_expect_eq(json_integer_value(json_object_get(e, "applied")), 2);
+    cr_expect_eq(json_integer_value(json_object_get(e, "sent")), 5);
+    json_t *eur = json_object_get(json_object_get(e, "ledger"), "EUR");
+    cr_expect_eq(json_integer_value(json_object_get(eur, "u1")), 350);
+    cr_expect_null(json_object_get(json_object_get(e, "ledger"), "USD"));
+    json_t *po = json_object_get(e, "poison");
+    cr_expect_eq(json_integer_value(json_object_get(po, "invalid-field")), 1);
+    cr_expect_eq(json_integer_value(json_object_get(po, "not-json")), 1);
+    json_t *d = json_object_get(e, "duplicates");
+    cr_expect_eq(json_integer_value(json_object_get(d, "redelivery")), 1);
+    json_decref(e);
+
+    /* Both rounds gave each line the same message_id. */
+    char *got = kcat_read(b.bootstrap, "lines");
+    size_t n;
+    char **l = lines_sorted(got, &n);
+    cr_assert_eq(n, 10, "%s", got);
+    int k1 = 0;
+    char first[64] = "";
+    for (size_t i = 0; i < n; i++) {
+        const char *m = strstr(l[i], "\"message_id\":\"");
+        if (!strstr(l[i], "\"k1\"") || !m)
+            continue;
+        if (!k1++)
+            snprintf(first, sizeof(first), "%.36s", m + 14);
+        cr_expect(!strncmp(m + 14, first, 36), "k1 ids differ: %s", l[i]);
+    }
+    cr_expect_eq(k1, 4, "%s", got);
+    free(l);
+    free(got);
+    th_rmrf(dir);
+    free(dir);
+    th_broker_stop(&b);
 }
 
 Test(produce, sigint_stops_flushes_and_reports)
