@@ -412,7 +412,8 @@ static int transport_open(idem_redisconn_t *rc, const idem_conf_t *conf,
 
 /* After a failed command on a TLS connection, the TLS layer often knows
  * better (an alert from the server): appends it to errstr. */
-static void tls_reason(idem_redisconn_t *rc, char *errstr, size_t errstr_size)
+static void tls_reason(idem_redisconn_t *rc, const idem_conf_t *conf,
+                       char *errstr, size_t errstr_size)
 {
     if (!rc->tls)
         return;
@@ -423,10 +424,13 @@ static void tls_reason(idem_redisconn_t *rc, char *errstr, size_t errstr_size)
         return;
     size_t l = strlen(errstr);
     snprintf(errstr + l, errstr_size - l, " (%s%s)", why,
-             strstr(why, "certificate required")
-                 ? "; the server wants a client certificate: set "
-                   "redis.tls.cert.file and redis.tls.key.file"
-                 : "");
+             set(conf->redis_tls_cert_file)
+                 ? ""
+                 : (strstr(why, "certificate required")
+                        ? "; the server wants a client certificate: set "
+                          "redis.tls.cert.file and redis.tls.key.file"
+                        : "; if the server requires client certificates, "
+                          "set redis.tls.cert.file and redis.tls.key.file"));
 }
 
 /* AUTH, SELECT and ROLE on a fresh connection. */
@@ -497,7 +501,7 @@ idem_redisconn_t *idem_redisconn_open(const idem_conf_t *conf, char *errstr,
     idem_redisconn_t *rc = idem_xcalloc(1, sizeof(*rc));
     if (transport_open(rc, conf, &u, host, port, errstr, errstr_size) ||
         session_setup(rc, conf, &u, errstr, errstr_size)) {
-        tls_reason(rc, errstr, errstr_size);
+        tls_reason(rc, conf, errstr, errstr_size);
         idem_redisconn_close(rc);
         return NULL;
     }

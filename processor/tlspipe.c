@@ -283,7 +283,16 @@ static void *pump(void *arg)
                 if (e == SSL_ERROR_WANT_WRITE)
                     net_wants_write = 1;
                 else if (e != SSL_ERROR_WANT_READ) {
-                    pipe_fail(t, "write", e);
+                    /* The server's alert, when it sent one, says more than
+                     * the reset that follows it. */
+                    char probe[256];
+                    ERR_clear_error();
+                    int rr = SSL_read(t->ssl, probe, sizeof(probe));
+                    int re = SSL_get_error(t->ssl, rr);
+                    if (rr <= 0 && re == SSL_ERROR_SSL)
+                        pipe_fail(t, "read", re);
+                    else
+                        pipe_fail(t, "write", e);
                     break;
                 }
             }
