@@ -452,8 +452,10 @@ Test(redisconn, tls_verifies_the_server_and_offers_a_client_certificate,
     } while (0)
 
 static const char *const traffic[] = {
-    "--count", "4000", "--duplicates", "0.1", "--poison", "0.02",
-    "--seed",  "21",   "--users",      "40",  NULL};
+    "--count",  "4000", "--duplicates",      "0.1",
+    "--poison", "0.02", "--too-large-bytes", "5000",
+    "--seed",   "21",   "--users",           "40",
+    NULL};
 
 static char *member_log(const char *name)
 {
