@@ -252,9 +252,11 @@ static void *pump(void *arg)
     idem_tlspipe_t *t = arg;
     char up[PIPE_BUF_BYTES], down[PIPE_BUF_BYTES]; /* to net, to pipe */
     size_t up_len = 0, up_off = 0, down_len = 0, down_off = 0;
-    int clean = 0;
+    int clean = 0, net_hup = 0;
     for (;;) {
-        int progress = 0, net_wants_write = 0;
+        /* What the TLS session waits for on the socket (a write can need
+         * a read, e.g. a key update, and the other way round). */
+        int progress = 0, net_wants_write = 0, net_wants_read = 0;
         if (up_len == 0) {
             ssize_t n = recv(t->pipe, up, sizeof(up), MSG_DONTWAIT);
             if (n == 0) {
@@ -282,7 +284,9 @@ static void *pump(void *arg)
                 int e = SSL_get_error(t->ssl, r);
                 if (e == SSL_ERROR_WANT_WRITE)
                     net_wants_write = 1;
-                else if (e != SSL_ERROR_WANT_READ) {
+                else if (e == SSL_ERROR_WANT_READ)
+                    net_wants_read = 1;
+                else {
                     /* The server's alert, when it sent one, says more than
                      * the reset that follows it. */
                     char probe[256];
@@ -316,7 +320,9 @@ static void *pump(void *arg)
                 }
                 if (e == SSL_ERROR_WANT_WRITE)
                     net_wants_write = 1;
-                else if (e != SSL_ERROR_WANT_READ) {
+                else if (e == SSL_ERROR_WANT_READ)
+                    net_wants_read = 1;
+                else {
                     pipe_fail(t, "read", e);
                     break;
                 }
@@ -342,8 +348,11 @@ static void *pump(void *arg)
             {.fd = t->pipe,
              .events = (short)((up_len == 0 ? POLLIN : 0) |
                                (down_off < down_len ? POLLOUT : 0))},
-            {.fd = t->net,
-             .events = (short)((down_len == 0 || up_len ? POLLIN : 0) |
+            /* A socket that hung up stays readable: stop polling it (so a
+             * client that is slow to read the rest does not make us spin);
+             * the next SSL_read reports the end. */
+            {.fd = net_hup ? -1 : t->net,
+             .events = (short)((net_wants_read ? POLLIN : 0) |
                                (net_wants_write ? POLLOUT : 0))}};
         if (poll(p, 2, 1000) < 0 && errno != EINTR)
             break;
@@ -351,6 +360,8 @@ static void *pump(void *arg)
             clean = 1;
             break;
         }
+        if (p[1].revents & (POLLHUP | POLLERR))
+            net_hup = 1;
     }
     if (clean)
         SSL_shutdown(t->ssl); /* close_notify, best effort */

@@ -572,15 +572,35 @@ Test(redisconn, pipeline_over_tls_with_a_client_certificate, .timeout = 180)
     certs_make(&c);
     cr_assert_eq(th_stack_start(&stk, 4, NULL), 0);
     int port = tls_listen(&stk.redis, &c, "yes");
-    cr_assert_eq(th_stack_produce(&stk, traffic), 0);
+    const char *more[] = {
+        "--count",           "12000", "--duplicates", "0.1", "--poison", "0.01",
+        "--too-large-bytes", "5000",  "--seed",       "22",  NULL};
+    cr_assert_eq(th_stack_produce(&stk, more), 0);
     char url[128], ca[700], cert[700], key[700];
     snprintf(url, sizeof(url), "redis.url=rediss://127.0.0.1:%d/0", port);
     snprintf(ca, sizeof(ca), "redis.tls.ca.file=%s", c.ca);
     snprintf(cert, sizeof(cert), "redis.tls.cert.file=%s", c.client_crt);
     snprintf(key, sizeof(key), "redis.tls.key.file=%s", c.client_key);
-    const char *sets[] = {url, ca, cert, key, "batch.max.messages=200", NULL};
+    const char *sets[] = {url, ca, cert, key, "batch.max.messages=50", NULL};
     pid_t m = th_stack_member(&stk, "m1", sets);
+    /* Mid-stream the server drops the member's TLS connection: the member
+     * reconnects over TLS and goes on. */
+    long unique = expect_unique();
+    long applied = 0;
+    for (int t = 0; t < 600 && applied < unique / 4; t++) {
+        applied = th_stack_applied(&stk);
+        usleep(50000);
+    }
+    cr_assert_geq(applied, unique / 4, "the member never got going");
+    const char *kill_args[] = {"CLIENT", "KILL", "TYPE", "normal", NULL};
+    char *killed = th_redis_cli(&stk.redis, kill_args);
+    cr_expect(killed && atoi(killed) >= 1, "no connection killed: %s", killed);
+    free(killed);
     ASSERT_VERIFIED(&stk, 1, NULL, 120000);
+    char *log = member_log("m1");
+    cr_expect(strstr(log, "infrastructure back"),
+              "the kill did not hit the member mid-stream:\n%s", log);
+    free(log);
     cr_expect_eq(th_wait(m, 0), -1, "the member must still run");
     cr_expect_eq(th_stop(m, 15000), 0);
     th_stack_stop(&stk);
