@@ -201,7 +201,7 @@ static const prop_t props[] = {
      0,
      0,
      "Sentinel host:port[,host:port...]: the primary is asked from them at "
-     "every connect"},
+     "every connect (over TLS with rediss://)"},
     {"redis.sentinel.master",
      PROP_STR,
      F(redis_sentinel_master),

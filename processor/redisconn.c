@@ -298,75 +298,6 @@ static redisContext *tcp_open(const char *host, int port, int64_t timeout_ms,
     return c;
 }
 
-/* Asks one sentinel where the primary of `master` is. 0 with host/port, or
- * -1 with errstr. */
-static int sentinel_ask(const idem_conf_t *conf, const char *shost, int sport,
-                        char *host, size_t host_size, int *port, char *errstr,
-                        size_t errstr_size)
-{
-    char addr[300];
-    snprintf(addr, sizeof(addr), "%s:%d", shost, sport);
-    redisContext *c =
-        tcp_open(shost, sport, conf->redis_timeout_ms, errstr, errstr_size);
-    if (!c)
-        return -1;
-    int rc = -1;
-    if (set(conf->redis_sentinel_password)) {
-        const char *argv[] = {"AUTH", conf->redis_sentinel_password};
-        redisReply *r = conn_command(c, addr, "sentinel AUTH", 2, argv, errstr,
-                                     errstr_size);
-        if (!r)
-            goto done;
-        freeReplyObject(r);
-    }
-    const char *argv[] = {"SENTINEL", "get-master-addr-by-name",
-                          conf->redis_sentinel_master};
-    redisReply *r = conn_command(c, addr, "SENTINEL get-master-addr-by-name", 3,
-                                 argv, errstr, errstr_size);
-    if (!r)
-        goto done;
-    if (r->type == REDIS_REPLY_ARRAY && r->elements == 2 &&
-        r->element[0]->type == REDIS_REPLY_STRING &&
-        r->element[1]->type == REDIS_REPLY_STRING) {
-        snprintf(host, host_size, "%s", r->element[0]->str);
-        *port = atoi(r->element[1]->str);
-        rc = 0;
-    } else {
-        snprintf(errstr, errstr_size,
-                 "redis.sentinel.master: sentinel %s does not know a master "
-                 "named \"%s\"",
-                 addr, conf->redis_sentinel_master);
-    }
-    freeReplyObject(r);
-done:
-    redisFree(c);
-    return rc;
-}
-
-/* Asks the sentinels in order until one answers. */
-static int sentinel_discover(const idem_conf_t *conf, char *host,
-                             size_t host_size, int *port, char *errstr,
-                             size_t errstr_size)
-{
-    const char *list = conf->redis_sentinels;
-    char shost[256], last[400] = "";
-    int sport, r;
-    while ((r = sentinel_next(&list, shost, sizeof(shost), &sport, errstr,
-                              errstr_size)) == 1) {
-        if (sentinel_ask(conf, shost, sport, host, host_size, port, last,
-                         sizeof(last)) == 0)
-            return 0;
-        idem_log_kv(IDEM_LOG_DEBUG, "sentinel did not answer", "error", last,
-                    NULL);
-    }
-    if (r == 0)
-        snprintf(errstr, errstr_size,
-                 "redis.sentinels: no sentinel gave the primary of \"%s\" "
-                 "(last: %s)",
-                 conf->redis_sentinel_master, last);
-    return -1;
-}
-
 /* The transport: TCP, unix socket, or TLS through a tlspipe. Fills rc. */
 static int transport_open(idem_redisconn_t *rc, const idem_conf_t *conf,
                           const idem_redisconn_url_t *u, const char *host,
@@ -408,6 +339,87 @@ static int transport_open(idem_redisconn_t *rc, const idem_conf_t *conf,
     }
     redisSetTimeout(rc->c, tv);
     return 0;
+}
+
+/* Frees what an open connection holds (not rc itself). */
+static void conn_release(idem_redisconn_t *rc)
+{
+    if (rc->c)
+        redisFree(rc->c); /* closes our end: the TLS thread ends */
+    rc->c = NULL;
+    idem_tlspipe_close(rc->tls);
+    rc->tls = NULL;
+}
+
+/* Asks one sentinel where the primary of `master` is. The sentinels are
+ * reached like the data nodes: TLS (same CA, client certificate and
+ * server name) when redis.url is rediss://. 0 with host/port, or -1 with
+ * errstr. */
+static int sentinel_ask(const idem_conf_t *conf, const idem_redisconn_url_t *u,
+                        const char *shost, int sport, char *host,
+                        size_t host_size, int *port, char *errstr,
+                        size_t errstr_size)
+{
+    idem_redisconn_t sc = {0};
+    int rc = -1;
+    if (transport_open(&sc, conf, u, shost, sport, errstr, errstr_size))
+        goto done;
+    if (set(conf->redis_sentinel_password)) {
+        const char *argv[] = {"AUTH", conf->redis_sentinel_password};
+        redisReply *r = conn_command(sc.c, sc.addr, "sentinel AUTH", 2, argv,
+                                     errstr, errstr_size);
+        if (!r)
+            goto done;
+        freeReplyObject(r);
+    }
+    const char *argv[] = {"SENTINEL", "get-master-addr-by-name",
+                          conf->redis_sentinel_master};
+    redisReply *r =
+        conn_command(sc.c, sc.addr, "SENTINEL get-master-addr-by-name", 3, argv,
+                     errstr, errstr_size);
+    if (!r)
+        goto done;
+    if (r->type == REDIS_REPLY_ARRAY && r->elements == 2 &&
+        r->element[0]->type == REDIS_REPLY_STRING &&
+        r->element[1]->type == REDIS_REPLY_STRING) {
+        snprintf(host, host_size, "%s", r->element[0]->str);
+        *port = atoi(r->element[1]->str);
+        rc = 0;
+    } else {
+        snprintf(errstr, errstr_size,
+                 "redis.sentinel.master: sentinel %s does not know a master "
+                 "named \"%s\"",
+                 sc.addr, conf->redis_sentinel_master);
+    }
+    freeReplyObject(r);
+done:
+    conn_release(&sc);
+    return rc;
+}
+
+/* Asks the sentinels in order until one answers. */
+static int sentinel_discover(const idem_conf_t *conf,
+                             const idem_redisconn_url_t *u, char *host,
+                             size_t host_size, int *port, char *errstr,
+                             size_t errstr_size)
+{
+    const char *list = conf->redis_sentinels;
+    char shost[256], last[400] = "";
+    int sport, r;
+    while ((r = sentinel_next(&list, shost, sizeof(shost), &sport, errstr,
+                              errstr_size)) == 1) {
+        if (sentinel_ask(conf, u, shost, sport, host, host_size, port, last,
+                         sizeof(last)) == 0)
+            return 0;
+        idem_log_kv(IDEM_LOG_DEBUG, "sentinel did not answer", "error", last,
+                    NULL);
+    }
+    if (r == 0)
+        snprintf(errstr, errstr_size,
+                 "redis.sentinels: no sentinel gave the primary of \"%s\" "
+                 "(last: %s)",
+                 conf->redis_sentinel_master, last);
+    return -1;
 }
 
 /* After a failed command on a TLS connection, the TLS layer often knows
@@ -494,7 +506,7 @@ idem_redisconn_t *idem_redisconn_open(const idem_conf_t *conf, char *errstr,
     int port = u.port;
     snprintf(host, sizeof(host), "%s", u.host);
     if (set(conf->redis_sentinels)) {
-        if (sentinel_discover(conf, host, sizeof(host), &port, errstr,
+        if (sentinel_discover(conf, &u, host, sizeof(host), &port, errstr,
                               errstr_size))
             return NULL;
     }
@@ -525,8 +537,6 @@ void idem_redisconn_close(idem_redisconn_t *rc)
 {
     if (!rc)
         return;
-    if (rc->c)
-        redisFree(rc->c); /* closes our end: the TLS thread ends */
-    idem_tlspipe_close(rc->tls);
+    conn_release(rc);
     free(rc);
 }

@@ -3,6 +3,7 @@
  * failover, against real redis-server processes. */
 #include "conf.h"
 #include "harness.h"
+#include "log.h"
 #include "redisconn.h"
 
 #include <criterion/criterion.h>
@@ -58,7 +59,14 @@ static void cleanup(void)
     th_stack_cleanup();
 }
 
-TestSuite(redisconn, .fini = cleanup);
+/* The in-process connections log as the member would; keep the output of
+ * the tests to their failures. */
+static void quiet(void)
+{
+    idem_log_setup(IDEM_LOG_WARN, IDEM_LOG_TEXT);
+}
+
+TestSuite(redisconn, .init = quiet, .fini = cleanup);
 
 /* ---- configuration and URL ---------------------------------------- */
 
@@ -438,6 +446,76 @@ Test(redisconn, tls_verifies_the_server_and_offers_a_client_certificate,
     who = open_whoami(mutual, err, sizeof(err));
     cr_expect_str_eq(who ? who : err, "default");
     free(who);
+    th_redis_stop(&r);
+}
+
+static pid_t spawn_logged(const char *dir, const char *name,
+                          char *const argv[]);
+
+/* With rediss://, the sentinels are asked over TLS too (same CA), and
+ * redis.sentinel.password is sent to them, never shown. */
+Test(redisconn, sentinels_over_tls_with_a_password, .timeout = 90)
+{
+    certs_t c;
+    certs_make(&c);
+    th_redis_t r;
+    cr_assert_eq(th_redis_start(&r), 0);
+    int tport = tls_listen(&r, &c, "no");
+    char *dir = extra_dir();
+    int sport = th_free_port();
+    char sconf[600], text[2048];
+    snprintf(sconf, sizeof(sconf), "%s/sentinel.conf", dir);
+    snprintf(text, sizeof(text),
+             "port 0\ntls-port %d\nbind 127.0.0.1\ndir %s\n"
+             "tls-cert-file %s\ntls-key-file %s\ntls-ca-cert-file %s\n"
+             "tls-auth-clients no\ntls-replication yes\n"
+             "requirepass sentinel-s3cr3t\n"
+             "sentinel monitor tm 127.0.0.1 %d 1\n",
+             sport, dir, c.server_crt, c.server_key, c.ca, tport);
+    cr_assert_eq(th_write_file(sconf, text), 0);
+    char *sentinel[] = {"/usr/bin/redis-server", sconf, "--sentinel", NULL};
+    spawn_logged(dir, "sentinel", sentinel);
+
+    char ca[700], sentinels[64], err[512] = "";
+    snprintf(ca, sizeof(ca), "redis.tls.ca.file=%s", c.ca);
+    snprintf(sentinels, sizeof(sentinels), "redis.sentinels=127.0.0.1:%d",
+             sport);
+    const char *good[] = {"redis.url=rediss://unused.invalid:1/0",
+                          ca,
+                          sentinels,
+                          "redis.sentinel.master=tm",
+                          "redis.sentinel.password=sentinel-s3cr3t",
+                          NULL};
+    char *who = NULL;
+    for (int t = 0; t < 200 && !who; t++) {
+        who = open_whoami(good, err, sizeof(err));
+        if (!who)
+            usleep(100000);
+    }
+    cr_expect_str_eq(who ? who : err, "default");
+    free(who);
+
+    const char *badpw[] = {"redis.url=rediss://unused.invalid:1/0",
+                           ca,
+                           sentinels,
+                           "redis.sentinel.master=tm",
+                           "redis.sentinel.password=wrong-s3cr3t",
+                           NULL};
+    who = open_whoami(badpw, err, sizeof(err));
+    cr_expect_null(who);
+    cr_expect(strstr(err, "sentinel AUTH") && strstr(err, "WRONGPASS"), "%s",
+              err);
+    cr_expect_null(strstr(err, "s3cr3t"), "%s", err);
+
+    const char *unknown[] = {"redis.url=rediss://unused.invalid:1/0",
+                             ca,
+                             sentinels,
+                             "redis.sentinel.master=nope",
+                             "redis.sentinel.password=sentinel-s3cr3t",
+                             NULL};
+    who = open_whoami(unknown, err, sizeof(err));
+    cr_expect_null(who);
+    cr_expect(strstr(err, "does not know a master named \"nope\""), "%s", err);
     th_redis_stop(&r);
 }
 
