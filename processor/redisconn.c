@@ -31,7 +31,18 @@ static int hostport_parse(const char *s, size_t len, char *host,
     }
     memcpy(hp, s, len);
     hp[len] = '\0';
+    char *h = hp;
     char *colon = strrchr(hp, ':');
+    if (hp[0] == '[') { /* [IPv6]:port */
+        char *close = strchr(hp, ']');
+        if (!close || (close[1] && close[1] != ':')) {
+            snprintf(errstr, errstr_size, "%s: bad IPv6 address", key);
+            return -1;
+        }
+        *close = '\0';
+        h = hp + 1;
+        colon = close[1] ? close + 1 : NULL;
+    }
     if (colon) {
         char *end;
         long p = strtol(colon + 1, &end, 10);
@@ -43,11 +54,11 @@ static int hostport_parse(const char *s, size_t len, char *host,
         *port = (int)p;
         *colon = '\0';
     }
-    if (!hp[0] || strlen(hp) >= host_size) {
+    if (!h[0] || strlen(h) >= host_size) {
         snprintf(errstr, errstr_size, "%s: no host", key);
         return -1;
     }
-    snprintf(host, host_size, "%s", hp);
+    snprintf(host, host_size, "%s", h);
     return 0;
 }
 

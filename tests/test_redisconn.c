@@ -115,6 +115,13 @@ Test(redisconn, url_forms)
     cr_expect_str_eq(u.username, "idem");
     cr_expect_str_empty(u.password);
 
+    cr_assert_eq(idem_redisconn_url_parse("rediss://u:p@[::1]:6380/1", &u, err,
+                                          sizeof(err)),
+                 0, "%s", err);
+    cr_expect_str_eq(u.host, "::1");
+    cr_expect_eq(u.port, 6380);
+    cr_expect_eq(u.db, 1);
+
     cr_assert_eq(idem_redisconn_url_parse("unix:///run/r.sock?db=2", &u, err,
                                           sizeof(err)),
                  0);
