@@ -211,6 +211,25 @@ Test(redisconn, cross_key_checks)
     cr_expect_str_eq(c->redis_username, "idem");
     cr_expect_eq(c->redis_tls_verify, 1);
     idem_conf_destroy(c);
+
+    /* The same from the environment; and the sentinel password from a
+     * file, as from a mounted Secret. */
+    char *dir = extra_dir();
+    char pwfile[600];
+    snprintf(pwfile, sizeof(pwfile), "%s/sentinel-pw", dir);
+    cr_assert_eq(th_write_file(pwfile, "from-a-file\n"), 0);
+    char envpw[700];
+    snprintf(envpw, sizeof(envpw), "IDEMPROC_REDIS_SENTINEL_PASSWORD_FILE=%s",
+             pwfile);
+    char *envp[] = {"IDEMPROC_REDIS_URL=rediss://h:1",
+                    "IDEMPROC_REDIS_TLS_CA_FILE=/etc/hostname", envpw, NULL};
+    char *sets[] = {"kafka.bootstrap.servers=127.0.0.1:9092", "group.id=g",
+                    "input.topics=payments", "dlq.topic=payments.dlq"};
+    c = idem_conf_load(NULL, envp, sets, 4, err, sizeof(err));
+    cr_assert(c, "%s", err);
+    cr_expect_str_eq(c->redis_tls_ca_file, "/etc/hostname");
+    cr_expect_str_eq(c->redis_sentinel_password, "from-a-file");
+    idem_conf_destroy(c);
 }
 
 /* ---- connections, in process --------------------------------------- */
