@@ -295,13 +295,18 @@ static redisContext *tcp_open(const char *host, int port, int64_t timeout_ms,
     struct timeval tv = tv_of(timeout_ms);
     redisContext *c = redisConnectWithTimeout(host, port, tv);
     if (!c) {
-        snprintf(errstr, errstr_size, "redis: connect to %s:%d: out of memory",
+        snprintf(errstr, errstr_size, "redis: connect: %s:%d: out of memory",
                  host, port);
         return NULL;
     }
     if (c->err) {
-        snprintf(errstr, errstr_size, "redis: connect to %s:%d: %s", host, port,
-                 c->errstr);
+        if (strstr(c->errstr, "timed out"))
+            snprintf(errstr, errstr_size,
+                     "redis: connect: %s:%d: timeout after %" PRId64 " ms",
+                     host, port, timeout_ms);
+        else
+            snprintf(errstr, errstr_size, "redis: connect: %s:%d: %s", host,
+                     port, c->errstr);
         redisFree(c);
         return NULL;
     }
@@ -319,7 +324,7 @@ static int transport_open(idem_redisconn_t *rc, const idem_conf_t *conf,
         snprintf(rc->addr, sizeof(rc->addr), "%s", u->path);
         rc->c = redisConnectUnixWithTimeout(u->path, tv);
         if (!rc->c || rc->c->err) {
-            snprintf(errstr, errstr_size, "redis: connect to %s: %s", u->path,
+            snprintf(errstr, errstr_size, "redis: connect: %s: %s", u->path,
                      rc->c ? rc->c->errstr : "out of memory");
             return -1;
         }

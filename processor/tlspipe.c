@@ -76,7 +76,7 @@ static int tcp_connect(const char *host, int port, int64_t deadline,
         return -1;
     }
     int fd = -1;
-    snprintf(errstr, errstr_size, "redis: connect to %s:%d: no address", host,
+    snprintf(errstr, errstr_size, "redis: connect: %s:%d: no address", host,
              port);
     for (struct addrinfo *ai = res; ai; ai = ai->ai_next) {
         fd = socket(ai->ai_family,
@@ -93,8 +93,7 @@ static int tcp_connect(const char *host, int port, int64_t deadline,
             while (n < 0 && errno == EINTR);
             if (n == 0) {
                 snprintf(errstr, errstr_size,
-                         "redis: connect to %s:%d: timeout after %" PRId64
-                         " ms",
+                         "redis: connect: %s:%d: timeout after %" PRId64 " ms",
                          host, port, timeout_ms);
                 close(fd);
                 fd = -1;
@@ -108,7 +107,7 @@ static int tcp_connect(const char *host, int port, int64_t deadline,
         }
         if (rc == 0)
             break;
-        snprintf(errstr, errstr_size, "redis: connect to %s:%d: %s", host, port,
+        snprintf(errstr, errstr_size, "redis: connect: %s:%d: %s", host, port,
                  strerror(errno));
         close(fd);
         fd = -1;
