@@ -9,7 +9,7 @@ VERSION := 0.1.0
 # Libraries, found with pkg-config. These variables are recursive (=) on
 # purpose: they are expanded when a recipe runs, i.e. after `deps` has
 # installed whatever pkg-config could not find.
-PKGS      := rdkafka hiredis jansson libmicrohttpd uuid
+PKGS      := rdkafka hiredis jansson libmicrohttpd uuid openssl
 TEST_PKGS := criterion
 PKG_CFLAGS  = $(shell pkg-config --cflags $(PKGS))
 PKG_LIBS    = $(shell pkg-config --libs $(PKGS))
@@ -19,9 +19,9 @@ TEST_LIBS   = $(shell pkg-config --libs $(TEST_PKGS))
 # Debian packages: what building needs, and what the tests, the demo and
 # the benchmark need on top (servers and real clients they run).
 BUILD_DEB_PKGS := build-essential pkg-config librdkafka-dev libhiredis-dev \
-                  libjansson-dev libmicrohttpd-dev uuid-dev
+                  libjansson-dev libmicrohttpd-dev uuid-dev libssl-dev
 TEST_DEB_PKGS  := libcriterion-dev redis-server redis-tools kcat prometheus \
-                  clang-format jq
+                  clang-format jq openssl
 DEB_PKGS       := $(BUILD_DEB_PKGS) $(TEST_DEB_PKGS)
 
 WARN    := -Wall -Wextra -Wshadow -Wstrict-prototypes -Wwrite-strings -Werror
@@ -72,7 +72,7 @@ deps-check:
 deps-check-test: deps-check
 	@pkg-config --exists $(TEST_PKGS) && command -v redis-server >/dev/null \
 	  && command -v kcat >/dev/null && command -v promtool >/dev/null \
-	  && command -v clang-format >/dev/null && command -v jq >/dev/null \
+	  && command -v clang-format >/dev/null && command -v jq openssl >/dev/null \
 	  || $(MAKE) --no-print-directory deps DEB_PKGS="$(TEST_DEB_PKGS)"
 
 deps:

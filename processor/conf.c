@@ -2,6 +2,7 @@
  * the effective configuration every command reads. */
 #include "conf.h"
 #include "kafka.h"
+#include "redisconn.h"
 #include "util.h"
 
 #include <ctype.h>
@@ -134,7 +135,19 @@ static const prop_t props[] = {
      {0},
      0,
      0,
-     "redis://[:password@]host:port[/db] or unix:///path.sock"},
+     "redis[s]://[user[:password]@]host:port[/db] (rediss = TLS) or "
+     "unix:///path.sock; with redis.sentinels only scheme, user, password "
+     "and db are used"},
+    {"redis.username",
+     PROP_STR,
+     F(redis_username),
+     NULL,
+     0,
+     0,
+     {0},
+     0,
+     0,
+     "Redis ACL user for AUTH user password (overrides one in redis.url)"},
     {"redis.password",
      PROP_STR,
      F(redis_password),
@@ -145,6 +158,92 @@ static const prop_t props[] = {
      1,
      0,
      "Redis AUTH password (overrides one in redis.url)"},
+    {"redis.tls.ca.file",
+     PROP_STR,
+     F(redis_tls_ca_file),
+     NULL,
+     0,
+     0,
+     {0},
+     0,
+     0,
+     "rediss://: PEM CA bundle that signs the server's certificate "
+     "(default: the system's CAs)"},
+    {"redis.tls.cert.file",
+     PROP_STR,
+     F(redis_tls_cert_file),
+     NULL,
+     0,
+     0,
+     {0},
+     0,
+     0,
+     "rediss://: client certificate (PEM chain), when the server asks for "
+     "one"},
+    {"redis.tls.key.file",
+     PROP_STR,
+     F(redis_tls_key_file),
+     NULL,
+     0,
+     0,
+     {0},
+     0,
+     0,
+     "rediss://: private key of redis.tls.cert.file (PEM; default: in the "
+     "cert file)"},
+    {"redis.tls.server.name",
+     PROP_STR,
+     F(redis_tls_server_name),
+     NULL,
+     0,
+     0,
+     {0},
+     0,
+     0,
+     "rediss://: name (or IP) the server's certificate must carry, and SNI "
+     "(default: the host connected to)"},
+    {"redis.tls.verify",
+     PROP_ENUM,
+     F(redis_tls_verify),
+     "true",
+     0,
+     0,
+     {"false", "true"},
+     0,
+     0,
+     "rediss://: verify the server's certificate and name (false only for "
+     "tests)"},
+    {"redis.sentinels",
+     PROP_STR,
+     F(redis_sentinels),
+     NULL,
+     0,
+     0,
+     {0},
+     0,
+     0,
+     "Sentinel host:port[,host:port...]: the primary is asked from them at "
+     "every connect (over TLS with rediss://)"},
+    {"redis.sentinel.master",
+     PROP_STR,
+     F(redis_sentinel_master),
+     NULL,
+     0,
+     0,
+     {0},
+     0,
+     0,
+     "the master name the sentinels monitor (required with redis.sentinels)"},
+    {"redis.sentinel.password",
+     PROP_STR,
+     F(redis_sentinel_password),
+     NULL,
+     0,
+     0,
+     {0},
+     1,
+     0,
+     "AUTH password of the sentinels (when they require one)"},
     {"redis.prefix",
      PROP_STR,
      F(redis_prefix),
@@ -521,6 +620,11 @@ static int prop_set(idem_conf_t *conf, const prop_t *p, const char *value,
 int idem_conf_set(idem_conf_t *conf, const char *key, const char *value,
                   char *errstr, size_t errstr_size)
 {
+    /* An exact key first: some keys end in ".file" themselves
+     * (redis.tls.ca.file); "<key>.file" means "read <key> from a file". */
+    const prop_t *p = prop_find(key);
+    if (p)
+        return prop_set(conf, p, value, errstr, errstr_size);
     size_t klen = strlen(key);
     if (klen > 5 && !strcmp(key + klen - 5, ".file")) {
         char base[256];
@@ -539,9 +643,6 @@ int idem_conf_set(idem_conf_t *conf, const char *key, const char *value,
         return r;
     }
 
-    const prop_t *p = prop_find(key);
-    if (p)
-        return prop_set(conf, p, value, errstr, errstr_size);
     if (!strncmp(key, "kafka.", 6) && key[6])
         return kafka_set(conf, key + 6, value, errstr, errstr_size);
 
@@ -750,31 +851,6 @@ int idem_conf_apply_kafka(const idem_conf_t *conf, rd_kafka_conf_t *kconf,
     return 0;
 }
 
-/* Parses the host part of redis.url enough to reject what cannot work. */
-static int check_redis_url(const char *url, char *errstr, size_t errstr_size)
-{
-    if (!strncmp(url, "unix://", 7)) {
-        if (url[7] != '/') {
-            err_set(errstr, errstr_size,
-                    "redis.url: \"%s\" needs an absolute socket path", url);
-            return -1;
-        }
-        return 0;
-    }
-    if (strncmp(url, "redis://", 8)) {
-        const char *colon = strstr(url, "://");
-        err_set(errstr, errstr_size,
-                "redis.url: unsupported scheme \"%.*s\" (use redis:// or "
-                "unix://)",
-                colon ? (int)(colon - url) : (int)strlen(url), url);
-        return -1;
-    }
-    idem_redis_addr_t a;
-    if (idem_redis_url_parse(url, &a, errstr, errstr_size))
-        return -1;
-    return 0;
-}
-
 /* Whether input entry `entry` (a name, or "^regex" as librdkafka takes
  * it) would consume `topic`. Returns 1, 0, or -1 with errstr for a regex
  * that does not compile. POSIX extended syntax is close enough to
@@ -817,7 +893,7 @@ int idem_conf_finalize(idem_conf_t *conf, char *errstr, size_t errstr_size)
                 "redis://127.0.0.1:6379/0)");
         return -1;
     }
-    if (check_redis_url(conf->redis_url, errstr, errstr_size))
+    if (idem_redisconn_conf_check(conf, errstr, errstr_size))
         return -1;
     /* Both go into Redis key names: a ':' in the group would make two
      * groups' dedup keys collide, glob characters in the prefix would
@@ -948,7 +1024,7 @@ static const char *prop_value(const idem_conf_t *conf, const prop_t *p,
         if (p->secret)
             return "[redacted]";
         if (!strcmp(p->name, "redis.url"))
-            return idem_redis_url_redact(s, buf, size);
+            return idem_redisconn_url_redact(s, buf, size);
         return s;
     }
     case PROP_INT:

@@ -30,8 +30,17 @@ typedef struct idem_conf_s {
     int64_t dlq_replay_max; /* dlq replay refuses records replayed this often */
     char *output_topic;     /* forward handler only */
     char *member_id;        /* client.id, lease owner, log context */
-    char *redis_url;        /* redis://[:pw@]host:port/db or unix:///path */
-    char *redis_password;   /* overrides the url's password */
+    char *redis_url; /* redis[s]://[user[:pw]@]host:port/db, unix:///path */
+    char *redis_username; /* ACL user; overrides the url's */
+    char *redis_password; /* overrides the url's password */
+    char *redis_tls_ca_file;
+    char *redis_tls_cert_file;
+    char *redis_tls_key_file;
+    char *redis_tls_server_name;
+    int redis_tls_verify;  /* 1 = verify the server (default) */
+    char *redis_sentinels; /* host:port,... ; empty = no Sentinel */
+    char *redis_sentinel_master;
+    char *redis_sentinel_password;
     char *redis_prefix;
     int64_t redis_timeout_ms;
     int64_t dedup_ttl_seconds;

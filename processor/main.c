@@ -3,6 +3,7 @@
 #include "cmdline.h"
 #include "conf.h"
 #include "kafka.h"
+#include "redisconn.h"
 #include "store.h"
 #include "util.h"
 
@@ -86,13 +87,14 @@ static int cmd_check_config(int argc, char **argv, char **envp)
         idem_store_t *store = idem_store_new(conf, NULL);
         char url[512];
         if (idem_store_connect(store, errstr, sizeof(errstr))) {
-            fprintf(stderr, "idemproc check-config: %s (redis.url %s)\n",
-                    errstr,
-                    idem_redis_url_redact(conf->redis_url, url, sizeof(url)));
+            fprintf(
+                stderr, "idemproc check-config: %s (redis.url %s)\n", errstr,
+                idem_redisconn_url_redact(conf->redis_url, url, sizeof(url)));
             rc = IDEM_EXIT_FAIL;
         } else {
-            printf("check-config: redis: connected to %s\n",
-                   idem_redis_url_redact(conf->redis_url, url, sizeof(url)));
+            printf(
+                "check-config: redis: connected to %s\n",
+                idem_redisconn_url_redact(conf->redis_url, url, sizeof(url)));
         }
         idem_store_destroy(store);
     }

@@ -3,6 +3,7 @@
  * the reads verify needs. A redisReply never leaves this module. */
 #include "store.h"
 #include "log.h"
+#include "redisconn.h"
 #include "util.h"
 
 #include <hiredis.h>
@@ -145,6 +146,7 @@ static const char *const script_src[SCRIPT_CNT] = {ledger_lua, claim_lua,
 struct idem_store_s {
     const idem_conf_t *conf;
     idem_metrics_t *metrics;
+    idem_redisconn_t *conn; /* owns c */
     redisContext *c;
     char sha[SCRIPT_CNT][41];
     char ttl[24];      /* dedup.ttl.seconds as text */
@@ -173,8 +175,8 @@ idem_store_t *idem_store_new(const idem_conf_t *conf, idem_metrics_t *m)
 
 void idem_store_disconnect(idem_store_t *s)
 {
-    if (s->c)
-        redisFree(s->c);
+    idem_redisconn_close(s->conn);
+    s->conn = NULL;
     s->c = NULL;
     s->pending_chunks = 0; /* their replies died with the connection */
 }
@@ -244,37 +246,13 @@ int idem_store_connect(idem_store_t *s, char *errstr, size_t errstr_size)
 {
     if (s->c)
         return 0;
-    idem_redis_addr_t a;
-    if (idem_redis_url_parse(s->conf->redis_url, &a, errstr, errstr_size))
+    s->conn = idem_redisconn_open(s->conf, errstr, errstr_size);
+    if (!s->conn) {
+        if (s->metrics)
+            idem_metrics_redis_error_add(s->metrics, 1);
         return -1;
-    struct timeval tv = {.tv_sec = s->conf->redis_timeout_ms / 1000,
-                         .tv_usec = (s->conf->redis_timeout_ms % 1000) * 1000};
-    s->c = a.is_unix ? redisConnectUnixWithTimeout(a.path, tv)
-                     : redisConnectWithTimeout(a.host, a.port, tv);
-    if (!s->c)
-        return store_fail(s, errstr, errstr_size, "connect", "out of memory");
-    if (s->c->err)
-        return store_fail(s, errstr, errstr_size, "connect", s->c->errstr);
-    redisSetTimeout(s->c, tv);
-    const char *pw = s->conf->redis_password && *s->conf->redis_password
-                         ? s->conf->redis_password
-                         : (a.password[0] ? a.password : NULL);
-    if (pw) {
-        const char *argv[] = {"AUTH", pw};
-        redisReply *r = store_command(s, errstr, errstr_size, 2, argv, NULL);
-        if (!r)
-            return -1;
-        freeReplyObject(r);
     }
-    if (a.db) {
-        char db[16];
-        snprintf(db, sizeof(db), "%d", a.db);
-        const char *argv[] = {"SELECT", db};
-        redisReply *r = store_command(s, errstr, errstr_size, 2, argv, NULL);
-        if (!r)
-            return -1;
-        freeReplyObject(r);
-    }
+    s->c = idem_redisconn_context(s->conn);
     return store_load_scripts(s, errstr, errstr_size);
 }
 

@@ -35,8 +35,9 @@ typedef struct {
 idem_store_t *idem_store_new(const idem_conf_t *conf, idem_metrics_t *m);
 void idem_store_destroy(idem_store_t *s); /* NULL is a no-op */
 
-/* Connects (AUTH, SELECT, SCRIPT LOAD) if not connected. Returns 0, or -1
- * with errstr; every error here is retriable (infrastructure). */
+/* Connects if not connected: idem_redisconn_open (Sentinel discovery, TLS,
+ * AUTH, SELECT, ROLE check), then SCRIPT LOAD. Returns 0, or -1 with
+ * errstr; every error here is retriable (infrastructure). */
 int idem_store_connect(idem_store_t *s, char *errstr, size_t errstr_size);
 
 /* Drops the connection (after an error); the next call reconnects. */

@@ -28,23 +28,6 @@ void idem_uuid(char out[37]);
  * in an idemproc name space): the same bytes always give the same id. */
 void idem_uuid_stable(const void *data, size_t len, char out[37]);
 
-typedef struct {
-    int is_unix; /* 1: path is a socket */
-    char host[256];
-    int port;
-    char path[256];
-    char password[256]; /* empty when none */
-    int db;
-} idem_redis_addr_t;
-
-/* Parses redis://[:password@]host[:port][/db] or unix:///path[?db=N].
- * Returns 0 or -1 with errstr naming redis.url. */
-int idem_redis_url_parse(const char *url, idem_redis_addr_t *out, char *errstr,
-                         size_t errstr_size);
-
-/* Copies url into buf with any password replaced by "***". Returns buf. */
-const char *idem_redis_url_redact(const char *url, char *buf, size_t size);
-
 /* Sleeps ms milliseconds (restarting on EINTR unless *stop becomes set;
  * stop may be NULL). */
 void idem_sleep_ms(int64_t ms, volatile int *stop);

@@ -851,6 +851,15 @@ Test(deploy, production_credentials_from_secret_files, .timeout = 120)
     cr_expect(strstr(pc.conf, "redis.password=[redacted]\n"), "%s", pc.conf);
     cr_expect(strstr(pc.conf, "kafka.sasl.password=[redacted]\n"), "%s",
               pc.conf);
+    /* Redis: TLS with verification, an ACL user, the CA from the Secret. */
+    cr_expect(strstr(pc.conf, "redis.url=rediss://"), "%s", pc.conf);
+    cr_expect(strstr(pc.conf, "redis.tls.verify=true\n"), "%s", pc.conf);
+    cr_expect(strstr(pc.conf, "redis.username=idemproc\n"), "%s", pc.conf);
+    char *ca = prop_get(pc.props, "redis.tls.ca.file");
+    cr_expect(ca && !strncmp(ca, mount, strlen(mount)),
+              "redis.tls.ca.file=%s is not under the Secret mount %s", ca,
+              mount);
+    free(ca);
     pod_conf_free(&pc);
     json_decref(objs);
 }
