@@ -31,6 +31,7 @@
 
 /* How often the Redis server's maxmemory-policy is checked again. */
 #define POLICY_CHECK_INTERVAL_MS 30000
+#define IDLE_CHECK_INTERVAL_MS   1000
 
 typedef enum { REC_PENDING = 0, REC_DONE } rec_state_t;
 
@@ -273,6 +274,8 @@ static size_t positions_due(idem_pipeline_t *p,
     return n;
 }
 
+static int positions_sync(idem_pipeline_t *p, char *errstr, size_t errstr_size);
+
 /* Writes the finished prefixes to Redis before they are committed to
  * Kafka (docs/design.md, "Positions in Redis"); only with no request in
  * flight (the ledger sends them along with its requests otherwise). A
@@ -280,14 +283,20 @@ static size_t positions_due(idem_pipeline_t *p,
 static void positions_save(idem_pipeline_t *p,
                            const rd_kafka_topic_partition_list_t *subset)
 {
-    if (p->inflight || p->infra_down || p->refused)
-        return;
-    size_t n = positions_due(p, subset);
-    if (!n)
+    if (p->inflight || p->infra_down || p->refused ||
+        positions_due(p, subset) == 0)
         return;
     char errstr[512];
-    if (idem_store_positions_save(p->store, p->pos, n, errstr,
-                                  sizeof(errstr))) {
+    /* A new connection is compared first (which may rewind): never write
+     * a position over one Redis lost together with the effects below. */
+    if (positions_sync(p, errstr, sizeof(errstr))) {
+        idem_log_kv(IDEM_LOG_WARN, "reading positions from redis failed",
+                    "error", errstr, NULL);
+        return;
+    }
+    size_t n = positions_due(p, subset);
+    if (n && idem_store_positions_save(p->store, p->pos, n, errstr,
+                                       sizeof(errstr))) {
         idem_log_kv(IDEM_LOG_WARN, "saving positions in redis failed", "error",
                     errstr, NULL);
         return;
@@ -1152,25 +1161,31 @@ static void check_refused(idem_pipeline_t *p)
 /* Runs work() and turns its result into backoff, readiness and pausing:
  * paused while the infrastructure is down or the hands stay full, fetching
  * otherwise. */
+/* An infrastructure failure (errstr): not ready with it as the reason,
+ * back off; the caller pauses. */
+static void infra_failed(idem_pipeline_t *p, const char *errstr, int64_t now)
+{
+    check_refused(p);
+    if (!p->infra_down)
+        idem_log_kv(IDEM_LOG_ERROR, "infrastructure failure: pausing input",
+                    "error", errstr, NULL);
+    p->infra_down = 1;
+    snprintf(p->infra_reason, sizeof(p->infra_reason), "%s", errstr);
+    p->backoff_ms = p->backoff_ms
+                        ? (p->backoff_ms * 2 > p->conf->retry_backoff_max_ms
+                               ? p->conf->retry_backoff_max_ms
+                               : p->backoff_ms * 2)
+                        : p->conf->retry_backoff_initial_ms;
+    p->next_attempt_ms = now + p->backoff_ms;
+}
+
 static void attempt(idem_pipeline_t *p)
 {
     char errstr[512];
     int rc = work(p, errstr, sizeof(errstr));
     int64_t now = idem_now_ms();
-    if (rc)
-        check_refused(p);
     if (rc) {
-        if (!p->infra_down)
-            idem_log_kv(IDEM_LOG_ERROR, "infrastructure failure: pausing input",
-                        "error", errstr, NULL);
-        p->infra_down = 1;
-        snprintf(p->infra_reason, sizeof(p->infra_reason), "%s", errstr);
-        p->backoff_ms = p->backoff_ms
-                            ? (p->backoff_ms * 2 > p->conf->retry_backoff_max_ms
-                                   ? p->conf->retry_backoff_max_ms
-                                   : p->backoff_ms * 2)
-                            : p->conf->retry_backoff_initial_ms;
-        p->next_attempt_ms = now + p->backoff_ms;
+        infra_failed(p, errstr, now);
     } else {
         if (p->infra_down)
             idem_log_kv(IDEM_LOG_INFO, "infrastructure back: resuming", NULL);
@@ -1645,8 +1660,7 @@ int idem_pipeline_run(idem_pipeline_t *p, volatile int *stop, char *errstr,
             if (now >= p->next_attempt_ms) {
                 if (p->cnt || p->inflight) {
                     attempt(p);
-                } else if (idem_store_connect(p->store, cerr, sizeof(cerr)) ==
-                           0) {
+                } else if (positions_sync(p, cerr, sizeof(cerr)) == 0) {
                     if (p->infra_down)
                         idem_log_kv(IDEM_LOG_INFO,
                                     "infrastructure back: resuming", NULL);
@@ -1680,12 +1694,19 @@ int idem_pipeline_run(idem_pipeline_t *p, volatile int *stop, char *errstr,
         }
         if (now - p->last_commit_ms >= p->conf->commit_interval_ms)
             commit_offsets(p, NULL, 0);
-        /* The server's memory policy, again now and then: an operator may
-         * change it while we run. */
-        if (!p->inflight && !p->infra_down &&
-            idem_store_check(p->store, POLICY_CHECK_INTERVAL_MS, cerr,
-                             sizeof(cerr)))
-            check_refused(p);
+        /* The server's memory policy, again now and then (an operator may
+         * change it while we run); every second while idle, which also
+         * notices a Redis that went away (and maybe lost writes) while
+         * there was nothing to do. */
+        if (!p->inflight && !p->infra_down && !p->refused &&
+            idem_store_check(p->store,
+                             p->cnt ? POLICY_CHECK_INTERVAL_MS
+                                    : IDLE_CHECK_INTERVAL_MS,
+                             cerr, sizeof(cerr))) {
+            infra_failed(p, cerr, now);
+            set_ready(p);
+            pause_all(p, 1);
+        }
         progress_log(p, now);
         if (p->out)
             rd_kafka_poll(p->out, 0);
