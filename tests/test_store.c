@@ -329,6 +329,7 @@ Test(store, lost_aof_tail_is_read_again_exact, .timeout = 240)
     stk.redis.extra[3] = "yes";
     cr_assert_eq(th_redis_restart(&stk.redis), 0);
     long after = th_stack_applied(&stk);
+    cr_assert_gt(after, 0, "Redis came back empty: the AOF was not loaded");
     cr_expect_lt(after, unique, "Redis lost nothing: the test proves nothing");
     ASSERT_VERIFIED(&stk, 1, NULL, 150000);
     char *log = member_log(&stk, "m1");
