@@ -382,3 +382,35 @@ Test(store, wait_for_replicas_before_finishing, .timeout = 180)
     th_redis_stop(&replicas[0]);
     th_stack_stop(&stk);
 }
+
+/* A Redis that stops answering (CLIENT PAUSE) for longer than
+ * redis.timeout.ms: reported as "timeout after N ms" (class "timeout"),
+ * not as the system's error text; exact once it answers again. */
+Test(store, stalled_redis_is_a_timeout_then_exact, .timeout = 180)
+{
+    int port = th_free_port();
+    char listen[64];
+    snprintf(listen, sizeof(listen), "http.listen=127.0.0.1:%d", port);
+    const char *props[] = {listen, "batch.max.messages=100",
+                           "redis.timeout.ms=300", NULL};
+    cr_assert_eq(th_stack_start(&stk, 4, props), 0);
+    cr_assert_eq(th_stack_produce(&stk, traffic), 0);
+    long unique = expect_unique(&stk);
+    pid_t m = th_stack_member(&stk, "m1", NULL);
+    cr_assert_eq(wait_applied(&stk, unique / 5, 60000), 0);
+    const char *pause[] = {"CLIENT", "PAUSE", "4000", "ALL", NULL};
+    redis_ok(&stk.redis, pause);
+    cr_assert_eq(wait_log(&stk, "m1", "timeout after 300 ms", 30000), 0,
+                 "no timeout reported");
+    cr_expect_eq(wait_metric(port,
+                             "idemproc_redis_errors_total{class=\"timeout\"}",
+                             10000),
+                 0);
+    char *log = member_log(&stk, "m1");
+    cr_expect(!strstr(log, "Resource temporarily unavailable"),
+              "system error text instead of the timeout");
+    free(log);
+    ASSERT_VERIFIED(&stk, 1, NULL, 120000);
+    cr_expect_eq(th_stop(m, 15000), 0);
+    th_stack_stop(&stk);
+}
