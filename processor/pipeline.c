@@ -969,8 +969,10 @@ static int rec_in_part(idem_pipeline_t *p, const rec_t *r, const void *pt)
 /* Drops what is in hand for pt and seeks it back to `offset`, the position
  * Redis holds: the records from there are read and applied again (their
  * marks, where Redis kept them, make them duplicates). No request may be
- * in flight. */
-static void partition_rewind(idem_pipeline_t *p, part_t *pt, int64_t offset)
+ * in flight. Returns 0, or -1 when the seek failed (errstr; the caller
+ * tries again later). */
+static int partition_rewind(idem_pipeline_t *p, part_t *pt, int64_t offset,
+                            char *errstr, size_t errstr_size)
 {
     batch_remove_if(p, rec_in_part, pt);
     rd_kafka_topic_partition_list_t *l = rd_kafka_topic_partition_list_new(1);
@@ -982,12 +984,13 @@ static void partition_rewind(idem_pipeline_t *p, part_t *pt, int64_t offset)
     snprintf(off, sizeof(off), "%" PRId64, offset);
     snprintf(held, sizeof(held), "%" PRId64,
              pt->next_offset >= 0 ? pt->next_offset : pt->high_seen + 1);
-    if (e || l->elems[0].err)
-        idem_log_kv(IDEM_LOG_WARN, "seek to the redis position failed", "topic",
-                    pt->topic, "partition", part, "offset", off, "error",
-                    e ? rd_kafka_error_string(e)
-                      : rd_kafka_err2str(l->elems[0].err),
-                    NULL);
+    int failed = e || l->elems[0].err;
+    if (failed)
+        snprintf(errstr, errstr_size,
+                 "kafka: seek %s [%s] to the redis position %s: %s", pt->topic,
+                 part, off,
+                 e ? rd_kafka_error_string(e)
+                   : rd_kafka_err2str(l->elems[0].err));
     else
         idem_log_kv(IDEM_LOG_WARN, "rewound to the position redis holds",
                     "topic", pt->topic, "partition", part, "offset", off,
@@ -995,10 +998,13 @@ static void partition_rewind(idem_pipeline_t *p, part_t *pt, int64_t offset)
     if (e)
         rd_kafka_error_destroy(e);
     rd_kafka_topic_partition_list_destroy(l);
+    idem_metrics_inflight_set(p->m, (int64_t)p->cnt);
+    if (failed)
+        return -1;
     pt->next_offset = offset;
     pt->high_seen = offset - 1;
     pt->saved = offset;
-    idem_metrics_inflight_set(p->m, (int64_t)p->cnt);
+    return 0;
 }
 
 /* Logs (once per partition and assignment) and counts a position in Redis
@@ -1079,12 +1085,11 @@ static int positions_sync(idem_pipeline_t *p, char *errstr, size_t errstr_size)
         if (pt->committed >= 0 && r < pt->committed)
             position_behind(p, pt, r, pt->committed);
         int64_t hold = part_hold(p, pt);
-        if (!pt->checked) {
-            if (hold < 0 || r < hold)
-                partition_rewind(p, pt, r);
-        } else if ((other_server || r < pt->saved) && hold >= 0 && r < hold) {
-            partition_rewind(p, pt, r);
-        }
+        int rewind = pt->checked ? (other_server || r < pt->saved) &&
+                                       hold >= 0 && r < hold
+                                 : hold < 0 || r < hold;
+        if (rewind && partition_rewind(p, pt, r, errstr, errstr_size))
+            return -1; /* again next time: p->store_conns not updated */
         pt->checked = 1;
     }
     p->store_conns = conns;
@@ -1158,9 +1163,6 @@ static void check_refused(idem_pipeline_t *p)
         p->refused = 1;
 }
 
-/* Runs work() and turns its result into backoff, readiness and pausing:
- * paused while the infrastructure is down or the hands stay full, fetching
- * otherwise. */
 /* An infrastructure failure (errstr): not ready with it as the reason,
  * back off; the caller pauses. */
 static void infra_failed(idem_pipeline_t *p, const char *errstr, int64_t now)
@@ -1179,6 +1181,9 @@ static void infra_failed(idem_pipeline_t *p, const char *errstr, int64_t now)
     p->next_attempt_ms = now + p->backoff_ms;
 }
 
+/* Runs work() and turns its result into backoff, readiness and pausing:
+ * paused while the infrastructure is down or the hands stay full, fetching
+ * otherwise. */
 static void attempt(idem_pipeline_t *p)
 {
     char errstr[512];

@@ -321,7 +321,7 @@ Test(store, lost_aof_tail_is_read_again_exact, .timeout = 240)
     kill(stk.redis.pid, SIGKILL);
     th_wait(stk.redis.pid, 5000);
     stk.redis.pid = 0;
-    long cut = aof_cut_tail(stk.redis.dir, 0.3);
+    long cut = aof_cut_tail(stk.redis.dir, 0.6);
     cr_assert_gt(cut, 0);
     stk.redis.extra[0] = "--appendonly";
     stk.redis.extra[1] = "yes";
