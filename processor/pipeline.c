@@ -118,6 +118,7 @@ struct idem_pipeline_s {
     int64_t last_progress_ms;
     uint64_t progress_records;
     int refused;           /* the Redis server was refused: exit 2 */
+    int answered;          /* work() read a Redis reply without error */
     uint64_t store_conns;  /* store connections when positions were read */
     char run_id[48];       /* the Redis server's run_id at that time */
     idem_store_pos_t *pos; /* scratch: positions to save or load */
@@ -607,6 +608,7 @@ static int ledger_recv(idem_pipeline_t *p, char *errstr, size_t errstr_size)
         rc = idem_store_ledger_recv(p->store, p->inflight, res, errstr,
                                     errstr_size);
     p->inflight = 0;
+    p->answered = rc == 0;
     for (size_t i = 0; i < p->part_cnt; i++) {
         part_t *pt = &p->parts[i];
         if (rc == 0 && pt->saving >= 0)
@@ -1187,10 +1189,15 @@ static void infra_failed(idem_pipeline_t *p, const char *errstr, int64_t now)
 static void attempt(idem_pipeline_t *p)
 {
     char errstr[512];
+    p->answered = 0;
     int rc = work(p, errstr, sizeof(errstr));
     int64_t now = idem_now_ms();
     if (rc) {
         infra_failed(p, errstr, now);
+    } else if (p->infra_down && p->inflight && !p->answered) {
+        /* Only sent: an error reply (OOM, READONLY, a short WAIT) comes
+         * with the answer, so the outage is over once Redis answered. */
+        p->next_attempt_ms = now;
     } else {
         if (p->infra_down)
             idem_log_kv(IDEM_LOG_INFO, "infrastructure back: resuming", NULL);
