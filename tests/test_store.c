@@ -414,3 +414,66 @@ Test(store, stalled_redis_is_a_timeout_then_exact, .timeout = 180)
     cr_expect_eq(th_stop(m, 15000), 0);
     th_stack_stop(&stk);
 }
+
+/* The sum of the positions Redis holds for the test group (-1 when none). */
+static long positions_sum(th_stack_t *s)
+{
+    const char *args[] = {"HVALS", "idemproc:pos:test-group", NULL};
+    char *vals = th_redis_cli(&s->redis, args);
+    if (!vals || !*vals) {
+        free(vals);
+        return -1;
+    }
+    long sum = 0;
+    for (char *l = vals; l && *l; l = strchr(l, '\n'), l = l ? l + 1 : l)
+        sum += atol(l);
+    free(vals);
+    return sum;
+}
+
+/* Redis loses the tail of its AOF while no member runs (the whole group
+ * was down, or restarted with it). Kafka's committed offsets are at the
+ * end, Redis's positions are not: the next member starts each partition at
+ * the position Redis holds, says that Redis went back in time, and applies
+ * the lost records again: exact. */
+Test(store, member_starts_at_the_position_redis_holds, .timeout = 240)
+{
+    cr_assert_eq(th_stack_start(&stk, 4, NULL), 0);
+    const char *aof[] = {"CONFIG", "SET", "appendonly", "yes", NULL};
+    redis_ok(&stk.redis, aof);
+    for (int t = 0; t < 100; t++) {
+        if (redis_info(&stk.redis, "aof_rewrite_in_progress") == 0 &&
+            redis_info(&stk.redis, "aof_rewrite_scheduled") == 0)
+            break;
+        usleep(100000);
+    }
+    cr_assert_eq(th_stack_produce(&stk, traffic), 0);
+    json_t *e = json_load_file(stk.expect, 0, NULL);
+    cr_assert(e);
+    long sent = (long)json_integer_value(json_object_get(e, "sent"));
+    json_decref(e);
+    pid_t m = th_stack_member(&stk, "m1", NULL);
+    ASSERT_VERIFIED(&stk, 1, NULL, 120000);
+    cr_expect_eq(th_stop(m, 15000), 0);
+    /* Every record finished: Redis holds the end of every partition. */
+    cr_expect_eq(positions_sum(&stk), sent);
+
+    kill(stk.redis.pid, SIGKILL);
+    th_wait(stk.redis.pid, 5000);
+    stk.redis.pid = 0;
+    cr_assert_gt(aof_cut_tail(stk.redis.dir, 0.5), 0);
+    stk.redis.extra[0] = "--appendonly";
+    stk.redis.extra[1] = "yes";
+    cr_assert_eq(th_redis_restart(&stk.redis), 0);
+    long kept = positions_sum(&stk);
+    cr_assert(kept > 0 && kept < sent, "positions after the cut: %ld of %ld",
+              kept, sent);
+
+    m = th_stack_member(&stk, "m2", NULL);
+    ASSERT_VERIFIED(&stk, 1, NULL, 120000);
+    char *log = member_log(&stk, "m2");
+    cr_expect(strstr(log, "redis went back in time"), "not detected: %s", log);
+    free(log);
+    cr_expect_eq(th_stop(m, 15000), 0);
+    th_stack_stop(&stk);
+}
