@@ -1113,6 +1113,11 @@ static int work(idem_pipeline_t *p, char *errstr, size_t errstr_size)
     int rc = ledger_recv(p, errstr, errstr_size);
     if (rc == 0)
         rc = positions_sync(p, errstr, errstr_size);
+    /* The server's memory policy, again now and then: an operator may
+     * change it while we run. */
+    if (rc == 0)
+        rc = idem_store_check(p->store, POLICY_CHECK_INTERVAL_MS, errstr,
+                              errstr_size);
     parse_records(p);
     if (rc == 0)
         rc = dlq_queue(p, errstr, errstr_size);
@@ -1706,15 +1711,12 @@ int idem_pipeline_run(idem_pipeline_t *p, volatile int *stop, char *errstr,
         }
         if (now - p->last_commit_ms >= p->conf->commit_interval_ms)
             commit_offsets(p, NULL, 0);
-        /* The server's memory policy, again now and then (an operator may
-         * change it while we run); every second while idle, which also
-         * notices a Redis that went away (and maybe lost writes) while
-         * there was nothing to do. */
-        if (!p->inflight && !p->infra_down && !p->refused &&
-            idem_store_check(p->store,
-                             p->cnt ? POLICY_CHECK_INTERVAL_MS
-                                    : IDLE_CHECK_INTERVAL_MS,
-                             cerr, sizeof(cerr))) {
+        /* While idle, the server (and its memory policy) every second:
+         * this also notices a Redis that went away, and maybe lost writes,
+         * while there was nothing to do (work() checks while busy). */
+        if (!p->cnt && !p->inflight && !p->infra_down && !p->refused &&
+            idem_store_check(p->store, IDLE_CHECK_INTERVAL_MS, cerr,
+                             sizeof(cerr))) {
             infra_failed(p, cerr, now);
             set_ready(p);
             pause_all(p, 1);

@@ -269,6 +269,27 @@ Test(store, evicting_policy_refused_unless_allowed, .timeout = 120)
               log);
     free(log);
     cr_expect_eq(th_stop(m, 15000), 0);
+
+    /* Checked again while running: an operator switching to an evicting
+     * policy stops the member too. */
+    const char *safe[] = {"CONFIG", "SET", "maxmemory-policy", "noeviction",
+                          NULL};
+    redis_ok(&stk.redis, safe);
+    m = th_stack_member(&stk, "m3", NULL);
+    cr_assert_eq(wait_log(&stk, "m3", "partitions assigned", 30000), 0);
+    sleep(2);
+    char *early = member_log(&stk, "m3");
+    cr_expect(!strstr(early, "refusing"), "m3 refused noeviction: %s", early);
+    free(early);
+    const char *lfu[] = {"CONFIG", "SET", "maxmemory-policy", "volatile-lfu",
+                         NULL};
+    redis_ok(&stk.redis, lfu);
+    int rc = th_wait(m, 30000);
+    if (rc < 0)
+        th_stop(m, 5000);
+    cr_expect_eq(rc, 2, "run kept going with volatile-lfu");
+    cr_expect_eq(wait_log(&stk, "m3", "maxmemory-policy is volatile-lfu", 1000),
+                 0);
     th_stack_stop(&stk);
 }
 
