@@ -498,3 +498,45 @@ Test(store, member_starts_at_the_position_redis_holds, .timeout = 240)
     cr_expect_eq(th_stop(m, 15000), 0);
     th_stack_stop(&stk);
 }
+
+/* A long-running script of someone else keeps Redis BUSY: an outage of
+ * class "busy", no dead letters, exact once it ends. */
+Test(store, busy_redis_pauses_then_exact, .timeout = 180)
+{
+    int port = th_free_port();
+    char listen[64];
+    snprintf(listen, sizeof(listen), "http.listen=127.0.0.1:%d", port);
+    const char *props[] = {listen, "batch.max.messages=100", NULL};
+    cr_assert_eq(th_stack_start(&stk, 4, props), 0);
+    const char *threshold[] = {"CONFIG", "SET", "busy-reply-threshold", "100",
+                               NULL};
+    redis_ok(&stk.redis, threshold);
+    cr_assert_eq(th_stack_produce(&stk, traffic), 0);
+    long unique = expect_unique(&stk);
+    pid_t m = th_stack_member(&stk, "m1", NULL);
+    cr_assert_eq(wait_applied(&stk, unique / 5, 60000), 0);
+    char rport[16];
+    snprintf(rport, sizeof(rport), "%d", stk.redis.port);
+    char *busy[] = {"/usr/bin/redis-cli",
+                    "-h",
+                    "127.0.0.1",
+                    "-p",
+                    rport,
+                    "EVAL",
+                    "local s = tonumber(redis.call('TIME')[1]) "
+                    "while tonumber(redis.call('TIME')[1]) < s + 4 do end "
+                    "return 1",
+                    "0",
+                    NULL};
+    pid_t b = th_spawn(busy, NULL, NULL, NULL);
+    int found =
+        wait_metric(port, "idemproc_redis_errors_total{class=\"busy\"}", 20000);
+    cr_expect_eq(th_wait(b, 30000), 0, "the busy script did not end");
+    cr_expect_eq(found, 0, "never saw BUSY");
+    ASSERT_VERIFIED(&stk, 1, NULL, 120000);
+    char *log = member_log(&stk, "m1");
+    cr_expect(!strstr(log, "handler-rejected"), "dead-lettered for BUSY");
+    free(log);
+    cr_expect_eq(th_stop(m, 15000), 0);
+    th_stack_stop(&stk);
+}
