@@ -350,6 +350,8 @@ Test(store, lost_aof_tail_is_read_again_exact, .timeout = 240)
     stk.redis.extra[3] = "yes";
     cr_assert_eq(th_redis_restart(&stk.redis), 0);
     long after = th_stack_applied(&stk);
+    cr_log_info("AOF: cut %ld bytes; %ld of %ld unique records still applied",
+                cut, after, unique);
     cr_assert_gt(after, 0, "Redis came back empty: the AOF was not loaded");
     cr_expect_lt(after, unique, "Redis lost nothing: the test proves nothing");
     ASSERT_VERIFIED(&stk, 1, NULL, 150000);
@@ -487,6 +489,7 @@ Test(store, member_starts_at_the_position_redis_holds, .timeout = 240)
     stk.redis.extra[1] = "yes";
     cr_assert_eq(th_redis_restart(&stk.redis), 0);
     long kept = positions_sum(&stk);
+    cr_log_info("positions after the cut: %ld of %ld records", kept, sent);
     cr_assert(kept > 0 && kept < sent, "positions after the cut: %ld of %ld",
               kept, sent);
 
