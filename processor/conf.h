@@ -43,6 +43,9 @@ typedef struct idem_conf_s {
     char *redis_sentinel_password;
     char *redis_prefix;
     int64_t redis_timeout_ms;
+    int redis_allow_eviction; /* 1: tolerate an evicting maxmemory-policy */
+    int64_t redis_wait_replicas;
+    int64_t redis_wait_timeout_ms;
     int64_t dedup_ttl_seconds;
     int64_t dedup_lease_ms;
     int handler; /* idem_handler_t */

@@ -60,12 +60,21 @@ typedef enum {
 
 static const char *rebalance_names[REB_CNT] = {"assign", "revoke", "lost"};
 
+/* Redis error classes (docs/design.md, "Error classes"); "other" last. */
+const char *const idem_metrics_redis_classes[] = {
+    "connection", "timeout", "oom",   "readonly",   "misconf",
+    "noreplicas", "loading", "busy",  "masterdown", "auth",
+    "noscript",   "wait",    "other", NULL};
+#define REDIS_CLASS_CNT 13
+
 struct idem_metrics_s {
     _Atomic uint64_t outcomes[IDEM_OUTCOME_CNT];
     _Atomic uint64_t duplicates[IDEM_DUP_CNT];
     _Atomic uint64_t dlq[IDEM_REASON_CNT];
     _Atomic uint64_t retries;
-    _Atomic uint64_t redis_errors;
+    _Atomic uint64_t redis_errors[REDIS_CLASS_CNT];
+    _Atomic uint64_t redis_behind;
+    _Atomic int64_t redis_eviction_allowed;
     _Atomic uint64_t commits_ok;
     _Atomic uint64_t commits_error;
     _Atomic uint64_t rebalances[REB_CNT];
@@ -140,7 +149,10 @@ idem_metrics_t *idem_metrics_new(void)
     for (int i = 0; i < REB_CNT; i++)
         atomic_init(&m->rebalances[i], 0);
     atomic_init(&m->retries, 0);
-    atomic_init(&m->redis_errors, 0);
+    for (int i = 0; i < REDIS_CLASS_CNT; i++)
+        atomic_init(&m->redis_errors[i], 0);
+    atomic_init(&m->redis_behind, 0);
+    atomic_init(&m->redis_eviction_allowed, 0);
     atomic_init(&m->commits_ok, 0);
     atomic_init(&m->commits_error, 0);
     atomic_init(&m->last_commit_wall_ms, 0);
@@ -214,9 +226,25 @@ void idem_metrics_retry_add(idem_metrics_t *m, uint64_t n)
     counter_add(&m->retries, n);
 }
 
-void idem_metrics_redis_error_add(idem_metrics_t *m, uint64_t n)
+void idem_metrics_redis_error_add(idem_metrics_t *m, const char *cls,
+                                  uint64_t n)
 {
-    counter_add(&m->redis_errors, n);
+    int i = 0;
+    while (i < REDIS_CLASS_CNT - 1 &&
+           !(cls && !strcmp(cls, idem_metrics_redis_classes[i])))
+        i++;
+    counter_add(&m->redis_errors[i], n);
+}
+
+void idem_metrics_redis_behind_add(idem_metrics_t *m, uint64_t n)
+{
+    counter_add(&m->redis_behind, n);
+}
+
+void idem_metrics_redis_eviction_set(idem_metrics_t *m, int allowed)
+{
+    atomic_store_explicit(&m->redis_eviction_allowed, allowed ? 1 : 0,
+                          memory_order_relaxed);
 }
 
 void idem_metrics_commit_add(idem_metrics_t *m, int ok)
@@ -552,9 +580,24 @@ void idem_metrics_render(idem_metrics_t *m, FILE *out)
     render_histogram(out, &m->redis);
 
     put_header(out, "idemproc_redis_errors_total", "counter",
-               "Failed Redis commands or connections.");
-    put_u64(out, "idemproc_redis_errors_total", NULL, NULL,
-            counter_get(&m->redis_errors));
+               "Failed Redis commands or connections, by class (all of them "
+               "outages: the member pauses).");
+    for (int i = 0; i < REDIS_CLASS_CNT; i++)
+        put_u64(out, "idemproc_redis_errors_total", "class",
+                idem_metrics_redis_classes[i],
+                counter_get(&m->redis_errors[i]));
+    put_header(out, "idemproc_redis_position_behind_total", "counter",
+               "Partitions whose position in Redis was behind Kafka's "
+               "committed offset (Redis lost writes); the member rewound "
+               "them.");
+    put_u64(out, "idemproc_redis_position_behind_total", NULL, NULL,
+            counter_get(&m->redis_behind));
+    put_header(out, "idemproc_redis_eviction_allowed", "gauge",
+               "1 while the member runs against an evicting "
+               "maxmemory-policy because redis.allow.eviction=true.");
+    put_i64(
+        out, "idemproc_redis_eviction_allowed",
+        atomic_load_explicit(&m->redis_eviction_allowed, memory_order_relaxed));
 
     put_header(out, "idemproc_commits_total", "counter",
                "Offset commits by result.");

@@ -16,14 +16,21 @@ void idem_metrics_destroy(idem_metrics_t *m); /* NULL is a no-op */
 
 /* Counters (idemproc_records_total{outcome}, idemproc_duplicates_total{kind},
  * idemproc_dlq_records_total{reason}, idemproc_retries_total,
- * idemproc_redis_errors_total, idemproc_commits_total{result},
- * idemproc_rebalances_total{event}). */
+ * idemproc_redis_errors_total{class}, idemproc_commits_total{result},
+ * idemproc_rebalances_total{event},
+ * idemproc_redis_position_behind_total). */
 void idem_metrics_outcome_add(idem_metrics_t *m, idem_outcome_t o, uint64_t n);
 void idem_metrics_duplicate_add(idem_metrics_t *m, idem_dup_kind_t k,
                                 uint64_t n);
 void idem_metrics_dlq_add(idem_metrics_t *m, idem_reason_t r, uint64_t n);
 void idem_metrics_retry_add(idem_metrics_t *m, uint64_t n);
-void idem_metrics_redis_error_add(idem_metrics_t *m, uint64_t n);
+/* cls: one of idem_metrics_redis_classes (borrowed); anything else is
+ * counted as "other". */
+void idem_metrics_redis_error_add(idem_metrics_t *m, const char *cls,
+                                  uint64_t n);
+/* Redis held a partition's position behind Kafka's committed offset: it
+ * went back in time (lost writes, a lagging replica promoted). */
+void idem_metrics_redis_behind_add(idem_metrics_t *m, uint64_t n);
 /* ok: 1 for a successful commit, 0 for a failed one. Also records the time
  * of the last successful commit (idemproc_last_commit_timestamp_seconds). */
 void idem_metrics_commit_add(idem_metrics_t *m, int ok);
@@ -39,6 +46,12 @@ void idem_metrics_redis_observe(idem_metrics_t *m, double seconds);
 void idem_metrics_assigned_set(idem_metrics_t *m, int64_t partitions);
 void idem_metrics_paused_set(idem_metrics_t *m, int64_t partitions);
 void idem_metrics_inflight_set(idem_metrics_t *m, int64_t records);
+/* idemproc_redis_eviction_allowed: 1 while redis.allow.eviction=true lets
+ * the member run against an evicting maxmemory-policy. */
+void idem_metrics_redis_eviction_set(idem_metrics_t *m, int allowed);
+
+/* The labels of idemproc_redis_errors_total, NULL-terminated. */
+extern const char *const idem_metrics_redis_classes[];
 
 /* Readiness (idemproc_ready and /readyz). reason is borrowed and copied;
  * NULL or "" when ready. */

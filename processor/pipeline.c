@@ -29,6 +29,10 @@
  * for a retry or an acknowledgement) before fetching pauses. */
 #define BATCHES_IN_HAND 4
 
+/* How often the Redis server's maxmemory-policy is checked again. */
+#define POLICY_CHECK_INTERVAL_MS 30000
+#define IDLE_CHECK_INTERVAL_MS   1000
+
 typedef enum { REC_PENDING = 0, REC_DONE } rec_state_t;
 
 /* The fate of one asynchronous write (DLQ or output), owned by whoever is
@@ -67,6 +71,10 @@ typedef struct {
     int64_t next_offset; /* everything below is finished; -1 unknown */
     int64_t committed;   /* last offset we asked to commit; -1 none */
     int64_t high_seen;   /* highest offset taken into a batch */
+    int64_t saved;       /* position Redis acknowledged; -1 none */
+    int64_t saving;      /* position in the Redis request in flight; -1 */
+    int checked;         /* Redis's position was read since assignment */
+    int behind_logged;   /* "redis behind kafka" said for this assignment */
     int blocked;         /* scratch for advance_offsets */
     int waiting;         /* scratch: an earlier record waits (keep order) */
 } part_t;
@@ -109,6 +117,12 @@ struct idem_pipeline_s {
     int64_t last_commit_ms;
     int64_t last_progress_ms;
     uint64_t progress_records;
+    int refused;           /* the Redis server was refused: exit 2 */
+    int answered;          /* work() read a Redis reply without error */
+    uint64_t store_conns;  /* store connections when positions were read */
+    char run_id[48];       /* the Redis server's run_id at that time */
+    idem_store_pos_t *pos; /* scratch: positions to save or load */
+    size_t pos_cap;
 };
 
 /* ---------------------------------------------------------------- helpers */
@@ -161,6 +175,10 @@ static part_t *part_add(idem_pipeline_t *p, const char *topic, int32_t part)
     pt->next_offset = -1;
     pt->committed = -1;
     pt->high_seen = -1;
+    pt->saved = -1;
+    pt->saving = -1;
+    pt->checked = 0;
+    pt->behind_logged = 0;
     pt->blocked = 0;
     return pt;
 }
@@ -213,8 +231,7 @@ commit_list(idem_pipeline_t *p, const rd_kafka_topic_partition_list_t *subset)
     rd_kafka_topic_partition_list_t *l = NULL;
     for (size_t i = 0; i < p->part_cnt; i++) {
         part_t *pt = &p->parts[i];
-        if (pt->next_offset < 0 ||
-            (pt->next_offset == pt->committed && !p->recommit))
+        if (pt->saved < 0 || (pt->saved == pt->committed && !p->recommit))
             continue;
         if (subset && !rd_kafka_topic_partition_list_find(subset, pt->topic,
                                                           pt->partition))
@@ -222,9 +239,72 @@ commit_list(idem_pipeline_t *p, const rd_kafka_topic_partition_list_t *subset)
         if (!l)
             l = rd_kafka_topic_partition_list_new(8);
         rd_kafka_topic_partition_list_add(l, pt->topic, pt->partition)->offset =
-            pt->next_offset;
+            pt->saved;
     }
     return l;
+}
+
+static idem_store_pos_t *pos_reserve(idem_pipeline_t *p, size_t n)
+{
+    if (p->pos_cap < n) {
+        p->pos_cap = n;
+        p->pos = idem_xrealloc(p->pos, n * sizeof(*p->pos));
+    }
+    return p->pos;
+}
+
+/* Collects into p->pos the partitions (of subset, if not NULL) whose
+ * finished prefix moved past the position Redis holds. Returns how many. */
+static size_t positions_due(idem_pipeline_t *p,
+                            const rd_kafka_topic_partition_list_t *subset)
+{
+    idem_store_pos_t *pos = pos_reserve(p, p->part_cnt ? p->part_cnt : 1);
+    size_t n = 0;
+    for (size_t i = 0; i < p->part_cnt; i++) {
+        part_t *pt = &p->parts[i];
+        if (pt->next_offset < 0 || pt->next_offset == pt->saved)
+            continue;
+        if (subset && !rd_kafka_topic_partition_list_find(subset, pt->topic,
+                                                          pt->partition))
+            continue;
+        pos[n].topic = pt->topic;
+        pos[n].partition = pt->partition;
+        pos[n].offset = pt->next_offset;
+        n++;
+    }
+    return n;
+}
+
+static int positions_sync(idem_pipeline_t *p, char *errstr, size_t errstr_size);
+
+/* Writes the finished prefixes to Redis before they are committed to
+ * Kafka (docs/design.md, "Positions in Redis"); only with no request in
+ * flight (the ledger sends them along with its requests otherwise). A
+ * failure leaves the Kafka commit behind; the next attempt catches up. */
+static void positions_save(idem_pipeline_t *p,
+                           const rd_kafka_topic_partition_list_t *subset)
+{
+    if (p->inflight || p->infra_down || p->refused ||
+        positions_due(p, subset) == 0)
+        return;
+    char errstr[512];
+    /* A new connection is compared first (which may rewind): never write
+     * a position over one Redis lost together with the effects below. */
+    if (positions_sync(p, errstr, sizeof(errstr))) {
+        idem_log_kv(IDEM_LOG_WARN, "reading positions from redis failed",
+                    "error", errstr, NULL);
+        return;
+    }
+    size_t n = positions_due(p, subset);
+    if (n && idem_store_positions_save(p->store, p->pos, n, errstr,
+                                       sizeof(errstr))) {
+        idem_log_kv(IDEM_LOG_WARN, "saving positions in redis failed", "error",
+                    errstr, NULL);
+        return;
+    }
+    for (size_t i = 0; i < n; i++)
+        part_find(p, p->pos[i].topic, p->pos[i].partition)->saved =
+            p->pos[i].offset;
 }
 
 /* Commits finished offsets: asynchronously (the result arrives in
@@ -233,13 +313,14 @@ static void commit_offsets(idem_pipeline_t *p,
                            const rd_kafka_topic_partition_list_t *subset,
                            int sync)
 {
+    positions_save(p, subset);
     rd_kafka_topic_partition_list_t *l = commit_list(p, subset);
     p->last_commit_ms = idem_now_ms();
     if (!l)
         return;
     for (int i = 0; i < l->cnt; i++) {
         part_t *pt = part_find(p, l->elems[i].topic, l->elems[i].partition);
-        pt->committed = pt->next_offset;
+        pt->committed = pt->saved;
     }
     if (!subset)
         p->recommit = 0;
@@ -487,11 +568,17 @@ static int ledger_send(idem_pipeline_t *p, char *errstr, size_t errstr_size)
     size_t n = due_records(p, idem_now_ms());
     if (!n)
         return 0;
-    if (idem_store_ledger_send(p->store, p->envs, n, errstr, errstr_size)) {
+    /* The positions of what is finished ride along (after the scripts). */
+    size_t npos = positions_due(p, NULL);
+    if (idem_store_ledger_send(p->store, p->envs, n, p->pos, npos, errstr,
+                               errstr_size)) {
         for (size_t i = 0; i < n; i++)
             p->rs[i]->store_sent = 1;
         return -1;
     }
+    for (size_t i = 0; i < npos; i++)
+        part_find(p, p->pos[i].topic, p->pos[i].partition)->saving =
+            p->pos[i].offset;
     for (size_t i = 0; i < n; i++)
         p->rs[i]->sent = 1;
     p->inflight = n;
@@ -521,6 +608,13 @@ static int ledger_recv(idem_pipeline_t *p, char *errstr, size_t errstr_size)
         rc = idem_store_ledger_recv(p->store, p->inflight, res, errstr,
                                     errstr_size);
     p->inflight = 0;
+    p->answered = rc == 0;
+    for (size_t i = 0; i < p->part_cnt; i++) {
+        part_t *pt = &p->parts[i];
+        if (rc == 0 && pt->saving >= 0)
+            pt->saved = pt->saving;
+        pt->saving = -1;
+    }
     for (size_t i = 0; i < n; i++) {
         rec_t *r = p->rs[i];
         r->sent = 0;
@@ -867,6 +961,144 @@ static int dlq_collect(idem_pipeline_t *p, char *errstr, size_t errstr_size)
     return failed ? -1 : 0;
 }
 
+/* ------------------------------------------------ positions from Redis */
+
+static int rec_in_part(idem_pipeline_t *p, const rec_t *r, const void *pt)
+{
+    return rec_part(p, r) == pt;
+}
+
+/* Drops what is in hand for pt and seeks it back to `offset`, the position
+ * Redis holds: the records from there are read and applied again (their
+ * marks, where Redis kept them, make them duplicates). No request may be
+ * in flight. Returns 0, or -1 when the seek failed (errstr; the caller
+ * tries again later). */
+static int partition_rewind(idem_pipeline_t *p, part_t *pt, int64_t offset,
+                            char *errstr, size_t errstr_size)
+{
+    batch_remove_if(p, rec_in_part, pt);
+    rd_kafka_topic_partition_list_t *l = rd_kafka_topic_partition_list_new(1);
+    rd_kafka_topic_partition_list_add(l, pt->topic, pt->partition)->offset =
+        offset;
+    rd_kafka_error_t *e = rd_kafka_seek_partitions(p->rk, l, 5000);
+    char part[16], off[24], held[24];
+    snprintf(part, sizeof(part), "%" PRId32, pt->partition);
+    snprintf(off, sizeof(off), "%" PRId64, offset);
+    snprintf(held, sizeof(held), "%" PRId64,
+             pt->next_offset >= 0 ? pt->next_offset : pt->high_seen + 1);
+    int failed = e || l->elems[0].err;
+    if (failed)
+        snprintf(errstr, errstr_size,
+                 "kafka: seek %s [%s] to the redis position %s: %s", pt->topic,
+                 part, off,
+                 e ? rd_kafka_error_string(e)
+                   : rd_kafka_err2str(l->elems[0].err));
+    else
+        idem_log_kv(IDEM_LOG_WARN, "rewound to the position redis holds",
+                    "topic", pt->topic, "partition", part, "offset", off,
+                    "held", held, NULL);
+    if (e)
+        rd_kafka_error_destroy(e);
+    rd_kafka_topic_partition_list_destroy(l);
+    idem_metrics_inflight_set(p->m, (int64_t)p->cnt);
+    if (failed)
+        return -1;
+    pt->next_offset = offset;
+    pt->high_seen = offset - 1;
+    pt->saved = offset;
+    return 0;
+}
+
+/* Logs (once per partition and assignment) and counts a position in Redis
+ * behind Kafka's committed offset: Redis went back in time. */
+static void position_behind(idem_pipeline_t *p, part_t *pt, int64_t redis,
+                            int64_t kafka)
+{
+    if (pt->behind_logged)
+        return;
+    pt->behind_logged = 1;
+    idem_metrics_redis_behind_add(p->m, 1);
+    char part[16], r[24], k[24];
+    snprintf(part, sizeof(part), "%" PRId32, pt->partition);
+    snprintf(r, sizeof(r), "%" PRId64, redis);
+    snprintf(k, sizeof(k), "%" PRId64, kafka);
+    idem_log_kv(IDEM_LOG_WARN,
+                redis < 0 ? "redis lost the position of a partition (it "
+                            "lost its data: persistence off?)"
+                          : "redis went back in time: its position is behind "
+                            "kafka's committed offset; reading again from it",
+                "topic", pt->topic, "partition", part, "redis_offset", r,
+                "kafka_offset", k, NULL);
+}
+
+/* The lowest offset pt holds in hand (or has finished up to); -1 when it
+ * has not consumed anything since it was assigned. */
+static int64_t part_hold(idem_pipeline_t *p, const part_t *pt)
+{
+    if (pt->next_offset >= 0)
+        return pt->next_offset;
+    int64_t low = -1;
+    for (size_t i = 0; i < p->cnt; i++)
+        if (rec_part(p, &p->recs[i]) == pt &&
+            (low < 0 || p->recs[i].msg->offset < low))
+            low = p->recs[i].msg->offset;
+    return low >= 0 ? low : pt->saved;
+}
+
+/* After every new connection to Redis (and for partitions assigned while
+ * Redis could not be asked) reads the positions Redis holds and rewinds
+ * every partition whose position is behind what the member holds: a
+ * restarted Redis, or another server, may have lost its last writes while
+ * the member kept running. A reconnect to the same server (same run_id,
+ * nothing lost) rewinds only if Redis holds less than it acknowledged.
+ * No request may be in flight. Returns 0, or -1 (infrastructure). */
+static int positions_sync(idem_pipeline_t *p, char *errstr, size_t errstr_size)
+{
+    if (p->inflight)
+        return 0;
+    if (idem_store_connect(p->store, errstr, errstr_size))
+        return -1;
+    uint64_t conns = idem_store_connections(p->store);
+    int reconnected = conns != p->store_conns;
+    const char *run_id = idem_store_run_id(p->store);
+    int other_server = reconnected && p->run_id[0] && strcmp(p->run_id, run_id);
+    int unchecked = 0;
+    for (size_t i = 0; i < p->part_cnt; i++)
+        unchecked |= !p->parts[i].checked;
+    if (!reconnected && !unchecked)
+        return 0;
+    idem_store_pos_t *pos = pos_reserve(p, p->part_cnt ? p->part_cnt : 1);
+    for (size_t i = 0; i < p->part_cnt; i++) {
+        pos[i].topic = p->parts[i].topic;
+        pos[i].partition = p->parts[i].partition;
+    }
+    if (idem_store_positions_load(p->store, pos, p->part_cnt, errstr,
+                                  errstr_size))
+        return -1;
+    for (size_t i = 0; i < p->part_cnt; i++) {
+        part_t *pt = &p->parts[i];
+        int64_t r = pos[i].offset;
+        if (r < 0) {
+            if (other_server && pt->saved >= 0)
+                position_behind(p, pt, -1, pt->saved);
+            pt->checked = 1;
+            continue;
+        }
+        if (pt->committed >= 0 && r < pt->committed)
+            position_behind(p, pt, r, pt->committed);
+        int64_t hold = part_hold(p, pt);
+        int rewind = pt->checked ? (other_server || r < pt->saved) &&
+                                       hold >= 0 && r < hold
+                                 : hold < 0 || r < hold;
+        if (rewind && partition_rewind(p, pt, r, errstr, errstr_size))
+            return -1; /* again next time: p->store_conns not updated */
+        pt->checked = 1;
+    }
+    p->store_conns = conns;
+    snprintf(p->run_id, sizeof(p->run_id), "%s", run_id);
+    return 0;
+}
+
 /* One step of work on the records in hand: parse what is new, queue dead
  * letters, run the handler (ledger: finish the request in flight, start
  * the next), collect acknowledgements, advance offsets. Returns 0, or -1
@@ -876,16 +1108,24 @@ static int work(idem_pipeline_t *p, char *errstr, size_t errstr_size)
     if (p->cnt == 0 && !p->inflight)
         return 0;
     idem_metrics_heartbeat(p->m);
+    /* The request in flight first: positions are only read (and
+     * partitions rewound) with none in flight, before anything is sent. */
+    int rc = ledger_recv(p, errstr, errstr_size);
+    if (rc == 0)
+        rc = positions_sync(p, errstr, errstr_size);
+    /* The server's memory policy, again now and then: an operator may
+     * change it while we run. */
+    if (rc == 0)
+        rc = idem_store_check(p->store, POLICY_CHECK_INTERVAL_MS, errstr,
+                              errstr_size);
     parse_records(p);
-    int rc = dlq_queue(p, errstr, errstr_size);
+    if (rc == 0)
+        rc = dlq_queue(p, errstr, errstr_size);
     if (rc == 0) {
-        if (p->conf->handler == IDEM_HANDLER_FORWARD) {
+        if (p->conf->handler == IDEM_HANDLER_FORWARD)
             rc = forward_passes(p, errstr, errstr_size);
-        } else {
-            rc = ledger_recv(p, errstr, errstr_size);
-            if (rc == 0)
-                rc = ledger_send(p, errstr, errstr_size);
-        }
+        else
+            rc = ledger_send(p, errstr, errstr_size);
     }
     /* Handler rejections found just now go out at once. */
     char e2[512];
@@ -922,26 +1162,47 @@ static int batch_full(const idem_pipeline_t *p)
            (size_t)p->conf->batch_max_messages * (BATCHES_IN_HAND - 1);
 }
 
+/* After a failed Redis call: a server refused for its configuration stops
+ * the member (exit 2) instead of waiting for it. */
+static void check_refused(idem_pipeline_t *p)
+{
+    if (!p->refused && idem_store_refused(p->store, p->fatal, sizeof(p->fatal)))
+        p->refused = 1;
+}
+
+/* An infrastructure failure (errstr): not ready with it as the reason,
+ * back off; the caller pauses. */
+static void infra_failed(idem_pipeline_t *p, const char *errstr, int64_t now)
+{
+    check_refused(p);
+    if (!p->infra_down)
+        idem_log_kv(IDEM_LOG_ERROR, "infrastructure failure: pausing input",
+                    "error", errstr, NULL);
+    p->infra_down = 1;
+    snprintf(p->infra_reason, sizeof(p->infra_reason), "%s", errstr);
+    p->backoff_ms = p->backoff_ms
+                        ? (p->backoff_ms * 2 > p->conf->retry_backoff_max_ms
+                               ? p->conf->retry_backoff_max_ms
+                               : p->backoff_ms * 2)
+                        : p->conf->retry_backoff_initial_ms;
+    p->next_attempt_ms = now + p->backoff_ms;
+}
+
 /* Runs work() and turns its result into backoff, readiness and pausing:
  * paused while the infrastructure is down or the hands stay full, fetching
  * otherwise. */
 static void attempt(idem_pipeline_t *p)
 {
     char errstr[512];
+    p->answered = 0;
     int rc = work(p, errstr, sizeof(errstr));
     int64_t now = idem_now_ms();
     if (rc) {
-        if (!p->infra_down)
-            idem_log_kv(IDEM_LOG_ERROR, "infrastructure failure: pausing input",
-                        "error", errstr, NULL);
-        p->infra_down = 1;
-        snprintf(p->infra_reason, sizeof(p->infra_reason), "%s", errstr);
-        p->backoff_ms = p->backoff_ms
-                            ? (p->backoff_ms * 2 > p->conf->retry_backoff_max_ms
-                                   ? p->conf->retry_backoff_max_ms
-                                   : p->backoff_ms * 2)
-                            : p->conf->retry_backoff_initial_ms;
-        p->next_attempt_ms = now + p->backoff_ms;
+        infra_failed(p, errstr, now);
+    } else if (p->infra_down && p->inflight && !p->answered) {
+        /* Only sent: an error reply (OOM, READONLY, a short WAIT) comes
+         * with the answer, so the outage is over once Redis answered. */
+        p->next_attempt_ms = now;
     } else {
         if (p->infra_down)
             idem_log_kv(IDEM_LOG_INFO, "infrastructure back: resuming", NULL);
@@ -987,6 +1248,53 @@ static void drain(idem_pipeline_t *p, int64_t deadline_ms)
 
 /* ------------------------------------------------------------ rebalance */
 
+/* Sets each newly assigned partition of `parts` to start at the position
+ * Redis holds for it, when it holds one (else Kafka's committed offset
+ * applies), and compares it with Kafka's committed offset. When Redis
+ * cannot be asked now, positions_sync does it once it can (the member is
+ * paused until then). */
+static void assign_positions(idem_pipeline_t *p,
+                             rd_kafka_topic_partition_list_t *parts)
+{
+    char errstr[512];
+    if (p->inflight) /* its replies come first on the connection */
+        ledger_recv(p, errstr, sizeof(errstr));
+    if (p->infra_down || p->refused || parts->cnt == 0)
+        return;
+    idem_store_pos_t *pos = pos_reserve(p, (size_t)parts->cnt);
+    for (int i = 0; i < parts->cnt; i++) {
+        pos[i].topic = parts->elems[i].topic;
+        pos[i].partition = parts->elems[i].partition;
+    }
+    if (idem_store_positions_load(p->store, pos, (size_t)parts->cnt, errstr,
+                                  sizeof(errstr))) {
+        idem_log_kv(IDEM_LOG_WARN, "reading positions from redis failed",
+                    "error", errstr, NULL);
+        return; /* positions_sync asks again before anything is applied */
+    }
+    rd_kafka_topic_partition_list_t *committed =
+        rd_kafka_topic_partition_list_copy(parts);
+    if (rd_kafka_committed(p->rk, committed, 5000))
+        for (int i = 0; i < committed->cnt; i++)
+            committed->elems[i].offset = RD_KAFKA_OFFSET_INVALID;
+    for (int i = 0; i < parts->cnt; i++) {
+        part_t *pt =
+            part_find(p, parts->elems[i].topic, parts->elems[i].partition);
+        int64_t kafka = committed->elems[i].err ? RD_KAFKA_OFFSET_INVALID
+                                                : committed->elems[i].offset;
+        if (kafka >= 0)
+            pt->committed = kafka;
+        if (pos[i].offset >= 0) {
+            parts->elems[i].offset = pos[i].offset;
+            pt->saved = pos[i].offset;
+            if (kafka >= 0 && pos[i].offset < kafka)
+                position_behind(p, pt, pos[i].offset, kafka);
+        }
+        pt->checked = 1;
+    }
+    rd_kafka_topic_partition_list_destroy(committed);
+}
+
 /* Rebalance callback: fires inside rd_kafka_consumer_poll (or close) on the
  * processing thread. Before partitions are given up, what is in hand is
  * finished if the infrastructure allows and their offsets are committed
@@ -1005,6 +1313,7 @@ static void rebalance_cb(rd_kafka_t *rk, rd_kafka_resp_err_t err,
         set_ready(p);
         for (int i = 0; i < parts->cnt; i++)
             part_add(p, parts->elems[i].topic, parts->elems[i].partition);
+        assign_positions(p, parts);
         if (cooperative)
             rd_kafka_error_destroy(rd_kafka_incremental_assign(rk, parts));
         else
@@ -1179,6 +1488,7 @@ idem_pipeline_t *idem_pipeline_new(const idem_conf_t *conf, idem_metrics_t *m,
     p->cap = (size_t)conf->batch_max_messages * BATCHES_IN_HAND;
     p->recs = idem_xcalloc(p->cap, sizeof(*p->recs));
     p->store = idem_store_new(conf, m);
+    idem_store_guard_eviction(p->store);
     if (!(p->dlq = idem_dlq_new(conf, dlq_report, errstr, errstr_size)))
         goto fail;
     if (conf->handler == IDEM_HANDLER_FORWARD) {
@@ -1229,6 +1539,7 @@ void idem_pipeline_destroy(idem_pipeline_t *p)
     free(p->rs);
     free(p->envs);
     free(p->res);
+    free(p->pos);
     free(p);
 }
 
@@ -1343,6 +1654,12 @@ int idem_pipeline_run(idem_pipeline_t *p, volatile int *stop, char *errstr,
 {
     char cerr[512];
     if (idem_store_connect(p->store, cerr, sizeof(cerr))) {
+        check_refused(p);
+        if (p->refused) {
+            snprintf(errstr, errstr_size, "%s", p->fatal);
+            rd_kafka_consumer_close(p->rk);
+            return IDEM_PIPELINE_REFUSED;
+        }
         idem_log_kv(IDEM_LOG_WARN, "redis not reachable yet", "error", cerr,
                     NULL);
         p->infra_down = 1;
@@ -1365,8 +1682,7 @@ int idem_pipeline_run(idem_pipeline_t *p, volatile int *stop, char *errstr,
             if (now >= p->next_attempt_ms) {
                 if (p->cnt || p->inflight) {
                     attempt(p);
-                } else if (idem_store_connect(p->store, cerr, sizeof(cerr)) ==
-                           0) {
+                } else if (positions_sync(p, cerr, sizeof(cerr)) == 0) {
                     if (p->infra_down)
                         idem_log_kv(IDEM_LOG_INFO,
                                     "infrastructure back: resuming", NULL);
@@ -1375,6 +1691,7 @@ int idem_pipeline_run(idem_pipeline_t *p, volatile int *stop, char *errstr,
                     set_ready(p);
                     pause_all(p, 0);
                 } else {
+                    check_refused(p);
                     p->backoff_ms =
                         p->backoff_ms * 2 > p->conf->retry_backoff_max_ms
                             ? p->conf->retry_backoff_max_ms
@@ -1399,6 +1716,16 @@ int idem_pipeline_run(idem_pipeline_t *p, volatile int *stop, char *errstr,
         }
         if (now - p->last_commit_ms >= p->conf->commit_interval_ms)
             commit_offsets(p, NULL, 0);
+        /* While idle, the server (and its memory policy) every second:
+         * this also notices a Redis that went away, and maybe lost writes,
+         * while there was nothing to do (work() checks while busy). */
+        if (!p->cnt && !p->inflight && !p->infra_down && !p->refused &&
+            idem_store_check(p->store, IDLE_CHECK_INTERVAL_MS, cerr,
+                             sizeof(cerr))) {
+            infra_failed(p, cerr, now);
+            set_ready(p);
+            pause_all(p, 1);
+        }
         progress_log(p, now);
         if (p->out)
             rd_kafka_poll(p->out, 0);
@@ -1407,7 +1734,9 @@ int idem_pipeline_run(idem_pipeline_t *p, volatile int *stop, char *errstr,
             idem_kafka_fatal(p->out, "output producer", p->fatal,
                              sizeof(p->fatal));
         if (p->fatal[0]) {
-            idem_log_kv(IDEM_LOG_ERROR, "fatal producer error: stopping",
+            idem_log_kv(IDEM_LOG_ERROR,
+                        p->refused ? "unsafe redis configuration: stopping"
+                                   : "fatal producer error: stopping",
                         "error", p->fatal, NULL);
             break;
         }
@@ -1432,7 +1761,7 @@ int idem_pipeline_run(idem_pipeline_t *p, volatile int *stop, char *errstr,
     rd_kafka_resp_err_t err = rd_kafka_consumer_close(p->rk);
     if (p->fatal[0]) {
         snprintf(errstr, errstr_size, "%s", p->fatal);
-        return -1;
+        return p->refused ? IDEM_PIPELINE_REFUSED : -1;
     }
     if (err) {
         snprintf(errstr, errstr_size, "leaving the group: %s",

@@ -21,7 +21,10 @@ idem_pipeline_t *idem_pipeline_new(const idem_conf_t *conf, idem_metrics_t *m,
  * shuts down (docs/design.md, "Shutdown"): finishes the batch in hand, flushes
  * the DLQ, commits synchronously and leaves the group within
  * shutdown.timeout.ms. Returns 0 on a clean stop, -1 on a fatal error
- * (errstr). */
+ * (errstr), IDEM_PIPELINE_REFUSED when the Redis server's configuration is
+ * unsafe (an evicting maxmemory-policy; errstr says why and how to fix
+ * it). */
+#define IDEM_PIPELINE_REFUSED (-2)
 int idem_pipeline_run(idem_pipeline_t *p, volatile int *stop, char *errstr,
                       size_t errstr_size);
 

@@ -6,6 +6,7 @@
 #include "redisconn.h"
 #include "util.h"
 
+#include <errno.h>
 #include <hiredis.h>
 #include <inttypes.h>
 #include <stdio.h>
@@ -22,9 +23,14 @@
  * crash can separate effect from mark. To keep Redis's work per record
  * small, the marks are read with one MGET, the increments are summed per
  * (currency, user) and applied with one HINCRBY each, and only new records
- * get a SET. An increment Redis refuses (overflow) leaves its records
- * unmarked and returns "reject:<error>" for them, and for the repeats of
- * their identity later in the chunk. */
+ * get a SET. An increment Redis refuses because of the record (an overflow,
+ * a field or key that holds no integer) leaves its records unmarked and
+ * returns "reject:<error>" for them, and for the repeats of their identity
+ * later in the chunk. Any other refusal (OOM, READONLY, MISCONF,
+ * NOREPLICAS, ...) is the server's state, not the record's: the script
+ * returns that error as its reply and the caller treats it as an outage.
+ * Redis checks those states only before a script's first write, so a
+ * script that meets one has written nothing. */
 static const char ledger_lua[] =
     "local prefix, group, ttl = ARGV[1], ARGV[2], ARGV[3]\n"
     "local n = (#ARGV - 3) / 5\n"
@@ -57,7 +63,14 @@ static const char ledger_lua[] =
     "  for f, x in pairs(fields) do\n"
     "    local r = redis.pcall('HINCRBY', h, f, string.format('%.0f', x))\n"
     "    if type(r) == 'table' and r.err then\n"
-    "      refused[h .. '\\0' .. f] = r.err\n"
+    "      local e = r.err\n"
+    "      if string.find(e, '^ERR increment or decrement would overflow') or\n"
+    "         string.find(e, '^ERR hash value is not an integer') or\n"
+    "         string.find(e, '^WRONGTYPE') then\n"
+    "        refused[h .. '\\0' .. f] = e\n"
+    "      else\n"
+    "        return redis.error_reply(e)\n"
+    "      end\n"
     "    end\n"
     "  end\n"
     "end\n"
@@ -159,7 +172,21 @@ struct idem_store_s {
     size_t nums_cap;
     size_t pending_chunks; /* replies store_recv still has to read */
     size_t pending_n;      /* records in that request */
+    int pending_hset;      /* positions appended to it (one HSET reply) */
+    int pending_wait;      /* WAIT appended to it (one reply) */
     int64_t sent_at_us;
+    char pos_key[512];   /* <prefix>pos:<group.id> */
+    char (*fields)[320]; /* "<topic>:<partition>" scratch */
+    char (*offs)[24];    /* offsets as text scratch */
+    size_t fields_cap;
+    char wait_replicas[24]; /* redis.wait.replicas as text */
+    char wait_timeout[24];  /* redis.wait.timeout.ms as text */
+    char run_id[48];        /* the server's, from INFO at connect */
+    uint64_t connections;   /* successful connects so far */
+    int64_t checked_ms;     /* last maxmemory-policy check */
+    char policy[64];        /* maxmemory-policy seen last */
+    char refused[512];      /* the server's configuration is unsafe */
+    int guard;              /* refuse an evicting maxmemory-policy */
 };
 
 idem_store_t *idem_store_new(const idem_conf_t *conf, idem_metrics_t *m)
@@ -170,6 +197,12 @@ idem_store_t *idem_store_new(const idem_conf_t *conf, idem_metrics_t *m)
     snprintf(s->ttl, sizeof(s->ttl), "%" PRId64, conf->dedup_ttl_seconds);
     snprintf(s->lease_ms, sizeof(s->lease_ms), "%" PRId64,
              conf->dedup_lease_ms);
+    snprintf(s->pos_key, sizeof(s->pos_key), "%spos:%s", conf->redis_prefix,
+             conf->group_id ? conf->group_id : "");
+    snprintf(s->wait_replicas, sizeof(s->wait_replicas), "%" PRId64,
+             conf->redis_wait_replicas);
+    snprintf(s->wait_timeout, sizeof(s->wait_timeout), "%" PRId64,
+             conf->redis_wait_timeout_ms);
     return s;
 }
 
@@ -189,19 +222,102 @@ void idem_store_destroy(idem_store_t *s)
     free(s->argv);
     free(s->argvlen);
     free(s->nums);
+    free(s->fields);
+    free(s->offs);
     free(s);
 }
 
-/* Records an infrastructure error: counts it, drops the connection. */
-static int store_fail(idem_store_t *s, char *errstr, size_t errstr_size,
-                      const char *what, const char *detail)
+/* The class of a Redis error reply (docs/design.md, "Error classes"): its
+ * first word, as Redis sends it. Every class is an outage of the store;
+ * the errors a record owns never get here (the ledger script turns them
+ * into "reject:"). */
+static const char *reply_class(const char *err)
+{
+    static const struct {
+        const char *code, *cls;
+    } map[] = {{"OOM", "oom"},
+               {"READONLY", "readonly"},
+               {"MISCONF", "misconf"},
+               {"NOREPLICAS", "noreplicas"},
+               {"LOADING", "loading"},
+               {"BUSY", "busy"},
+               {"MASTERDOWN", "masterdown"},
+               {"NOAUTH", "auth"},
+               {"WRONGPASS", "auth"},
+               {"NOPERM", "auth"},
+               {"NOSCRIPT", "noscript"}};
+    size_t len = strcspn(err, " ");
+    for (size_t i = 0; i < sizeof(map) / sizeof(map[0]); i++)
+        if (strlen(map[i].code) == len && !strncmp(err, map[i].code, len))
+            return map[i].cls;
+    return "other";
+}
+
+const char *idem_store_error_class(const char *redis_error)
+{
+    return reply_class(redis_error ? redis_error : "");
+}
+
+/* The class of a failed connect, from idem_redisconn_open's text: a
+ * timeout, an error reply it quotes (WRONGPASS, LOADING, ...), a replica
+ * that ROLE refused, else the connection itself. */
+static const char *connect_class(const char *errstr)
+{
+    if (strstr(errstr, "timeout after"))
+        return "timeout";
+    if (strstr(errstr, "is not the primary"))
+        return "readonly";
+    for (const char *w = errstr; *w; w++) {
+        if (w != errstr && w[-1] != ' ' && w[-1] != '(')
+            continue;
+        const char *cls = reply_class(w);
+        if (strcmp(cls, "other"))
+            return cls;
+    }
+    return "connection";
+}
+
+/* Records an infrastructure error of class cls: counts it, drops the
+ * connection. */
+static int store_fail_class(idem_store_t *s, char *errstr, size_t errstr_size,
+                            const char *what, const char *detail,
+                            const char *cls)
 {
     snprintf(errstr, errstr_size, "redis: %s: %s", what,
              detail ? detail : "unknown error");
     if (s->metrics)
-        idem_metrics_redis_error_add(s->metrics, 1);
+        idem_metrics_redis_error_add(s->metrics, cls, 1);
     idem_store_disconnect(s);
     return -1;
+}
+
+/* An error reply: classified by its code. */
+static int store_fail(idem_store_t *s, char *errstr, size_t errstr_size,
+                      const char *what, const char *detail)
+{
+    return store_fail_class(s, errstr, errstr_size, what, detail,
+                            reply_class(detail ? detail : ""));
+}
+
+/* The context failed (I/O, protocol, a closed connection): a read or
+ * connect that ran into redis.timeout.ms is reported as such, not as the
+ * system's "Resource temporarily unavailable". */
+static int store_io_fail(idem_store_t *s, char *errstr, size_t errstr_size,
+                         const char *what)
+{
+    const char *e = s->c ? s->c->errstr : "out of memory";
+    if (s->c && s->c->err == REDIS_ERR_IO &&
+        (!strcmp(e, strerror(EAGAIN)) || !strcmp(e, strerror(EWOULDBLOCK)) ||
+         !strcmp(e, strerror(ETIMEDOUT)) ||
+         !strcmp(e, strerror(EINPROGRESS)))) {
+        char d[64];
+        snprintf(d, sizeof(d), "timeout after %" PRId64 " ms",
+                 s->conf->redis_timeout_ms);
+        return store_fail_class(s, errstr, errstr_size, what, d, "timeout");
+    }
+    char d[256];
+    snprintf(d, sizeof(d), "%s", e);
+    return store_fail_class(s, errstr, errstr_size, what, d, "connection");
 }
 
 /* Runs one command; returns the reply (caller frees) or NULL with errstr. */
@@ -211,7 +327,7 @@ static redisReply *store_command(idem_store_t *s, char *errstr,
 {
     redisReply *r = redisCommandArgv(s->c, argc, argv, argvlen);
     if (!r) {
-        store_fail(s, errstr, errstr_size, argv[0], s->c->errstr);
+        store_io_fail(s, errstr, errstr_size, argv[0]);
         return NULL;
     }
     if (r->type == REDIS_REPLY_ERROR) {
@@ -222,6 +338,96 @@ static redisReply *store_command(idem_store_t *s, char *errstr,
         return NULL;
     }
     return r;
+}
+
+/* Copies the value of "name:" in an INFO reply into out ("" if absent). */
+static void info_field(const char *info, const char *name, char *out,
+                       size_t out_size)
+{
+    out[0] = '\0';
+    size_t nl = strlen(name);
+    for (const char *l = info; l && *l; l = strchr(l, '\n'), l = l ? l + 1 : l)
+        if (!strncmp(l, name, nl) && l[nl] == ':') {
+            size_t vl = strcspn(l + nl + 1, "\r\n");
+            snprintf(out, out_size, "%.*s", (int)vl, l + nl + 1);
+            return;
+        }
+}
+
+/* Reads INFO (it works where CONFIG is disabled): the server's run_id, and
+ * its maxmemory-policy, which must be noeviction: an evicting policy drops
+ * dedup marks (every volatile-* policy evicts exactly the marks, the only
+ * keys with a TTL) and their records are then applied twice. Refuses such
+ * a server (s->refused, -1) unless redis.allow.eviction=true. */
+static int store_check_server(idem_store_t *s, char *errstr, size_t errstr_size)
+{
+    const char *argv[] = {"INFO"};
+    redisReply *r = store_command(s, errstr, errstr_size, 1, argv, NULL);
+    if (!r)
+        return -1;
+    if (r->type != REDIS_REPLY_STRING && r->type != REDIS_REPLY_STATUS) {
+        freeReplyObject(r);
+        return store_fail(s, errstr, errstr_size, "INFO", "unexpected reply");
+    }
+    char policy[64];
+    info_field(r->str, "run_id", s->run_id, sizeof(s->run_id));
+    info_field(r->str, "maxmemory_policy", policy, sizeof(policy));
+    freeReplyObject(r);
+    s->checked_ms = idem_now_ms();
+    int unsafe = s->guard && policy[0] && strcmp(policy, "noeviction");
+    if (unsafe && !s->conf->redis_allow_eviction) {
+        snprintf(s->refused, sizeof(s->refused),
+                 "redis: maxmemory-policy is %s: evicting keys drops dedup "
+                 "marks and their records are applied twice. Fix: set "
+                 "maxmemory-policy noeviction on the Redis server (redis.conf, "
+                 "or CONFIG SET maxmemory-policy noeviction), or set "
+                 "redis.allow.eviction=true to accept double effects",
+                 policy);
+        snprintf(errstr, errstr_size, "%s", s->refused);
+        idem_store_disconnect(s);
+        return -1;
+    }
+    if (unsafe && strcmp(policy, s->policy))
+        idem_log_kv(IDEM_LOG_WARN,
+                    "redis may evict dedup marks (redis.allow.eviction=true): "
+                    "records can be applied twice",
+                    "maxmemory_policy", policy, NULL);
+    snprintf(s->policy, sizeof(s->policy), "%s", policy);
+    if (s->metrics)
+        idem_metrics_redis_eviction_set(s->metrics, unsafe);
+    return 0;
+}
+
+void idem_store_guard_eviction(idem_store_t *s)
+{
+    s->guard = 1;
+}
+
+int idem_store_refused(const idem_store_t *s, char *errstr, size_t errstr_size)
+{
+    if (!s->refused[0])
+        return 0;
+    snprintf(errstr, errstr_size, "%s", s->refused);
+    return 1;
+}
+
+int idem_store_check(idem_store_t *s, int64_t interval_ms, char *errstr,
+                     size_t errstr_size)
+{
+    if (!s->c || s->pending_chunks ||
+        idem_now_ms() - s->checked_ms < interval_ms)
+        return 0;
+    return store_check_server(s, errstr, errstr_size);
+}
+
+uint64_t idem_store_connections(const idem_store_t *s)
+{
+    return s->connections;
+}
+
+const char *idem_store_run_id(const idem_store_t *s)
+{
+    return s->run_id;
 }
 
 static int store_load_scripts(idem_store_t *s, char *errstr, size_t errstr_size)
@@ -242,6 +448,18 @@ static int store_load_scripts(idem_store_t *s, char *errstr, size_t errstr_size)
     return 0;
 }
 
+/* What every new connection does once it is authenticated: load the
+ * scripts and check the server. */
+static int store_after_connect(idem_store_t *s, char *errstr,
+                               size_t errstr_size)
+{
+    if (store_load_scripts(s, errstr, errstr_size) ||
+        store_check_server(s, errstr, errstr_size))
+        return -1;
+    s->connections++;
+    return 0;
+}
+
 int idem_store_connect(idem_store_t *s, char *errstr, size_t errstr_size)
 {
     if (s->c)
@@ -249,11 +467,11 @@ int idem_store_connect(idem_store_t *s, char *errstr, size_t errstr_size)
     s->conn = idem_redisconn_open(s->conf, errstr, errstr_size);
     if (!s->conn) {
         if (s->metrics)
-            idem_metrics_redis_error_add(s->metrics, 1);
+            idem_metrics_redis_error_add(s->metrics, connect_class(errstr), 1);
         return -1;
     }
     s->c = idem_redisconn_context(s->conn);
-    return store_load_scripts(s, errstr, errstr_size);
+    return store_after_connect(s, errstr, errstr_size);
 }
 
 static void argv_reserve(idem_store_t *s, size_t n)
@@ -318,9 +536,72 @@ static size_t record_args(script_t script, const idem_envelope_t *env,
 /* Appends every chunk of the records as an EVALSHA call and writes them
  * all out (one pipeline, one round trip); the replies are read by
  * store_recv. Returns 0, or -1 (the connection is dropped). */
+/* Fills the scratch fields and offsets of pos[n] (offsets as text). */
+static void pos_text(idem_store_t *s, const idem_store_pos_t *pos, size_t n)
+{
+    if (s->fields_cap < n) {
+        s->fields = idem_xrealloc(s->fields, n * sizeof(*s->fields));
+        s->offs = idem_xrealloc(s->offs, n * sizeof(*s->offs));
+        s->fields_cap = n;
+    }
+    for (size_t i = 0; i < n; i++) {
+        snprintf(s->fields[i], sizeof(s->fields[i]), "%s:%" PRId32,
+                 pos[i].topic, pos[i].partition);
+        snprintf(s->offs[i], sizeof(s->offs[i]), "%" PRId64, pos[i].offset);
+    }
+}
+
+/* Appends HSET <prefix>pos:<group> <topic>:<partition> <offset>... */
+static int append_positions(idem_store_t *s, const idem_store_pos_t *pos,
+                            size_t n)
+{
+    pos_text(s, pos, n);
+    argv_reserve(s, 2 + 2 * n);
+    size_t a = 0;
+    s->argv[a++] = "HSET";
+    s->argv[a++] = s->pos_key;
+    for (size_t i = 0; i < n; i++) {
+        s->argv[a++] = s->fields[i];
+        s->argv[a++] = s->offs[i];
+    }
+    for (size_t i = 0; i < a; i++)
+        s->argvlen[i] = strlen(s->argv[i]);
+    return redisAppendCommandArgv(s->c, (int)a, s->argv, s->argvlen) == REDIS_OK
+               ? 0
+               : -1;
+}
+
+/* Reads WAIT's reply: 0 when redis.wait.replicas acknowledged in time,
+ * else -1 with a "wait" class error (the connection is dropped). */
+static int read_wait_reply(idem_store_t *s, char *errstr, size_t errstr_size)
+{
+    redisReply *r = NULL;
+    if (redisGetReply(s->c, (void **)&r) != REDIS_OK || !r)
+        return store_io_fail(s, errstr, errstr_size, "WAIT");
+    char d[160] = "";
+    if (r->type == REDIS_REPLY_ERROR)
+        snprintf(d, sizeof(d), "%s", r->str);
+    else if (r->type != REDIS_REPLY_INTEGER)
+        snprintf(d, sizeof(d), "unexpected reply");
+    else if (r->integer < s->conf->redis_wait_replicas)
+        snprintf(d, sizeof(d),
+                 "%lld of %" PRId64 " replicas acknowledged within %" PRId64
+                 " ms (redis.wait.replicas)",
+                 r->integer, s->conf->redis_wait_replicas,
+                 s->conf->redis_wait_timeout_ms);
+    int is_error = r->type == REDIS_REPLY_ERROR;
+    freeReplyObject(r);
+    if (!d[0])
+        return 0;
+    return is_error
+               ? store_fail(s, errstr, errstr_size, "WAIT", d)
+               : store_fail_class(s, errstr, errstr_size, "WAIT", d, "wait");
+}
+
 static int store_send(idem_store_t *s, script_t script, const char *arg3,
                       const char *owner, const idem_envelope_t *const *env,
-                      size_t n, char *errstr, size_t errstr_size)
+                      size_t n, const idem_store_pos_t *pos, size_t npos,
+                      char *errstr, size_t errstr_size)
 {
     size_t per = script == SCRIPT_LEDGER ? 5 : 2;
     size_t fixed = 3 /* EVALSHA sha numkeys */ + 3 + (owner ? 1 : 0);
@@ -356,14 +637,26 @@ static int store_send(idem_store_t *s, script_t script, const char *arg3,
                              24);
         if (redisAppendCommandArgv(s->c, (int)a, s->argv, s->argvlen) !=
             REDIS_OK)
-            return store_fail(s, errstr, errstr_size, "EVALSHA", s->c->errstr);
+            return store_io_fail(s, errstr, errstr_size, "EVALSHA");
+    }
+    /* Positions go after the scripts of this request, but they only cover
+     * records whose replies were read before it was sent. */
+    if (npos && append_positions(s, pos, npos))
+        return store_io_fail(s, errstr, errstr_size, "HSET");
+    int wait = script != SCRIPT_CLAIM && s->conf->redis_wait_replicas > 0;
+    if (wait) {
+        const char *wargv[] = {"WAIT", s->wait_replicas, s->wait_timeout};
+        if (redisAppendCommandArgv(s->c, 3, wargv, NULL) != REDIS_OK)
+            return store_io_fail(s, errstr, errstr_size, "WAIT");
     }
     int done = 0;
     while (!done)
         if (redisBufferWrite(s->c, &done) != REDIS_OK)
-            return store_fail(s, errstr, errstr_size, "EVALSHA", s->c->errstr);
+            return store_io_fail(s, errstr, errstr_size, "EVALSHA");
     s->pending_chunks = chunks;
     s->pending_n = n;
+    s->pending_hset = npos > 0;
+    s->pending_wait = wait;
     return 0;
 }
 
@@ -385,7 +678,7 @@ static int store_recv(idem_store_t *s, size_t n, idem_store_result_t *results,
     for (size_t ch = 0, off = 0; ch < chunks; ch++, off += CHUNK_RECORDS) {
         redisReply *r = NULL;
         if (redisGetReply(s->c, (void **)&r) != REDIS_OK || !r)
-            return store_fail(s, errstr, errstr_size, "EVALSHA", s->c->errstr);
+            return store_io_fail(s, errstr, errstr_size, "EVALSHA");
         size_t cnt = n - off < CHUNK_RECORDS ? n - off : CHUNK_RECORDS;
         if (r->type == REDIS_REPLY_ERROR) {
             if (!strncmp(r->str, "NOSCRIPT", 8))
@@ -402,6 +695,16 @@ static int store_recv(idem_store_t *s, size_t n, idem_store_result_t *results,
         }
         freeReplyObject(r);
     }
+    if (s->pending_hset) {
+        redisReply *r = NULL;
+        if (redisGetReply(s->c, (void **)&r) != REDIS_OK || !r)
+            return store_io_fail(s, errstr, errstr_size, "HSET");
+        if (r->type == REDIS_REPLY_ERROR && !err[0])
+            snprintf(err, sizeof(err), "%s", r->str);
+        freeReplyObject(r);
+    }
+    if (s->pending_wait && read_wait_reply(s, errstr, errstr_size))
+        return -1;
     if (s->metrics)
         idem_metrics_redis_observe(
             s->metrics, (double)(idem_now_us() - s->sent_at_us) / 1e6);
@@ -411,7 +714,7 @@ static int store_recv(idem_store_t *s, size_t n, idem_store_result_t *results,
             snprintf(errstr, errstr_size,
                      "redis: scripts were flushed; reloaded, will retry");
         if (s->metrics)
-            idem_metrics_redis_error_add(s->metrics, 1);
+            idem_metrics_redis_error_add(s->metrics, "noscript", 1);
         return -1;
     }
     if (err[0])
@@ -425,16 +728,78 @@ static int store_eval_batch(idem_store_t *s, script_t script, const char *arg3,
                             idem_store_result_t *results, char *errstr,
                             size_t errstr_size)
 {
-    if (store_send(s, script, arg3, owner, env, n, errstr, errstr_size))
+    if (store_send(s, script, arg3, owner, env, n, NULL, 0, errstr,
+                   errstr_size))
         return -1;
     return store_recv(s, n, results, errstr, errstr_size);
 }
 
 int idem_store_ledger_send(idem_store_t *s, const idem_envelope_t *const *env,
-                           size_t n, char *errstr, size_t errstr_size)
+                           size_t n, const idem_store_pos_t *pos, size_t npos,
+                           char *errstr, size_t errstr_size)
 {
-    return store_send(s, SCRIPT_LEDGER, s->ttl, NULL, env, n, errstr,
+    return store_send(s, SCRIPT_LEDGER, s->ttl, NULL, env, n, pos, npos, errstr,
                       errstr_size);
+}
+
+int idem_store_positions_save(idem_store_t *s, const idem_store_pos_t *pos,
+                              size_t n, char *errstr, size_t errstr_size)
+{
+    if (!n)
+        return 0;
+    if (s->pending_chunks) {
+        snprintf(errstr, errstr_size, "redis: a request is still in flight");
+        return -1;
+    }
+    if (idem_store_connect(s, errstr, errstr_size))
+        return -1;
+    if (append_positions(s, pos, n))
+        return store_io_fail(s, errstr, errstr_size, "HSET");
+    redisReply *r = NULL;
+    if (redisGetReply(s->c, (void **)&r) != REDIS_OK || !r)
+        return store_io_fail(s, errstr, errstr_size, "HSET");
+    if (r->type == REDIS_REPLY_ERROR) {
+        char msg[256];
+        snprintf(msg, sizeof(msg), "%s", r->str);
+        freeReplyObject(r);
+        return store_fail(s, errstr, errstr_size, "HSET", msg);
+    }
+    freeReplyObject(r);
+    return 0;
+}
+
+int idem_store_positions_load(idem_store_t *s, idem_store_pos_t *pos, size_t n,
+                              char *errstr, size_t errstr_size)
+{
+    if (!n)
+        return 0;
+    if (s->pending_chunks) {
+        snprintf(errstr, errstr_size, "redis: a request is still in flight");
+        return -1;
+    }
+    if (idem_store_connect(s, errstr, errstr_size))
+        return -1;
+    pos_text(s, pos, n);
+    argv_reserve(s, 2 + n);
+    s->argv[0] = "HMGET";
+    s->argv[1] = s->pos_key;
+    for (size_t i = 0; i < n; i++)
+        s->argv[2 + i] = s->fields[i];
+    redisReply *r =
+        store_command(s, errstr, errstr_size, (int)(2 + n), s->argv, NULL);
+    if (!r)
+        return -1;
+    if (r->type != REDIS_REPLY_ARRAY || r->elements != n) {
+        freeReplyObject(r);
+        return store_fail(s, errstr, errstr_size, "HMGET", "unexpected reply");
+    }
+    for (size_t i = 0; i < n; i++) {
+        redisReply *e = r->element[i];
+        pos[i].offset =
+            e->type == REDIS_REPLY_STRING ? strtoll(e->str, NULL, 10) : -1;
+    }
+    freeReplyObject(r);
+    return 0;
 }
 
 int idem_store_ledger_recv(idem_store_t *s, size_t n,

@@ -30,18 +30,65 @@ typedef struct {
     char detail[128];
 } idem_store_result_t;
 
+/* One partition's position: the next offset to read, everything below it
+ * finished. Kept in the hash <prefix>pos:<group.id>, field
+ * "<topic>:<partition>" (docs/design.md, "Positions in Redis"). */
+typedef struct {
+    const char *topic; /* borrowed */
+    int32_t partition;
+    int64_t offset; /* -1: Redis holds none (positions_load) */
+} idem_store_pos_t;
+
 /* A new store for conf (borrowed; must outlive the store). m may be NULL.
  * Does not connect: the first call connects. Never NULL. */
 idem_store_t *idem_store_new(const idem_conf_t *conf, idem_metrics_t *m);
 void idem_store_destroy(idem_store_t *s); /* NULL is a no-op */
 
 /* Connects if not connected: idem_redisconn_open (Sentinel discovery, TLS,
- * AUTH, SELECT, ROLE check), then SCRIPT LOAD. Returns 0, or -1 with
- * errstr; every error here is retriable (infrastructure). */
+ * AUTH, SELECT, ROLE check), then SCRIPT LOAD and INFO. Returns 0, or -1
+ * with errstr; every error here is retriable (infrastructure), except an
+ * unsafe server, which idem_store_refused then reports. */
 int idem_store_connect(idem_store_t *s, char *errstr, size_t errstr_size);
 
 /* Drops the connection (after an error); the next call reconnects. */
 void idem_store_disconnect(idem_store_t *s);
+
+/* Makes every connect check the server's maxmemory-policy (`run` does;
+ * readers such as verify do not need to). */
+void idem_store_guard_eviction(idem_store_t *s);
+
+/* 1 (and the reason in errstr) once a server was refused because its
+ * maxmemory-policy may evict keys and redis.allow.eviction is false: fatal,
+ * `run` exits 2. Else 0. */
+int idem_store_refused(const idem_store_t *s, char *errstr, size_t errstr_size);
+
+/* Checks the server's maxmemory-policy again when the last check is at
+ * least interval_ms old (and the connection is idle). Returns 0, or -1
+ * (refused or a failed INFO, as idem_store_connect). */
+int idem_store_check(idem_store_t *s, int64_t interval_ms, char *errstr,
+                     size_t errstr_size);
+
+/* Successful connects so far: the caller notices a reconnect by a change. */
+uint64_t idem_store_connections(const idem_store_t *s);
+
+/* The server's run_id seen at the last connect ("" before): a different
+ * one means another server, or the same one restarted, which may have lost
+ * its last writes. Borrowed. */
+const char *idem_store_run_id(const idem_store_t *s);
+
+/* The class label of a Redis error reply ("oom", "readonly", "misconf",
+ * "noreplicas", "loading", "busy", "masterdown", "auth", "noscript",
+ * "other"): the first word of the reply. Static string. */
+const char *idem_store_error_class(const char *redis_error);
+
+/* Writes pos[n] (borrowed) in one HSET. Returns 0, or -1 (retriable). */
+int idem_store_positions_save(idem_store_t *s, const idem_store_pos_t *pos,
+                              size_t n, char *errstr, size_t errstr_size);
+
+/* Reads the positions of pos[n] (topic and partition set by the caller)
+ * into pos[i].offset, -1 where Redis holds none. 0, or -1 (retriable). */
+int idem_store_positions_load(idem_store_t *s, idem_store_pos_t *pos, size_t n,
+                              char *errstr, size_t errstr_size);
 
 /* Ledger handler: for each of the n envelopes (borrowed), atomically
  * check the dedup mark, apply the ledger increment and set the done mark
@@ -57,9 +104,14 @@ int idem_store_ledger_apply(idem_store_t *s, const idem_envelope_t *const *env,
  * replies into results[n] (n as sent). One request in flight at a time.
  * Same results and failures as idem_store_ledger_apply; after a failed
  * _recv some chunks may have been applied, which their marks reveal when
- * the caller sends them again. */
+ * the caller sends them again. pos[npos] (borrowed, may be empty) are
+ * positions written after the chunks in the same request; they are stored
+ * when _recv returns 0. With redis.wait.replicas, a WAIT ends the request
+ * and _recv fails (class "wait") unless enough replicas acknowledged it;
+ * the same holds for idem_store_mark_done. */
 int idem_store_ledger_send(idem_store_t *s, const idem_envelope_t *const *env,
-                           size_t n, char *errstr, size_t errstr_size);
+                           size_t n, const idem_store_pos_t *pos, size_t npos,
+                           char *errstr, size_t errstr_size);
 int idem_store_ledger_recv(idem_store_t *s, size_t n,
                            idem_store_result_t *results, char *errstr,
                            size_t errstr_size);

@@ -179,22 +179,25 @@ static int redis_spawn(th_redis_t *r)
     snprintf(port, sizeof(port), "%d", r->port);
     char log[512];
     snprintf(log, sizeof(log), "%s/redis.log", r->dir);
-    char *argv[] = {"/usr/bin/redis-server",
-                    "--port",
-                    port,
-                    "--bind",
-                    "127.0.0.1",
-                    "--dir",
-                    r->dir,
-                    "--save",
-                    "",
-                    "--appendonly",
-                    "no",
-                    "--daemonize",
-                    "no",
-                    "--protected-mode",
-                    "yes",
-                    NULL};
+    char *argv[40] = {"/usr/bin/redis-server",
+                      "--port",
+                      port,
+                      "--bind",
+                      "127.0.0.1",
+                      "--dir",
+                      r->dir,
+                      "--save",
+                      "",
+                      "--appendonly",
+                      "no",
+                      "--daemonize",
+                      "no",
+                      "--protected-mode",
+                      "yes",
+                      NULL};
+    size_t n = 15; /* later arguments win in redis-server */
+    for (size_t i = 0; i < 23 && r->extra[i]; i++)
+        argv[n++] = (char *)r->extra[i];
     r->pid = th_spawn(argv, log, log, NULL);
     for (int i = 0; i < 500; i++) {
         if (redis_ping(r))
@@ -210,7 +213,14 @@ static int redis_spawn(th_redis_t *r)
 
 int th_redis_start(th_redis_t *r)
 {
+    return th_redis_start_args(r, NULL);
+}
+
+int th_redis_start_args(th_redis_t *r, const char *const extra[])
+{
     memset(r, 0, sizeof(*r));
+    for (size_t i = 0; extra && extra[i] && i < 23; i++)
+        r->extra[i] = extra[i];
     r->dir = th_tmpdir();
     for (int attempt = 0; attempt < 5; attempt++) {
         r->port = th_free_port();

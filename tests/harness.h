@@ -48,8 +48,13 @@ typedef struct {
     pid_t pid;
     int port;
     char *dir;
-    char url[64]; /* redis://127.0.0.1:PORT/0 */
+    char url[64];          /* redis://127.0.0.1:PORT/0 */
+    const char *extra[24]; /* more redis-server arguments (borrowed) */
 } th_redis_t;
+
+/* th_redis_start with more redis-server arguments (NULL-terminated, at
+ * most 23; borrowed: they must outlive r, restarts use them again). */
+int th_redis_start_args(th_redis_t *r, const char *const extra[]);
 
 /* Starts redis-server on a free port in a temp dir (persistence: an RDB is
  * written on shutdown so th_redis_restart keeps the data). 0 on success. */

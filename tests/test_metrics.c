@@ -73,7 +73,15 @@ Test(metrics, every_labelled_counter_starts_at_zero)
         expect_line(t, line);
     }
     expect_line(t, "idemproc_retries_total 0");
-    expect_line(t, "idemproc_redis_errors_total 0");
+    for (int i = 0; idem_metrics_redis_classes[i]; i++) {
+        char line[128];
+        snprintf(line, sizeof(line),
+                 "idemproc_redis_errors_total{class=\"%s\"} 0",
+                 idem_metrics_redis_classes[i]);
+        expect_line(t, line);
+    }
+    expect_line(t, "idemproc_redis_position_behind_total 0");
+    expect_line(t, "idemproc_redis_eviction_allowed 0");
     expect_line(t, "idemproc_commits_total{result=\"ok\"} 0");
     expect_line(t, "idemproc_commits_total{result=\"error\"} 0");
     expect_line(t, "idemproc_rebalances_total{event=\"assign\"} 0");
@@ -109,7 +117,10 @@ Test(metrics, counters_render_exact_values)
     idem_metrics_dlq_add(m, IDEM_REASON_NOT_JSON, 2);
     idem_metrics_dlq_add(m, IDEM_REASON_MAX_RETRIES, 1);
     idem_metrics_retry_add(m, 9);
-    idem_metrics_redis_error_add(m, 4);
+    idem_metrics_redis_error_add(m, "oom", 3);
+    idem_metrics_redis_error_add(m, "no-such-class", 1);
+    idem_metrics_redis_behind_add(m, 2);
+    idem_metrics_redis_eviction_set(m, 1);
     idem_metrics_commit_add(m, 1);
     idem_metrics_commit_add(m, 1);
     idem_metrics_commit_add(m, 0);
@@ -132,7 +143,11 @@ Test(metrics, counters_render_exact_values)
     expect_line(t, "idemproc_dlq_records_total{reason=\"max-retries\"} 1");
     expect_line(t, "idemproc_dlq_records_total{reason=\"too-large\"} 0");
     expect_line(t, "idemproc_retries_total 9");
-    expect_line(t, "idemproc_redis_errors_total 4");
+    expect_line(t, "idemproc_redis_errors_total{class=\"oom\"} 3");
+    expect_line(t, "idemproc_redis_errors_total{class=\"other\"} 1");
+    expect_line(t, "idemproc_redis_errors_total{class=\"timeout\"} 0");
+    expect_line(t, "idemproc_redis_position_behind_total 2");
+    expect_line(t, "idemproc_redis_eviction_allowed 1");
     expect_line(t, "idemproc_commits_total{result=\"ok\"} 2");
     expect_line(t, "idemproc_commits_total{result=\"error\"} 1");
     expect_line(t, "idemproc_rebalances_total{event=\"assign\"} 2");

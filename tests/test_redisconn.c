@@ -590,6 +590,8 @@ static const char *const acl_processor[] = {"ACL",         "SETUSER",
                                             "+evalsha",    "+mget",
                                             "+get",        "+set",
                                             "+incrby",     "+hincrby",
+                                            "+hset",       "+hmget",
+                                            "+info",       "+wait",
                                             "+scan",       "+hgetall",
                                             "+ping",       NULL};
 
