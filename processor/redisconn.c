@@ -463,8 +463,8 @@ static void tls_reason(idem_redisconn_t *rc, const idem_conf_t *conf,
 
 /* AUTH, SELECT and ROLE on a fresh connection. */
 static int session_setup(idem_redisconn_t *rc, const idem_conf_t *conf,
-                         const idem_redisconn_url_t *u, char *errstr,
-                         size_t errstr_size)
+                         const idem_redisconn_url_t *u, int replica_ok,
+                         char *errstr, size_t errstr_size)
 {
     const char *pw = set(conf->redis_password)
                          ? conf->redis_password
@@ -493,6 +493,8 @@ static int session_setup(idem_redisconn_t *rc, const idem_conf_t *conf,
     }
     /* A replica (after a failover, or a DNS name that moved) would refuse
      * every write: not connected is the honest state. */
+    if (replica_ok)
+        return 0;
     const char *argv[] = {"ROLE"};
     r = conn_command(rc->c, rc->addr, "ROLE", 1, argv, errstr, errstr_size);
     if (!r)
@@ -512,8 +514,8 @@ static int session_setup(idem_redisconn_t *rc, const idem_conf_t *conf,
     return primary ? 0 : -1;
 }
 
-idem_redisconn_t *idem_redisconn_open(const idem_conf_t *conf, char *errstr,
-                                      size_t errstr_size)
+idem_redisconn_t *idem_redisconn_open(const idem_conf_t *conf, int replica_ok,
+                                      char *errstr, size_t errstr_size)
 {
     idem_redisconn_url_t u;
     if (idem_redisconn_url_parse(conf->redis_url, &u, errstr, errstr_size))
@@ -528,7 +530,7 @@ idem_redisconn_t *idem_redisconn_open(const idem_conf_t *conf, char *errstr,
     }
     idem_redisconn_t *rc = idem_xcalloc(1, sizeof(*rc));
     if (transport_open(rc, conf, &u, host, port, errstr, errstr_size) ||
-        session_setup(rc, conf, &u, errstr, errstr_size)) {
+        session_setup(rc, conf, &u, replica_ok, errstr, errstr_size)) {
         tls_reason(rc, conf, errstr, errstr_size);
         idem_redisconn_close(rc);
         return NULL;

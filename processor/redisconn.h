@@ -51,9 +51,10 @@ typedef struct idem_redisconn_s idem_redisconn_t;
  * primary. Every call does all of it again, so calling it after a lost
  * connection follows a failover. Returns a handle (caller closes with
  * idem_redisconn_close), or NULL with errstr; every failure is an outage
- * (retriable), never a password in errstr. conf is borrowed. */
-idem_redisconn_t *idem_redisconn_open(const idem_conf_t *conf, char *errstr,
-                                      size_t errstr_size);
+ * (retriable), never a password in errstr. conf is borrowed. With
+ * replica_ok (readers such as verify) a replica is accepted. */
+idem_redisconn_t *idem_redisconn_open(const idem_conf_t *conf, int replica_ok,
+                                      char *errstr, size_t errstr_size);
 
 /* The blocking hiredis context of the connection (borrowed: valid until
  * idem_redisconn_close). Timeouts are set to redis.timeout.ms. */

@@ -187,6 +187,7 @@ struct idem_store_s {
     char policy[64];        /* maxmemory-policy seen last */
     char refused[512];      /* the server's configuration is unsafe */
     int guard;              /* refuse an evicting maxmemory-policy */
+    int replica_ok;         /* a reader: a replica will do */
 };
 
 idem_store_t *idem_store_new(const idem_conf_t *conf, idem_metrics_t *m)
@@ -420,6 +421,11 @@ int idem_store_check(idem_store_t *s, int64_t interval_ms, char *errstr,
     return store_check_server(s, errstr, errstr_size);
 }
 
+void idem_store_allow_replica(idem_store_t *s)
+{
+    s->replica_ok = 1;
+}
+
 uint64_t idem_store_connections(const idem_store_t *s)
 {
     return s->connections;
@@ -464,7 +470,7 @@ int idem_store_connect(idem_store_t *s, char *errstr, size_t errstr_size)
 {
     if (s->c)
         return 0;
-    s->conn = idem_redisconn_open(s->conf, errstr, errstr_size);
+    s->conn = idem_redisconn_open(s->conf, s->replica_ok, errstr, errstr_size);
     if (!s->conn) {
         if (s->metrics)
             idem_metrics_redis_error_add(s->metrics, connect_class(errstr), 1);

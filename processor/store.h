@@ -71,6 +71,10 @@ int idem_store_check(idem_store_t *s, int64_t interval_ms, char *errstr,
 /* Successful connects so far: the caller notices a reconnect by a change. */
 uint64_t idem_store_connections(const idem_store_t *s);
 
+/* For readers that never write (verify): accept a replica, so a ledger can
+ * be read from one. Call before the first connect. */
+void idem_store_allow_replica(idem_store_t *s);
+
 /* The server's run_id seen at the last connect ("" before): a different
  * one means another server, or the same one restarted, which may have lost
  * its last writes. Borrowed. */

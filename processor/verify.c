@@ -404,6 +404,7 @@ int idem_verify(const idem_conf_t *conf, json_t *expect, int with_dlq,
     json_t *want_applied = json_object_get(expect, "applied");
     report_t r = {.out = out, .diffs = 0};
     idem_store_t *store = idem_store_new(conf, NULL);
+    idem_store_allow_replica(store);
     json_t *got = json_object();
     dlq_tally_t dlq = {.group = conf->group_id, .seen = json_object()};
     output_tally_t outp = {.ledger = got, .seen = json_object()};

@@ -246,7 +246,7 @@ static char *open_whoami(const char *const sets[], char *err, size_t size)
 {
     idem_conf_t *c = conf_load(sets, err, size);
     cr_assert(c, "%s", err);
-    idem_redisconn_t *rc = idem_redisconn_open(c, err, size);
+    idem_redisconn_t *rc = idem_redisconn_open(c, 0, err, size);
     char *who = NULL;
     if (rc) {
         redisReply *r = redisCommand(idem_redisconn_context(rc), "ACL WHOAMI");
@@ -662,7 +662,8 @@ Test(redisconn, wrong_password_is_an_outage_then_resumes_exactly,
     ASSERT_VERIFIED(&stk, 1, NULL, 120000);
     cr_expect_eq(th_wait(m, 0), -1, "the member must still run");
     cr_expect_eq(th_http_get(hport, "/metrics", &body), 200);
-    cr_expect_gt(th_metric(body, "idemproc_redis_errors_total"), 0);
+    cr_expect_gt(th_metric(body, "idemproc_redis_errors_total{class=\"auth\"}"),
+                 0);
     free(body);
     cr_expect_eq(th_stop(m, 15000), 0);
     char *log = member_log("m1");
