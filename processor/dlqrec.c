@@ -505,6 +505,8 @@ static int str_cmp(const void *a, const void *b)
 
 static long distinct(idem_dlqstats_t *s)
 {
+    if (!s->orig_cnt)
+        return 0; /* qsort's base may not be NULL, even for 0 elements */
     qsort(s->originals, s->orig_cnt, sizeof(*s->originals), str_cmp);
     long n = 0;
     for (size_t i = 0; i < s->orig_cnt; i++)
@@ -555,8 +557,10 @@ void idem_dlqstats_print(idem_dlqstats_t *s, const char *dlq_topic, FILE *out)
                     s->parts[i].partition, s->parts[i].low, s->parts[i].low);
     if (!s->written)
         return;
-    qsort(s->reasons, s->reason_cnt, sizeof(*s->reasons), tally_cmp);
-    qsort(s->topics, s->topic_cnt, sizeof(*s->topics), tally_cmp);
+    if (s->reason_cnt)
+        qsort(s->reasons, s->reason_cnt, sizeof(*s->reasons), tally_cmp);
+    if (s->topic_cnt)
+        qsort(s->topics, s->topic_cnt, sizeof(*s->topics), tally_cmp);
     fputs("by reason:\n", out);
     for (size_t i = 0; i < s->reason_cnt; i++)
         fprintf(out, "  %-18s %8ld\n", s->reasons[i].name, s->reasons[i].count);
