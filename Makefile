@@ -9,19 +9,22 @@ VERSION := 0.1.0
 # Libraries, found with pkg-config. These variables are recursive (=) on
 # purpose: they are expanded when a recipe runs, i.e. after `deps` has
 # installed whatever pkg-config could not find.
-PKGS      := rdkafka hiredis jansson libmicrohttpd uuid
+PKGS      := rdkafka hiredis jansson libmicrohttpd uuid libpq
 TEST_PKGS := criterion
 PKG_CFLAGS  = $(shell pkg-config --cflags $(PKGS))
 PKG_LIBS    = $(shell pkg-config --libs $(PKGS))
 TEST_CFLAGS = $(shell pkg-config --cflags $(TEST_PKGS))
 TEST_LIBS   = $(shell pkg-config --libs $(TEST_PKGS))
 
+# PostgreSQL server binaries (initdb, pg_ctl, postgres) for the outbox tests.
+PG_BINDIR ?= $(firstword $(wildcard /usr/lib/postgresql/*/bin) /usr/lib/postgresql/15/bin)
+
 # Debian packages: what building needs, and what the tests, the demo and
 # the benchmark need on top (servers and real clients they run).
 BUILD_DEB_PKGS := build-essential pkg-config librdkafka-dev libhiredis-dev \
-                  libjansson-dev libmicrohttpd-dev uuid-dev
+                  libjansson-dev libmicrohttpd-dev uuid-dev libpq-dev
 TEST_DEB_PKGS  := libcriterion-dev redis-server redis-tools kcat prometheus \
-                  clang-format
+                  clang-format postgresql
 DEB_PKGS       := $(BUILD_DEB_PKGS) $(TEST_DEB_PKGS)
 
 WARN    := -Wall -Wextra -Wshadow -Wstrict-prototypes -Wwrite-strings -Werror
@@ -73,6 +76,7 @@ deps-check-test: deps-check
 	@pkg-config --exists $(TEST_PKGS) && command -v redis-server >/dev/null \
 	  && command -v kcat >/dev/null && command -v promtool >/dev/null \
 	  && command -v clang-format >/dev/null \
+	  && test -x $(PG_BINDIR)/initdb \
 	  || $(MAKE) --no-print-directory deps DEB_PKGS="$(TEST_DEB_PKGS)"
 
 deps:
@@ -113,7 +117,7 @@ format: | deps-check-test
 
 test: check-format $(BIN) $(TEST_BIN)
 	IDEMPROC_BIN=$(abspath $(BIN)) IDEMPROC_SRC=$(abspath .) \
-	  $(TEST_BIN) --jobs=$(TEST_JOBS) $(TEST_ARGS)
+	  PG_BINDIR=$(PG_BINDIR) $(TEST_BIN) --jobs=$(TEST_JOBS) $(TEST_ARGS)
 
 demo: $(BIN) | deps-check-test
 	@tests/demo.sh $(BIN)

@@ -14,11 +14,13 @@ int idem_cmd_run(int argc, char **argv, char **envp);
 int idem_cmd_produce(int argc, char **argv, char **envp);
 int idem_cmd_broker(int argc, char **argv, char **envp);
 int idem_cmd_verify(int argc, char **argv, char **envp);
+int idem_cmd_outbox(int argc, char **argv, char **envp);
 
 /* Usage texts, printed by `idemproc help CMD` and `idemproc CMD --help`. */
 void idem_cmd_run_usage(FILE *out);
 void idem_cmd_produce_usage(FILE *out);
 void idem_cmd_broker_usage(FILE *out);
 void idem_cmd_verify_usage(FILE *out);
+void idem_cmd_outbox_usage(FILE *out);
 
 #endif

@@ -47,6 +47,8 @@ static void usage(FILE *out)
             "development\n"
             "  verify -c FILE --expect FILE   compare the Redis ledger (and "
             "DLQ) with produce --expect\n"
+            "  outbox -c FILE                 outbox relay: PostgreSQL "
+            "outbox table -> Kafka\n"
             "  check-config -c FILE           validate and print the "
             "effective configuration\n"
             "  help [COMMAND|config]          this text, a command's "
@@ -68,6 +70,7 @@ static const command_t commands[] = {
     {"produce", idem_cmd_produce, idem_cmd_produce_usage},
     {"broker", idem_cmd_broker, idem_cmd_broker_usage},
     {"verify", idem_cmd_verify, idem_cmd_verify_usage},
+    {"outbox", idem_cmd_outbox, idem_cmd_outbox_usage},
     {"check-config", cmd_check_config, check_config_usage},
 };
 
