@@ -818,7 +818,8 @@ static int finalize_outbox(idem_conf_t *conf, char *errstr, size_t errstr_size)
         err_set(errstr, errstr_size, "outbox.dsn: required but not set");
         return -1;
     }
-    if (!conf->outbox_table || !is_sql_name(conf->outbox_table)) {
+    if (!conf->outbox_table || strlen(conf->outbox_table) > 127 ||
+        !is_sql_name(conf->outbox_table)) {
         err_set(errstr, errstr_size,
                 "outbox.table: \"%s\" is not a [schema.]name of letters, "
                 "digits and _",

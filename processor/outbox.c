@@ -61,6 +61,8 @@ struct idem_outbox_s {
     rd_kafka_t *rk;
     PGconn *pg; /* NULL while disconnected */
     char channel[128];
+    char sql_done[256]; /* mark or delete the delivered rows */
+    char sql_fail[256]; /* set a row's error */
     int value_is_bytea;
     int64_t backoff_ms;
     int64_t next_lag_ms; /* idem_now_ms() of the next lag query */
@@ -358,20 +360,19 @@ static int db_connect(idem_outbox_t *o, char *errstr, size_t errstr_size)
              KEY_BUCKETS - 1);
     if (pg_prepare(o, "claim", sql, errstr, errstr_size))
         goto fail;
+    /* The writes are not prepared: preparing takes their ROW EXCLUSIVE
+     * table lock at connect time, and a relay should wait for a lock
+     * only when it has something to write (they run once per batch). */
     if (c->outbox_after == IDEM_OUTBOX_AFTER_DELETE)
-        snprintf(sql, sizeof(sql), "DELETE FROM %s WHERE id = ANY($1::int8[])",
-                 t);
+        snprintf(o->sql_done, sizeof(o->sql_done),
+                 "DELETE FROM %s WHERE id = ANY($1::int8[])", t);
     else
-        snprintf(sql, sizeof(sql),
+        snprintf(o->sql_done, sizeof(o->sql_done),
                  "UPDATE %s SET published_at = now() WHERE id = "
                  "ANY($1::int8[])",
                  t);
-    if (pg_prepare(o, "done", sql, errstr, errstr_size))
-        goto fail;
-    snprintf(sql, sizeof(sql), "UPDATE %s SET error = $2 WHERE id = $1::int8",
-             t);
-    if (pg_prepare(o, "fail", sql, errstr, errstr_size))
-        goto fail;
+    snprintf(o->sql_fail, sizeof(o->sql_fail),
+             "UPDATE %s SET error = $2 WHERE id = $1::int8", t);
     snprintf(sql, sizeof(sql),
              "SELECT count(*), coalesce((extract(epoch FROM now() - "
              "min(created_at)) * 1000)::int8, 0) FROM %s WHERE published_at "
@@ -602,7 +603,8 @@ static batch_result_t batch_run(idem_outbox_t *o, size_t *claimed, char *errstr,
         char id[24];
         snprintf(id, sizeof(id), "%" PRId64, o->rows[i].id);
         const char *fp[2] = {id, o->rows[i].error};
-        PGresult *r = PQexecPrepared(o->pg, "fail", 2, fp, NULL, NULL, 0);
+        PGresult *r =
+            PQexecParams(o->pg, o->sql_fail, 2, NULL, fp, NULL, NULL, 0);
         int bad = PQresultStatus(r) != PGRES_COMMAND_OK;
         if (bad)
             pg_err(o->pg, r, "mark failed row", errstr, errstr_size);
@@ -616,7 +618,8 @@ static batch_result_t batch_run(idem_outbox_t *o, size_t *claimed, char *errstr,
         char *ids = NULL;
         ids_literal(o->rows, n, ROW_DELIVERED, &ids);
         const char *dp[1] = {ids};
-        PGresult *r = PQexecPrepared(o->pg, "done", 1, dp, NULL, NULL, 0);
+        PGresult *r =
+            PQexecParams(o->pg, o->sql_done, 1, NULL, dp, NULL, NULL, 0);
         free(ids);
         int bad = PQresultStatus(r) != PGRES_COMMAND_OK;
         if (bad)
