@@ -49,9 +49,9 @@ typedef struct {
     double sum;
 } hist_t;
 
-static const double latency_bounds[] = {0.001, 0.0025, 0.005, 0.01, 0.02,
-                                        0.03,  0.05,   0.075, 0.1,  0.25,
-                                        0.5,   1,      2.5,   5,    10};
+static const double latency_bounds[] = {0.001, 0.002, 0.005, 0.01,  0.015, 0.02,
+                                        0.03,  0.04,  0.05,  0.075, 0.1,   0.25,
+                                        0.5,   1,     2.5,   5,     10};
 static const double batch_bounds[] = {1,   10,   50,   100,  250,
                                       500, 1000, 2500, 5000, 10000};
 
@@ -545,6 +545,7 @@ static batch_result_t batch_run(idem_outbox_t *o, size_t *claimed, char *errstr,
                                 size_t errstr_size)
 {
     *claimed = 0;
+    int64_t t0 = idem_now_us();
     if (pg_exec(o, "BEGIN", PGRES_COMMAND_OK, errstr, errstr_size))
         return BATCH_DB_ERROR;
     char limit[24];
@@ -557,6 +558,7 @@ static batch_result_t batch_run(idem_outbox_t *o, size_t *claimed, char *errstr,
         return BATCH_DB_ERROR;
     }
     size_t n = (size_t)PQntuples(res);
+    int64_t t_claimed = idem_now_us();
     *claimed = n;
     if (n == 0) {
         PQclear(res);
@@ -570,8 +572,10 @@ static batch_result_t batch_run(idem_outbox_t *o, size_t *claimed, char *errstr,
     PQclear(res);
     /* Every delivery report, even when asked to stop: the batch in hand
      * finishes. message.timeout.ms bounds this wait. */
+    int64_t t_produced = idem_now_us();
     while (o->outstanding > 0)
-        rd_kafka_poll(o->rk, 50);
+        rd_kafka_poll(o->rk, 5);
+    int64_t t_acked = idem_now_us();
 
     char fatal[512];
     if (idem_kafka_fatal(o->rk, "outbox producer", fatal, sizeof(fatal))) {
@@ -628,8 +632,18 @@ static batch_result_t batch_run(idem_outbox_t *o, size_t *claimed, char *errstr,
         if (bad)
             return BATCH_DB_ERROR;
     }
+    int64_t t_marked = idem_now_us();
     if (pg_exec(o, "COMMIT", PGRES_COMMAND_OK, errstr, errstr_size))
         return BATCH_DB_ERROR;
+    if (idem_log_enabled(IDEM_LOG_DEBUG)) {
+        int64_t t_end = idem_now_us();
+        idem_log(IDEM_LOG_DEBUG,
+                 "outbox batch: %zu rows; us: claim %" PRId64
+                 " produce %" PRId64 " ack %" PRId64 " mark %" PRId64
+                 " commit %" PRId64,
+                 n, t_claimed - t0, t_produced - t_claimed,
+                 t_acked - t_produced, t_marked - t_acked, t_end - t_marked);
+    }
     /* Counted only now: a row is published once its mark is durable. */
     atomic_fetch_add(&o->published, delivered);
     atomic_fetch_add(&o->failed, failed);
