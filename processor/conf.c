@@ -337,7 +337,7 @@ static const prop_t props[] = {
     {"outbox.batch.max",
      PROP_INT,
      F(outbox_batch_max),
-     "1000",
+     "5000",
      1,
      100000,
      {0},

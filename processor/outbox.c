@@ -202,12 +202,19 @@ idem_outbox_t *idem_outbox_new(const idem_conf_t *conf, idem_metrics_t *m,
                                                  errstr, errstr_size);
     if (!kc)
         goto fail;
-    /* An undelivered row stays unmarked and is published again later, so
-     * the relay may wait less than the writers' default; a user's
-     * kafka.message.timeout.ms wins here. */
+    /* The relay produces a whole batch and then waits for every
+     * acknowledgement, so lingering only adds latency: 1 ms. An
+     * undelivered row stays unmarked and is published again later, so the
+     * relay may also wait less than the writers' message.timeout.ms. A
+     * user's kafka.linger.ms / kafka.message.timeout.ms win here. */
+    if (idem_kafka_set(kc, "linger.ms", "1", errstr, errstr_size)) {
+        rd_kafka_conf_destroy(kc);
+        goto fail;
+    }
     for (size_t i = 0; i < conf->kafka_cnt; i++)
-        if (!strcmp(conf->kafka[i].name, "message.timeout.ms") &&
-            idem_kafka_set(kc, "message.timeout.ms", conf->kafka[i].value,
+        if ((!strcmp(conf->kafka[i].name, "message.timeout.ms") ||
+             !strcmp(conf->kafka[i].name, "linger.ms")) &&
+            idem_kafka_set(kc, conf->kafka[i].name, conf->kafka[i].value,
                            errstr, errstr_size)) {
             rd_kafka_conf_destroy(kc);
             goto fail;
@@ -322,6 +329,13 @@ static int db_connect(idem_outbox_t *o, char *errstr, size_t errstr_size)
         pg_err(o->pg, NULL, "outbox.dsn: cannot connect", errstr, errstr_size);
         goto fail;
     }
+    /* The relay's marks need not wait for the WAL flush: a mark lost in a
+     * database crash only publishes its rows again, with the same
+     * message_id, which downstream dedup absorbs. The rows themselves are
+     * the service's commits and keep their durability. */
+    if (pg_exec(o, "SET synchronous_commit = off", PGRES_COMMAND_OK, errstr,
+                errstr_size))
+        goto fail;
     char sql[1024];
     snprintf(sql, sizeof(sql), "LISTEN \"%s\"", o->channel);
     if (pg_exec(o, sql, PGRES_COMMAND_OK, errstr, errstr_size))
