@@ -22,6 +22,15 @@ CREATE TABLE IF NOT EXISTS idemproc_outbox (
     error           text                      -- why the broker can never take it
 );
 
+-- A queue-like table: every published row leaves a dead index entry the
+-- claim has to step over until vacuum removes it. Vacuum after a fixed
+-- number of changed rows rather than a fraction of a growing table.
+ALTER TABLE idemproc_outbox SET (
+    autovacuum_vacuum_scale_factor = 0,
+    autovacuum_vacuum_threshold = 10000,
+    autovacuum_vacuum_cost_delay = 0
+);
+
 -- What the relay scans: unpublished rows in id order.
 CREATE INDEX IF NOT EXISTS idemproc_outbox_pending
     ON idemproc_outbox (id) WHERE published_at IS NULL AND error IS NULL;
