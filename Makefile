@@ -51,7 +51,7 @@ TEST_JOBS ?= 2
 TEST_ARGS ?=
 
 # The test objects need Criterion, which only deps-check-test installs.
-.PHONY: all deps deps-check deps-check-test test check-format format demo bench clean install help
+.PHONY: all deps deps-check deps-check-test test check-format format demo demo-outbox bench clean install help
 
 all: $(BIN)
 
@@ -59,7 +59,9 @@ help:
 	@echo "make [all]      build $(BIN) (installs missing Debian packages first)"
 	@echo "make test       format check, unit and integration tests"
 	@echo "make demo       whole pipeline on the embedded broker and a private redis"
-	@echo "make bench      one member's throughput against kcat reading the same topic"
+	@echo "make demo-outbox  PostgreSQL outbox -> relay -> processor -> verify"
+	@echo "make bench      one member's throughput against kcat reading the same topic,"
+	@echo "                and the outbox relay's (BENCH_ONLY=outbox: only that)"
 	@echo "make format     clang-format the sources"
 	@echo "make SAN=address,undefined ...   sanitizer build"
 	@echo "make deps       install the Debian packages listed in DEB_PKGS"
@@ -122,8 +124,11 @@ test: check-format $(BIN) $(TEST_BIN)
 demo: $(BIN) | deps-check-test
 	@tests/demo.sh $(BIN)
 
+demo-outbox: $(BIN) | deps-check-test
+	@PG_BINDIR=$(PG_BINDIR) tests/demo_outbox.sh $(BIN)
+
 bench: $(BIN) | deps-check-test
-	@tests/bench.sh $(BIN)
+	@PG_BINDIR=$(PG_BINDIR) BENCH_ONLY=$(BENCH_ONLY) tests/bench.sh $(BIN)
 
 install: $(BIN)
 	install -D -m 0755 $(BIN) $(DESTDIR)$(PREFIX)/bin/idemproc
