@@ -13,18 +13,48 @@ extern char **environ;
 
 static void check_config_usage(FILE *out)
 {
-    fprintf(out, "usage: idemproc check-config -c FILE [--set key=value]...\n"
+    fprintf(out, "usage: idemproc check-config -c FILE [--set key=value]... "
+                 "[--for run|outbox]\n"
                  "  Validates the configuration (file < IDEMPROC_* environment "
                  "< --set) and\n  prints the effective one, secrets "
-                 "redacted. Exit 0 valid, 2 invalid.\n");
+                 "redacted. Exit 0 valid, 2 invalid.\n"
+                 "  --for outbox checks it as `idemproc outbox` reads it (no "
+                 "group, topics or\n  Redis needed; outbox.dsn required); "
+                 "the default is run.\n");
+}
+
+/* --for VALUE of check-config: checked in the option callback; the scope
+ * itself is read before the configuration loads (see cmd_check_config). */
+static int check_config_for(int opt, const char *arg, void *opaque)
+{
+    (void)opt;
+    (void)opaque;
+    if (!strcmp(arg, "run") || !strcmp(arg, "outbox"))
+        return 0;
+    fprintf(stderr,
+            "idemproc check-config: --for \"%s\" is not one of: run, "
+            "outbox\n",
+            arg);
+    return -1;
 }
 
 /* `idemproc check-config`: validate and print the effective config. */
 static int cmd_check_config(int argc, char **argv, char **envp)
 {
+    static const struct option extra[] = {{"for", required_argument, 0, 'f'},
+                                          {0, 0, 0, 0}};
+    /* The scope decides what finalize requires, so it is needed before
+     * idem_cmdline_conf_scope loads the configuration. */
+    idem_conf_scope_t scope = IDEM_CONF_SCOPE_PROCESSOR;
+    for (int i = 1; i < argc; i++)
+        if ((!strcmp(argv[i], "--for") && i + 1 < argc &&
+             !strcmp(argv[i + 1], "outbox")) ||
+            !strcmp(argv[i], "--for=outbox"))
+            scope = IDEM_CONF_SCOPE_OUTBOX;
     idem_conf_t *conf;
-    int rc = idem_cmdline_conf(argc, argv, envp, check_config_usage, NULL, NULL,
-                               NULL, NULL, &conf);
+    int rc =
+        idem_cmdline_conf_scope(argc, argv, envp, check_config_usage, extra, "",
+                                check_config_for, NULL, scope, &conf);
     if (rc >= 0)
         return rc;
     idem_conf_dump(conf, stdout);
