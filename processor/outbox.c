@@ -587,8 +587,10 @@ static batch_result_t batch_run(idem_outbox_t *o, size_t *claimed, char *errstr,
     /* Every delivery report, even when asked to stop: the batch in hand
      * finishes. message.timeout.ms bounds this wait. */
     int64_t t_produced = idem_now_us();
-    while (o->outstanding > 0)
+    while (o->outstanding > 0) {
         rd_kafka_poll(o->rk, 5);
+        idem_metrics_heartbeat(o->m);
+    }
     int64_t t_acked = idem_now_us();
 
     char fatal[512];

@@ -553,3 +553,115 @@ Test(outbox, configuration_errors_and_no_password_in_logs, .timeout = 60)
     cr_expect(out && !strstr(out, "s3cr3t-pw"));
     free(out);
 }
+
+/* outbox.after=delete on a table of another name with a bytea value:
+ * published rows are deleted, the bytes arrive unchanged with the row's
+ * own headers and topic, and a row without any topic is kept with its
+ * error. */
+Test(outbox, delete_mode_bytea_values_headers_and_topics, .timeout = 120)
+{
+    setup_pg();
+    cr_assert_eq(
+        th_pg_sql(&pg,
+                  "CREATE SCHEMA app; CREATE TABLE app.events (LIKE "
+                  "idemproc_outbox INCLUDING ALL); ALTER TABLE app.events "
+                  "ALTER COLUMN value TYPE bytea USING NULL; CREATE TRIGGER "
+                  "n AFTER INSERT ON app.events FOR EACH STATEMENT EXECUTE "
+                  "FUNCTION idemproc_outbox_notify()",
+                  NULL),
+        0);
+    const char *topics[] = {"--topic", "payments:2", "--topic", "audit:1",
+                            NULL};
+    cr_assert_eq(th_broker_start(&broker, topics), 0);
+    /* No outbox.topic: rows name their topic or fail. */
+    const char *conf =
+        relay_conf("relay1", broker.bootstrap, 0,
+                   (const char *const[]){"outbox.table=app.events",
+                                         "outbox.after=delete", NULL});
+    /* relay_conf wrote outbox.topic=payments; drop it. */
+    char *text = th_slurp(conf, NULL);
+    char *t = strstr(text, "outbox.topic=payments\n");
+    cr_assert(t);
+    memmove(t, t + strlen("outbox.topic=payments\n"),
+            strlen(t + strlen("outbox.topic=payments\n")) + 1);
+    cr_assert_eq(th_write_file(conf, text), 0);
+    free(text);
+    char log[600];
+    snprintf(log, sizeof(log), "%s/relay1.log", workdir);
+    char *argv[] = {(char *)th_bin(), "outbox", "-c", (char *)conf, NULL};
+    pid_t r = th_spawn(argv, NULL, log, NULL);
+    cr_assert_eq(
+        th_pg_sql(&pg,
+                  "INSERT INTO app.events (topic, key, value, headers, "
+                  "idempotency_key) VALUES "
+                  "('payments', 'a', '\\x00ff0102'::bytea, "
+                  "'{\"trace\": \"t-1\", \"n\": 7}', 'ik-a'), "
+                  "('audit', 'b', 'plain text'::bytea, NULL, NULL), "
+                  "(NULL, 'c', 'x'::bytea, NULL, NULL)",
+                  NULL),
+        0);
+    cr_assert_eq(wait_count("SELECT count(*) FROM app.events", 1, 30000), 0,
+                 "published rows are deleted");
+    char *left = NULL;
+    cr_assert_eq(
+        th_pg_sql(&pg, "SELECT key || ': ' || error FROM app.events", &left),
+        0);
+    cr_expect(left && !strncmp(left, "c: no topic", 11), "%s", left);
+    free(left);
+
+    char err[512];
+    rd_kafka_conf_t *kc = rd_kafka_conf_new();
+    rd_kafka_conf_set(kc, "bootstrap.servers", broker.bootstrap, err,
+                      sizeof(err));
+    rd_kafka_conf_set(kc, "group.id", "outbox-bytes", err, sizeof(err));
+    rd_kafka_conf_set(kc, "auto.offset.reset", "earliest", err, sizeof(err));
+    rd_kafka_conf_set(kc, "fetch.wait.max.ms", "10", err, sizeof(err));
+    rd_kafka_t *rk = rd_kafka_new(RD_KAFKA_CONSUMER, kc, err, sizeof(err));
+    cr_assert(rk, "%s", err);
+    rd_kafka_poll_set_consumer(rk);
+    rd_kafka_topic_partition_list_t *l = rd_kafka_topic_partition_list_new(2);
+    rd_kafka_topic_partition_list_add(l, "payments", -1);
+    rd_kafka_topic_partition_list_add(l, "audit", -1);
+    rd_kafka_subscribe(rk, l);
+    rd_kafka_topic_partition_list_destroy(l);
+    int seen = 0;
+    for (int t2 = 0; t2 < 300 && seen < 2; t2++) {
+        rd_kafka_message_t *m = rd_kafka_consumer_poll(rk, 100);
+        if (!m)
+            continue;
+        if (!m->err) {
+            seen++;
+            const char *topic = rd_kafka_topic_name(m->rkt);
+            rd_kafka_headers_t *h = NULL;
+            rd_kafka_message_headers(m, &h);
+            const void *v;
+            size_t sz;
+            if (!strcmp(topic, "payments")) {
+                cr_expect_eq(m->len, 4);
+                cr_expect(!memcmp(m->payload, "\x00\xff\x01\x02", 4),
+                          "bytea value arrives byte for byte");
+                cr_expect_eq(rd_kafka_header_get_last(h, "trace", &v, &sz), 0);
+                cr_expect(sz == 3 && !memcmp(v, "t-1", 3));
+                cr_expect_eq(rd_kafka_header_get_last(h, "n", &v, &sz), 0);
+                cr_expect(sz == 1 && !memcmp(v, "7", 1));
+                cr_expect_eq(
+                    rd_kafka_header_get_last(h, "idempotency_key", &v, &sz), 0);
+                cr_expect(sz == 4 && !memcmp(v, "ik-a", 4));
+            } else {
+                cr_expect_str_eq(topic, "audit");
+                cr_expect(m->len == 10 &&
+                          !memcmp(m->payload, "plain text", 10));
+                cr_expect_neq(
+                    rd_kafka_header_get_last(h, "idempotency_key", &v, &sz), 0,
+                    "no idempotency_key header for NULL");
+            }
+            cr_expect_eq(rd_kafka_header_get_last(h, "message_id", &v, &sz), 0);
+            cr_expect_eq(sz, 36);
+        }
+        rd_kafka_message_destroy(m);
+    }
+    cr_expect_eq(seen, 2);
+    rd_kafka_consumer_close(rk);
+    rd_kafka_destroy(rk);
+    cr_expect_eq(th_stop(r, 20000), 0);
+}
