@@ -88,8 +88,7 @@ BOOT=$(head -n 1 "$DIR/broker.out")
 "${PSQL[@]}" -c "INSERT INTO idemproc_outbox (key, value, idempotency_key)
   SELECT 'ORD-' || n, jsonb_build_object('idempotency_key', 'payment-ORD-' || n,
     'event_type', 'payment', 'order_id', 'ORD-' || n, 'user_id', 'user-' || (n % 1000),
-    'amount', (n % 10000) / 100.0, 'currency', 'EUR', 'version', 1,
-    'created_at', '2026-01-01T00:00:00.000Z'),
+    'amount', (n % 10000) / 100.0, 'currency', 'EUR', 'version', 1),
     'payment-ORD-' || n
   FROM generate_series(1, $ROWS) n"
 "${PSQL[@]}" -c "VACUUM ANALYZE idemproc_outbox"
@@ -136,8 +135,7 @@ cat >"$DIR/insert.sql" <<'SQL'
 INSERT INTO idemproc_outbox (key, value, idempotency_key)
   SELECT 'L-' || :r || '-' || g, jsonb_build_object('idempotency_key', 'payment-L-' || :r || '-' || g,
     'event_type', 'payment', 'order_id', 'L-' || :r || '-' || g, 'user_id', 'user-' || (:r % 1000),
-    'amount', 12.34, 'currency', 'EUR', 'version', 1, 'created_at', '2026-01-01T00:00:00.000Z',
-    'note', repeat('x', 48)), 'payment-L-' || :r || '-' || g
+    'amount', 12.34, 'currency', 'EUR', 'version', 1), 'payment-L-' || :r || '-' || g
   FROM generate_series(1, :rows_per_tx) g;
 SQL
 before=$(buckets "$HPORT")
