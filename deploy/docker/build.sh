@@ -15,10 +15,10 @@
 set -eu
 
 # Debian bookworm names. The -dev packages mirror the Makefile's PKGS
-# (rdkafka hiredis jansson libmicrohttpd uuid); the runtime list is what the
+# (rdkafka hiredis jansson libmicrohttpd uuid libpq); the runtime list is what the
 # binary links against. check-runtime keeps the second honest.
-BUILD_PKGS="build-essential pkg-config librdkafka-dev libhiredis-dev libjansson-dev libmicrohttpd-dev uuid-dev"
-RUNTIME_PKGS="librdkafka1 libhiredis0.14 libjansson4 libmicrohttpd12 libuuid1 ca-certificates"
+BUILD_PKGS="build-essential pkg-config librdkafka-dev libhiredis-dev libjansson-dev libmicrohttpd-dev uuid-dev libpq-dev"
+RUNTIME_PKGS="librdkafka1 libhiredis0.14 libjansson4 libmicrohttpd12 libuuid1 libpq5 ca-certificates"
 
 die() {
     echo "build.sh: $*" >&2
