@@ -66,6 +66,8 @@ struct idem_outbox_s {
     int value_is_bytea;
     int64_t backoff_ms;
     int64_t next_lag_ms; /* idem_now_ms() of the next lag query */
+    int kafka_down;      /* all brokers down: not ready until a probe works */
+    int64_t next_probe_ms;
 
     row_t *rows; /* outbox.batch.max entries, reused every batch */
     size_t outstanding;
@@ -181,6 +183,21 @@ static void on_delivery(rd_kafka_t *rk, const rd_kafka_message_t *msg,
     snprintf(row->error, sizeof(row->error), "%s", rd_kafka_err2str(msg->err));
 }
 
+/* error_cb: fires on the relay's thread inside rd_kafka_poll. With no
+ * rows to publish the producer sends nothing, so "all brokers down" is the
+ * only sign of an unreachable Kafka an idle relay gets. */
+static void on_kafka_error(rd_kafka_t *rk, int err, const char *reason,
+                           void *opaque)
+{
+    (void)rk;
+    idem_outbox_t *o = opaque;
+    if (err == RD_KAFKA_RESP_ERR__ALL_BROKERS_DOWN)
+        o->kafka_down = 1;
+    idem_log_kv(IDEM_LOG_WARN, "outbox producer error", "error",
+                rd_kafka_err2str((rd_kafka_resp_err_t)err), "reason", reason,
+                NULL);
+}
+
 idem_outbox_t *idem_outbox_new(const idem_conf_t *conf, idem_metrics_t *m,
                                char *errstr, size_t errstr_size)
 {
@@ -224,6 +241,7 @@ idem_outbox_t *idem_outbox_new(const idem_conf_t *conf, idem_metrics_t *m,
         goto fail;
     }
     rd_kafka_conf_set_dr_msg_cb(kc, on_delivery);
+    rd_kafka_conf_set_error_cb(kc, on_kafka_error);
     rd_kafka_conf_set_opaque(kc, o);
     o->rk = idem_kafka_new(RD_KAFKA_PRODUCER, kc, "outbox producer", errstr,
                            errstr_size);
@@ -723,6 +741,22 @@ static void backoff(idem_outbox_t *o, volatile int *stop)
         o->backoff_ms = o->conf->retry_backoff_max_ms;
 }
 
+/* While all brokers are down: asks for metadata (up to 2 s) at most once
+ * a second; an answer means Kafka is back. */
+static void kafka_probe(idem_outbox_t *o)
+{
+    if (!o->kafka_down || idem_now_ms() < o->next_probe_ms)
+        return;
+    const struct rd_kafka_metadata *md;
+    if (rd_kafka_metadata(o->rk, 0, NULL, &md, 2000) ==
+        RD_KAFKA_RESP_ERR_NO_ERROR) {
+        rd_kafka_metadata_destroy(md);
+        o->kafka_down = 0;
+        idem_log_kv(IDEM_LOG_INFO, "outbox: kafka reachable again", NULL);
+    }
+    o->next_probe_ms = idem_now_ms() + 1000;
+}
+
 int idem_outbox_run(idem_outbox_t *o, volatile int *stop, char *errstr,
                     size_t errstr_size)
 {
@@ -731,6 +765,12 @@ int idem_outbox_run(idem_outbox_t *o, volatile int *stop, char *errstr,
     while (!*stop) {
         idem_metrics_heartbeat(o->m);
         rd_kafka_poll(o->rk, 0);
+        if (idem_kafka_fatal(o->rk, "outbox producer", err, sizeof(err))) {
+            snprintf(errstr, errstr_size, "%s", err);
+            set_not_ready(o, err);
+            return -1;
+        }
+        kafka_probe(o);
         if (!o->pg) {
             if (db_connect(o, err, sizeof(err))) {
                 atomic_fetch_add(&o->db_errors, 1);
@@ -776,7 +816,10 @@ int idem_outbox_run(idem_outbox_t *o, volatile int *stop, char *errstr,
             idem_log_kv(IDEM_LOG_INFO, "outbox relay resumed", NULL);
         last_failed = 0;
         o->backoff_ms = o->conf->retry_backoff_initial_ms;
-        idem_metrics_ready_set(o->m, 1, NULL);
+        if (o->kafka_down)
+            set_not_ready(o, "kafka: all brokers down");
+        else
+            idem_metrics_ready_set(o->m, 1, NULL);
         if (claimed == (size_t)o->conf->outbox_batch_max)
             continue; /* more rows are probably waiting */
         if (wait_notify(o, o->conf->outbox_poll_ms, stop)) {

@@ -430,6 +430,26 @@ Test(outbox, sigkill_between_publish_and_mark_then_exact_ledger, .timeout = 240)
 Test(outbox, broker_and_database_outages_pause_and_resume, .timeout = 240)
 {
     setup_pg();
+    /* An idle relay whose broker does not exist is not ready. */
+    char nowhere[64];
+    snprintf(nowhere, sizeof(nowhere), "127.0.0.1:%d", th_free_port());
+    int hp0 = th_free_port();
+    pid_t r0 = relay_start("relay0", nowhere, hp0, NULL);
+    char *body = NULL;
+    int status = 0;
+    for (int t = 0; t < 300 && status != 503; t++) {
+        free(body);
+        body = NULL;
+        status = th_http_get(hp0, "/readyz", &body);
+        if (status == 503 && !(body && strstr(body, "kafka")))
+            status = 0; /* "starting": not the answer yet */
+        usleep(100000);
+    }
+    cr_expect_eq(status, 503, "an idle relay without a broker is not ready");
+    cr_expect(body && strstr(body, "kafka"), "reason: %s", body);
+    free(body);
+    cr_expect_eq(th_stop(r0, 20000), 0);
+
     const char *topics[] = {"--topic", "payments:2", NULL};
     cr_assert_eq(th_broker_start(&broker, topics), 0);
     int hp = th_free_port();
