@@ -6,6 +6,7 @@
 #include "log.h"
 #include "util.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <jansson.h>
@@ -211,9 +212,13 @@ idem_outbox_t *idem_outbox_new(const idem_conf_t *conf, idem_metrics_t *m,
     o->latency.bounds = latency_bounds;
     o->latency.nbounds = sizeof(latency_bounds) / sizeof(latency_bounds[0]);
     o->rows = idem_xcalloc((size_t)conf->outbox_batch_max, sizeof(*o->rows));
+    /* The trigger notifies on TG_TABLE_NAME; the table name is used
+     * unquoted in SQL, so PostgreSQL folds it to lower case. */
     const char *dot = strchr(conf->outbox_table, '.');
     snprintf(o->channel, sizeof(o->channel), "%s",
              dot ? dot + 1 : conf->outbox_table);
+    for (char *c = o->channel; *c; c++)
+        *c = (char)tolower((unsigned char)*c);
 
     rd_kafka_conf_t *kc = idem_kafka_writer_conf(conf, conf->message_max_bytes,
                                                  errstr, errstr_size);
