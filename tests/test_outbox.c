@@ -689,3 +689,62 @@ Test(outbox, delete_mode_bytea_values_headers_and_topics, .timeout = 120)
     rd_kafka_destroy(rk);
     cr_expect_eq(th_stop(r, 20000), 0);
 }
+
+/* SIGTERM while the batch in hand waits to be marked (a SHARE lock holds
+ * the mark back): the relay finishes it, commits, and exits 0; nothing is
+ * published twice. */
+Test(outbox, sigterm_finishes_the_batch_in_hand, .timeout = 120)
+{
+    setup_pg();
+    const char *topics[] = {"--topic", "payments:2", NULL};
+    cr_assert_eq(th_broker_start(&broker, topics), 0);
+    cr_assert_eq(th_pg_sql(&pg,
+                           "INSERT INTO idemproc_outbox (key, value) SELECT "
+                           "'k' || (n % 9), jsonb_build_object('n', n) FROM "
+                           "generate_series(1, 100) n",
+                           NULL),
+                 0);
+    char port[16];
+    snprintf(port, sizeof(port), "%d", pg.port);
+    char *lock_argv[] = {"/usr/bin/psql",
+                         "-X",
+                         "-q",
+                         "-h",
+                         "127.0.0.1",
+                         "-p",
+                         port,
+                         "-U",
+                         "postgres",
+                         "-c",
+                         "BEGIN; LOCK TABLE idemproc_outbox IN SHARE MODE; "
+                         "SELECT pg_sleep(600);",
+                         NULL};
+    char *lock_env[] = {"PGAPPNAME=outbox-test-locker", NULL};
+    pid_t locker = th_spawn(lock_argv, NULL, NULL, lock_env);
+    cr_assert_eq(wait_count("SELECT count(*) FROM pg_locks l JOIN pg_class c "
+                            "ON c.oid = l.relation WHERE c.relname = "
+                            "'idemproc_outbox' AND l.mode = 'ShareLock' AND "
+                            "l.granted",
+                            1, 30000),
+                 0);
+    pid_t r = relay_start("relay1", broker.bootstrap, 0, NULL);
+    for (int t = 0; t < 300 && topic_size(broker.bootstrap, "payments") < 100;
+         t++)
+        usleep(100000);
+    cr_assert_eq(topic_size(broker.bootstrap, "payments"), 100);
+    cr_assert_eq(kill(r, SIGTERM), 0);
+    usleep(500000);
+    cr_expect_eq(th_wait(r, 0), -1, "the relay waits for its mark");
+    cr_assert_eq(th_pg_sql(&pg,
+                           "SELECT pg_terminate_backend(pid) FROM "
+                           "pg_stat_activity WHERE application_name = "
+                           "'outbox-test-locker'",
+                           NULL),
+                 0);
+    th_wait(locker, 10000);
+    cr_expect_eq(th_wait(r, 30000), 0, "exit 0 after the drain");
+    cr_expect_eq(th_pg_long(&pg, UNPUBLISHED), 0,
+                 "the batch in hand was marked");
+    cr_expect_eq(topic_size(broker.bootstrap, "payments"), 100,
+                 "nothing published twice");
+}
