@@ -17,7 +17,7 @@ TEST_CFLAGS = $(shell pkg-config --cflags $(TEST_PKGS))
 TEST_LIBS   = $(shell pkg-config --libs $(TEST_PKGS))
 
 # PostgreSQL server binaries (initdb, pg_ctl, postgres) for the outbox tests.
-PG_BINDIR ?= $(firstword $(wildcard /usr/lib/postgresql/*/bin) /usr/lib/postgresql/15/bin)
+PG_BINDIR ?= $(or $(lastword $(sort $(wildcard /usr/lib/postgresql/*/bin))),/usr/lib/postgresql/15/bin)
 
 # Debian packages: what building needs, and what the tests, the demo and
 # the benchmark need on top (servers and real clients they run).
