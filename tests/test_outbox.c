@@ -3,8 +3,10 @@
  * rolled-back rows never; a relay killed between publish and mark; the
  * broker and the database down and back; end to end through `run` to an
  * exact ledger. */
+#include "conf.h"
 #include "harness.h"
 #include "harness_pg.h"
+#include "outbox.h"
 
 #include <criterion/criterion.h>
 #include <jansson.h>
@@ -471,9 +473,22 @@ Test(outbox, broker_and_database_outages_pause_and_resume, .timeout = 240)
                  0);
     cr_expect_eq(th_pg_long(&pg, UNPUBLISHED), 50,
                  "no row marked without an acknowledgement");
+    /* The lag gauges see the waiting rows (stats.interval.ms=200). */
+    for (int t = 0; t < 100 && metric(hp, "idemproc_outbox_lag_rows") != 50;
+         t++)
+        usleep(100000);
+    cr_expect_eq(metric(hp, "idemproc_outbox_lag_rows"), 50);
+    cr_expect_gt(metric(hp, "idemproc_outbox_lag_seconds"), 0);
     cr_assert_eq(kill(broker.pid, SIGCONT), 0);
     cr_assert_eq(wait_count(UNPUBLISHED, 0, 60000), 0);
     cr_expect_eq(wait_status(hp, "/readyz", 200, 30000), 0);
+    for (int t = 0; t < 100 && metric(hp, "idemproc_outbox_lag_rows") != 0; t++)
+        usleep(100000);
+    cr_expect_eq(metric(hp, "idemproc_outbox_lag_rows"), 0);
+    cr_expect_eq(metric(hp, "idemproc_outbox_lag_seconds"), 0);
+    cr_expect_geq(metric(hp, "idemproc_outbox_batch_size_count"), 2);
+    cr_expect_geq(metric(hp, "idemproc_outbox_publish_latency_seconds_count"),
+                  100);
 
     cr_assert_eq(th_pg_kill(&pg), 0);
     cr_expect_eq(wait_status(hp, "/readyz", 503, 30000), 0,
@@ -747,4 +762,49 @@ Test(outbox, sigterm_finishes_the_batch_in_hand, .timeout = 120)
                  "the batch in hand was marked");
     cr_expect_eq(topic_size(broker.bootstrap, "payments"), 100,
                  "nothing published twice");
+}
+
+/* Without a database or Kafka: the outbox scope needs no group, topics or
+ * Redis, requires outbox.dsn, refuses table names that are not plain
+ * identifiers; delivery errors split into the row's fault and outages. */
+Test(outbox, configuration_scope_and_error_classes)
+{
+    char err[512];
+    char *sets[] = {"kafka.bootstrap.servers=127.0.0.1:9092",
+                    "outbox.dsn=host=db password=pw",
+                    "outbox.table=app.Outbox_1"};
+    idem_conf_t *c = idem_conf_load_scope(
+        NULL, NULL, sets, 3, IDEM_CONF_SCOPE_OUTBOX, err, sizeof(err));
+    cr_assert(c, "%s", err);
+    cr_expect_eq(c->outbox_batch_max, 5000);
+    cr_expect_eq(c->outbox_after, IDEM_OUTBOX_AFTER_MARK);
+    cr_expect(c->member_id && *c->member_id);
+    idem_conf_destroy(c);
+    cr_expect_null(idem_conf_load(NULL, NULL, sets, 3, err, sizeof(err)),
+                   "run still needs its group");
+    const char *bad[] = {"x y", "1abc",  "a.b.c", "a;b",
+                         "",    "\"q\"", ".a",    "a."};
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        char set[64];
+        snprintf(set, sizeof(set), "outbox.table=%s", bad[i]);
+        char *s2[] = {sets[0], sets[1], set};
+        c = idem_conf_load_scope(NULL, NULL, s2, 3, IDEM_CONF_SCOPE_OUTBOX, err,
+                                 sizeof(err));
+        cr_expect_null(c, "outbox.table=%s accepted", bad[i]);
+        cr_expect(strstr(err, "outbox.table"), "%s", err);
+        idem_conf_destroy(c);
+    }
+    char *nodsn[] = {sets[0]};
+    cr_expect_null(idem_conf_load_scope(
+        NULL, NULL, nodsn, 1, IDEM_CONF_SCOPE_OUTBOX, err, sizeof(err)));
+    cr_expect(strstr(err, "outbox.dsn: required"), "%s", err);
+
+    cr_expect(
+        idem_outbox_err_is_permanent(RD_KAFKA_RESP_ERR_MSG_SIZE_TOO_LARGE));
+    cr_expect(idem_outbox_err_is_permanent(RD_KAFKA_RESP_ERR_INVALID_RECORD));
+    cr_expect_not(
+        idem_outbox_err_is_permanent(RD_KAFKA_RESP_ERR__MSG_TIMED_OUT));
+    cr_expect_not(idem_outbox_err_is_permanent(RD_KAFKA_RESP_ERR__TRANSPORT));
+    cr_expect_not(idem_outbox_err_is_permanent(
+        RD_KAFKA_RESP_ERR_NOT_LEADER_FOR_PARTITION));
 }
