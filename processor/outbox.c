@@ -25,13 +25,15 @@
  * table (max_locks_per_transaction x max_connections). */
 #define KEY_BUCKETS 1024
 
-#define WAIT_SLICE_MS 100 /* longest sleep between looks at *stop */
+#define WAIT_SLICE_MS  100 /* longest sleep between looks at *stop */
+#define WAIT_BEHIND_MS 20  /* next look when rows waited behind others */
 
 typedef enum {
     ROW_PENDING = 0, /* produced, no delivery report yet */
     ROW_DELIVERED,   /* acknowledged by the broker: mark it */
     ROW_FAILED,      /* the broker will never take it: error column */
-    ROW_RETRY        /* not delivered (outage): leave it for later */
+    ROW_RETRY,       /* not delivered (outage): leave it for later */
+    ROW_WAIT         /* an older row of its key is pending elsewhere */
 } row_state_t;
 
 typedef struct {
@@ -359,7 +361,7 @@ static int db_connect(idem_outbox_t *o, char *errstr, size_t errstr_size)
     if (pg_exec(o, "SET synchronous_commit = off", PGRES_COMMAND_OK, errstr,
                 errstr_size))
         goto fail;
-    char sql[1024];
+    char sql[2048];
     snprintf(sql, sizeof(sql), "LISTEN \"%s\"", o->channel);
     if (pg_exec(o, sql, PGRES_COMMAND_OK, errstr, errstr_size))
         goto fail;
@@ -386,15 +388,30 @@ static int db_connect(idem_outbox_t *o, char *errstr, size_t errstr_size)
     PQclear(res);
 
     const char *t = c->outbox_table;
+    /* c: the claim. firsts: per key bucket, the oldest unpublished row
+     * this claim did not get (locked by another relay, or skipped while
+     * another relay held the bucket and released it during this scan).
+     * A claimed row behind such a row must wait (keep = false): it is
+     * neither published nor marked now. */
     snprintf(sql, sizeof(sql),
-             "SELECT id, topic, key, %s, headers::text, message_id::text, "
-             "idempotency_key, (extract(epoch FROM created_at) * 1000)::int8 "
-             "FROM %s WHERE published_at IS NULL AND error IS NULL "
+             "WITH c AS (SELECT id, topic, key, %s AS value, headers, "
+             "message_id, idempotency_key, created_at, "
+             "hashtext(coalesce(key, '')) & %d AS bucket FROM %s "
+             "WHERE published_at IS NULL AND error IS NULL "
              "AND pg_try_advisory_xact_lock(hashtext('%s'), "
              "hashtext(coalesce(key, '')) & %d) "
-             "ORDER BY id LIMIT $1::int4 FOR UPDATE SKIP LOCKED",
-             o->value_is_bytea ? "value" : "value::text", t, t,
-             KEY_BUCKETS - 1);
+             "ORDER BY id LIMIT $1::int4 FOR UPDATE SKIP LOCKED), "
+             "firsts AS (SELECT hashtext(coalesce(e.key, '')) & %d AS bucket, "
+             "min(e.id) AS first_id FROM %s e WHERE e.published_at IS NULL "
+             "AND e.error IS NULL AND e.id < (SELECT max(id) FROM c) "
+             "AND NOT EXISTS (SELECT 1 FROM c WHERE c.id = e.id) GROUP BY 1) "
+             "SELECT c.id, c.topic, c.key, c.value, c.headers::text, "
+             "c.message_id::text, c.idempotency_key, "
+             "(extract(epoch FROM c.created_at) * 1000)::int8, "
+             "f.first_id IS NULL OR c.id < f.first_id "
+             "FROM c LEFT JOIN firsts f ON f.bucket = c.bucket ORDER BY c.id",
+             o->value_is_bytea ? "value" : "value::text", KEY_BUCKETS - 1, t, t,
+             KEY_BUCKETS - 1, KEY_BUCKETS - 1, t);
     if (pg_prepare(o, "claim", sql, errstr, errstr_size))
         goto fail;
     /* The writes are not prepared: preparing takes their ROW EXCLUSIVE
@@ -496,6 +513,10 @@ static void row_produce(idem_outbox_t *o, PGresult *res, int i)
     memset(row, 0, sizeof(*row));
     row->id = strtoll(PQgetvalue(res, i, 0), NULL, 10);
     row->created_ms = strtoll(PQgetvalue(res, i, 7), NULL, 10);
+    if (strcmp(PQgetvalue(res, i, 8), "t")) {
+        row->state = ROW_WAIT;
+        return;
+    }
     const char *topic =
         PQgetisnull(res, i, 1) ? o->conf->outbox_topic : PQgetvalue(res, i, 1);
     if (!topic || !*topic) {
@@ -577,11 +598,14 @@ typedef enum {
 } batch_result_t;
 
 /* Claims, publishes, waits, marks, commits. *claimed receives the number
- * of rows claimed. */
-static batch_result_t batch_run(idem_outbox_t *o, size_t *claimed, char *errstr,
+ * of rows claimed, *waiting how many of them were left for later behind an
+ * older row of their key (ROW_WAIT). */
+static batch_result_t batch_run(idem_outbox_t *o, size_t *claimed,
+                                size_t *waiting, char *errstr,
                                 size_t errstr_size)
 {
     *claimed = 0;
+    *waiting = 0;
     int64_t t0 = idem_now_us();
     if (pg_exec(o, "BEGIN", PGRES_COMMAND_OK, errstr, errstr_size))
         return BATCH_DB_ERROR;
@@ -633,6 +657,8 @@ static batch_result_t batch_run(idem_outbox_t *o, size_t *claimed, char *errstr,
                          (double)(now_wall - o->rows[i].created_ms) / 1e3);
         } else if (o->rows[i].state == ROW_FAILED) {
             failed++;
+        } else if (o->rows[i].state == ROW_WAIT) {
+            (*waiting)++;
         } else {
             retry++;
         }
@@ -677,10 +703,10 @@ static batch_result_t batch_run(idem_outbox_t *o, size_t *claimed, char *errstr,
     if (idem_log_enabled(IDEM_LOG_DEBUG)) {
         int64_t t_end = idem_now_us();
         idem_log(IDEM_LOG_DEBUG,
-                 "outbox batch: %zu rows; us: claim %" PRId64
+                 "outbox batch: %zu rows (%zu wait); us: claim %" PRId64
                  " produce %" PRId64 " ack %" PRId64 " mark %" PRId64
                  " commit %" PRId64,
-                 n, t_claimed - t0, t_produced - t_claimed,
+                 n, *waiting, t_claimed - t0, t_produced - t_claimed,
                  t_acked - t_produced, t_marked - t_acked, t_end - t_marked);
     }
     /* Counted only now: a row is published once its mark is durable. */
@@ -789,8 +815,8 @@ int idem_outbox_run(idem_outbox_t *o, volatile int *stop, char *errstr,
             }
         }
         lag_refresh(o);
-        size_t claimed;
-        batch_result_t br = batch_run(o, &claimed, err, sizeof(err));
+        size_t claimed, waiting;
+        batch_result_t br = batch_run(o, &claimed, &waiting, err, sizeof(err));
         if (br == BATCH_FATAL) {
             snprintf(errstr, errstr_size, "%s", err);
             set_not_ready(o, err);
@@ -827,7 +853,13 @@ int idem_outbox_run(idem_outbox_t *o, volatile int *stop, char *errstr,
             idem_metrics_ready_set(o->m, 1, NULL);
         if (claimed == (size_t)o->conf->outbox_batch_max)
             continue; /* more rows are probably waiting */
-        if (wait_notify(o, o->conf->outbox_poll_ms, stop)) {
+        /* Rows left behind an older row that another relay holds become
+         * claimable when it commits, which sends no NOTIFY: look again
+         * soon. */
+        int64_t wait_ms = o->conf->outbox_poll_ms;
+        if (waiting && wait_ms > WAIT_BEHIND_MS)
+            wait_ms = WAIT_BEHIND_MS;
+        if (wait_notify(o, wait_ms, stop)) {
             atomic_fetch_add(&o->db_errors, 1);
             pg_err(o->pg, NULL, "outbox database", err, sizeof(err));
             set_not_ready(o, err);

@@ -808,3 +808,80 @@ Test(outbox, configuration_scope_and_error_classes)
     cr_expect_not(idem_outbox_err_is_permanent(
         RD_KAFKA_RESP_ERR_NOT_LEADER_FOR_PARTITION));
 }
+
+/* The race the claim's second half closes: while a relay scans, another
+ * holder of a key's bucket lets go. The scan skipped the key's older row
+ * X while the bucket was taken, then gets the bucket for its newer row Y
+ * (100,000 rows of another, held key lie in between to make the scan
+ * long). Publishing Y then would put it before X; the relay must leave Y
+ * for a later batch. */
+Test(outbox, a_key_released_during_a_scan_keeps_its_order, .timeout = 180)
+{
+    setup_pg();
+    cr_assert_eq(th_pg_long(&pg, "SELECT ((hashtext('k') & 1023) <> "
+                                 "(hashtext('filler') & 1023))::int"),
+                 1, "the two keys must be in different buckets");
+    cr_assert_eq(
+        th_pg_sql(&pg,
+                  "INSERT INTO idemproc_outbox (key, value) VALUES ('k', "
+                  "'{\"seq\": 1}'); INSERT INTO idemproc_outbox (key, value) "
+                  "SELECT 'filler', '{}' FROM generate_series(1, 100000); "
+                  "INSERT INTO idemproc_outbox (key, value) VALUES ('k', "
+                  "'{\"seq\": 2}')",
+                  NULL),
+        0);
+    cr_assert_eq(th_pg_sql(&pg, "VACUUM ANALYZE idemproc_outbox", NULL), 0);
+    const char *topics[] = {"--topic", "payments:2", NULL};
+    cr_assert_eq(th_broker_start(&broker, topics), 0);
+    /* Two sessions hold the buckets (session-level advisory locks). */
+    char port[16];
+    snprintf(port, sizeof(port), "%d", pg.port);
+    const char *bucket[] = {"k", "filler"};
+    pid_t lockers[2];
+    for (int i = 0; i < 2; i++) {
+        char sql[256], app[64];
+        snprintf(sql, sizeof(sql),
+                 "SELECT pg_advisory_lock(hashtext('idemproc_outbox'), "
+                 "hashtext('%s') & 1023); SELECT pg_sleep(600);",
+                 bucket[i]);
+        snprintf(app, sizeof(app), "PGAPPNAME=outbox-test-%s", bucket[i]);
+        char *argv[] = {"/usr/bin/psql", "-X", "-q", "-h",
+                        "127.0.0.1",     "-p", port, "-U",
+                        "postgres",      "-c", sql,  NULL};
+        char *env[] = {app, NULL};
+        lockers[i] = th_spawn(argv, NULL, NULL, env);
+    }
+    cr_assert_eq(wait_count("SELECT count(*) FROM pg_locks WHERE locktype = "
+                            "'advisory' AND granted",
+                            2, 30000),
+                 0);
+    const char *extra[] = {"outbox.poll.ms=10", "outbox.batch.max=100000",
+                           NULL};
+    pid_t r = relay_start("relay1", broker.bootstrap, 0, extra);
+    usleep(1500000); /* the relay scans again and again, claiming nothing */
+    cr_expect_eq(th_pg_long(&pg, UNPUBLISHED), 100002);
+    cr_assert_eq(th_pg_sql(&pg,
+                           "SELECT pg_terminate_backend(pid) FROM "
+                           "pg_stat_activity WHERE application_name = "
+                           "'outbox-test-k'",
+                           NULL),
+                 0);
+    th_wait(lockers[0], 10000);
+    cr_assert_eq(wait_count("SELECT count(*) FROM idemproc_outbox WHERE key "
+                            "= 'k' AND published_at IS NOT NULL",
+                            2, 30000),
+                 0);
+    cr_expect_eq(th_stop(r, 20000), 0);
+    cr_assert_eq(th_pg_sql(&pg,
+                           "SELECT pg_terminate_backend(pid) FROM "
+                           "pg_stat_activity WHERE application_name = "
+                           "'outbox-test-filler'",
+                           NULL),
+                 0);
+    th_wait(lockers[1], 10000);
+    recs_t recs = read_topic(broker.bootstrap, "payments");
+    cr_assert_eq(recs.n, 2, "only the two k rows were published");
+    cr_expect_str_eq(recs.v[0].value, "{\"seq\": 1}");
+    cr_expect_str_eq(recs.v[1].value, "{\"seq\": 2}");
+    recs_free(&recs);
+}
