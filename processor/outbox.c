@@ -388,11 +388,13 @@ static int db_connect(idem_outbox_t *o, char *errstr, size_t errstr_size)
     PQclear(res);
 
     const char *t = c->outbox_table;
-    /* c: the claim. firsts: per key bucket, the oldest unpublished row
-     * this claim did not get (locked by another relay, or skipped while
-     * another relay held the bucket and released it during this scan).
-     * A claimed row behind such a row must wait (keep = false): it is
-     * neither published nor marked now. */
+    /* c: the claim. s: the first 2n unpublished rows, claimed or not, in
+     * the same snapshot and the same index order as the claim (so the
+     * same partial index serves it). firsts: per key bucket, the oldest of
+     * them this claim did not get (locked by another relay, or skipped
+     * while another relay held the bucket and let go of it during this
+     * scan). A claimed row behind such a row, or beyond the rows s looked
+     * at, must wait (keep = false): it is neither published nor marked. */
     snprintf(sql, sizeof(sql),
              "WITH c AS (SELECT id, topic, key, %s AS value, headers, "
              "message_id, idempotency_key, created_at, "
@@ -401,15 +403,19 @@ static int db_connect(idem_outbox_t *o, char *errstr, size_t errstr_size)
              "AND pg_try_advisory_xact_lock(hashtext('%s'), "
              "hashtext(coalesce(key, '')) & %d) "
              "ORDER BY id LIMIT $1::int4 FOR UPDATE SKIP LOCKED), "
-             "firsts AS (SELECT hashtext(coalesce(e.key, '')) & %d AS bucket, "
-             "min(e.id) AS first_id FROM %s e WHERE e.published_at IS NULL "
-             "AND e.error IS NULL AND e.id < (SELECT max(id) FROM c) "
-             "AND NOT EXISTS (SELECT 1 FROM c WHERE c.id = e.id) GROUP BY 1) "
+             "s AS (SELECT id, hashtext(coalesce(key, '')) & %d AS bucket "
+             "FROM %s WHERE published_at IS NULL AND error IS NULL "
+             "ORDER BY id LIMIT 2 * $1::int4), "
+             "horizon AS (SELECT CASE WHEN count(*) = 2 * $1::int4 THEN "
+             "max(id) END AS last FROM s), "
+             "firsts AS (SELECT bucket, min(id) AS first_id FROM s WHERE NOT "
+             "EXISTS (SELECT 1 FROM c WHERE c.id = s.id) GROUP BY 1) "
              "SELECT c.id, c.topic, c.key, c.value, c.headers::text, "
              "c.message_id::text, c.idempotency_key, "
              "(extract(epoch FROM c.created_at) * 1000)::int8, "
-             "f.first_id IS NULL OR c.id < f.first_id "
-             "FROM c LEFT JOIN firsts f ON f.bucket = c.bucket ORDER BY c.id",
+             "(f.first_id IS NULL OR c.id < f.first_id) AND (h.last IS NULL "
+             "OR c.id <= h.last) FROM c CROSS JOIN horizon h "
+             "LEFT JOIN firsts f ON f.bucket = c.bucket ORDER BY c.id",
              o->value_is_bytea ? "value" : "value::text", KEY_BUCKETS - 1, t, t,
              KEY_BUCKETS - 1, KEY_BUCKETS - 1, t);
     if (pg_prepare(o, "claim", sql, errstr, errstr_size))
