@@ -814,37 +814,43 @@ Test(outbox, configuration_scope_and_error_classes)
  * X while the bucket was taken, then gets the bucket for its newer row Y
  * (100,000 rows of another, held key lie in between to make the scan
  * long). Publishing Y then would put it before X; the relay must leave Y
- * for a later batch. */
+ * for a later batch. Five keys are let go one after another, each at a
+ * moment unrelated to the relay's scans: without the check, each one
+ * lands inside a scan with a probability of about one half. */
 Test(outbox, a_key_released_during_a_scan_keeps_its_order, .timeout = 180)
 {
     setup_pg();
-    cr_assert_eq(th_pg_long(&pg, "SELECT ((hashtext('k') & 1023) <> "
-                                 "(hashtext('filler') & 1023))::int"),
-                 1, "the two keys must be in different buckets");
+    enum { NKEYS = 5 };
+    const char *keys[] = {"ka", "kb", "kc", "kd", "ke", "filler"};
+    cr_assert_eq(th_pg_long(&pg, "SELECT count(DISTINCT hashtext(k) & 1023) "
+                                 "FROM unnest(ARRAY['ka', 'kb', 'kc', 'kd', "
+                                 "'ke', 'filler']) k"),
+                 NKEYS + 1, "the keys must be in different buckets");
     cr_assert_eq(
         th_pg_sql(&pg,
-                  "INSERT INTO idemproc_outbox (key, value) VALUES ('k', "
-                  "'{\"seq\": 1}'); INSERT INTO idemproc_outbox (key, value) "
-                  "SELECT 'filler', '{}' FROM generate_series(1, 100000); "
-                  "INSERT INTO idemproc_outbox (key, value) VALUES ('k', "
-                  "'{\"seq\": 2}')",
+                  "INSERT INTO idemproc_outbox (key, value) SELECT k, "
+                  "'{\"seq\": 1}' FROM unnest(ARRAY['ka', 'kb', 'kc', 'kd', "
+                  "'ke']) k; "
+                  "INSERT INTO idemproc_outbox (key, value) SELECT 'filler', "
+                  "'{}' FROM generate_series(1, 100000); INSERT INTO "
+                  "idemproc_outbox (key, value) SELECT k, '{\"seq\": 2}' FROM "
+                  "unnest(ARRAY['ka', 'kb', 'kc', 'kd', 'ke']) k",
                   NULL),
         0);
     cr_assert_eq(th_pg_sql(&pg, "VACUUM ANALYZE idemproc_outbox", NULL), 0);
     const char *topics[] = {"--topic", "payments:2", NULL};
     cr_assert_eq(th_broker_start(&broker, topics), 0);
-    /* Two sessions hold the buckets (session-level advisory locks). */
+    /* One session per key holds its bucket (session-level locks). */
     char port[16];
     snprintf(port, sizeof(port), "%d", pg.port);
-    const char *bucket[] = {"k", "filler"};
-    pid_t lockers[2];
-    for (int i = 0; i < 2; i++) {
+    pid_t lockers[NKEYS + 1];
+    for (int i = 0; i <= NKEYS; i++) {
         char sql[256], app[64];
         snprintf(sql, sizeof(sql),
                  "SELECT pg_advisory_lock(hashtext('idemproc_outbox'), "
                  "hashtext('%s') & 1023); SELECT pg_sleep(600);",
-                 bucket[i]);
-        snprintf(app, sizeof(app), "PGAPPNAME=outbox-test-%s", bucket[i]);
+                 keys[i]);
+        snprintf(app, sizeof(app), "PGAPPNAME=outbox-test-%s", keys[i]);
         char *argv[] = {"/usr/bin/psql", "-X", "-q", "-h",
                         "127.0.0.1",     "-p", port, "-U",
                         "postgres",      "-c", sql,  NULL};
@@ -853,24 +859,28 @@ Test(outbox, a_key_released_during_a_scan_keeps_its_order, .timeout = 180)
     }
     cr_assert_eq(wait_count("SELECT count(*) FROM pg_locks WHERE locktype = "
                             "'advisory' AND granted",
-                            2, 30000),
+                            NKEYS + 1, 30000),
                  0);
-    const char *extra[] = {"outbox.poll.ms=10", "outbox.batch.max=100000",
-                           NULL};
+    /* 2n covers every row: the check looks at all of them. */
+    const char *extra[] = {"outbox.poll.ms=10", "outbox.batch.max=60000", NULL};
     pid_t r = relay_start("relay1", broker.bootstrap, 0, extra);
-    usleep(1500000); /* the relay scans again and again, claiming nothing */
-    cr_expect_eq(th_pg_long(&pg, UNPUBLISHED), 100002);
-    cr_assert_eq(th_pg_sql(&pg,
-                           "SELECT pg_terminate_backend(pid) FROM "
-                           "pg_stat_activity WHERE application_name = "
-                           "'outbox-test-k'",
-                           NULL),
-                 0);
-    th_wait(lockers[0], 10000);
-    cr_assert_eq(wait_count("SELECT count(*) FROM idemproc_outbox WHERE key "
-                            "= 'k' AND published_at IS NOT NULL",
-                            2, 30000),
-                 0);
+    usleep(1000000); /* the relay scans again and again, claiming nothing */
+    cr_expect_eq(th_pg_long(&pg, UNPUBLISHED), 100000 + 2 * NKEYS);
+    for (int i = 0; i < NKEYS; i++) {
+        char sql[256];
+        snprintf(sql, sizeof(sql),
+                 "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                 "WHERE application_name = 'outbox-test-%s'",
+                 keys[i]);
+        cr_assert_eq(th_pg_sql(&pg, sql, NULL), 0);
+        th_wait(lockers[i], 10000);
+        snprintf(sql, sizeof(sql),
+                 "SELECT count(*) FROM idemproc_outbox WHERE key = '%s' AND "
+                 "published_at IS NOT NULL",
+                 keys[i]);
+        cr_assert_eq(wait_count(sql, 2, 30000), 0);
+        usleep(37000 * (unsigned)(i + 1)); /* out of step with the scans */
+    }
     cr_expect_eq(th_stop(r, 20000), 0);
     cr_assert_eq(th_pg_sql(&pg,
                            "SELECT pg_terminate_backend(pid) FROM "
@@ -878,10 +888,17 @@ Test(outbox, a_key_released_during_a_scan_keeps_its_order, .timeout = 180)
                            "'outbox-test-filler'",
                            NULL),
                  0);
-    th_wait(lockers[1], 10000);
+    th_wait(lockers[NKEYS], 10000);
     recs_t recs = read_topic(broker.bootstrap, "payments");
-    cr_assert_eq(recs.n, 2, "only the two k rows were published");
-    cr_expect_str_eq(recs.v[0].value, "{\"seq\": 1}");
-    cr_expect_str_eq(recs.v[1].value, "{\"seq\": 2}");
+    cr_assert_eq(recs.n, 2 * NKEYS, "only the k rows were published");
+    int last[NKEYS] = {0};
+    for (size_t i = 0; i < recs.n; i++) {
+        int k = recs.v[i].key[1] - 'a';
+        cr_assert(k >= 0 && k < NKEYS, "key %s", recs.v[i].key);
+        int seq = strstr(recs.v[i].value, "1") ? 1 : 2;
+        cr_expect_eq(seq, last[k] + 1, "key %s: seq %d after %d", recs.v[i].key,
+                     seq, last[k]);
+        last[k] = seq;
+    }
     recs_free(&recs);
 }
