@@ -9,19 +9,22 @@ VERSION := 0.1.0
 # Libraries, found with pkg-config. These variables are recursive (=) on
 # purpose: they are expanded when a recipe runs, i.e. after `deps` has
 # installed whatever pkg-config could not find.
-PKGS      := rdkafka hiredis jansson libmicrohttpd uuid openssl
+PKGS      := rdkafka hiredis jansson libmicrohttpd uuid openssl libpq
 TEST_PKGS := criterion
 PKG_CFLAGS  = $(shell pkg-config --cflags $(PKGS))
 PKG_LIBS    = $(shell pkg-config --libs $(PKGS))
 TEST_CFLAGS = $(shell pkg-config --cflags $(TEST_PKGS))
 TEST_LIBS   = $(shell pkg-config --libs $(TEST_PKGS))
 
+# PostgreSQL server binaries (initdb, pg_ctl, postgres) for the outbox tests.
+PG_BINDIR ?= $(or $(lastword $(sort $(wildcard /usr/lib/postgresql/*/bin))),/usr/lib/postgresql/15/bin)
+
 # Debian packages: what building needs, and what the tests, the demo and
 # the benchmark need on top (servers and real clients they run).
 BUILD_DEB_PKGS := build-essential pkg-config librdkafka-dev libhiredis-dev \
-                  libjansson-dev libmicrohttpd-dev uuid-dev libssl-dev
+                  libjansson-dev libmicrohttpd-dev uuid-dev libssl-dev libpq-dev
 TEST_DEB_PKGS  := libcriterion-dev redis-server redis-tools kcat prometheus \
-                  clang-format jq openssl
+                  clang-format jq openssl postgresql
 DEB_PKGS       := $(BUILD_DEB_PKGS) $(TEST_DEB_PKGS)
 
 WARN    := -Wall -Wextra -Wshadow -Wstrict-prototypes -Wwrite-strings -Werror
@@ -48,7 +51,7 @@ TEST_JOBS ?= 2
 TEST_ARGS ?=
 
 # The test objects need Criterion, which only deps-check-test installs.
-.PHONY: all deps deps-check deps-check-test test check-format format demo bench clean install help
+.PHONY: all deps deps-check deps-check-test test check-format format demo demo-outbox bench clean install help
 
 all: $(BIN)
 
@@ -56,7 +59,9 @@ help:
 	@echo "make [all]      build $(BIN) (installs missing Debian packages first)"
 	@echo "make test       format check, unit and integration tests"
 	@echo "make demo       whole pipeline on the embedded broker and a private redis"
-	@echo "make bench      one member's throughput against kcat reading the same topic"
+	@echo "make demo-outbox  PostgreSQL outbox -> relay -> processor -> verify"
+	@echo "make bench      one member's throughput against kcat reading the same topic,"
+	@echo "                and the outbox relay's (BENCH_ONLY=outbox: only that)"
 	@echo "make format     clang-format the sources"
 	@echo "make SAN=address,undefined ...   sanitizer build"
 	@echo "make deps       install the Debian packages listed in DEB_PKGS"
@@ -72,7 +77,9 @@ deps-check:
 deps-check-test: deps-check
 	@pkg-config --exists $(TEST_PKGS) && command -v redis-server >/dev/null \
 	  && command -v kcat >/dev/null && command -v promtool >/dev/null \
-	  && command -v clang-format >/dev/null && command -v jq openssl >/dev/null \
+	  && command -v clang-format >/dev/null && command -v jq >/dev/null \
+	  && command -v openssl >/dev/null \
+	  && test -x $(PG_BINDIR)/initdb \
 	  || $(MAKE) --no-print-directory deps DEB_PKGS="$(TEST_DEB_PKGS)"
 
 deps:
@@ -113,13 +120,16 @@ format: | deps-check-test
 
 test: check-format $(BIN) $(TEST_BIN)
 	IDEMPROC_BIN=$(abspath $(BIN)) IDEMPROC_SRC=$(abspath .) \
-	  $(TEST_BIN) --jobs=$(TEST_JOBS) $(TEST_ARGS)
+	  PG_BINDIR=$(PG_BINDIR) $(TEST_BIN) --jobs=$(TEST_JOBS) $(TEST_ARGS)
 
 demo: $(BIN) | deps-check-test
 	@tests/demo.sh $(BIN)
 
+demo-outbox: $(BIN) | deps-check-test
+	@PG_BINDIR=$(PG_BINDIR) tests/demo_outbox.sh $(BIN)
+
 bench: $(BIN) | deps-check-test
-	@tests/bench.sh $(BIN)
+	@PG_BINDIR=$(PG_BINDIR) BENCH_ONLY=$(BENCH_ONLY) tests/bench.sh $(BIN)
 
 install: $(BIN)
 	install -D -m 0755 $(BIN) $(DESTDIR)$(PREFIX)/bin/idemproc

@@ -1,6 +1,7 @@
 /* broker: an in-memory development Kafka (librdkafka's mock cluster) that
  * tests and `idemproc broker` start in-process. */
 #include "broker.h"
+#include "tcpnodelay.h"
 
 #include "log.h"
 #include "util.h"
@@ -39,6 +40,7 @@ idem_broker_t *idem_broker_new(int broker_cnt, char *errstr, size_t errstr_size)
         snprintf(errstr, errstr_size, "broker: %s", kerr);
         return NULL;
     }
+    idem_tcpnodelay_enable(); /* no 40 ms delayed-ACK stall per request */
     rd_kafka_mock_cluster_t *mc = rd_kafka_mock_cluster_new(rk, broker_cnt);
     if (!mc) {
         rd_kafka_destroy(rk);

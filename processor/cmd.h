@@ -15,6 +15,7 @@ int idem_cmd_produce(int argc, char **argv, char **envp);
 int idem_cmd_broker(int argc, char **argv, char **envp);
 int idem_cmd_verify(int argc, char **argv, char **envp);
 int idem_cmd_dlq(int argc, char **argv, char **envp);
+int idem_cmd_outbox(int argc, char **argv, char **envp);
 
 /* Usage texts, printed by `idemproc help CMD` and `idemproc CMD --help`. */
 void idem_cmd_run_usage(FILE *out);
@@ -22,5 +23,6 @@ void idem_cmd_produce_usage(FILE *out);
 void idem_cmd_broker_usage(FILE *out);
 void idem_cmd_verify_usage(FILE *out);
 void idem_cmd_dlq_usage(FILE *out);
+void idem_cmd_outbox_usage(FILE *out);
 
 #endif

@@ -12,6 +12,17 @@ int idem_cmdline_conf(int argc, char **argv, char **envp,
                       const char *extra_short, idem_cmdline_opt_cb *on_extra,
                       void *opaque, idem_conf_t **conf)
 {
+    return idem_cmdline_conf_scope(argc, argv, envp, usage, extra, extra_short,
+                                   on_extra, opaque, IDEM_CONF_SCOPE_PROCESSOR,
+                                   conf);
+}
+
+int idem_cmdline_conf_scope(int argc, char **argv, char **envp,
+                            void (*usage)(FILE *out),
+                            const struct option *extra, const char *extra_short,
+                            idem_cmdline_opt_cb *on_extra, void *opaque,
+                            idem_conf_scope_t scope, idem_conf_t **conf)
+{
     static const struct option base[] = {{"config", required_argument, 0, 'c'},
                                          {"set", required_argument, 0, 's'},
                                          {"help", no_argument, 0, 'h'}};
@@ -66,8 +77,8 @@ int idem_cmdline_conf(int argc, char **argv, char **envp,
     }
     if (rc < 0) {
         char errstr[512];
-        *conf =
-            idem_conf_load(path, envp, sets, set_cnt, errstr, sizeof(errstr));
+        *conf = idem_conf_load_scope(path, envp, sets, set_cnt, scope, errstr,
+                                     sizeof(errstr));
         if (!*conf) {
             /* A first run without -c fails on the first required key: say
              * what is missing is the file, not just that key. */

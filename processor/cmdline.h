@@ -25,4 +25,11 @@ int idem_cmdline_conf(int argc, char **argv, char **envp,
                       const char *extra_short, idem_cmdline_opt_cb *on_extra,
                       void *opaque, idem_conf_t **conf);
 
+/* idem_cmdline_conf with the configuration finalized for `scope`. */
+int idem_cmdline_conf_scope(int argc, char **argv, char **envp,
+                            void (*usage)(FILE *out),
+                            const struct option *extra, const char *extra_short,
+                            idem_cmdline_opt_cb *on_extra, void *opaque,
+                            idem_conf_scope_t scope, idem_conf_t **conf);
+
 #endif

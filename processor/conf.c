@@ -456,6 +456,67 @@ static const prop_t props[] = {
      0,
      0,
      "SIGTERM: finish, flush, commit and leave within this"},
+    {"outbox.dsn",
+     PROP_STR,
+     F(outbox_dsn),
+     NULL,
+     0,
+     0,
+     {0},
+     1,
+     0,
+     "outbox: PostgreSQL connection string or URI (libpq); required by "
+     "idemproc outbox"},
+    {"outbox.table",
+     PROP_STR,
+     F(outbox_table),
+     "idemproc_outbox",
+     0,
+     0,
+     {0},
+     0,
+     0,
+     "outbox: the outbox table, [schema.]name (config/sql/outbox.sql)"},
+    {"outbox.topic",
+     PROP_STR,
+     F(outbox_topic),
+     NULL,
+     0,
+     0,
+     {0},
+     0,
+     0,
+     "outbox: topic for rows whose topic column is NULL"},
+    {"outbox.batch.max",
+     PROP_INT,
+     F(outbox_batch_max),
+     "5000",
+     1,
+     100000,
+     {0},
+     0,
+     0,
+     "outbox: rows claimed, published and marked per transaction"},
+    {"outbox.poll.ms",
+     PROP_INT,
+     F(outbox_poll_ms),
+     "1000",
+     10,
+     3600000,
+     {0},
+     0,
+     0,
+     "outbox: look for rows this often when no NOTIFY arrives"},
+    {"outbox.after",
+     PROP_ENUM,
+     F(outbox_after),
+     "mark",
+     0,
+     0,
+     {"mark", "delete"},
+     0,
+     0,
+     "outbox: mark: set published_at; delete: delete published rows"},
 };
 
 #define PROP_CNT (sizeof(props) / sizeof(props[0]))
@@ -906,6 +967,69 @@ static int topic_matches(const char *entry, const char *topic, char *errstr,
     return hit;
 }
 
+/* Whether s is a SQL identifier we may put into a statement unquoted:
+ * [schema.]name, letters, digits and '_', not starting with a digit. */
+static int is_sql_name(const char *s)
+{
+    int parts = 0;
+    for (;;) {
+        if (!isalpha((unsigned char)*s) && *s != '_')
+            return 0;
+        while (isalnum((unsigned char)*s) || *s == '_')
+            s++;
+        parts++;
+        if (!*s)
+            return 1;
+        if (*s != '.' || parts == 2)
+            return 0;
+        s++;
+    }
+}
+
+/* The outbox relay's checks: it needs Kafka and PostgreSQL, no group,
+ * topics or Redis. */
+static int finalize_outbox(idem_conf_t *conf, char *errstr, size_t errstr_size)
+{
+    if (!conf->bootstrap_servers || !*conf->bootstrap_servers) {
+        err_set(errstr, errstr_size,
+                "kafka.bootstrap.servers: required but not set");
+        return -1;
+    }
+    if (!conf->outbox_dsn || !*conf->outbox_dsn) {
+        err_set(errstr, errstr_size, "outbox.dsn: required but not set");
+        return -1;
+    }
+    if (!conf->outbox_table || strlen(conf->outbox_table) > 127 ||
+        !is_sql_name(conf->outbox_table)) {
+        err_set(errstr, errstr_size,
+                "outbox.table: \"%s\" is not a [schema.]name of letters, "
+                "digits and _",
+                conf->outbox_table ? conf->outbox_table : "");
+        return -1;
+    }
+    if (!conf->member_id || !*conf->member_id) {
+        char host[128] = "idemproc";
+        gethostname(host, sizeof(host) - 1);
+        host[sizeof(host) - 1] = '\0';
+        char id[192];
+        snprintf(id, sizeof(id), "%s-%ld", host, (long)getpid());
+        free(conf->member_id);
+        conf->member_id = idem_xstrdup(id);
+    }
+    rd_kafka_conf_t *kconf = rd_kafka_conf_new();
+    int r = idem_conf_apply_kafka(conf, kconf, errstr, errstr_size);
+    rd_kafka_conf_destroy(kconf);
+    return r;
+}
+
+int idem_conf_finalize_scope(idem_conf_t *conf, idem_conf_scope_t scope,
+                             char *errstr, size_t errstr_size)
+{
+    if (scope == IDEM_CONF_SCOPE_OUTBOX)
+        return finalize_outbox(conf, errstr, errstr_size);
+    return idem_conf_finalize(conf, errstr, errstr_size);
+}
+
 int idem_conf_finalize(idem_conf_t *conf, char *errstr, size_t errstr_size)
 {
     for (size_t i = 0; i < PROP_CNT; i++) {
@@ -1014,6 +1138,14 @@ int idem_conf_finalize(idem_conf_t *conf, char *errstr, size_t errstr_size)
 idem_conf_t *idem_conf_load(const char *path, char **envp, char **sets,
                             size_t set_cnt, char *errstr, size_t errstr_size)
 {
+    return idem_conf_load_scope(path, envp, sets, set_cnt,
+                                IDEM_CONF_SCOPE_PROCESSOR, errstr, errstr_size);
+}
+
+idem_conf_t *idem_conf_load_scope(const char *path, char **envp, char **sets,
+                                  size_t set_cnt, idem_conf_scope_t scope,
+                                  char *errstr, size_t errstr_size)
+{
     idem_conf_t *conf = idem_conf_new();
     if (path && idem_conf_load_file(conf, path, errstr, errstr_size))
         goto fail;
@@ -1035,7 +1167,7 @@ idem_conf_t *idem_conf_load(const char *path, char **envp, char **sets,
         if (idem_conf_set(conf, key, eq + 1, errstr, errstr_size))
             goto fail;
     }
-    if (idem_conf_finalize(conf, errstr, errstr_size))
+    if (idem_conf_finalize_scope(conf, scope, errstr, errstr_size))
         goto fail;
     return conf;
 fail:

@@ -18,6 +18,20 @@ typedef enum {
     IDEM_DLQ_HEADERS_BOTH
 } idem_dlq_headers_t;
 
+/* What the outbox relay does with a published row (outbox.after). */
+typedef enum {
+    IDEM_OUTBOX_AFTER_MARK = 0, /* set published_at */
+    IDEM_OUTBOX_AFTER_DELETE
+} idem_outbox_after_t;
+
+/* Which command a configuration is for: the keys it requires and the
+ * cross-key checks it gets. The consumer side (run, verify, check-config)
+ * is the default; the outbox relay needs no group, topics or Redis. */
+typedef enum {
+    IDEM_CONF_SCOPE_PROCESSOR = 0,
+    IDEM_CONF_SCOPE_OUTBOX
+} idem_conf_scope_t;
+
 /* The effective configuration. Fields are filled through the table in conf.c
  * (never assign them directly outside tests); strings are owned by the conf
  * and freed by idem_conf_destroy(). Unset optional strings are NULL. */
@@ -64,6 +78,14 @@ typedef struct idem_conf_s {
     int log_format; /* idem_log_format_t */
     int64_t shutdown_timeout_ms;
 
+    /* idemproc outbox only (see idem_conf_load_scope). */
+    char *outbox_dsn;   /* libpq connection string or URI; secret */
+    char *outbox_table; /* [schema.]table */
+    char *outbox_topic; /* for rows whose topic is NULL; may be NULL */
+    int64_t outbox_batch_max;
+    int64_t outbox_poll_ms;
+    int outbox_after; /* idem_outbox_after_t */
+
     /* kafka.<prop> pass-through, in the order they were set (later wins). */
     struct idem_conf_kv {
         char *name; /* librdkafka property name, without "kafka." */
@@ -96,11 +118,21 @@ int idem_conf_load_env(idem_conf_t *conf, char **envp, char *errstr,
  * (librdkafka's own error text is shown). Returns 0 or -1. */
 int idem_conf_finalize(idem_conf_t *conf, char *errstr, size_t errstr_size);
 
+/* idem_conf_finalize for the given scope: IDEM_CONF_SCOPE_OUTBOX requires
+ * kafka.bootstrap.servers and outbox.dsn only and checks outbox.table. */
+int idem_conf_finalize_scope(idem_conf_t *conf, idem_conf_scope_t scope,
+                             char *errstr, size_t errstr_size);
+
 /* The usual sequence of a command: defaults < file (may be NULL) < envp <
  * sets ("key=value" strings, borrowed), then finalize. Returns a conf the
  * caller destroys, or NULL with errstr filled. */
 idem_conf_t *idem_conf_load(const char *path, char **envp, char **sets,
                             size_t set_cnt, char *errstr, size_t errstr_size);
+
+/* idem_conf_load finalized for `scope`. */
+idem_conf_t *idem_conf_load_scope(const char *path, char **envp, char **sets,
+                                  size_t set_cnt, idem_conf_scope_t scope,
+                                  char *errstr, size_t errstr_size);
 
 /* Applies kafka.bootstrap.servers and every kafka.* pass-through property to
  * `kconf` (borrowed). Returns 0 or -1 with librdkafka's text. */

@@ -19,7 +19,7 @@ static void check_config_usage(FILE *out)
 {
     fprintf(out,
             "usage: idemproc check-config -c FILE [--connect [--timeout-ms N]] "
-            "[--set key=value]...\n"
+            "[--for run|outbox] [--set key=value]...\n"
             "  Validates the configuration (file < IDEMPROC_* environment "
             "< --set) and\n  prints the effective one, secrets redacted.\n"
             "  --connect        then also reach Kafka (brokers; input, DLQ "
@@ -27,12 +27,17 @@ static void check_config_usage(FILE *out)
             "                   topics) and Redis with these settings\n"
             "  --timeout-ms N   bound on each of those (100..3600000, default "
             "30000)\n"
+            "  --for outbox     check it as `idemproc outbox` reads it (no "
+            "group, topics or\n"
+            "                   Redis needed; outbox.dsn required); the "
+            "default is run\n"
             "  Exit 0 valid (and reachable), 1 not reachable, 2 invalid.\n");
 }
 
 typedef struct {
     int connect;
     int timeout_ms;
+    int outbox; /* --for outbox */
 } check_opts_t;
 
 /* idem_cmdline_opt_cb for check-config's own options. */
@@ -42,6 +47,17 @@ static int check_config_opt(int opt, const char *arg, void *opaque)
     if (opt == 'C') {
         o->connect = 1;
         return 0;
+    }
+    if (opt == 'f') {
+        if (!strcmp(arg, "run") || !strcmp(arg, "outbox")) {
+            o->outbox = !strcmp(arg, "outbox");
+            return 0;
+        }
+        fprintf(stderr,
+                "idemproc check-config: --for \"%s\" is not one of: run, "
+                "outbox\n",
+                arg);
+        return -1;
     }
     char *end;
     long v = strtol(arg, &end, 10);
@@ -63,11 +79,20 @@ static int cmd_check_config(int argc, char **argv, char **envp)
     static const struct option opts[] = {
         {"connect", no_argument, 0, 'C'},
         {"timeout-ms", required_argument, 0, 'T'},
+        {"for", required_argument, 0, 'f'},
         {0, 0, 0, 0}};
     check_opts_t o = {.timeout_ms = 30000};
+    /* The scope decides what finalize requires, so it is needed before
+     * idem_cmdline_conf_scope loads the configuration. */
+    idem_conf_scope_t scope = IDEM_CONF_SCOPE_PROCESSOR;
+    for (int i = 1; i < argc; i++)
+        if ((!strcmp(argv[i], "--for") && i + 1 < argc &&
+             !strcmp(argv[i + 1], "outbox")) ||
+            !strcmp(argv[i], "--for=outbox"))
+            scope = IDEM_CONF_SCOPE_OUTBOX;
     idem_conf_t *conf;
-    int rc = idem_cmdline_conf(argc, argv, envp, check_config_usage, opts, "",
-                               check_config_opt, &o, &conf);
+    int rc = idem_cmdline_conf_scope(argc, argv, envp, check_config_usage, opts,
+                                     "", check_config_opt, &o, scope, &conf);
     if (rc >= 0)
         return rc;
     idem_conf_dump(conf, stdout);
@@ -119,6 +144,8 @@ static void usage(FILE *out)
             "development\n"
             "  verify -c FILE --expect FILE   compare the Redis ledger (and "
             "DLQ) with an expectation\n"
+            "  outbox -c FILE                 outbox relay: PostgreSQL "
+            "outbox table -> Kafka\n"
             "  dlq stats|inspect|replay -c FILE  what is in the DLQ and "
             "why; send dead\n"
             "                                 letters back through dedup\n"
@@ -146,6 +173,7 @@ static const command_t commands[] = {
     {"broker", idem_cmd_broker, idem_cmd_broker_usage},
     {"verify", idem_cmd_verify, idem_cmd_verify_usage},
     {"dlq", idem_cmd_dlq, idem_cmd_dlq_usage},
+    {"outbox", idem_cmd_outbox, idem_cmd_outbox_usage},
     {"check-config", cmd_check_config, check_config_usage},
 };
 

@@ -98,6 +98,9 @@ struct idem_metrics_s {
     pthread_mutex_t ready_lock; /* guards ready, ready_reason */
     int ready;
     char ready_reason[READY_REASON_MAX];
+
+    idem_metrics_render_cb *extra_render; /* a command's own metrics */
+    void *extra_opaque;
 };
 
 static void histogram_init(histogram_t *h, const char *name, const char *help,
@@ -547,6 +550,13 @@ static void render_lag(FILE *out, idem_metrics_t *m)
     pthread_mutex_unlock(&m->lag_lock);
 }
 
+void idem_metrics_set_extra(idem_metrics_t *m, idem_metrics_render_cb *cb,
+                            void *opaque)
+{
+    m->extra_render = cb;
+    m->extra_opaque = opaque;
+}
+
 void idem_metrics_render(idem_metrics_t *m, FILE *out)
 {
     put_header(out, "idemproc_records_total", "counter",
@@ -654,4 +664,7 @@ void idem_metrics_render(idem_metrics_t *m, FILE *out)
     fputs("idemproc_start_time_seconds ", out);
     put_double(out, (double)m->start_wall_ms / 1000.0);
     fputc('\n', out);
+
+    if (m->extra_render)
+        m->extra_render(m->extra_opaque, out);
 }

@@ -77,6 +77,16 @@ uint64_t idem_metrics_dlq_get(idem_metrics_t *m, idem_reason_t r);
 /* Sum of the lag gauges; -1 when no statistics arrived yet. */
 int64_t idem_metrics_lag_total(idem_metrics_t *m);
 
+/* A command's own metrics, appended to the rendering (e.g. the outbox
+ * relay's idemproc_outbox_*). Fires on the HTTP thread; must be
+ * thread-safe. */
+typedef void idem_metrics_render_cb(void *opaque, FILE *out);
+
+/* Installs cb (NULL removes it). Call before the HTTP server starts;
+ * opaque is borrowed and must outlive m's rendering. */
+void idem_metrics_set_extra(idem_metrics_t *m, idem_metrics_render_cb *cb,
+                            void *opaque);
+
 /* Writes the Prometheus text format (0.0.4) of every metric, including
  * idemproc_build_info{version}. */
 void idem_metrics_render(idem_metrics_t *m, FILE *out);

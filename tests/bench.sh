@@ -11,6 +11,8 @@
 set -euo pipefail
 
 BIN=${1:-build/idemproc}
+# BENCH_ONLY=outbox: only the outbox relay's rows (tests/bench_outbox.sh).
+if [[ ${BENCH_ONLY:-} == outbox ]]; then exec "$(dirname "$0")/bench_outbox.sh" "$BIN"; fi
 COUNT=${BENCH_COUNT:-200000}
 PARTITIONS=32 # the mock keeps ~5 MiB per partition: 220k x ~430 B
 
@@ -137,3 +139,6 @@ printf 'bench: idemproc   dedup+ledger+DLQ    %8s msgs/s  (%s%% of the reference
     "$I" "$((I * 100 / (K > 0 ? K : 1)))"
 printf 'bench: idemproc   best 1 s window     %8s msgs/s\n' "$best"
 sed 's/^/bench: /' "$DIR/verify.out"
+
+# The outbox relay's rows (PostgreSQL -> Kafka).
+"$(dirname "$0")/bench_outbox.sh" "$BIN"

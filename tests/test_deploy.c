@@ -1484,3 +1484,122 @@ Test(deploy, pod_rehearsal_sigterm_during_traffic, .timeout = 240)
     th_stack_stop(&stk);
     json_decref(objs);
 }
+
+/* ---- the outbox relay component ------------------------------------- */
+
+/* The dev overlay with the optional outbox component. */
+static json_t *render_dev_with_outbox(void)
+{
+    char *tmp = th_tmpdir();
+    char *dev = src_path("deploy/k8s/overlays/dev");
+    char *outbox = src_path("deploy/k8s/components/outbox");
+    char text[3 * PATH_MAX];
+    snprintf(text, sizeof(text),
+             "apiVersion: kustomize.config.k8s.io/v1beta1\n"
+             "kind: Kustomization\n"
+             "resources:\n  - ../..%s\ncomponents:\n  - ../..%s\n",
+             dev, outbox);
+    free(write_file(tmp, "kustomization.yaml", text));
+    json_t *objs = render_dir(tmp);
+    th_rmrf(tmp);
+    free(tmp);
+    free(dev);
+    free(outbox);
+    return objs;
+}
+
+/* The relay's Deployment runs `outbox -c` on its mounted ConfigMap, whose
+ * configuration (with the DSN from the example Secret at the mounted path)
+ * passes `check-config --for outbox` without printing the DSN; its probes
+ * use http.listen's port, and the NetworkPolicy lets it reach PostgreSQL. */
+Test(deploy, outbox_component_renders_and_its_config_passes, .timeout = 120)
+{
+    json_t *objs = render_dev_with_outbox();
+    cr_expect(find_obj(objs, "Deployment", "idemproc", 0),
+              "the processor is still there");
+    json_t *d = find_obj(objs, "Deployment", "idemproc-outbox", 0);
+    cr_assert(d, "no idemproc-outbox Deployment");
+    json_t *c = container_named(d, "outbox");
+    cr_assert(c);
+    json_t *args = JGET(c, "args");
+    cr_assert_eq(json_array_size(args), 3);
+    cr_expect_str_eq(jstr(JGET(args, "#0")), "outbox");
+    cr_expect_str_eq(jstr(JGET(args, "#1")), "-c");
+    const char *cm_mount = mount_path(c, "config");
+    cr_assert(cm_mount);
+    char want[PATH_MAX];
+    snprintf(want, sizeof(want), "%s/outbox.properties", cm_mount);
+    cr_expect_str_eq(jstr(JGET(args, "#2")), want);
+    json_t *pod = JGET(d, "spec", "template", "spec");
+    cr_expect(json_is_true(JGET(pod, "securityContext", "runAsNonRoot")));
+    cr_expect(json_is_false(JGET(pod, "enableServiceLinks")));
+    cr_expect(
+        json_is_true(JGET(c, "securityContext", "readOnlyRootFilesystem")));
+    cr_expect_str_eq(jstr(JGET(c, "readinessProbe", "httpGet", "path")),
+                     "/readyz");
+    cr_expect_str_eq(jstr(JGET(c, "livenessProbe", "httpGet", "path")),
+                     "/healthz");
+
+    /* The configuration, with the Secret's files where the pod mounts
+     * them. */
+    json_t *cv = volume_named(d, "config");
+    json_t *cm =
+        find_obj(objs, "ConfigMap", jstr(JGET(cv, "configMap", "name")), 0);
+    cr_assert(cm, "the mounted ConfigMap is not rendered");
+    const char *props = jstr(JGET(cm, "data", "outbox.properties"));
+    cr_assert(props);
+    cr_expect(strstr(props, "http.listen=0.0.0.0:9464"), "%s", props);
+    cr_expect_eq(jint(JGET(c, "ports", "#0", "containerPort")), 9464);
+    json_t *sv = volume_named(d, "dsn");
+    cr_assert(sv, "no dsn volume");
+    const char *secret_name = jstr(JGET(sv, "secret", "secretName"));
+    cr_expect_null(JGET(sv, "secret", "optional"),
+                   "the DSN Secret is required");
+    cr_expect_eq(count_kind(objs, "Secret"), 0,
+                 "the DSN Secret is created out of band");
+    char *example =
+        src_path("deploy/k8s/components/outbox/secret.example.yaml");
+    json_t *ex = yaml_file_to_json(example);
+    free(example);
+    cr_expect_str_eq(jstr(JGET(ex, "#0", "metadata", "name")), secret_name);
+    const char *dsn = jstr(JGET(ex, "#0", "stringData", "dsn"));
+    cr_assert(dsn && strstr(dsn, "password="), "the example has a dsn");
+    char *dir = th_tmpdir();
+    free(write_file(dir, "dsn", dsn));
+    char from[PATH_MAX], to[PATH_MAX];
+    snprintf(from, sizeof(from), "%s/", mount_path(c, "dsn"));
+    snprintf(to, sizeof(to), "%s/", dir);
+    cr_expect(strstr(props, from), "outbox.dsn.file is not in the mount");
+    char *rewritten = replace_all(props, from, to);
+    char *conf = write_file(dir, "outbox.properties", rewritten);
+    free(rewritten);
+    char *argv[] = {
+        (char *)th_bin(), "check-config", "--for", "outbox", "-c", conf, NULL};
+    char *env[] = {"PATH=/usr/bin:/bin", "IDEMPROC_MEMBER_ID=pod-0", NULL};
+    char *out = NULL, *err = NULL;
+    cr_expect_eq(th_run_env(argv, env, &out, &err, 30000), 0, "%s", err);
+    cr_expect(out && strstr(out, "outbox.dsn=[redacted]\n"), "%s", out);
+    const char *pw = strstr(dsn, "password=") + 9;
+    cr_expect(out && !strstr(out, pw), "the DSN's password is printed");
+    free(out);
+    free(err);
+    free(conf);
+    th_rmrf(dir);
+    free(dir);
+    json_decref(ex);
+
+    json_t *np = find_obj(objs, "NetworkPolicy", "idemproc-outbox", 0);
+    cr_assert(np);
+    cr_expect_str_eq(jstr(JGET(np, "spec", "podSelector", "matchLabels",
+                               "app.kubernetes.io/component")),
+                     jstr(JGET(d, "spec", "template", "metadata", "labels",
+                               "app.kubernetes.io/component")));
+    int pg = 0;
+    size_t i, j;
+    json_t *rule, *port;
+    json_array_foreach(JGET(np, "spec", "egress"), i, rule)
+        json_array_foreach(JGET(rule, "ports"), j, port) pg |=
+        jint(JGET(port, "port")) == 5432;
+    cr_expect(pg, "egress to PostgreSQL (5432) is not allowed");
+    json_decref(objs);
+}

@@ -1,0 +1,46 @@
+/* outbox: the transactional outbox relay: claims committed rows of a
+ * PostgreSQL outbox table, publishes them with the idempotent producer and
+ * marks (or deletes) them in the transaction that claimed them. */
+#ifndef IDEM_OUTBOX_H
+#define IDEM_OUTBOX_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "conf.h"
+#include "metrics.h"
+
+typedef struct idem_outbox_s idem_outbox_t;
+
+/* A relay for conf's outbox.* keys (conf and m borrowed; both must outlive
+ * the relay). Creates the producer; the database is connected by
+ * idem_outbox_run (a database that is down at start is waited for). Adds
+ * the idemproc_outbox_* metrics to m's rendering. Returns NULL with errstr
+ * when the producer cannot be created. */
+idem_outbox_t *idem_outbox_new(const idem_conf_t *conf, idem_metrics_t *m,
+                               char *errstr, size_t errstr_size);
+
+/* The relay loop: until *stop becomes set, claim a batch (SELECT ... FOR
+ * UPDATE SKIP LOCKED ORDER BY id LIMIT outbox.batch.max), publish it, wait
+ * for every delivery report, mark the delivered rows and the rows the
+ * broker can never take (column error), commit. Sleeps on LISTEN/NOTIFY,
+ * outbox.poll.ms at most. Database or Kafka down: not ready, back off,
+ * retry; nothing is marked that was not acknowledged. A stop request lets
+ * the batch in hand finish (publish, mark, commit). Returns 0 after a stop,
+ * -1 with errstr on a fatal error (the idempotent producer failed). */
+int idem_outbox_run(idem_outbox_t *o, volatile int *stop, char *errstr,
+                    size_t errstr_size);
+
+/* Flushes and destroys the producer, closes the database. NULL: no-op. */
+void idem_outbox_destroy(idem_outbox_t *o);
+
+/* Counters, for tests and the final log line. */
+uint64_t idem_outbox_published(idem_outbox_t *o);
+uint64_t idem_outbox_failed(idem_outbox_t *o);
+
+/* Whether the error code of a delivery report or of produce() means the
+ * broker will never take this record (too large, invalid), as opposed to
+ * an outage worth retrying. */
+int idem_outbox_err_is_permanent(int rd_kafka_resp_err);
+
+#endif

@@ -1,0 +1,165 @@
+#!/usr/bin/env bash
+# bench_outbox.sh BIN: the outbox relay's speed, a row of `make bench`
+# (alone: make bench BENCH_ONLY=outbox).
+#
+# A private PostgreSQL (initdb in a temp dir, default durability: fsync on)
+# and the embedded broker. Throughput: BENCH_OUTBOX_ROWS rows of ~250 bytes
+# are committed first, then one `idemproc outbox` relay publishes them all;
+# rows/s from its first published row to its last. Latency: pgbench then
+# commits transactions of 10 rows at half that rate (capped at what the
+# machine sustains) for BENCH_OUTBOX_SECONDS while the relay sleeps on
+# LISTEN/NOTIFY; the relay's idemproc_outbox_publish_latency_seconds
+# histogram (row insert -> broker acknowledgement) gives the p50/p99 bucket
+# bounds. Needs bash >= 5, PostgreSQL server binaries, psql and pgbench.
+set -euo pipefail
+
+BIN=${1:-build/idemproc}
+ROWS=${BENCH_OUTBOX_ROWS:-200000}
+SECONDS_LAT=${BENCH_OUTBOX_SECONDS:-10}
+BATCH=${BENCH_OUTBOX_BATCH:-5000}
+PARTITIONS=32 # the mock keeps ~5 MiB per partition: 200k x ~400 B
+SRC=$(cd "$(dirname "$0")/.." && pwd)
+PGBIN=${PG_BINDIR:-$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n 1)}
+[[ -x $PGBIN/initdb ]] || { echo "bench-outbox: no PostgreSQL server binaries (make deps installs postgresql)" >&2; exit 2; }
+
+BIN=$(cd "$(dirname "$BIN")" && pwd)/$(basename "$BIN")
+DIR=$(mktemp -d "${TMPDIR:-/tmp}/idemproc-bench-outbox.XXXXXX")
+PIDS=()
+PG_UP=0
+# as_pg CMD...: PostgreSQL refuses to run as root; use its own user then.
+as_pg() { if [[ $(id -u) == 0 ]]; then runuser -u postgres -- "$@"; else "$@"; fi; }
+cleanup() {
+    local rc=$? p
+    set +e
+    for p in "${PIDS[@]}"; do kill -TERM "$p" 2>/dev/null; done
+    for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null; done
+    ((PG_UP)) && as_pg "$PGBIN/pg_ctl" -D "$DIR/pg" -m immediate stop >/dev/null 2>&1
+    [[ -n ${BENCH_KEEP:-} ]] && echo "bench-outbox: kept $DIR" >&2 || rm -rf "$DIR"
+    exit "$rc"
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+now_us() { local t=${EPOCHREALTIME//[.,]/}; echo "$((10#$t))"; }
+free_port() {
+    local p
+    for _ in $(seq 200); do
+        p=$((20000 + RANDOM % 12000))
+        if ! (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then
+            echo "$p"
+            return
+        fi
+    done
+    echo "bench-outbox: no free port" >&2
+    exit 1
+}
+# metrics PORT: the relay's /metrics body, read with bash alone.
+metrics() {
+    { exec 3<>"/dev/tcp/127.0.0.1/$1"; } 2>/dev/null || return 0
+    printf 'GET /metrics HTTP/1.0\r\n\r\n' >&3
+    cat <&3
+    exec 3<&-
+}
+published() { metrics "$1" | awk '/^idemproc_outbox_published_total / { print $2 }'; }
+# buckets PORT: "le count" lines of the latency histogram (cumulative).
+buckets() {
+    metrics "$1" | sed -n 's/^idemproc_outbox_publish_latency_seconds_bucket{le="\([^"]*\)"} \(.*\)/\1 \2/p'
+}
+
+[[ $(id -u) == 0 ]] && chown postgres "$DIR"
+PGPORT=$(free_port)
+as_pg "$PGBIN/initdb" -D "$DIR/pg" -U postgres -A trust -E UTF8 --locale=C >"$DIR/initdb.log" 2>&1
+printf 'local all all trust\nhost all all 127.0.0.1/32 trust\n' >"$DIR/pg/pg_hba.conf"
+as_pg "$PGBIN/pg_ctl" -D "$DIR/pg" -l "$DIR/pg/server.log" -w -t 60 \
+    -o "-p $PGPORT -k $DIR -c listen_addresses=127.0.0.1 -c shared_buffers=128MB -c max_wal_size=2GB" \
+    start >/dev/null
+PG_UP=1
+DSN="host=127.0.0.1 port=$PGPORT user=postgres dbname=postgres"
+PSQL=(psql -X -q -A -t -v ON_ERROR_STOP=1 "$DSN")
+"${PSQL[@]}" -f "$SRC/config/sql/outbox.sql"
+
+"$BIN" broker --topic "payments:$PARTITIONS" >"$DIR/broker.out" 2>"$DIR/broker.log" &
+PIDS+=($!)
+for _ in $(seq 100); do [[ -s $DIR/broker.out ]] && break; sleep 0.05; done
+BOOT=$(head -n 1 "$DIR/broker.out")
+
+# ~250-byte payment envelopes, committed before the relay starts.
+"${PSQL[@]}" -c "INSERT INTO idemproc_outbox (key, value, idempotency_key)
+  SELECT 'ORD-' || n, jsonb_build_object('idempotency_key', 'payment-ORD-' || n,
+    'event_type', 'payment', 'order_id', 'ORD-' || n, 'user_id', 'user-' || (n % 1000),
+    'amount', (n % 10000) / 100.0, 'currency', 'EUR', 'version', 1),
+    'payment-ORD-' || n
+  FROM generate_series(1, $ROWS) n"
+"${PSQL[@]}" -c "VACUUM ANALYZE idemproc_outbox"
+BYTES=$("${PSQL[@]}" -c "SELECT round(avg(octet_length(value::text) + octet_length(key)
+  + octet_length(idempotency_key) + 36)) FROM idemproc_outbox")
+
+HPORT=$(free_port)
+cat >"$DIR/outbox.properties" <<PROPS
+kafka.bootstrap.servers=$BOOT
+outbox.dsn=$DSN
+outbox.topic=payments
+outbox.batch.max=$BATCH
+http.listen=127.0.0.1:$HPORT
+log.level=${BENCH_OUTBOX_LOG:-warn}
+${BENCH_OUTBOX_EXTRA:-}
+PROPS
+"$BIN" outbox -c "$DIR/outbox.properties" 2>"$DIR/relay.log" &
+RELAY=$!
+PIDS+=("$RELAY")
+first=0 done_at=0
+deadline=$(($(now_us) + 300000000))
+while (($(now_us) < deadline)); do
+    n=$(published "$HPORT")
+    n=${n:-0}
+    t=$(now_us)
+    ((n > 0 && first == 0)) && first=$t
+    ((n >= ROWS)) && { done_at=$t; break; }
+    sleep 0.2
+done
+((done_at)) || { echo "bench-outbox: the relay did not finish" >&2; tail "$DIR/relay.log" >&2; exit 1; }
+RATE=$((ROWS * 1000000 / (done_at - first > 0 ? done_at - first : 1)))
+
+# Latency at half that rate: pgbench commits ROWS_PER_TX rows a transaction.
+# The throughput phase left ROWS dead index entries behind; autovacuum
+# (tuned in outbox.sql) removes them in a running system, here we do.
+"${PSQL[@]}" -c "VACUUM idemproc_outbox"
+ROWS_PER_TX=${BENCH_OUTBOX_ROWS_PER_TX:-50}
+LAT_RATE=$((RATE / 2))
+# What pgbench can insert on a shared 2-core machine is the other limit.
+((LAT_RATE > ${BENCH_OUTBOX_LAT_MAX:-25000})) && LAT_RATE=${BENCH_OUTBOX_LAT_MAX:-25000}
+TPS=$((LAT_RATE / ROWS_PER_TX))
+cat >"$DIR/insert.sql" <<'SQL'
+\set r random(1, 1000000000)
+INSERT INTO idemproc_outbox (key, value, idempotency_key)
+  SELECT 'L-' || :r || '-' || g, jsonb_build_object('idempotency_key', 'payment-L-' || :r || '-' || g,
+    'event_type', 'payment', 'order_id', 'L-' || :r || '-' || g, 'user_id', 'user-' || (:r % 1000),
+    'amount', 12.34, 'currency', 'EUR', 'version', 1), 'payment-L-' || :r || '-' || g
+  FROM generate_series(1, :rows_per_tx) g;
+SQL
+before=$(buckets "$HPORT")
+pgbench -n -h 127.0.0.1 -p "$PGPORT" -U postgres -c 4 -j 2 -R "$TPS" -D rows_per_tx="$ROWS_PER_TX" \
+    -T "$SECONDS_LAT" -f "$DIR/insert.sql" postgres >"$DIR/pgbench.out" 2>&1
+target=$((ROWS + $(awk '/number of transactions actually processed/ { print $6 }' "$DIR/pgbench.out" | cut -d/ -f1) * ROWS_PER_TX))
+for _ in $(seq 300); do
+    n=$(published "$HPORT")
+    ((${n:-0} >= target)) && break
+    sleep 0.1
+done
+after=$(buckets "$HPORT")
+# p-quantile upper bound from the cumulative bucket differences.
+quantile() {
+    paste -d' ' <(echo "$before") <(echo "$after") | awk -v q="$1" '
+        { le[NR] = $1; c[NR] = $4 - $2 } END {
+            total = c[NR]; if (total == 0) { print "n/a"; exit }
+            for (i = 1; i <= NR; i++) if (c[i] >= q * total) { print le[i]; exit } }'
+}
+ACHIEVED=$(awk -v n="$ROWS_PER_TX" '/^tps = / { printf "%d", $3 * n; exit }' "$DIR/pgbench.out")
+kill -TERM "$RELAY"
+wait "$RELAY"
+
+printf 'bench: outbox relay  %s rows of ~%s bytes, batch %s, PostgreSQL fsync on\n' "$ROWS" "$BYTES" "$BATCH"
+printf 'bench: outbox relay  publish rate        %8s rows/s (first to last row, one relay)\n' "$RATE"
+printf 'bench: outbox relay  latency at %s rows/s (target %s): p50 <= %ss, p99 <= %ss (insert -> ack, LISTEN/NOTIFY)\n' \
+    "${ACHIEVED:-?}" "$((TPS * ROWS_PER_TX))" "$(quantile 0.5)" "$(quantile 0.99)"

@@ -1,0 +1,904 @@
+/* test_outbox: the outbox relay with a real PostgreSQL and the embedded
+ * broker: committed rows published once and in key order by two relays,
+ * rolled-back rows never; a relay killed between publish and mark; the
+ * broker and the database down and back; end to end through `run` to an
+ * exact ledger. */
+#include "conf.h"
+#include "harness.h"
+#include "harness_pg.h"
+#include "outbox.h"
+
+#include <criterion/criterion.h>
+#include <jansson.h>
+#include <librdkafka/rdkafka.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+/* File scope: a failed assertion leaves the test, the fini still needs
+ * them (one test per process). */
+static th_pg_t pg;
+static th_broker_t broker;
+static th_stack_t stk;
+static char *workdir;
+
+static void outbox_fini(void)
+{
+    th_pg_cleanup();
+    if (broker.pid > 0)
+        th_broker_stop(&broker);
+    th_stack_cleanup();
+    if (workdir)
+        th_rmrf(workdir);
+}
+
+TestSuite(outbox, .fini = outbox_fini);
+
+typedef struct {
+    char *key;
+    char *value;
+    char *mid; /* message_id header */
+} rec_t;
+
+typedef struct {
+    rec_t *v;
+    size_t n;
+} recs_t;
+
+static void recs_free(recs_t *r)
+{
+    for (size_t i = 0; i < r->n; i++) {
+        free(r->v[i].key);
+        free(r->v[i].value);
+        free(r->v[i].mid);
+    }
+    free(r->v);
+}
+
+static char *dup0(const void *p, size_t n)
+{
+    char *s = malloc(n + 1);
+    if (n)
+        memcpy(s, p, n);
+    s[n] = '\0';
+    return s;
+}
+
+/* Reads a whole topic from the beginning (assign, until EOF everywhere). */
+static recs_t read_topic(const char *bootstrap, const char *topic)
+{
+    recs_t out = {0};
+    char err[512];
+    rd_kafka_conf_t *kc = rd_kafka_conf_new();
+    rd_kafka_conf_set(kc, "bootstrap.servers", bootstrap, err, sizeof(err));
+    rd_kafka_conf_set(kc, "group.id", "outbox-reader", err, sizeof(err));
+    rd_kafka_conf_set(kc, "enable.partition.eof", "true", err, sizeof(err));
+    rd_kafka_conf_set(kc, "fetch.wait.max.ms", "10", err, sizeof(err));
+    rd_kafka_t *rk = rd_kafka_new(RD_KAFKA_CONSUMER, kc, err, sizeof(err));
+    cr_assert(rk, "%s", err);
+    rd_kafka_poll_set_consumer(rk);
+    const rd_kafka_metadata_t *md;
+    rd_kafka_topic_t *rkt = rd_kafka_topic_new(rk, topic, NULL);
+    cr_assert_eq(rd_kafka_metadata(rk, 0, rkt, &md, 10000), 0);
+    int parts = md->topics[0].partition_cnt;
+    rd_kafka_topic_partition_list_t *l = rd_kafka_topic_partition_list_new(1);
+    for (int i = 0; i < parts; i++)
+        rd_kafka_topic_partition_list_add(l, topic, i)->offset =
+            RD_KAFKA_OFFSET_BEGINNING;
+    rd_kafka_metadata_destroy(md);
+    rd_kafka_topic_destroy(rkt);
+    rd_kafka_assign(rk, l);
+    rd_kafka_topic_partition_list_destroy(l);
+    int eof = 0;
+    for (int idle = 0; eof < parts && idle < 300;) {
+        rd_kafka_message_t *m = rd_kafka_consumer_poll(rk, 100);
+        if (!m) {
+            idle++;
+            continue;
+        }
+        if (m->err == RD_KAFKA_RESP_ERR__PARTITION_EOF) {
+            eof++;
+        } else if (!m->err) {
+            out.v = realloc(out.v, (out.n + 1) * sizeof(*out.v));
+            rec_t *r = &out.v[out.n++];
+            r->key = dup0(m->key, m->key_len);
+            r->value = dup0(m->payload, m->len);
+            r->mid = NULL;
+            rd_kafka_headers_t *h = NULL;
+            const void *v;
+            size_t sz;
+            if (rd_kafka_message_headers(m, &h) == 0 &&
+                rd_kafka_header_get_last(h, "message_id", &v, &sz) == 0)
+                r->mid = dup0(v, sz);
+        }
+        rd_kafka_message_destroy(m);
+    }
+    cr_assert_eq(eof, parts, "did not read %s to its end", topic);
+    rd_kafka_consumer_close(rk);
+    rd_kafka_destroy(rk);
+    return out;
+}
+
+/* Records in a topic: the sum of its partitions' high watermarks. */
+static long topic_size(const char *bootstrap, const char *topic)
+{
+    char err[512];
+    rd_kafka_conf_t *kc = rd_kafka_conf_new();
+    rd_kafka_conf_set(kc, "bootstrap.servers", bootstrap, err, sizeof(err));
+    rd_kafka_t *rk = rd_kafka_new(RD_KAFKA_PRODUCER, kc, err, sizeof(err));
+    cr_assert(rk, "%s", err);
+    const rd_kafka_metadata_t *md;
+    rd_kafka_topic_t *rkt = rd_kafka_topic_new(rk, topic, NULL);
+    long n = 0;
+    if (rd_kafka_metadata(rk, 0, rkt, &md, 10000) == 0) {
+        for (int i = 0; i < md->topics[0].partition_cnt; i++) {
+            int64_t lo, hi;
+            if (rd_kafka_query_watermark_offsets(rk, topic, i, &lo, &hi,
+                                                 10000) == 0)
+                n += (long)(hi - lo);
+        }
+        rd_kafka_metadata_destroy(md);
+    }
+    rd_kafka_topic_destroy(rkt);
+    rd_kafka_destroy(rk);
+    return n;
+}
+
+/* Writes the relay's properties file <workdir>/<name>.properties. */
+static const char *relay_conf(const char *name, const char *bootstrap,
+                              int http_port, const char *const extra[])
+{
+    static char path[600];
+    snprintf(path, sizeof(path), "%s/%s.properties", workdir, name);
+    FILE *fp = fopen(path, "w");
+    cr_assert(fp);
+    fprintf(fp,
+            "kafka.bootstrap.servers=%s\n"
+            "outbox.dsn=%s\n"
+            "outbox.topic=payments\n"
+            "outbox.poll.ms=200\n"
+            "member.id=%s\n"
+            "retry.backoff.initial.ms=50\n"
+            "retry.backoff.max.ms=500\n"
+            "stats.interval.ms=200\n"
+            "shutdown.timeout.ms=20000\n",
+            bootstrap, pg.dsn, name);
+    if (http_port > 0)
+        fprintf(fp, "http.listen=127.0.0.1:%d\n", http_port);
+    else
+        fprintf(fp, "http.listen=\n");
+    for (int i = 0; extra && extra[i]; i++)
+        fprintf(fp, "%s\n", extra[i]);
+    cr_assert_eq(fclose(fp), 0);
+    return path;
+}
+
+/* Starts `idemproc outbox` with the properties of relay_conf; stderr to
+ * <workdir>/<name>.log. */
+static pid_t relay_start(const char *name, const char *bootstrap, int http_port,
+                         const char *const extra[])
+{
+    const char *conf = relay_conf(name, bootstrap, http_port, extra);
+    char log[600];
+    snprintf(log, sizeof(log), "%s/%s.log", workdir, name);
+    char *argv[] = {(char *)th_bin(), "outbox", "-c", (char *)conf, NULL};
+    pid_t pid = th_spawn(argv, NULL, log, NULL);
+    cr_assert_gt(pid, 0);
+    return pid;
+}
+
+static void setup_pg(void)
+{
+    workdir = th_tmpdir();
+    cr_assert(workdir);
+    cr_assert_eq(th_pg_start(&pg), 0, "PostgreSQL did not start");
+    cr_assert_eq(th_pg_file(&pg, "config/sql/outbox.sql"), 0);
+}
+
+/* Polls sql (a count) until it returns want. 0 when it did. */
+static int wait_count(const char *sql, long want, int timeout_ms)
+{
+    long got = -2;
+    for (int t = 0; t < timeout_ms / 100; t++) {
+        got = th_pg_long(&pg, sql);
+        if (got == want)
+            return 0;
+        usleep(100000);
+    }
+    cr_log_warn("%s: %ld, want %ld", sql, got, want);
+    return -1;
+}
+
+static int wait_status(int port, const char *path, int want, int timeout_ms)
+{
+    for (int t = 0; t < timeout_ms / 100; t++) {
+        if (th_http_get(port, path, NULL) == want)
+            return 0;
+        usleep(100000);
+    }
+    return -1;
+}
+
+static double metric(int port, const char *name)
+{
+    char *body = NULL;
+    double v = -1;
+    if (th_http_get(port, "/metrics", &body) == 200)
+        v = th_metric(body, name);
+    free(body);
+    return v;
+}
+
+#define UNPUBLISHED                                                            \
+    "SELECT count(*) FROM idemproc_outbox WHERE published_at IS NULL AND "     \
+    "error IS NULL"
+
+/* Two relays, small batches, few keys, transactions committing and
+ * rolling back while they run: every committed row exactly once, in id
+ * order per key; no rolled-back row; an oversized row marked failed. */
+Test(outbox, two_relays_publish_committed_rows_once_in_key_order,
+     .timeout = 180)
+{
+    setup_pg();
+    const char *topics[] = {"--topic", "payments:4", NULL};
+    cr_assert_eq(th_broker_start(&broker, topics), 0);
+    int p1 = th_free_port(), p2 = th_free_port();
+    const char *extra[] = {"outbox.batch.max=7", NULL};
+    pid_t r1 = relay_start("relay1", broker.bootstrap, p1, extra);
+    pid_t r2 = relay_start("relay2", broker.bootstrap, p2, extra);
+    cr_assert_eq(wait_status(p1, "/readyz", 200, 30000), 0);
+    cr_assert_eq(wait_status(p2, "/readyz", 200, 30000), 0);
+
+    /* 300 transactions of 3 rows on 6 keys; every 5th rolls back. */
+    cr_assert_eq(
+        th_pg_sql(&pg,
+                  "DO $$ BEGIN FOR i IN 1..300 LOOP FOR j IN 0..2 LOOP "
+                  "INSERT INTO idemproc_outbox (key, value) VALUES ('k' || "
+                  "((i + j) % 6), jsonb_build_object('seq', i * 10 + j, 'rb', "
+                  "i % 5 = 0)); END LOOP; IF i % 5 = 0 THEN ROLLBACK; ELSE "
+                  "COMMIT; END IF; PERFORM pg_sleep(0.001); END LOOP; END $$",
+                  NULL),
+        0);
+    /* One row no broker takes (message.max.bytes is 1 MiB). */
+    cr_assert_eq(th_pg_sql(&pg,
+                           "INSERT INTO idemproc_outbox (key, value) VALUES "
+                           "('big', jsonb_build_object('pad', repeat('x', "
+                           "1100000)))",
+                           NULL),
+                 0);
+    cr_assert_eq(wait_count(UNPUBLISHED, 0, 60000), 0);
+    cr_expect_eq(th_pg_long(&pg, "SELECT count(*) FROM idemproc_outbox"), 721);
+    cr_expect_eq(th_pg_long(&pg, "SELECT count(*) FROM idemproc_outbox WHERE "
+                                 "error IS NOT NULL AND key = 'big' AND "
+                                 "published_at IS NULL"),
+                 1, "the oversized row is marked failed, not published");
+
+    recs_t recs = read_topic(broker.bootstrap, "payments");
+    cr_expect_eq(recs.n, 720, "every committed row once: got %zu", recs.n);
+    long last[6] = {-1, -1, -1, -1, -1, -1};
+    for (size_t i = 0; i < recs.n; i++) {
+        json_t *v = json_loads(recs.v[i].value, 0, NULL);
+        cr_assert(v, "value is JSON: %s", recs.v[i].value);
+        cr_expect(json_is_false(json_object_get(v, "rb")),
+                  "a rolled-back row was published: %s", recs.v[i].value);
+        long seq = (long)json_integer_value(json_object_get(v, "seq"));
+        int k = recs.v[i].key[1] - '0';
+        cr_assert(k >= 0 && k < 6, "key %s", recs.v[i].key);
+        cr_expect_gt(seq, last[k], "key %s: seq %ld after %ld", recs.v[i].key,
+                     seq, last[k]);
+        last[k] = seq;
+        cr_expect(recs.v[i].mid && strlen(recs.v[i].mid) == 36,
+                  "message_id header");
+        json_decref(v);
+    }
+    recs_free(&recs);
+    /* The relays' counters add up; each stops cleanly on SIGTERM. */
+    for (int t = 0; t < 50; t++) {
+        if (metric(p1, "idemproc_outbox_published_total") +
+                metric(p2, "idemproc_outbox_published_total") ==
+            720)
+            break;
+        usleep(100000);
+    }
+    cr_expect_eq(metric(p1, "idemproc_outbox_published_total") +
+                     metric(p2, "idemproc_outbox_published_total"),
+                 720);
+    cr_expect_eq(metric(p1, "idemproc_outbox_failed_total") +
+                     metric(p2, "idemproc_outbox_failed_total"),
+                 1);
+    cr_expect_eq(th_stop(r1, 20000), 0);
+    cr_expect_eq(th_stop(r2, 20000), 0);
+}
+
+/* The relay dies after the broker acknowledged a batch and before its mark
+ * committed (a lock holds the UPDATE back): the next relay publishes the
+ * same rows again with the same message_id, and `run` applies each
+ * committed row exactly once, counting the rest as redeliveries. */
+Test(outbox, sigkill_between_publish_and_mark_then_exact_ledger, .timeout = 240)
+{
+    int mport = th_free_port();
+    char listen[64];
+    snprintf(listen, sizeof(listen), "http.listen=127.0.0.1:%d", mport);
+    const char *props[] = {listen, NULL};
+    cr_assert_eq(th_stack_start(&stk, 3, props), 0);
+    setup_pg();
+    /* 250 payments in 50 transactions; every 5th rolls back: 200 left. */
+    cr_assert_eq(
+        th_pg_sql(&pg,
+                  "DO $$ BEGIN FOR t IN 0..49 LOOP FOR j IN 1..5 LOOP "
+                  "INSERT INTO idemproc_outbox (key, value, idempotency_key) "
+                  "SELECT 'ORD-' || n, jsonb_build_object('idempotency_key', "
+                  "'payment-ORD-' || n, 'event_type', 'payment', 'order_id', "
+                  "'ORD-' || n, 'user_id', 'user-' || (n % 7), 'amount', "
+                  "(n % 50) + 0.25, 'currency', 'EUR'), 'payment-ORD-' || n "
+                  "FROM (SELECT t * 5 + j AS n) s; END LOOP; IF t % 5 = 4 "
+                  "THEN ROLLBACK; ELSE COMMIT; END IF; END LOOP; END $$",
+                  NULL),
+        0);
+    cr_assert_eq(th_pg_long(&pg, "SELECT count(*) FROM idemproc_outbox"), 200);
+
+    /* SHARE mode lets the claim (ROW SHARE) through and holds the mark
+     * (ROW EXCLUSIVE) back. */
+    char port[16];
+    snprintf(port, sizeof(port), "%d", pg.port);
+    char *lock_argv[] = {"/usr/bin/psql",
+                         "-X",
+                         "-q",
+                         "-h",
+                         "127.0.0.1",
+                         "-p",
+                         port,
+                         "-U",
+                         "postgres",
+                         "-c",
+                         "BEGIN; LOCK TABLE idemproc_outbox IN SHARE MODE; "
+                         "SELECT pg_sleep(600);",
+                         NULL};
+    char *lock_env[] = {"PGAPPNAME=outbox-test-locker", NULL};
+    pid_t locker = th_spawn(lock_argv, NULL, NULL, lock_env);
+    cr_assert_eq(wait_count("SELECT count(*) FROM pg_locks l JOIN pg_class c "
+                            "ON c.oid = l.relation WHERE c.relname = "
+                            "'idemproc_outbox' AND l.mode = 'ShareLock' AND "
+                            "l.granted",
+                            1, 30000),
+                 0);
+    const char *extra[] = {"outbox.batch.max=1000", NULL};
+    pid_t r = relay_start("relay1", stk.broker.bootstrap, 0, extra);
+    for (int t = 0;
+         t < 300 && topic_size(stk.broker.bootstrap, "payments") < 200; t++)
+        usleep(100000);
+    cr_assert_eq(topic_size(stk.broker.bootstrap, "payments"), 200);
+    usleep(300000);
+    cr_expect_eq(th_pg_long(&pg, UNPUBLISHED), 200,
+                 "nothing is marked before the mark commits");
+    kill(r, SIGKILL);
+    cr_expect_eq(th_wait(r, 5000), 128 + SIGKILL);
+    cr_assert_eq(th_pg_sql(&pg,
+                           "SELECT pg_terminate_backend(pid) FROM "
+                           "pg_stat_activity WHERE application_name = "
+                           "'outbox-test-locker'",
+                           NULL),
+                 0);
+    th_wait(locker, 10000);
+    cr_expect_eq(th_pg_long(&pg, UNPUBLISHED), 200,
+                 "the killed relay's mark rolled back");
+
+    r = relay_start("relay2", stk.broker.bootstrap, 0, extra);
+    cr_assert_eq(wait_count(UNPUBLISHED, 0, 60000), 0);
+    cr_expect_eq(topic_size(stk.broker.bootstrap, "payments"), 400,
+                 "the unmarked batch was published again");
+    cr_expect_eq(th_stop(r, 20000), 0);
+
+    /* The same message_id twice: one effect, one redelivery each. */
+    pid_t m = th_stack_member(&stk, "m1", NULL);
+    for (int t = 0; t < 600 && metric(mport, "idemproc_duplicates_total{kind="
+                                             "\"redelivery\"}") < 200;
+         t++)
+        usleep(100000);
+    cr_expect_eq(
+        metric(mport, "idemproc_duplicates_total{kind=\"redelivery\"}"), 200);
+    cr_expect_eq(th_stack_applied(&stk), 200);
+    /* The ledger equals the committed rows, user by user, in cents. */
+    char *want = NULL;
+    cr_assert_eq(th_pg_sql(&pg,
+                           "SELECT string_agg(u || '=' || c, ',' ORDER BY u) "
+                           "FROM (SELECT value->>'user_id' u, "
+                           "sum(((value->>'amount')::numeric * 100)::bigint) c "
+                           "FROM idemproc_outbox GROUP BY 1) s",
+                           &want),
+                 0);
+    char *got = NULL;
+    for (int u = 0; u < 7; u++) {
+        char field[32];
+        snprintf(field, sizeof(field), "user-%d", u);
+        const char *args[] = {"HGET", "idemproc:ledger:EUR", field, NULL};
+        char *v = th_redis_cli(&stk.redis, args);
+        size_t len = got ? strlen(got) : 0;
+        got = realloc(got, len + 64);
+        snprintf(got + len, 64, "%s%s=%s", u ? "," : "", field, v ? v : "");
+        free(v);
+    }
+    cr_expect_str_eq(got, want);
+    free(got);
+    free(want);
+    cr_expect_eq(th_stop(m, 15000), 0);
+}
+
+/* Kafka paused (SIGSTOP) and then the database gone: not ready, nothing
+ * marked that the broker did not acknowledge, everything published after
+ * they come back. */
+Test(outbox, broker_and_database_outages_pause_and_resume, .timeout = 240)
+{
+    setup_pg();
+    /* An idle relay whose broker does not exist is not ready. */
+    char nowhere[64];
+    snprintf(nowhere, sizeof(nowhere), "127.0.0.1:%d", th_free_port());
+    int hp0 = th_free_port();
+    pid_t r0 = relay_start("relay0", nowhere, hp0, NULL);
+    char *body = NULL;
+    int status = 0;
+    for (int t = 0; t < 300 && status != 503; t++) {
+        free(body);
+        body = NULL;
+        status = th_http_get(hp0, "/readyz", &body);
+        if (status == 503 && !(body && strstr(body, "kafka")))
+            status = 0; /* "starting": not the answer yet */
+        usleep(100000);
+    }
+    cr_expect_eq(status, 503, "an idle relay without a broker is not ready");
+    cr_expect(body && strstr(body, "kafka"), "reason: %s", body);
+    free(body);
+    cr_expect_eq(th_stop(r0, 20000), 0);
+
+    const char *topics[] = {"--topic", "payments:2", NULL};
+    cr_assert_eq(th_broker_start(&broker, topics), 0);
+    int hp = th_free_port();
+    const char *extra[] = {"kafka.message.timeout.ms=2000", NULL};
+    pid_t r = relay_start("relay1", broker.bootstrap, hp, extra);
+    cr_assert_eq(wait_status(hp, "/readyz", 200, 30000), 0);
+    const char *insert50 =
+        "INSERT INTO idemproc_outbox (key, value) SELECT 'k' || (n % 5), "
+        "jsonb_build_object('n', n) FROM generate_series(1, 50) n";
+    cr_assert_eq(th_pg_sql(&pg, insert50, NULL), 0);
+    cr_assert_eq(wait_count(UNPUBLISHED, 0, 30000), 0);
+
+    cr_assert_eq(kill(broker.pid, SIGSTOP), 0);
+    cr_assert_eq(th_pg_sql(&pg, insert50, NULL), 0);
+    cr_expect_eq(wait_status(hp, "/readyz", 503, 30000), 0,
+                 "not ready while the broker does not answer");
+    cr_expect_eq(th_http_get(hp, "/healthz", NULL), 200);
+    cr_expect_gt(metric(hp, "idemproc_outbox_errors_total{cause=\"kafka\"}"),
+                 0);
+    cr_expect_eq(th_pg_long(&pg, UNPUBLISHED), 50,
+                 "no row marked without an acknowledgement");
+    /* The lag gauges see the waiting rows (stats.interval.ms=200). */
+    for (int t = 0; t < 100 && metric(hp, "idemproc_outbox_lag_rows") != 50;
+         t++)
+        usleep(100000);
+    cr_expect_eq(metric(hp, "idemproc_outbox_lag_rows"), 50);
+    cr_expect_gt(metric(hp, "idemproc_outbox_lag_seconds"), 0);
+    cr_assert_eq(kill(broker.pid, SIGCONT), 0);
+    cr_assert_eq(wait_count(UNPUBLISHED, 0, 60000), 0);
+    cr_expect_eq(wait_status(hp, "/readyz", 200, 30000), 0);
+    for (int t = 0; t < 100 && metric(hp, "idemproc_outbox_lag_rows") != 0; t++)
+        usleep(100000);
+    cr_expect_eq(metric(hp, "idemproc_outbox_lag_rows"), 0);
+    cr_expect_eq(metric(hp, "idemproc_outbox_lag_seconds"), 0);
+    cr_expect_geq(metric(hp, "idemproc_outbox_batch_size_count"), 2);
+    cr_expect_geq(metric(hp, "idemproc_outbox_publish_latency_seconds_count"),
+                  100);
+
+    cr_assert_eq(th_pg_kill(&pg), 0);
+    cr_expect_eq(wait_status(hp, "/readyz", 503, 30000), 0,
+                 "not ready while the database is down");
+    cr_expect_eq(th_http_get(hp, "/healthz", NULL), 200);
+    cr_assert_eq(th_pg_restart(&pg), 0);
+    cr_assert_eq(th_pg_sql(&pg, insert50, NULL), 0);
+    cr_assert_eq(wait_count(UNPUBLISHED, 0, 60000), 0);
+    cr_expect_eq(wait_status(hp, "/readyz", 200, 30000), 0);
+
+    /* Every row's message_id is in the topic (resends after the outage
+     * carry the same one). */
+    recs_t recs = read_topic(broker.bootstrap, "payments");
+    char *ids = NULL;
+    cr_assert_eq(th_pg_sql(&pg,
+                           "SELECT string_agg(message_id::text, ',') FROM "
+                           "idemproc_outbox",
+                           &ids),
+                 0);
+    int missing = 0, rows = 0;
+    for (char *save = NULL, *id = strtok_r(ids, ",", &save); id;
+         id = strtok_r(NULL, ",", &save)) {
+        rows++;
+        int found = 0;
+        for (size_t i = 0; i < recs.n && !found; i++)
+            found = recs.v[i].mid && !strcmp(recs.v[i].mid, id);
+        missing += !found;
+    }
+    cr_expect_eq(rows, 150);
+    cr_expect_eq(missing, 0, "%d rows not in the topic", missing);
+    cr_expect_geq(recs.n, 150);
+    free(ids);
+    recs_free(&recs);
+    cr_expect_eq(th_stop(r, 20000), 0);
+}
+
+/* Configuration errors exit 2 naming the key; the DSN's password never
+ * reaches the logs. */
+Test(outbox, configuration_errors_and_no_password_in_logs, .timeout = 60)
+{
+    workdir = th_tmpdir();
+    char path[600];
+    snprintf(path, sizeof(path), "%s/a.properties", workdir);
+    cr_assert_eq(th_write_file(path, "kafka.bootstrap.servers=127.0.0.1:1\n"),
+                 0);
+    char *argv[] = {(char *)th_bin(), "outbox", "-c", path, NULL};
+    char *err = NULL;
+    cr_expect_eq(th_run(argv, NULL, &err, 10000), 2);
+    cr_expect(err && strstr(err, "outbox.dsn: required"), "%s", err);
+    free(err);
+    cr_assert_eq(th_write_file(path, "kafka.bootstrap.servers=127.0.0.1:1\n"
+                                     "outbox.dsn=host=127.0.0.1\n"
+                                     "outbox.table=x; DROP TABLE y\n"),
+                 0);
+    err = NULL;
+    cr_expect_eq(th_run(argv, NULL, &err, 10000), 2);
+    cr_expect(err && strstr(err, "outbox.table"), "%s", err);
+    free(err);
+
+    int closed = th_free_port();
+    char conf[600];
+    snprintf(conf, sizeof(conf),
+             "kafka.bootstrap.servers=127.0.0.1:1\n"
+             "outbox.dsn=host=127.0.0.1 port=%d user=postgres "
+             "password=s3cr3t-pw dbname=x connect_timeout=1\n"
+             "http.listen=\n"
+             "retry.backoff.max.ms=200\n",
+             closed);
+    cr_assert_eq(th_write_file(path, conf), 0);
+    char log[600];
+    snprintf(log, sizeof(log), "%s/relay.log", workdir);
+    pid_t r = th_spawn(argv, NULL, log, NULL);
+    char *text = NULL;
+    for (int t = 0; t < 100; t++) {
+        free(text);
+        text = th_slurp(log, NULL);
+        if (text && strstr(text, "database unavailable"))
+            break;
+        usleep(100000);
+    }
+    cr_expect_eq(th_stop(r, 10000), 0);
+    free(text);
+    text = th_slurp(log, NULL);
+    cr_assert(text);
+    cr_expect(strstr(text, "outbox database unavailable"), "%s", text);
+    cr_expect_null(strstr(text, "s3cr3t-pw"), "password in the log: %s", text);
+    free(text);
+
+    /* check-config redacts it too. */
+    char *cargv[] = {
+        (char *)th_bin(), "check-config", "-c",    path,
+        "--set",          "group.id=g",   "--set", "input.topics=a",
+        "--set",          "dlq.topic=d",  NULL};
+    char *out = NULL;
+    cr_expect_eq(th_run(cargv, &out, NULL, 10000), 0);
+    cr_expect(out && strstr(out, "outbox.dsn=[redacted]"), "%s", out);
+    cr_expect(out && !strstr(out, "s3cr3t-pw"));
+    free(out);
+}
+
+/* outbox.after=delete on a table of another name (spelled in mixed case)
+ * with a bytea value, woken by NOTIFY alone (poll.ms is a minute):
+ * published rows are deleted, the bytes arrive unchanged with the row's
+ * own headers and topic, and a row without any topic is kept with its
+ * error. */
+Test(outbox, delete_mode_bytea_values_headers_and_topics, .timeout = 120)
+{
+    setup_pg();
+    cr_assert_eq(
+        th_pg_sql(&pg,
+                  "CREATE SCHEMA app; CREATE TABLE app.events (LIKE "
+                  "idemproc_outbox INCLUDING ALL); ALTER TABLE app.events "
+                  "ALTER COLUMN value TYPE bytea USING NULL; CREATE TRIGGER "
+                  "n AFTER INSERT ON app.events FOR EACH STATEMENT EXECUTE "
+                  "FUNCTION idemproc_outbox_notify()",
+                  NULL),
+        0);
+    const char *topics[] = {"--topic", "payments:2", "--topic", "audit:1",
+                            NULL};
+    cr_assert_eq(th_broker_start(&broker, topics), 0);
+    /* No outbox.topic: rows name their topic or fail. */
+    int hp = th_free_port();
+    const char *conf = relay_conf(
+        "relay1", broker.bootstrap, hp,
+        (const char *const[]){"outbox.table=App.Events", "outbox.after=delete",
+                              "outbox.poll.ms=60000", NULL});
+    /* relay_conf wrote outbox.topic=payments; drop it. */
+    char *text = th_slurp(conf, NULL);
+    char *t = strstr(text, "outbox.topic=payments\n");
+    cr_assert(t);
+    memmove(t, t + strlen("outbox.topic=payments\n"),
+            strlen(t + strlen("outbox.topic=payments\n")) + 1);
+    cr_assert_eq(th_write_file(conf, text), 0);
+    free(text);
+    char log[600];
+    snprintf(log, sizeof(log), "%s/relay1.log", workdir);
+    char *argv[] = {(char *)th_bin(), "outbox", "-c", (char *)conf, NULL};
+    pid_t r = th_spawn(argv, NULL, log, NULL);
+    cr_assert_eq(wait_status(hp, "/readyz", 200, 30000), 0);
+    usleep(300000); /* the first claim is over: only NOTIFY wakes it now */
+    cr_assert_eq(
+        th_pg_sql(&pg,
+                  "INSERT INTO app.events (topic, key, value, headers, "
+                  "idempotency_key) VALUES "
+                  "('payments', 'a', '\\x00ff0102'::bytea, "
+                  "'{\"trace\": \"t-1\", \"n\": 7}', 'ik-a'), "
+                  "('audit', 'b', 'plain text'::bytea, NULL, NULL), "
+                  "(NULL, 'c', 'x'::bytea, NULL, NULL)",
+                  NULL),
+        0);
+    cr_assert_eq(wait_count("SELECT count(*) FROM app.events", 1, 20000), 0,
+                 "published rows are deleted (woken by NOTIFY)");
+    char *left = NULL;
+    cr_assert_eq(
+        th_pg_sql(&pg, "SELECT key || ': ' || error FROM app.events", &left),
+        0);
+    cr_expect(left && !strncmp(left, "c: no topic", 11), "%s", left);
+    free(left);
+
+    char err[512];
+    rd_kafka_conf_t *kc = rd_kafka_conf_new();
+    rd_kafka_conf_set(kc, "bootstrap.servers", broker.bootstrap, err,
+                      sizeof(err));
+    rd_kafka_conf_set(kc, "group.id", "outbox-bytes", err, sizeof(err));
+    rd_kafka_conf_set(kc, "auto.offset.reset", "earliest", err, sizeof(err));
+    rd_kafka_conf_set(kc, "fetch.wait.max.ms", "10", err, sizeof(err));
+    rd_kafka_t *rk = rd_kafka_new(RD_KAFKA_CONSUMER, kc, err, sizeof(err));
+    cr_assert(rk, "%s", err);
+    rd_kafka_poll_set_consumer(rk);
+    rd_kafka_topic_partition_list_t *l = rd_kafka_topic_partition_list_new(2);
+    rd_kafka_topic_partition_list_add(l, "payments", -1);
+    rd_kafka_topic_partition_list_add(l, "audit", -1);
+    rd_kafka_subscribe(rk, l);
+    rd_kafka_topic_partition_list_destroy(l);
+    int seen = 0;
+    for (int t2 = 0; t2 < 300 && seen < 2; t2++) {
+        rd_kafka_message_t *m = rd_kafka_consumer_poll(rk, 100);
+        if (!m)
+            continue;
+        if (!m->err) {
+            seen++;
+            const char *topic = rd_kafka_topic_name(m->rkt);
+            rd_kafka_headers_t *h = NULL;
+            rd_kafka_message_headers(m, &h);
+            const void *v;
+            size_t sz;
+            if (!strcmp(topic, "payments")) {
+                cr_expect_eq(m->len, 4);
+                cr_expect(!memcmp(m->payload, "\x00\xff\x01\x02", 4),
+                          "bytea value arrives byte for byte");
+                cr_expect_eq(rd_kafka_header_get_last(h, "trace", &v, &sz), 0);
+                cr_expect(sz == 3 && !memcmp(v, "t-1", 3));
+                cr_expect_eq(rd_kafka_header_get_last(h, "n", &v, &sz), 0);
+                cr_expect(sz == 1 && !memcmp(v, "7", 1));
+                cr_expect_eq(
+                    rd_kafka_header_get_last(h, "idempotency_key", &v, &sz), 0);
+                cr_expect(sz == 4 && !memcmp(v, "ik-a", 4));
+            } else {
+                cr_expect_str_eq(topic, "audit");
+                cr_expect(m->len == 10 &&
+                          !memcmp(m->payload, "plain text", 10));
+                cr_expect_neq(
+                    rd_kafka_header_get_last(h, "idempotency_key", &v, &sz), 0,
+                    "no idempotency_key header for NULL");
+            }
+            cr_expect_eq(rd_kafka_header_get_last(h, "message_id", &v, &sz), 0);
+            cr_expect_eq(sz, 36);
+        }
+        rd_kafka_message_destroy(m);
+    }
+    cr_expect_eq(seen, 2);
+    rd_kafka_consumer_close(rk);
+    rd_kafka_destroy(rk);
+    cr_expect_eq(th_stop(r, 20000), 0);
+}
+
+/* SIGTERM while the batch in hand waits to be marked (a SHARE lock holds
+ * the mark back): the relay finishes it, commits, and exits 0; nothing is
+ * published twice. */
+Test(outbox, sigterm_finishes_the_batch_in_hand, .timeout = 120)
+{
+    setup_pg();
+    const char *topics[] = {"--topic", "payments:2", NULL};
+    cr_assert_eq(th_broker_start(&broker, topics), 0);
+    cr_assert_eq(th_pg_sql(&pg,
+                           "INSERT INTO idemproc_outbox (key, value) SELECT "
+                           "'k' || (n % 9), jsonb_build_object('n', n) FROM "
+                           "generate_series(1, 100) n",
+                           NULL),
+                 0);
+    char port[16];
+    snprintf(port, sizeof(port), "%d", pg.port);
+    char *lock_argv[] = {"/usr/bin/psql",
+                         "-X",
+                         "-q",
+                         "-h",
+                         "127.0.0.1",
+                         "-p",
+                         port,
+                         "-U",
+                         "postgres",
+                         "-c",
+                         "BEGIN; LOCK TABLE idemproc_outbox IN SHARE MODE; "
+                         "SELECT pg_sleep(600);",
+                         NULL};
+    char *lock_env[] = {"PGAPPNAME=outbox-test-locker", NULL};
+    pid_t locker = th_spawn(lock_argv, NULL, NULL, lock_env);
+    cr_assert_eq(wait_count("SELECT count(*) FROM pg_locks l JOIN pg_class c "
+                            "ON c.oid = l.relation WHERE c.relname = "
+                            "'idemproc_outbox' AND l.mode = 'ShareLock' AND "
+                            "l.granted",
+                            1, 30000),
+                 0);
+    pid_t r = relay_start("relay1", broker.bootstrap, 0, NULL);
+    for (int t = 0; t < 300 && topic_size(broker.bootstrap, "payments") < 100;
+         t++)
+        usleep(100000);
+    cr_assert_eq(topic_size(broker.bootstrap, "payments"), 100);
+    cr_assert_eq(kill(r, SIGTERM), 0);
+    usleep(500000);
+    cr_expect_eq(th_wait(r, 0), -1, "the relay waits for its mark");
+    cr_assert_eq(th_pg_sql(&pg,
+                           "SELECT pg_terminate_backend(pid) FROM "
+                           "pg_stat_activity WHERE application_name = "
+                           "'outbox-test-locker'",
+                           NULL),
+                 0);
+    th_wait(locker, 10000);
+    cr_expect_eq(th_wait(r, 30000), 0, "exit 0 after the drain");
+    cr_expect_eq(th_pg_long(&pg, UNPUBLISHED), 0,
+                 "the batch in hand was marked");
+    cr_expect_eq(topic_size(broker.bootstrap, "payments"), 100,
+                 "nothing published twice");
+}
+
+/* Without a database or Kafka: the outbox scope needs no group, topics or
+ * Redis, requires outbox.dsn, refuses table names that are not plain
+ * identifiers; delivery errors split into the row's fault and outages. */
+Test(outbox, configuration_scope_and_error_classes)
+{
+    char err[512];
+    char *sets[] = {"kafka.bootstrap.servers=127.0.0.1:9092",
+                    "outbox.dsn=host=db password=pw",
+                    "outbox.table=app.Outbox_1"};
+    idem_conf_t *c = idem_conf_load_scope(
+        NULL, NULL, sets, 3, IDEM_CONF_SCOPE_OUTBOX, err, sizeof(err));
+    cr_assert(c, "%s", err);
+    cr_expect_eq(c->outbox_batch_max, 5000);
+    cr_expect_eq(c->outbox_after, IDEM_OUTBOX_AFTER_MARK);
+    cr_expect(c->member_id && *c->member_id);
+    idem_conf_destroy(c);
+    cr_expect_null(idem_conf_load(NULL, NULL, sets, 3, err, sizeof(err)),
+                   "run still needs its group");
+    const char *bad[] = {"x y", "1abc",  "a.b.c", "a;b",
+                         "",    "\"q\"", ".a",    "a."};
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        char set[64];
+        snprintf(set, sizeof(set), "outbox.table=%s", bad[i]);
+        char *s2[] = {sets[0], sets[1], set};
+        c = idem_conf_load_scope(NULL, NULL, s2, 3, IDEM_CONF_SCOPE_OUTBOX, err,
+                                 sizeof(err));
+        cr_expect_null(c, "outbox.table=%s accepted", bad[i]);
+        cr_expect(strstr(err, "outbox.table"), "%s", err);
+        idem_conf_destroy(c);
+    }
+    char *nodsn[] = {sets[0]};
+    cr_expect_null(idem_conf_load_scope(
+        NULL, NULL, nodsn, 1, IDEM_CONF_SCOPE_OUTBOX, err, sizeof(err)));
+    cr_expect(strstr(err, "outbox.dsn: required"), "%s", err);
+
+    cr_expect(
+        idem_outbox_err_is_permanent(RD_KAFKA_RESP_ERR_MSG_SIZE_TOO_LARGE));
+    cr_expect(idem_outbox_err_is_permanent(RD_KAFKA_RESP_ERR_INVALID_RECORD));
+    cr_expect_not(
+        idem_outbox_err_is_permanent(RD_KAFKA_RESP_ERR__MSG_TIMED_OUT));
+    cr_expect_not(idem_outbox_err_is_permanent(RD_KAFKA_RESP_ERR__TRANSPORT));
+    cr_expect_not(idem_outbox_err_is_permanent(
+        RD_KAFKA_RESP_ERR_NOT_LEADER_FOR_PARTITION));
+}
+
+/* The race the claim's second half closes: while a relay scans, another
+ * holder of a key's bucket lets go. The scan skipped the key's older row
+ * X while the bucket was taken, then gets the bucket for its newer row Y
+ * (100,000 rows of another, held key lie in between to make the scan
+ * long). Publishing Y then would put it before X; the relay must leave Y
+ * for a later batch. Five keys are let go one after another, each at a
+ * moment unrelated to the relay's scans: without the check, each one
+ * lands inside a scan with a probability of about one half. */
+Test(outbox, a_key_released_during_a_scan_keeps_its_order, .timeout = 180)
+{
+    setup_pg();
+    enum { NKEYS = 5 };
+    const char *keys[] = {"ka", "kb", "kc", "kd", "ke", "filler"};
+    cr_assert_eq(th_pg_long(&pg, "SELECT count(DISTINCT hashtext(k) & 1023) "
+                                 "FROM unnest(ARRAY['ka', 'kb', 'kc', 'kd', "
+                                 "'ke', 'filler']) k"),
+                 NKEYS + 1, "the keys must be in different buckets");
+    cr_assert_eq(
+        th_pg_sql(&pg,
+                  "INSERT INTO idemproc_outbox (key, value) SELECT k, "
+                  "'{\"seq\": 1}' FROM unnest(ARRAY['ka', 'kb', 'kc', 'kd', "
+                  "'ke']) k; "
+                  "INSERT INTO idemproc_outbox (key, value) SELECT 'filler', "
+                  "'{}' FROM generate_series(1, 100000); INSERT INTO "
+                  "idemproc_outbox (key, value) SELECT k, '{\"seq\": 2}' FROM "
+                  "unnest(ARRAY['ka', 'kb', 'kc', 'kd', 'ke']) k",
+                  NULL),
+        0);
+    cr_assert_eq(th_pg_sql(&pg, "VACUUM ANALYZE idemproc_outbox", NULL), 0);
+    const char *topics[] = {"--topic", "payments:2", NULL};
+    cr_assert_eq(th_broker_start(&broker, topics), 0);
+    /* One session per key holds its bucket (session-level locks). */
+    char port[16];
+    snprintf(port, sizeof(port), "%d", pg.port);
+    pid_t lockers[NKEYS + 1];
+    for (int i = 0; i <= NKEYS; i++) {
+        char sql[256], app[64];
+        snprintf(sql, sizeof(sql),
+                 "SELECT pg_advisory_lock(hashtext('idemproc_outbox'), "
+                 "hashtext('%s') & 1023); SELECT pg_sleep(600);",
+                 keys[i]);
+        snprintf(app, sizeof(app), "PGAPPNAME=outbox-test-%s", keys[i]);
+        char *argv[] = {"/usr/bin/psql", "-X", "-q", "-h",
+                        "127.0.0.1",     "-p", port, "-U",
+                        "postgres",      "-c", sql,  NULL};
+        char *env[] = {app, NULL};
+        lockers[i] = th_spawn(argv, NULL, NULL, env);
+    }
+    cr_assert_eq(wait_count("SELECT count(*) FROM pg_locks WHERE locktype = "
+                            "'advisory' AND granted",
+                            NKEYS + 1, 30000),
+                 0);
+    /* 2n covers every row: the check looks at all of them. */
+    const char *extra[] = {"outbox.poll.ms=10", "outbox.batch.max=60000", NULL};
+    pid_t r = relay_start("relay1", broker.bootstrap, 0, extra);
+    usleep(1000000); /* the relay scans again and again, claiming nothing */
+    cr_expect_eq(th_pg_long(&pg, UNPUBLISHED), 100000 + 2 * NKEYS);
+    for (int i = 0; i < NKEYS; i++) {
+        char sql[256];
+        snprintf(sql, sizeof(sql),
+                 "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                 "WHERE application_name = 'outbox-test-%s'",
+                 keys[i]);
+        cr_assert_eq(th_pg_sql(&pg, sql, NULL), 0);
+        th_wait(lockers[i], 10000);
+        snprintf(sql, sizeof(sql),
+                 "SELECT count(*) FROM idemproc_outbox WHERE key = '%s' AND "
+                 "published_at IS NOT NULL",
+                 keys[i]);
+        cr_assert_eq(wait_count(sql, 2, 30000), 0);
+        usleep(37000 * (unsigned)(i + 1)); /* out of step with the scans */
+    }
+    cr_expect_eq(th_stop(r, 20000), 0);
+    cr_assert_eq(th_pg_sql(&pg,
+                           "SELECT pg_terminate_backend(pid) FROM "
+                           "pg_stat_activity WHERE application_name = "
+                           "'outbox-test-filler'",
+                           NULL),
+                 0);
+    th_wait(lockers[NKEYS], 10000);
+    recs_t recs = read_topic(broker.bootstrap, "payments");
+    cr_assert_eq(recs.n, 2 * NKEYS, "only the k rows were published");
+    int last[NKEYS] = {0};
+    for (size_t i = 0; i < recs.n; i++) {
+        int k = recs.v[i].key[1] - 'a';
+        cr_assert(k >= 0 && k < NKEYS, "key %s", recs.v[i].key);
+        int seq = strstr(recs.v[i].value, "1") ? 1 : 2;
+        cr_expect_eq(seq, last[k] + 1, "key %s: seq %d after %d", recs.v[i].key,
+                     seq, last[k]);
+        last[k] = seq;
+    }
+    recs_free(&recs);
+}
