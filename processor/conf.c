@@ -629,6 +629,12 @@ static int kafka_set(idem_conf_t *conf, const char *prop, const char *value,
                      char *errstr, size_t errstr_size)
 {
     const char *instead = idem_kafka_managed(prop);
+    /* The outbox relay owns its producer: how long it lingers and how long
+     * it waits for an acknowledgement are the user's (an undelivered row
+     * is simply published again). */
+    if (instead && conf->scope == IDEM_CONF_SCOPE_OUTBOX &&
+        (!strcmp(prop, "linger.ms") || !strcmp(prop, "message.timeout.ms")))
+        instead = NULL;
     if (instead) {
         err_set(errstr, errstr_size,
                 "kafka.%s: set by idemproc itself, not configurable (%s)", prop,
@@ -1147,6 +1153,7 @@ idem_conf_t *idem_conf_load_scope(const char *path, char **envp, char **sets,
                                   char *errstr, size_t errstr_size)
 {
     idem_conf_t *conf = idem_conf_new();
+    conf->scope = scope;
     if (path && idem_conf_load_file(conf, path, errstr, errstr_size))
         goto fail;
     if (idem_conf_load_env(conf, envp, errstr, errstr_size))

@@ -36,6 +36,7 @@ typedef enum {
  * (never assign them directly outside tests); strings are owned by the conf
  * and freed by idem_conf_destroy(). Unset optional strings are NULL. */
 typedef struct idem_conf_s {
+    idem_conf_scope_t scope; /* the command it is loaded for */
     char *bootstrap_servers; /* kafka.bootstrap.servers */
     char *group_id;
     char *input_topics; /* comma list; "^" prefix = regex subscription */
