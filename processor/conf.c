@@ -373,11 +373,21 @@ static const char *closest_key(const char *name)
     return best_d <= 1 + strlen(name) / 4 ? best : NULL;
 }
 
-static int is_secret_kafka_prop(const char *name)
+int idem_conf_kafka_prop_is_secret(const char *name)
 {
-    return strstr(name, "password") || strstr(name, "secret") ||
-           strstr(name, "sasl.jaas") || strstr(name, "key.pem") ||
-           strstr(name, "oauthbearer.config") || strstr(name, "keystore");
+    static const char *const patterns[] = {
+        "password", "secret",  "sasl.jaas", "key.pem", "oauthbearer.config",
+        "keystore", "ssl.key", "ssl_key",   "token",   "credential",
+    };
+    char low[256];
+    size_t i;
+    for (i = 0; name[i] && i < sizeof(low) - 1; i++)
+        low[i] = (char)tolower((unsigned char)name[i]);
+    low[i] = '\0';
+    for (size_t j = 0; j < sizeof(patterns) / sizeof(patterns[0]); j++)
+        if (strstr(low, patterns[j]))
+            return 1;
+    return 0;
 }
 
 /* Reads a whole small file (a mounted secret) into a new string, trailing
@@ -889,7 +899,7 @@ void idem_conf_dump(const idem_conf_t *conf, FILE *out)
                 prop_value(conf, &props[i], buf, sizeof(buf)));
     for (size_t i = 0; i < conf->kafka_cnt; i++)
         fprintf(out, "kafka.%s=%s\n", conf->kafka[i].name,
-                is_secret_kafka_prop(conf->kafka[i].name)
+                idem_conf_kafka_prop_is_secret(conf->kafka[i].name)
                     ? "[redacted]"
                     : conf->kafka[i].value);
 }

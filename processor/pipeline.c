@@ -383,13 +383,15 @@ static void rec_finish(idem_pipeline_t *p, rec_t *r, idem_outcome_t o)
     p->progress_records++;
 }
 
-static void rec_duplicate(idem_pipeline_t *p, rec_t *r, const char *prior)
+static void rec_duplicate(idem_pipeline_t *p, rec_t *r,
+                          const idem_store_result_t *res)
 {
     /* The same message_id means Kafka (or the producer) delivered the very
      * same message again; a new message_id with a known idempotency key is
      * a client that sent the operation again. A record whose earlier store
      * call failed after it may have run counts as processed. */
-    int same = !strcmp(prior, r->env.message_id);
+    int same = res->prior_mid_len == r->env.message_id_len &&
+               !memcmp(res->prior_mid, r->env.message_id, res->prior_mid_len);
     if (same && r->store_sent) {
         rec_finish(p, r, IDEM_OUTCOME_PROCESSED);
         return;
@@ -533,7 +535,7 @@ static int ledger_recv(idem_pipeline_t *p, char *errstr, size_t errstr_size)
             rec_finish(p, r, IDEM_OUTCOME_PROCESSED);
             break;
         case IDEM_MARK_DONE:
-            rec_duplicate(p, r, res[i].prior_mid);
+            rec_duplicate(p, r, &res[i]);
             break;
         case IDEM_MARK_REJECT:
             rec_poison(r, IDEM_REASON_HANDLER_REJECTED, res[i].detail);
@@ -597,6 +599,9 @@ static int forward_send(idem_pipeline_t *p, rec_t *r, char *errstr,
                         size_t errstr_size)
 {
     json_t *root = json_loadb(r->msg->payload, r->msg->len, 0, NULL);
+    if (!root) /* an integer beyond 64 bits, which the envelope accepts */
+        root = json_loadb(r->msg->payload, r->msg->len, JSON_DECODE_INT_AS_REAL,
+                          NULL);
     if (!root) { /* cannot happen: the envelope parsed it */
         snprintf(errstr, errstr_size, "forward: value no longer parses");
         return -1;
@@ -671,7 +676,7 @@ static int handle_forward(idem_pipeline_t *p, size_t n, char *errstr,
             claimed++;
             break;
         case IDEM_MARK_DONE:
-            rec_duplicate(p, r, res[i].prior_mid);
+            rec_duplicate(p, r, &res[i]);
             break;
         case IDEM_MARK_AGAIN: /* due again as soon as the first is done */
             p->again = 1;
