@@ -82,9 +82,9 @@ int idem_amount_parse(const char *text, size_t len, int64_t *minor,
      * has too many decimals, which k and the count tell), k = exponent -
      * fraction digits + trailing zeros. */
     int64_t sig = 0;
-    int sig_digits = 0, extra = 0; /* digits beyond the 13 kept */
-    int zeros = 0;                 /* pending trailing zeros of S */
-    long k = 0;
+    long long sig_digits = 0, extra = 0; /* extra: digits past the 13 kept */
+    long long zeros = 0;                 /* pending trailing zeros of S */
+    long long k = 0;
     int any = 0, frac = 0;
     for (; i < len; i++) {
         char c = text[i];
@@ -119,10 +119,10 @@ int idem_amount_parse(const char *text, size_t len, int64_t *minor,
         int eneg = 0;
         if (i < len && (text[i] == '+' || text[i] == '-'))
             eneg = text[i++] == '-';
-        long e = 0;
+        long long e = 0; /* capped far beyond any value's length */
         int edigits = 0;
         for (; i < len && text[i] >= '0' && text[i] <= '9'; i++, edigits++)
-            if (e < 100000)
+            if (e < 100000000000LL)
                 e = e * 10 + (text[i] - '0');
         if (!edigits)
             any = 0;
@@ -146,10 +146,10 @@ int idem_amount_parse(const char *text, size_t len, int64_t *minor,
         return -1;
     }
     /* cents = S * 10^(k+2): at most 12 digits when in range. */
-    long scale = k + 2;
+    long long scale = k + 2;
     int64_t cents = sig;
     int too_large = sig_digits + extra + scale > 12;
-    for (long j = 0; !too_large && j < scale; j++)
+    for (long long j = 0; !too_large && j < scale; j++)
         cents *= 10;
     if (too_large || cents > AMOUNT_MAX_CENTS) {
         snprintf(errstr, errstr_size,
