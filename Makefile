@@ -53,7 +53,7 @@ TEST_ARGS ?=
 
 # The test objects need Criterion, which only deps-check-test installs.
 .PHONY: all deps deps-check deps-check-test deps-check-fuzz test check-format \
-        format demo bench chaos fuzz fuzz-build clean install help
+        format demo bench chaos fuzz fuzz-build tsan memcheck clean install help
 
 all: $(BIN)
 
@@ -65,6 +65,8 @@ help:
 	@echo "make chaos      kills, Redis kill -9, broker faults at once; exact or fail"
 	@echo "                (CHAOS_SEED, CHAOS_RECORDS, CHAOS_SECONDS)"
 	@echo "make fuzz       each libFuzzer target for FUZZ_SECONDS (default 60)"
+	@echo "make tsan       ThreadSanitizer: the HTTP thread against the loop's updates"
+	@echo "make memcheck   make demo (fewer records) with every process under valgrind"
 	@echo "make format     clang-format the sources"
 	@echo "make SAN=address,undefined ...   sanitizer build"
 	@echo "make deps       install the Debian packages listed in DEB_PKGS"
@@ -116,13 +118,15 @@ $(BIN): $(OBJS)
 $(TEST_BIN): $(TEST_OBJS) $(LIB_OBJS)
 	$(CC) $(LDFLAGS) -o $@ $^ $(TEST_LIBS) $(LDLIBS_ALL)
 
+FORMAT_SRCS = processor/*.[ch] tests/*.[ch] tests/fuzz/*.c tests/tsan/*.c
+
 check-format: | deps-check-test
-	@out=$$(clang-format --dry-run --Werror processor/*.[ch] tests/*.[ch] 2>&1); \
+	@out=$$(clang-format --dry-run --Werror $(FORMAT_SRCS) 2>&1); \
 	if [ -n "$$out" ]; then echo "$$out" | head -20; echo "check-format: run 'make format'"; exit 1; fi; \
 	echo "check-format: ok"
 
 format: | deps-check-test
-	clang-format -i processor/*.[ch] tests/*.[ch]
+	clang-format -i $(FORMAT_SRCS)
 
 test: check-format $(BIN) $(TEST_BIN)
 	IDEMPROC_BIN=$(abspath $(BIN)) IDEMPROC_SRC=$(abspath .) \
@@ -133,6 +137,22 @@ demo: $(BIN) | deps-check-test
 
 bench: $(BIN) | deps-check-test
 	@tests/bench.sh $(BIN)
+
+# ThreadSanitizer: the HTTP thread against a thread updating the metrics as
+# the loop does (tests/tsan/http_loop.c; Criterion does not run under TSan).
+TSAN_BUILD ?= build-tsan
+
+tsan:
+	@$(MAKE) --no-print-directory BUILD=$(TSAN_BUILD) SAN=thread \
+	  $(TSAN_BUILD)/tsan_http_loop
+	TSAN_OPTIONS="halt_on_error=1 exitcode=66" $(TSAN_BUILD)/tsan_http_loop
+
+$(BUILD)/tsan_%: tests/tsan/%.c $(LIB_OBJS)
+	$(CC) $(ALL_CFLAGS) -Iprocessor -o $@ $< $(LIB_OBJS) $(LDFLAGS) $(LDLIBS_ALL)
+
+memcheck: $(BIN) | deps-check-test
+	@command -v valgrind >/dev/null || $(MAKE) --no-print-directory deps DEB_PKGS="$(CHECK_DEB_PKGS)"
+	@tests/memcheck.sh $(BIN)
 
 chaos: $(BIN) | deps-check-test
 	@tests/chaos.sh $(BIN)

@@ -43,8 +43,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                 env.identity_len > IDEM_ENVELOPE_ID_MAX ||
                 env.message_id_len > IDEM_ENVELOPE_ID_MAX)
                 abort();
-            if (ledger && (env.amount_minor < 1 ||
-                           env.amount_minor > 100000000000LL))
+            if (ledger &&
+                (env.amount_minor < 1 || env.amount_minor > 100000000000LL))
                 abort();
         } else if (reason >= IDEM_REASON_CNT || !err[0]) {
             abort();
@@ -60,8 +60,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         double d = strtod(text, NULL) * 100.0;
         free(text);
         double diff = d - (double)minor;
-        if (minor < 1 || minor > 100000000000LL || diff > 1e-3 * (double)minor ||
-            -diff > 1e-3 * (double)minor)
+        if (minor < 1 || minor > 100000000000LL ||
+            diff > 1e-3 * (double)minor || -diff > 1e-3 * (double)minor)
             abort();
     }
     free(value);
