@@ -14,7 +14,7 @@
 #   CHAOS_SEED     seed of everything random here (printed; default: random)
 #   CHAOS_RECORDS  unique payments + poison records (default 300000)
 #   CHAOS_SECONDS  how long the chaos lasts (default 300)
-#   CHAOS_SETTLE   seconds allowed afterwards to verify exact (default 240)
+#   CHAOS_SETTLE   seconds allowed afterwards to verify exact (default 600)
 #   CHAOS_KEEP     keep the temp dir (logs, schedule) when set
 #
 # The same seed gives the same traffic, fault schedule and kill sequence
@@ -25,7 +25,7 @@ BIN=${1:-build/idemproc}
 SEED=${CHAOS_SEED:-$((($(date +%s%N) / 1000) % 1000000))}
 RECORDS=${CHAOS_RECORDS:-300000}
 DURATION=${CHAOS_SECONDS:-300}
-SETTLE=${CHAOS_SETTLE:-240}
+SETTLE=${CHAOS_SETTLE:-600}
 MEMBERS=(chaos-1 chaos-2 chaos-3)
 PARTITIONS=64 # the mock keeps ~5 MiB per partition: 330k x ~430 B
 DLQ_PARTITIONS=8
