@@ -712,6 +712,46 @@ static int check_redis_url(const char *url, char *errstr, size_t errstr_size)
     return 0;
 }
 
+#define REGEX_SIZE_MAX 1000 /* copies of a subexpression a regex may make */
+
+/* An upper bound of how many copies of a subexpression compiling `re`
+ * makes: glibc's regcomp copies the operand of '+' once and of {m,n} n
+ * times, and nested or stacked repetitions multiply (`^a+++...` with 40
+ * '+' asks for 2^40 copies: gigabytes and minutes). The product of every
+ * repetition's factor bounds it whatever the nesting. */
+static double regex_size_bound(const char *re)
+{
+    double bound = 1;
+    for (const char *p = re; *p; p++) {
+        if (*p == '\\' && p[1]) {
+            p++;
+        } else if (*p == '[') { /* a bracket expression: no operators */
+            const char *q = p + 1;
+            if (*q == '^')
+                q++;
+            if (*q == ']')
+                q++;
+            while (*q && *q != ']')
+                q++;
+            if (!*q)
+                break;
+            p = q;
+        } else if (*p == '+') {
+            bound *= 2;
+        } else if (*p == '{') {
+            char *end;
+            double m = strtod(p + 1, &end), n = m;
+            if (*end == ',')
+                n = end[1] == '}' ? m + 1 : strtod(end + 1, &end);
+            double f = (n > m ? n : m) + 1;
+            bound *= f >= 1 ? f : 1; /* (not a count: regcomp refuses it) */
+        }
+        if (bound > 1e12)
+            return bound;
+    }
+    return bound;
+}
+
 /* Whether input entry `entry` (a name, or "^regex" as librdkafka takes
  * it) would consume `topic`. Returns 1, 0, or -1 with errstr for a regex
  * that does not compile. POSIX extended syntax is close enough to
@@ -721,6 +761,13 @@ static int topic_matches(const char *entry, const char *topic, char *errstr,
 {
     if (*entry != '^')
         return !strcmp(entry, topic);
+    if (regex_size_bound(entry) > REGEX_SIZE_MAX) {
+        err_set(errstr, errstr_size,
+                "input.topics: regex \"%s\" repeats too much (nested or "
+                "stacked +, {m,n}: at most %d copies in all)",
+                entry, REGEX_SIZE_MAX);
+        return -1;
+    }
     regex_t re;
     int rc = regcomp(&re, entry, REG_EXTENDED | REG_NOSUB);
     if (rc) {

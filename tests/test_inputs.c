@@ -235,3 +235,36 @@ Test(inputs, produce_verbose_masks_every_secret, .timeout = 60)
     free(out);
     free(err);
 }
+
+/* Found by the conf_file fuzzer: stacked or nested repetitions in an
+ * input.topics regex made the config check's regcomp take gigabytes. Now
+ * they are refused at once with an error naming the key. */
+Test(inputs, regex_with_explosive_repetitions_is_refused, .timeout = 30)
+{
+    const char *bad[] = {
+        "input.topics=payments,^a++++++++++++++++++++++++++++++"
+        "++++++++",
+        "input.topics=^((((((((((a+)+)+)+)+)+)+)+)+)+)+",
+        "input.topics=^(a{100}){100}", "input.topics=^x{5000}"};
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        char *sets[] = {"kafka.bootstrap.servers=127.0.0.1:1", "dlq.topic=d",
+                        "redis.url=redis://127.0.0.1:1/0", "group.id=g",
+                        (char *)bad[i]};
+        char err[512] = "";
+        idem_conf_t *conf =
+            idem_conf_load(NULL, NULL, sets, 5, err, sizeof(err));
+        cr_expect_null(conf, "%s accepted", bad[i]);
+        idem_conf_destroy(conf);
+        cr_expect(strstr(err, "input.topics: regex") &&
+                      strstr(err, "repeats too much"),
+                  "%s: %s", bad[i], err);
+    }
+    /* Ordinary patterns still work. */
+    char *ok[] = {"kafka.bootstrap.servers=127.0.0.1:1", "dlq.topic=d",
+                  "redis.url=redis://127.0.0.1:1/0", "group.id=g",
+                  "input.topics=^pay(ments)?-[a-z]+\\.v[0-9]{2}$"};
+    char err[512] = "";
+    idem_conf_t *conf = idem_conf_load(NULL, NULL, ok, 5, err, sizeof(err));
+    cr_expect(conf, "%s", err);
+    idem_conf_destroy(conf);
+}
