@@ -2,6 +2,8 @@
  * the handlers need, or a poison reason with a human-readable error. */
 #include "envelope.h"
 
+#include "util.h"
+
 #include <jansson.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -366,6 +368,41 @@ static int parse_ledger_fields(json_t *obj, const char *value, size_t len,
     }
     memcpy(out->currency, c, 4);
     return 0;
+}
+
+char *idem_envelope_set_member(const void *value, size_t len, const char *name,
+                               const char *text, size_t *out_len)
+{
+    const char *v = value, *at;
+    size_t at_len, tl = strlen(text), nl = strlen(name);
+    char *out = idem_xmalloc(len + nl + tl + 8);
+    size_t o = 0;
+    if (member_text(v, len, name, &at, &at_len)) {
+        memcpy(out, v, (size_t)(at - v));
+        o = (size_t)(at - v);
+        memcpy(out + o, text, tl);
+        o += tl;
+        size_t rest = len - (size_t)(at - v) - at_len;
+        memcpy(out + o, at + at_len, rest);
+        o += rest;
+    } else {
+        size_t close = len;
+        while (close > 0 && v[close - 1] != '}')
+            close--;
+        close = close ? close - 1 : 0; /* the object's closing brace */
+        size_t first = skip_ws(v, len, skip_ws(v, len, 0) + 1);
+        int empty = first >= close;
+        memcpy(out, v, close);
+        o = close;
+        o += (size_t)sprintf(out + o, "%s\"%s\":", empty ? "" : ",", name);
+        memcpy(out + o, text, tl);
+        o += tl;
+        memcpy(out + o, v + close, len - close);
+        o += len - close;
+    }
+    out[o] = '\0';
+    *out_len = o;
+    return out;
 }
 
 int idem_envelope_parse(const void *value, size_t len,

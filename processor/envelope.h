@@ -48,4 +48,13 @@ int idem_envelope_parse(const void *value, size_t len,
 int idem_amount_parse(const char *text, size_t len, int64_t *minor,
                       char *errstr, size_t errstr_size);
 
+/* A copy of the JSON object `value` (`len` bytes, one idem_envelope_parse
+ * accepted) with member `name` set to the JSON text `text`: its value
+ * replaced where the member exists, else the member added last. Every
+ * other byte is kept as it was (amounts keep their digits). Returns a new
+ * NUL-terminated string the caller frees with free(), its length in
+ * *out_len. */
+char *idem_envelope_set_member(const void *value, size_t len, const char *name,
+                               const char *text, size_t *out_len);
+
 #endif

@@ -268,3 +268,41 @@ Test(inputs, regex_with_explosive_repetitions_is_refused, .timeout = 30)
     cr_expect(conf, "%s", err);
     idem_conf_destroy(conf);
 }
+
+/* The forward handler's output: the input's own bytes plus processed_at.
+ * Re-serialising through a double turned 619.74 into 619.74000000000001,
+ * which the amount rule (rightly) refuses when the output is read back. */
+Test(inputs, forward_copy_keeps_the_value_bytes)
+{
+    struct {
+        const char *in, *out;
+    } cases[] = {
+        {"{\"idempotency_key\":\"k\",\"user_id\":\"u\",\"amount\":619.74,"
+         "\"currency\":\"EUR\"}",
+         "{\"idempotency_key\":\"k\",\"user_id\":\"u\",\"amount\":619.74,"
+         "\"currency\":\"EUR\",\"processed_at\":\"T\"}"},
+        {" { \"a\" : 1 } \n", " { \"a\" : 1 ,\"processed_at\":\"T\"} \n"},
+        {"{}", "{\"processed_at\":\"T\"}"},
+        {"{ }", "{ \"processed_at\":\"T\"}"},
+        {"{\"processed_at\":\"old\",\"b\":{\"processed_at\":1}}",
+         "{\"processed_at\":\"T\",\"b\":{\"processed_at\":1}}"},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        size_t len;
+        char *out = idem_envelope_set_member(cases[i].in, strlen(cases[i].in),
+                                             "processed_at", "\"T\"", &len);
+        cr_expect_str_eq(out, cases[i].out, "case %zu", i);
+        cr_expect_eq(len, strlen(cases[i].out));
+        free(out);
+    }
+    /* and it parses back with the same amount */
+    size_t len;
+    char *out = idem_envelope_set_member(cases[0].in, strlen(cases[0].in),
+                                         "processed_at", "\"T\"", &len);
+    char err[256] = "";
+    int64_t m = 0;
+    cr_expect_eq(reason_of(out, err, sizeof(err), &m), IDEM_REASON_CNT, "%s",
+                 err);
+    cr_expect_eq(m, 61974);
+    free(out);
+}
