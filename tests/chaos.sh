@@ -329,17 +329,39 @@ T_CHAOS=$(now_ms)
 for m in "${!RESTART_AT[@]}"; do member_start "$m"; unset "RESTART_AT[$m]"; done
 SENT=$(grep -o '"sent": *[0-9]*' "$DIR/expect.json" | grep -o '[0-9]*$')
 WANT_APPLIED=$(grep -o '"applied": *[0-9]*' "$DIR/expect.json" | grep -o '[0-9]*$')
+# progress: one line on where the group stands (applied so far, and from
+# the members: partitions assigned, consumer lag, ready), which tells a
+# group still catching up (lag > 0, or fewer than all partitions assigned)
+# from records skipped (lag 0, all assigned, applied short).
+progress() {
+    local m a=0 l=0 r=0 body
+    for m in "${MEMBERS[@]}"; do
+        body=$(metrics "${HTTP_PORT[$m]}" || true)
+        a=$((a + $(awk '/^idemproc_assigned_partitions / { s += $2 } END { print int(s) }' <<<"$body")))
+        l=$((l + $(awk '/^idemproc_consumer_lag_records[{ ]/ { s += $2 } END { print int(s) }' <<<"$body")))
+        r=$((r + $(awk '/^idemproc_ready / { s += $2 } END { print int(s) }' <<<"$body")))
+    done
+    echo "chaos: +$((($(now_ms) - T_CHAOS) / 1000))s after the chaos: applied" \
+        "$(redis-cli -h 127.0.0.1 -p "$REDIS_PORT" get idemproc:ledger:applied 2>/dev/null)" \
+        "of $WANT_APPLIED; partitions assigned $a of $PARTITIONS; consumer lag $l; members ready $r"
+}
 VERIFY_OUT='(not run)'
 verified=0
 deadline=$((T_CHAOS + SETTLE * 1000))
+last_progress=0
 while (($(now_ms) < deadline)); do
     sleep 3
+    if (($(now_ms) - last_progress >= 20000)); then
+        progress
+        last_progress=$(now_ms)
+    fi
     if VERIFY_OUT=$("$BIN" verify -c "$CONF" --expect "$DIR/expect.json" --dlq \
         --timeout-ms 15000 2>&1); then
         verified=1
         break
     fi
 done
+((verified)) || progress
 T_VERIFIED=$(now_ms)
 APPLIED=$(redis-cli -h 127.0.0.1 -p "$REDIS_PORT" get idemproc:ledger:applied 2>/dev/null || echo 0)
 APPLIED=${APPLIED:-0}
