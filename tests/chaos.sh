@@ -245,6 +245,9 @@ message.max.bytes=4096
 kafka.fetch.wait.max.ms=10
 kafka.session.timeout.ms=6000
 kafka.heartbeat.interval.ms=500
+# refresh topic metadata often: an injected Metadata error must not leave a
+# member with a stale view of the topic for librdkafka's default 5 minutes
+kafka.topic.metadata.refresh.interval.ms=5000
 batch.max.wait.ms=10
 commit.interval.ms=200
 log.format=text
