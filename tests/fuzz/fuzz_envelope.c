@@ -2,7 +2,9 @@
  * headers through idem_envelope_parse, and the amount rule on raw text.
  * Input: 1 byte = length of the idempotency_key header (0xff = absent),
  * 1 byte = length of the message_id header (0xff = absent), the header
- * bytes, then the value. The processor does not read the Kafka key. */
+ * bytes, then the value. The processor does not read the Kafka key.
+ * A value that parses is also copied the way the forward handler does
+ * (idem_envelope_set_member), and the copy must parse to the same. */
 #include "envelope.h"
 
 #include <stdint.h>
@@ -46,6 +48,19 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             if (ledger &&
                 (env.amount_minor < 1 || env.amount_minor > 100000000000LL))
                 abort();
+            /* The forward handler's copy (value + processed_at) must parse
+             * to the same identity and amount. */
+            size_t olen;
+            char *copy = idem_envelope_set_member(value, vlen, "processed_at",
+                                                  "\"T\"", &olen);
+            idem_envelope_t again;
+            if (idem_envelope_parse(copy, olen, h, ledger, (size_t)-1, &again,
+                                    &reason, err, sizeof(err)) ||
+                again.identity_len != env.identity_len ||
+                memcmp(again.identity, env.identity, env.identity_len) ||
+                again.amount_minor != env.amount_minor)
+                abort();
+            free(copy);
         } else if (reason >= IDEM_REASON_CNT || !err[0]) {
             abort();
         }
