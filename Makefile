@@ -130,6 +130,7 @@ format: | deps-check-test
 
 test: check-format $(BIN) $(TEST_BIN)
 	IDEMPROC_BIN=$(abspath $(BIN)) IDEMPROC_SRC=$(abspath .) \
+	  LSAN_OPTIONS=suppressions=$(abspath tests/lsan.supp) \
 	  $(TEST_BIN) --jobs=$(TEST_JOBS) $(TEST_ARGS)
 
 demo: $(BIN) | deps-check-test
