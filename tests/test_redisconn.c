@@ -130,6 +130,26 @@ Test(redisconn, url_forms)
     cr_expect_eq(u.db, 2);
 }
 
+/* Fuzzer find: a query shorter than "?db=" made the parser read past the
+ * end of the URL (strtol at q + 4). Each copy is on the heap with its exact
+ * size, so the sanitizer build sees any overread. */
+Test(redisconn, short_unix_query_is_refused_without_overread)
+{
+    const char *urls[] = {"unix:///tms?", "unix:///s?d", "unix:///s?db",
+                          "unix:///s?db="};
+    for (size_t i = 0; i < sizeof(urls) / sizeof(urls[0]); i++) {
+        size_t n = strlen(urls[i]) + 1;
+        char *url = malloc(n);
+        memcpy(url, urls[i], n);
+        idem_redisconn_url_t u;
+        char err[256];
+        cr_expect_eq(idem_redisconn_url_parse(url, &u, err, sizeof(err)), -1,
+                     "%s accepted", urls[i]);
+        cr_expect(strstr(err, "?db=N"), "%s: %s", urls[i], err);
+        free(url);
+    }
+}
+
 /* Regression: the URL errors used to echo the whole URL, password and
  * all ("redis.url: no host in \"redis://:s3cr3t@/0\""). */
 Test(redisconn, url_errors_name_the_key_and_never_print_the_password)
