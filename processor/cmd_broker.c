@@ -7,6 +7,10 @@
 
 #include <inttypes.h>
 #include <getopt.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <time.h>
+#include <unistd.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -95,6 +99,26 @@ static void broker_on_dropped(const char *topic, int32_t partition, int64_t low,
 }
 
 /* Names the flag getopt stopped at, as one usage line on stderr. */
+static atomic_int watch_running = 1; /* cleared to stop watch_dropped */
+
+/* The thread that looks for partitions that lost their oldest records
+ * every 2 s (see broker_on_dropped). Its own thread, because one check can
+ * take long when a broker is down (each of its partitions waits for the
+ * timeout), and the fault schedule must stay on time. */
+static void *watch_dropped(void *arg)
+{
+    idem_watermark_t *wm = arg;
+    char errstr[512];
+    while (atomic_load(&watch_running)) {
+        for (int i = 0; i < 20 && atomic_load(&watch_running); i++)
+            usleep(100000);
+        if (atomic_load(&watch_running))
+            idem_watermark_check(wm, 2000, broker_on_dropped, NULL, errstr,
+                                 sizeof(errstr));
+    }
+    return NULL;
+}
+
 static int usage_error(int c, char **argv, const char *what)
 {
     const char *flag = argv[optind - 1];
@@ -217,16 +241,22 @@ int idem_cmd_broker(int argc, char **argv, char **envp)
 
     printf("%s\n", idem_broker_bootstraps(broker));
     fflush(stdout);
-    /* Every few seconds, look for partitions that lost their oldest
-     * records (see broker_on_dropped). */
+    /* Every few seconds, on a thread of its own, look for partitions that
+     * lost their oldest records (see watch_dropped). */
     idem_watermark_t *wm = idem_watermark_new(idem_broker_bootstraps(broker),
                                               errstr, sizeof(errstr));
+    pthread_t watcher;
     if (!wm)
         fprintf(stderr,
                 "idemproc broker: %s (no warnings about dropped "
                 "records)\n",
                 errstr);
-    int64_t next_check = idem_now_ms() + 2000;
+    else if (pthread_create(&watcher, NULL, watch_dropped, wm)) {
+        fprintf(stderr, "idemproc broker: no thread for the dropped-records "
+                        "warnings\n");
+        idem_watermark_destroy(wm);
+        wm = NULL;
+    }
     int64_t start_ms = idem_now_ms();
     size_t next = 0;
     while (broker_running) {
@@ -238,13 +268,17 @@ int idem_cmd_broker(int argc, char **argv, char **envp)
                 wait = due;
         }
         idem_sleep_ms(wait, (volatile int *)&broker_running);
-        if (wm && broker_running && idem_now_ms() >= next_check) {
-            idem_watermark_check(wm, 2000, broker_on_dropped, NULL, errstr,
-                                 sizeof(errstr));
-            next_check = idem_now_ms() + 2000;
-        }
     }
-    idem_watermark_destroy(wm);
+    if (wm) {
+        /* A check in progress against a broker that is down may take a
+         * while: wait 3 s at most, then leave it to the exit. */
+        atomic_store(&watch_running, 0);
+        struct timespec until;
+        clock_gettime(CLOCK_REALTIME, &until);
+        until.tv_sec += 3;
+        if (!pthread_timedjoin_np(watcher, NULL, &until))
+            idem_watermark_destroy(wm);
+    }
     idem_broker_destroy(broker);
     idem_faults_destroy(faults);
     return IDEM_EXIT_OK;
