@@ -364,9 +364,11 @@ static void *pump(void *arg)
     }
     if (clean)
         SSL_shutdown(t->ssl); /* close_notify, best effort */
-    /* The client sees end of stream now (and t->err, if it asks). */
-    close(t->pipe);
-    t->pipe = -1;
+    /* The client sees end of stream now (and t->err, if it asks). Only
+     * shut down, not closed: a write hiredis makes before it notices would
+     * otherwise raise SIGPIPE in a process that did not ignore it (verify,
+     * a test). idem_tlspipe_close closes it. */
+    shutdown(t->pipe, SHUT_WR);
     return NULL;
 }
 
@@ -455,6 +457,8 @@ void idem_tlspipe_close(idem_tlspipe_t *t)
     if (!t)
         return;
     pthread_join(t->thread, NULL);
+    if (t->pipe >= 0)
+        close(t->pipe);
     SSL_free(t->ssl);
     close(t->net);
     pthread_mutex_destroy(&t->lock);
