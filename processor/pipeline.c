@@ -1070,6 +1070,7 @@ static int positions_sync(idem_pipeline_t *p, char *errstr, size_t errstr_size)
     for (size_t i = 0; i < p->part_cnt; i++) {
         pos[i].topic = p->parts[i].topic;
         pos[i].partition = p->parts[i].partition;
+        pos[i].offset = -1; /* filled in by the load */
     }
     if (idem_store_positions_load(p->store, pos, p->part_cnt, errstr,
                                   errstr_size))
@@ -1264,6 +1265,7 @@ static void assign_positions(idem_pipeline_t *p,
     for (int i = 0; i < parts->cnt; i++) {
         pos[i].topic = parts->elems[i].topic;
         pos[i].partition = parts->elems[i].partition;
+        pos[i].offset = -1; /* filled in by the load */
     }
     if (idem_store_positions_load(p->store, pos, (size_t)parts->cnt, errstr,
                                   sizeof(errstr))) {
