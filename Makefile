@@ -2,7 +2,7 @@
 
 CC      ?= cc
 PREFIX  ?= /usr/local
-BUILD   := build
+BUILD   ?= build
 SAN     ?=
 VERSION := 0.1.0
 
@@ -22,7 +22,11 @@ BUILD_DEB_PKGS := build-essential pkg-config librdkafka-dev libhiredis-dev \
                   libjansson-dev libmicrohttpd-dev uuid-dev libssl-dev
 TEST_DEB_PKGS  := libcriterion-dev redis-server redis-tools kcat prometheus \
                   clang-format jq openssl
-DEB_PKGS       := $(BUILD_DEB_PKGS) $(TEST_DEB_PKGS)
+# Fuzzing (make fuzz) and the memory checks of CI (.ci/run) on top.
+FUZZ_DEB_PKGS  := clang-14 libclang-rt-14-dev
+CHECK_DEB_PKGS := valgrind
+DEB_PKGS       := $(BUILD_DEB_PKGS) $(TEST_DEB_PKGS) $(FUZZ_DEB_PKGS) \
+                  $(CHECK_DEB_PKGS)
 
 WARN    := -Wall -Wextra -Wshadow -Wstrict-prototypes -Wwrite-strings -Werror
 CFLAGS  ?= -O2 -g
@@ -48,7 +52,8 @@ TEST_JOBS ?= 2
 TEST_ARGS ?=
 
 # The test objects need Criterion, which only deps-check-test installs.
-.PHONY: all deps deps-check deps-check-test test check-format format demo bench clean install help
+.PHONY: all deps deps-check deps-check-test deps-check-fuzz test check-format \
+        format demo bench chaos fuzz fuzz-build tsan memcheck clean install help
 
 all: $(BIN)
 
@@ -57,6 +62,11 @@ help:
 	@echo "make test       format check, unit and integration tests"
 	@echo "make demo       whole pipeline on the embedded broker and a private redis"
 	@echo "make bench      one member's throughput against kcat reading the same topic"
+	@echo "make chaos      kills, Redis kill -9, broker faults at once; exact or fail"
+	@echo "                (CHAOS_SEED, CHAOS_RECORDS, CHAOS_SECONDS)"
+	@echo "make fuzz       each libFuzzer target for FUZZ_SECONDS (default 60)"
+	@echo "make tsan       ThreadSanitizer: the HTTP thread against the loop's updates"
+	@echo "make memcheck   make demo (fewer records) with every process under valgrind"
 	@echo "make format     clang-format the sources"
 	@echo "make SAN=address,undefined ...   sanitizer build"
 	@echo "make deps       install the Debian packages listed in DEB_PKGS"
@@ -74,6 +84,11 @@ deps-check-test: deps-check
 	  && command -v kcat >/dev/null && command -v promtool >/dev/null \
 	  && command -v clang-format >/dev/null && command -v jq openssl >/dev/null \
 	  || $(MAKE) --no-print-directory deps DEB_PKGS="$(TEST_DEB_PKGS)"
+
+deps-check-fuzz:
+	@command -v $(FUZZ_CC) >/dev/null \
+	  && ls /usr/lib/llvm-14/lib/clang/*/lib/linux/libclang_rt.fuzzer-x86_64.a >/dev/null 2>&1 \
+	  || $(MAKE) --no-print-directory deps DEB_PKGS="$(FUZZ_DEB_PKGS)"
 
 deps:
 	@missing=""; for p in $(DEB_PKGS); do \
@@ -103,16 +118,19 @@ $(BIN): $(OBJS)
 $(TEST_BIN): $(TEST_OBJS) $(LIB_OBJS)
 	$(CC) $(LDFLAGS) -o $@ $^ $(TEST_LIBS) $(LDLIBS_ALL)
 
+FORMAT_SRCS = processor/*.[ch] tests/*.[ch] tests/fuzz/*.c tests/tsan/*.c
+
 check-format: | deps-check-test
-	@out=$$(clang-format --dry-run --Werror processor/*.[ch] tests/*.[ch] 2>&1); \
+	@out=$$(clang-format --dry-run --Werror $(FORMAT_SRCS) 2>&1); \
 	if [ -n "$$out" ]; then echo "$$out" | head -20; echo "check-format: run 'make format'"; exit 1; fi; \
 	echo "check-format: ok"
 
 format: | deps-check-test
-	clang-format -i processor/*.[ch] tests/*.[ch]
+	clang-format -i $(FORMAT_SRCS)
 
 test: check-format $(BIN) $(TEST_BIN)
 	IDEMPROC_BIN=$(abspath $(BIN)) IDEMPROC_SRC=$(abspath .) \
+	  LSAN_OPTIONS=suppressions=$(abspath tests/lsan.supp) \
 	  $(TEST_BIN) --jobs=$(TEST_JOBS) $(TEST_ARGS)
 
 demo: $(BIN) | deps-check-test
@@ -121,10 +139,70 @@ demo: $(BIN) | deps-check-test
 bench: $(BIN) | deps-check-test
 	@tests/bench.sh $(BIN)
 
+# ThreadSanitizer: the HTTP thread against a thread updating the metrics as
+# the loop does (tests/tsan/http_loop.c; Criterion does not run under TSan).
+TSAN_BUILD ?= build-tsan
+
+tsan:
+	@$(MAKE) --no-print-directory BUILD=$(TSAN_BUILD) SAN=thread \
+	  $(TSAN_BUILD)/tsan_http_loop
+	TSAN_OPTIONS="halt_on_error=1 exitcode=66" $(TSAN_BUILD)/tsan_http_loop
+
+$(BUILD)/tsan_%: tests/tsan/%.c $(LIB_OBJS)
+	$(CC) $(ALL_CFLAGS) -Iprocessor -o $@ $< $(LIB_OBJS) $(LDFLAGS) $(LDLIBS_ALL)
+
+memcheck: $(BIN) | deps-check-test
+	@command -v valgrind >/dev/null || $(MAKE) --no-print-directory deps DEB_PKGS="$(CHECK_DEB_PKGS)"
+	@tests/memcheck.sh $(BIN)
+
+chaos: $(BIN) | deps-check-test
+	@tests/chaos.sh $(BIN)
+
+# libFuzzer targets (tests/fuzz/fuzz_<target>.c), built with clang, ASan and
+# UBSan in their own directory. Each runs FUZZ_SECONDS on a scratch corpus
+# seeded from tests/fuzz/corpus/<target>/ (new inputs stay in the build
+# dir); a crash stops make with the input under $(FUZZ_BUILD)/.
+FUZZ_CC      ?= clang-14
+FUZZ_BUILD   ?= build-fuzz
+FUZZ_SECONDS ?= 60
+FUZZ_ARGS    ?=
+FUZZ_TARGETS := envelope conf_file conf_set redis_url dlq_headers
+FUZZ_SAN     := -fsanitize=address,undefined -fno-sanitize-recover=undefined
+# (librdkafka's RD_KAFKA_V_* macros cast an int to a pointer: clang warns)
+FUZZ_CFLAGS   = -std=c11 -D_GNU_SOURCE $(WARN) -Wno-int-to-void-pointer-cast \
+                -g -O1 $(FUZZ_SAN) \
+                -fsanitize=fuzzer-no-link -DIDEM_VERSION='"$(VERSION)"' \
+                $(PKG_CFLAGS)
+FUZZ_OBJS    := $(LIB_OBJS:$(BUILD)/obj/%.o=$(FUZZ_BUILD)/obj/%.o)
+FUZZ_BINS    := $(FUZZ_TARGETS:%=$(FUZZ_BUILD)/fuzz_%)
+
+$(FUZZ_BUILD)/obj:
+	@mkdir -p $@
+
+$(FUZZ_BUILD)/obj/%.o: processor/%.c | deps-check deps-check-fuzz $(FUZZ_BUILD)/obj
+	$(FUZZ_CC) $(FUZZ_CFLAGS) -MMD -MP -c -o $@ $<
+
+$(FUZZ_BUILD)/fuzz_%: tests/fuzz/fuzz_%.c $(FUZZ_OBJS)
+	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer -Iprocessor -o $@ $^ $(LDLIBS_ALL)
+
+fuzz-build: $(FUZZ_BINS)
+
+fuzz: fuzz-build
+	@for t in $(FUZZ_TARGETS); do \
+	  mkdir -p $(FUZZ_BUILD)/corpus/$$t $(FUZZ_BUILD)/crashes/$$t; \
+	  echo "fuzz: $$t for $(FUZZ_SECONDS) s"; \
+	  $(FUZZ_BUILD)/fuzz_$$t -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1 \
+	    -artifact_prefix=$(FUZZ_BUILD)/crashes/$$t/ $(FUZZ_ARGS) \
+	    $(FUZZ_BUILD)/corpus/$$t tests/fuzz/corpus/$$t \
+	    > $(FUZZ_BUILD)/$$t.log 2>&1 \
+	    || { tail -40 $(FUZZ_BUILD)/$$t.log; echo "fuzz: $$t failed"; exit 1; }; \
+	  grep -E '^stat::number_of_executed_units|^Done' $(FUZZ_BUILD)/$$t.log; \
+	done
+
 install: $(BIN)
 	install -D -m 0755 $(BIN) $(DESTDIR)$(PREFIX)/bin/idemproc
 
 clean:
-	rm -rf $(BUILD)
+	rm -rf $(BUILD) $(FUZZ_BUILD) $(TSAN_BUILD)
 
--include $(OBJS:.o=.d) $(TEST_OBJS:.o=.d)
+-include $(OBJS:.o=.d) $(TEST_OBJS:.o=.d) $(FUZZ_OBJS:.o=.d)

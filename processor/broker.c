@@ -109,6 +109,11 @@ const char *idem_broker_bootstraps(const idem_broker_t *broker)
     return rd_kafka_mock_cluster_bootstraps(broker->mcluster);
 }
 
+rd_kafka_mock_cluster_t *idem_broker_mock(idem_broker_t *broker)
+{
+    return broker->mcluster;
+}
+
 void idem_broker_destroy(idem_broker_t *broker)
 {
     if (!broker)

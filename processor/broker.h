@@ -6,6 +6,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include <librdkafka/rdkafka.h>
+#include <librdkafka/rdkafka_mock.h>
+
 typedef struct idem_broker_s idem_broker_t;
 
 /* Starts a mock cluster of broker_cnt (1..32) brokers listening on random
@@ -31,6 +34,9 @@ int idem_broker_topic_spec_parse(const char *spec, char *name, size_t size,
 /* The bootstrap servers ("127.0.0.1:P1,127.0.0.1:P2,..."), borrowed: valid
  * until idem_broker_destroy(). */
 const char *idem_broker_bootstraps(const idem_broker_t *broker);
+
+/* The underlying mock cluster (borrowed), for fault injection. */
+rd_kafka_mock_cluster_t *idem_broker_mock(idem_broker_t *broker);
 
 /* Stops the brokers and frees everything (all data is lost). NULL is a
  * no-op. */

@@ -1,6 +1,7 @@
 /* cmd_broker: `idemproc broker`, the embedded in-memory development Kafka. */
 #include "broker.h"
 #include "cmd.h"
+#include "faults.h"
 #include "util.h"
 #include "watermark.h"
 
@@ -26,6 +27,7 @@ void idem_cmd_broker_usage(FILE *out)
     fprintf(
         out,
         "usage: idemproc broker [--brokers N] [--topic NAME:PARTITIONS]...\n"
+        "                       [--faults FILE|-]\n"
         "  An embedded development Kafka (librdkafka's mock cluster) on "
         "127.0.0.1.\n"
         "  Prints its bootstrap servers as the first line on stdout and "
@@ -37,6 +39,8 @@ void idem_cmd_broker_usage(FILE *out)
         "without\n"
         "                          creating them are auto-created with 4 "
         "partitions\n"
+        "  --faults FILE|-         apply the fault schedule in FILE (- = "
+        "stdin; below)\n"
         "  -h, --help              this text\n\n"
         "limits of the mock cluster:\n"
         "  - state is in memory only: nothing persists, and every start "
@@ -49,7 +53,31 @@ void idem_cmd_broker_usage(FILE *out)
         "    data (--topic NAME:P);\n"
         "  - it answers a fetch with no data only after fetch.wait.max.ms, so "
         "clients\n"
-        "    should set fetch.wait.max.ms low (e.g. 10).\n");
+        "    should set fetch.wait.max.ms low (e.g. 10).\n\n");
+    idem_faults_print_help(out);
+}
+
+/* Applies every fault of `f` due at `now_ms` (since the start), from
+ * index *next on; logs each on stderr. Returns the ms until the next one
+ * (-1 when none is left). */
+static int64_t faults_apply_due(idem_broker_t *broker, const idem_faults_t *f,
+                                size_t *next, int64_t now_ms)
+{
+    for (; *next < f->cnt && f->faults[*next].at_ms <= now_ms; (*next)++) {
+        const idem_fault_t *x = &f->faults[*next];
+        char what[512], err[512];
+        idem_fault_format(x, what, sizeof(what));
+        if (idem_fault_apply(broker, x, err, sizeof(err)))
+            fprintf(stderr, "idemproc broker: fault +%lldms %s failed: %s\n",
+                    (long long)now_ms, what, err);
+        else
+            fprintf(stderr, "idemproc broker: fault +%lldms %s\n",
+                    (long long)now_ms, what);
+        if (*next + 1 == f->cnt)
+            fprintf(stderr, "idemproc broker: fault schedule done (%zu)\n",
+                    f->cnt);
+    }
+    return *next < f->cnt ? f->faults[*next].at_ms - now_ms : -1;
 }
 
 /* idem_watermark_cb: the mock cluster drops a partition's oldest records
@@ -82,12 +110,14 @@ int idem_cmd_broker(int argc, char **argv, char **envp)
     (void)envp;
     static const struct option opts[] = {{"brokers", required_argument, 0, 'n'},
                                          {"topic", required_argument, 0, 't'},
+                                         {"faults", required_argument, 0, 'f'},
                                          {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
     char errstr[512];
     int broker_cnt = 1;
     char **topics = idem_xcalloc((size_t)argc, sizeof(*topics));
     size_t topic_cnt = 0;
+    const char *faults_path = NULL;
     int c;
     optind = 1;
     opterr = 0;
@@ -119,6 +149,9 @@ int idem_cmd_broker(int argc, char **argv, char **envp)
             topics[topic_cnt++] = optarg;
             break;
         }
+        case 'f':
+            faults_path = optarg;
+            break;
         case 'h':
             idem_cmd_broker_usage(stdout);
             free(topics);
@@ -138,6 +171,21 @@ int idem_cmd_broker(int argc, char **argv, char **envp)
         return IDEM_EXIT_USAGE;
     }
 
+    /* The schedule is read and checked before anything starts. */
+    idem_faults_t *faults = NULL;
+    if (faults_path) {
+        faults = idem_faults_load(faults_path, errstr, sizeof(errstr));
+        if (!faults || idem_faults_check(faults,
+                                         strcmp(faults_path, "-") ? faults_path
+                                                                  : "<stdin>",
+                                         broker_cnt, errstr, sizeof(errstr))) {
+            fprintf(stderr, "idemproc broker: --faults: %s\n", errstr);
+            idem_faults_destroy(faults);
+            free(topics);
+            return IDEM_EXIT_USAGE;
+        }
+    }
+
     struct sigaction sa;
     memset(&sa, 0, sizeof(sa));
     sa.sa_handler = broker_on_signal;
@@ -148,6 +196,7 @@ int idem_cmd_broker(int argc, char **argv, char **envp)
     idem_broker_t *broker = idem_broker_new(broker_cnt, errstr, sizeof(errstr));
     if (!broker) {
         fprintf(stderr, "idemproc broker: %s\n", errstr);
+        idem_faults_destroy(faults);
         free(topics);
         return IDEM_EXIT_FAIL;
     }
@@ -159,6 +208,7 @@ int idem_cmd_broker(int argc, char **argv, char **envp)
         if (idem_broker_topic_create(broker, name, p, errstr, sizeof(errstr))) {
             fprintf(stderr, "idemproc broker: %s\n", errstr);
             idem_broker_destroy(broker);
+            idem_faults_destroy(faults);
             free(topics);
             return IDEM_EXIT_USAGE;
         }
@@ -176,9 +226,18 @@ int idem_cmd_broker(int argc, char **argv, char **envp)
                 "idemproc broker: %s (no warnings about dropped "
                 "records)\n",
                 errstr);
-    int64_t next_check = idem_now_ms() + 2000;
+    int64_t start_ms = idem_now_ms();
+    int64_t next_check = start_ms + 2000;
+    size_t next = 0;
     while (broker_running) {
-        idem_sleep_ms(200, (volatile int *)&broker_running);
+        int64_t wait = 200;
+        if (faults) {
+            int64_t due = faults_apply_due(broker, faults, &next,
+                                           idem_now_ms() - start_ms);
+            if (due >= 0 && due < wait)
+                wait = due;
+        }
+        idem_sleep_ms(wait, (volatile int *)&broker_running);
         if (wm && broker_running && idem_now_ms() >= next_check) {
             idem_watermark_check(wm, 2000, broker_on_dropped, NULL, errstr,
                                  sizeof(errstr));
@@ -187,5 +246,6 @@ int idem_cmd_broker(int argc, char **argv, char **envp)
     }
     idem_watermark_destroy(wm);
     idem_broker_destroy(broker);
+    idem_faults_destroy(faults);
     return IDEM_EXIT_OK;
 }

@@ -526,11 +526,21 @@ static const char *closest_key(const char *name)
     return best_d <= 1 + strlen(name) / 4 ? best : NULL;
 }
 
-static int is_secret_kafka_prop(const char *name)
+int idem_conf_kafka_prop_is_secret(const char *name)
 {
-    return strstr(name, "password") || strstr(name, "secret") ||
-           strstr(name, "sasl.jaas") || strstr(name, "key.pem") ||
-           strstr(name, "oauthbearer.config") || strstr(name, "keystore");
+    static const char *const patterns[] = {
+        "password", "secret",  "sasl.jaas", "key.pem", "oauthbearer.config",
+        "keystore", "ssl.key", "ssl_key",   "token",   "credential",
+    };
+    char low[256];
+    size_t i;
+    for (i = 0; name[i] && i < sizeof(low) - 1; i++)
+        low[i] = (char)tolower((unsigned char)name[i]);
+    low[i] = '\0';
+    for (size_t j = 0; j < sizeof(patterns) / sizeof(patterns[0]); j++)
+        if (strstr(low, patterns[j]))
+            return 1;
+    return 0;
 }
 
 /* Reads a whole small file (a mounted secret) into a new string, trailing
@@ -883,6 +893,46 @@ int idem_conf_apply_kafka(const idem_conf_t *conf, rd_kafka_conf_t *kconf,
     return 0;
 }
 
+#define REGEX_SIZE_MAX 1000 /* copies of a subexpression a regex may make */
+
+/* An upper bound of how many copies of a subexpression compiling `re`
+ * makes: glibc's regcomp copies the operand of '+' once and of {m,n} n
+ * times, and nested or stacked repetitions multiply (`^a+++...` with 40
+ * '+' asks for 2^40 copies: gigabytes and minutes). The product of every
+ * repetition's factor bounds it whatever the nesting. */
+static double regex_size_bound(const char *re)
+{
+    double bound = 1;
+    for (const char *p = re; *p; p++) {
+        if (*p == '\\' && p[1]) {
+            p++;
+        } else if (*p == '[') { /* a bracket expression: no operators */
+            const char *q = p + 1;
+            if (*q == '^')
+                q++;
+            if (*q == ']')
+                q++;
+            while (*q && *q != ']')
+                q++;
+            if (!*q)
+                break;
+            p = q;
+        } else if (*p == '+') {
+            bound *= 2;
+        } else if (*p == '{') {
+            char *end;
+            double m = strtod(p + 1, &end), n = m;
+            if (*end == ',')
+                n = end[1] == '}' ? m + 1 : strtod(end + 1, &end);
+            double f = (n > m ? n : m) + 1;
+            bound *= f >= 1 ? f : 1; /* (not a count: regcomp refuses it) */
+        }
+        if (bound > 1e12)
+            return bound;
+    }
+    return bound;
+}
+
 /* Whether input entry `entry` (a name, or "^regex" as librdkafka takes
  * it) would consume `topic`. Returns 1, 0, or -1 with errstr for a regex
  * that does not compile. POSIX extended syntax is close enough to
@@ -892,6 +942,13 @@ static int topic_matches(const char *entry, const char *topic, char *errstr,
 {
     if (*entry != '^')
         return !strcmp(entry, topic);
+    if (regex_size_bound(entry) > REGEX_SIZE_MAX) {
+        err_set(errstr, errstr_size,
+                "input.topics: regex \"%s\" repeats too much (nested or "
+                "stacked +, {m,n}: at most %d copies in all)",
+                entry, REGEX_SIZE_MAX);
+        return -1;
+    }
     regex_t re;
     int rc = regcomp(&re, entry, REG_EXTENDED | REG_NOSUB);
     if (rc) {
@@ -1076,7 +1133,7 @@ void idem_conf_dump(const idem_conf_t *conf, FILE *out)
                 prop_value(conf, &props[i], buf, sizeof(buf)));
     for (size_t i = 0; i < conf->kafka_cnt; i++)
         fprintf(out, "kafka.%s=%s\n", conf->kafka[i].name,
-                is_secret_kafka_prop(conf->kafka[i].name)
+                idem_conf_kafka_prop_is_secret(conf->kafka[i].name)
                     ? "[redacted]"
                     : conf->kafka[i].value);
 }

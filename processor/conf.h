@@ -107,6 +107,10 @@ idem_conf_t *idem_conf_load(const char *path, char **envp, char **sets,
 int idem_conf_apply_kafka(const idem_conf_t *conf, rd_kafka_conf_t *kconf,
                           char *errstr, size_t errstr_size);
 
+/* Is librdkafka property `name` (without "kafka.") a secret whose value is
+ * never printed or logged? The one list every command uses. */
+int idem_conf_kafka_prop_is_secret(const char *name);
+
 /* Prints the effective configuration as key=value lines, secrets masked. */
 void idem_conf_dump(const idem_conf_t *conf, FILE *out);
 

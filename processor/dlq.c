@@ -152,15 +152,21 @@ void idem_dlq_spring_headers(rd_kafka_headers_t *h, const char *topic,
     free(trace);
 }
 
-int idem_dlq_send(idem_dlq_t *d, const rd_kafka_message_t *msg,
-                  idem_reason_t reason, const char *error, int attempts,
-                  int drop_value, void *opaque, char *errstr,
-                  size_t errstr_size)
+int idem_dlq_header_is_own(const char *name)
 {
-    rd_kafka_headers_t *orig = NULL;
+    for (int i = 0; own_headers[i]; i++)
+        if (!strcmp(name, own_headers[i]))
+            return 1;
+    return 0;
+}
+
+rd_kafka_headers_t *idem_dlq_headers_new(const rd_kafka_headers_t *orig,
+                                         const idem_dlq_origin_t *o,
+                                         idem_reason_t reason,
+                                         const char *error, int attempts)
+{
     rd_kafka_headers_t *h;
-    if (rd_kafka_message_headers(msg, &orig) == RD_KAFKA_RESP_ERR_NO_ERROR &&
-        orig) {
+    if (orig) {
         h = rd_kafka_headers_copy(orig);
         for (int i = 0; own_headers[i]; i++)
             rd_kafka_header_remove(h, own_headers[i]);
@@ -168,29 +174,51 @@ int idem_dlq_send(idem_dlq_t *d, const rd_kafka_message_t *msg,
         h = rd_kafka_headers_new(12);
     }
     char num[32], ts[40];
-    rd_kafka_timestamp_type_t tstype;
-    int64_t tsv = rd_kafka_message_timestamp(msg, &tstype);
-    int fmt = d->conf->dlq_headers_format;
-    if (fmt != IDEM_DLQ_HEADERS_SPRING) {
+    if (o->format != IDEM_DLQ_HEADERS_SPRING) {
         hdr_add(h, "dlq.reason", idem_reason2str(reason));
         hdr_add(h, "dlq.error", error);
-        hdr_add(h, "dlq.original.topic", rd_kafka_topic_name(msg->rkt));
-        snprintf(num, sizeof(num), "%" PRId32, msg->partition);
+        hdr_add(h, "dlq.original.topic", o->topic);
+        snprintf(num, sizeof(num), "%" PRId32, o->partition);
         hdr_add(h, "dlq.original.partition", num);
-        snprintf(num, sizeof(num), "%" PRId64, msg->offset);
+        snprintf(num, sizeof(num), "%" PRId64, o->offset);
         hdr_add(h, "dlq.original.offset", num);
-        snprintf(num, sizeof(num), "%" PRId64, tsv);
+        snprintf(num, sizeof(num), "%" PRId64, o->timestamp);
         hdr_add(h, "dlq.original.timestamp", num);
-        hdr_add(h, "dlq.group", d->conf->group_id);
+        hdr_add(h, "dlq.group", o->group);
         snprintf(num, sizeof(num), "%d", attempts);
         hdr_add(h, "dlq.attempts", num);
         hdr_add(h, "dlq.failed.at",
-                idem_rfc3339(idem_wall_ms(), ts, sizeof(ts)));
+                idem_rfc3339(o->failed_at_ms, ts, sizeof(ts)));
     }
-    if (fmt != IDEM_DLQ_HEADERS_IDEMPROC)
-        idem_dlq_spring_headers(
-            h, rd_kafka_topic_name(msg->rkt), msg->partition, msg->offset, tsv,
-            tstype, d->conf->group_id, idem_reason2str(reason), error);
+    if (o->format != IDEM_DLQ_HEADERS_IDEMPROC)
+        idem_dlq_spring_headers(h, o->topic, o->partition, o->offset,
+                                o->timestamp, o->tstype, o->group,
+                                idem_reason2str(reason), error);
+    return h;
+}
+
+int idem_dlq_send(idem_dlq_t *d, const rd_kafka_message_t *msg,
+                  idem_reason_t reason, const char *error, int attempts,
+                  int drop_value, void *opaque, char *errstr,
+                  size_t errstr_size)
+{
+    rd_kafka_headers_t *orig = NULL;
+    if (rd_kafka_message_headers(msg, &orig) != RD_KAFKA_RESP_ERR_NO_ERROR)
+        orig = NULL;
+    rd_kafka_timestamp_type_t tstype;
+    idem_dlq_origin_t o = {
+        .topic = rd_kafka_topic_name(msg->rkt),
+        .partition = msg->partition,
+        .offset = msg->offset,
+        .timestamp = rd_kafka_message_timestamp(msg, &tstype),
+        .group = d->conf->group_id,
+        .failed_at_ms = idem_wall_ms(),
+        .format = d->conf->dlq_headers_format,
+    };
+    o.tstype = tstype;
+    rd_kafka_headers_t *h =
+        idem_dlq_headers_new(orig, &o, reason, error, attempts);
+    char num[32];
 
     rd_kafka_resp_err_t err;
     for (;;) {

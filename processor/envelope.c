@@ -2,8 +2,9 @@
  * the handlers need, or a poison reason with a human-readable error. */
 #include "envelope.h"
 
+#include "util.h"
+
 #include <jansson.h>
-#include <math.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <stdio.h>
@@ -68,38 +69,221 @@ static void arena_end(void)
     arena.used = 0;
 }
 
-int idem_amount_to_minor(double amount, int64_t *minor, char *errstr,
-                         size_t errstr_size)
+#define AMOUNT_MAX_CENTS 100000000000LL /* AMOUNT_MAX in minor units */
+
+int idem_amount_parse(const char *text, size_t len, int64_t *minor,
+                      char *errstr, size_t errstr_size)
 {
-    if (!isfinite(amount) || amount <= 0 || amount > AMOUNT_MAX) {
+    int shown = len > 64 ? 64 : (int)len; /* the literal, as quoted */
+    size_t i = 0;
+    int neg = 0;
+    if (i < len && text[i] == '-')
+        neg = 1, i++;
+    /* value = S * 10^k with S the significant digits without trailing zeros
+     * (at most 13 kept: with more the amount is either above the maximum or
+     * has too many decimals, which k and the count tell), k = exponent -
+     * fraction digits + trailing zeros. */
+    int64_t sig = 0;
+    long long sig_digits = 0, extra = 0; /* extra: digits past the 13 kept */
+    long long zeros = 0;                 /* pending trailing zeros of S */
+    long long k = 0;
+    int any = 0, frac = 0;
+    for (; i < len; i++) {
+        char c = text[i];
+        if (c == '.' && !frac) {
+            frac = 1;
+            continue;
+        }
+        if (c < '0' || c > '9')
+            break;
+        any = 1;
+        if (frac)
+            k--;
+        if (c == '0') {
+            if (sig_digits)
+                zeros++;
+            continue;
+        }
+        /* A nonzero digit: the pending zeros belong to S. */
+        for (; zeros > 0; zeros--)
+            if (sig_digits < 13)
+                sig = sig * 10, sig_digits++;
+            else
+                extra++;
+        if (sig_digits < 13)
+            sig = sig * 10 + (c - '0'), sig_digits++;
+        else
+            extra++;
+    }
+    k += zeros; /* trailing zeros of S go to the exponent */
+    if (i < len && (text[i] == 'e' || text[i] == 'E')) {
+        i++;
+        int eneg = 0;
+        if (i < len && (text[i] == '+' || text[i] == '-'))
+            eneg = text[i++] == '-';
+        long long e = 0; /* capped far beyond any value's length */
+        int edigits = 0;
+        for (; i < len && text[i] >= '0' && text[i] <= '9'; i++, edigits++)
+            if (e < 100000000000LL)
+                e = e * 10 + (text[i] - '0');
+        if (!edigits)
+            any = 0;
+        k += eneg ? -e : e;
+    }
+    if (!any || i != len) {
+        snprintf(errstr, errstr_size, "amount: %.*s is not a number", shown,
+                 text);
+        return -1;
+    }
+    if (neg || (sig_digits == 0 && !extra)) {
         snprintf(errstr, errstr_size,
-                 "amount: %.17g must be above 0 and at most %.0f", amount,
+                 "amount: %.*s must be above 0 and at most %.0f", shown, text,
                  AMOUNT_MAX);
         return -1;
     }
-    double scaled = amount * 100.0;
-    double rounded = nearbyint(scaled);
-    /* A decimal with at most 2 places, parsed to the nearest double and
-     * scaled, lands within a few units in the last place of an integer;
-     * any further digit puts it measurably farther away. */
-    double ulp = nextafter(fabs(scaled), INFINITY) - fabs(scaled);
-    if (fabs(scaled - rounded) > 8 * ulp) {
-        snprintf(errstr, errstr_size, "amount: %.17g has more than 2 decimals",
-                 amount);
+    /* The last significant digit (kept or not) is at 10^k. */
+    if (k < -2) {
+        snprintf(errstr, errstr_size, "amount: %.*s has more than 2 decimals",
+                 shown, text);
         return -1;
     }
-    if (rounded < 1) {
-        snprintf(errstr, errstr_size, "amount: %.17g is below 0.01", amount);
+    /* cents = S * 10^(k+2): at most 12 digits when in range. */
+    long long scale = k + 2;
+    int64_t cents = sig;
+    int too_large = sig_digits + extra + scale > 12;
+    for (long long j = 0; !too_large && j < scale; j++)
+        cents *= 10;
+    if (too_large || cents > AMOUNT_MAX_CENTS) {
+        snprintf(errstr, errstr_size,
+                 "amount: %.*s must be above 0 and at most %.0f", shown, text,
+                 AMOUNT_MAX);
         return -1;
     }
-    *minor = (int64_t)rounded;
+    *minor = cents;
     return 0;
 }
 
-/* Copies header `name` into out when present (as a string). Returns 1 when
- * found, 0 when absent, -1 when too long. */
-static int header_string(const rd_kafka_headers_t *headers, const char *name,
-                         char *out, size_t out_size)
+/* A small scanner over JSON that jansson has already accepted. */
+static size_t skip_ws(const char *b, size_t len, size_t i)
+{
+    while (i < len &&
+           (b[i] == ' ' || b[i] == '\t' || b[i] == '\n' || b[i] == '\r'))
+        i++;
+    return i;
+}
+
+static size_t skip_string(const char *b, size_t len, size_t i)
+{
+    for (i++; i < len && b[i] != '"'; i++)
+        if (b[i] == '\\')
+            i++;
+    return i + 1;
+}
+
+static size_t skip_value(const char *b, size_t len, size_t i)
+{
+    if (i < len && b[i] == '"')
+        return skip_string(b, len, i);
+    if (i < len && (b[i] == '{' || b[i] == '[')) {
+        int depth = 0;
+        while (i < len) {
+            if (b[i] == '"') {
+                i = skip_string(b, len, i);
+                continue;
+            }
+            if (b[i] == '{' || b[i] == '[')
+                depth++;
+            else if ((b[i] == '}' || b[i] == ']') && --depth == 0)
+                return i + 1;
+            i++;
+        }
+        return i;
+    }
+    while (i < len && b[i] != ',' && b[i] != '}' && b[i] != ']' &&
+           b[i] != ' ' && b[i] != '\t' && b[i] != '\n' && b[i] != '\r')
+        i++;
+    return i;
+}
+
+static int hexval(char c)
+{
+    return c >= '0' && c <= '9'   ? c - '0'
+           : c >= 'a' && c <= 'f' ? c - 'a' + 10
+           : c >= 'A' && c <= 'F' ? c - 'A' + 10
+                                  : -1;
+}
+
+/* Does the JSON string at b[i] (a key, escapes and all) equal name? */
+static int key_equals(const char *b, size_t len, size_t i, const char *name)
+{
+    size_t n = 0, nlen = strlen(name);
+    for (i++; i < len && b[i] != '"'; i++, n++) {
+        int c = (unsigned char)b[i];
+        if (c == '\\' && i + 1 < len) {
+            char e = b[++i];
+            if (e == 'u' && i + 4 < len) {
+                int h[4];
+                for (int j = 0; j < 4; j++)
+                    h[j] = hexval(b[i + 1 + j]);
+                c = h[0] < 0 || h[1] < 0 || h[2] < 0 || h[3] < 0
+                        ? -1
+                        : (h[0] << 12) | (h[1] << 8) | (h[2] << 4) | h[3];
+                i += 4;
+                if (c >= 0x80)
+                    c = -1; /* never part of an ASCII name */
+            } else {
+                c = e == 'b'   ? '\b'
+                    : e == 'f' ? '\f'
+                    : e == 'n' ? '\n'
+                    : e == 'r' ? '\r'
+                    : e == 't' ? '\t'
+                               : e; /* \" \\ \/ */
+            }
+        }
+        if (n >= nlen || c != (unsigned char)name[n])
+            return 0;
+    }
+    return n == nlen;
+}
+
+/* Finds the literal text of member `name` of the JSON object in buf (which
+ * jansson has already accepted, so it is well-formed). Returns 1 with
+ * *at, *at_len set, or 0 when not found. Needed because jansson keeps
+ * numbers only as doubles or integers, and the amount rule is about the
+ * digits as written. */
+static int member_text(const char *b, size_t len, const char *name,
+                       const char **at, size_t *at_len)
+{
+    size_t i = skip_ws(b, len, 0);
+    if (i >= len || b[i] != '{')
+        return 0;
+    i = skip_ws(b, len, i + 1);
+    while (i < len && b[i] == '"') {
+        int match = key_equals(b, len, i, name);
+        i = skip_ws(b, len, skip_string(b, len, i));
+        if (i >= len || b[i] != ':')
+            return 0;
+        i = skip_ws(b, len, i + 1);
+        size_t start = i;
+        i = skip_value(b, len, i);
+        if (match) {
+            *at = b + start;
+            *at_len = i - start;
+            return 1;
+        }
+        i = skip_ws(b, len, i);
+        if (i >= len || b[i] != ',')
+            return 0;
+        i = skip_ws(b, len, i + 1);
+    }
+    return 0;
+}
+
+/* Copies header `name` into out when present: its bytes, NULs included,
+ * with their count in *out_len. Returns 1 when found, 0 when absent or
+ * empty, -1 when too long. */
+static int header_bytes(const rd_kafka_headers_t *headers, const char *name,
+                        char *out, size_t out_size, size_t *out_len)
 {
     const void *v;
     size_t sz;
@@ -109,13 +293,15 @@ static int header_string(const rd_kafka_headers_t *headers, const char *name,
         return -1;
     memcpy(out, v, sz);
     out[sz] = '\0';
+    *out_len = sz;
     return sz > 0 ? 1 : 0;
 }
 
 /* Reads optional string field `name` of obj into out. Returns 1 found,
  * 0 absent, -1 invalid (errstr filled). */
 static int field_string(json_t *obj, const char *name, char *out,
-                        size_t out_size, char *errstr, size_t errstr_size)
+                        size_t out_size, size_t *out_len, char *errstr,
+                        size_t errstr_size)
 {
     json_t *v = json_object_get(obj, name);
     if (!v || json_is_null(v))
@@ -135,14 +321,17 @@ static int field_string(json_t *obj, const char *name, char *out,
         return -1;
     }
     memcpy(out, json_string_value(v), l + 1);
+    if (out_len)
+        *out_len = l;
     return 1;
 }
 
-static int parse_ledger_fields(json_t *obj, idem_envelope_t *out, char *errstr,
+static int parse_ledger_fields(json_t *obj, const char *value, size_t len,
+                               idem_envelope_t *out, char *errstr,
                                size_t errstr_size)
 {
     int r = field_string(obj, "user_id", out->user_id, sizeof(out->user_id),
-                         errstr, errstr_size);
+                         NULL, errstr, errstr_size);
     if (r < 0)
         return -1;
     if (r == 0) {
@@ -158,8 +347,16 @@ static int parse_ledger_fields(json_t *obj, idem_envelope_t *out, char *errstr,
         snprintf(errstr, errstr_size, "amount: must be a JSON number");
         return -1;
     }
-    if (idem_amount_to_minor(json_number_value(amount), &out->amount_minor,
-                             errstr, errstr_size))
+    /* The rule is about the digits as written, so the amount is read from
+     * the record's own text, not from the double jansson made of it. */
+    const char *text;
+    size_t text_len;
+    if (!member_text(value, len, "amount", &text, &text_len)) {
+        snprintf(errstr, errstr_size, "amount: not found in the value's text");
+        return -1;
+    }
+    if (idem_amount_parse(text, text_len, &out->amount_minor, errstr,
+                          errstr_size))
         return -1;
     json_t *cur = json_object_get(obj, "currency");
     const char *c = json_is_string(cur) ? json_string_value(cur) : NULL;
@@ -171,6 +368,41 @@ static int parse_ledger_fields(json_t *obj, idem_envelope_t *out, char *errstr,
     }
     memcpy(out->currency, c, 4);
     return 0;
+}
+
+char *idem_envelope_set_member(const void *value, size_t len, const char *name,
+                               const char *text, size_t *out_len)
+{
+    const char *v = value, *at;
+    size_t at_len, tl = strlen(text), nl = strlen(name);
+    char *out = idem_xmalloc(len + nl + tl + 8);
+    size_t o = 0;
+    if (member_text(v, len, name, &at, &at_len)) {
+        memcpy(out, v, (size_t)(at - v));
+        o = (size_t)(at - v);
+        memcpy(out + o, text, tl);
+        o += tl;
+        size_t rest = len - (size_t)(at - v) - at_len;
+        memcpy(out + o, at + at_len, rest);
+        o += rest;
+    } else {
+        size_t close = len;
+        while (close > 0 && v[close - 1] != '}')
+            close--;
+        close = close ? close - 1 : 0; /* the object's closing brace */
+        size_t first = skip_ws(v, len, skip_ws(v, len, 0) + 1);
+        int empty = first >= close;
+        memcpy(out, v, close);
+        o = close;
+        o += (size_t)sprintf(out + o, "%s\"%s\":", empty ? "" : ",", name);
+        memcpy(out + o, text, tl);
+        o += tl;
+        memcpy(out + o, v + close, len - close);
+        o += len - close;
+    }
+    out[o] = '\0';
+    *out_len = o;
+    return out;
 }
 
 int idem_envelope_parse(const void *value, size_t len,
@@ -193,7 +425,14 @@ int idem_envelope_parse(const void *value, size_t len,
     }
     json_error_t jerr;
     arena_begin();
-    json_t *root = json_loadb(value, len, JSON_DECODE_ANY, &jerr);
+    /* Duplicate keys are refused: another parser that keeps the first one
+     * would disagree with us about the same bytes. Integers are decoded as
+     * reals so that a huge integer is a number (the amount rule refuses
+     * it), not a parse error. */
+    json_t *root = json_loadb(value, len,
+                              JSON_DECODE_ANY | JSON_REJECT_DUPLICATES |
+                                  JSON_DECODE_INT_AS_REAL,
+                              &jerr);
     if (!root) {
         arena_end();
         *reason = IDEM_REASON_NOT_JSON;
@@ -212,36 +451,43 @@ int idem_envelope_parse(const void *value, size_t len,
     int r = -1;
     *reason = IDEM_REASON_INVALID_FIELD;
     char key[IDEM_ENVELOPE_ID_MAX + 1] = "";
+    size_t key_len = 0;
     int have_key = field_string(root, "idempotency_key", key, sizeof(key),
-                                errstr, errstr_size);
+                                &key_len, errstr, errstr_size);
     if (have_key < 0)
         goto done;
     int have_mid = field_string(root, "message_id", out->message_id,
-                                sizeof(out->message_id), errstr, errstr_size);
+                                sizeof(out->message_id), &out->message_id_len,
+                                errstr, errstr_size);
     if (have_mid < 0)
         goto done;
-    if (!have_key && (have_key = header_string(headers, "idempotency_key", key,
-                                               sizeof(key))) < 0) {
+    if (!have_key && (have_key = header_bytes(headers, "idempotency_key", key,
+                                              sizeof(key), &key_len)) < 0) {
         snprintf(errstr, errstr_size, "idempotency_key: header too long");
         goto done;
     }
-    if (!have_mid &&
-        (have_mid = header_string(headers, "message_id", out->message_id,
-                                  sizeof(out->message_id))) < 0) {
+    if (!have_mid && (have_mid = header_bytes(
+                          headers, "message_id", out->message_id,
+                          sizeof(out->message_id), &out->message_id_len)) < 0) {
         snprintf(errstr, errstr_size, "message_id: header too long");
         goto done;
     }
+    if (!have_mid)
+        out->message_id_len = 0;
     if (have_key) {
         memcpy(out->identity, key, sizeof(out->identity));
+        out->identity_len = key_len;
     } else if (have_mid) {
         memcpy(out->identity, out->message_id, sizeof(out->identity));
+        out->identity_len = out->message_id_len;
     } else {
         *reason = IDEM_REASON_NO_IDENTITY;
         snprintf(errstr, errstr_size,
                  "neither idempotency_key nor message_id in value or headers");
         goto done;
     }
-    if (need_ledger && parse_ledger_fields(root, out, errstr, errstr_size))
+    if (need_ledger &&
+        parse_ledger_fields(root, value, len, out, errstr, errstr_size))
         goto done;
     r = 0;
 done:

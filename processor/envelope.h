@@ -13,9 +13,14 @@
 
 #define IDEM_ENVELOPE_ID_MAX 256 /* longest identity / message_id kept */
 
+/* identity and message_id are byte strings with a length: a header value
+ * may hold NUL bytes, which are data, never an end (the arrays are also
+ * NUL-terminated for printing, which stops at the first NUL). */
 typedef struct {
     char identity[IDEM_ENVELOPE_ID_MAX + 1]; /* idempotency_key or message_id */
+    size_t identity_len;
     char message_id[IDEM_ENVELOPE_ID_MAX + 1]; /* "" when absent */
+    size_t message_id_len;
     /* ledger fields (filled when `need_ledger`) */
     char user_id[IDEM_ENVELOPE_ID_MAX + 1];
     char currency[4];
@@ -34,10 +39,22 @@ int idem_envelope_parse(const void *value, size_t len,
                         idem_reason_t *reason, char *errstr,
                         size_t errstr_size);
 
-/* Converts a JSON number to minor units: exact for up to 2 decimals, no
- * floating-point drift (the decimal is rounded to the nearest cent and
- * rejected when it had more precision). Returns 0, or -1 with errstr. */
-int idem_amount_to_minor(double amount, int64_t *minor, char *errstr,
-                         size_t errstr_size);
+/* Converts the literal text of a JSON number (`len` bytes, as written in
+ * the record) to minor units, exactly and without floating point: the
+ * amount must be a whole number of cents (trailing zeros and exponents are
+ * fine: 1.50, 1.500, 15e-1), above 0 and at most 1,000,000,000. Returns 0,
+ * or -1 with errstr quoting the literal ("amount: 1.005 has more than 2
+ * decimals"). */
+int idem_amount_parse(const char *text, size_t len, int64_t *minor,
+                      char *errstr, size_t errstr_size);
+
+/* A copy of the JSON object `value` (`len` bytes, one idem_envelope_parse
+ * accepted) with member `name` set to the JSON text `text`: its value
+ * replaced where the member exists, else the member added last. Every
+ * other byte is kept as it was (amounts keep their digits). Returns a new
+ * NUL-terminated string the caller frees with free(), its length in
+ * *out_len. */
+char *idem_envelope_set_member(const void *value, size_t len, const char *name,
+                               const char *text, size_t *out_len);
 
 #endif

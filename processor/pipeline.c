@@ -464,13 +464,15 @@ static void rec_finish(idem_pipeline_t *p, rec_t *r, idem_outcome_t o)
     p->progress_records++;
 }
 
-static void rec_duplicate(idem_pipeline_t *p, rec_t *r, const char *prior)
+static void rec_duplicate(idem_pipeline_t *p, rec_t *r,
+                          const idem_store_result_t *res)
 {
     /* The same message_id means Kafka (or the producer) delivered the very
      * same message again; a new message_id with a known idempotency key is
      * a client that sent the operation again. A record whose earlier store
      * call failed after it may have run counts as processed. */
-    int same = !strcmp(prior, r->env.message_id);
+    int same = res->prior_mid_len == r->env.message_id_len &&
+               !memcmp(res->prior_mid, r->env.message_id, res->prior_mid_len);
     if (same && r->store_sent) {
         rec_finish(p, r, IDEM_OUTCOME_PROCESSED);
         return;
@@ -627,7 +629,7 @@ static int ledger_recv(idem_pipeline_t *p, char *errstr, size_t errstr_size)
             rec_finish(p, r, IDEM_OUTCOME_PROCESSED);
             break;
         case IDEM_MARK_DONE:
-            rec_duplicate(p, r, res[i].prior_mid);
+            rec_duplicate(p, r, &res[i]);
             break;
         case IDEM_MARK_REJECT:
             rec_poison(r, IDEM_REASON_HANDLER_REJECTED, res[i].detail);
@@ -690,17 +692,14 @@ static out_error_kind_t output_error_kind(rd_kafka_resp_err_t err)
 static int forward_send(idem_pipeline_t *p, rec_t *r, char *errstr,
                         size_t errstr_size)
 {
-    json_t *root = json_loadb(r->msg->payload, r->msg->len, 0, NULL);
-    if (!root) { /* cannot happen: the envelope parsed it */
-        snprintf(errstr, errstr_size, "forward: value no longer parses");
-        return -1;
-    }
-    char ts[40];
-    json_object_set_new(
-        root, "processed_at",
-        json_string(idem_rfc3339(idem_wall_ms(), ts, sizeof(ts))));
-    char *value = json_dumps(root, JSON_COMPACT | JSON_PRESERVE_ORDER);
-    json_decref(root);
+    /* The value's own bytes plus processed_at: re-serialising it would
+     * rewrite numbers (619.74 as 619.74000000000001). */
+    char ts[40], field[48];
+    snprintf(field, sizeof(field), "\"%s\"",
+             idem_rfc3339(idem_wall_ms(), ts, sizeof(ts)));
+    size_t value_len;
+    char *value = idem_envelope_set_member(r->msg->payload, r->msg->len,
+                                           "processed_at", field, &value_len);
     rd_kafka_headers_t *orig = NULL, *h = NULL;
     if (rd_kafka_message_headers(r->msg, &orig) == 0 && orig)
         h = rd_kafka_headers_copy(orig);
@@ -710,7 +709,7 @@ static int forward_send(idem_pipeline_t *p, rec_t *r, char *errstr,
         err = rd_kafka_producev(p->out, RD_KAFKA_V_RKT(p->out_rkt),
                                 RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_FREE),
                                 RD_KAFKA_V_KEY(r->msg->key, r->msg->key_len),
-                                RD_KAFKA_V_VALUE(value, strlen(value)),
+                                RD_KAFKA_V_VALUE(value, value_len),
                                 RD_KAFKA_V_HEADERS(h), RD_KAFKA_V_OPAQUE(t),
                                 RD_KAFKA_V_END);
         if (err != RD_KAFKA_RESP_ERR__QUEUE_FULL)
@@ -765,7 +764,7 @@ static int handle_forward(idem_pipeline_t *p, size_t n, char *errstr,
             claimed++;
             break;
         case IDEM_MARK_DONE:
-            rec_duplicate(p, r, res[i].prior_mid);
+            rec_duplicate(p, r, &res[i]);
             break;
         case IDEM_MARK_AGAIN: /* due again as soon as the first is done */
             p->again = 1;

@@ -2,6 +2,7 @@
  * enable.idempotence=true) that counts delivery reports. */
 #include "producer.h"
 
+#include "conf.h"
 #include "log.h"
 #include "util.h"
 
@@ -52,17 +53,6 @@ static void producer_error_cb(rd_kafka_t *rk, int err, const char *reason,
                 "error", fatal[0] ? fatal : reason, NULL);
 }
 
-/* Property names whose values never leave the process. */
-static int prop_is_secret(const char *name)
-{
-    char low[256];
-    size_t i;
-    for (i = 0; name[i] && i < sizeof(low) - 1; i++)
-        low[i] = (char)tolower((unsigned char)name[i]);
-    low[i] = '\0';
-    return strstr(low, "password") || strstr(low, "secret");
-}
-
 static void conf_dump(rd_kafka_conf_t *conf, FILE *out)
 {
     size_t cnt;
@@ -70,7 +60,8 @@ static void conf_dump(rd_kafka_conf_t *conf, FILE *out)
     fprintf(out, "# effective librdkafka producer configuration\n");
     for (size_t i = 0; i + 1 < cnt; i += 2)
         fprintf(out, "%s=%s\n", kv[i],
-                prop_is_secret(kv[i]) ? "***" : kv[i + 1]);
+                idem_conf_kafka_prop_is_secret(kv[i]) ? "[redacted]"
+                                                      : kv[i + 1]);
     rd_kafka_conf_dump_free(kv, cnt);
     rd_kafka_topic_conf_t *tconf = rd_kafka_conf_get_default_topic_conf(conf);
     if (!tconf)
@@ -78,7 +69,8 @@ static void conf_dump(rd_kafka_conf_t *conf, FILE *out)
     kv = rd_kafka_topic_conf_dump(tconf, &cnt);
     for (size_t i = 0; i + 1 < cnt; i += 2)
         fprintf(out, "%s=%s\n", kv[i],
-                prop_is_secret(kv[i]) ? "***" : kv[i + 1]);
+                idem_conf_kafka_prop_is_secret(kv[i]) ? "[redacted]"
+                                                      : kv[i + 1]);
     rd_kafka_conf_dump_free(kv, cnt);
 }
 

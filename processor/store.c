@@ -501,6 +501,7 @@ static void result_from_string(idem_store_result_t *res, const char *str,
         size_t l =
             len - 5 < IDEM_ENVELOPE_ID_MAX ? len - 5 : IDEM_ENVELOPE_ID_MAX;
         memcpy(res->prior_mid, str + 5, l);
+        res->prior_mid_len = l;
     } else if (len >= 7 && !memcmp(str, "reject:", 7)) {
         res->mark = IDEM_MARK_REJECT;
         snprintf(res->detail, sizeof(res->detail), "%.*s", (int)(len - 7),
@@ -524,9 +525,9 @@ static size_t record_args(script_t script, const idem_envelope_t *env,
                           size_t numbuf_size)
 {
     argv[0] = env->identity;
-    argvlen[0] = strlen(env->identity);
+    argvlen[0] = env->identity_len; /* byte strings: NULs are data */
     argv[1] = env->message_id;
-    argvlen[1] = strlen(env->message_id);
+    argvlen[1] = env->message_id_len;
     if (script != SCRIPT_LEDGER)
         return 2;
     argv[2] = env->currency;

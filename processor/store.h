@@ -27,6 +27,7 @@ typedef enum {
 typedef struct {
     idem_mark_t mark;
     char prior_mid[IDEM_ENVELOPE_ID_MAX + 1]; /* message_id of the done mark */
+    size_t prior_mid_len;                     /* its bytes (NULs are data) */
     char detail[128];
 } idem_store_result_t;
 

@@ -301,9 +301,9 @@ static void output_record(const rd_kafka_message_t *m, void *opaque)
         t->unparsable++;
         return;
     }
-    if (json_object_get(t->seen, env.identity))
+    if (json_object_getn(t->seen, env.identity, env.identity_len))
         return;
-    json_object_set_new(t->seen, env.identity, json_true());
+    json_object_setn_new(t->seen, env.identity, env.identity_len, json_true());
     t->distinct++;
     json_t *cur = json_object_get(t->ledger, env.currency);
     if (!cur) {

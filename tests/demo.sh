@@ -16,7 +16,7 @@
 set -euo pipefail
 
 BIN=${1:-build/idemproc}
-COUNT=100000          # unique payments + poison records
+COUNT=${DEMO_COUNT:-100000} # unique payments + poison records
 PARTITIONS=24         # the mock keeps ~5 MiB per partition: 110k x ~430 B
 DEADLINE_S=${DEMO_DEADLINE_S:-90} # for the group to consume everything
 MEMBERS=(demo-1 demo-2)

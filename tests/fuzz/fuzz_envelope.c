@@ -1,0 +1,85 @@
+/* fuzz_envelope: a record's value and its idempotency_key / message_id
+ * headers through idem_envelope_parse, and the amount rule on raw text.
+ * Input: 1 byte = length of the idempotency_key header (0xff = absent),
+ * 1 byte = length of the message_id header (0xff = absent), the header
+ * bytes, then the value. The processor does not read the Kafka key.
+ * A value that parses is also copied the way the forward handler does
+ * (idem_envelope_set_member), and the copy must parse to the same. */
+#include "envelope.h"
+
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    if (size < 2)
+        return 0;
+    size_t klen = data[0], mlen = data[1];
+    size_t pos = 2;
+    rd_kafka_headers_t *h = rd_kafka_headers_new(2);
+    if (klen != 0xff) {
+        klen = klen < size - pos ? klen : size - pos;
+        rd_kafka_header_add(h, "idempotency_key", -1, data + pos,
+                            (ssize_t)klen);
+        pos += klen;
+    }
+    if (mlen != 0xff) {
+        mlen = mlen < size - pos ? mlen : size - pos;
+        rd_kafka_header_add(h, "message_id", -1, data + pos, (ssize_t)mlen);
+        pos += mlen;
+    }
+    /* The value in a buffer of its own size, so ASan sees any overread. */
+    size_t vlen = size - pos;
+    char *value = malloc(vlen ? vlen : 1);
+    memcpy(value, data + pos, vlen);
+    idem_envelope_t env;
+    idem_reason_t reason;
+    char err[256];
+    for (int ledger = 0; ledger < 2; ledger++) {
+        if (idem_envelope_parse(value, vlen, h, ledger, 1 << 20, &env, &reason,
+                                err, sizeof(err)) == 0) {
+            if (env.identity_len == 0 ||
+                env.identity_len > IDEM_ENVELOPE_ID_MAX ||
+                env.message_id_len > IDEM_ENVELOPE_ID_MAX)
+                abort();
+            if (ledger &&
+                (env.amount_minor < 1 || env.amount_minor > 100000000000LL))
+                abort();
+            /* The forward handler's copy (value + processed_at) must parse
+             * to the same identity and amount. */
+            size_t olen;
+            char *copy = idem_envelope_set_member(value, vlen, "processed_at",
+                                                  "\"T\"", &olen);
+            idem_envelope_t again;
+            if (idem_envelope_parse(copy, olen, h, ledger, (size_t)-1, &again,
+                                    &reason, err, sizeof(err)) ||
+                again.identity_len != env.identity_len ||
+                memcmp(again.identity, env.identity, env.identity_len) ||
+                again.amount_minor != env.amount_minor)
+                abort();
+            free(copy);
+        } else if (reason >= IDEM_REASON_CNT || !err[0]) {
+            abort();
+        }
+    }
+    /* The amount rule on the raw value: what it accepts is a number whose
+     * double is within rounding of the cents it gave. */
+    int64_t minor;
+    if (idem_amount_parse(value, vlen, &minor, err, sizeof(err)) == 0) {
+        char *text = malloc(vlen + 1);
+        memcpy(text, value, vlen);
+        text[vlen] = '\0';
+        double d = strtod(text, NULL) * 100.0;
+        free(text);
+        double diff = d - (double)minor;
+        if (minor < 1 || minor > 100000000000LL ||
+            diff > 1e-3 * (double)minor || -diff > 1e-3 * (double)minor)
+            abort();
+    }
+    free(value);
+    rd_kafka_headers_destroy(h);
+    return 0;
+}
