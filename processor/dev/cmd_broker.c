@@ -258,6 +258,7 @@ int idem_cmd_broker(int argc, char **argv, char **envp)
         wm = NULL;
     }
     int64_t start_ms = idem_now_ms();
+    int64_t next_check = start_ms + 2000;
     size_t next = 0;
     while (broker_running) {
         int64_t wait = 200;
@@ -268,6 +269,11 @@ int idem_cmd_broker(int argc, char **argv, char **envp)
                 wait = due;
         }
         idem_sleep_ms(wait, (volatile int *)&broker_running);
+        if (wm && broker_running && idem_now_ms() >= next_check) {
+            idem_watermark_check(wm, 2000, broker_on_dropped, NULL, errstr,
+                                 sizeof(errstr));
+            next_check = idem_now_ms() + 2000;
+        }
     }
     if (wm) {
         /* A check in progress against a broker that is down may take a
