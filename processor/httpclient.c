@@ -18,7 +18,7 @@ typedef struct {
     CURL *easy;
     struct curl_slist *hdrs; /* this request's headers, owned */
     uint64_t tag;
-    int busy;        /* submitted and not yet finished */
+    int busy; /* submitted and not yet finished */
     int64_t start_us;
     size_t body_len; /* response bytes kept in body */
     char body[IDEM_HTTPCLIENT_BODY_MAX + 1];
@@ -94,8 +94,8 @@ static int check_header_line(const char *line, size_t len, char *errstr,
                     (int)i, line);
             return -1;
         }
-    static const char *const reserved[] = {"idempotency-key", "content-type",
-                                           "content-length", "host",
+    static const char *const reserved[] = {"idempotency-key",   "content-type",
+                                           "content-length",    "host",
                                            "transfer-encoding", NULL};
     for (size_t k = 0; reserved[k]; k++)
         if (strlen(reserved[k]) == i && !strncasecmp(line, reserved[k], i)) {
@@ -133,8 +133,8 @@ static int for_each_line(const char *list,
     return 0;
 }
 
-static int check_line_cb(const char *line, size_t len, void *ctx,
-                         char *errstr, size_t errstr_size)
+static int check_line_cb(const char *line, size_t len, void *ctx, char *errstr,
+                         size_t errstr_size)
 {
     (void)ctx;
     return check_header_line(line, len, errstr, errstr_size);
@@ -150,8 +150,8 @@ static struct curl_slist *slist_add(struct curl_slist *list, const char *s)
     return n;
 }
 
-static int append_line_cb(const char *line, size_t len, void *ctx,
-                          char *errstr, size_t errstr_size)
+static int append_line_cb(const char *line, size_t len, void *ctx, char *errstr,
+                          size_t errstr_size)
 {
     struct curl_slist **list = ctx;
     char *s = idem_xmalloc(len + 1);
@@ -248,8 +248,8 @@ idem_httpclient_t *idem_httpclient_new(const idem_httpclient_conf_t *conf,
     c->content_type_hdr = idem_xmalloc(ctl);
     snprintf(c->content_type_hdr, ctl, "Content-Type: %s", conf->content_type);
     c->timeout_ms = conf->timeout_ms;
-    c->ca_file = conf->ca_file && *conf->ca_file ? idem_xstrdup(conf->ca_file)
-                                                 : NULL;
+    c->ca_file =
+        conf->ca_file && *conf->ca_file ? idem_xstrdup(conf->ca_file) : NULL;
     c->tls_verify = conf->tls_verify;
     if (for_each_line(conf->headers, append_line_cb, &c->base, errstr,
                       errstr_size)) {
@@ -372,9 +372,9 @@ static int slot_prepare(idem_httpclient_t *c, slot_t *s, const void *body,
     return 0;
 }
 
-int idem_httpclient_submit(idem_httpclient_t *c, uint64_t tag,
-                           const void *key, size_t key_len, const void *body,
-                           size_t body_len, char *errstr, size_t errstr_size)
+int idem_httpclient_submit(idem_httpclient_t *c, uint64_t tag, const void *key,
+                           size_t key_len, const void *body, size_t body_len,
+                           char *errstr, size_t errstr_size)
 {
     if (!idem_httpclient_room(c)) {
         err_set(errstr, errstr_size, "webhook: %zu requests in flight",

@@ -64,9 +64,9 @@ size_t idem_httpclient_pending(const idem_httpclient_t *c);
  * bytes with a length, encoded by idem_httpclient_key_encode). It runs
  * during _run. Returns 0, or -1 when there is no room or libcurl refused
  * (errstr). */
-int idem_httpclient_submit(idem_httpclient_t *c, uint64_t tag,
-                           const void *key, size_t key_len, const void *body,
-                           size_t body_len, char *errstr, size_t errstr_size);
+int idem_httpclient_submit(idem_httpclient_t *c, uint64_t tag, const void *key,
+                           size_t key_len, const void *body, size_t body_len,
+                           char *errstr, size_t errstr_size);
 
 /* Moves the transfers along: waits at most wait_ms for network activity
  * (0: never blocks). Returns 0, or -1 when libcurl's multi handle fails
