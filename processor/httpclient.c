@@ -528,7 +528,7 @@ const char *idem_httpclient_class(const idem_http_result_t *r)
     case IDEM_HTTP_RESPONSE:
         if (r->status >= 100 && r->status < 600)
             return classes[r->status / 100 - 1];
-        return "other";
+        return "error";
     case IDEM_HTTP_CONNECT:
         return "connect";
     case IDEM_HTTP_TIMEOUT:
