@@ -46,6 +46,8 @@ TEST_SRCS := $(wildcard tests/*.c)
 TEST_OBJS := $(TEST_SRCS:tests/%.c=$(BUILD)/tobj/%.o)
 BIN       := $(BUILD)/idemproc
 TEST_BIN  := $(BUILD)/idemproc-tests
+# The benchmark's webhook service: the tests' scripted HTTP server.
+HOOKSINK  := $(BUILD)/hooksink
 
 # Tests build argv arrays from string literals, hence -Wno-write-strings there.
 # Criterion options for `make test`; e.g. make test TEST_ARGS='--filter=conf/*'
@@ -119,7 +121,8 @@ $(BIN): $(OBJS)
 $(TEST_BIN): $(TEST_OBJS) $(LIB_OBJS)
 	$(CC) $(LDFLAGS) -o $@ $^ $(TEST_LIBS) $(LDLIBS_ALL)
 
-FORMAT_SRCS = processor/*.[ch] tests/*.[ch] tests/fuzz/*.c tests/tsan/*.c
+FORMAT_SRCS = processor/*.[ch] tests/*.[ch] tests/fuzz/*.c tests/tsan/*.c \
+              tests/hooksink/*.c
 
 check-format: | deps-check-test
 	@out=$$(clang-format --dry-run --Werror $(FORMAT_SRCS) 2>&1); \
@@ -137,7 +140,11 @@ test: check-format $(BIN) $(TEST_BIN)
 demo: $(BIN) | deps-check-test
 	@tests/demo.sh $(BIN)
 
-bench: $(BIN) | deps-check-test
+$(HOOKSINK): tests/hooksink/hooksink.c tests/hooksrv.c tests/hooksrv.h | deps-check
+	$(CC) -std=c11 -D_GNU_SOURCE $(WARN) $(CFLAGS) $(PKG_CFLAGS) -o $@ \
+	  tests/hooksink/hooksink.c tests/hooksrv.c $(LDFLAGS) $(LDLIBS_ALL)
+
+bench: $(BIN) $(HOOKSINK) | deps-check-test
 	@tests/bench.sh $(BIN)
 
 # ThreadSanitizer: the HTTP thread against a thread updating the metrics as
