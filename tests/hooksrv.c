@@ -200,6 +200,12 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
 
 th_hook_t *th_hook_start(th_hook_reply_t dflt, int rec)
 {
+    return th_hook_start_tls(dflt, rec, NULL, NULL);
+}
+
+th_hook_t *th_hook_start_tls(th_hook_reply_t dflt, int rec,
+                             const char *cert_pem, const char *key_pem)
+{
     th_hook_t *h = calloc(1, sizeof(*h));
     pthread_mutex_init(&h->lock, NULL);
     h->dflt = reply_copy(dflt);
@@ -209,12 +215,22 @@ th_hook_t *th_hook_start(th_hook_reply_t dflt, int rec)
     sa.sin_family = AF_INET;
     sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
     sa.sin_port = 0; /* the kernel picks a free one */
-    h->daemon = MHD_start_daemon(
-        MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION, 0,
-        NULL, NULL, on_request, h, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&sa,
-        MHD_OPTION_NOTIFY_COMPLETED, on_completed, NULL,
-        MHD_OPTION_CONNECTION_TIMEOUT, (unsigned int)30,
-        MHD_OPTION_LISTEN_BACKLOG_SIZE, (unsigned int)1024, MHD_OPTION_END);
+    unsigned int flags =
+        MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION;
+    if (cert_pem)
+        h->daemon =
+            MHD_start_daemon(flags | MHD_USE_TLS, 0, NULL, NULL, on_request, h,
+                             MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&sa,
+                             MHD_OPTION_NOTIFY_COMPLETED, on_completed, NULL,
+                             MHD_OPTION_CONNECTION_TIMEOUT, (unsigned int)30,
+                             MHD_OPTION_HTTPS_MEM_CERT, cert_pem,
+                             MHD_OPTION_HTTPS_MEM_KEY, key_pem, MHD_OPTION_END);
+    else
+        h->daemon = MHD_start_daemon(
+            flags, 0, NULL, NULL, on_request, h, MHD_OPTION_SOCK_ADDR,
+            (struct sockaddr *)&sa, MHD_OPTION_NOTIFY_COMPLETED, on_completed,
+            NULL, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned int)30,
+            MHD_OPTION_LISTEN_BACKLOG_SIZE, (unsigned int)1024, MHD_OPTION_END);
     if (!h->daemon) {
         reply_free(&h->dflt);
         free(h);
@@ -223,7 +239,8 @@ th_hook_t *th_hook_start(th_hook_reply_t dflt, int rec)
     const union MHD_DaemonInfo *info =
         MHD_get_daemon_info(h->daemon, MHD_DAEMON_INFO_BIND_PORT);
     h->port = info ? (int)info->port : 0;
-    snprintf(h->url, sizeof(h->url), "http://127.0.0.1:%d/hook", h->port);
+    snprintf(h->url, sizeof(h->url), "%s://127.0.0.1:%d/hook",
+             cert_pem ? "https" : "http", h->port);
     return h;
 }
 

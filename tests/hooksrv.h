@@ -34,6 +34,11 @@ typedef struct {
 th_hook_t *th_hook_start(th_hook_reply_t dflt, int record);
 void th_hook_stop(th_hook_t *h); /* NULL is a no-op */
 
+/* th_hook_start over HTTPS with a PEM certificate and key (borrowed, may
+ * be freed after the call); the URL then starts https://. */
+th_hook_t *th_hook_start_tls(th_hook_reply_t dflt, int record,
+                             const char *cert_pem, const char *key_pem);
+
 int th_hook_port(const th_hook_t *h);
 /* "http://127.0.0.1:PORT/hook" (borrowed, lives as long as h). */
 const char *th_hook_url(const th_hook_t *h);

@@ -341,3 +341,69 @@ Test(httpclient, timeout_and_refused_connection_are_retried)
     cr_assert_str_eq(idem_httpclient_class(&r), "connect");
     idem_httpclient_destroy(c);
 }
+
+Test(httpclient, tls_verified_by_default_and_with_a_ca_file)
+{
+    /* A self-signed certificate for 127.0.0.1, made by the openssl tool. */
+    char *dir = th_tmpdir();
+    char cert[512], key[512];
+    snprintf(cert, sizeof(cert), "%s/cert.pem", dir);
+    snprintf(key, sizeof(key), "%s/key.pem", dir);
+    char *gen[] = {"/usr/bin/env",
+                   "openssl",
+                   "req",
+                   "-x509",
+                   "-newkey",
+                   "rsa:2048",
+                   "-nodes",
+                   "-days",
+                   "1",
+                   "-subj",
+                   "/CN=127.0.0.1",
+                   "-addext",
+                   "subjectAltName=IP:127.0.0.1",
+                   "-keyout",
+                   key,
+                   "-out",
+                   cert,
+                   NULL};
+    cr_assert_eq(th_run(gen, NULL, NULL, 30000), 0, "openssl req failed");
+    char *cert_pem = th_slurp(cert, NULL), *key_pem = th_slurp(key, NULL);
+    cr_assert(cert_pem && key_pem);
+    srv = th_hook_start_tls((th_hook_reply_t){.status = 200}, 1, cert_pem,
+                            key_pem);
+    cr_assert(srv);
+    cr_assert(!strncmp(th_hook_url(srv), "https://", 8));
+    char err[256];
+
+    /* Default: the peer is verified against the system store, which does
+     * not know this certificate: a TLS error, retried, nothing sent. */
+    idem_httpclient_conf_t conf = conf_for(th_hook_url(srv), 2);
+    idem_httpclient_t *c = idem_httpclient_new(&conf, err, sizeof(err));
+    cr_assert(c, "%s", err);
+    cr_assert_eq(
+        idem_httpclient_submit(c, 1, "k", 1, "{}", 2, err, sizeof(err)), 0);
+    idem_http_result_t r;
+    cr_assert_eq(run_until(c, &r, 1), 1);
+    cr_assert_eq(r.kind, IDEM_HTTP_TLS, "%d %s", (int)r.kind, r.error);
+    cr_assert_eq(idem_httpclient_classify(&r, err, sizeof(err), NULL),
+                 IDEM_HTTP_RETRY);
+    idem_httpclient_destroy(c);
+    cr_assert_eq(th_hook_count(srv), 0);
+
+    /* With the certificate as the CA file: verified, delivered. */
+    conf.ca_file = cert;
+    c = idem_httpclient_new(&conf, err, sizeof(err));
+    cr_assert(c, "%s", err);
+    cr_assert_eq(
+        idem_httpclient_submit(c, 2, "k", 1, "{}", 2, err, sizeof(err)), 0);
+    cr_assert_eq(run_until(c, &r, 1), 1);
+    cr_assert_eq(r.kind, IDEM_HTTP_RESPONSE, "%s", r.error);
+    cr_assert_eq(r.status, 200);
+    idem_httpclient_destroy(c);
+    cr_assert_eq(th_hook_count_key(srv, "k", 1), 1);
+    free(cert_pem);
+    free(key_pem);
+    th_rmrf(dir);
+    free(dir);
+}
