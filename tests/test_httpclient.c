@@ -92,6 +92,8 @@ Test(httpclient, check_names_the_bad_setting)
         {"http://h/x", "Idempotency-Key: mine", "a/b", "set by idemproc"},
         {"http://h/x", "content-type: x/y", "a/b", "webhook.content.type"},
         {"http://h/x", NULL, "", "webhook.content.type"},
+        {"http://h/x", "A: 1\\nB: 2\\n", "a/b", NULL},
+        {"http://h/x", "A: 1\\nB 2", "a/b", "not a header name"},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         const check_case_t *tc = &cases[i];

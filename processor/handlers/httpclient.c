@@ -108,8 +108,30 @@ static int check_header_line(const char *line, size_t len, char *errstr,
     return 0;
 }
 
-/* Calls fn on each non-empty line of list (newline or CRLF separated,
- * surrounding blanks trimmed). Stops at the first failure. */
+/* The end of the line starting at p: the next newline or the two
+ * characters backslash-n (a properties file cannot hold a newline), or
+ * the end of the string. *next gets where the next line starts. */
+static const char *line_end(const char *p, const char **next)
+{
+    for (const char *q = p;; q++) {
+        if (!*q) {
+            *next = q;
+            return q;
+        }
+        if (*q == '\n') {
+            *next = q + 1;
+            return q;
+        }
+        if (q[0] == '\\' && q[1] == 'n') {
+            *next = q + 2;
+            return q;
+        }
+    }
+}
+
+/* Calls fn on each non-empty line of list (separated by newlines, CRLF or
+ * a literal backslash-n; surrounding blanks trimmed). Stops at the first
+ * failure. */
 static int for_each_line(const char *list,
                          int (*fn)(const char *line, size_t len, void *ctx,
                                    char *errstr, size_t errstr_size),
@@ -119,8 +141,8 @@ static int for_each_line(const char *list,
         return 0;
     const char *p = list;
     while (*p) {
-        const char *nl = strchr(p, '\n');
-        const char *end = nl ? nl : p + strlen(p);
+        const char *next;
+        const char *end = line_end(p, &next);
         const char *a = p, *b = end;
         while (a < b && (*a == ' ' || *a == '\t'))
             a++;
@@ -128,7 +150,7 @@ static int for_each_line(const char *list,
             b--;
         if (b > a && fn(a, (size_t)(b - a), ctx, errstr, errstr_size))
             return -1;
-        p = nl ? nl + 1 : end;
+        p = next;
     }
     return 0;
 }
@@ -303,6 +325,34 @@ size_t idem_httpclient_room(const idem_httpclient_t *c)
 size_t idem_httpclient_pending(const idem_httpclient_t *c)
 {
     return c->slot_cnt - c->free_cnt + c->done_cnt;
+}
+
+size_t idem_httpclient_running(const idem_httpclient_t *c)
+{
+    return c->slot_cnt - c->free_cnt;
+}
+
+/* Frees slot s (its request finished or was aborted). */
+static void slot_release(idem_httpclient_t *c, slot_t *s)
+{
+    s->busy = 0;
+    curl_slist_free_all(s->hdrs);
+    s->hdrs = NULL;
+    c->free_slots[c->free_cnt++] = (size_t)(s - c->slots);
+}
+
+size_t idem_httpclient_abort(idem_httpclient_t *c)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < c->slot_cnt; i++) {
+        slot_t *s = &c->slots[i];
+        if (!s->busy)
+            continue;
+        curl_multi_remove_handle(c->multi, s->easy);
+        slot_release(c, s);
+        n++;
+    }
+    return n;
 }
 
 /* ------------------------------------------------------------ requests */
@@ -482,10 +532,7 @@ static void harvest(idem_httpclient_t *c)
         r->body_len = s->body_len;
         memcpy(r->body, s->body, s->body_len + 1);
         c->done_cnt++;
-        s->busy = 0;
-        curl_slist_free_all(s->hdrs);
-        s->hdrs = NULL;
-        c->free_slots[c->free_cnt++] = (size_t)(s - c->slots);
+        slot_release(c, s);
     }
 }
 

@@ -14,7 +14,7 @@ typedef struct {
     const char *url;          /* http:// or https://; borrowed during _new */
     const char *content_type; /* Content-Type of every request */
     const char *headers;      /* extra "Name: value" lines separated by
-                                 newlines, or NULL */
+                                 newlines or a literal \n, or NULL */
     int timeout_ms;           /* whole request, connect included */
     int max_inflight;         /* requests (and connections) at once */
     const char *ca_file;      /* PEM bundle, NULL for the system's */
@@ -59,6 +59,14 @@ void idem_httpclient_destroy(idem_httpclient_t *c);
 size_t idem_httpclient_room(const idem_httpclient_t *c);
 /* Requests submitted whose result was not collected yet. */
 size_t idem_httpclient_pending(const idem_httpclient_t *c);
+
+/* Requests submitted and not finished yet (pending minus the finished,
+ * uncollected ones). */
+size_t idem_httpclient_running(const idem_httpclient_t *c);
+
+/* Aborts every unfinished request (no result for them; finished ones stay
+ * collectable). Returns how many were aborted. */
+size_t idem_httpclient_abort(idem_httpclient_t *c);
 
 /* Starts a POST of body (copied) with `Idempotency-Key: <key>` (key is
  * bytes with a length, encoded by idem_httpclient_key_encode). It runs
