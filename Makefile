@@ -69,7 +69,8 @@ help:
 	@echo "make [all]      build $(BIN) (installs missing Debian packages first)"
 	@echo "make test       format check, unit and integration tests"
 	@echo "make demo       whole pipeline on the embedded broker and a private redis"
-	@echo "make bench      one member's throughput against kcat reading the same topic"
+	@echo "make bench      one member's throughput against kcat reading the same topic;"
+	@echo "                BENCH_ROWS=webhook: against an HTTP service answering in 5 ms"
 	@echo "make chaos      kills, Redis kill -9, broker faults at once; exact or fail"
 	@echo "                (CHAOS_SEED, CHAOS_RECORDS, CHAOS_SECONDS)"
 	@echo "make fuzz       each libFuzzer target for FUZZ_SECONDS (default 60)"
@@ -151,8 +152,10 @@ $(HOOKSINK): tests/hooksink/hooksink.c tests/hooksrv.c tests/hooksrv.h | deps-ch
 	$(CC) -std=c11 -D_GNU_SOURCE $(WARN) $(CFLAGS) $(PKG_CFLAGS) -o $@ \
 	  tests/hooksink/hooksink.c tests/hooksrv.c $(LDFLAGS) $(LDLIBS_ALL)
 
+# Rows of `make bench` (ledger, webhook); e.g. make bench BENCH_ROWS=webhook
+BENCH_ROWS ?=
 bench: $(BIN) $(HOOKSINK) | deps-check-test
-	@tests/bench.sh $(BIN)
+	@tests/bench.sh $(BIN) $(BENCH_ROWS)
 
 # ThreadSanitizer: the HTTP thread against a thread updating the metrics as
 # the loop does (tests/tsan/http_loop.c; Criterion does not run under TSan).
