@@ -338,6 +338,34 @@ size_t th_hook_count_key(th_hook_t *h, const char *key, int acked)
     return n;
 }
 
+static int cmp_str(const void *a, const void *b)
+{
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+size_t th_hook_keys_acked(th_hook_t *h, const char *prefix, size_t *acks)
+{
+    size_t plen = strlen(prefix), n = 0;
+    pthread_mutex_lock(&h->lock);
+    char **keys = malloc((h->req_cnt ? h->req_cnt : 1) * sizeof(*keys));
+    for (size_t i = 0; i < h->req_cnt; i++) {
+        const th_hook_req_t *q = &h->reqs[i];
+        if (q->key && !strncmp(q->key, prefix, plen) && q->status >= 200 &&
+            q->status < 300)
+            keys[n++] = q->key;
+    }
+    qsort(keys, n, sizeof(*keys), cmp_str);
+    size_t distinct = 0;
+    for (size_t i = 0; i < n; i++)
+        if (!i || strcmp(keys[i], keys[i - 1]))
+            distinct++;
+    pthread_mutex_unlock(&h->lock);
+    free(keys);
+    if (acks)
+        *acks = n;
+    return distinct;
+}
+
 th_hook_req_t *th_hook_requests(th_hook_t *h, size_t *n)
 {
     pthread_mutex_lock(&h->lock);

@@ -62,6 +62,11 @@ size_t th_hook_count_2xx(th_hook_t *h);
  * those answered 2xx. */
 size_t th_hook_count_key(th_hook_t *h, const char *key, int acked);
 
+/* Distinct Idempotency-Keys starting with prefix that were answered 2xx at
+ * least once (recording servers only); *acks (may be NULL) gets the number
+ * of 2xx answers to them, repeats included. */
+size_t th_hook_keys_acked(th_hook_t *h, const char *prefix, size_t *acks);
+
 /* A copy of every recorded request, in the order answered; *n gets the
  * count. Free with th_hook_requests_free. */
 th_hook_req_t *th_hook_requests(th_hook_t *h, size_t *n);
