@@ -148,7 +148,7 @@ test: check-format $(BIN) $(TEST_BIN)
 demo: $(BIN) | deps-check-test
 	@tests/demo.sh $(BIN)
 
-$(HOOKSINK): tests/hooksink/hooksink.c tests/hooksrv.c tests/hooksrv.h | deps-check
+$(HOOKSINK): tests/hooksink/hooksink.c tests/hooksrv.c tests/hooksrv.h | deps-check $(BUILD)/obj
 	$(CC) -std=c11 -D_GNU_SOURCE $(WARN) $(CFLAGS) $(PKG_CFLAGS) -o $@ \
 	  tests/hooksink/hooksink.c tests/hooksrv.c $(LDFLAGS) $(LDLIBS_ALL)
 
