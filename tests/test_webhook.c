@@ -25,6 +25,9 @@ static void srv_stop(void)
 
 TestSuite(webhook, .fini = srv_stop, .timeout = 90);
 
+static th_stack_t stk; /* static: the suite's .fini stops it after a
+                          failed assertion */
+
 static void run_fini(void)
 {
     srv_stop();
@@ -364,7 +367,7 @@ static int wait_acked(const char *prefix, size_t want, int timeout_ms)
     return -1;
 }
 
-static pid_t start_member(th_stack_t *stk, const char *name, int port,
+static pid_t start_member(th_stack_t *s, const char *name, int port,
                           const char *inflight)
 {
     char listen[64], url[128], infl[64];
@@ -380,7 +383,7 @@ static pid_t start_member(th_stack_t *stk, const char *name, int port,
                           "retry.backoff.initial.ms=50",
                           "retry.backoff.max.ms=200",
                           NULL};
-    return th_stack_member(stk, name, sets);
+    return th_stack_member(s, name, sets);
 }
 
 /* Waits until the member's records_total sums to n. */
@@ -407,7 +410,6 @@ Test(webhook_run, duplicates_rejects_poison_and_retries_end_exact)
     cr_assert(srv);
     th_hook_rule_body(srv, "\"reject\":true",
                       (th_hook_reply_t){422, 0, NULL, "nope"});
-    th_stack_t stk;
     cr_assert_eq(th_stack_start(&stk, 4, NULL), 0);
     char path[600];
     snprintf(path, sizeof(path), "%s/in.jsonl", stk.dir);
@@ -505,7 +507,6 @@ Test(webhook_run, sigkill_mid_stream_then_restart_acknowledges_every_key)
      * kill lands mid-stream. */
     srv = th_hook_start((th_hook_reply_t){.status = 200, .delay_ms = 20}, 1);
     cr_assert(srv);
-    th_stack_t stk;
     cr_assert_eq(th_stack_start(&stk, 4, NULL), 0);
     char path[600];
     snprintf(path, sizeof(path), "%s/in.jsonl", stk.dir);
