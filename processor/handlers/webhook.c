@@ -22,39 +22,39 @@ static const idem_conf_key_t webhook_keys[] = {
     {.name = "webhook.url",
      .type = IDEM_KEY_STR,
      .required = 1,
-     .doc = "webhook: the http:// or https:// URL each record's value is "
+     .doc = "the http:// or https:// URL each record's value is "
             "POSTed to"},
     {.name = "webhook.content.type",
      .type = IDEM_KEY_STR,
      .def = "application/json",
-     .doc = "webhook: Content-Type of the requests"},
+     .doc = "Content-Type of the requests"},
     {.name = "webhook.headers",
      .type = IDEM_KEY_STR,
      .secret = 1,
-     .doc = "webhook: more request headers, \"Name: value\" separated by "
+     .doc = "more request headers, \"Name: value\" separated by "
             "newlines or \\n (tokens: use webhook.headers.file)"},
     {.name = "webhook.timeout.ms",
      .type = IDEM_KEY_INT,
      .def = "10000",
      .min = 1,
      .max = 600000,
-     .doc = "webhook: a request's whole time, connect included; then it is "
+     .doc = "a request's whole time, connect included; then it is "
             "retried"},
     {.name = "webhook.max.inflight",
      .type = IDEM_KEY_INT,
      .def = "64",
      .min = 1,
      .max = 10000,
-     .doc = "webhook: requests (and connections) in flight at once"},
+     .doc = "requests (and connections) in flight at once"},
     {.name = "webhook.ca.file",
      .type = IDEM_KEY_STR,
-     .doc = "webhook: CA certificates (PEM) to verify the service with "
+     .doc = "CA certificates (PEM) to verify the service with "
             "(default: the system's)"},
     {.name = "webhook.tls.verify",
      .type = IDEM_KEY_ENUM,
      .def = "true",
      .enums = {"false", "true"},
-     .doc = "webhook: verify the service's certificate and host name"},
+     .doc = "verify the service's certificate and host name"},
     {.name = NULL},
 };
 
