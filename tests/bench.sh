@@ -37,7 +37,7 @@ cleanup() {
     set +e
     for p in "${PIDS[@]}"; do kill -TERM "$p" 2>/dev/null; done
     for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null; done
-    rm -rf "$DIR"
+    [[ -n ${BENCH_KEEP:-} ]] && echo "bench: kept $DIR" >&2 || rm -rf "$DIR"
     exit "$rc"
 }
 trap cleanup EXIT
@@ -62,7 +62,7 @@ free_port() {
 # with bash alone (no fork per poll: the machine has 2 cores to share).
 metric_sum() {
     local line sum=0
-    exec 3<>"/dev/tcp/127.0.0.1/$1" 2>/dev/null || { echo 0; return; }
+    { exec 3<>"/dev/tcp/127.0.0.1/$1"; } 2>/dev/null || { echo 0; return; }
     printf 'GET /metrics HTTP/1.0\r\n\r\n' >&3
     while IFS= read -r line <&3; do
         [[ $line == idemproc_records_total\{* ]] && sum=$((sum + ${line##* }))
@@ -187,7 +187,7 @@ rate_of() {
 # metric PORT SERIES: one sample's value from the member's /metrics.
 metric() {
     local line
-    exec 3<>"/dev/tcp/127.0.0.1/$1" 2>/dev/null || { echo 0; return; }
+    { exec 3<>"/dev/tcp/127.0.0.1/$1"; } 2>/dev/null || { echo 0; return; }
     printf 'GET /metrics HTTP/1.0\r\n\r\n' >&3
     while IFS= read -r line <&3; do
         [[ $line == "$2 "* ]] && { echo "${line##* }"; exec 3<&-; return; }
@@ -200,7 +200,7 @@ if want webhook; then
     WCOUNT=${BENCH_WEBHOOK_COUNT:-50000}
     SINK=$(dirname "$BIN")/hooksink
     [[ -x $SINK ]] || { echo "bench: $SINK missing (make build/hooksink)" >&2; exit 1; }
-    "$SINK" --delay-ms 5 >"$DIR/sink.out" 2>"$DIR/sink.log" &
+    "$SINK" --delay-ms 5 --record >"$DIR/sink.out" 2>"$DIR/sink.log" &
     SINK_PID=$!
     PIDS+=("$SINK_PID")
     for _ in $(seq 100); do [[ -s $DIR/sink.out ]] && break; sleep 0.05; done
@@ -224,6 +224,7 @@ kafka.fetch.wait.max.ms=10
 kafka.session.timeout.ms=6000
 http.listen=127.0.0.1:$WPORT
 log.level=warn
+${BENCH_WEBHOOK_PROPS:-}
 PROPS
     "$BIN" run -c "$DIR/hooks.properties" 2>"$DIR/hooks.member.log" &
     WMEMBER=$!

@@ -166,6 +166,12 @@ static int webhook_submit(void *h, idem_record_t *const *recs, size_t n,
     for (size_t i = 0; i < n; i++)
         queue_push(w, recs[i]);
     pump(w);
+    /* Send them now, not at the next collect: the loop may wait for
+     * Kafka in between. */
+    char err[256];
+    if (idem_httpclient_run(w->http, 0, err, sizeof(err)))
+        idem_log_kv(IDEM_LOG_ERROR, "webhook: transfers failed", "error", err,
+                    NULL);
     return 0;
 }
 
