@@ -504,10 +504,11 @@ Test(webhook_run, duplicates_rejects_poison_and_retries_end_exact)
 Test(webhook_run, sigkill_mid_stream_then_restart_acknowledges_every_key)
 {
     /* 20 ms a request, 8 at a time: about 400 records a second, so the
-     * kill lands mid-stream. */
+     * kill lands mid-stream. The identity is a nested field. */
     srv = th_hook_start((th_hook_reply_t){.status = 200, .delay_ms = 20}, 1);
     cr_assert(srv);
-    cr_assert_eq(th_stack_start(&stk, 4, NULL), 0);
+    const char *props[] = {"envelope.identity=value:/event/id", NULL};
+    cr_assert_eq(th_stack_start(&stk, 4, props), 0);
     char path[600];
     snprintf(path, sizeof(path), "%s/in.jsonl", stk.dir);
     FILE *fp = fopen(path, "w");
@@ -515,9 +516,9 @@ Test(webhook_run, sigkill_mid_stream_then_restart_acknowledges_every_key)
     const size_t keys = 2000;
     size_t dups = 0;
     for (size_t i = 0; i < keys; i++) {
-        LINE(fp, "{\"message_id\":\"k-%zu\",\"n\":%zu}", i, i);
+        LINE(fp, "{\"event\":{\"id\":\"k-%zu\"},\"n\":%zu}", i, i);
         if (i % 7 == 0) {
-            LINE(fp, "{\"message_id\":\"k-%zu\",\"n\":%zu}", i, i);
+            LINE(fp, "{\"event\":{\"id\":\"k-%zu\"},\"n\":%zu}", i, i);
             dups++;
         }
     }
@@ -536,7 +537,8 @@ Test(webhook_run, sigkill_mid_stream_then_restart_acknowledges_every_key)
     size_t before = th_hook_keys_acked(srv, "k-", NULL);
     cr_assert_lt(before, keys, "the kill came after the end");
 
-    pid_t m2 = start_member(&stk, "k2", th_free_port(), "8");
+    int port2 = th_free_port();
+    pid_t m2 = start_member(&stk, "k2", port2, "8");
     cr_assert_eq(wait_acked("k-", keys, 120000), 0,
                  "only %zu of %zu keys acknowledged",
                  th_hook_keys_acked(srv, "k-", NULL), keys);
@@ -548,7 +550,78 @@ Test(webhook_run, sigkill_mid_stream_then_restart_acknowledges_every_key)
                   acks - keys);
     cr_assert_eq(dlq_count(&stk, "max-retries", NULL), 0);
     cr_assert_eq(dlq_count(&stk, "handler-rejected", NULL), 0);
-    (void)dups;
+    /* No message id in these records: every duplicate is a resend, and
+     * the restarted member saw at least the ones after its start. */
+    cr_assert_gt(member_metric(port2, "idemproc_duplicates_total{kind="
+                                      "\"resend\"}"),
+                 0);
+    cr_assert_leq(member_metric(port2, "idemproc_duplicates_total{kind="
+                                       "\"resend\"}"),
+                  (double)(dups + keys));
     cr_assert_eq(th_stop(m2, 15000), 0);
+    th_stack_stop(&stk);
+}
+
+Test(webhook_run, bytes_values_with_identity_from_the_key_or_a_header)
+{
+    srv = th_hook_start((th_hook_reply_t){.status = 200}, 1);
+    cr_assert(srv);
+    const char *props[] = {"envelope.format=bytes",
+                           "envelope.identity=header:event-id,key", NULL};
+    cr_assert_eq(th_stack_start(&stk, 1, props), 0);
+    /* kcat: "key<TAB>value" lines; values that are not JSON at all. */
+    char path[600];
+    snprintf(path, sizeof(path), "%s/in.txt", stk.dir);
+    cr_assert_eq(th_write_file(path, "b-1\tplain text, not json\n"
+                                     "b-2\t<xml>2</xml>\n"
+                                     "b-1\tplain text, not json\n"
+                                     "b-3\t{\"not\": \"parsed\"\n"),
+                 0);
+    char *pargv[] = {
+        "/usr/bin/env", "kcat",     "-P", "-b", stk.broker.bootstrap,
+        "-t",           "payments", "-K", "\t", "-l",
+        path,           NULL};
+    cr_assert_eq(th_run(pargv, NULL, NULL, 30000), 0);
+    /* A header wins over the key; a record with neither is poison. */
+    char *oargv[] = {"/usr/bin/env", "sh", "-c", NULL, NULL};
+    char cmd[1024];
+    snprintf(cmd, sizeof(cmd),
+             "printf 'from a header' | kcat -P -b %s -t payments -H "
+             "event-id=h-9 -k b-1 && printf 'no key' | kcat -P -b %s -t "
+             "payments",
+             stk.broker.bootstrap, stk.broker.bootstrap);
+    oargv[3] = cmd;
+    cr_assert_eq(th_run(oargv, NULL, NULL, 30000), 0);
+
+    int port = th_free_port();
+    pid_t m = start_member(&stk, "b1", port, "4");
+    cr_assert_eq(wait_outcomes(port, 6, 60000), 0);
+    cr_assert_eq(member_metric(port, "idemproc_records_total{outcome="
+                                     "\"processed\"}"),
+                 4);
+    cr_assert_eq(member_metric(port, "idemproc_duplicates_total{kind="
+                                     "\"resend\"}"),
+                 1);
+    cr_assert_eq(dlq_count(&stk, "no-identity", NULL), 1);
+    struct {
+        const char *key, *body;
+    } want[] = {{"b-1", "plain text, not json"},
+                {"b-2", "<xml>2</xml>"},
+                {"b-3", "{\"not\": \"parsed\""},
+                {"h-9", "from a header"}};
+    size_t n;
+    th_hook_req_t *q = th_hook_requests(srv, &n);
+    cr_assert_eq(n, 4);
+    for (size_t w = 0; w < 4; w++) {
+        size_t hits = 0;
+        for (size_t i = 0; i < n; i++)
+            if (!strcmp(q[i].key, want[w].key)) {
+                cr_assert_str_eq(q[i].body, want[w].body);
+                hits++;
+            }
+        cr_assert_eq(hits, 1, "%s sent %zu times", want[w].key, hits);
+    }
+    th_hook_requests_free(q, n);
+    cr_assert_eq(th_stop(m, 15000), 0);
     th_stack_stop(&stk);
 }
