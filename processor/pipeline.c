@@ -13,9 +13,12 @@
 #include "pipeline.h"
 #include "dlq.h"
 #include "envelope.h"
+#include "flow.h"
 #include "handler.h"
 #include "kafka.h"
 #include "log.h"
+#include "offsets.h"
+#include "rebalance.h"
 #include "store.h"
 #include "util.h"
 
@@ -33,6 +36,10 @@
 /* How often the Redis server's maxmemory-policy is checked again. */
 #define POLICY_CHECK_INTERVAL_MS 30000
 #define IDLE_CHECK_INTERVAL_MS   1000
+
+/* How long collect may wait for an external effect's results when nothing
+ * else is to be done (short: the consumer is not polled meanwhile). */
+#define EXTERNAL_WAIT_MS 5
 
 typedef enum { REC_PENDING = 0, REC_DONE } rec_state_t;
 
@@ -68,21 +75,6 @@ typedef struct {
     int dlq_drop_value;  /* the DLQ refused the value: send it without */
 } rec_t;
 
-/* One assigned partition and its commit position. */
-typedef struct {
-    char *topic;
-    int32_t partition;
-    int64_t next_offset; /* everything below is finished; -1 unknown */
-    int64_t committed;   /* last offset we asked to commit; -1 none */
-    int64_t high_seen;   /* highest offset taken into a batch */
-    int64_t saved;       /* position Redis acknowledged; -1 none */
-    int64_t saving;      /* position in the Redis request in flight; -1 */
-    int checked;         /* Redis's position was read since assignment */
-    int behind_logged;   /* "redis behind kafka" said for this assignment */
-    int blocked;         /* scratch for advance_offsets */
-    int waiting;         /* scratch: an earlier record waits (keep order) */
-} part_t;
-
 struct idem_pipeline_s {
     const idem_conf_t *conf;
     idem_metrics_t *m;
@@ -103,23 +95,19 @@ struct idem_pipeline_s {
     idem_store_result_t *res;     /* scratch: what the store said */
     idem_result_t *hres;          /* scratch: what the handler said */
     size_t scratch_cap;
-    part_t *parts;
-    size_t part_cnt, part_cap;
+    idem_offsets_t offs; /* the partitions held and their positions */
+    idem_flow_t flow;    /* backoff, outage state, pause decision */
 
-    int paused;     /* all partitions paused by us */
-    int infra_down; /* last attempt failed on infrastructure */
-    char infra_reason[512];
-    int64_t backoff_ms;
-    int64_t next_attempt_ms;
+    int paused; /* all partitions paused by us */
     int brokers_down;
-    int joined;      /* a first assignment (maybe empty) arrived */
-    int epoch;       /* bumped on every rebalance: lease fencing */
-    char owner[320]; /* "lease:<member>:<epoch>" */
-    int recommit;    /* an async commit failed: send all again */
-    int again;       /* the handler deferred records to a next pass */
+    int joined;          /* a first assignment (maybe empty) arrived */
+    int epoch;           /* bumped on every rebalance: lease fencing */
+    char owner[320];     /* "lease:<member>:<epoch>" */
+    int recommit;        /* an async commit failed: send all again */
+    int collect_wait_ms; /* how long the next collect may wait (external
+                            effect in flight, nothing fetched) */
 
     int64_t stop_by_ms;        /* shutting down: every wait ends by then */
-    int64_t full_since_ms;     /* hands full since (0: not full) */
     char fatal[512];           /* a producer's fatal error: stop */
     void (*on_shutdown)(void); /* called once when shutdown begins */
     int64_t last_commit_ms;
@@ -155,47 +143,13 @@ static void owner_update(idem_pipeline_t *p)
              p->epoch);
 }
 
-static part_t *part_find(idem_pipeline_t *p, const char *topic, int32_t part)
+static idem_part_t *part_find(idem_pipeline_t *p, const char *topic,
+                              int32_t part)
 {
-    for (size_t i = 0; i < p->part_cnt; i++)
-        if (p->parts[i].partition == part && !strcmp(p->parts[i].topic, topic))
-            return &p->parts[i];
-    return NULL;
+    return idem_offsets_find(&p->offs, topic, part);
 }
 
-static part_t *part_add(idem_pipeline_t *p, const char *topic, int32_t part)
-{
-    part_t *pt = part_find(p, topic, part);
-    if (pt)
-        return pt;
-    if (p->part_cnt == p->part_cap) {
-        p->part_cap = p->part_cap ? p->part_cap * 2 : 16;
-        p->parts = idem_xrealloc(p->parts, p->part_cap * sizeof(*p->parts));
-    }
-    pt = &p->parts[p->part_cnt++];
-    pt->topic = idem_xstrdup(topic);
-    pt->partition = part;
-    pt->next_offset = -1;
-    pt->committed = -1;
-    pt->high_seen = -1;
-    pt->saved = -1;
-    pt->saving = -1;
-    pt->checked = 0;
-    pt->behind_logged = 0;
-    pt->blocked = 0;
-    return pt;
-}
-
-static void part_remove(idem_pipeline_t *p, const char *topic, int32_t part)
-{
-    part_t *pt = part_find(p, topic, part);
-    if (!pt)
-        return;
-    free(pt->topic);
-    *pt = p->parts[--p->part_cnt];
-}
-
-static part_t *rec_part(idem_pipeline_t *p, const rec_t *r)
+static idem_part_t *rec_part(idem_pipeline_t *p, const rec_t *r)
 {
     return part_find(p, r->view.topic, r->view.partition);
 }
@@ -209,16 +163,9 @@ static int store_busy(const idem_pipeline_t *p)
 
 static void set_ready(idem_pipeline_t *p)
 {
-    if (p->stop_by_ms)
-        idem_metrics_ready_set(p->m, 0, "shutting down");
-    else if (!p->joined)
-        idem_metrics_ready_set(p->m, 0, "joining the consumer group");
-    else if (p->infra_down)
-        idem_metrics_ready_set(p->m, 0, p->infra_reason);
-    else if (p->brokers_down)
-        idem_metrics_ready_set(p->m, 0, "kafka: all brokers are down");
-    else
-        idem_metrics_ready_set(p->m, 1, NULL);
+    const char *why = idem_flow_not_ready(&p->flow, p->stop_by_ms != 0,
+                                          p->joined, p->brokers_down);
+    idem_metrics_ready_set(p->m, why == NULL, why);
 }
 
 /* How long a blocking wait (an output flush) may take: half of
@@ -232,27 +179,6 @@ static int wait_budget_ms(const idem_pipeline_t *p)
 }
 
 /* ------------------------------------------------------------ commits */
-
-/* Builds the list of partitions whose finished prefix moved past what we
- * last committed (only_revoked: just those in `subset`). NULL if none. */
-static rd_kafka_topic_partition_list_t *
-commit_list(idem_pipeline_t *p, const rd_kafka_topic_partition_list_t *subset)
-{
-    rd_kafka_topic_partition_list_t *l = NULL;
-    for (size_t i = 0; i < p->part_cnt; i++) {
-        part_t *pt = &p->parts[i];
-        if (pt->saved < 0 || (pt->saved == pt->committed && !p->recommit))
-            continue;
-        if (subset && !rd_kafka_topic_partition_list_find(subset, pt->topic,
-                                                          pt->partition))
-            continue;
-        if (!l)
-            l = rd_kafka_topic_partition_list_new(8);
-        rd_kafka_topic_partition_list_add(l, pt->topic, pt->partition)->offset =
-            pt->saved;
-    }
-    return l;
-}
 
 static idem_store_pos_t *pos_reserve(idem_pipeline_t *p, size_t n)
 {
@@ -268,21 +194,8 @@ static idem_store_pos_t *pos_reserve(idem_pipeline_t *p, size_t n)
 static size_t positions_due(idem_pipeline_t *p,
                             const rd_kafka_topic_partition_list_t *subset)
 {
-    idem_store_pos_t *pos = pos_reserve(p, p->part_cnt ? p->part_cnt : 1);
-    size_t n = 0;
-    for (size_t i = 0; i < p->part_cnt; i++) {
-        part_t *pt = &p->parts[i];
-        if (pt->next_offset < 0 || pt->next_offset == pt->saved)
-            continue;
-        if (subset && !rd_kafka_topic_partition_list_find(subset, pt->topic,
-                                                          pt->partition))
-            continue;
-        pos[n].topic = pt->topic;
-        pos[n].partition = pt->partition;
-        pos[n].offset = pt->next_offset;
-        n++;
-    }
-    return n;
+    return idem_offsets_positions_due(
+        &p->offs, subset, pos_reserve(p, p->offs.cnt ? p->offs.cnt : 1));
 }
 
 static int positions_sync(idem_pipeline_t *p, char *errstr, size_t errstr_size);
@@ -294,7 +207,7 @@ static int positions_sync(idem_pipeline_t *p, char *errstr, size_t errstr_size);
 static void positions_save(idem_pipeline_t *p,
                            const rd_kafka_topic_partition_list_t *subset)
 {
-    if (store_busy(p) || p->infra_down || p->refused ||
+    if (store_busy(p) || p->flow.down || p->refused ||
         positions_due(p, subset) == 0)
         return;
     char errstr[512];
@@ -324,12 +237,14 @@ static void commit_offsets(idem_pipeline_t *p,
                            int sync)
 {
     positions_save(p, subset);
-    rd_kafka_topic_partition_list_t *l = commit_list(p, subset);
+    rd_kafka_topic_partition_list_t *l =
+        idem_offsets_commit_list(&p->offs, subset, p->recommit);
     p->last_commit_ms = idem_now_ms();
     if (!l)
         return;
     for (int i = 0; i < l->cnt; i++) {
-        part_t *pt = part_find(p, l->elems[i].topic, l->elems[i].partition);
+        idem_part_t *pt =
+            part_find(p, l->elems[i].topic, l->elems[i].partition);
         pt->committed = pt->saved;
     }
     if (!subset)
@@ -389,25 +304,19 @@ static void batch_remove_if(idem_pipeline_t *p,
 static int rec_committable(idem_pipeline_t *p, const rec_t *r, const void *ctx)
 {
     (void)ctx;
-    part_t *pt = rec_part(p, r);
-    return r->state == REC_DONE && pt && r->msg->offset < pt->next_offset;
+    return r->state == REC_DONE &&
+           idem_offsets_below(rec_part(p, r), r->view.offset);
 }
 
 /* Moves each partition's next_offset over the contiguous prefix of
  * finished records, then drops records that are finished and below it. */
 static void advance_offsets(idem_pipeline_t *p)
 {
-    for (size_t i = 0; i < p->part_cnt; i++)
-        p->parts[i].blocked = 0;
+    idem_offsets_advance_begin(&p->offs);
     for (size_t i = 0; i < p->cnt; i++) {
         rec_t *r = p->recs[i];
-        part_t *pt = rec_part(p, r);
-        if (!pt || pt->blocked)
-            continue;
-        if (r->state == REC_DONE)
-            pt->next_offset = r->msg->offset + 1;
-        else
-            pt->blocked = 1;
+        idem_offsets_advance_rec(rec_part(p, r), r->view.offset,
+                                 r->state == REC_DONE);
     }
     batch_remove_if(p, rec_committable, NULL);
     idem_metrics_inflight_set(p->m, (int64_t)p->cnt);
@@ -434,31 +343,27 @@ static void batch_drop_partitions(idem_pipeline_t *p,
 
 static void pause_all(idem_pipeline_t *p, int pause)
 {
-    if (p->paused == pause || p->part_cnt == 0) {
+    if (p->paused == pause || p->offs.cnt == 0) {
         p->paused = pause;
-        idem_metrics_paused_set(p->m, pause ? (int64_t)p->part_cnt : 0);
+        idem_metrics_paused_set(p->m, pause ? (int64_t)p->offs.cnt : 0);
         return;
     }
     rd_kafka_topic_partition_list_t *l =
-        rd_kafka_topic_partition_list_new((int)p->part_cnt);
-    for (size_t i = 0; i < p->part_cnt; i++)
-        rd_kafka_topic_partition_list_add(l, p->parts[i].topic,
-                                          p->parts[i].partition);
-    if (pause)
-        rd_kafka_pause_partitions(p->rk, l);
-    else
-        rd_kafka_resume_partitions(p->rk, l);
+        rd_kafka_topic_partition_list_new((int)p->offs.cnt);
+    for (size_t i = 0; i < p->offs.cnt; i++)
+        rd_kafka_topic_partition_list_add(l, p->offs.v[i].topic,
+                                          p->offs.v[i].partition);
+    idem_rebalance_pause(p->rk, l, pause);
     rd_kafka_topic_partition_list_destroy(l);
     char held[24];
     snprintf(held, sizeof(held), "%zu", p->cnt);
-    idem_log_kv(pause && p->infra_down ? IDEM_LOG_WARN : IDEM_LOG_DEBUG,
-                pause ? "input paused" : "input resumed", "records_in_hand",
-                held, "reason",
-                pause ? (p->infra_down ? p->infra_reason : "records in hand")
-                      : "",
-                NULL);
+    idem_log_kv(
+        pause && p->flow.down ? IDEM_LOG_WARN : IDEM_LOG_DEBUG,
+        pause ? "input paused" : "input resumed", "records_in_hand", held,
+        "reason",
+        pause ? (p->flow.down ? p->flow.reason : "records in hand") : "", NULL);
     p->paused = pause;
-    idem_metrics_paused_set(p->m, pause ? (int64_t)p->part_cnt : 0);
+    idem_metrics_paused_set(p->m, pause ? (int64_t)p->offs.cnt : 0);
 }
 
 /* ------------------------------------------------------------ outcomes */
@@ -519,12 +424,10 @@ static void rec_retry(idem_pipeline_t *p, rec_t *r, const char *error,
         return;
     }
     idem_metrics_retry_add(p->m, 1);
-    int64_t d = p->conf->retry_backoff_initial_ms;
-    for (int i = 1; i < r->attempts && d < p->conf->retry_backoff_max_ms; i++)
-        d *= 2;
-    if (d > p->conf->retry_backoff_max_ms)
-        d = p->conf->retry_backoff_max_ms;
-    d = d / 2 + (int64_t)(rand() % (int)(d / 2 + 1)); /* "equal jitter" */
+    int64_t d = idem_backoff_jitter(
+        idem_backoff_ms(r->attempts, p->conf->retry_backoff_initial_ms,
+                        p->conf->retry_backoff_max_ms),
+        rand());
     if (d < after_ms)
         d = after_ms;
     r->retry_at_ms = idem_now_ms() + d;
@@ -578,8 +481,8 @@ static int id_in_flight(rec_t *const *set, size_t size, const rec_t *r)
 static size_t due_records(idem_pipeline_t *p, int64_t now)
 {
     scratch_reserve(p);
-    for (size_t i = 0; i < p->part_cnt; i++)
-        p->parts[i].waiting = 0;
+    for (size_t i = 0; i < p->offs.cnt; i++)
+        p->offs.v[i].waiting = 0;
     rec_t **set = NULL;
     size_t size = 0;
     if (!p->in_redis && p->inflight) {
@@ -602,7 +505,7 @@ static size_t due_records(idem_pipeline_t *p, int64_t now)
         rec_t *r = p->recs[i];
         if (r->state == REC_DONE || r->poison || r->sent)
             continue;
-        part_t *pt = rec_part(p, r);
+        idem_part_t *pt = rec_part(p, r);
         if (pt && pt->waiting)
             continue;
         if (r->retry_at_ms > now || (set && id_in_flight(set, size, r))) {
@@ -654,11 +557,11 @@ static int claim_and_submit(idem_pipeline_t *p, size_t n, char *errstr,
         return -1;
     size_t claimed = 0;
     int64_t now = idem_now_ms();
-    for (size_t i = 0; i < p->part_cnt; i++)
-        p->parts[i].waiting = 0;
+    for (size_t i = 0; i < p->offs.cnt; i++)
+        p->offs.v[i].waiting = 0;
     for (size_t i = 0; i < n; i++) {
         rec_t *r = p->rs[i];
-        part_t *pt = rec_part(p, r);
+        idem_part_t *pt = rec_part(p, r);
         if (pt && pt->waiting)
             continue; /* behind a deferred record: next pass */
         switch (p->res[i].mark) {
@@ -726,8 +629,8 @@ static int results_apply(idem_pipeline_t *p, size_t n, char *errstr,
     if (p->in_redis && n) {
         /* The request is answered: its positions are stored unless it
          * failed. */
-        for (size_t i = 0; i < p->part_cnt; i++) {
-            part_t *pt = &p->parts[i];
+        for (size_t i = 0; i < p->offs.cnt; i++) {
+            idem_part_t *pt = &p->offs.v[i];
             if (rc == 0 && pt->saving >= 0)
                 pt->saved = pt->saving;
             pt->saving = -1;
@@ -919,7 +822,7 @@ static int rec_in_part(idem_pipeline_t *p, const rec_t *r, const void *pt)
  * marks, where Redis kept them, make them duplicates). No request may be
  * in flight. Returns 0, or -1 when the seek failed (errstr; the caller
  * tries again later). */
-static int partition_rewind(idem_pipeline_t *p, part_t *pt, int64_t offset,
+static int partition_rewind(idem_pipeline_t *p, idem_part_t *pt, int64_t offset,
                             char *errstr, size_t errstr_size)
 {
     handler_settle(p, idem_now_ms() + wait_budget_ms(p));
@@ -958,7 +861,7 @@ static int partition_rewind(idem_pipeline_t *p, part_t *pt, int64_t offset,
 
 /* Logs (once per partition and assignment) and counts a position in Redis
  * behind Kafka's committed offset: Redis went back in time. */
-static void position_behind(idem_pipeline_t *p, part_t *pt, int64_t redis,
+static void position_behind(idem_pipeline_t *p, idem_part_t *pt, int64_t redis,
                             int64_t kafka)
 {
     if (pt->behind_logged)
@@ -980,7 +883,7 @@ static void position_behind(idem_pipeline_t *p, part_t *pt, int64_t redis,
 
 /* The lowest offset pt holds in hand (or has finished up to); -1 when it
  * has not consumed anything since it was assigned. */
-static int64_t part_hold(idem_pipeline_t *p, const part_t *pt)
+static int64_t part_hold(idem_pipeline_t *p, const idem_part_t *pt)
 {
     if (pt->next_offset >= 0)
         return pt->next_offset;
@@ -1010,20 +913,20 @@ static int positions_sync(idem_pipeline_t *p, char *errstr, size_t errstr_size)
     const char *run_id = idem_store_run_id(p->store);
     int other_server = reconnected && p->run_id[0] && strcmp(p->run_id, run_id);
     int unchecked = 0;
-    for (size_t i = 0; i < p->part_cnt; i++)
-        unchecked |= !p->parts[i].checked;
+    for (size_t i = 0; i < p->offs.cnt; i++)
+        unchecked |= !p->offs.v[i].checked;
     if (!reconnected && !unchecked)
         return 0;
-    idem_store_pos_t *pos = pos_reserve(p, p->part_cnt ? p->part_cnt : 1);
-    for (size_t i = 0; i < p->part_cnt; i++) {
-        pos[i].topic = p->parts[i].topic;
-        pos[i].partition = p->parts[i].partition;
+    idem_store_pos_t *pos = pos_reserve(p, p->offs.cnt ? p->offs.cnt : 1);
+    for (size_t i = 0; i < p->offs.cnt; i++) {
+        pos[i].topic = p->offs.v[i].topic;
+        pos[i].partition = p->offs.v[i].partition;
     }
-    if (idem_store_positions_load(p->store, pos, p->part_cnt, errstr,
+    if (idem_store_positions_load(p->store, pos, p->offs.cnt, errstr,
                                   errstr_size))
         return -1;
-    for (size_t i = 0; i < p->part_cnt; i++) {
-        part_t *pt = &p->parts[i];
+    for (size_t i = 0; i < p->offs.cnt; i++) {
+        idem_part_t *pt = &p->offs.v[i];
         int64_t r = pos[i].offset;
         if (r < 0) {
             if (other_server && pt->saved >= 0)
@@ -1058,7 +961,8 @@ static int work(idem_pipeline_t *p, char *errstr, size_t errstr_size)
     /* What the handler finished first: positions are only read (and
      * partitions rewound) with no in-Redis request in flight, before
      * anything is sent. */
-    int rc = handler_collect(p, 0, errstr, errstr_size);
+    int rc = handler_collect(p, p->collect_wait_ms, errstr, errstr_size);
+    p->collect_wait_ms = 0;
     if (rc == 0)
         rc = positions_sync(p, errstr, errstr_size);
     /* The server's memory policy, again now and then: an operator may
@@ -1119,17 +1023,9 @@ static void check_refused(idem_pipeline_t *p)
 static void infra_failed(idem_pipeline_t *p, const char *errstr, int64_t now)
 {
     check_refused(p);
-    if (!p->infra_down)
+    if (idem_flow_failed(&p->flow, errstr, now))
         idem_log_kv(IDEM_LOG_ERROR, "infrastructure failure: pausing input",
                     "error", errstr, NULL);
-    p->infra_down = 1;
-    snprintf(p->infra_reason, sizeof(p->infra_reason), "%s", errstr);
-    p->backoff_ms = p->backoff_ms
-                        ? (p->backoff_ms * 2 > p->conf->retry_backoff_max_ms
-                               ? p->conf->retry_backoff_max_ms
-                               : p->backoff_ms * 2)
-                        : p->conf->retry_backoff_initial_ms;
-    p->next_attempt_ms = now + p->backoff_ms;
 }
 
 /* Runs work() and turns its result into backoff, readiness and pausing:
@@ -1143,30 +1039,18 @@ static void attempt(idem_pipeline_t *p)
     int64_t now = idem_now_ms();
     if (rc) {
         infra_failed(p, errstr, now);
-    } else if (p->infra_down && store_busy(p) && !p->answered) {
+    } else if (p->flow.down && store_busy(p) && !p->answered) {
         /* Only sent: an error reply (OOM, READONLY, a short WAIT) comes
          * with the answer, so the outage is over once Redis answered. */
-        p->next_attempt_ms = now;
-    } else {
-        if (p->infra_down)
-            idem_log_kv(IDEM_LOG_INFO, "infrastructure back: resuming", NULL);
-        p->infra_down = 0;
-        p->backoff_ms = 0;
-        p->next_attempt_ms = batch_next_retry(p);
+        p->flow.next_attempt_ms = now;
+    } else if (idem_flow_ok(&p->flow, batch_next_retry(p))) {
+        idem_log_kv(IDEM_LOG_INFO, "infrastructure back: resuming", NULL);
     }
     set_ready(p);
     /* Full hands (records waiting for dead-letter acknowledgements or a
      * retry time) first just stop the fetching loop; only when that lasts
-     * do we pause, since pausing drops librdkafka's prefetched records and
-     * they must be fetched again. */
-    if (batch_full(p)) {
-        if (!p->full_since_ms)
-            p->full_since_ms = now;
-    } else {
-        p->full_since_ms = 0;
-    }
-    pause_all(p, p->infra_down ||
-                     (p->full_since_ms && now - p->full_since_ms > 1000));
+     * do we pause (idem_flow_should_pause). */
+    pause_all(p, idem_flow_should_pause(&p->flow, batch_full(p), now));
 }
 
 /* Finishes as much of what is in hand as the infrastructure allows before
@@ -1209,7 +1093,7 @@ static void assign_positions(idem_pipeline_t *p,
     char errstr[512];
     if (store_busy(p)) /* its replies come first on the connection */
         handler_collect(p, 0, errstr, sizeof(errstr));
-    if (p->infra_down || p->refused || parts->cnt == 0)
+    if (p->flow.down || p->refused || parts->cnt == 0)
         return;
     idem_store_pos_t *pos = pos_reserve(p, (size_t)parts->cnt);
     for (int i = 0; i < parts->cnt; i++) {
@@ -1228,7 +1112,7 @@ static void assign_positions(idem_pipeline_t *p,
         for (int i = 0; i < committed->cnt; i++)
             committed->elems[i].offset = RD_KAFKA_OFFSET_INVALID;
     for (int i = 0; i < parts->cnt; i++) {
-        part_t *pt =
+        idem_part_t *pt =
             part_find(p, parts->elems[i].topic, parts->elems[i].partition);
         int64_t kafka = committed->elems[i].err ? RD_KAFKA_OFFSET_INVALID
                                                 : committed->elems[i].offset;
@@ -1253,13 +1137,14 @@ static void rebalance_cb(rd_kafka_t *rk, rd_kafka_resp_err_t err,
                          rd_kafka_topic_partition_list_t *parts, void *opaque)
 {
     idem_pipeline_t *p = opaque;
-    int cooperative = !strcmp(rd_kafka_rebalance_protocol(rk), "COOPERATIVE");
+    int cooperative = idem_rebalance_cooperative(rk);
+    char rerr[512];
     /* What the handler holds is finished and marked under the old epoch's
      * lease first (a lost assignment, or a broken infrastructure: abandoned
      * at once, its leases expire unmarked). */
     int gone = err != RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS &&
                rd_kafka_assignment_lost(rk);
-    handler_settle(p, gone || p->infra_down || p->fatal[0] ? idem_now_ms()
+    handler_settle(p, gone || p->flow.down || p->fatal[0] ? idem_now_ms()
                       : p->stop_by_ms
                           ? p->stop_by_ms
                           : idem_now_ms() + p->conf->shutdown_timeout_ms / 2);
@@ -1271,12 +1156,12 @@ static void rebalance_cb(rd_kafka_t *rk, rd_kafka_resp_err_t err,
         p->brokers_down = 0; /* the coordinator just answered */
         set_ready(p);
         for (int i = 0; i < parts->cnt; i++)
-            part_add(p, parts->elems[i].topic, parts->elems[i].partition);
+            idem_offsets_add(&p->offs, parts->elems[i].topic,
+                             parts->elems[i].partition);
         assign_positions(p, parts);
-        if (cooperative)
-            rd_kafka_error_destroy(rd_kafka_incremental_assign(rk, parts));
-        else
-            rd_kafka_assign(rk, parts);
+        /* (A failed assign is logged; librdkafka then serves the
+         * partitions to no one, and the coordinator reassigns them.) */
+        idem_rebalance_assign(rk, parts, rerr, sizeof(rerr));
         if (p->paused) { /* keep new partitions quiet while we wait */
             p->paused = 0;
             pause_all(p, 1);
@@ -1289,7 +1174,7 @@ static void rebalance_cb(rd_kafka_t *rk, rd_kafka_resp_err_t err,
         int lost = rd_kafka_assignment_lost(rk);
         idem_metrics_rebalance_add(p->m, lost ? "lost" : "revoke");
         if (!lost) {
-            if (!p->infra_down && !p->fatal[0])
+            if (!p->flow.down && !p->fatal[0])
                 drain(p, p->stop_by_ms ? p->stop_by_ms
                                        : idem_now_ms() +
                                              p->conf->shutdown_timeout_ms / 2);
@@ -1298,20 +1183,18 @@ static void rebalance_cb(rd_kafka_t *rk, rd_kafka_resp_err_t err,
         handler_settle(p, idem_now_ms());
         batch_drop_partitions(p, parts);
         for (int i = 0; i < parts->cnt; i++)
-            part_remove(p, parts->elems[i].topic, parts->elems[i].partition);
-        if (cooperative)
-            rd_kafka_error_destroy(rd_kafka_incremental_unassign(rk, parts));
-        else
-            rd_kafka_assign(rk, NULL);
+            idem_offsets_remove(&p->offs, parts->elems[i].topic,
+                                parts->elems[i].partition);
+        idem_rebalance_unassign(rk, parts, rerr, sizeof(rerr));
         char cnt[16];
         snprintf(cnt, sizeof(cnt), "%d", parts->cnt);
         idem_log_kv(IDEM_LOG_INFO,
                     lost ? "partitions lost" : "partitions revoked", "count",
                     cnt, NULL);
-        if (p->part_cnt == 0)
+        if (p->offs.cnt == 0)
             p->paused = 0;
     }
-    idem_metrics_assigned_set(p->m, (int64_t)p->part_cnt);
+    idem_metrics_assigned_set(p->m, (int64_t)p->offs.cnt);
     idem_metrics_inflight_set(p->m, (int64_t)p->cnt);
 }
 
@@ -1421,6 +1304,9 @@ idem_pipeline_t *idem_pipeline_new(const idem_conf_t *conf, idem_metrics_t *m,
 {
     idem_pipeline_t *p = idem_xcalloc(1, sizeof(*p));
     p->conf = conf;
+    idem_offsets_init(&p->offs);
+    idem_flow_init(&p->flow, conf->retry_backoff_initial_ms,
+                   conf->retry_backoff_max_ms);
     p->m = m;
     owner_update(p);
     /* Retry jitter must differ between members, or they retry in step. */
@@ -1481,9 +1367,7 @@ void idem_pipeline_destroy(idem_pipeline_t *p)
     idem_envelope_rules_destroy(p->rules);
     idem_dlq_destroy(p->dlq); /* reports of orphaned tickets free them */
     idem_store_destroy(p->store);
-    for (size_t i = 0; i < p->part_cnt; i++)
-        free(p->parts[i].topic);
-    free(p->parts);
+    idem_offsets_term(&p->offs);
     free(p->recs);
     free(p->rs);
     free(p->views);
@@ -1511,7 +1395,8 @@ static void batch_add(idem_pipeline_t *p, rd_kafka_message_t *msg)
         p->brokers_down = 0;
         set_ready(p);
     }
-    part_t *pt = part_find(p, rd_kafka_topic_name(msg->rkt), msg->partition);
+    idem_part_t *pt =
+        part_find(p, rd_kafka_topic_name(msg->rkt), msg->partition);
     if (!pt || msg->offset <= pt->high_seen ||
         (pt->next_offset >= 0 && msg->offset < pt->next_offset)) {
         rd_kafka_message_destroy(msg); /* not ours, or already in hand */
@@ -1546,6 +1431,20 @@ static void batch_fill(idem_pipeline_t *p, volatile int *stop)
 {
     size_t max = (size_t)p->conf->batch_max_messages;
     size_t added = 0, start = p->cnt;
+    if (!p->in_redis && p->inflight) {
+        /* An external effect is in flight: take what is already fetched,
+         * then let the next collect wait for results instead of Kafka (a
+         * webhook's response, a broker's acknowledgement). */
+        rd_kafka_message_t *msg;
+        while (added < max && !*stop &&
+               (msg = rd_kafka_consumer_poll(p->rk, 0))) {
+            batch_add(p, msg);
+            added = p->cnt > start ? p->cnt - start : 0;
+        }
+        if (!added)
+            p->collect_wait_ms = EXTERNAL_WAIT_MS;
+        return;
+    }
     int64_t now0 = idem_now_ms();
     int64_t deadline = 0; /* 0: idle, wait up to 100 ms for a record */
     if (p->inflight) {
@@ -1553,7 +1452,8 @@ static void batch_fill(idem_pipeline_t *p, volatile int *stop)
     } else if (p->cnt) {
         /* Records wait for a retry time: sleep in poll until then (at most
          * 100 ms), never spin, even with batch.max.wait.ms=0. */
-        int64_t until = p->next_attempt_ms > now0 ? p->next_attempt_ms : now0;
+        int64_t until =
+            p->flow.next_attempt_ms > now0 ? p->flow.next_attempt_ms : now0;
         if (until > now0 + 100)
             until = now0 + 100;
         deadline = until > now0 + p->conf->batch_max_wait_ms
@@ -1624,10 +1524,7 @@ int idem_pipeline_run(idem_pipeline_t *p, volatile int *stop, char *errstr,
         }
         idem_log_kv(IDEM_LOG_WARN, "redis not reachable yet", "error", cerr,
                     NULL);
-        p->infra_down = 1;
-        snprintf(p->infra_reason, sizeof(p->infra_reason), "%s", cerr);
-        p->backoff_ms = p->conf->retry_backoff_initial_ms;
-        p->next_attempt_ms = idem_now_ms() + p->backoff_ms;
+        idem_flow_failed(&p->flow, cerr, idem_now_ms());
     }
     set_ready(p);
     p->last_progress_ms = idem_now_ms();
@@ -1636,33 +1533,23 @@ int idem_pipeline_run(idem_pipeline_t *p, volatile int *stop, char *errstr,
     while (!*stop) {
         int64_t now = idem_now_ms();
         idem_metrics_heartbeat(p->m);
-        if (p->infra_down || p->paused) {
+        if (p->flow.down || p->paused) {
             /* Waiting: keep the membership alive, retry when due. */
             rd_kafka_message_t *msg = rd_kafka_consumer_poll(p->rk, 50);
             if (msg)
                 batch_add(p, msg);
-            if (now >= p->next_attempt_ms) {
+            if (now >= p->flow.next_attempt_ms) {
                 if (p->cnt || p->inflight) {
                     attempt(p);
                 } else if (positions_sync(p, cerr, sizeof(cerr)) == 0) {
-                    if (p->infra_down)
+                    if (idem_flow_ok(&p->flow, 0))
                         idem_log_kv(IDEM_LOG_INFO,
                                     "infrastructure back: resuming", NULL);
-                    p->infra_down = 0;
-                    p->backoff_ms = 0;
                     set_ready(p);
                     pause_all(p, 0);
                 } else {
                     check_refused(p);
-                    p->backoff_ms =
-                        p->backoff_ms * 2 > p->conf->retry_backoff_max_ms
-                            ? p->conf->retry_backoff_max_ms
-                            : (p->backoff_ms
-                                   ? p->backoff_ms * 2
-                                   : p->conf->retry_backoff_initial_ms);
-                    p->next_attempt_ms = now + p->backoff_ms;
-                    snprintf(p->infra_reason, sizeof(p->infra_reason), "%s",
-                             cerr);
+                    idem_flow_failed(&p->flow, cerr, now);
                     set_ready(p);
                 }
             }
@@ -1681,7 +1568,7 @@ int idem_pipeline_run(idem_pipeline_t *p, volatile int *stop, char *errstr,
         /* While idle, the server (and its memory policy) every second:
          * this also notices a Redis that went away, and maybe lost writes,
          * while there was nothing to do (work() checks while busy). */
-        if (!p->cnt && !p->inflight && !p->infra_down && !p->refused &&
+        if (!p->cnt && !p->inflight && !p->flow.down && !p->refused &&
             idem_store_check(p->store, IDLE_CHECK_INTERVAL_MS, cerr,
                              sizeof(cerr))) {
             infra_failed(p, cerr, now);
@@ -1713,7 +1600,7 @@ int idem_pipeline_run(idem_pipeline_t *p, volatile int *stop, char *errstr,
     int64_t t = p->conf->shutdown_timeout_ms;
     p->stop_by_ms = idem_now_ms() + t * 3 / 4 - (t / 4 < 1000 ? t / 4 : 1000);
     set_ready(p);
-    if (!p->infra_down && !p->fatal[0])
+    if (!p->flow.down && !p->fatal[0])
         drain(p, p->stop_by_ms);
     else
         handler_settle(p, idem_now_ms());
