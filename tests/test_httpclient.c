@@ -93,7 +93,10 @@ Test(httpclient, check_names_the_bad_setting)
         {"http://h/x", "content-type: x/y", "a/b", "webhook.content.type"},
         {"http://h/x", NULL, "", "webhook.content.type"},
         {"http://h/x", "A: 1\\nB: 2\\n", "a/b", NULL},
-        {"http://h/x", "A: 1\\nB 2", "a/b", "not a header name"},
+        {"http://h/x", "A: 1\\nB 2", "a/b", "line 2: not a header name"},
+        {"http://h/x", "A: 1\n\nBearer s3cr3t", "a/b",
+         "line 2: a line without"},
+        {"http://h/x", "A: s3cr3t\x01", "a/b", "header A has a control"},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         const check_case_t *tc = &cases[i];
@@ -107,6 +110,7 @@ Test(httpclient, check_names_the_bad_setting)
         } else {
             cr_assert_eq(rc, -1, "%s accepted", tc->url);
             cr_assert(strstr(err, tc->error), "%s: got \"%s\"", tc->url, err);
+            cr_assert_null(strstr(err, "s3cr3t"), "secret in \"%s\"", err);
         }
     }
 }
@@ -120,6 +124,16 @@ static idem_http_result_t response(long status, const char *body,
     snprintf(r.body, sizeof(r.body), "%s", body);
     r.body_len = strlen(r.body);
     return r;
+}
+
+Test(httpclient, ca_file_must_be_readable)
+{
+    idem_httpclient_conf_t c = conf_for("https://127.0.0.1:1/", 1);
+    c.ca_file = "/nonexistent/ca.pem";
+    char err[256];
+    cr_assert_eq(idem_httpclient_check(&c, err, sizeof(err)), -1);
+    cr_assert_str_eq(err, "webhook.ca.file: /nonexistent/ca.pem: No such "
+                          "file or directory");
 }
 
 Test(httpclient, verdict_by_status_class)

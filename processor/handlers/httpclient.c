@@ -3,6 +3,7 @@
 #include "httpclient.h"
 
 #include <curl/curl.h>
+#include <errno.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -64,36 +65,39 @@ static void global_init(void)
 
 /* --------------------------------------------------------------- checks */
 
-/* Checks one "Name: value" header line: a token, a colon, no CR/LF. */
-static int check_header_line(const char *line, size_t len, char *errstr,
-                             size_t errstr_size)
+/* Checks header line number `no` (from 1): a token, a colon, a value
+ * without control characters. The key is a secret: messages name the line
+ * and, once it is a valid token, the header's name, never the value. */
+static int check_header_line(const char *line, size_t len, size_t no,
+                             char *errstr, size_t errstr_size)
 {
     size_t i = 0;
     for (; i < len && line[i] != ':'; i++) {
         unsigned char ch = (unsigned char)line[i];
         if (ch <= 0x20 || ch >= 0x7f || strchr("\"(),/;<=>?@[\\]{}", ch)) {
             err_set(errstr, errstr_size,
-                    "webhook.headers: \"%.*s\" is not a header name "
-                    "(expected \"Name: value\")",
-                    (int)(i + 1 < len ? i + 1 : len), line);
+                    "webhook.headers: line %zu: not a header name before "
+                    "its first ':' (expected \"Name: value\")",
+                    no);
             return -1;
         }
     }
     if (i == 0 || i == len) {
         err_set(errstr, errstr_size,
-                "webhook.headers: a line without \"Name: value\" (line "
-                "starts \"%.*s\")",
-                (int)(len < 20 ? len : 20), line);
+                "webhook.headers: line %zu: a line without \"Name: value\"",
+                no);
         return -1;
     }
-    for (size_t j = i; j < len; j++)
-        if (line[j] == '\r' || line[j] == '\0') {
+    for (size_t j = i; j < len; j++) {
+        unsigned char ch = (unsigned char)line[j];
+        if ((ch < 0x20 && ch != '\t') || ch == 0x7f) {
             err_set(errstr, errstr_size,
                     "webhook.headers: header %.*s has a control character "
                     "in its value",
                     (int)i, line);
             return -1;
         }
+    }
     static const char *const reserved[] = {"idempotency-key",   "content-type",
                                            "content-length",    "host",
                                            "transfer-encoding", NULL};
@@ -158,8 +162,8 @@ static int for_each_line(const char *list,
 static int check_line_cb(const char *line, size_t len, void *ctx, char *errstr,
                          size_t errstr_size)
 {
-    (void)ctx;
-    return check_header_line(line, len, errstr, errstr_size);
+    size_t *no = ctx;
+    return check_header_line(line, len, ++*no, errstr, errstr_size);
 }
 
 /* curl_slist_append that cannot fail (abort on out-of-memory, as
@@ -235,7 +239,17 @@ int idem_httpclient_check(const idem_httpclient_conf_t *conf, char *errstr,
                 "webhook: timeout and max in-flight must be positive");
         return -1;
     }
-    return for_each_line(conf->headers, check_line_cb, NULL, errstr,
+    if (conf->ca_file && *conf->ca_file) {
+        FILE *fp = fopen(conf->ca_file, "r");
+        if (!fp) {
+            err_set(errstr, errstr_size, "webhook.ca.file: %s: %s",
+                    conf->ca_file, strerror(errno));
+            return -1;
+        }
+        fclose(fp);
+    }
+    size_t no = 0;
+    return for_each_line(conf->headers, check_line_cb, &no, errstr,
                          errstr_size);
 }
 
@@ -341,7 +355,7 @@ static void slot_release(idem_httpclient_t *c, slot_t *s)
     c->free_slots[c->free_cnt++] = (size_t)(s - c->slots);
 }
 
-size_t idem_httpclient_abort(idem_httpclient_t *c)
+size_t idem_httpclient_abort(idem_httpclient_t *c, uint64_t *tags)
 {
     size_t n = 0;
     for (size_t i = 0; i < c->slot_cnt; i++) {
@@ -350,6 +364,8 @@ size_t idem_httpclient_abort(idem_httpclient_t *c)
             continue;
         curl_multi_remove_handle(c->multi, s->easy);
         slot_release(c, s);
+        if (tags)
+            tags[n] = s->tag;
         n++;
     }
     return n;

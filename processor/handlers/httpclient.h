@@ -65,8 +65,9 @@ size_t idem_httpclient_pending(const idem_httpclient_t *c);
 size_t idem_httpclient_running(const idem_httpclient_t *c);
 
 /* Aborts every unfinished request (no result for them; finished ones stay
- * collectable). Returns how many were aborted. */
-size_t idem_httpclient_abort(idem_httpclient_t *c);
+ * collectable). Their tags go to tags[] (may be NULL; room for the
+ * client's max_inflight). Returns how many were aborted. */
+size_t idem_httpclient_abort(idem_httpclient_t *c, uint64_t *tags);
 
 /* Starts a POST of body (copied) with `Idempotency-Key: <key>` (key is
  * bytes with a length, encoded by idem_httpclient_key_encode). It runs

@@ -67,6 +67,7 @@ typedef struct {
     size_t ready_cnt, ready_cap;
     idem_http_result_t *scratch; /* collect's buffer, max.inflight long */
     size_t scratch_cap;
+    uint64_t *aborted; /* tags of aborted requests, max.inflight long */
 } webhook_t;
 
 static void conf_from(const idem_conf_t *conf, idem_httpclient_conf_t *c)
@@ -102,6 +103,7 @@ static void *webhook_start(const idem_handler_ctx_t *ctx, char *errstr,
     w->metrics = ctx->metrics;
     w->scratch_cap = (size_t)c.max_inflight;
     w->scratch = idem_xcalloc(w->scratch_cap, sizeof(*w->scratch));
+    w->aborted = idem_xcalloc(w->scratch_cap, sizeof(*w->aborted));
     if (w->metrics)
         idem_metrics_webhook_enable(w->metrics);
     if (!c.tls_verify)
@@ -154,6 +156,19 @@ static void pump(webhook_t *w)
     }
 }
 
+/* libcurl's multi handle failed (out of memory, a broken socket set): the
+ * requests in flight will never finish. Each gets a RETRY result, so the
+ * loop tries its record again (its lease is still ours). */
+static void transfers_failed(webhook_t *w, const char *err)
+{
+    idem_log_kv(IDEM_LOG_ERROR, "webhook: transfers failed", "error", err,
+                NULL);
+    size_t n = idem_httpclient_abort(w->http, w->aborted);
+    for (size_t i = 0; i < n; i++)
+        idem_result_set(ready_add(w), (idem_record_t *)(uintptr_t)w->aborted[i],
+                        IDEM_RESULT_RETRY, "%s", err);
+}
+
 static int webhook_submit(void *h, idem_record_t *const *recs, size_t n,
                           const idem_store_pos_t *pos, size_t npos,
                           char *errstr, size_t errstr_size)
@@ -170,8 +185,7 @@ static int webhook_submit(void *h, idem_record_t *const *recs, size_t n,
      * Kafka in between. */
     char err[256];
     if (idem_httpclient_run(w->http, 0, err, sizeof(err)))
-        idem_log_kv(IDEM_LOG_ERROR, "webhook: transfers failed", "error", err,
-                    NULL);
+        transfers_failed(w, err);
     return 0;
 }
 
@@ -216,8 +230,7 @@ static size_t webhook_collect(void *h, idem_result_t *out, size_t max,
         if (!idem_httpclient_pending(w->http))
             break;
         if (idem_httpclient_run(w->http, wait, err, sizeof(err)))
-            idem_log_kv(IDEM_LOG_ERROR, "webhook: transfers failed", "error",
-                        err, NULL);
+            transfers_failed(w, err);
         size_t room = max - n;
         if (room > w->scratch_cap)
             room = w->scratch_cap;
@@ -252,7 +265,7 @@ static void webhook_drain(void *h, int64_t deadline_ms)
                                 sizeof(err)))
             break;
     }
-    size_t dropped = idem_httpclient_abort(w->http);
+    size_t dropped = idem_httpclient_abort(w->http, NULL);
     if (dropped)
         idem_log(IDEM_LOG_WARN,
                  "webhook: %zu requests abandoned at the drain deadline; "
@@ -269,6 +282,7 @@ static void webhook_stop(void *h)
     free(w->queue);
     free(w->ready);
     free(w->scratch);
+    free(w->aborted);
     free(w);
 }
 
