@@ -95,7 +95,8 @@ Test(httpclient, check_names_the_bad_setting)
         {"http://h/x", "A: 1\\nB: 2\\n", "a/b", NULL},
         {"http://h/x", "A: 1\\nB 2", "a/b", "line 2: not a header name"},
         {"http://h/x", "A: 1\n\nBearer s3cr3t", "a/b",
-         "line 2: a line without"},
+         "line 3: not a header name"},
+        {"http://h/x", "A: 1\nBearers3cr3t", "a/b", "line 2: a line without"},
         {"http://h/x", "A: s3cr3t\x01", "a/b", "header A has a control"},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {

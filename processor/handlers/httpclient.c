@@ -137,14 +137,16 @@ static const char *line_end(const char *p, const char **next)
  * a literal backslash-n; surrounding blanks trimmed). Stops at the first
  * failure. */
 static int for_each_line(const char *list,
-                         int (*fn)(const char *line, size_t len, void *ctx,
-                                   char *errstr, size_t errstr_size),
+                         int (*fn)(const char *line, size_t len, size_t no,
+                                   void *ctx, char *errstr, size_t errstr_size),
                          void *ctx, char *errstr, size_t errstr_size)
 {
     if (!list)
         return 0;
     const char *p = list;
+    size_t no = 0; /* line number, from 1, blank lines counted */
     while (*p) {
+        no++;
         const char *next;
         const char *end = line_end(p, &next);
         const char *a = p, *b = end;
@@ -152,18 +154,18 @@ static int for_each_line(const char *list,
             a++;
         while (b > a && (b[-1] == ' ' || b[-1] == '\t' || b[-1] == '\r'))
             b--;
-        if (b > a && fn(a, (size_t)(b - a), ctx, errstr, errstr_size))
+        if (b > a && fn(a, (size_t)(b - a), no, ctx, errstr, errstr_size))
             return -1;
         p = next;
     }
     return 0;
 }
 
-static int check_line_cb(const char *line, size_t len, void *ctx, char *errstr,
-                         size_t errstr_size)
+static int check_line_cb(const char *line, size_t len, size_t no, void *ctx,
+                         char *errstr, size_t errstr_size)
 {
-    size_t *no = ctx;
-    return check_header_line(line, len, ++*no, errstr, errstr_size);
+    (void)ctx;
+    return check_header_line(line, len, no, errstr, errstr_size);
 }
 
 /* curl_slist_append that cannot fail (abort on out-of-memory, as
@@ -176,9 +178,10 @@ static struct curl_slist *slist_add(struct curl_slist *list, const char *s)
     return n;
 }
 
-static int append_line_cb(const char *line, size_t len, void *ctx, char *errstr,
-                          size_t errstr_size)
+static int append_line_cb(const char *line, size_t len, size_t no, void *ctx,
+                          char *errstr, size_t errstr_size)
 {
+    (void)no;
     struct curl_slist **list = ctx;
     char *s = idem_xmalloc(len + 1);
     memcpy(s, line, len);
@@ -248,8 +251,7 @@ int idem_httpclient_check(const idem_httpclient_conf_t *conf, char *errstr,
         }
         fclose(fp);
     }
-    size_t no = 0;
-    return for_each_line(conf->headers, check_line_cb, &no, errstr,
+    return for_each_line(conf->headers, check_line_cb, NULL, errstr,
                          errstr_size);
 }
 
