@@ -11,8 +11,8 @@
 # both rates and their ratio. Needs bash >= 5, kcat, redis-server/redis-cli.
 #
 # webhook row: 50,000 records (BENCH_WEBHOOK_COUNT) with 10% duplicates to
-# one member with handler=webhook (batch.max.messages=200, more settings
-# with BENCH_WEBHOOK_PROPS="k=v lines"), against the tests' HTTP server
+# one member with handler=webhook (default settings; more with
+# BENCH_WEBHOOK_PROPS="k=v lines"), against the tests' HTTP server
 # (build/hooksink, next to BIN) answering every request after 5 ms. The
 # issue's bar: >= 5,000 records/s. The member must end with every unique
 # record processed and the service must have acknowledged at least that
@@ -225,10 +225,6 @@ kafka.fetch.wait.max.ms=10
 kafka.session.timeout.ms=6000
 http.listen=127.0.0.1:$WPORT
 log.level=warn
-# Smaller batches keep the loop turning while requests are in flight (the
-# README's advice for handler=webhook); with the default 1000 the same run
-# gives about 4,500 records/s.
-batch.max.messages=200
 ${BENCH_WEBHOOK_PROPS:-}
 PROPS
     "$BIN" run -c "$DIR/hooks.properties" 2>"$DIR/hooks.member.log" &
