@@ -201,6 +201,38 @@ Test(webhook, every_record_posted_once_with_its_identity_as_key)
     fx_stop(&f);
 }
 
+Test(webhook, headers_from_a_file_one_a_line)
+{
+    srv = th_hook_start((th_hook_reply_t){.status = 204}, 1);
+    cr_assert(srv);
+    char *dir = th_tmpdir();
+    char path[512], set[600];
+    snprintf(path, sizeof(path), "%s/headers", dir);
+    cr_assert_eq(th_write_file(path, "Authorization: Bearer from-file\n"
+                                     "\n"
+                                     "X-Test: two words\n"),
+                 0);
+    snprintf(set, sizeof(set), "webhook.headers.file=%s", path);
+    fixture_t f;
+    fx_start(&f, th_hook_url(srv), (const char *[]){set, NULL});
+    idem_record_t *r = fx_rec(&f, 0, "f-1");
+    char err[256];
+    cr_assert_eq(
+        idem_handler_webhook.submit(f.h, &r, 1, NULL, 0, err, sizeof(err)), 0);
+    idem_result_t res[64];
+    cr_assert_eq(fx_collect(&f, res, 1), 1);
+    cr_assert_eq(res[0].kind, IDEM_RESULT_DONE, "%s", res[0].detail);
+    size_t n;
+    th_hook_req_t *q = th_hook_requests(srv, &n);
+    cr_assert_eq(n, 1);
+    cr_assert_str_eq(q[0].auth, "Bearer from-file");
+    cr_assert_str_eq(q[0].xtest, "two words");
+    th_hook_requests_free(q, n);
+    fx_stop(&f);
+    th_rmrf(dir);
+    free(dir);
+}
+
 Test(webhook, statuses_become_results)
 {
     srv = th_hook_start((th_hook_reply_t){.status = 200}, 1);
