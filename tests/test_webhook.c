@@ -335,9 +335,14 @@ Test(webhook, drain_abandons_what_does_not_finish_in_time)
 #define LINE(fp, ...) fprintf((fp), __VA_ARGS__), fputc('\n', (fp))
 
 /* Reads the DLQ with kcat; counts records whose dlq.reason is reason and,
- * when error is not NULL, whose dlq.error equals it too. */
-static size_t dlq_count(th_stack_t *s, const char *reason, const char *error)
+ * when error is not NULL, whose dlq.error equals it too. *first (may be
+ * NULL) gets the dlq.error of the first record of that reason (caller
+ * frees; NULL when none). */
+static size_t dlq_scan(th_stack_t *s, const char *reason, const char *error,
+                       char **first)
 {
+    if (first)
+        *first = NULL;
     char *argv[] = {"/usr/bin/env",
                     "kcat",
                     "-C",
@@ -367,12 +372,19 @@ static size_t dlq_count(th_stack_t *s, const char *reason, const char *error)
             if (k && !strcmp(k, "dlq.error"))
                 e = v;
         }
+        if (r && !strcmp(r, reason) && first && !*first)
+            *first = strdup(e ? e : "");
         if (r && !strcmp(r, reason) && (!error || (e && !strcmp(e, error))))
             n++;
         json_decref(m);
     }
     free(out);
     return n;
+}
+
+static size_t dlq_count(th_stack_t *s, const char *reason, const char *error)
+{
+    return dlq_scan(s, reason, error, NULL);
 }
 
 static double member_metric(int port, const char *series)
@@ -442,6 +454,8 @@ Test(webhook_run, duplicates_rejects_poison_and_retries_end_exact)
     cr_assert(srv);
     th_hook_rule_body(srv, "\"reject\":true",
                       (th_hook_reply_t){422, 0, NULL, "nope"});
+    th_hook_rule_body(srv, "\"down\":true",
+                      (th_hook_reply_t){500, 0, NULL, "down"});
     cr_assert_eq(th_stack_start(&stk, 4, NULL), 0);
     char path[600];
     snprintf(path, sizeof(path), "%s/in.jsonl", stk.dir);
@@ -481,12 +495,14 @@ Test(webhook_run, duplicates_rejects_poison_and_retries_end_exact)
             flaky++;
         }
     }
+    /* The service always fails this one: retried, then dead-lettered. */
+    LINE(fp, "{\"idempotency_key\":\"w-9999\",\"down\":true}");
     LINE(fp, "not json at all");
     LINE(fp, "{\"n\":1}"); /* no identity anywhere */
     fclose(fp);
     const char *args[] = {"--input", path, NULL};
     cr_assert_eq(th_stack_produce(&stk, args), 0);
-    size_t total = good + redeliveries + resends + rejects + 2;
+    size_t total = good + redeliveries + resends + rejects + 3;
 
     int port = th_free_port();
     pid_t m = start_member(&stk, "w1", port, "16");
@@ -509,13 +525,19 @@ Test(webhook_run, duplicates_rejects_poison_and_retries_end_exact)
                  (double)resends);
     cr_assert_eq(member_metric(port, "idemproc_webhook_requests_total{class="
                                      "\"5xx\"}"),
-                 (double)flaky);
+                 (double)flaky + 5); /* w-9999: retry.max.attempts */
     cr_assert_geq(member_metric(port, "idemproc_retries_total"),
                   (double)(2 * flaky));
     cr_assert_eq(member_metric(port, "idemproc_webhook_latency_seconds_count"),
                  (double)th_hook_count(srv));
     cr_assert_eq(dlq_count(&stk, "handler-rejected", "HTTP 422: nope"),
                  rejects);
+    char *why = NULL;
+    cr_assert_eq(dlq_scan(&stk, "max-retries", NULL, &why), 1);
+    cr_assert(why && strstr(why, "HTTP 500: down"), "dlq.error: %s",
+              why ? why : "(none)");
+    free(why);
+    cr_assert_eq(th_hook_count_key(srv, "w-9999", 0), 5);
     cr_assert_eq(dlq_count(&stk, "not-json", NULL), 1);
     cr_assert_eq(dlq_count(&stk, "no-identity", NULL), 1);
     /* What the service received: the value, the key, the token. */
