@@ -9,7 +9,7 @@ VERSION := 0.1.0
 # Libraries, found with pkg-config. These variables are recursive (=) on
 # purpose: they are expanded when a recipe runs, i.e. after `deps` has
 # installed whatever pkg-config could not find.
-PKGS      := rdkafka hiredis jansson libmicrohttpd uuid openssl libpq
+PKGS      := rdkafka hiredis jansson libmicrohttpd uuid openssl libpq libcurl
 TEST_PKGS := criterion
 PKG_CFLAGS  = $(shell pkg-config --cflags $(PKGS))
 PKG_LIBS    = $(shell pkg-config --libs $(PKGS))
@@ -22,7 +22,8 @@ PG_BINDIR ?= $(or $(lastword $(sort $(wildcard /usr/lib/postgresql/*/bin))),/usr
 # Debian packages: what building needs, and what the tests, the demo and
 # the benchmark need on top (servers and real clients they run).
 BUILD_DEB_PKGS := build-essential pkg-config librdkafka-dev libhiredis-dev \
-                  libjansson-dev libmicrohttpd-dev uuid-dev libssl-dev libpq-dev
+                  libjansson-dev libmicrohttpd-dev uuid-dev libssl-dev libpq-dev \
+                  libcurl4-openssl-dev
 TEST_DEB_PKGS  := libcriterion-dev redis-server redis-tools kcat prometheus \
                   clang-format jq openssl postgresql
 # Fuzzing (make fuzz) and the memory checks of CI (.ci/run) on top.
@@ -53,6 +54,8 @@ TEST_SRCS := $(wildcard tests/*.c)
 TEST_OBJS := $(TEST_SRCS:tests/%.c=$(BUILD)/tobj/%.o)
 BIN       := $(BUILD)/idemproc
 TEST_BIN  := $(BUILD)/idemproc-tests
+# The benchmark's webhook service: the tests' scripted HTTP server.
+HOOKSINK  := $(BUILD)/hooksink
 
 # Tests build argv arrays from string literals, hence -Wno-write-strings there.
 # Criterion options for `make test`; e.g. make test TEST_ARGS='--filter=conf/*'
@@ -71,8 +74,9 @@ help:
 	@echo "make test       format check, unit and integration tests"
 	@echo "make demo       whole pipeline on the embedded broker and a private redis"
 	@echo "make demo-outbox  PostgreSQL outbox -> relay -> processor -> verify"
-	@echo "make bench      one member's throughput against kcat reading the same topic,"
-	@echo "                and the outbox relay's (BENCH_ONLY=outbox: only that)"
+	@echo "make bench      one member's throughput against kcat reading the same topic;"
+	@echo "                BENCH_ROWS=\"ledger webhook outbox\" picks rows (webhook: an HTTP"
+	@echo "                service answering in 5 ms; outbox: the relay from PostgreSQL)"
 	@echo "make chaos      kills, Redis kill -9, broker faults at once; exact or fail"
 	@echo "                (CHAOS_SEED, CHAOS_RECORDS, CHAOS_SECONDS)"
 	@echo "make fuzz       each libFuzzer target for FUZZ_SECONDS (default 60)"
@@ -133,7 +137,8 @@ $(TEST_BIN): $(TEST_OBJS) $(LIB_OBJS)
 	$(CC) $(LDFLAGS) -o $@ $^ $(TEST_LIBS) $(LDLIBS_ALL)
 
 FORMAT_SRCS = $(wildcard $(SRC_DIRS:%=%/*.[ch]) processor/include/*/*.h) \
-              tests/*.[ch] tests/fuzz/*.c tests/tsan/*.c
+              tests/*.[ch] tests/fuzz/*.c tests/tsan/*.c \
+              tests/hooksink/*.c
 
 check-format: | deps-check-test
 	@out=$$(clang-format --dry-run --Werror $(FORMAT_SRCS) 2>&1); \
@@ -155,8 +160,14 @@ demo: $(BIN) | deps-check-test
 demo-outbox: $(BIN) | deps-check-test
 	@PG_BINDIR=$(PG_BINDIR) tests/demo_outbox.sh $(BIN)
 
-bench: $(BIN) | deps-check-test
-	@PG_BINDIR=$(PG_BINDIR) BENCH_ONLY=$(BENCH_ONLY) tests/bench.sh $(BIN)
+$(HOOKSINK): tests/hooksink/hooksink.c tests/hooksrv.c tests/hooksrv.h | deps-check $(BUILD)/obj
+	$(CC) -std=c11 -D_GNU_SOURCE $(WARN) $(CFLAGS) $(PKG_CFLAGS) -o $@ \
+	  tests/hooksink/hooksink.c tests/hooksrv.c $(LDFLAGS) $(LDLIBS_ALL)
+
+# Rows of `make bench` (ledger, webhook); e.g. make bench BENCH_ROWS=webhook
+BENCH_ROWS ?=
+bench: $(BIN) $(HOOKSINK) | deps-check-test
+	@PG_BINDIR=$(PG_BINDIR) BENCH_ONLY=$(BENCH_ONLY) tests/bench.sh $(BIN) $(BENCH_ROWS)
 
 # ThreadSanitizer: the HTTP thread against a thread updating the metrics as
 # the loop does (tests/tsan/http_loop.c; Criterion does not run under TSan).
