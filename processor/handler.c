@@ -15,7 +15,7 @@ static const idem_handler_ops_t *const registry[] = {
     NULL, /* forward: &idem_handler_forward (core) */
     NULL, /* script:  &idem_handler_script */
     NULL, /* webhook: &idem_handler_webhook */
-    NULL, /* plugin:  &idem_handler_plugin */
+    &idem_handler_plugin,
 };
 
 #define REGISTRY_CNT (sizeof(registry) / sizeof(registry[0]))

@@ -1,0 +1,292 @@
+/* test_plugin: handler=plugin:PATH.so. The loader (dlopen, the ABI check,
+ * clear errors), the adapter between the public plugin interface and the
+ * loop's handler interface driven directly with records (no broker), and
+ * the example plugin config/examples/filesink.c as built by the Makefile. */
+#include "conf.h"
+#include "handler.h"
+#include "harness.h"
+#include "plugin.h"
+
+#include <criterion/criterion.h>
+#include <libgen.h>
+#include <librdkafka/rdkafka.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+TestSuite(plugin);
+
+/* build/plugins/<name>.so (examples) or build/tplugins/<name>.so (test
+ * plugins), next to the binary under test. */
+static const char *plugin_path(const char *dir, const char *name)
+{
+    static char path[1024];
+    char bin[900];
+    snprintf(bin, sizeof(bin), "%s", th_bin());
+    snprintf(path, sizeof(path), "%s/%s/%s.so", dirname(bin), dir, name);
+    cr_assert_eq(access(path, R_OK), 0, "%s not built", path);
+    return path;
+}
+
+Test(plugin, loads_the_example_and_checks_its_table)
+{
+    char err[512] = "";
+    idem_plugin_t *pl =
+        idem_plugin_open(plugin_path("plugins", "filesink"), err, sizeof(err));
+    cr_assert(pl, "%s", err);
+    const idemproc_plugin_t *t = idem_plugin_table(pl);
+    cr_expect_str_eq(t->name, "filesink");
+    cr_expect_eq(t->abi_version, IDEMPROC_PLUGIN_ABI_VERSION);
+    cr_expect_eq(t->struct_size, sizeof(idemproc_plugin_t));
+    cr_expect(t->keys && !strcmp(t->keys[0].name, "file"));
+    idem_plugin_close(pl);
+    idem_plugin_close(NULL);
+}
+
+/* A plugin built against another version of idemproc/plugin.h is refused
+ * at load, with both versions and what to do, before any of its ops runs
+ * (each of abi_next's ops aborts). */
+Test(plugin, refuses_a_plugin_built_for_another_abi_version)
+{
+    char err[512] = "";
+    const char *path = plugin_path("tplugins", "abi_next");
+    cr_assert_null(idem_plugin_open(path, err, sizeof(err)));
+    char want[128];
+    snprintf(want, sizeof(want),
+             "built for plugin ABI version %d, but this idemproc loads "
+             "version %d",
+             IDEMPROC_PLUGIN_ABI_VERSION + 1, IDEMPROC_PLUGIN_ABI_VERSION);
+    cr_expect(strstr(err, want), "%s", err);
+    cr_expect(strstr(err, path), "the path is missing: %s", err);
+    cr_expect(strstr(err, "rebuild"), "%s", err);
+}
+
+Test(plugin, refuses_a_shared_object_that_is_no_plugin)
+{
+    char err[512] = "";
+    cr_assert_null(idem_plugin_open(plugin_path("tplugins", "no_table"), err,
+                                    sizeof(err)));
+    cr_expect(strstr(err, "not an idemproc plugin"), "%s", err);
+    cr_expect(strstr(err, "\"idemproc_plugin\""), "%s", err);
+}
+
+Test(plugin, missing_file_gives_the_path_and_the_reason)
+{
+    char err[512] = "";
+    cr_assert_null(idem_plugin_open("/nonexistent/dir/x.so", err, sizeof(err)));
+    cr_expect(strstr(err, "handler=plugin:/nonexistent/dir/x.so: cannot load"),
+              "%s", err);
+    cr_expect(strstr(err, "No such file"), "%s", err);
+    cr_assert_null(idem_plugin_open("", err, sizeof(err)));
+    cr_expect(strstr(err, "no path"), "%s", err);
+}
+
+/* dlopen would find "libc.so.6" in the system's library directories; a
+ * plugin named in a configuration is a file, so a bare name means the
+ * working directory (where there is no such file). */
+Test(plugin, bare_name_is_a_file_in_the_working_directory)
+{
+    char err[512] = "";
+    char *dir = th_tmpdir();
+    char cwd[1024];
+    cr_assert(getcwd(cwd, sizeof(cwd)));
+    cr_assert_eq(chdir(dir), 0);
+    idem_plugin_t *pl = idem_plugin_open("libc.so.6", err, sizeof(err));
+    cr_expect_null(pl, "a bare name was searched in the system's directories");
+    idem_plugin_close(pl);
+    cr_expect(strstr(err, "./libc.so.6"), "%s", err);
+    /* ... and is found there. */
+    char copy[1200];
+    snprintf(copy, sizeof(copy), "cp '%s' '%s/filesink.so'",
+             plugin_path("plugins", "filesink"), dir);
+    cr_assert_eq(system(copy), 0);
+    pl = idem_plugin_open("filesink.so", err, sizeof(err));
+    cr_expect(pl, "%s", err);
+    idem_plugin_close(pl);
+    cr_assert_eq(chdir(cwd), 0);
+    th_rmrf(dir);
+    free(dir);
+}
+
+/* ------------------------------------------------- the adapter, directly */
+
+/* Adds plugin.<name>=value to conf as the conf stores set handler keys. */
+static void conf_plugin_key(idem_conf_t *conf, const char *name,
+                            const char *value)
+{
+    char key[256];
+    snprintf(key, sizeof(key), "plugin.%s", name);
+    conf->hkeys =
+        realloc(conf->hkeys, (conf->hkeys_cnt + 1) * sizeof(*conf->hkeys));
+    conf->hkeys[conf->hkeys_cnt].name = strdup(key);
+    conf->hkeys[conf->hkeys_cnt].value = strdup(value);
+    conf->hkeys_cnt++;
+}
+
+static idem_record_t record(const char *identity, const char *value,
+                            int64_t offset)
+{
+    idem_record_t r = {0};
+    r.topic = "events";
+    r.partition = 0;
+    r.offset = offset;
+    r.timestamp = 1700000000000;
+    r.identity = identity;
+    r.identity_len = strlen(identity);
+    r.value = value;
+    r.value_len = value ? strlen(value) : 0;
+    r.message_id = "";
+    return r;
+}
+
+static int validate(idem_conf_t *conf, const char *path, char *err,
+                    size_t err_size)
+{
+    return idem_handler_plugin.validate(conf, path, err, err_size);
+}
+
+Test(plugin, validate_checks_the_plugins_keys)
+{
+    const char *path = plugin_path("plugins", "filesink");
+    char err[512] = "";
+    idem_conf_t *conf = idem_conf_new();
+    cr_expect_neq(validate(conf, path, err, sizeof(err)), 0);
+    cr_expect(strstr(err, "plugin.file: required by plugin filesink"), "%s",
+              err);
+    conf_plugin_key(conf, "file", "/tmp/x");
+    cr_expect_eq(validate(conf, path, err, sizeof(err)), 0, "%s", err);
+    conf_plugin_key(conf, "fsync", "maybe");
+    cr_expect_neq(validate(conf, path, err, sizeof(err)), 0);
+    cr_expect(strstr(err, "plugin filesink: plugin.fsync: \"maybe\" is not "
+                          "true or false"),
+              "%s", err);
+    idem_conf_destroy(conf);
+
+    conf = idem_conf_new();
+    conf_plugin_key(conf, "file", "/tmp/x");
+    conf_plugin_key(conf, "fsnyc", "false");
+    cr_expect_neq(validate(conf, path, err, sizeof(err)), 0);
+    cr_expect(strstr(err, "plugin.fsnyc: not a key of plugin filesink (its "
+                          "keys: plugin.file, plugin.fsync,"),
+              "%s", err);
+    idem_conf_destroy(conf);
+
+    conf = idem_conf_new();
+    cr_expect_neq(
+        validate(conf, plugin_path("tplugins", "abi_next"), err, sizeof(err)),
+        0);
+    cr_expect(strstr(err, "built for plugin ABI version"), "%s", err);
+    idem_conf_destroy(conf);
+}
+
+/* Drives the adapter as the loop does: start, submit, collect, drain,
+ * stop; returns how many results collect gave (into res). */
+static size_t run_batch(idem_conf_t *conf, idem_record_t *recs, size_t n,
+                        idem_result_t *res)
+{
+    char err[512] = "";
+    const char *path = plugin_path("plugins", "filesink");
+    cr_assert_eq(validate(conf, path, err, sizeof(err)), 0, "%s", err);
+    idem_handler_ctx_t ctx = {.conf = conf, .arg = path, .member_id = "t"};
+    void *h = idem_handler_plugin.start(&ctx, err, sizeof(err));
+    cr_assert(h, "%s", err);
+    idem_record_t *ptrs[16];
+    for (size_t i = 0; i < n; i++)
+        ptrs[i] = &recs[i];
+    cr_assert_eq(
+        idem_handler_plugin.submit(h, ptrs, n, NULL, 0, err, sizeof(err)), 0,
+        "%s", err);
+    cr_expect_eq(idem_handler_plugin.inflight(h), n);
+    size_t got = 0;
+    for (int t = 0; t < 100 && got < n; t++)
+        got += idem_handler_plugin.collect(h, res + got, n - got, 10);
+    cr_expect_eq(idem_handler_plugin.inflight(h), 0);
+    idem_handler_plugin.drain(h, 0);
+    cr_expect_eq(idem_handler_plugin.collect(h, res + got, 1, 0), 0);
+    idem_handler_plugin.stop(h);
+    return got;
+}
+
+/* The result of record r among res[n]. */
+static const idem_result_t *result_of(const idem_result_t *res, size_t n,
+                                      const idem_record_t *r)
+{
+    for (size_t i = 0; i < n; i++)
+        if (res[i].rec == r)
+            return &res[i];
+    cr_assert_fail("no result for offset %lld", (long long)r->offset);
+    return NULL;
+}
+
+Test(plugin, example_writes_lines_and_reports_every_result_kind)
+{
+    char *dir = th_tmpdir();
+    char file[600];
+    snprintf(file, sizeof(file), "%s/out.tsv", dir);
+    idem_conf_t *conf = idem_conf_new();
+    conf_plugin_key(conf, "file", file);
+    conf_plugin_key(conf, "max.value.bytes", "20");
+    conf_plugin_key(conf, "oversize", "retry");
+    idem_record_t recs[5] = {
+        record("id-1", "{\"a\":1}", 10),
+        record("id-2", "{\"a\":\n2}", 11), /* a newline: cannot be a line */
+        record("id-3", "{\"a\":\"far too long a value\"}", 12),
+        record("id-4", NULL, 13), /* a null value: an empty line */
+        record("id\t5", "x", 14),
+    };
+    idem_result_t res[8];
+    size_t got = run_batch(conf, recs, 5, res);
+    cr_assert_eq(got, 5);
+    cr_expect_eq(result_of(res, got, &recs[0])->kind, IDEM_RESULT_DONE);
+    const idem_result_t *r = result_of(res, got, &recs[1]);
+    cr_expect_eq(r->kind, IDEM_RESULT_REJECT);
+    cr_expect(strstr(r->detail, "newline"), "%s", r->detail);
+    r = result_of(res, got, &recs[2]);
+    cr_expect_eq(r->kind, IDEM_RESULT_RETRY);
+    cr_expect(strstr(r->detail, "over plugin.max.value.bytes (20)"), "%s",
+              r->detail);
+    cr_expect_eq(r->retry_after_ms, 0);
+    cr_expect_eq(result_of(res, got, &recs[3])->kind, IDEM_RESULT_DONE);
+    cr_expect_eq(result_of(res, got, &recs[4])->kind, IDEM_RESULT_REJECT);
+    char *text = th_slurp(file, NULL);
+    cr_expect_str_eq(text, "id-1\t{\"a\":1}\nid-4\t\n");
+    free(text);
+    idem_conf_destroy(conf);
+    th_rmrf(dir);
+    free(dir);
+}
+
+/* A file that cannot be written (a full disk: /dev/full) is an outage,
+ * never a dead letter. */
+Test(plugin, example_write_failure_is_an_outage)
+{
+    idem_conf_t *conf = idem_conf_new();
+    conf_plugin_key(conf, "file", "/dev/full");
+    conf_plugin_key(conf, "fsync", "false");
+    idem_record_t recs[2] = {record("id-1", "a", 1), record("id-2", "b\n", 2)};
+    idem_result_t res[4];
+    size_t got = run_batch(conf, recs, 2, res);
+    cr_assert_eq(got, 2);
+    const idem_result_t *r = result_of(res, got, &recs[0]);
+    cr_expect_eq(r->kind, IDEM_RESULT_OUTAGE);
+    cr_expect(strstr(r->detail, "plugin filesink: filesink: write: No space"),
+              "%s", r->detail);
+    cr_expect_eq(result_of(res, got, &recs[1])->kind, IDEM_RESULT_REJECT);
+    idem_conf_destroy(conf);
+}
+
+/* A plugin that cannot start says why, with its name. */
+Test(plugin, start_failure_names_the_plugin_and_the_file)
+{
+    char err[512] = "";
+    idem_conf_t *conf = idem_conf_new();
+    conf_plugin_key(conf, "file", "/nonexistent/dir/out.tsv");
+    const char *path = plugin_path("plugins", "filesink");
+    idem_handler_ctx_t ctx = {.conf = conf, .arg = path, .member_id = "t"};
+    cr_assert_null(idem_handler_plugin.start(&ctx, err, sizeof(err)));
+    cr_expect(strstr(err, "plugin filesink: start: plugin.file: "
+                          "/nonexistent/dir/out.tsv: No such file"),
+              "%s", err);
+    idem_conf_destroy(conf);
+}
