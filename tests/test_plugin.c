@@ -290,3 +290,148 @@ Test(plugin, start_failure_names_the_plugin_and_the_file)
               "%s", err);
     idem_conf_destroy(conf);
 }
+
+/* ---------------------------------------- the adapter with the probe plugin */
+
+typedef struct {
+    idem_conf_t *conf;
+    void *h;
+    idem_handler_ctx_t ctx;
+} probe_run_t;
+
+static void probe_start(probe_run_t *pr, const char *bogus)
+{
+    char err[512] = "";
+    pr->conf = idem_conf_new();
+    if (bogus)
+        conf_plugin_key(pr->conf, "bogus", bogus);
+    const char *path = plugin_path("tplugins", "probe");
+    cr_assert_eq(validate(pr->conf, path, err, sizeof(err)), 0, "%s", err);
+    pr->ctx =
+        (idem_handler_ctx_t){.conf = pr->conf, .arg = path, .member_id = "t"};
+    pr->h = idem_handler_plugin.start(&pr->ctx, err, sizeof(err));
+    cr_assert(pr->h, "%s", err);
+}
+
+static void probe_end(probe_run_t *pr)
+{
+    idem_handler_plugin.stop(pr->h);
+    idem_conf_destroy(pr->conf);
+}
+
+/* Collects until `want` results arrived (the probe gives two a call). */
+static size_t collect_all(void *h, idem_result_t *res, size_t want)
+{
+    size_t got = 0;
+    for (int t = 0; t < 50 && got < want; t++)
+        got += idem_handler_plugin.collect(h, res + got, want - got, 0);
+    return got;
+}
+
+/* Results come back out of order and in pieces; each maps back to its
+ * record with its kind, delay and detail; the headers reached the plugin
+ * with their lengths (NUL bytes are data, a null header stays null). */
+Test(plugin, results_map_back_to_their_records)
+{
+    probe_run_t pr;
+    probe_start(&pr, NULL);
+    idem_record_t recs[5] = {
+        record("a", "done", 1),     record("b", "retry:250", 2),
+        record("c", "outage", 3),   record("d", "reject", 4),
+        record("e", "nonsense", 5),
+    };
+    rd_kafka_headers_t *hs = rd_kafka_headers_new(2);
+    rd_kafka_header_add(hs, "trace", -1, "a\0b", 3);
+    rd_kafka_header_add(hs, "empty", -1, NULL, 0);
+    recs[3].headers = hs;
+    idem_record_t *ptrs[5] = {&recs[0], &recs[1], &recs[2], &recs[3], &recs[4]};
+    char err[512] = "";
+    cr_assert_eq(
+        idem_handler_plugin.submit(pr.h, ptrs, 5, NULL, 0, err, sizeof(err)), 0,
+        "%s", err);
+    cr_expect_eq(idem_handler_plugin.inflight(pr.h), 5);
+    idem_result_t res[8];
+    size_t got = collect_all(pr.h, res, 5);
+    cr_assert_eq(got, 5);
+    cr_expect_eq(res[0].rec, &recs[4], "not the probe's order");
+    cr_expect_eq(result_of(res, got, &recs[0])->kind, IDEM_RESULT_DONE);
+    const idem_result_t *r = result_of(res, got, &recs[1]);
+    cr_expect_eq(r->kind, IDEM_RESULT_RETRY);
+    cr_expect_eq(r->retry_after_ms, 250);
+    cr_expect_str_eq(r->detail, "probe: later");
+    r = result_of(res, got, &recs[2]);
+    cr_expect_eq(r->kind, IDEM_RESULT_OUTAGE);
+    cr_expect_str_eq(r->detail, "plugin probe: probe: down");
+    r = result_of(res, got, &recs[3]);
+    cr_expect_eq(r->kind, IDEM_RESULT_REJECT);
+    cr_expect_str_eq(r->detail, "h=2 trace:3 empty:null");
+    /* A status the interface does not have: retried, then max-retries. */
+    r = result_of(res, got, &recs[4]);
+    cr_expect_eq(r->kind, IDEM_RESULT_RETRY);
+    cr_expect(strstr(r->detail, "unknown status 42"), "%s", r->detail);
+    cr_expect_eq(idem_handler_plugin.inflight(pr.h), 0);
+    rd_kafka_headers_destroy(hs);
+    probe_end(&pr);
+}
+
+/* A plugin that reports a record it was never given is ignored (and
+ * logged), never turned into a result for some other record. */
+Test(plugin, result_for_a_record_never_submitted_is_ignored)
+{
+    probe_run_t pr;
+    probe_start(&pr, "true");
+    idem_record_t rec = record("a", "done", 1);
+    idem_record_t *ptr = &rec;
+    char err[512] = "";
+    cr_assert_eq(
+        idem_handler_plugin.submit(pr.h, &ptr, 1, NULL, 0, err, sizeof(err)),
+        0);
+    idem_result_t res[4];
+    size_t got = collect_all(pr.h, res, 1);
+    cr_assert_eq(got, 1);
+    cr_expect_eq(res[0].rec, &rec);
+    cr_expect_eq(res[0].kind, IDEM_RESULT_DONE);
+    cr_expect_eq(idem_handler_plugin.collect(pr.h, res, 4, 0), 0);
+    probe_end(&pr);
+}
+
+/* drain keeps what finished for the next collect and forgets what the
+ * plugin abandoned: afterwards nothing is in flight. */
+Test(plugin, drain_keeps_finished_results_and_forgets_the_rest)
+{
+    probe_run_t pr;
+    probe_start(&pr, NULL);
+    idem_record_t recs[3] = {record("a", "hold", 1), record("b", "done", 2),
+                             record("c", "done", 3)};
+    idem_record_t *ptrs[3] = {&recs[0], &recs[1], &recs[2]};
+    char err[512] = "";
+    cr_assert_eq(
+        idem_handler_plugin.submit(pr.h, ptrs, 3, NULL, 0, err, sizeof(err)),
+        0);
+    idem_handler_plugin.drain(pr.h, 0);
+    cr_expect_eq(idem_handler_plugin.inflight(pr.h), 2, "finished: 2");
+    idem_result_t res[4];
+    size_t got = idem_handler_plugin.collect(pr.h, res, 4, 0);
+    cr_assert_eq(got, 2);
+    cr_expect_eq(result_of(res, got, &recs[1])->kind, IDEM_RESULT_DONE);
+    cr_expect_eq(result_of(res, got, &recs[2])->kind, IDEM_RESULT_DONE);
+    cr_expect_eq(idem_handler_plugin.inflight(pr.h), 0);
+    probe_end(&pr);
+}
+
+/* A refused submit is an outage with the plugin's reason, and none of the
+ * batch stays in flight. */
+Test(plugin, refused_submit_is_an_outage)
+{
+    probe_run_t pr;
+    probe_start(&pr, NULL);
+    idem_record_t recs[2] = {record("a", "done", 1), record("b", "refuse", 2)};
+    idem_record_t *ptrs[2] = {&recs[0], &recs[1]};
+    char err[512] = "";
+    cr_expect_eq(
+        idem_handler_plugin.submit(pr.h, ptrs, 2, NULL, 0, err, sizeof(err)),
+        -1);
+    cr_expect_str_eq(err, "plugin probe: probe: refused");
+    cr_expect_eq(idem_handler_plugin.inflight(pr.h), 0);
+    probe_end(&pr);
+}
