@@ -20,6 +20,25 @@ static void err_set(char *errstr, size_t errstr_size, const char *path,
     snprintf(errstr, errstr_size, "handler=plugin:%s: %s", path, what);
 }
 
+/* Why key name `k` can never be set as plugin.<k>, or NULL when it can.
+ * "<key>.file" reads <key>'s value from a file, so a name that is "file"
+ * or ends in ".file" would be taken for that. */
+static const char *key_name_problem(const char *k)
+{
+    size_t n = strlen(k);
+    if (!n)
+        return "declares a key with an empty name";
+    if (!strcmp(k, "file") || (n > 5 && !strcmp(k + n - 5, ".file")))
+        return "declares a key named \"file\" or \"*.file\", which cannot "
+               "be set (plugin.<key>.file reads plugin.<key> from a file)";
+    for (const char *c = k; *c; c++)
+        if (!((*c >= 'a' && *c <= 'z') || (*c >= '0' && *c <= '9') ||
+              *c == '.'))
+            return "declares a key name with other than a-z, 0-9 and '.' "
+                   "(IDEMPROC_PLUGIN_<NAME> could not set it)";
+    return NULL;
+}
+
 /* The checks after the ABI version matched: what this version requires of
  * a table. Returns NULL when it is usable, else what is wrong. */
 static const char *table_problem(const idemproc_plugin_t *t)
@@ -38,6 +57,11 @@ static const char *table_problem(const idemproc_plugin_t *t)
         return "its table has no drain op";
     if (!t->stop)
         return "its table has no stop op";
+    for (const idemproc_key_t *k = t->keys; k && k->name; k++) {
+        const char *problem = key_name_problem(k->name);
+        if (problem)
+            return problem;
+    }
     return NULL;
 }
 

@@ -8,14 +8,18 @@
 #include "plugin.h"
 
 #include <criterion/criterion.h>
+#include <jansson.h>
 #include <libgen.h>
 #include <librdkafka/rdkafka.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <signal.h>
 #include <string.h>
 #include <unistd.h>
 
 TestSuite(plugin);
+/* Through `idemproc run` with the embedded broker and a real Redis. */
+TestSuite(plugin_run, .fini = th_stack_cleanup);
 
 /* build/plugins/<name>.so (examples) or build/tplugins/<name>.so (test
  * plugins), next to the binary under test. */
@@ -39,7 +43,7 @@ Test(plugin, loads_the_example_and_checks_its_table)
     cr_expect_str_eq(t->name, "filesink");
     cr_expect_eq(t->abi_version, IDEMPROC_PLUGIN_ABI_VERSION);
     cr_expect_eq(t->struct_size, sizeof(idemproc_plugin_t));
-    cr_expect(t->keys && !strcmp(t->keys[0].name, "file"));
+    cr_expect(t->keys && !strcmp(t->keys[0].name, "output"));
     idem_plugin_close(pl);
     idem_plugin_close(NULL);
 }
@@ -69,6 +73,14 @@ Test(plugin, refuses_a_shared_object_that_is_no_plugin)
                                     sizeof(err)));
     cr_expect(strstr(err, "not an idemproc plugin"), "%s", err);
     cr_expect(strstr(err, "\"idemproc_plugin\""), "%s", err);
+}
+
+Test(plugin, refuses_a_key_name_that_could_never_be_set)
+{
+    char err[512] = "";
+    cr_assert_null(
+        idem_plugin_open(plugin_path("tplugins", "bad_key"), err, sizeof(err)));
+    cr_expect(strstr(err, "cannot be set (plugin.<key>.file reads"), "%s", err);
 }
 
 Test(plugin, missing_file_gives_the_path_and_the_reason)
@@ -152,9 +164,9 @@ Test(plugin, validate_checks_the_plugins_keys)
     char err[512] = "";
     idem_conf_t *conf = idem_conf_new();
     cr_expect_neq(validate(conf, path, err, sizeof(err)), 0);
-    cr_expect(strstr(err, "plugin.file: required by plugin filesink"), "%s",
+    cr_expect(strstr(err, "plugin.output: required by plugin filesink"), "%s",
               err);
-    conf_plugin_key(conf, "file", "/tmp/x");
+    conf_plugin_key(conf, "output", "/tmp/x");
     cr_expect_eq(validate(conf, path, err, sizeof(err)), 0, "%s", err);
     conf_plugin_key(conf, "fsync", "maybe");
     cr_expect_neq(validate(conf, path, err, sizeof(err)), 0);
@@ -164,11 +176,11 @@ Test(plugin, validate_checks_the_plugins_keys)
     idem_conf_destroy(conf);
 
     conf = idem_conf_new();
-    conf_plugin_key(conf, "file", "/tmp/x");
+    conf_plugin_key(conf, "output", "/tmp/x");
     conf_plugin_key(conf, "fsnyc", "false");
     cr_expect_neq(validate(conf, path, err, sizeof(err)), 0);
     cr_expect(strstr(err, "plugin.fsnyc: not a key of plugin filesink (its "
-                          "keys: plugin.file, plugin.fsync,"),
+                          "keys: plugin.output, plugin.fsync,"),
               "%s", err);
     idem_conf_destroy(conf);
 
@@ -225,7 +237,7 @@ Test(plugin, example_writes_lines_and_reports_every_result_kind)
     char file[600];
     snprintf(file, sizeof(file), "%s/out.tsv", dir);
     idem_conf_t *conf = idem_conf_new();
-    conf_plugin_key(conf, "file", file);
+    conf_plugin_key(conf, "output", file);
     conf_plugin_key(conf, "max.value.bytes", "20");
     conf_plugin_key(conf, "oversize", "retry");
     idem_record_t recs[5] = {
@@ -262,7 +274,7 @@ Test(plugin, example_writes_lines_and_reports_every_result_kind)
 Test(plugin, example_write_failure_is_an_outage)
 {
     idem_conf_t *conf = idem_conf_new();
-    conf_plugin_key(conf, "file", "/dev/full");
+    conf_plugin_key(conf, "output", "/dev/full");
     conf_plugin_key(conf, "fsync", "false");
     idem_record_t recs[2] = {record("id-1", "a", 1), record("id-2", "b\n", 2)};
     idem_result_t res[4];
@@ -281,11 +293,11 @@ Test(plugin, start_failure_names_the_plugin_and_the_file)
 {
     char err[512] = "";
     idem_conf_t *conf = idem_conf_new();
-    conf_plugin_key(conf, "file", "/nonexistent/dir/out.tsv");
+    conf_plugin_key(conf, "output", "/nonexistent/dir/out.tsv");
     const char *path = plugin_path("plugins", "filesink");
     idem_handler_ctx_t ctx = {.conf = conf, .arg = path, .member_id = "t"};
     cr_assert_null(idem_handler_plugin.start(&ctx, err, sizeof(err)));
-    cr_expect(strstr(err, "plugin filesink: start: plugin.file: "
+    cr_expect(strstr(err, "plugin filesink: start: plugin.output: "
                           "/nonexistent/dir/out.tsv: No such file"),
               "%s", err);
     idem_conf_destroy(conf);
@@ -434,4 +446,371 @@ Test(plugin, refused_submit_is_an_outage)
     cr_expect_str_eq(err, "plugin probe: probe: refused");
     cr_expect_eq(idem_handler_plugin.inflight(pr.h), 0);
     probe_end(&pr);
+}
+
+/* ------------------------------------------------ through `idemproc run` */
+
+static th_stack_t stk;
+
+/* Produces to `payments`, keyed by `key` (so one identity stays in one
+ * partition, in order). value_len -1: strlen. */
+typedef struct {
+    rd_kafka_t *rk;
+} producer_t;
+
+static void producer_open(producer_t *p)
+{
+    char err[512];
+    rd_kafka_conf_t *kc = rd_kafka_conf_new();
+    rd_kafka_conf_set(kc, "bootstrap.servers", stk.broker.bootstrap, err,
+                      sizeof(err));
+    rd_kafka_conf_set(kc, "enable.idempotence", "true", err, sizeof(err));
+    rd_kafka_conf_set(kc, "linger.ms", "5", err, sizeof(err));
+    p->rk = rd_kafka_new(RD_KAFKA_PRODUCER, kc, err, sizeof(err));
+    cr_assert(p->rk, "%s", err);
+}
+
+static void produce(producer_t *p, const char *key, const char *value)
+{
+    rd_kafka_resp_err_t err;
+    do {
+        err = rd_kafka_producev(p->rk, RD_KAFKA_V_TOPIC("payments"),
+                                RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY),
+                                RD_KAFKA_V_KEY(key, strlen(key)),
+                                RD_KAFKA_V_VALUE((void *)value, strlen(value)),
+                                RD_KAFKA_V_END);
+        if (err == RD_KAFKA_RESP_ERR__QUEUE_FULL)
+            rd_kafka_poll(p->rk, 50);
+    } while (err == RD_KAFKA_RESP_ERR__QUEUE_FULL);
+    cr_assert_eq(err, 0, "%s", rd_kafka_err2str(err));
+}
+
+static void producer_close(producer_t *p)
+{
+    cr_assert_eq(rd_kafka_flush(p->rk, 30000), 0, "produce not acknowledged");
+    rd_kafka_destroy(p->rk);
+}
+
+/* The events: `unique` identities ev-<i> (value {"idempotency_key":
+ * "ev-<i>","message_id":"m-<i>","n":<i>}), then redeliveries of every 10th
+ * (same message_id), resends of every 20th from 5 (a new message_id and
+ * n=-1), and 15 poison records: 5 not JSON, 5 without identity, 5 valid
+ * JSON with a raw newline inside, which filesink rejects. Returns the
+ * number of redeliveries and resends in *redeliveries / *resends. */
+static void produce_events(int unique, int *redeliveries, int *resends)
+{
+    producer_t p;
+    producer_open(&p);
+    char key[64], value[256];
+    for (int i = 0; i < unique; i++) {
+        snprintf(key, sizeof(key), "ev-%d", i);
+        snprintf(value, sizeof(value),
+                 "{\"idempotency_key\":\"ev-%d\",\"message_id\":\"m-%d\","
+                 "\"n\":%d}",
+                 i, i, i);
+        produce(&p, key, value);
+    }
+    *redeliveries = *resends = 0;
+    for (int i = 0; i < unique; i += 10, (*redeliveries)++) {
+        snprintf(key, sizeof(key), "ev-%d", i);
+        snprintf(value, sizeof(value),
+                 "{\"idempotency_key\":\"ev-%d\",\"message_id\":\"m-%d\","
+                 "\"n\":%d}",
+                 i, i, i);
+        produce(&p, key, value);
+    }
+    for (int i = 5; i < unique; i += 20, (*resends)++) {
+        snprintf(key, sizeof(key), "ev-%d", i);
+        snprintf(value, sizeof(value),
+                 "{\"idempotency_key\":\"ev-%d\",\"message_id\":\"m-%d-again\","
+                 "\"n\":-1}",
+                 i, i);
+        produce(&p, key, value);
+    }
+    for (int i = 0; i < 5; i++) {
+        snprintf(key, sizeof(key), "poison-%d", i);
+        produce(&p, key, "{\"idempotency_key\": not json");
+        produce(&p, key, "{\"n\":1}");
+        snprintf(value, sizeof(value),
+                 "{\"idempotency_key\":\"nl-%d\",\n\"n\":1}", i);
+        produce(&p, key, value);
+    }
+    producer_close(&p);
+}
+
+/* Lines of the filesink output per identity: counts[i] for ev-<i>;
+ * returns the number of lines, -1 on a line that is no event's. The first
+ * line of each identity must hold its original value. */
+static long file_lines(const char *path, int unique, int *counts)
+{
+    memset(counts, 0, sizeof(*counts) * (size_t)unique);
+    char *text = th_slurp(path, NULL);
+    if (!text)
+        return 0;
+    long lines = 0;
+    for (char *line = text, *nl; (nl = strchr(line, '\n')); line = nl + 1) {
+        *nl = '\0';
+        int i = -1;
+        char want[128];
+        if (sscanf(line, "ev-%d\t", &i) != 1 || i < 0 || i >= unique) {
+            free(text);
+            cr_assert_fail("a line of no event: %s", line);
+            return -1;
+        }
+        if (counts[i]++ == 0) {
+            snprintf(want, sizeof(want),
+                     "ev-%d\t{\"idempotency_key\":\"ev-%d\",\"message_id\":"
+                     "\"m-%d\",\"n\":%d}",
+                     i, i, i, i);
+            cr_expect_str_eq(line, want, "first line of ev-%d", i);
+        }
+        lines++;
+    }
+    free(text);
+    return lines;
+}
+
+/* Reads the DLQ once from the beginning: counts by dlq.reason; *newline
+ * gets how many handler-rejected ones name the newline in dlq.error. */
+static long dlq_read(int *not_json, int *no_identity, int *rejected,
+                     int *newline)
+{
+    *not_json = *no_identity = *rejected = *newline = 0;
+    char err[512];
+    rd_kafka_conf_t *kc = rd_kafka_conf_new();
+    rd_kafka_conf_set(kc, "bootstrap.servers", stk.broker.bootstrap, err,
+                      sizeof(err));
+    rd_kafka_conf_set(kc, "group.id", "plugin-test-reader", err, sizeof(err));
+    rd_kafka_conf_set(kc, "enable.partition.eof", "true", err, sizeof(err));
+    rd_kafka_conf_set(kc, "fetch.wait.max.ms", "10", err, sizeof(err));
+    rd_kafka_t *rk = rd_kafka_new(RD_KAFKA_CONSUMER, kc, err, sizeof(err));
+    cr_assert(rk, "%s", err);
+    rd_kafka_poll_set_consumer(rk);
+    rd_kafka_topic_partition_list_t *l = rd_kafka_topic_partition_list_new(2);
+    for (int i = 0; i < 2; i++)
+        rd_kafka_topic_partition_list_add(l, "payments.dlq", i)->offset =
+            RD_KAFKA_OFFSET_BEGINNING;
+    cr_assert_eq(rd_kafka_assign(rk, l), 0);
+    rd_kafka_topic_partition_list_destroy(l);
+    long n = 0;
+    int eof = 0;
+    for (int t = 0; t < 300 && eof < 2; t++) {
+        rd_kafka_message_t *m = rd_kafka_consumer_poll(rk, 100);
+        if (!m)
+            continue;
+        if (m->err == RD_KAFKA_RESP_ERR__PARTITION_EOF) {
+            eof++;
+        } else if (!m->err) {
+            n++;
+            rd_kafka_headers_t *h = NULL;
+            const void *v;
+            size_t sz;
+            char reason[64] = "", error[600] = "";
+            if (!rd_kafka_message_headers(m, &h)) {
+                if (!rd_kafka_header_get_last(h, "dlq.reason", &v, &sz))
+                    snprintf(reason, sizeof(reason), "%.*s", (int)sz,
+                             (const char *)v);
+                if (!rd_kafka_header_get_last(h, "dlq.error", &v, &sz))
+                    snprintf(error, sizeof(error), "%.*s", (int)sz,
+                             (const char *)v);
+            }
+            if (!strcmp(reason, "not-json"))
+                (*not_json)++;
+            else if (!strcmp(reason, "no-identity"))
+                (*no_identity)++;
+            else if (!strcmp(reason, "handler-rejected")) {
+                (*rejected)++;
+                if (strstr(error, "filesink: the value holds a newline"))
+                    (*newline)++;
+            }
+        }
+        rd_kafka_message_destroy(m);
+    }
+    cr_expect_eq(eof, 2, "the DLQ was not read to its end");
+    rd_kafka_consumer_close(rk);
+    rd_kafka_destroy(rk);
+    return n;
+}
+
+/* Waits until every ev-<i> has a line and the DLQ holds the 15 poison
+ * records. Returns 0 when both happened. */
+static int wait_complete(const char *file, int unique, int *counts,
+                         int timeout_ms)
+{
+    for (int t = 0; t < timeout_ms; t += 250) {
+        long lines = file_lines(file, unique, counts);
+        int missing = 0;
+        for (int i = 0; i < unique; i++)
+            missing += counts[i] == 0;
+        int nj, ni, rj, nl;
+        if (lines >= unique && !missing && dlq_read(&nj, &ni, &rj, &nl) >= 15)
+            return 0;
+        usleep(250000);
+    }
+    return -1;
+}
+
+static int metrics_port;
+
+/* The last ~2 KB of a member's log, for failure messages (static). */
+static const char *log_tail(const char *name)
+{
+    static char tail[2048];
+    char path[700];
+    snprintf(path, sizeof(path), "%s/%s.log", stk.dir, name);
+    size_t len = 0;
+    char *log = th_slurp(path, &len);
+    snprintf(tail, sizeof(tail), "%s",
+             log ? log + (len > 2000 ? len - 2000 : 0) : "(no log)");
+    free(log);
+    return tail;
+}
+
+static void plugin_stack(const char *file, const char *batch)
+{
+    static char handler[1200], pfile[700], listen[64], bmax[64];
+    snprintf(handler, sizeof(handler), "handler=plugin:%s",
+             plugin_path("plugins", "filesink"));
+    snprintf(pfile, sizeof(pfile), "plugin.output=%s", file);
+    metrics_port = th_free_port();
+    snprintf(listen, sizeof(listen), "http.listen=127.0.0.1:%d", metrics_port);
+    snprintf(bmax, sizeof(bmax), "batch.max.messages=%s", batch);
+    const char *props[] = {handler, pfile, listen, bmax, "dedup.lease.ms=2000",
+                           NULL};
+    cr_assert_eq(th_stack_start(&stk, 4, props), 0);
+}
+
+/* Without a crash the file holds exactly one line per identity, each the
+ * first version of the event; duplicates of both kinds are counted and
+ * written nothing; the poison and what filesink refuses are dead letters
+ * with their reasons. */
+Test(plugin_run, filesink_one_line_per_identity_and_poison_in_the_dlq,
+     .timeout = 120)
+{
+    char *dir = th_tmpdir();
+    char file[600];
+    snprintf(file, sizeof(file), "%s/events.tsv", dir);
+    plugin_stack(file, "100");
+    int unique = 600, redeliveries, resends;
+    produce_events(unique, &redeliveries, &resends);
+    pid_t m = th_stack_member(&stk, "m1", NULL);
+    int *counts = calloc((size_t)unique, sizeof(int));
+    cr_assert_eq(wait_complete(file, unique, counts, 60000), 0,
+                 "not every event reached the file and the DLQ; m1: %s",
+                 log_tail("m1"));
+    /* Let anything extra show up before the exact checks. */
+    char *body = NULL;
+    double dups = 0;
+    for (int t = 0; t < 100 && dups < redeliveries + resends; t++) {
+        free(body);
+        body = NULL;
+        th_http_get(metrics_port, "/metrics", &body);
+        dups = body ? th_metric(body, "idemproc_records_total{outcome="
+                                      "\"duplicate\"}")
+                    : 0;
+        usleep(100000);
+    }
+    cr_assert(body, "no /metrics");
+    cr_expect_eq(file_lines(file, unique, counts), unique);
+    for (int i = 0; i < unique; i++)
+        cr_expect_eq(counts[i], 1, "ev-%d has %d lines", i, counts[i]);
+    cr_expect_eq(
+        th_metric(body, "idemproc_duplicates_total{kind=\"redelivery\"}"),
+        redeliveries);
+    cr_expect_eq(th_metric(body, "idemproc_duplicates_total{kind=\"resend\"}"),
+                 resends);
+    cr_expect_eq(
+        th_metric(body, "idemproc_records_total{outcome=\"processed\"}"),
+        unique);
+    free(body);
+    int nj, ni, rj, nl;
+    cr_expect_eq(dlq_read(&nj, &ni, &rj, &nl), 15);
+    cr_expect_eq(nj, 5);
+    cr_expect_eq(ni, 5);
+    cr_expect_eq(rj, 5);
+    cr_expect_eq(nl, 5, "dlq.error lacks filesink's reason");
+    cr_expect_eq(th_stop(m, 15000), 0);
+    free(counts);
+    th_stack_stop(&stk);
+    th_rmrf(dir);
+    free(dir);
+}
+
+/* A member killed mid-stream loses nothing: after a restart every
+ * identity has its line. Only records in hand at the kill (effect done,
+ * mark not; the loop holds at most 4 batches) may be written twice. */
+Test(plugin_run, filesink_sigkill_and_restart_loses_nothing, .timeout = 180)
+{
+    char *dir = th_tmpdir();
+    char file[600];
+    snprintf(file, sizeof(file), "%s/events.tsv", dir);
+    plugin_stack(file, "50");
+    int unique = 8000, redeliveries, resends;
+    produce_events(unique, &redeliveries, &resends);
+    int *counts = calloc((size_t)unique, sizeof(int));
+    pid_t m = th_stack_member(&stk, "m1", NULL);
+    long lines = 0;
+    for (int t = 0; t < 1500 && lines < unique / 20; t++) {
+        lines = file_lines(file, unique, counts);
+        usleep(20000);
+    }
+    kill(m, SIGKILL);
+    cr_expect_eq(th_wait(m, 5000), 128 + SIGKILL);
+    lines = file_lines(file, unique, counts);
+    cr_assert_geq(lines, unique / 20, "m1 never got going: %s", log_tail("m1"));
+    cr_assert_lt(lines, unique, "killed too late to prove anything");
+    long at_kill = lines;
+    m = th_stack_member(&stk, "m2", NULL);
+    cr_assert_eq(wait_complete(file, unique, counts, 120000), 0,
+                 "an event was lost across the kill; m2: %s", log_tail("m2"));
+    cr_expect_eq(th_stop(m, 15000), 0);
+    lines = file_lines(file, unique, counts);
+    cr_log_info("filesink: %ld lines for %d events (killed at %ld)", lines,
+                unique, at_kill);
+    cr_expect_leq(lines - unique, 4 * 50,
+                  "%ld lines written twice: more than the records in hand",
+                  lines - unique);
+    int nj, ni, rj, nl;
+    dlq_read(&nj, &ni, &rj, &nl);
+    cr_expect(nj >= 5 && ni >= 5 && rj >= 5 && nl == rj,
+              "DLQ: not-json %d, no-identity %d, rejected %d", nj, ni, rj);
+    free(counts);
+    th_stack_stop(&stk);
+    th_rmrf(dir);
+    free(dir);
+}
+
+/* `check-config` and `run` refuse a plugin built for another ABI version
+ * with exit 2 and both versions, before anything connects. */
+Test(plugin_run, run_refuses_a_plugin_built_for_another_abi_version,
+     .timeout = 60)
+{
+    char *dir = th_tmpdir();
+    char conf[600], handler[1200];
+    snprintf(conf, sizeof(conf), "%s/c.properties", dir);
+    cr_assert_eq(th_write_file(conf, "kafka.bootstrap.servers=127.0.0.1:1\n"
+                                     "group.id=g\ninput.topics=t\n"
+                                     "dlq.topic=t.dlq\n"
+                                     "redis.url=redis://127.0.0.1:1/0\n"),
+                 0);
+    snprintf(handler, sizeof(handler), "handler=plugin:%s",
+             plugin_path("tplugins", "abi_next"));
+    char want[128];
+    snprintf(want, sizeof(want),
+             "built for plugin ABI version %d, but this idemproc loads "
+             "version %d",
+             IDEMPROC_PLUGIN_ABI_VERSION + 1, IDEMPROC_PLUGIN_ABI_VERSION);
+    const char *cmds[] = {"check-config", "run"};
+    for (int c = 0; c < 2; c++) {
+        char *argv[] = {(char *)th_bin(), (char *)cmds[c], "-c", conf,
+                        "--set",          handler,         NULL};
+        char *out = NULL, *err = NULL;
+        int rc = th_run(argv, &out, &err, 30000);
+        cr_expect_eq(rc, 2, "%s: exit %d: %s", cmds[c], rc, err);
+        cr_expect(err && strstr(err, want), "%s: %s", cmds[c], err);
+        free(out);
+        free(err);
+    }
+    th_rmrf(dir);
+    free(dir);
 }

@@ -8,7 +8,7 @@
  *      -I processor/include -o filesink.so config/examples/filesink.c
  * Run:
  *   handler=plugin:build/plugins/filesink.so
- *   plugin.file=/var/lib/events/payments.tsv
+ *   plugin.output=/var/lib/events/payments.tsv
  *
  * What it shows: the table a plugin exports, its keys, validate/start/
  * submit/collect/drain/stop, and all four results: DONE (line written),
@@ -32,9 +32,9 @@
 #include <string.h>
 #include <unistd.h>
 
-/* plugin.file etc.: names without "plugin." (the host adds it). */
+/* plugin.output etc.: names without "plugin." (the host adds it). */
 static const idemproc_key_t keys[] = {
-    {"file", NULL, 0, 1, "the file lines are appended to (created 0644)"},
+    {"output", NULL, 0, 1, "the file lines are appended to (created 0644)"},
     {"fsync", "true", 0, 0,
      "true: a record is done only after fsync(2) of its line"},
     {"max.value.bytes", "65536", 0, 0,
@@ -105,8 +105,8 @@ static int sink_validate(const idemproc_host_t *host, char *errstr,
     size_t m;
     if (read_keys(host, &f, &m, &r, errstr, errstr_size))
         return -1;
-    if (!*cfg(host, "file")) {
-        snprintf(errstr, errstr_size, "plugin.file: empty");
+    if (!*cfg(host, "output")) {
+        snprintf(errstr, errstr_size, "plugin.output: empty");
         return -1;
     }
     return 0;
@@ -126,10 +126,10 @@ static void *sink_start(const idemproc_host_t *host, char *errstr,
         free(s);
         return NULL;
     }
-    const char *file = cfg(host, "file");
+    const char *file = cfg(host, "output");
     s->fd = open(file, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
     if (s->fd < 0) {
-        snprintf(errstr, errstr_size, "plugin.file: %s: %s", file,
+        snprintf(errstr, errstr_size, "plugin.output: %s: %s", file,
                  strerror(errno));
         free(s);
         return NULL;
