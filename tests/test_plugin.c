@@ -431,6 +431,64 @@ Test(plugin, drain_keeps_finished_results_and_forgets_the_rest)
     probe_end(&pr);
 }
 
+/* Thousands in flight over several submits, results newest first and
+ * oldest first: each maps to its own record (the adapter's set of records
+ * in flight grows, and deletes without losing any). */
+static void many_in_flight(const char *order)
+{
+    char err[512] = "";
+    idem_conf_t *conf = idem_conf_new();
+    conf_plugin_key(conf, "per.collect", "333");
+    conf_plugin_key(conf, "order", order);
+    const char *path = plugin_path("tplugins", "probe");
+    idem_handler_ctx_t ctx = {.conf = conf, .arg = path, .member_id = "t"};
+    void *h = idem_handler_plugin.start(&ctx, err, sizeof(err));
+    cr_assert(h, "%s", err);
+    enum { N = 3000 };
+    idem_record_t *recs = calloc(N, sizeof(*recs));
+    idem_record_t **ptrs = calloc(N, sizeof(*ptrs));
+    for (int i = 0; i < N; i++) {
+        recs[i] = record("x", "done", i);
+        ptrs[i] = &recs[i];
+    }
+    for (int b = 0; b < 3; b++)
+        cr_assert_eq(idem_handler_plugin.submit(h, ptrs + b * 1000, 1000, NULL,
+                                                0, err, sizeof(err)),
+                     0, "%s", err);
+    cr_expect_eq(idem_handler_plugin.inflight(h), N);
+    idem_result_t *res = calloc(N, sizeof(*res));
+    size_t got = 0;
+    for (int t = 0; t < 100 && got < N; t++)
+        got += idem_handler_plugin.collect(h, res + got, N - got, 0);
+    cr_assert_eq(got, N);
+    char *seen = calloc(N, 1);
+    for (size_t i = 0; i < got; i++) {
+        ptrdiff_t k = res[i].rec - recs;
+        cr_assert(k >= 0 && k < N && !seen[k], "result %zu: record %td", i, k);
+        seen[k] = 1;
+        cr_expect_eq(res[i].kind, IDEM_RESULT_DONE);
+    }
+    cr_expect_eq(res[0].rec, &recs[strcmp(order, "oldest") ? N - 1 : 0],
+                 "not the probe's order");
+    cr_expect_eq(idem_handler_plugin.inflight(h), 0);
+    idem_handler_plugin.stop(h);
+    free(seen);
+    free(res);
+    free(ptrs);
+    free(recs);
+    idem_conf_destroy(conf);
+}
+
+Test(plugin, many_in_flight_map_back_exactly_newest_first)
+{
+    many_in_flight("newest");
+}
+
+Test(plugin, many_in_flight_map_back_exactly_oldest_first)
+{
+    many_in_flight("oldest");
+}
+
 /* A refused submit is an outage with the plugin's reason, and none of the
  * batch stays in flight. */
 Test(plugin, refused_submit_is_an_outage)

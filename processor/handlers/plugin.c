@@ -7,6 +7,7 @@
 #include "plugin.h"
 #include "util.h"
 
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -33,7 +34,11 @@ typedef struct {
     void *state; /* the plugin's */
     host_ctx_t hctx;
     idemproc_host_t host; /* lives as long as the plugin's state */
-    prec_t **live;        /* submitted, no result collected from the plugin */
+    /* Submitted, no result collected from the plugin yet: a set of wrapper
+     * pointers (open addressing, linear probing; live_cap a power of two
+     * or 0), so a result finds its record in O(1) without reading through
+     * the pointer the plugin handed back. */
+    prec_t **live;
     size_t live_cnt, live_cap;
     idem_result_t *pending; /* results kept by drain for the next collect */
     size_t pending_cnt, pending_cap;
@@ -226,18 +231,83 @@ static void prec_free(prec_t *p)
     free(p);
 }
 
+static size_t ptr_hash(const void *ptr)
+{
+    uint64_t x = (uint64_t)(uintptr_t)ptr;
+    x ^= x >> 33;
+    x *= 0xff51afd7ed558ccdULL;
+    x ^= x >> 33;
+    return (size_t)x;
+}
+
+static void live_put(plugin_handler_t *h, prec_t *p)
+{
+    size_t mask = h->live_cap - 1, i = ptr_hash(p) & mask;
+    while (h->live[i])
+        i = (i + 1) & mask;
+    h->live[i] = p;
+    h->live_cnt++;
+}
+
+/* Room for `more` wrappers at a load of at most one half. */
+static void live_reserve(plugin_handler_t *h, size_t more)
+{
+    if ((h->live_cnt + more) * 2 <= h->live_cap)
+        return;
+    size_t cap = h->live_cap ? h->live_cap : 64;
+    while ((h->live_cnt + more) * 2 > cap)
+        cap *= 2;
+    prec_t **old = h->live;
+    size_t old_cap = h->live_cap;
+    h->live = idem_xcalloc(cap, sizeof(*h->live));
+    h->live_cap = cap;
+    h->live_cnt = 0;
+    for (size_t i = 0; i < old_cap; i++)
+        if (old[i])
+            live_put(h, old[i]);
+    free(old);
+}
+
 /* Takes the wrapper the plugin returned out of the live set. NULL when it
- * is not one of ours (a record never submitted, or reported twice). The
- * search compares pointers only: a bad one from the plugin is never read. */
+ * is not one of ours (a record never submitted, or reported twice). Only
+ * pointer values are compared: a bad one from the plugin is never read. */
 static prec_t *live_take(plugin_handler_t *h, const idemproc_record_t *rec)
 {
-    for (size_t i = 0; i < h->live_cnt; i++)
-        if (&h->live[i]->pub == rec) {
-            prec_t *p = h->live[i];
-            h->live[i] = h->live[--h->live_cnt];
-            return p;
+    if (!h->live_cnt)
+        return NULL;
+    size_t mask = h->live_cap - 1, i = ptr_hash(rec) & mask;
+    for (; h->live[i]; i = (i + 1) & mask)
+        if ((const void *)h->live[i] == (const void *)rec)
+            break;
+    prec_t *p = h->live[i];
+    if (!p)
+        return NULL;
+    /* Backward-shift deletion: later entries of the probe run move up so
+     * that no lookup stops early at the hole. */
+    for (size_t j = i;;) {
+        j = (j + 1) & mask;
+        if (!h->live[j])
+            break;
+        size_t home = ptr_hash(h->live[j]) & mask;
+        int stays = i <= j ? (i < home && home <= j) : (i < home || home <= j);
+        if (!stays) {
+            h->live[i] = h->live[j];
+            i = j;
         }
-    return NULL;
+    }
+    h->live[i] = NULL;
+    h->live_cnt--;
+    return p;
+}
+
+/* Frees every wrapper still in the live set and empties it. */
+static void live_clear(plugin_handler_t *h)
+{
+    for (size_t i = 0; i < h->live_cap; i++) {
+        prec_free(h->live[i]);
+        h->live[i] = NULL;
+    }
+    h->live_cnt = 0;
 }
 
 static int plugin_submit(void *hv, idem_record_t *const *recs, size_t n,
@@ -247,25 +317,20 @@ static int plugin_submit(void *hv, idem_record_t *const *recs, size_t n,
     plugin_handler_t *h = hv;
     (void)pos;
     (void)npos; /* an external effect: positions are the loop's */
-    if (h->live_cnt + n > h->live_cap) {
-        h->live_cap = (h->live_cnt + n) * 2;
-        h->live = idem_xrealloc(h->live, h->live_cap * sizeof(*h->live));
-    }
+    live_reserve(h, n);
     if (n > h->subs_cap) {
         h->subs_cap = n * 2;
         h->subs = idem_xrealloc(h->subs, h->subs_cap * sizeof(*h->subs));
     }
-    size_t first = h->live_cnt;
     for (size_t i = 0; i < n; i++) {
         prec_t *p = prec_new(recs[i]);
-        h->live[h->live_cnt++] = p;
+        live_put(h, p);
         h->subs[i] = &p->pub;
     }
     char perr[512] = "";
     if (h->t->submit(h->state, h->subs, n, perr, sizeof(perr))) {
-        for (size_t i = first; i < h->live_cnt; i++)
-            prec_free(h->live[i]);
-        h->live_cnt = first;
+        for (size_t i = 0; i < n; i++)
+            prec_free(live_take(h, h->subs[i]));
         snprintf(errstr, errstr_size, "plugin %s: %s", h->t->name,
                  *perr ? perr : "submit failed (no reason given)");
         return -1;
@@ -391,9 +456,7 @@ static void plugin_drain(void *hv, int64_t deadline_ms)
                     "plugin", h->t->name, "records", cnt, NULL);
     }
     /* The plugin holds no record pointer after drain (plugin.h). */
-    for (size_t i = 0; i < h->live_cnt; i++)
-        prec_free(h->live[i]);
-    h->live_cnt = 0;
+    live_clear(h);
 }
 
 static void plugin_stop(void *hv)
@@ -402,8 +465,7 @@ static void plugin_stop(void *hv)
     if (!h)
         return;
     h->t->stop(h->state);
-    for (size_t i = 0; i < h->live_cnt; i++)
-        prec_free(h->live[i]);
+    live_clear(h);
     free(h->live);
     free(h->pending);
     free(h->tmp);

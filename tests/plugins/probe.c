@@ -7,9 +7,11 @@
  *   "outage"    OUTAGE
  *   "hold"      no result until drain, which abandons it
  *   "refuse"    submit refuses the whole batch (-1, "probe: refused")
- * Results come back in reverse submit order, at most two per collect, so
- * the host must map each to its record. With plugin.bogus=true, the first
- * collect also reports a record pointer it was never given. */
+ * Results come back newest first (plugin.order=oldest: in submit order),
+ * at most plugin.per.collect (2) per collect, so the host must map each to
+ * its record. With
+ * plugin.bogus=true, the first collect also reports a record pointer it
+ * was never given. */
 #include <idemproc/plugin.h>
 
 #include <stdio.h>
@@ -18,13 +20,17 @@
 
 static const idemproc_key_t keys[] = {
     {"bogus", "false", 0, 0, "true: report a record never submitted once"},
+    {"per.collect", "2", 0, 0, "results a collect returns at most"},
+    {"order", "newest", 0, 0, "newest or oldest result first"},
     {NULL, NULL, 0, 0, NULL},
 };
 
 typedef struct {
     int bogus;
-    idemproc_result_t q[64]; /* finished, not collected */
-    size_t q_cnt;
+    size_t per_collect;
+    int oldest_first;
+    idemproc_result_t *q; /* finished, not collected: q[q_head..q_cnt) */
+    size_t q_head, q_cnt, q_cap;
     size_t held; /* "hold" records in flight */
 } probe_t;
 
@@ -42,6 +48,10 @@ static void *probe_start(const idemproc_host_t *host, char *errstr,
     probe_t *p = calloc(1, sizeof(*p));
     const char *b = host->config(host->opaque, "bogus");
     p->bogus = b && !strcmp(b, "true");
+    const char *pc = host->config(host->opaque, "per.collect");
+    p->per_collect = pc ? (size_t)atoi(pc) : 2;
+    const char *o = host->config(host->opaque, "order");
+    p->oldest_first = o && !strcmp(o, "oldest");
     host->log(host->opaque, IDEMPROC_LOG_DEBUG, "probe started");
     return p;
 }
@@ -68,7 +78,13 @@ static int probe_submit(void *state, const idemproc_record_t *const *recs,
             snprintf(errstr, errstr_size, "probe: refused");
             return -1;
         }
-    for (size_t i = 0; i < n && p->q_cnt < 64; i++) {
+    if (p->q_cnt + n > p->q_cap) {
+        p->q_cap = (p->q_cnt + n) * 2;
+        p->q = realloc(p->q, p->q_cap * sizeof(*p->q));
+        if (!p->q)
+            abort();
+    }
+    for (size_t i = 0; i < n; i++) {
         const idemproc_record_t *r = recs[i];
         if (is(r, "hold")) {
             p->held++;
@@ -110,8 +126,10 @@ static size_t probe_collect(void *state, idemproc_result_t *out, size_t max,
         out[k++].status = IDEMPROC_DONE;
         p->bogus = 0;
     }
-    while (k < max && k < 2 && p->q_cnt)
-        out[k++] = p->q[--p->q_cnt]; /* newest first */
+    while (k < max && k < p->per_collect && p->q_head < p->q_cnt)
+        out[k++] = p->oldest_first ? p->q[p->q_head++] : p->q[--p->q_cnt];
+    if (p->q_head == p->q_cnt)
+        p->q_head = p->q_cnt = 0;
     return k;
 }
 
@@ -124,7 +142,9 @@ static void probe_drain(void *state, int timeout_ms)
 
 static void probe_stop(void *state)
 {
-    free(state);
+    probe_t *p = state;
+    free(p->q);
+    free(p);
 }
 
 const idemproc_plugin_t idemproc_plugin = {
