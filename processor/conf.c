@@ -1340,7 +1340,7 @@ void idem_conf_dump(const idem_conf_t *conf, FILE *out)
             continue; /* printed above */
         prop_t hp =
             decl ? prop_from_key(decl) : prop_prefixed(conf->hkeys[i].name);
-        if (h == run && !decl)
+        if (!decl)
             hp.secret = 1; /* a plugin's key: it may be a secret */
         fprintf(out, "%s=%s\n", conf->hkeys[i].name,
                 prop_value(conf, &hp, buf, sizeof(buf)));
