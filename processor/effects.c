@@ -103,18 +103,34 @@ static uint64_t id_hash(const char *id, size_t len)
     return h;
 }
 
-/* Whether a record with r's identity is with the handler: an external
- * effect may run only once at a time per identity (the claim script
- * re-claims this member's own leases). `set` is an open-addressing table
- * of `size` slots (a power of two) of in-flight records. */
-static int id_in_flight(rec_t *const *set, size_t size, const rec_t *r)
+/* The identities with an external handler or picked for it: an external
+ * effect may run only once at a time per identity, since the claim script
+ * re-claims this member's own leases (also across the chunks of one claim
+ * call, whose `seen` table covers one chunk only). An open-addressing
+ * table of `size` slots (a power of two). */
+typedef struct {
+    rec_t **slot;
+    size_t size;
+} id_set_t;
+
+static void id_set_init(id_set_t *s, size_t n)
+{
+    for (s->size = 16; s->size < n * 2; s->size *= 2)
+        ;
+    s->slot = idem_xcalloc(s->size, sizeof(*s->slot));
+}
+
+/* Adds r's identity; returns 0 when it was new, 1 when it was there. */
+static int id_set_add(id_set_t *s, rec_t *r)
 {
     size_t i =
-        (size_t)id_hash(r->env.identity, r->env.identity_len) & (size - 1);
-    for (; set[i]; i = (i + 1) & (size - 1))
-        if (set[i]->env.identity_len == r->env.identity_len &&
-            !memcmp(set[i]->env.identity, r->env.identity, r->env.identity_len))
+        (size_t)id_hash(r->env.identity, r->env.identity_len) & (s->size - 1);
+    for (; s->slot[i]; i = (i + 1) & (s->size - 1))
+        if (s->slot[i]->env.identity_len == r->env.identity_len &&
+            !memcmp(s->slot[i]->env.identity, r->env.identity,
+                    r->env.identity_len))
             return 1;
+    s->slot[i] = r;
     return 0;
 }
 
@@ -122,45 +138,35 @@ static int id_in_flight(rec_t *const *set, size_t size, const rec_t *r)
  * in poll order, into p->rs. A record waiting for its retry time holds
  * back the later records of its partition, so effects keep the
  * partition's order; for an external effect, so does a record whose
- * identity is with the handler. */
+ * identity is with the handler or already picked. */
 size_t idem_loop_due_records(idem_pipeline_t *p, int64_t now)
 {
     scratch_reserve(p);
     for (size_t i = 0; i < p->offs.cnt; i++)
         p->offs.v[i].waiting = 0;
-    rec_t **set = NULL;
-    size_t size = 0;
-    if (!p->in_redis && p->inflight) {
-        for (size = 16; size < p->inflight * 2; size *= 2)
-            ;
-        set = idem_xcalloc(size, sizeof(*set));
-        rec_t *r;
-        for (size_t i = 0; (r = idem_records_next(&p->recs, &i));) {
-            if (!r->sent)
-                continue;
-            size_t k = (size_t)id_hash(r->env.identity, r->env.identity_len) &
-                       (size - 1);
-            while (set[k])
-                k = (k + 1) & (size - 1);
-            set[k] = r;
-        }
+    id_set_t ids = {NULL, 0};
+    rec_t *r;
+    if (!p->in_redis) {
+        id_set_init(&ids, p->cnt);
+        for (size_t i = 0; (r = idem_records_next(&p->recs, &i));)
+            if (r->sent)
+                id_set_add(&ids, r);
     }
     size_t n = 0;
-    rec_t *r;
     for (size_t i = 0; (r = idem_records_next(&p->recs, &i));) {
         if (r->state == REC_DONE || r->poison || r->sent)
             continue;
         idem_part_t *pt = idem_loop_rec_part(p, r);
         if (pt && pt->waiting)
             continue;
-        if (r->retry_at_ms > now || (set && id_in_flight(set, size, r))) {
+        if (r->retry_at_ms > now || (ids.slot && id_set_add(&ids, r))) {
             if (pt)
                 pt->waiting = 1;
             continue;
         }
         p->rs[n++] = r;
     }
-    free(set);
+    free(ids.slot);
     return n;
 }
 

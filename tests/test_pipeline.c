@@ -942,3 +942,44 @@ Test(forward, identity_from_a_nested_pointer, .timeout = 120)
     free(log);
     th_stack_stop(&stk);
 }
+
+/* One identity is with an external handler at most once at a time, also
+ * when its two records fall into different chunks (1000 records) of one
+ * claim call: before, the second chunk re-claimed the first chunk's lease
+ * (ours) and the effect ran twice. A redelivery and a resend of early
+ * records sit past record 1000 of one due set. */
+Test(forward, duplicates_in_another_claim_chunk_are_forwarded_once,
+     .timeout = 180)
+{
+    const char *props[] = {"handler=forward", "output.topic=payments.out",
+                           "batch.max.messages=2000", "batch.max.wait.ms=3000",
+                           NULL};
+    cr_assert_eq(th_stack_start(&stk, 1, props), 0);
+    size_t cap = 1700 * 128, at = 0;
+    char *lines = malloc(cap);
+    for (int i = 0; i < 1600; i++) {
+        int k = i == 1500 ? 10 : i == 1550 ? 20 : i;
+        at += (size_t)snprintf(lines + at, cap - at,
+                               "{\"idempotency_key\":\"k%d\",\"message_id\":"
+                               "\"m%d%s\",\"user_id\":\"u%d\",\"amount\":1,"
+                               "\"currency\":\"EUR\"}\n",
+                               k, k, i == 1550 ? "-again" : "", i % 7);
+    }
+    char path[600];
+    snprintf(path, sizeof(path), "%s/chunks.jsonl", stk.dir);
+    cr_assert_eq(th_write_file(path, lines), 0);
+    free(lines);
+    const char *args[] = {"--input", path, NULL};
+    cr_assert_eq(th_stack_produce(&stk, args), 0);
+    long unique = expect_count(&stk, "unique", NULL);
+    cr_assert_eq(unique, 1598);
+    pid_t m = th_stack_member(&stk, "m1", NULL);
+    ASSERT_VERIFIED(&stk, 1, NULL, 90000);
+    cr_expect_eq(topic_size(stk.broker.bootstrap, "payments.out"), unique,
+                 "an identity was forwarded twice");
+    cr_expect_eq(th_stop(m, 15000), 0);
+    char *log = member_log(&stk, "m1");
+    cr_expect(!strstr(log, "lease taken over"), "%s", log);
+    free(log);
+    th_stack_stop(&stk);
+}
