@@ -838,6 +838,45 @@ Test(plugin_run, filesink_sigkill_and_restart_loses_nothing, .timeout = 180)
     free(dir);
 }
 
+/* The plugin's keys come from the environment too, and its validate
+ * judges them: check-config exits 2 with the plugin's own message. */
+Test(plugin_run, plugin_keys_from_the_environment_reach_its_validate,
+     .timeout = 60)
+{
+    char *dir = th_tmpdir();
+    char conf[600], handler[1200];
+    snprintf(conf, sizeof(conf), "%s/c.properties", dir);
+    cr_assert_eq(th_write_file(conf, "kafka.bootstrap.servers=127.0.0.1:1\n"
+                                     "group.id=g\ninput.topics=t\n"
+                                     "dlq.topic=t.dlq\n"
+                                     "redis.url=redis://127.0.0.1:1/0\n"),
+                 0);
+    snprintf(handler, sizeof(handler), "handler=plugin:%s",
+             plugin_path("plugins", "filesink"));
+    char *argv[] = {(char *)th_bin(), "check-config", "-c", conf,
+                    "--set",          handler,        NULL};
+    char *env[] = {"IDEMPROC_PLUGIN_OUTPUT=/tmp/never-written.tsv",
+                   "IDEMPROC_PLUGIN_MAX_VALUE_BYTES=12x", "PATH=/usr/bin:/bin",
+                   NULL};
+    char *out = NULL, *err = NULL;
+    int rc = th_run_env(argv, env, &out, &err, 30000);
+    cr_expect_eq(rc, 2, "exit %d: %s", rc, err);
+    cr_expect(err && strstr(err, "plugin filesink: plugin.max.value.bytes: "
+                                 "\"12x\" is not a positive number"),
+              "%s", err);
+    free(out);
+    free(err);
+    env[1] = "IDEMPROC_PLUGIN_MAX_VALUE_BYTES=12";
+    rc = th_run_env(argv, env, &out, &err, 30000);
+    cr_expect_eq(rc, 0, "exit %d: %s", rc, err);
+    cr_expect(out && strstr(out, "plugin.max.value.bytes=[redacted]"), "%s",
+              out);
+    free(out);
+    free(err);
+    th_rmrf(dir);
+    free(dir);
+}
+
 /* `check-config` and `run` refuse a plugin built for another ABI version
  * with exit 2 and both versions, before anything connects. */
 Test(plugin_run, run_refuses_a_plugin_built_for_another_abi_version,
