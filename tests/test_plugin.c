@@ -350,7 +350,7 @@ Test(plugin, results_map_back_to_their_records)
     idem_record_t recs[5] = {
         record("a", "done", 1),     record("b", "retry:250", 2),
         record("c", "outage", 3),   record("d", "reject", 4),
-        record("e", "nonsense", 5),
+        record("e", "status42", 5),
     };
     rd_kafka_headers_t *hs = rd_kafka_headers_new(2);
     rd_kafka_header_add(hs, "trace", -1, "a\0b", 3);
@@ -555,7 +555,8 @@ static void producer_close(producer_t *p)
  * n=-1), and 15 poison records: 5 not JSON, 5 without identity, 5 valid
  * JSON with a raw newline inside, which filesink rejects. Returns the
  * number of redeliveries and resends in *redeliveries / *resends. */
-static void produce_events(int unique, int *redeliveries, int *resends)
+static void produce_events(int unique, int *redeliveries, int *resends,
+                           int poison)
 {
     producer_t p;
     producer_open(&p);
@@ -585,7 +586,7 @@ static void produce_events(int unique, int *redeliveries, int *resends)
                  i, i);
         produce(&p, key, value);
     }
-    for (int i = 0; i < 5; i++) {
+    for (int i = 0; poison && i < 5; i++) {
         snprintf(key, sizeof(key), "poison-%d", i);
         produce(&p, key, "{\"idempotency_key\": not json");
         produce(&p, key, "{\"n\":1}");
@@ -724,18 +725,26 @@ static const char *log_tail(const char *name)
     return tail;
 }
 
-static void plugin_stack(const char *file, const char *batch)
+static void plugin_stack_with(const char *dir, const char *name,
+                              const char *key, const char *batch)
 {
-    static char handler[1200], pfile[700], listen[64], bmax[64];
+    static char handler[1200], pkey[700], listen[64], bmax[64];
     snprintf(handler, sizeof(handler), "handler=plugin:%s",
-             plugin_path("plugins", "filesink"));
-    snprintf(pfile, sizeof(pfile), "plugin.output=%s", file);
+             plugin_path(dir, name));
+    snprintf(pkey, sizeof(pkey), "%s", key);
     metrics_port = th_free_port();
     snprintf(listen, sizeof(listen), "http.listen=127.0.0.1:%d", metrics_port);
     snprintf(bmax, sizeof(bmax), "batch.max.messages=%s", batch);
-    const char *props[] = {handler, pfile, listen, bmax, "dedup.lease.ms=2000",
+    const char *props[] = {handler, pkey, listen, bmax, "dedup.lease.ms=2000",
                            NULL};
     cr_assert_eq(th_stack_start(&stk, 4, props), 0);
+}
+
+static void plugin_stack(const char *file, const char *batch)
+{
+    char key[700];
+    snprintf(key, sizeof(key), "plugin.output=%s", file);
+    plugin_stack_with("plugins", "filesink", key, batch);
 }
 
 /* Without a crash the file holds exactly one line per identity, each the
@@ -750,7 +759,7 @@ Test(plugin_run, filesink_one_line_per_identity_and_poison_in_the_dlq,
     snprintf(file, sizeof(file), "%s/events.tsv", dir);
     plugin_stack(file, "100");
     int unique = 600, redeliveries, resends;
-    produce_events(unique, &redeliveries, &resends);
+    produce_events(unique, &redeliveries, &resends, 1);
     pid_t m = th_stack_member(&stk, "m1", NULL);
     int *counts = calloc((size_t)unique, sizeof(int));
     cr_assert_eq(wait_complete(file, unique, counts, 60000), 0,
@@ -804,7 +813,7 @@ Test(plugin_run, filesink_sigkill_and_restart_loses_nothing, .timeout = 180)
     snprintf(file, sizeof(file), "%s/events.tsv", dir);
     plugin_stack(file, "50");
     int unique = 8000, redeliveries, resends;
-    produce_events(unique, &redeliveries, &resends);
+    produce_events(unique, &redeliveries, &resends, 1);
     int *counts = calloc((size_t)unique, sizeof(int));
     pid_t m = th_stack_member(&stk, "m1", NULL);
     long lines = 0;
@@ -833,6 +842,72 @@ Test(plugin_run, filesink_sigkill_and_restart_loses_nothing, .timeout = 180)
     cr_expect(nj >= 5 && ni >= 5 && rj >= 5 && nl == rj,
               "DLQ: not-json %d, no-identity %d, rejected %d", nj, ni, rj);
     free(counts);
+    th_stack_stop(&stk);
+    th_rmrf(dir);
+    free(dir);
+}
+
+static double metric(const char *name)
+{
+    char *body = NULL;
+    if (th_http_get(metrics_port, "/metrics", &body) != 200 || !body) {
+        free(body);
+        return -1;
+    }
+    double v = th_metric(body, name);
+    free(body);
+    return v;
+}
+
+/* A plugin that reports OUTAGE pauses the member: not ready, nothing
+ * processed, nothing dead-lettered, however long it lasts; once its service
+ * is back, everything is processed exactly once per identity and the DLQ
+ * stays empty. */
+Test(plugin_run, outage_pauses_and_dead_letters_nothing, .timeout = 120)
+{
+    char *dir = th_tmpdir();
+    char flag[600], key[700];
+    snprintf(flag, sizeof(flag), "%s/down", dir);
+    cr_assert_eq(th_write_file(flag, "down\n"), 0);
+    snprintf(key, sizeof(key), "plugin.outage.flag=%s", flag);
+    plugin_stack_with("tplugins", "probe", key, "100");
+    int unique = 300, redeliveries, resends;
+    produce_events(unique, &redeliveries, &resends, 0);
+    pid_t m = th_stack_member(&stk, "m1", NULL);
+    int status = 0;
+    for (int t = 0; t < 300 && status != 503; t++) {
+        status = th_http_get(metrics_port, "/readyz", NULL);
+        usleep(100000);
+    }
+    cr_assert_eq(status, 503, "never not ready: %s", log_tail("m1"));
+    /* Longer than retry.max.attempts of backoff would take: an outage is
+     * never counted, so nothing may be dead-lettered meanwhile. */
+    sleep(4);
+    cr_expect_eq(th_http_get(metrics_port, "/readyz", NULL), 503);
+    cr_expect_eq(metric("idemproc_records_total{outcome=\"processed\"}"), 0);
+    int nj, ni, rj, nl;
+    cr_expect_eq(dlq_read(&nj, &ni, &rj, &nl), 0, "dead letters in an outage");
+    cr_assert_eq(unlink(flag), 0);
+    double processed = 0;
+    for (int t = 0; t < 600 && processed < unique; t++) {
+        processed = metric("idemproc_records_total{outcome=\"processed\"}");
+        usleep(100000);
+    }
+    cr_assert_eq(processed, unique, "after the outage: %s", log_tail("m1"));
+    double dups = 0;
+    for (int t = 0; t < 300 && dups < redeliveries + resends; t++) {
+        dups = metric("idemproc_records_total{outcome=\"duplicate\"}");
+        usleep(100000);
+    }
+    cr_expect_eq(dups, redeliveries + resends);
+    status = 0;
+    for (int t = 0; t < 300 && status != 200; t++) {
+        status = th_http_get(metrics_port, "/readyz", NULL);
+        usleep(100000);
+    }
+    cr_expect_eq(status, 200, "not ready again after the outage");
+    cr_expect_eq(dlq_read(&nj, &ni, &rj, &nl), 0, "dead letters");
+    cr_expect_eq(th_stop(m, 15000), 0);
     th_stack_stop(&stk);
     th_rmrf(dir);
     free(dir);

@@ -7,21 +7,28 @@
  *   "outage"    OUTAGE
  *   "hold"      no result until drain, which abandons it
  *   "refuse"    submit refuses the whole batch (-1, "probe: refused")
+ *   "status42"  a status the interface does not have
+ *   anything else DONE
+ * While the file plugin.outage.flag exists, every record is OUTAGE.
  * Results come back newest first (plugin.order=oldest: in submit order),
  * at most plugin.per.collect (2) per collect, so the host must map each to
  * its record. With
  * plugin.bogus=true, the first collect also reports a record pointer it
  * was never given. */
+#define _POSIX_C_SOURCE 200809L
+
 #include <idemproc/plugin.h>
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 static const idemproc_key_t keys[] = {
     {"bogus", "false", 0, 0, "true: report a record never submitted once"},
     {"per.collect", "2", 0, 0, "results a collect returns at most"},
     {"order", "newest", 0, 0, "newest or oldest result first"},
+    {"outage.flag", NULL, 0, 0, "while this file exists: OUTAGE for all"},
     {NULL, NULL, 0, 0, NULL},
 };
 
@@ -29,6 +36,7 @@ typedef struct {
     int bogus;
     size_t per_collect;
     int oldest_first;
+    char flag[512];       /* "" = none */
     idemproc_result_t *q; /* finished, not collected: q[q_head..q_cnt) */
     size_t q_head, q_cnt, q_cap;
     size_t held; /* "hold" records in flight */
@@ -52,6 +60,8 @@ static void *probe_start(const idemproc_host_t *host, char *errstr,
     p->per_collect = pc ? (size_t)atoi(pc) : 2;
     const char *o = host->config(host->opaque, "order");
     p->oldest_first = o && !strcmp(o, "oldest");
+    const char *f = host->config(host->opaque, "outage.flag");
+    snprintf(p->flag, sizeof(p->flag), "%s", f ? f : "");
     host->log(host->opaque, IDEMPROC_LOG_DEBUG, "probe started");
     return p;
 }
@@ -93,8 +103,12 @@ static int probe_submit(void *state, const idemproc_record_t *const *recs,
         idemproc_result_t *res = &p->q[p->q_cnt++];
         memset(res, 0, sizeof(*res));
         res->rec = r;
-        if (is(r, "done")) {
-            res->status = IDEMPROC_DONE;
+        if (*p->flag && access(p->flag, F_OK) == 0) {
+            res->status = IDEMPROC_OUTAGE;
+            snprintf(res->detail, sizeof(res->detail), "probe: flag %.400s",
+                     p->flag);
+        } else if (is(r, "status42")) {
+            res->status = (idemproc_status_t)42; /* not a status */
         } else if (is(r, "reject")) {
             res->status = IDEMPROC_REJECT;
             headers_detail(r, res->detail, sizeof(res->detail));
@@ -107,7 +121,7 @@ static int probe_submit(void *state, const idemproc_record_t *const *recs,
             res->retry_after_ms = atoi((const char *)r->value + 6);
             snprintf(res->detail, sizeof(res->detail), "probe: later");
         } else {
-            res->status = (idemproc_status_t)42; /* not a status */
+            res->status = IDEMPROC_DONE;
         }
     }
     return 0;
