@@ -87,8 +87,7 @@ int idem_redisconn_url_parse(const char *url, idem_redisconn_url_t *out,
         out->scheme = IDEM_REDIS_UNIX;
         memcpy(out->path, p, pl);
         if (q) {
-            /* The prefix first: strtol past a short "?d" would read beyond
-             * the string's end. */
+            /* strtol only once "?db=" is there: q + 4 may be past the end. */
             char *end = NULL;
             long db = strncmp(q, "?db=", 4) ? -1 : strtol(q + 4, &end, 10);
             if (db < 0 || !q[4] || *end || db > 1000000) {
