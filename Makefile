@@ -41,7 +41,7 @@ SRC_DIRS := processor processor/handlers processor/dev
 INCLUDES := $(SRC_DIRS:%=-I%) -Iprocessor/include
 ALL_CFLAGS = -std=c11 -D_GNU_SOURCE $(WARN) $(CFLAGS) -MMD -MP \
              -DIDEM_VERSION='"$(VERSION)"' $(INCLUDES) $(PKG_CFLAGS)
-LDLIBS_ALL = $(PKG_LIBS) -lpthread -lm
+LDLIBS_ALL = $(PKG_LIBS) -lpthread -lm -ldl
 ifneq ($(SAN),)
 ALL_CFLAGS += -fsanitize=$(SAN) -fno-omit-frame-pointer
 LDFLAGS    += -fsanitize=$(SAN)
@@ -57,6 +57,23 @@ TEST_BIN  := $(BUILD)/idemproc-tests
 # The benchmark's webhook service: the tests' scripted HTTP server.
 HOOKSINK  := $(BUILD)/hooksink
 
+# Handler plugins (handler=plugin:PATH.so): each is built from its one
+# source and the public header alone (processor/include), never against
+# idemproc's objects; -Wl,--no-undefined makes a plugin that reaches for
+# an internal symbol fail here rather than at load. The examples go to
+# build/plugins, the test plugins (one built for another ABI version,
+# ...) to build/tplugins.
+PLUGIN_CFLAGS = -std=c11 $(WARN) $(CFLAGS) -MMD -MP -fPIC -Iprocessor/include
+PLUGIN_LDFLAGS = -shared -Wl,--no-undefined
+ifneq ($(SAN),)
+PLUGIN_CFLAGS  += -fsanitize=$(SAN) -fno-omit-frame-pointer
+PLUGIN_LDFLAGS += -fsanitize=$(SAN)
+endif
+PLUGIN_SRCS      := $(wildcard config/examples/*.c)
+PLUGINS          := $(PLUGIN_SRCS:config/examples/%.c=$(BUILD)/plugins/%.so)
+TEST_PLUGIN_SRCS := $(wildcard tests/plugins/*.c)
+TEST_PLUGINS     := $(TEST_PLUGIN_SRCS:tests/plugins/%.c=$(BUILD)/tplugins/%.so)
+
 # Tests build argv arrays from string literals, hence -Wno-write-strings there.
 # Criterion options for `make test`; e.g. make test TEST_ARGS='--filter=conf/*'
 TEST_JOBS ?= 2
@@ -67,7 +84,7 @@ TEST_ARGS ?=
         format demo demo-outbox bench chaos fuzz fuzz-build tsan memcheck clean \
         install help
 
-all: $(BIN)
+all: $(BIN) $(PLUGINS)
 
 help:
 	@echo "make [all]      build $(BIN) (installs missing Debian packages first)"
@@ -120,7 +137,7 @@ deps:
 	  DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y -qq --no-install-recommends $$missing; \
 	else echo "deps: all Debian packages present"; fi
 
-$(BUILD)/obj $(BUILD)/tobj:
+$(BUILD)/obj $(BUILD)/tobj $(BUILD)/plugins $(BUILD)/tplugins:
 	@mkdir -p $@
 
 $(BUILD)/obj/%.o: processor/%.c | deps-check $(BUILD)/obj
@@ -130,6 +147,12 @@ $(BUILD)/obj/%.o: processor/%.c | deps-check $(BUILD)/obj
 $(BUILD)/tobj/%.o: tests/%.c | deps-check-test $(BUILD)/tobj
 	$(CC) $(ALL_CFLAGS) -Wno-write-strings $(TEST_CFLAGS) -Iprocessor -c -o $@ $<
 
+$(BUILD)/plugins/%.so: config/examples/%.c | deps-check $(BUILD)/plugins
+	$(CC) $(PLUGIN_CFLAGS) $(PLUGIN_LDFLAGS) -o $@ $<
+
+$(BUILD)/tplugins/%.so: tests/plugins/%.c | deps-check $(BUILD)/tplugins
+	$(CC) $(PLUGIN_CFLAGS) $(PLUGIN_LDFLAGS) -o $@ $<
+
 $(BIN): $(OBJS)
 	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS_ALL)
 
@@ -138,7 +161,8 @@ $(TEST_BIN): $(TEST_OBJS) $(LIB_OBJS)
 
 FORMAT_SRCS = $(wildcard $(SRC_DIRS:%=%/*.[ch]) processor/include/*/*.h) \
               tests/*.[ch] tests/fuzz/*.c tests/tsan/*.c \
-              tests/hooksink/*.c
+              tests/hooksink/*.c \
+              $(PLUGIN_SRCS) $(TEST_PLUGIN_SRCS)
 
 check-format: | deps-check-test
 	@out=$$(clang-format --dry-run --Werror $(FORMAT_SRCS) 2>&1); \
@@ -148,7 +172,7 @@ check-format: | deps-check-test
 format: | deps-check-test
 	clang-format -i $(FORMAT_SRCS)
 
-test: check-format $(BIN) $(TEST_BIN)
+test: check-format $(BIN) $(TEST_BIN) $(PLUGINS) $(TEST_PLUGINS)
 	IDEMPROC_BIN=$(abspath $(BIN)) IDEMPROC_SRC=$(abspath .) \
 	  PG_BINDIR=$(PG_BINDIR) \
 	  LSAN_OPTIONS=suppressions=$(abspath tests/lsan.supp) \
@@ -232,8 +256,11 @@ fuzz: fuzz-build
 
 install: $(BIN)
 	install -D -m 0755 $(BIN) $(DESTDIR)$(PREFIX)/bin/idemproc
+	install -D -m 0644 processor/include/idemproc/plugin.h \
+	  $(DESTDIR)$(PREFIX)/include/idemproc/plugin.h
 
 clean:
 	rm -rf $(BUILD) $(FUZZ_BUILD) $(TSAN_BUILD)
 
--include $(OBJS:.o=.d) $(TEST_OBJS:.o=.d) $(FUZZ_OBJS:.o=.d)
+-include $(OBJS:.o=.d) $(TEST_OBJS:.o=.d) $(FUZZ_OBJS:.o=.d) \
+         $(PLUGINS:.so=.d) $(TEST_PLUGINS:.so=.d)

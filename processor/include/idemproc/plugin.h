@@ -17,7 +17,11 @@
  * The plugin exports one symbol, IDEMPROC_PLUGIN_SYMBOL, a const
  * idemproc_plugin_t whose abi_version is IDEMPROC_PLUGIN_ABI_VERSION and
  * struct_size sizeof(idemproc_plugin_t) as compiled; the host refuses to
- * load any other (with both versions in the error). Example:
+ * load any other (with both versions in the error), and one whose name,
+ * start, submit, collect, drain or stop is missing (validate and keys may
+ * be NULL), or whose key names are other than a-z, 0-9 and '.', or are
+ * "file" or end in ".file" (plugin.<key>.file reads plugin.<key> from a
+ * file). Example:
  * config/examples/ (built and run by `make test`). */
 #ifndef IDEMPROC_PLUGIN_H
 #define IDEMPROC_PLUGIN_H
