@@ -8,6 +8,7 @@
 
 #include <criterion/criterion.h>
 #include <hiredis.h>
+#include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -220,4 +221,377 @@ Test(script, verdicts)
     cr_expect_eq(idem_script_verdict("lease:m:1:mid", 13, &d, &dl),
                  IDEM_SCRIPT_BUSY);
     cr_expect(dl == 13);
+}
+
+/* ---- the composed script in a real redis-server ---- */
+
+static redisContext *rc;
+static char sha[41];
+static idem_script_t *loaded;
+
+/* Starts Redis (once per test) and loads `text` as script.file. */
+static void redis_with(const char *text)
+{
+    char err[1024] = "";
+    loaded = idem_script_load(lua_file("fx.lua", text), err, sizeof(err));
+    cr_assert(loaded, "%s", err);
+    if (!rds.dir)
+        cr_assert_eq(th_redis_start(&rds), 0);
+    rc = redisConnect("127.0.0.1", rds.port);
+    cr_assert(rc && !rc->err);
+    redisReply *r =
+        redisCommand(rc, "SCRIPT LOAD %s", idem_script_source(loaded));
+    cr_assert(r && r->type == REDIS_REPLY_STRING, "%s",
+              r ? r->str : rc->errstr);
+    snprintf(sha, sizeof(sha), "%s", r->str);
+    freeReplyObject(r);
+}
+
+static void redis_done(void)
+{
+    redisFree(rc);
+    rc = NULL;
+    idem_script_destroy(loaded);
+    loaded = NULL;
+}
+
+/* A record with identity id, message id mid and value v (no key, no
+ * headers, partition 3, offset 100 + i). */
+static idem_script_rec_t rec_of(const char *id, const char *mid, const char *v)
+{
+    return (idem_script_rec_t){.identity = id,
+                               .identity_len = strlen(id),
+                               .message_id = mid,
+                               .message_id_len = mid ? strlen(mid) : 0,
+                               .topic = "inventory",
+                               .partition = 3,
+                               .offset = 100,
+                               .timestamp = 1700000000123,
+                               .value = v,
+                               .value_len = v ? strlen(v) : 0};
+}
+
+/* EVALSHA over recs[n]; returns the reply (caller frees). */
+static redisReply *eval(const idem_script_rec_t *recs, size_t n)
+{
+    size_t cap = 6;
+    for (size_t i = 0; i < n; i++)
+        cap += IDEM_SCRIPT_REC_ARGS(recs[i].header_cnt);
+    const char **argv = calloc(cap, sizeof(*argv));
+    size_t *lens = calloc(cap, sizeof(*lens));
+    idem_script_scratch_t *sb = calloc(n + 1, sizeof(*sb));
+    size_t a = 0;
+    const char *fixed[] = {"EVALSHA", sha, "0", "t:", "g1", "600"};
+    for (; a < 6; a++)
+        argv[a] = fixed[a], lens[a] = strlen(fixed[a]);
+    for (size_t i = 0; i < n; i++)
+        a += idem_script_rec_args(&recs[i], &sb[i], argv + a, lens + a);
+    redisReply *r = redisCommandArgv(rc, (int)a, argv, lens);
+    cr_assert(r, "%s", rc->errstr);
+    for (size_t i = 0; i < n; i++)
+        idem_script_scratch_term(&sb[i]);
+    free(sb);
+    free(argv);
+    free(lens);
+    return r;
+}
+
+static char *get(const char *key)
+{
+    redisReply *r = redisCommand(rc, "GET %s", key);
+    cr_assert(r);
+    char *v = r->type == REDIS_REPLY_STRING ? strdup(r->str) : NULL;
+    freeReplyObject(r);
+    return v;
+}
+
+static void expect_key(const char *key, const char *want)
+{
+    char *v = get(key);
+    if (want)
+        cr_expect(v && !strcmp(v, want), "%s = %s, want %s", key,
+                  v ? v : "(nil)", want);
+    else
+        cr_expect_null(v, "%s = %s, want nil", key, v);
+    free(v);
+}
+
+static const char *elem(redisReply *r, size_t i)
+{
+    cr_assert_eq(r->type, REDIS_REPLY_ARRAY, "reply type %d: %s", r->type,
+                 r->type == REDIS_REPLY_ERROR ? r->str : "");
+    cr_assert_lt(i, r->elements);
+    return r->element[i]->str ? r->element[i]->str : "";
+}
+
+static const char inventory[] =
+    "local function qty(rec)\n"
+    "  local ev = cjson.decode(rec.value)\n"
+    "  return ev.sku, tonumber(ev.qty)\n"
+    "end\n"
+    "function effect(rec)\n"
+    "  local sku, q = qty(rec)\n"
+    "  if not q then return false, 'qty missing' end\n"
+    "  local left = redis.call('HINCRBY', 'stock', sku, -q)\n"
+    "  if left < 0 then\n"
+    "    redis.call('HINCRBY', 'stock', sku, q)\n"
+    "    return false, 'out of stock: ' .. sku\n"
+    "  end\n"
+    "  if sku == 'boom' then local t = nil; return t.x end\n"
+    "end\n";
+
+Test(script, effect_and_mark_together_then_duplicates)
+{
+    redis_with(inventory);
+    redisReply *s = redisCommand(rc, "HSET stock a 10 b 1 boom 5");
+    freeReplyObject(s);
+    idem_script_rec_t recs[] = {
+        rec_of("e1", "m1", "{\"sku\":\"a\",\"qty\":3}"),
+        rec_of("e2", "m2", "{\"sku\":\"b\",\"qty\":2}"),    /* rejected */
+        rec_of("e1", "m1b", "{\"sku\":\"a\",\"qty\":3}"),   /* dup, same call */
+        rec_of("e3", "m3", "{\"sku\":\"boom\",\"qty\":1}"), /* error */
+        rec_of("e4", "m4", "{\"sku\":\"a\"}"),              /* rejected */
+        rec_of("e2", "m2", "{\"sku\":\"b\",\"qty\":1}"),    /* retried: ok */
+    };
+    redisReply *r = eval(recs, 6);
+    cr_assert_eq(r->elements, 6);
+    cr_expect_str_eq(elem(r, 0), "");
+    cr_expect_str_eq(elem(r, 1), "reject:out of stock: b");
+    cr_expect_str_eq(elem(r, 2), "done:m1");
+    cr_expect(!strncmp(elem(r, 3), "error:user_script:", 18), "%s", elem(r, 3));
+    cr_expect(strstr(elem(r, 3), "attempt to index"), "%s", elem(r, 3));
+    cr_expect_str_eq(elem(r, 4), "reject:qty missing");
+    cr_expect_str_eq(elem(r, 5), "");
+    /* The error's line is the file's line 13, after idem_script_where. */
+    char where[512], want[600];
+    idem_script_where(loaded, elem(r, 3) + 6, strlen(elem(r, 3) + 6), where,
+                      sizeof(where));
+    snprintf(want, sizeof(want), "%s:13: ", idem_script_path(loaded));
+    cr_expect(!strncmp(where, want, strlen(want)), "%s", where);
+    freeReplyObject(r);
+    redisReply *h = redisCommand(rc, "HMGET stock a b boom");
+    cr_expect_str_eq(h->element[0]->str, "7");
+    cr_expect_str_eq(h->element[1]->str, "0");
+    /* Writes before a runtime error stay (Redis has no rollback). */
+    cr_expect_str_eq(h->element[2]->str, "4");
+    freeReplyObject(h);
+    expect_key("t:dedup:g1:e1", "done:m1");
+    expect_key("t:dedup:g1:e2", "done:m2");
+    expect_key("t:dedup:g1:e3", NULL);
+    expect_key("t:dedup:g1:e4", NULL);
+    redisReply *ttl = redisCommand(rc, "TTL t:dedup:g1:e1");
+    cr_expect(ttl->integer > 590 && ttl->integer <= 600);
+    freeReplyObject(ttl);
+
+    /* Again: every applied one is a duplicate, nothing is applied twice. */
+    r = eval(recs, 2);
+    cr_expect_str_eq(elem(r, 0), "done:m1");
+    cr_expect_str_eq(elem(r, 1), "done:m2");
+    freeReplyObject(r);
+    h = redisCommand(rc, "HGET stock a");
+    cr_expect_str_eq(h->str, "7");
+    freeReplyObject(h);
+    redis_done();
+}
+
+Test(script, rec_has_every_field)
+{
+    redis_with("function effect(rec)\n"
+               "  local h = {}\n"
+               "  for k, v in pairs(rec.headers) do\n"
+               "    h[#h + 1] = k .. '=' .. tostring(v)\n"
+               "  end\n"
+               "  table.sort(h)\n"
+               "  redis.call('RPUSH', 'seen', cjson.encode({\n"
+               "    id = rec.identity, mid = rec.message_id or 'nil',\n"
+               "    topic = rec.topic, p = rec.partition,\n"
+               "    o = string.format('%.0f', rec.offset),\n"
+               "    ts = rec.timestamp or 'nil', key = rec.key or 'nil',\n"
+               "    value = rec.value or 'nil', idlen = #rec.identity,\n"
+               "    h = table.concat(h, ',')}))\n"
+               "end\n");
+    const char *names[] = {"idempotency_key", "trace", "empty", "trace"};
+    const void *vals[] = {"k\0x", "t1", NULL, "t2"};
+    size_t lens[] = {3, 2, 0, 2};
+    idem_script_rec_t a = rec_of("k\0x", "m-1", "v1");
+    a.identity_len = 3; /* a NUL byte is data */
+    a.key = "order-7";
+    a.key_len = 7;
+    a.offset = 9007199254740000;
+    a.header_cnt = 4;
+    a.header_names = names;
+    a.header_values = vals;
+    a.header_lens = lens;
+    idem_script_rec_t b = rec_of("k2", NULL, NULL);
+    b.timestamp = -1;
+    b.partition = 0;
+    idem_script_rec_t recs[] = {a, b};
+    redisReply *r = eval(recs, 2);
+    cr_expect_str_eq(elem(r, 0), "");
+    cr_expect_str_eq(elem(r, 1), "");
+    freeReplyObject(r);
+    redisReply *l = redisCommand(rc, "LRANGE seen 0 -1");
+    cr_assert_eq(l->elements, 2);
+    json_error_t je;
+    json_t *x = json_loads(l->element[0]->str, JSON_ALLOW_NUL, &je);
+    cr_assert(x, "%s", l->element[0]->str);
+    cr_expect_eq(json_integer_value(json_object_get(x, "idlen")), 3);
+    cr_expect_str_eq(json_string_value(json_object_get(x, "mid")), "m-1");
+    cr_expect_str_eq(json_string_value(json_object_get(x, "topic")),
+                     "inventory");
+    cr_expect_eq(json_integer_value(json_object_get(x, "p")), 3);
+    cr_expect_str_eq(json_string_value(json_object_get(x, "o")),
+                     "9007199254740000");
+    cr_expect_eq(json_integer_value(json_object_get(x, "ts")), 1700000000123);
+    cr_expect_str_eq(json_string_value(json_object_get(x, "key")), "order-7");
+    cr_expect_str_eq(json_string_value(json_object_get(x, "value")), "v1");
+    /* A repeated header: the last one; no value: false. */
+    json_t *hj = json_object_get(x, "h");
+    const char *h = json_string_value(hj);
+    size_t hl = json_string_length(hj);
+    static const char want_h[] = "empty=false,idempotency_key=k\0x,trace=t2";
+    cr_expect(h && hl == sizeof(want_h) - 1 && !memcmp(h, want_h, hl), "%s",
+              l->element[0]->str);
+    json_decref(x);
+    x = json_loads(l->element[1]->str, 0, &je);
+    cr_assert(x);
+    cr_expect_str_eq(json_string_value(json_object_get(x, "mid")), "nil");
+    cr_expect_str_eq(json_string_value(json_object_get(x, "ts")), "nil");
+    cr_expect_str_eq(json_string_value(json_object_get(x, "key")), "nil");
+    cr_expect_str_eq(json_string_value(json_object_get(x, "value")), "nil");
+    cr_expect_str_eq(json_string_value(json_object_get(x, "h")), "");
+    json_decref(x);
+    freeReplyObject(l);
+    /* The mark of a record without a message id. */
+    expect_key("t:dedup:g1:k2", "done:");
+    redis_done();
+}
+
+Test(script, return_values)
+{
+    redis_with("function effect(rec)\n"
+               "  local v = rec.value\n"
+               "  if v == 'true' then return true end\n"
+               "  if v == 'false' then return false end\n"
+               "  if v == 'nilreason' then return nil, 'why' end\n"
+               "  if v == 'number' then return false, 42 end\n"
+               "  if v == 'reply' then return redis.error_reply('bad') end\n"
+               "  if v == 'table' then error({code = 1}) end\n"
+               "  if v == 'errtab' then error({err = 'E1'}) end\n"
+               "  if v == 'long' then return false, string.rep('x', 5000) end\n"
+               "end\n");
+    idem_script_rec_t recs[] = {
+        rec_of("r1", "m", "true"),      rec_of("r2", "m", "false"),
+        rec_of("r3", "m", "nilreason"), rec_of("r4", "m", "number"),
+        rec_of("r5", "m", "reply"),     rec_of("r6", "m", "table"),
+        rec_of("r7", "m", "errtab"),    rec_of("r8", "m", "long"),
+        rec_of("r9", "m", "other"),
+    };
+    redisReply *r = eval(recs, 9);
+    cr_expect_str_eq(elem(r, 0), "");
+    cr_expect_str_eq(elem(r, 1), "reject:effect returned false");
+    cr_expect_str_eq(elem(r, 2), "reject:why");
+    cr_expect_str_eq(elem(r, 3), "reject:42");
+    cr_expect_str_eq(elem(r, 4), "reject:ERR bad");
+    cr_expect(!strncmp(elem(r, 5), "error:table: ", 13), "%s", elem(r, 5));
+    cr_expect_str_eq(elem(r, 6), "error:E1");
+    cr_expect_eq(strlen(elem(r, 7)), 7 + 1000);
+    cr_expect_str_eq(elem(r, 8), "");
+    freeReplyObject(r);
+    redis_done();
+}
+
+/* A command error the effect did not catch rejects with the user's line;
+ * one it caught with redis.pcall is its own business. */
+Test(script, command_errors_belong_to_the_record)
+{
+    redis_with("function effect(rec)\n"
+               "  if rec.value == 'caught' then\n"
+               "    local r = redis.pcall('INCR', 'str')\n"
+               "    redis.call('SET', 'caught', r.err)\n"
+               "    return\n"
+               "  end\n"
+               "  redis.call('INCR', 'str')\n"
+               "end\n");
+    freeReplyObject(redisCommand(rc, "SET str abc"));
+    idem_script_rec_t recs[] = {rec_of("c1", "m", "raise"),
+                                rec_of("c2", "m", "caught")};
+    redisReply *r = eval(recs, 2);
+    char where[512];
+    idem_script_where(loaded, elem(r, 0), strlen(elem(r, 0)), where,
+                      sizeof(where));
+    cr_expect(strstr(where, "fx.lua:7: ERR value is not an integer"), "%s",
+              where);
+    cr_expect(!strncmp(where, "error:", 6), "%s", where);
+    cr_expect_str_eq(elem(r, 1), "");
+    freeReplyObject(r);
+    expect_key("caught", "ERR value is not an integer or out of range");
+    redis_done();
+}
+
+/* Redis refusing a write because of its state is an outage: the script
+ * fails as a whole with Redis's error, even when the effect catches it. */
+Test(script, server_refusals_are_outages)
+{
+    redis_with("function effect(rec)\n"
+               "  if rec.value == 'swallow' then\n"
+               "    local ok = pcall(redis.call, 'SET', 'a', '1')\n"
+               "    redis.pcall('SET', 'b', '1')\n"
+               "    return false, 'caught it'\n"
+               "  end\n"
+               "  redis.call('SET', 'a', '1')\n"
+               "end\n");
+    freeReplyObject(redisCommand(rc, "CONFIG SET maxmemory 1"));
+    const char *modes[] = {"plain", "swallow"};
+    for (int i = 0; i < 2; i++) {
+        idem_script_rec_t recs[] = {rec_of("o1", "m", modes[i])};
+        redisReply *r = eval(recs, 1);
+        cr_expect_eq(r->type, REDIS_REPLY_ERROR, "%s: type %d", modes[i],
+                     r->type);
+        if (r->type == REDIS_REPLY_ERROR)
+            cr_expect(!strncmp(r->str, "OOM ", 4), "%s: %s", modes[i], r->str);
+        freeReplyObject(r);
+    }
+    freeReplyObject(redisCommand(rc, "CONFIG SET maxmemory 0"));
+    expect_key("t:dedup:g1:o1", NULL);
+    idem_script_rec_t recs[] = {rec_of("o1", "m", "plain")};
+    redisReply *r = eval(recs, 1);
+    cr_expect_str_eq(elem(r, 0), "");
+    freeReplyObject(r);
+    expect_key("a", "1");
+    expect_key("t:dedup:g1:o1", "done:m");
+    redis_done();
+}
+
+/* A lease of the claim protocol (another handler in the same group) is
+ * returned as found, without running the effect. */
+Test(script, lease_is_busy)
+{
+    redis_with("function effect(rec) redis.call('SET', 'ran', '1') end\n");
+    freeReplyObject(redisCommand(rc, "SET t:dedup:g1:l1 lease:m1:3:mid PX "
+                                     "60000"));
+    idem_script_rec_t recs[] = {rec_of("l1", "m", "v")};
+    redisReply *r = eval(recs, 1);
+    cr_expect_str_eq(elem(r, 0), "lease:m1:3:mid");
+    freeReplyObject(r);
+    expect_key("ran", NULL);
+    redis_done();
+}
+
+/* 1000 records (a chunk), each a distinct identity. */
+Test(script, full_chunk)
+{
+    redis_with("function effect(rec) redis.call('INCR', 'n') end\n");
+    enum { N = 1000 };
+    static char ids[N][16];
+    static idem_script_rec_t recs[N];
+    for (int i = 0; i < N; i++) {
+        snprintf(ids[i], sizeof(ids[i]), "id%d", i);
+        recs[i] = rec_of(ids[i], ids[i], "v");
+    }
+    redisReply *r = eval(recs, N);
+    cr_assert_eq(r->elements, N);
+    freeReplyObject(r);
+    expect_key("n", "1000");
+    redis_done();
 }
