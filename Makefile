@@ -31,15 +31,20 @@ DEB_PKGS       := $(BUILD_DEB_PKGS) $(TEST_DEB_PKGS) $(FUZZ_DEB_PKGS) \
 
 WARN    := -Wall -Wextra -Wshadow -Wstrict-prototypes -Wwrite-strings -Werror
 CFLAGS  ?= -O2 -g
+# The sources: the runtime in processor/, the effects in processor/handlers/,
+# the development tools (generator, embedded broker, verifier) in
+# processor/dev/, the public plugin header in processor/include/.
+SRC_DIRS := processor processor/handlers processor/dev
+INCLUDES := $(SRC_DIRS:%=-I%) -Iprocessor/include
 ALL_CFLAGS = -std=c11 -D_GNU_SOURCE $(WARN) $(CFLAGS) -MMD -MP \
-             -DIDEM_VERSION='"$(VERSION)"' $(PKG_CFLAGS)
+             -DIDEM_VERSION='"$(VERSION)"' $(INCLUDES) $(PKG_CFLAGS)
 LDLIBS_ALL = $(PKG_LIBS) -lpthread -lm
 ifneq ($(SAN),)
 ALL_CFLAGS += -fsanitize=$(SAN) -fno-omit-frame-pointer
 LDFLAGS    += -fsanitize=$(SAN)
 endif
 
-SRCS      := $(wildcard processor/*.c)
+SRCS      := $(wildcard $(SRC_DIRS:%=%/*.c))
 OBJS      := $(SRCS:processor/%.c=$(BUILD)/obj/%.o)
 LIB_OBJS  := $(filter-out $(BUILD)/obj/main.o,$(OBJS))
 TEST_SRCS := $(wildcard tests/*.c)
@@ -108,6 +113,7 @@ $(BUILD)/obj $(BUILD)/tobj:
 	@mkdir -p $@
 
 $(BUILD)/obj/%.o: processor/%.c | deps-check $(BUILD)/obj
+	@mkdir -p $(@D)
 	$(CC) $(ALL_CFLAGS) -c -o $@ $<
 
 $(BUILD)/tobj/%.o: tests/%.c | deps-check-test $(BUILD)/tobj
@@ -119,7 +125,8 @@ $(BIN): $(OBJS)
 $(TEST_BIN): $(TEST_OBJS) $(LIB_OBJS)
 	$(CC) $(LDFLAGS) -o $@ $^ $(TEST_LIBS) $(LDLIBS_ALL)
 
-FORMAT_SRCS = processor/*.[ch] tests/*.[ch] tests/fuzz/*.c tests/tsan/*.c
+FORMAT_SRCS = $(wildcard $(SRC_DIRS:%=%/*.[ch]) processor/include/*/*.h) \
+              tests/*.[ch] tests/fuzz/*.c tests/tsan/*.c
 
 check-format: | deps-check-test
 	@out=$$(clang-format --dry-run --Werror $(FORMAT_SRCS) 2>&1); \
@@ -173,7 +180,7 @@ FUZZ_SAN     := -fsanitize=address,undefined -fno-sanitize-recover=undefined
 FUZZ_CFLAGS   = -std=c11 -D_GNU_SOURCE $(WARN) -Wno-int-to-void-pointer-cast \
                 -g -O1 $(FUZZ_SAN) \
                 -fsanitize=fuzzer-no-link -DIDEM_VERSION='"$(VERSION)"' \
-                $(PKG_CFLAGS)
+                $(INCLUDES) $(PKG_CFLAGS)
 FUZZ_OBJS    := $(LIB_OBJS:$(BUILD)/obj/%.o=$(FUZZ_BUILD)/obj/%.o)
 FUZZ_BINS    := $(FUZZ_TARGETS:%=$(FUZZ_BUILD)/fuzz_%)
 
@@ -181,6 +188,7 @@ $(FUZZ_BUILD)/obj:
 	@mkdir -p $@
 
 $(FUZZ_BUILD)/obj/%.o: processor/%.c | deps-check deps-check-fuzz $(FUZZ_BUILD)/obj
+	@mkdir -p $(@D)
 	$(FUZZ_CC) $(FUZZ_CFLAGS) -MMD -MP -c -o $@ $<
 
 $(FUZZ_BUILD)/fuzz_%: tests/fuzz/fuzz_%.c $(FUZZ_OBJS)
