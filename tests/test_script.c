@@ -4,7 +4,7 @@
  * together, duplicates, rejections, runtime errors, Redis's refusals as
  * outages, and every field of `rec`. */
 #include "harness.h"
-#include "script.h"
+#include "luascript.h"
 
 #include <criterion/criterion.h>
 #include <hiredis.h>
@@ -46,7 +46,7 @@ static void expect_refused(const char *text, const char *const want[])
 {
     char err[1024] = "";
     const char *path = lua_file("bad.lua", text);
-    idem_script_t *sc = idem_script_load(path, err, sizeof(err));
+    idem_luascript_t *sc = idem_luascript_load(path, err, sizeof(err));
     cr_assert_null(sc, "accepted:\n%s", text);
     for (size_t i = 0; want[i]; i++)
         cr_expect(strstr(err, want[i]), "error lacks \"%s\": %s", want[i], err);
@@ -60,23 +60,23 @@ Test(script, good_file_is_composed_unchanged)
                        "  redis.call('INCRBY', 'x', qty(rec))\n"
                        "end\n";
     char err[512] = "";
-    idem_script_t *sc =
-        idem_script_load(lua_file("ok.lua", text), err, sizeof(err));
+    idem_luascript_t *sc =
+        idem_luascript_load(lua_file("ok.lua", text), err, sizeof(err));
     cr_assert(sc, "%s", err);
-    cr_expect(strstr(idem_script_source(sc), text));
-    cr_expect(strstr(idem_script_path(sc), "ok.lua"));
-    idem_script_destroy(sc);
-    idem_script_destroy(NULL);
+    cr_expect(strstr(idem_luascript_source(sc), text));
+    cr_expect(strstr(idem_luascript_path(sc), "ok.lua"));
+    idem_luascript_destroy(sc);
+    idem_luascript_destroy(NULL);
 }
 
 Test(script, local_function_effect_is_accepted)
 {
     char err[512] = "";
-    idem_script_t *sc = idem_script_load(
+    idem_luascript_t *sc = idem_luascript_load(
         lua_file("local.lua", "local function effect(rec) end"), err,
         sizeof(err));
     cr_assert(sc, "%s", err);
-    idem_script_destroy(sc);
+    idem_luascript_destroy(sc);
 }
 
 Test(script, syntax_error_names_file_and_line)
@@ -161,7 +161,7 @@ Test(script, endless_top_level_is_stopped)
 Test(script, missing_and_binary_files_are_refused)
 {
     char err[512] = "";
-    cr_assert_null(idem_script_load("/nonexistent/x.lua", err, sizeof(err)));
+    cr_assert_null(idem_luascript_load("/nonexistent/x.lua", err, sizeof(err)));
     cr_expect(strstr(err, "script.file: /nonexistent/x.lua: No such file"),
               "%s", err);
     static const char bin[] = "function effect(rec) end\n\0\1";
@@ -170,19 +170,19 @@ Test(script, missing_and_binary_files_are_refused)
     cr_assert(f);
     fwrite(bin, 1, sizeof(bin), f);
     fclose(f);
-    cr_assert_null(idem_script_load(path, err, sizeof(err)));
+    cr_assert_null(idem_luascript_load(path, err, sizeof(err)));
     cr_expect(strstr(err, "NUL byte"), "%s", err);
 }
 
 Test(script, where_maps_lines_to_the_file)
 {
     char err[512] = "";
-    idem_script_t *sc = idem_script_load(
+    idem_luascript_t *sc = idem_luascript_load(
         lua_file("w.lua", "function effect(rec)\n  error('boom')\nend\n"), err,
         sizeof(err));
     cr_assert(sc, "%s", err);
     /* The driver's lines come first: find line 2 of the file. */
-    const char *src = idem_script_source(sc);
+    const char *src = idem_luascript_source(sc);
     const char *at = strstr(src, "  error('boom')");
     cr_assert(at);
     int line = 1;
@@ -191,56 +191,39 @@ Test(script, where_maps_lines_to_the_file)
     char msg[128], out[256];
     snprintf(msg, sizeof(msg), "user_script:%d: boom; @user_script:%d: x", line,
              line + 1);
-    idem_script_where(sc, msg, strlen(msg), out, sizeof(out));
+    idem_luascript_where(sc, msg, strlen(msg), out, sizeof(out));
     char want[600];
-    snprintf(want, sizeof(want), "%s:2: boom; @%s:3: x", idem_script_path(sc),
-             idem_script_path(sc));
+    snprintf(want, sizeof(want), "%s:2: boom; @%s:3: x",
+             idem_luascript_path(sc), idem_luascript_path(sc));
     cr_expect_str_eq(out, want);
-    idem_script_where(sc, "user_script:1: in the driver", 28, out, sizeof(out));
+    idem_luascript_where(sc, "user_script:1: in the driver", 28, out,
+                         sizeof(out));
     cr_expect_str_eq(out, "(idemproc driver):1: in the driver");
-    idem_script_where(sc, "no tag user_script:x", 20, out, sizeof(out));
+    idem_luascript_where(sc, "no tag user_script:x", 20, out, sizeof(out));
     cr_expect_str_eq(out, "no tag user_script:x");
-    idem_script_where(sc, msg, strlen(msg), out, 8);
+    idem_luascript_where(sc, msg, strlen(msg), out, 8);
     cr_expect_eq(strlen(out), 7);
-    idem_script_destroy(sc);
-}
-
-Test(script, verdicts)
-{
-    const char *d;
-    size_t dl;
-    cr_expect_eq(idem_script_verdict("", 0, &d, &dl), IDEM_SCRIPT_APPLIED);
-    cr_expect_eq(idem_script_verdict("done:m1", 7, &d, &dl),
-                 IDEM_SCRIPT_DUPLICATE);
-    cr_expect(dl == 2 && !memcmp(d, "m1", 2));
-    cr_expect_eq(idem_script_verdict("reject:no stock", 15, &d, &dl),
-                 IDEM_SCRIPT_REJECTED);
-    cr_expect(dl == 8 && !memcmp(d, "no stock", 8));
-    cr_expect_eq(idem_script_verdict("error:x", 7, &d, &dl),
-                 IDEM_SCRIPT_FAILED);
-    cr_expect_eq(idem_script_verdict("lease:m:1:mid", 13, &d, &dl),
-                 IDEM_SCRIPT_BUSY);
-    cr_expect(dl == 13);
+    idem_luascript_destroy(sc);
 }
 
 /* ---- the composed script in a real redis-server ---- */
 
 static redisContext *rc;
 static char sha[41];
-static idem_script_t *loaded;
+static idem_luascript_t *loaded;
 
 /* Starts Redis (once per test) and loads `text` as script.file. */
 static void redis_with(const char *text)
 {
     char err[1024] = "";
-    loaded = idem_script_load(lua_file("fx.lua", text), err, sizeof(err));
+    loaded = idem_luascript_load(lua_file("fx.lua", text), err, sizeof(err));
     cr_assert(loaded, "%s", err);
     if (!rds.dir)
         cr_assert_eq(th_redis_start(&rds), 0);
     rc = redisConnect("127.0.0.1", rds.port);
     cr_assert(rc && !rc->err);
     redisReply *r =
-        redisCommand(rc, "SCRIPT LOAD %s", idem_script_source(loaded));
+        redisCommand(rc, "SCRIPT LOAD %s", idem_luascript_source(loaded));
     cr_assert(r && r->type == REDIS_REPLY_STRING, "%s",
               r ? r->str : rc->errstr);
     snprintf(sha, sizeof(sha), "%s", r->str);
@@ -251,46 +234,46 @@ static void redis_done(void)
 {
     redisFree(rc);
     rc = NULL;
-    idem_script_destroy(loaded);
+    idem_luascript_destroy(loaded);
     loaded = NULL;
 }
 
-/* A record with identity id, message id mid and value v (no key, no
- * headers, partition 3, offset 100 + i). */
-static idem_script_rec_t rec_of(const char *id, const char *mid, const char *v)
+/* A record with identity id, message id mid (NULL: none) and value v
+ * (NULL: a null value), no key, no headers, partition 3, offset 100. */
+static idem_record_t rec_of(const char *id, const char *mid, const char *v)
 {
-    return (idem_script_rec_t){.identity = id,
-                               .identity_len = strlen(id),
-                               .message_id = mid,
-                               .message_id_len = mid ? strlen(mid) : 0,
-                               .topic = "inventory",
-                               .partition = 3,
-                               .offset = 100,
-                               .timestamp = 1700000000123,
-                               .value = v,
-                               .value_len = v ? strlen(v) : 0};
+    return (idem_record_t){.identity = id,
+                           .identity_len = strlen(id),
+                           .message_id = mid,
+                           .message_id_len = mid ? strlen(mid) : 0,
+                           .topic = "inventory",
+                           .partition = 3,
+                           .offset = 100,
+                           .timestamp = 1700000000123,
+                           .value = v,
+                           .value_len = v ? strlen(v) : 0};
 }
 
-/* EVALSHA over recs[n]; returns the reply (caller frees). */
-static redisReply *eval(const idem_script_rec_t *recs, size_t n)
+/* EVALSHA over recs[n] as idem_store_script_send sends it; returns the
+ * reply (caller frees). */
+static redisReply *eval(const idem_record_t *recs, size_t n)
 {
-    size_t cap = 6;
-    for (size_t i = 0; i < n; i++)
-        cap += IDEM_SCRIPT_REC_ARGS(recs[i].header_cnt);
+    size_t cap = 6 + n * IDEM_LUASCRIPT_REC_ARGS;
     const char **argv = calloc(cap, sizeof(*argv));
     size_t *lens = calloc(cap, sizeof(*lens));
-    idem_script_scratch_t *sb = calloc(n + 1, sizeof(*sb));
+    idem_luascript_scratch_t sb = {0};
     size_t a = 0;
     const char *fixed[] = {"EVALSHA", sha, "0", "t:", "g1", "600"};
     for (; a < 6; a++)
         argv[a] = fixed[a], lens[a] = strlen(fixed[a]);
-    for (size_t i = 0; i < n; i++)
-        a += idem_script_rec_args(&recs[i], &sb[i], argv + a, lens + a);
+    for (size_t i = 0; i < n; i++) {
+        size_t k = idem_luascript_args(&recs[i], &sb, argv + a, lens + a);
+        cr_assert_eq(k, IDEM_LUASCRIPT_REC_ARGS);
+        a += k;
+    }
     redisReply *r = redisCommandArgv(rc, (int)a, argv, lens);
     cr_assert(r, "%s", rc->errstr);
-    for (size_t i = 0; i < n; i++)
-        idem_script_scratch_term(&sb[i]);
-    free(sb);
+    idem_luascript_scratch_term(&sb);
     free(argv);
     free(lens);
     return r;
@@ -345,7 +328,7 @@ Test(script, effect_and_mark_together_then_duplicates)
     redis_with(inventory);
     redisReply *s = redisCommand(rc, "HSET stock a 10 b 1 boom 5");
     freeReplyObject(s);
-    idem_script_rec_t recs[] = {
+    idem_record_t recs[] = {
         rec_of("e1", "m1", "{\"sku\":\"a\",\"qty\":3}"),
         rec_of("e2", "m2", "{\"sku\":\"b\",\"qty\":2}"),    /* rejected */
         rec_of("e1", "m1b", "{\"sku\":\"a\",\"qty\":3}"),   /* dup, same call */
@@ -358,16 +341,15 @@ Test(script, effect_and_mark_together_then_duplicates)
     cr_expect_str_eq(elem(r, 0), "");
     cr_expect_str_eq(elem(r, 1), "reject:out of stock: b");
     cr_expect_str_eq(elem(r, 2), "done:m1");
-    cr_expect(!strncmp(elem(r, 3), "error:user_script:", 18), "%s", elem(r, 3));
-    cr_expect(strstr(elem(r, 3), "attempt to index"), "%s", elem(r, 3));
+    /* The error names the file's line 13. */
+    char want[600];
+    snprintf(want, sizeof(want),
+             "reject:lua error: %s:13: attempt to index local 't' (a nil "
+             "value)",
+             idem_luascript_path(loaded));
+    cr_expect_str_eq(elem(r, 3), want);
     cr_expect_str_eq(elem(r, 4), "reject:qty missing");
     cr_expect_str_eq(elem(r, 5), "");
-    /* The error's line is the file's line 13, after idem_script_where. */
-    char where[512], want[600];
-    idem_script_where(loaded, elem(r, 3) + 6, strlen(elem(r, 3) + 6), where,
-                      sizeof(where));
-    snprintf(want, sizeof(want), "%s:13: ", idem_script_path(loaded));
-    cr_expect(!strncmp(where, want, strlen(want)), "%s", where);
     freeReplyObject(r);
     redisReply *h = redisCommand(rc, "HMGET stock a b boom");
     cr_expect_str_eq(h->element[0]->str, "7");
@@ -410,23 +392,23 @@ Test(script, rec_has_every_field)
                "    value = rec.value or 'nil', idlen = #rec.identity,\n"
                "    h = table.concat(h, ',')}))\n"
                "end\n");
-    const char *names[] = {"idempotency_key", "trace", "empty", "trace"};
-    const void *vals[] = {"k\0x", "t1", NULL, "t2"};
-    size_t lens[] = {3, 2, 0, 2};
-    idem_script_rec_t a = rec_of("k\0x", "m-1", "v1");
+    rd_kafka_headers_t *hdrs = rd_kafka_headers_new(4);
+    rd_kafka_header_add(hdrs, "idempotency_key", -1, "k\0x", 3);
+    rd_kafka_header_add(hdrs, "trace", -1, "t1", 2);
+    rd_kafka_header_add(hdrs, "empty", -1, NULL, 0);
+    rd_kafka_header_add(hdrs, "trace", -1, "t2", 2);
+    idem_record_t a = rec_of("k\0x", "m-1", "v1");
     a.identity_len = 3; /* a NUL byte is data */
     a.key = "order-7";
     a.key_len = 7;
     a.offset = 9007199254740000;
-    a.header_cnt = 4;
-    a.header_names = names;
-    a.header_values = vals;
-    a.header_lens = lens;
-    idem_script_rec_t b = rec_of("k2", NULL, NULL);
+    a.headers = hdrs;
+    idem_record_t b = rec_of("k2", NULL, NULL);
     b.timestamp = -1;
     b.partition = 0;
-    idem_script_rec_t recs[] = {a, b};
+    idem_record_t recs[] = {a, b};
     redisReply *r = eval(recs, 2);
+    rd_kafka_headers_destroy(hdrs);
     cr_expect_str_eq(elem(r, 0), "");
     cr_expect_str_eq(elem(r, 1), "");
     freeReplyObject(r);
@@ -480,7 +462,7 @@ Test(script, return_values)
                "  if v == 'errtab' then error({err = 'E1'}) end\n"
                "  if v == 'long' then return false, string.rep('x', 5000) end\n"
                "end\n");
-    idem_script_rec_t recs[] = {
+    idem_record_t recs[] = {
         rec_of("r1", "m", "true"),      rec_of("r2", "m", "false"),
         rec_of("r3", "m", "nilreason"), rec_of("r4", "m", "number"),
         rec_of("r5", "m", "reply"),     rec_of("r6", "m", "table"),
@@ -493,9 +475,10 @@ Test(script, return_values)
     cr_expect_str_eq(elem(r, 2), "reject:why");
     cr_expect_str_eq(elem(r, 3), "reject:42");
     cr_expect_str_eq(elem(r, 4), "reject:ERR bad");
-    cr_expect(!strncmp(elem(r, 5), "error:table: ", 13), "%s", elem(r, 5));
-    cr_expect_str_eq(elem(r, 6), "error:E1");
-    cr_expect_eq(strlen(elem(r, 7)), 7 + 1000);
+    cr_expect(!strncmp(elem(r, 5), "reject:lua error: table: ", 25), "%s",
+              elem(r, 5));
+    cr_expect_str_eq(elem(r, 6), "reject:lua error: E1");
+    cr_expect_eq(strlen(elem(r, 7)), 7 + 600);
     cr_expect_str_eq(elem(r, 8), "");
     freeReplyObject(r);
     redis_done();
@@ -514,15 +497,15 @@ Test(script, command_errors_belong_to_the_record)
                "  redis.call('INCR', 'str')\n"
                "end\n");
     freeReplyObject(redisCommand(rc, "SET str abc"));
-    idem_script_rec_t recs[] = {rec_of("c1", "m", "raise"),
-                                rec_of("c2", "m", "caught")};
+    idem_record_t recs[] = {rec_of("c1", "m", "raise"),
+                            rec_of("c2", "m", "caught")};
     redisReply *r = eval(recs, 2);
-    char where[512];
-    idem_script_where(loaded, elem(r, 0), strlen(elem(r, 0)), where,
-                      sizeof(where));
-    cr_expect(strstr(where, "fx.lua:7: ERR value is not an integer"), "%s",
-              where);
-    cr_expect(!strncmp(where, "error:", 6), "%s", where);
+    char want[600];
+    snprintf(want, sizeof(want),
+             "reject:lua error: %s:7: ERR value is not an integer or out of "
+             "range",
+             idem_luascript_path(loaded));
+    cr_expect_str_eq(elem(r, 0), want);
     cr_expect_str_eq(elem(r, 1), "");
     freeReplyObject(r);
     expect_key("caught", "ERR value is not an integer or out of range");
@@ -544,7 +527,7 @@ Test(script, server_refusals_are_outages)
     freeReplyObject(redisCommand(rc, "CONFIG SET maxmemory 1"));
     const char *modes[] = {"plain", "swallow"};
     for (int i = 0; i < 2; i++) {
-        idem_script_rec_t recs[] = {rec_of("o1", "m", modes[i])};
+        idem_record_t recs[] = {rec_of("o1", "m", modes[i])};
         redisReply *r = eval(recs, 1);
         cr_expect_eq(r->type, REDIS_REPLY_ERROR, "%s: type %d", modes[i],
                      r->type);
@@ -554,7 +537,7 @@ Test(script, server_refusals_are_outages)
     }
     freeReplyObject(redisCommand(rc, "CONFIG SET maxmemory 0"));
     expect_key("t:dedup:g1:o1", NULL);
-    idem_script_rec_t recs[] = {rec_of("o1", "m", "plain")};
+    idem_record_t recs[] = {rec_of("o1", "m", "plain")};
     redisReply *r = eval(recs, 1);
     cr_expect_str_eq(elem(r, 0), "");
     freeReplyObject(r);
@@ -570,7 +553,7 @@ Test(script, lease_is_busy)
     redis_with("function effect(rec) redis.call('SET', 'ran', '1') end\n");
     freeReplyObject(redisCommand(rc, "SET t:dedup:g1:l1 lease:m1:3:mid PX "
                                      "60000"));
-    idem_script_rec_t recs[] = {rec_of("l1", "m", "v")};
+    idem_record_t recs[] = {rec_of("l1", "m", "v")};
     redisReply *r = eval(recs, 1);
     cr_expect_str_eq(elem(r, 0), "lease:m1:3:mid");
     freeReplyObject(r);
@@ -584,7 +567,7 @@ Test(script, full_chunk)
     redis_with("function effect(rec) redis.call('INCR', 'n') end\n");
     enum { N = 1000 };
     static char ids[N][16];
-    static idem_script_rec_t recs[N];
+    static idem_record_t recs[N];
     for (int i = 0; i < N; i++) {
         snprintf(ids[i], sizeof(ids[i]), "id%d", i);
         recs[i] = rec_of(ids[i], ids[i], "v");

@@ -1,8 +1,7 @@
-/* script: the user's Lua effect of handler=script: reading and checking
- * script.file, composing it into the dedup script, one record's arguments
- * and the script's answer per record (docs/design.md, "The script
- * handler"). */
-#include "script.h"
+/* luascript: the user's Lua effect of handler=script: reading and
+ * checking script.file, composing it into the dedup script, and one
+ * record's arguments (docs/design.md, "The script handler"). */
+#include "luascript.h"
 
 #include "util.h"
 
@@ -16,26 +15,28 @@
 #include <lua.h>
 #include <lualib.h>
 
-/* The dedup script's first part; the user's file follows it unchanged and
- * DRIVER_TAIL ends it, so `function effect(rec)` assigns the local
- * `effect` declared here (Redis forbids creating globals) and `redis`
- * inside the user's file is a local proxy of the real one.
+/* The dedup script is: one line naming the file and how many lines come
+ * before it (for error messages), DRIVER_HEAD, the user's file unchanged,
+ * DRIVER_TAIL. So `function effect(rec)` assigns the local `effect`
+ * declared here (Redis forbids creating globals), and `redis` inside the
+ * user's file is a local proxy of the real one.
  *
  * The proxy runs every command with the real redis.pcall and remembers
  * the first error about the server's state (OOM, READONLY, MISCONF, ...,
  * the classes of idem_store_error_class). Such an error is an outage, not
  * the record's fault: even if the effect catches it, the script ends
- * with that error reply, and the store treats it as an outage. Every
- * other error of a command is raised in the effect (redis.call) or
- * returned to it (redis.pcall), as Redis does.
+ * with that error reply, which the store treats as an outage. Every other
+ * error of a command is raised in the effect (redis.call) or returned to
+ * it (redis.pcall), as Redis does.
  *
- * ARGV: prefix, group, dedup.ttl.seconds, then per record the arguments of
- * idem_script_rec_args. Per record, in order: a done mark (from before
- * this call or set earlier in it) or a lease is returned as found;
+ * ARGV: prefix, group, dedup.ttl.seconds, then IDEM_LUASCRIPT_REC_ARGS per
+ * record (idem_luascript_args). Per record, in order: a done mark (from
+ * before this call or set earlier in it) or a lease is returned as found;
  * otherwise effect(rec) runs and, when it accepts, the done mark
  * "done:<message_id>" is set with the TTL and "" returned. A rejection is
- * "reject:<reason>", a runtime error "error:<message>"; neither sets a
- * mark, and writes the effect made before stay (Redis has no rollback). */
+ * "reject:<reason>", a runtime error "reject:lua error: FILE:LINE: ...";
+ * neither sets a mark, and writes the effect made before stay (Redis has
+ * no rollback). Texts are cut at 600 bytes. */
 static const char driver_head[] =
     "local idemproc_redis, idemproc_argv, idemproc_outage = redis, ARGV\n"
     "local idemproc_server = {OOM = 1, READONLY = 1, MISCONF = 1,\n"
@@ -64,23 +65,43 @@ static const char driver_head[] =
     "local function idemproc_text(x, default)\n"
     "  if type(x) == 'table' and type(x.err) == 'string' then x = x.err end\n"
     "  if x == nil then x = default end\n"
-    "  return string.sub(tostring(x), 1, 1000)\n"
+    "  x = string.gsub(tostring(x), 'user_script:(%d+):', function(n)\n"
+    "    n = tonumber(n) - idemproc_head\n"
+    "    if n < 1 then return 'user_script:' .. (n + idemproc_head) .. ':' "
+    "end\n"
+    "    return idemproc_file .. ':' .. n .. ':'\n"
+    "  end)\n"
+    "  return string.sub(x, 1, 600)\n"
+    "end\n"
+    "local function idemproc_headers(s)\n"
+    "  local h, i = {}, 1\n"
+    "  while i <= #s do\n"
+    "    local c = string.find(s, ':', i, true)\n"
+    "    local name = string.sub(s, c + 1, c + tonumber(string.sub(s, i, c - "
+    "1)))\n"
+    "    i = c + #name + 1\n"
+    "    c = string.find(s, ':', i, true)\n"
+    "    local vl = string.sub(s, i, c - 1)\n"
+    "    if vl == '-' then\n"
+    "      h[name] = false\n"
+    "      i = c + 1\n"
+    "    else\n"
+    "      h[name] = string.sub(s, c + 1, c + tonumber(vl))\n"
+    "      i = c + tonumber(vl) + 1\n"
+    "    end\n"
+    "  end\n"
+    "  return h\n"
     "end\n"
     "local function idemproc_rec(argv, b)\n"
     "  local flags = argv[b + 6]\n"
     "  local rec = {identity = argv[b], topic = argv[b + 2],\n"
     "    partition = tonumber(argv[b + 3]), offset = tonumber(argv[b + 4]),\n"
-    "    headers = {}}\n"
+    "    headers = idemproc_headers(argv[b + 9])}\n"
     "  if argv[b + 1] ~= '' then rec.message_id = argv[b + 1] end\n"
     "  local ts = tonumber(argv[b + 5])\n"
     "  if ts >= 0 then rec.timestamp = ts end\n"
     "  if string.byte(flags, 1) == 49 then rec.key = argv[b + 7] end\n"
     "  if string.byte(flags, 2) == 49 then rec.value = argv[b + 8] end\n"
-    "  for h = 1, #flags - 2 do\n"
-    "    local v = false\n"
-    "    if string.byte(flags, h + 2) == 49 then v = argv[b + 8 + 2 * h] end\n"
-    "    rec.headers[argv[b + 7 + 2 * h]] = v\n"
-    "  end\n"
     "  return rec\n"
     "end\n"
     "local function idemproc_run(eff)\n"
@@ -90,35 +111,34 @@ static const char driver_head[] =
     "      'ERR script.file defines no function effect(rec)')\n"
     "  end\n"
     "  local prefix, group, ttl = argv[1], argv[2], argv[3]\n"
-    "  local starts, keys, n = {}, {}, #argv\n"
-    "  local b = 4\n"
-    "  while b <= n do\n"
-    "    starts[#starts + 1] = b\n"
-    "    keys[#keys + 1] = prefix .. 'dedup:' .. group .. ':' .. argv[b]\n"
-    "    b = b + 9 + 2 * (#argv[b + 6] - 2)\n"
+    "  local keys, n = {}, 0\n"
+    "  for b = 4, #argv, 10 do\n"
+    "    n = n + 1\n"
+    "    keys[n] = prefix .. 'dedup:' .. group .. ':' .. argv[b]\n"
     "  end\n"
     "  local out = {}\n"
-    "  if #keys == 0 then return out end\n"
+    "  if n == 0 then return out end\n"
     "  local marks = idemproc_redis.call('MGET', unpack(keys))\n"
     "  local set = {}\n"
-    "  for j, s in ipairs(starts) do\n"
-    "    local id = argv[s]\n"
+    "  for j = 1, n do\n"
+    "    local b = 4 + (j - 1) * 10\n"
+    "    local id = argv[b]\n"
     "    local mark = set[id] or marks[j]\n"
     "    if mark then\n"
     "      out[j] = mark\n"
     "    else\n"
-    "      local ok, r1, r2 = pcall(eff, idemproc_rec(argv, s))\n"
+    "      local ok, r1, r2 = pcall(eff, idemproc_rec(argv, b))\n"
     "      if idemproc_outage then\n"
     "        return idemproc_redis.error_reply(idemproc_outage)\n"
     "      end\n"
     "      if not ok then\n"
-    "        out[j] = 'error:' .. idemproc_text(r1, 'error')\n"
+    "        out[j] = 'reject:lua error: ' .. idemproc_text(r1, 'error')\n"
     "      elseif r1 == false or (r1 == nil and r2 ~= nil) then\n"
     "        out[j] = 'reject:' .. idemproc_text(r2, 'effect returned false')\n"
     "      elseif type(r1) == 'table' and type(r1.err) == 'string' then\n"
     "        out[j] = 'reject:' .. idemproc_text(r1)\n"
     "      else\n"
-    "        local m = 'done:' .. argv[s + 1]\n"
+    "        local m = 'done:' .. argv[b + 1]\n"
     "        idemproc_redis.call('SET', keys[j], m, 'EX', ttl)\n"
     "        set[id] = m\n"
     "        out[j] = ''\n"
@@ -169,10 +189,10 @@ static const char sandbox_lua[] =
 /* Instructions the top level of the file may run in the check. */
 #define CHECK_INSTRUCTIONS_MAX 50000000
 
-struct idem_script_s {
+struct idem_luascript_s {
     char *path;
-    char *source; /* driver_head + file + driver_tail */
-    int head_lines;
+    char *source;   /* first line + driver_head + file + driver_tail */
+    int head_lines; /* lines before the file's first */
     int file_lines;
 };
 
@@ -184,8 +204,8 @@ static int count_lines(const char *s, size_t len)
     return n;
 }
 
-void idem_script_where(const idem_script_t *sc, const char *msg, size_t len,
-                       char *out, size_t out_size)
+void idem_luascript_where(const idem_luascript_t *sc, const char *msg,
+                          size_t len, char *out, size_t out_size)
 {
     static const char tag[] = "user_script:";
     size_t taglen = sizeof(tag) - 1, o = 0;
@@ -231,7 +251,7 @@ static void check_hook(lua_State *L, lua_Debug *ar)
 
 /* Runs `code` (len bytes, chunk name "=user_script") in L; on failure puts
  * the mapped message into errstr and returns -1. */
-static int check_chunk(idem_script_t *sc, lua_State *L, const char *code,
+static int check_chunk(idem_luascript_t *sc, lua_State *L, const char *code,
                        size_t len, int run, const char *hint, char *errstr,
                        size_t errstr_size)
 {
@@ -256,7 +276,7 @@ static int check_chunk(idem_script_t *sc, lua_State *L, const char *code,
         return 0;
     }
     char where[1024];
-    idem_script_where(sc, what, wlen, where, sizeof(where));
+    idem_luascript_where(sc, what, wlen, where, sizeof(where));
     if (strstr(where, "defines no function effect"))
         snprintf(errstr, errstr_size,
                  "script.file: %s defines no function effect(rec)", sc->path);
@@ -269,7 +289,7 @@ static int check_chunk(idem_script_t *sc, lua_State *L, const char *code,
 /* Compiles the file alone (syntax errors with the file's own lines), then
  * the composed script, and runs the composed script's top level with no
  * records in a sandbox like Redis's. */
-static int check(idem_script_t *sc, const char *file, size_t file_len,
+static int check(idem_luascript_t *sc, const char *file, size_t file_len,
                  char *errstr, size_t errstr_size)
 {
     lua_State *L = luaL_newstate();
@@ -325,11 +345,11 @@ static char *read_file(const char *path, size_t *len, char *errstr,
                  strerror(errno));
         return NULL;
     }
-    char *buf = idem_xmalloc(IDEM_SCRIPT_FILE_MAX + 1);
-    size_t n = fread(buf, 1, IDEM_SCRIPT_FILE_MAX + 1, f);
+    char *buf = idem_xmalloc(IDEM_LUASCRIPT_FILE_MAX + 1);
+    size_t n = fread(buf, 1, IDEM_LUASCRIPT_FILE_MAX + 1, f);
     int err = ferror(f);
     fclose(f);
-    if (err || n > IDEM_SCRIPT_FILE_MAX) {
+    if (err || n > IDEM_LUASCRIPT_FILE_MAX) {
         snprintf(errstr, errstr_size, "script.file: %s: %s", path,
                  err ? "read error" : "larger than 1 MiB");
         free(buf);
@@ -347,32 +367,52 @@ static char *read_file(const char *path, size_t *len, char *errstr,
     return buf;
 }
 
-idem_script_t *idem_script_load(const char *path, char *errstr,
-                                size_t errstr_size)
+/* Appends `text` as a Lua string literal ("...", every byte outside
+ * printable ASCII, '"' and '\\' as \ddd) to out; returns the new length. */
+static size_t lua_quote(char *out, const char *text)
+{
+    size_t o = 0;
+    out[o++] = '"';
+    for (const unsigned char *p = (const unsigned char *)text; *p; p++)
+        if (*p >= 0x20 && *p < 0x7f && *p != '"' && *p != '\\')
+            out[o++] = (char)*p;
+        else
+            o += (size_t)sprintf(out + o, "\\%03u", *p);
+    out[o++] = '"';
+    out[o] = '\0';
+    return o;
+}
+
+idem_luascript_t *idem_luascript_load(const char *path, char *errstr,
+                                      size_t errstr_size)
 {
     size_t len;
     char *file = read_file(path, &len, errstr, errstr_size);
     if (!file)
         return NULL;
-    idem_script_t *sc = idem_xcalloc(1, sizeof(*sc));
+    idem_luascript_t *sc = idem_xcalloc(1, sizeof(*sc));
     sc->path = idem_xstrdup(path);
     size_t hl = strlen(driver_head), tl = strlen(driver_tail);
-    sc->source = idem_xmalloc(hl + len + tl + 1);
-    memcpy(sc->source, driver_head, hl);
-    memcpy(sc->source + hl, file, len);
-    memcpy(sc->source + hl + len, driver_tail, tl + 1);
-    sc->head_lines = count_lines(driver_head, hl);
+    sc->head_lines = 1 + count_lines(driver_head, hl);
     sc->file_lines = count_lines(file, len) + (len && file[len - 1] != '\n');
+    sc->source = idem_xmalloc(64 + 4 * strlen(path) + hl + len + tl + 1);
+    size_t o = (size_t)sprintf(sc->source, "local idemproc_file = ");
+    o += lua_quote(sc->source + o, path);
+    o += (size_t)sprintf(sc->source + o, " local idemproc_head = %d\n",
+                         sc->head_lines);
+    memcpy(sc->source + o, driver_head, hl);
+    memcpy(sc->source + o + hl, file, len);
+    memcpy(sc->source + o + hl + len, driver_tail, tl + 1);
     int rc = check(sc, file, len, errstr, errstr_size);
     free(file);
     if (rc) {
-        idem_script_destroy(sc);
+        idem_luascript_destroy(sc);
         return NULL;
     }
     return sc;
 }
 
-void idem_script_destroy(idem_script_t *sc)
+void idem_luascript_destroy(idem_luascript_t *sc)
 {
     if (!sc)
         return;
@@ -381,82 +421,123 @@ void idem_script_destroy(idem_script_t *sc)
     free(sc);
 }
 
-const char *idem_script_source(const idem_script_t *sc)
+const char *idem_luascript_source(const idem_luascript_t *sc)
 {
     return sc->source;
 }
 
-const char *idem_script_path(const idem_script_t *sc)
+const char *idem_luascript_path(const idem_luascript_t *sc)
 {
     return sc->path;
 }
 
-void idem_script_scratch_term(idem_script_scratch_t *sb)
+/* A block of scratch: never moved, so what was written in it stays put. */
+struct idem_luascript_block_s {
+    idem_luascript_block_t *next;
+    size_t used, cap;
+    char data[];
+};
+
+#define BLOCK_SIZE (64 * 1024)
+
+/* n bytes of scratch that stay valid until the next reset. */
+static char *scratch_alloc(idem_luascript_scratch_t *sb, size_t n)
 {
-    free(sb->flags);
-    memset(sb, 0, sizeof(*sb));
+    idem_luascript_block_t *b = sb->head;
+    if (!b || b->cap - b->used < n) {
+        size_t cap = n > BLOCK_SIZE ? n : BLOCK_SIZE;
+        b = idem_xmalloc(sizeof(*b) + cap);
+        b->used = 0;
+        b->cap = cap;
+        b->next = sb->head;
+        sb->head = b;
+    }
+    char *p = b->data + b->used;
+    b->used += n;
+    return p;
 }
 
-size_t idem_script_rec_args(const idem_script_rec_t *rec,
-                            idem_script_scratch_t *sb, const char **argv,
-                            size_t *argvlen)
+void idem_luascript_scratch_reset(idem_luascript_scratch_t *sb)
 {
-    if (sb->flags_cap < rec->header_cnt + 3) {
-        sb->flags_cap = rec->header_cnt + 3;
-        sb->flags = idem_xrealloc(sb->flags, sb->flags_cap);
+    /* Keep one block (the newest) for the next batch. */
+    idem_luascript_block_t *keep = sb->head;
+    if (!keep)
+        return;
+    idem_luascript_block_t *b = keep->next;
+    while (b) {
+        idem_luascript_block_t *next = b->next;
+        free(b);
+        b = next;
     }
-    snprintf(sb->partition, sizeof(sb->partition), "%" PRId32, rec->partition);
-    snprintf(sb->offset, sizeof(sb->offset), "%" PRId64, rec->offset);
-    snprintf(sb->timestamp, sizeof(sb->timestamp), "%" PRId64,
-             rec->timestamp < 0 ? (int64_t)-1 : rec->timestamp);
-    sb->flags[0] = rec->key ? '1' : '0';
-    sb->flags[1] = rec->value ? '1' : '0';
-    for (size_t h = 0; h < rec->header_cnt; h++)
-        sb->flags[2 + h] = rec->header_values[h] ? '1' : '0';
-    sb->flags[2 + rec->header_cnt] = '\0';
+    keep->next = NULL;
+    keep->used = 0;
+}
+
+void idem_luascript_scratch_term(idem_luascript_scratch_t *sb)
+{
+    idem_luascript_scratch_reset(sb);
+    free(sb->head);
+    sb->head = NULL;
+}
+
+/* The headers packed in one argument for the driver's idemproc_headers:
+ * per header "<name length>:<name><value length>:<value>", or
+ * "<name length>:<name>-:" for a header without a value. */
+static void pack_headers(const rd_kafka_headers_t *hdrs,
+                         idem_luascript_scratch_t *sb, const char **out,
+                         size_t *out_len)
+{
+    const char *name;
+    const void *val;
+    size_t vlen, need = 0;
+    for (size_t i = 0;
+         hdrs && !rd_kafka_header_get_all(hdrs, i, &name, &val, &vlen); i++)
+        need += strlen(name) + (val ? vlen : 0) + 2 * 21 + 2;
+    char *p = scratch_alloc(sb, need + 1), *o = p;
+    for (size_t i = 0;
+         hdrs && !rd_kafka_header_get_all(hdrs, i, &name, &val, &vlen); i++) {
+        size_t nl = strlen(name);
+        o += sprintf(o, "%zu:", nl);
+        memcpy(o, name, nl);
+        o += nl;
+        if (!val) {
+            memcpy(o, "-:", 2);
+            o += 2;
+            continue;
+        }
+        o += sprintf(o, "%zu:", vlen);
+        memcpy(o, val, vlen);
+        o += vlen;
+    }
+    *out = p;
+    *out_len = (size_t)(o - p);
+}
+
+size_t idem_luascript_args(const idem_record_t *rec,
+                           idem_luascript_scratch_t *sb, const char **argv,
+                           size_t *argvlen)
+{
+    char *nums = scratch_alloc(sb, 3 * 24 + 3);
+    char *part = nums, *off = nums + 24, *ts = nums + 48, *flags = nums + 72;
+    snprintf(part, 24, "%" PRId32, rec->partition);
+    snprintf(off, 24, "%" PRId64, rec->offset);
+    snprintf(ts, 24, "%" PRId64, rec->timestamp < 0 ? -1 : rec->timestamp);
+    flags[0] = rec->key ? '1' : '0';
+    flags[1] = rec->value ? '1' : '0';
+    flags[2] = '\0';
     size_t a = 0;
 #define ARG(p, l) (argv[a] = (p), argvlen[a] = (l), a++)
     ARG(rec->identity, rec->identity_len);
-    ARG(rec->message_id ? rec->message_id : "",
-        rec->message_id ? rec->message_id_len : 0);
+    ARG(rec->message_id_len ? rec->message_id : "", rec->message_id_len);
     ARG(rec->topic, strlen(rec->topic));
-    ARG(sb->partition, strlen(sb->partition));
-    ARG(sb->offset, strlen(sb->offset));
-    ARG(sb->timestamp, strlen(sb->timestamp));
-    ARG(sb->flags, 2 + rec->header_cnt);
+    ARG(part, strlen(part));
+    ARG(off, strlen(off));
+    ARG(ts, strlen(ts));
+    ARG(flags, 2);
     ARG(rec->key ? (const char *)rec->key : "", rec->key ? rec->key_len : 0);
     ARG(rec->value ? (const char *)rec->value : "",
         rec->value ? rec->value_len : 0);
-    for (size_t h = 0; h < rec->header_cnt; h++) {
-        ARG(rec->header_names[h], strlen(rec->header_names[h]));
-        ARG(rec->header_values[h] ? (const char *)rec->header_values[h] : "",
-            rec->header_values[h] ? rec->header_lens[h] : 0);
-    }
 #undef ARG
-    return a;
-}
-
-idem_script_verdict_t idem_script_verdict(const char *str, size_t len,
-                                          const char **detail,
-                                          size_t *detail_len)
-{
-    static const struct {
-        const char *prefix;
-        idem_script_verdict_t v;
-    } map[] = {{"done:", IDEM_SCRIPT_DUPLICATE},
-               {"reject:", IDEM_SCRIPT_REJECTED},
-               {"error:", IDEM_SCRIPT_FAILED}};
-    *detail = str;
-    *detail_len = len;
-    if (!len)
-        return IDEM_SCRIPT_APPLIED;
-    for (size_t i = 0; i < sizeof(map) / sizeof(map[0]); i++) {
-        size_t pl = strlen(map[i].prefix);
-        if (len >= pl && !memcmp(str, map[i].prefix, pl)) {
-            *detail = str + pl;
-            *detail_len = len - pl;
-            return map[i].v;
-        }
-    }
-    return IDEM_SCRIPT_BUSY;
+    pack_headers(rec->headers, sb, &argv[a], &argvlen[a]);
+    return a + 1;
 }
