@@ -213,10 +213,10 @@ static char sha[41];
 static idem_luascript_t *loaded;
 
 /* Starts Redis (once per test) and loads `text` as script.file. */
-static void redis_with(const char *text)
+static void redis_with_file(const char *path)
 {
     char err[1024] = "";
-    loaded = idem_luascript_load(lua_file("fx.lua", text), err, sizeof(err));
+    loaded = idem_luascript_load(path, err, sizeof(err));
     cr_assert(loaded, "%s", err);
     if (!rds.dir)
         cr_assert_eq(th_redis_start(&rds), 0);
@@ -228,6 +228,11 @@ static void redis_with(const char *text)
               r ? r->str : rc->errstr);
     snprintf(sha, sizeof(sha), "%s", r->str);
     freeReplyObject(r);
+}
+
+static void redis_with(const char *text)
+{
+    redis_with_file(lua_file("fx.lua", text));
 }
 
 static void redis_done(void)
@@ -577,4 +582,86 @@ Test(script, full_chunk)
     freeReplyObject(r);
     expect_key("n", "1000");
     redis_done();
+}
+
+/* A file name with quotes, a backslash and a non-ASCII byte still names
+ * the file in a runtime error (it is embedded in the script as a Lua
+ * string). */
+Test(script, odd_file_name_in_errors)
+{
+    const char *path = lua_file("we\"ird\\ \xc3\xa9.lua",
+                                "function effect(rec)\n  error('no')\nend\n");
+    redis_with_file(path);
+    idem_record_t recs[] = {rec_of("x1", "m", "v")};
+    redisReply *r = eval(recs, 1);
+    char want[700];
+    snprintf(want, sizeof(want), "reject:lua error: %s:2: no", path);
+    cr_expect_str_eq(elem(r, 0), want);
+    freeReplyObject(r);
+    redis_done();
+}
+
+/* config/examples/inventory.lua, the README's walk-through script. */
+Test(script, inventory_example)
+{
+    char path[512];
+    snprintf(path, sizeof(path), "%s/config/examples/inventory.lua", th_src());
+    redis_with_file(path);
+    idem_record_t recs[] = {
+        rec_of("evt-1", "",
+               "{\"event\":{\"id\":\"evt-1\"},\"sku\":\"apple\","
+               "\"qty\":10}"),
+        rec_of("evt-2", "",
+               "{\"event\":{\"id\":\"evt-2\"},\"sku\":\"apple\","
+               "\"qty\":-3}"),
+        rec_of("evt-3", "",
+               "{\"event\":{\"id\":\"evt-3\"},\"sku\":\"pear\","
+               "\"qty\":-1}"),
+        rec_of("evt-2", "",
+               "{\"event\":{\"id\":\"evt-2\"},\"sku\":\"apple\","
+               "\"qty\":-3}"),
+        rec_of("evt-4", "", "{\"event\":{\"id\":\"evt-4\"},\"sku\":\"apple\"}"),
+        rec_of("evt-5", "", "[1,2]"),
+        rec_of("evt-6", "", "{\"event\":{\"id\":\"evt-6\"},\"qty\":1}"),
+    };
+    redisReply *r = eval(recs, 7);
+    cr_expect_str_eq(elem(r, 0), "");
+    cr_expect_str_eq(elem(r, 1), "");
+    cr_expect_str_eq(elem(r, 2),
+                     "reject:out of stock: pear has 0, the event takes 1");
+    cr_expect_str_eq(elem(r, 3), "done:");
+    cr_expect_str_eq(elem(r, 4),
+                     "reject:qty: must be a whole number other than 0");
+    cr_expect_str_eq(elem(r, 5), "reject:sku: missing");
+    cr_expect_str_eq(elem(r, 6), "reject:sku: missing");
+    freeReplyObject(r);
+    redisReply *h = redisCommand(rc, "HGETALL inventory:stock");
+    cr_assert_eq(h->elements, 2);
+    cr_expect_str_eq(h->element[0]->str, "apple");
+    cr_expect_str_eq(h->element[1]->str, "7");
+    freeReplyObject(h);
+    redis_done();
+}
+
+/* The README shows inventory.lua in full: it must be the shipped file. */
+Test(script, readme_shows_the_example_file)
+{
+    char path[512];
+    snprintf(path, sizeof(path), "%s/config/examples/inventory.lua", th_src());
+    char *file = th_slurp(path, NULL);
+    snprintf(path, sizeof(path), "%s/README.md", th_src());
+    char *readme = th_slurp(path, NULL);
+    cr_assert(file && readme);
+    const char *open = "$ cat > inventory.lua <<'EOF'\n";
+    char *at = strstr(readme, open);
+    cr_assert(at, "README: no \"%s\"", open);
+    at += strlen(open);
+    char *end = strstr(at, "\nEOF\n");
+    cr_assert(end);
+    end[1] = '\0';
+    cr_expect_str_eq(at, file,
+                     "README's inventory.lua differs from "
+                     "config/examples/inventory.lua");
+    free(file);
+    free(readme);
 }
