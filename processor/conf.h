@@ -9,14 +9,6 @@
 
 #include <librdkafka/rdkafka.h>
 
-typedef enum { IDEM_HANDLER_LEDGER = 0, IDEM_HANDLER_FORWARD } idem_handler_t;
-
-/* envelope.format: how a record's value is read. */
-typedef enum {
-    IDEM_ENVELOPE_JSON = 0, /* a JSON object (identity sources may point in) */
-    IDEM_ENVELOPE_BYTES     /* not parsed at all: any bytes, null included */
-} idem_envelope_format_t;
-
 /* The type of a configuration key declared outside the table (a handler's
  * keys, handler.h). */
 typedef enum {
@@ -77,9 +69,9 @@ typedef struct idem_conf_s {
     int64_t redis_wait_timeout_ms;
     int64_t dedup_ttl_seconds;
     int64_t dedup_lease_ms;
-    int handler; /* idem_handler_t (becomes char *: handler=<name>[:<arg>]) */
-    int envelope_format;       /* idem_envelope_format_t */
-    char *envelope_identity;   /* ordered sources: value:/ptr, header:h, key */
+    char *handler;           /* handler=<name>[:<arg>], a registered handler */
+    int envelope_format;     /* idem_envelope_format_t */
+    char *envelope_identity; /* ordered sources: value:/ptr, header:h, key */
     char *envelope_message_id; /* same syntax */
     int forward_processed_at;  /* 1: forward adds processed_at to objects */
     int64_t retry_max_attempts;
@@ -156,8 +148,6 @@ void idem_conf_print_help(FILE *out);
 
 /* Prints the README's configuration section (a Markdown table). */
 void idem_conf_print_markdown(FILE *out);
-
-const char *idem_handler2str(int handler);
 
 /* The value of handler key `key` (declared in a handler's ops->keys): as
  * set, else its default; NULL when unset without a default or when no

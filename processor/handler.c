@@ -11,8 +11,8 @@
  * is its own line so that handlers added on different branches merge
  * without a conflict. */
 static const idem_handler_ops_t *const registry[] = {
-    NULL, /* ledger:  &idem_handler_ledger (core) */
-    NULL, /* forward: &idem_handler_forward (core) */
+    &idem_handler_ledger,
+    &idem_handler_forward,
     NULL, /* script:  &idem_handler_script */
     NULL, /* webhook: &idem_handler_webhook */
     NULL, /* plugin:  &idem_handler_plugin */

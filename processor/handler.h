@@ -216,6 +216,11 @@ typedef struct idem_handler_ops_s {
      * holds no record pointer and inflight() is 0. */
     void (*drain)(void *h, int64_t deadline_ms);
 
+    /* 1 with the reason in errstr when the handler can never work again
+     * (a producer's fatal error): the loop stops and `run` exits 1. Else
+     * 0. Called every loop turn; may be NULL. */
+    int (*fatal)(void *h, char *errstr, size_t errstr_size);
+
     /* Frees the state (after drain). NULL-safe. */
     void (*stop)(void *h);
 } idem_handler_ops_t;

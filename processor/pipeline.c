@@ -13,6 +13,7 @@
 #include "pipeline.h"
 #include "dlq.h"
 #include "envelope.h"
+#include "handler.h"
 #include "kafka.h"
 #include "log.h"
 #include "store.h"
@@ -35,33 +36,36 @@
 
 typedef enum { REC_PENDING = 0, REC_DONE } rec_state_t;
 
-/* The fate of one asynchronous write (DLQ or output), owned by whoever is
- * last: the record frees it once it read the result; a record dropped
- * before the report marks it orphan and the report frees it. Records move
- * inside the batch array, so librdkafka never gets a pointer to one. */
+/* The fate of one asynchronous DLQ write, owned by whoever is last: the
+ * record frees it once it read the result; a record dropped before the
+ * report marks it orphan and the report frees it. */
 typedef struct {
     int state; /* 0 in flight, 1 acknowledged, -1 failed */
     rd_kafka_resp_err_t err;
     int orphan;
 } ticket_t;
 
-/* One consumed record and what we know about it. */
+/* One consumed record and what we know about it. Allocated one by one:
+ * its address is stable while it is in hand (the handler keeps pointers
+ * to view). */
 typedef struct {
+    idem_record_t view;      /* what the handler sees; view.loop = this */
     rd_kafka_message_t *msg; /* owned; destroyed when the record leaves */
     int64_t polled_us;
     rec_state_t state;
     int parsed;
     int poison; /* 1: goes to the DLQ with `reason` */
     idem_reason_t reason;
-    char error[256];
+    char error[IDEM_RESULT_DETAIL_MAX];
     idem_envelope_t env;
     int attempts;        /* handler attempts (retry.max.attempts) */
-    int sent;            /* in the Redis request in flight */
-    int store_sent;      /* a store call that may have applied it failed */
+    int sent;            /* with the handler, result not collected yet */
+    int store_sent;      /* an in-Redis request that may have applied it
+                            failed: its done mark with its own message id
+                            then means processed, not a duplicate */
     int64_t retry_at_ms; /* not before this (busy lease, backoff) */
     ticket_t *dlq;       /* DLQ write in flight or just reported */
     int dlq_drop_value;  /* the DLQ refused the value: send it without */
-    ticket_t *out;       /* forward: output write */
 } rec_t;
 
 /* One assigned partition and its commit position. */
@@ -84,16 +88,20 @@ struct idem_pipeline_s {
     idem_metrics_t *m;
     idem_store_t *store;
     idem_dlq_t *dlq;
-    rd_kafka_t *rk;  /* consumer */
-    rd_kafka_t *out; /* forward: output producer */
-    rd_kafka_topic_t *out_rkt;
+    rd_kafka_t *rk;                 /* consumer */
+    const idem_handler_ops_t *hops; /* the effect (handler.h) */
+    void *h;                        /* its state */
+    int in_redis;                   /* hops->effect == IDEM_EFFECT_IN_REDIS */
+    idem_envelope_rules_t *rules;   /* how records are read */
 
-    rec_t *recs;
+    rec_t **recs; /* in poll order */
     size_t cnt, cap;
-    size_t inflight;              /* records in the Redis request in flight */
+    size_t inflight;              /* records with the handler */
     rec_t **rs;                   /* scratch: records handed to a handler */
+    idem_record_t **views;        /* scratch: their views */
     const idem_envelope_t **envs; /* scratch: their envelopes */
     idem_store_result_t *res;     /* scratch: what the store said */
+    idem_result_t *hres;          /* scratch: what the handler said */
     size_t scratch_cap;
     part_t *parts;
     size_t part_cnt, part_cap;
@@ -137,13 +145,8 @@ static void rec_release(rec_t *r)
         else
             free(r->dlq);
     }
-    if (r->out) {
-        if (r->out->state == 0)
-            r->out->orphan = 1;
-        else
-            free(r->out);
-    }
     rd_kafka_message_destroy(r->msg);
+    free(r);
 }
 
 static void owner_update(idem_pipeline_t *p)
@@ -194,7 +197,14 @@ static void part_remove(idem_pipeline_t *p, const char *topic, int32_t part)
 
 static part_t *rec_part(idem_pipeline_t *p, const rec_t *r)
 {
-    return part_find(p, rd_kafka_topic_name(r->msg->rkt), r->msg->partition);
+    return part_find(p, r->view.topic, r->view.partition);
+}
+
+/* The in-Redis handler's request holds the store's connection: nothing
+ * else may use it until its replies were read. */
+static int store_busy(const idem_pipeline_t *p)
+{
+    return p->in_redis && p->inflight;
 }
 
 static void set_ready(idem_pipeline_t *p)
@@ -284,7 +294,7 @@ static int positions_sync(idem_pipeline_t *p, char *errstr, size_t errstr_size);
 static void positions_save(idem_pipeline_t *p,
                            const rd_kafka_topic_partition_list_t *subset)
 {
-    if (p->inflight || p->infra_down || p->refused ||
+    if (store_busy(p) || p->infra_down || p->refused ||
         positions_due(p, subset) == 0)
         return;
     char errstr[512];
@@ -365,14 +375,12 @@ static void batch_remove_if(idem_pipeline_t *p,
 {
     size_t keep = 0;
     for (size_t i = 0; i < p->cnt; i++) {
-        rec_t *r = &p->recs[i];
+        rec_t *r = p->recs[i];
         if (drop(p, r, ctx)) {
             rec_release(r);
             continue;
         }
-        if (keep != i)
-            p->recs[keep] = *r;
-        keep++;
+        p->recs[keep++] = r;
     }
     p->cnt = keep;
 }
@@ -392,7 +400,7 @@ static void advance_offsets(idem_pipeline_t *p)
     for (size_t i = 0; i < p->part_cnt; i++)
         p->parts[i].blocked = 0;
     for (size_t i = 0; i < p->cnt; i++) {
-        rec_t *r = &p->recs[i];
+        rec_t *r = p->recs[i];
         part_t *pt = rec_part(p, r);
         if (!pt || pt->blocked)
             continue;
@@ -464,15 +472,16 @@ static void rec_finish(idem_pipeline_t *p, rec_t *r, idem_outcome_t o)
     p->progress_records++;
 }
 
-static void rec_duplicate(idem_pipeline_t *p, rec_t *r,
-                          const idem_store_result_t *res)
+/* A done mark existed. The same message_id means Kafka (or the producer)
+ * delivered the very same message again; a new message_id (or none) with a
+ * known identity is a client that sent the operation again. A record whose
+ * earlier store call failed after it may have run counts as processed. */
+static void rec_duplicate(idem_pipeline_t *p, rec_t *r, const char *prior_mid,
+                          size_t prior_mid_len)
 {
-    /* The same message_id means Kafka (or the producer) delivered the very
-     * same message again; a new message_id with a known idempotency key is
-     * a client that sent the operation again. A record whose earlier store
-     * call failed after it may have run counts as processed. */
-    int same = res->prior_mid_len == r->env.message_id_len &&
-               !memcmp(res->prior_mid, r->env.message_id, res->prior_mid_len);
+    int same = r->env.message_id_len > 0 &&
+               prior_mid_len == r->env.message_id_len &&
+               !memcmp(prior_mid, r->env.message_id, prior_mid_len);
     if (same && r->store_sent) {
         rec_finish(p, r, IDEM_OUTCOME_PROCESSED);
         return;
@@ -482,10 +491,9 @@ static void rec_duplicate(idem_pipeline_t *p, rec_t *r,
     rec_finish(p, r, IDEM_OUTCOME_DUPLICATE);
     if (idem_log_enabled(IDEM_LOG_DEBUG)) {
         char off[24];
-        snprintf(off, sizeof(off), "%" PRId64, r->msg->offset);
-        idem_log_kv(IDEM_LOG_DEBUG, "duplicate", "topic",
-                    rd_kafka_topic_name(r->msg->rkt), "offset", off,
-                    "message_id", r->env.message_id, "kind",
+        snprintf(off, sizeof(off), "%" PRId64, r->view.offset);
+        idem_log_kv(IDEM_LOG_DEBUG, "duplicate", "topic", r->view.topic,
+                    "offset", off, "message_id", r->env.message_id, "kind",
                     same ? "redelivery" : "resend", NULL);
     }
 }
@@ -497,13 +505,15 @@ static void rec_poison(rec_t *r, idem_reason_t reason, const char *error)
     snprintf(r->error, sizeof(r->error), "%s", error);
 }
 
-/* A retriable handler error: back off with jitter, or give up. */
-static void rec_retry(idem_pipeline_t *p, rec_t *r, const char *error)
+/* A retriable handler error: back off with jitter (at least `after_ms`),
+ * or give up. */
+static void rec_retry(idem_pipeline_t *p, rec_t *r, const char *error,
+                      int64_t after_ms)
 {
     r->attempts++;
     if (r->attempts >= p->conf->retry_max_attempts) {
-        char e[256];
-        snprintf(e, sizeof(e), "gave up after %d attempts: %s", r->attempts,
+        char e[IDEM_RESULT_DETAIL_MAX];
+        snprintf(e, sizeof(e), "gave up after %d attempts: %.560s", r->attempts,
                  error);
         rec_poison(r, IDEM_REASON_MAX_RETRIES, e);
         return;
@@ -515,67 +525,109 @@ static void rec_retry(idem_pipeline_t *p, rec_t *r, const char *error)
     if (d > p->conf->retry_backoff_max_ms)
         d = p->conf->retry_backoff_max_ms;
     d = d / 2 + (int64_t)(rand() % (int)(d / 2 + 1)); /* "equal jitter" */
+    if (d < after_ms)
+        d = after_ms;
     r->retry_at_ms = idem_now_ms() + d;
 }
 
-/* --------------------------------------------------------- the handlers */
+/* --------------------------------------------------------- the handler */
 
 static void scratch_reserve(idem_pipeline_t *p)
 {
     if (p->scratch_cap >= p->cnt)
         return;
-    /* Kept across batches: a fresh ~400 KiB allocation per batch would be
-     * an mmap and page faults every time. */
+    /* Kept across batches: a fresh allocation per batch would be an mmap
+     * and page faults every time. */
     p->scratch_cap = p->cnt > p->cap ? p->cnt : p->cap;
     p->rs = idem_xrealloc(p->rs, p->scratch_cap * sizeof(*p->rs));
+    p->views = idem_xrealloc(p->views, p->scratch_cap * sizeof(*p->views));
     p->envs = idem_xrealloc(p->envs, p->scratch_cap * sizeof(*p->envs));
     p->res = idem_xrealloc(p->res, p->scratch_cap * sizeof(*p->res));
+    p->hres = idem_xrealloc(p->hres, p->scratch_cap * sizeof(*p->hres));
+}
+
+/* FNV-1a of an identity, for the in-flight identity set. */
+static uint64_t id_hash(const char *id, size_t len)
+{
+    uint64_t h = 1469598103934665603ULL;
+    for (size_t i = 0; i < len; i++)
+        h = (h ^ (unsigned char)id[i]) * 1099511628211ULL;
+    return h;
+}
+
+/* Whether a record with r's identity is with the handler: an external
+ * effect may run only once at a time per identity (the claim script
+ * re-claims this member's own leases). `set` is an open-addressing table
+ * of `size` slots (a power of two) of in-flight records. */
+static int id_in_flight(rec_t *const *set, size_t size, const rec_t *r)
+{
+    size_t i =
+        (size_t)id_hash(r->env.identity, r->env.identity_len) & (size - 1);
+    for (; set[i]; i = (i + 1) & (size - 1))
+        if (set[i]->env.identity_len == r->env.identity_len &&
+            !memcmp(set[i]->env.identity, r->env.identity, r->env.identity_len))
+            return 1;
+    return 0;
 }
 
 /* Collects the valid, unfinished records that may go to the handler now,
- * in poll order, into p->rs/p->envs. A record waiting for its retry time
- * holds back the later records of its partition, so effects keep the
- * partition's order. */
+ * in poll order, into p->rs. A record waiting for its retry time holds
+ * back the later records of its partition, so effects keep the
+ * partition's order; for an external effect, so does a record whose
+ * identity is with the handler. */
 static size_t due_records(idem_pipeline_t *p, int64_t now)
 {
     scratch_reserve(p);
     for (size_t i = 0; i < p->part_cnt; i++)
         p->parts[i].waiting = 0;
+    rec_t **set = NULL;
+    size_t size = 0;
+    if (!p->in_redis && p->inflight) {
+        for (size = 16; size < p->inflight * 2; size *= 2)
+            ;
+        set = idem_xcalloc(size, sizeof(*set));
+        for (size_t i = 0; i < p->cnt; i++) {
+            rec_t *r = p->recs[i];
+            if (!r->sent)
+                continue;
+            size_t k = (size_t)id_hash(r->env.identity, r->env.identity_len) &
+                       (size - 1);
+            while (set[k])
+                k = (k + 1) & (size - 1);
+            set[k] = r;
+        }
+    }
     size_t n = 0;
     for (size_t i = 0; i < p->cnt; i++) {
-        rec_t *r = &p->recs[i];
+        rec_t *r = p->recs[i];
         if (r->state == REC_DONE || r->poison || r->sent)
             continue;
         part_t *pt = rec_part(p, r);
         if (pt && pt->waiting)
             continue;
-        if (r->retry_at_ms > now) {
+        if (r->retry_at_ms > now || (set && id_in_flight(set, size, r))) {
             if (pt)
                 pt->waiting = 1;
             continue;
         }
-        p->rs[n] = r;
-        p->envs[n] = &r->env;
-        n++;
+        p->rs[n++] = r;
     }
+    free(set);
     return n;
 }
 
-/* Starts the ledger script for every due record (one pipelined request);
- * the results are read by ledger_recv. Returns 0 or -1 (infrastructure). */
-static int ledger_send(idem_pipeline_t *p, char *errstr, size_t errstr_size)
+/* Hands rs[n] to the handler (with the positions due, for an in-Redis
+ * effect). Returns 0, or -1 (outage, errstr). */
+static int handler_submit(idem_pipeline_t *p, size_t n, char *errstr,
+                          size_t errstr_size)
 {
-    if (p->inflight)
-        return 0;
-    size_t n = due_records(p, idem_now_ms());
-    if (!n)
-        return 0;
-    /* The positions of what is finished ride along (after the scripts). */
-    size_t npos = positions_due(p, NULL);
-    if (idem_store_ledger_send(p->store, p->envs, n, p->pos, npos, errstr,
-                               errstr_size)) {
-        for (size_t i = 0; i < n; i++)
-            p->rs[i]->store_sent = 1;
+    size_t npos = p->in_redis ? positions_due(p, NULL) : 0;
+    for (size_t i = 0; i < n; i++)
+        p->views[i] = &p->rs[i]->view;
+    if (p->hops->submit(p->h, p->views, n, p->pos, npos, errstr, errstr_size)) {
+        if (p->in_redis)
+            for (size_t i = 0; i < n; i++)
+                p->rs[i]->store_sent = 1;
         return -1;
     }
     for (size_t i = 0; i < npos; i++)
@@ -583,191 +635,40 @@ static int ledger_send(idem_pipeline_t *p, char *errstr, size_t errstr_size)
             p->pos[i].offset;
     for (size_t i = 0; i < n; i++)
         p->rs[i]->sent = 1;
-    p->inflight = n;
+    p->inflight += n;
     idem_metrics_batch_observe(p->m, (double)n);
     return 0;
 }
 
-/* Reads the results of the request in flight and finishes its records. */
-static int ledger_recv(idem_pipeline_t *p, char *errstr, size_t errstr_size)
+/* External effect: claims the due records with a lease, then submits the
+ * new ones. Records behind a deferred one of the same partition are not
+ * submitted in this pass (their claim is ours and is taken again next
+ * time), so effects keep each partition's order. Returns 0 or -1. */
+static int claim_and_submit(idem_pipeline_t *p, size_t n, char *errstr,
+                            size_t errstr_size)
 {
-    if (!p->inflight)
-        return 0;
-    scratch_reserve(p);
-    size_t n = 0;
-    for (size_t i = 0; i < p->cnt; i++)
-        if (p->recs[i].sent)
-            p->rs[n++] = &p->recs[i];
-    int rc = 0;
-    if (n != p->inflight) { /* records were dropped by a rebalance */
-        snprintf(errstr, errstr_size, "internal: %zu of %zu records in flight",
-                 n, p->inflight);
-        idem_store_disconnect(p->store); /* unread replies die with it */
-        rc = -1;
-    }
-    idem_store_result_t *res = p->res;
-    if (rc == 0)
-        rc = idem_store_ledger_recv(p->store, p->inflight, res, errstr,
-                                    errstr_size);
-    p->inflight = 0;
-    p->answered = rc == 0;
-    for (size_t i = 0; i < p->part_cnt; i++) {
-        part_t *pt = &p->parts[i];
-        if (rc == 0 && pt->saving >= 0)
-            pt->saved = pt->saving;
-        pt->saving = -1;
-    }
-    for (size_t i = 0; i < n; i++) {
-        rec_t *r = p->rs[i];
-        r->sent = 0;
-        if (rc) {
-            r->store_sent = 1; /* its chunk may have run: marks will say */
-            continue;
-        }
-        switch (res[i].mark) {
-        case IDEM_MARK_NEW:
-            rec_finish(p, r, IDEM_OUTCOME_PROCESSED);
-            break;
-        case IDEM_MARK_DONE:
-            rec_duplicate(p, r, &res[i]);
-            break;
-        case IDEM_MARK_REJECT:
-            rec_poison(r, IDEM_REASON_HANDLER_REJECTED, res[i].detail);
-            break;
-        case IDEM_MARK_BUSY: /* a forward-handler lease on this identity */
-        case IDEM_MARK_LOST:
-        case IDEM_MARK_AGAIN:
-            r->retry_at_ms = idem_now_ms() + p->conf->dedup_lease_ms / 4;
-            break;
-        }
-    }
-    return rc;
-}
-
-/* Delivery report of the output producer: fires in rd_kafka_flush/poll of
- * that producer, on the processing thread. */
-static void out_dr_cb(rd_kafka_t *rk, const rd_kafka_message_t *m, void *opaque)
-{
-    (void)rk;
-    (void)opaque;
-    ticket_t *t = m->_private;
-    if (m->err)
-        idem_log_kv(IDEM_LOG_WARN, "output write failed", "error",
-                    rd_kafka_err2str(m->err), NULL);
-    if (t->orphan) {
-        free(t);
-        return;
-    }
-    t->err = m->err;
-    t->state = m->err ? -1 : 1;
-}
-
-/* Classifies a failed output write: the same message can never be written
- * (poison: handler-rejected), the cluster is unreachable (infrastructure:
- * pause, never dead-letter), or this write failed for a reason that may
- * pass (a retriable handler error, counted against retry.max.attempts). */
-typedef enum { OUT_PERMANENT, OUT_INFRA, OUT_RETRIABLE } out_error_kind_t;
-
-static out_error_kind_t output_error_kind(rd_kafka_resp_err_t err)
-{
-    switch (err) {
-    case RD_KAFKA_RESP_ERR_MSG_SIZE_TOO_LARGE:
-    case RD_KAFKA_RESP_ERR_INVALID_RECORD:
-    case RD_KAFKA_RESP_ERR_INVALID_MSG_SIZE:
-    case RD_KAFKA_RESP_ERR_RECORD_LIST_TOO_LARGE:
-        return OUT_PERMANENT;
-    case RD_KAFKA_RESP_ERR_INVALID_MSG: /* CRC mismatch on the way: again */
-        return OUT_RETRIABLE;
-    default:
-        /* Everything else (unreachable or refusing cluster, missing topic,
-         * authorization, no report yet) is infrastructure: pause and
-         * retry, never dead-letter. */
-        return OUT_INFRA;
-    }
-}
-
-/* Queues r's enriched copy (value + processed_at) to output.topic.
- * Returns 0 queued, 1 never writable (r is now poison: handler-rejected),
- * -1 infrastructure (errstr). */
-static int forward_send(idem_pipeline_t *p, rec_t *r, char *errstr,
-                        size_t errstr_size)
-{
-    /* The value's own bytes plus processed_at: re-serialising it would
-     * rewrite numbers (619.74 as 619.74000000000001). */
-    char ts[40], field[48];
-    snprintf(field, sizeof(field), "\"%s\"",
-             idem_rfc3339(idem_wall_ms(), ts, sizeof(ts)));
-    size_t value_len;
-    char *value = idem_envelope_set_member(r->msg->payload, r->msg->len,
-                                           "processed_at", field, &value_len);
-    rd_kafka_headers_t *orig = NULL, *h = NULL;
-    if (rd_kafka_message_headers(r->msg, &orig) == 0 && orig)
-        h = rd_kafka_headers_copy(orig);
-    ticket_t *t = idem_xcalloc(1, sizeof(*t));
-    rd_kafka_resp_err_t err;
-    for (;;) {
-        err = rd_kafka_producev(p->out, RD_KAFKA_V_RKT(p->out_rkt),
-                                RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_FREE),
-                                RD_KAFKA_V_KEY(r->msg->key, r->msg->key_len),
-                                RD_KAFKA_V_VALUE(value, value_len),
-                                RD_KAFKA_V_HEADERS(h), RD_KAFKA_V_OPAQUE(t),
-                                RD_KAFKA_V_END);
-        if (err != RD_KAFKA_RESP_ERR__QUEUE_FULL)
-            break;
-        rd_kafka_poll(p->out, 100);
-    }
-    if (err) {
-        free(value);
-        free(t);
-        if (h)
-            rd_kafka_headers_destroy(h);
-        if (output_error_kind(err) == OUT_PERMANENT) {
-            rec_poison(r, IDEM_REASON_HANDLER_REJECTED, rd_kafka_err2str(err));
-            return 1;
-        }
-        snprintf(errstr, errstr_size, "output: %s", rd_kafka_err2str(err));
-        return -1;
-    }
-    r->out = t;
-    return 0;
-}
-
-/* Forward: claim (lease) -> write to output.topic and wait for the broker's
- * acknowledgement -> turn the lease into the done mark. A crash anywhere
- * leaves at worst a lease that expires, never a done mark without output.
- * Records behind a deferred one of the same partition are not written in
- * this pass (their claim is ours and is taken again next pass), so the
- * output keeps each partition's order. */
-static int handle_forward(idem_pipeline_t *p, size_t n, char *errstr,
-                          size_t errstr_size)
-{
-    rec_t **rs = p->rs;
-    const idem_envelope_t **envs = p->envs;
-    idem_store_result_t *res = p->res;
-    if (idem_store_claim(p->store, p->owner, envs, n, res, errstr, errstr_size))
+    for (size_t i = 0; i < n; i++)
+        p->envs[i] = &p->rs[i]->env;
+    if (idem_store_claim(p->store, p->owner, p->envs, n, p->res, errstr,
+                         errstr_size))
         return -1;
     size_t claimed = 0;
     int64_t now = idem_now_ms();
     for (size_t i = 0; i < p->part_cnt; i++)
         p->parts[i].waiting = 0;
     for (size_t i = 0; i < n; i++) {
-        rec_t *r = rs[i];
+        rec_t *r = p->rs[i];
         part_t *pt = rec_part(p, r);
-        if (pt && pt->waiting) {
-            p->again = 1; /* behind a deferred record: next pass */
-            continue;
-        }
-        switch (res[i].mark) {
+        if (pt && pt->waiting)
+            continue; /* behind a deferred record: next pass */
+        switch (p->res[i].mark) {
         case IDEM_MARK_NEW:
-            rs[claimed] = r;
-            envs[claimed] = &r->env;
-            claimed++;
+            p->rs[claimed++] = r;
             break;
         case IDEM_MARK_DONE:
-            rec_duplicate(p, r, &res[i]);
+            rec_duplicate(p, r, p->res[i].prior_mid, p->res[i].prior_mid_len);
             break;
-        case IDEM_MARK_AGAIN: /* due again as soon as the first is done */
-            p->again = 1;
+        case IDEM_MARK_AGAIN: /* due again once the first one is done */
             if (pt)
                 pt->waiting = 1;
             break;
@@ -778,112 +679,158 @@ static int handle_forward(idem_pipeline_t *p, size_t n, char *errstr,
             break;
         }
     }
-    size_t queued = 0;
-    for (size_t i = 0; i < claimed; i++) {
-        int q = forward_send(p, rs[i], errstr, errstr_size);
-        if (q < 0) {
-            /* Writes already queued are left to finish; their records are
-             * claimed again next time and their reports free the tickets. */
-            for (size_t j = 0; j < queued; j++) {
-                rs[j]->out->orphan = 1;
-                rs[j]->out = NULL;
-            }
-            return -1;
-        }
-        if (q == 0)
-            rs[queued++] = rs[i];
-    }
-    claimed = queued;
-    rd_kafka_flush(p->out, wait_budget_ms(p));
-    size_t acked = 0;
-    int failed = 0;
-    for (size_t i = 0; i < claimed; i++) {
-        rec_t *r = rs[i];
-        ticket_t *t = r->out;
-        if (t->state == 0) { /* no report within the wait: let it go */
-            t->orphan = 1;
-            r->out = NULL;
-            failed = 1;
-            continue;
-        }
-        int state = t->state;
-        rd_kafka_resp_err_t err = t->err;
-        free(t);
-        r->out = NULL;
-        if (state == 1) {
-            rs[acked] = r;
-            envs[acked] = &r->env;
-            acked++;
-            continue;
-        }
-        switch (output_error_kind(err)) {
-        case OUT_PERMANENT:
-            rec_poison(r, IDEM_REASON_HANDLER_REJECTED, rd_kafka_err2str(err));
-            break;
-        case OUT_RETRIABLE:
-            rec_retry(p, r, rd_kafka_err2str(err));
-            break;
-        case OUT_INFRA:
-            failed = 1;
-            break;
-        }
-    }
-    if (acked && idem_store_mark_done(p->store, p->owner, envs, acked, res,
-                                      errstr, errstr_size))
-        return -1;
-    for (size_t i = 0; i < acked; i++) {
-        if (res[i].mark == IDEM_MARK_LOST)
-            idem_log_kv(IDEM_LOG_WARN,
-                        "lease taken over before mark; output may be "
-                        "duplicated",
-                        "message_id", rs[i]->env.message_id, "holder",
-                        res[i].detail, NULL);
-        rec_finish(p, rs[i], IDEM_OUTCOME_PROCESSED);
-    }
-    if (failed) {
-        snprintf(errstr, errstr_size, "output: writes to %s not acknowledged",
-                 p->conf->output_topic);
-        return -1;
-    }
-    return 0;
+    return claimed ? handler_submit(p, claimed, errstr, errstr_size) : 0;
 }
 
-/* The forward handler, synchronously, in passes: a record deferred behind
- * an earlier one of its identity or partition goes in the next pass. */
-static int forward_passes(idem_pipeline_t *p, char *errstr, size_t errstr_size)
+/* Turns the handler's results hres[n] into outcomes; an external effect's
+ * DONE records are marked done first. Returns 0, or -1 (outage: errstr). */
+static int results_apply(idem_pipeline_t *p, size_t n, char *errstr,
+                         size_t errstr_size)
 {
-    for (int pass = 0; pass < 16; pass++) {
-        size_t n = due_records(p, idem_now_ms());
-        if (!n)
-            return 0;
-        p->again = 0;
-        idem_metrics_batch_observe(p->m, (double)n);
-        if (handle_forward(p, n, errstr, errstr_size))
-            return -1;
-        if (!p->again)
-            return 0;
+    int rc = 0;
+    size_t done = 0;
+    int64_t now = idem_now_ms();
+    for (size_t i = 0; i < n; i++) {
+        idem_result_t *res = &p->hres[i];
+        rec_t *r = res->rec->loop;
+        r->sent = 0;
+        p->inflight--;
+        switch (res->kind) {
+        case IDEM_RESULT_DONE:
+            if (p->in_redis)
+                rec_finish(p, r, IDEM_OUTCOME_PROCESSED);
+            else
+                p->rs[done++] = r;
+            break;
+        case IDEM_RESULT_DUPLICATE:
+            rec_duplicate(p, r, res->prior_mid, res->prior_mid_len);
+            break;
+        case IDEM_RESULT_BUSY:
+            r->retry_at_ms = now + p->conf->dedup_lease_ms / 4;
+            break;
+        case IDEM_RESULT_REJECT:
+            rec_poison(r, IDEM_REASON_HANDLER_REJECTED, res->detail);
+            break;
+        case IDEM_RESULT_RETRY:
+            rec_retry(p, r, res->detail, res->retry_after_ms);
+            break;
+        case IDEM_RESULT_OUTAGE:
+            if (p->in_redis)
+                r->store_sent = 1; /* its chunk may have run: marks say */
+            if (!rc)
+                snprintf(errstr, errstr_size, "%.500s", res->detail);
+            rc = -1;
+            break;
+        }
     }
-    return 0;
+    if (p->in_redis && n) {
+        /* The request is answered: its positions are stored unless it
+         * failed. */
+        for (size_t i = 0; i < p->part_cnt; i++) {
+            part_t *pt = &p->parts[i];
+            if (rc == 0 && pt->saving >= 0)
+                pt->saved = pt->saving;
+            pt->saving = -1;
+        }
+        p->answered = rc == 0;
+    }
+    if (!done)
+        return rc;
+    for (size_t i = 0; i < done; i++)
+        p->envs[i] = &p->rs[i]->env;
+    char e[512];
+    if (idem_store_mark_done(p->store, p->owner, p->envs, done, p->res, e,
+                             sizeof(e))) {
+        /* Not marked: the lease expires and the effect is done again
+         * (at least once); nothing is lost. */
+        if (!rc)
+            snprintf(errstr, errstr_size, "%s", e);
+        return -1;
+    }
+    for (size_t i = 0; i < done; i++) {
+        if (p->res[i].mark == IDEM_MARK_LOST)
+            idem_log_kv(IDEM_LOG_WARN,
+                        "lease taken over before mark; effect may be "
+                        "duplicated",
+                        "message_id", p->rs[i]->env.message_id, "holder",
+                        p->res[i].detail, NULL);
+        rec_finish(p, p->rs[i], IDEM_OUTCOME_PROCESSED);
+    }
+    return rc;
+}
+
+/* Collects what the handler finished (waiting up to timeout_ms for the
+ * first) and applies it. Returns 0 or -1 (outage: errstr). */
+static int handler_collect(idem_pipeline_t *p, int timeout_ms, char *errstr,
+                           size_t errstr_size)
+{
+    if (!p->inflight)
+        return 0;
+    scratch_reserve(p);
+    size_t n = p->hops->collect(p->h, p->hres, p->scratch_cap, timeout_ms);
+    return results_apply(p, n, errstr, errstr_size);
+}
+
+/* Finishes or abandons everything with the handler until deadline_ms:
+ * afterwards no record is with it. */
+static void handler_settle(idem_pipeline_t *p, int64_t deadline_ms)
+{
+    char errstr[512];
+    if (!p->inflight)
+        return;
+    p->hops->drain(p->h, deadline_ms);
+    handler_collect(p, 0, errstr, sizeof(errstr));
+    if (p->inflight) { /* a handler that broke its contract */
+        idem_log_kv(IDEM_LOG_ERROR, "handler kept records after drain",
+                    "handler", p->hops->name, NULL);
+        for (size_t i = 0; i < p->cnt; i++)
+            p->recs[i]->sent = 0;
+        p->inflight = 0;
+    }
+}
+
+/* Gives the handler what is due. Returns 0 or -1 (outage: errstr). */
+static int handler_feed(idem_pipeline_t *p, char *errstr, size_t errstr_size)
+{
+    if (p->in_redis) {
+        if (p->inflight)
+            return 0; /* one request at a time */
+        size_t n = due_records(p, idem_now_ms());
+        return n ? handler_submit(p, n, errstr, errstr_size) : 0;
+    }
+    size_t n = due_records(p, idem_now_ms());
+    return n ? claim_and_submit(p, n, errstr, errstr_size) : 0;
 }
 
 /* ------------------------------------------------------ the batch cycle */
 
+/* Reads new records by the envelope rules and fills their views. */
 static void parse_records(idem_pipeline_t *p)
 {
     for (size_t i = 0; i < p->cnt; i++) {
-        rec_t *r = &p->recs[i];
+        rec_t *r = p->recs[i];
         if (r->parsed)
             continue;
         r->parsed = 1;
         rd_kafka_headers_t *h = NULL;
-        rd_kafka_message_headers(r->msg, &h);
+        if (rd_kafka_message_headers(r->msg, &h))
+            h = NULL;
         idem_reason_t reason;
         char err[256];
-        /* Both handlers carry payments (README.md, "The envelope"). */
-        if (idem_envelope_parse(r->msg->payload, r->msg->len, h, 1,
-                                (size_t)p->conf->message_max_bytes, &r->env,
-                                &reason, err, sizeof(err)))
+        if (idem_envelope_read(p->rules, r->msg->payload, r->msg->len, h,
+                               r->msg->key, r->msg->key_len, &r->env, &reason,
+                               err, sizeof(err))) {
             rec_poison(r, reason, err);
+            continue;
+        }
+        idem_record_t *v = &r->view;
+        v->identity = r->env.identity;
+        v->identity_len = r->env.identity_len;
+        v->message_id = r->env.message_id;
+        v->message_id_len = r->env.message_id_len;
+        v->value_is_object = r->env.json_object;
+        v->headers = h;
+        v->env = &r->env;
     }
 }
 
@@ -905,7 +852,7 @@ static void dlq_report(void *opaque, rd_kafka_resp_err_t err)
 static int dlq_queue(idem_pipeline_t *p, char *errstr, size_t errstr_size)
 {
     for (size_t i = 0; i < p->cnt; i++) {
-        rec_t *r = &p->recs[i];
+        rec_t *r = p->recs[i];
         if (r->state == REC_DONE || !r->poison || r->dlq)
             continue;
         ticket_t *t = idem_xcalloc(1, sizeof(*t));
@@ -928,7 +875,7 @@ static int dlq_collect(idem_pipeline_t *p, char *errstr, size_t errstr_size)
     idem_dlq_poll(p->dlq);
     int failed = 0;
     for (size_t i = 0; i < p->cnt; i++) {
-        rec_t *r = &p->recs[i];
+        rec_t *r = p->recs[i];
         if (!r->dlq || r->dlq->state == 0)
             continue;
         ticket_t *t = r->dlq;
@@ -975,6 +922,7 @@ static int rec_in_part(idem_pipeline_t *p, const rec_t *r, const void *pt)
 static int partition_rewind(idem_pipeline_t *p, part_t *pt, int64_t offset,
                             char *errstr, size_t errstr_size)
 {
+    handler_settle(p, idem_now_ms() + wait_budget_ms(p));
     batch_remove_if(p, rec_in_part, pt);
     rd_kafka_topic_partition_list_t *l = rd_kafka_topic_partition_list_new(1);
     rd_kafka_topic_partition_list_add(l, pt->topic, pt->partition)->offset =
@@ -1038,9 +986,9 @@ static int64_t part_hold(idem_pipeline_t *p, const part_t *pt)
         return pt->next_offset;
     int64_t low = -1;
     for (size_t i = 0; i < p->cnt; i++)
-        if (rec_part(p, &p->recs[i]) == pt &&
-            (low < 0 || p->recs[i].msg->offset < low))
-            low = p->recs[i].msg->offset;
+        if (rec_part(p, p->recs[i]) == pt &&
+            (low < 0 || p->recs[i]->view.offset < low))
+            low = p->recs[i]->view.offset;
     return low >= 0 ? low : pt->saved;
 }
 
@@ -1053,7 +1001,7 @@ static int64_t part_hold(idem_pipeline_t *p, const part_t *pt)
  * No request may be in flight. Returns 0, or -1 (infrastructure). */
 static int positions_sync(idem_pipeline_t *p, char *errstr, size_t errstr_size)
 {
-    if (p->inflight)
+    if (store_busy(p))
         return 0;
     if (idem_store_connect(p->store, errstr, errstr_size))
         return -1;
@@ -1098,34 +1046,31 @@ static int positions_sync(idem_pipeline_t *p, char *errstr, size_t errstr_size)
     return 0;
 }
 
-/* One step of work on the records in hand: parse what is new, queue dead
- * letters, run the handler (ledger: finish the request in flight, start
- * the next), collect acknowledgements, advance offsets. Returns 0, or -1
+/* One step of work on the records in hand: collect what the handler
+ * finished, parse what is new, queue dead letters, give the handler what
+ * is due, collect DLQ acknowledgements, advance offsets. Returns 0, or -1
  * on an infrastructure failure (errstr). */
 static int work(idem_pipeline_t *p, char *errstr, size_t errstr_size)
 {
     if (p->cnt == 0 && !p->inflight)
         return 0;
     idem_metrics_heartbeat(p->m);
-    /* The request in flight first: positions are only read (and
-     * partitions rewound) with none in flight, before anything is sent. */
-    int rc = ledger_recv(p, errstr, errstr_size);
+    /* What the handler finished first: positions are only read (and
+     * partitions rewound) with no in-Redis request in flight, before
+     * anything is sent. */
+    int rc = handler_collect(p, 0, errstr, errstr_size);
     if (rc == 0)
         rc = positions_sync(p, errstr, errstr_size);
     /* The server's memory policy, again now and then: an operator may
      * change it while we run. */
-    if (rc == 0)
+    if (rc == 0 && !store_busy(p))
         rc = idem_store_check(p->store, POLICY_CHECK_INTERVAL_MS, errstr,
                               errstr_size);
     parse_records(p);
     if (rc == 0)
         rc = dlq_queue(p, errstr, errstr_size);
-    if (rc == 0) {
-        if (p->conf->handler == IDEM_HANDLER_FORWARD)
-            rc = forward_passes(p, errstr, errstr_size);
-        else
-            rc = ledger_send(p, errstr, errstr_size);
-    }
+    if (rc == 0)
+        rc = handler_feed(p, errstr, errstr_size);
     /* Handler rejections found just now go out at once. */
     char e2[512];
     if (dlq_queue(p, e2, sizeof(e2)) && rc == 0) {
@@ -1145,7 +1090,7 @@ static int64_t batch_next_retry(idem_pipeline_t *p)
 {
     int64_t t = 0;
     for (size_t i = 0; i < p->cnt; i++) {
-        rec_t *r = &p->recs[i];
+        rec_t *r = p->recs[i];
         if (r->state != REC_DONE && r->retry_at_ms &&
             (t == 0 || r->retry_at_ms < t))
             t = r->retry_at_ms;
@@ -1198,7 +1143,7 @@ static void attempt(idem_pipeline_t *p)
     int64_t now = idem_now_ms();
     if (rc) {
         infra_failed(p, errstr, now);
-    } else if (p->infra_down && p->inflight && !p->answered) {
+    } else if (p->infra_down && store_busy(p) && !p->answered) {
         /* Only sent: an error reply (OOM, READONLY, a short WAIT) comes
          * with the answer, so the outage is over once Redis answered. */
         p->next_attempt_ms = now;
@@ -1225,20 +1170,26 @@ static void attempt(idem_pipeline_t *p)
 }
 
 /* Finishes as much of what is in hand as the infrastructure allows before
- * `deadline_ms` (revoke, shutdown): the request in flight, what is due,
- * and the DLQ acknowledgements. */
+ * `deadline_ms` (revoke, shutdown): what is with the handler, what is due,
+ * and the DLQ acknowledgements. Afterwards nothing is with the handler. */
 static void drain(idem_pipeline_t *p, int64_t deadline_ms)
 {
     char errstr[512];
-    for (int i = 0; i < 8 && idem_now_ms() < deadline_ms; i++) {
+    for (int i = 0; i < 64 && idem_now_ms() < deadline_ms; i++) {
         if (work(p, errstr, sizeof(errstr)))
             break;
-        if (!p->inflight && (p->conf->handler == IDEM_HANDLER_FORWARD ||
-                             due_records(p, idem_now_ms()) == 0))
+        if (p->inflight) {
+            int64_t left = deadline_ms - idem_now_ms();
+            if (handler_collect(p,
+                                left > 100 ? 100 : (int)(left > 0 ? left : 0),
+                                errstr, sizeof(errstr)))
+                break;
+            continue;
+        }
+        if (due_records(p, idem_now_ms()) == 0)
             break;
     }
-    if (p->inflight)
-        ledger_recv(p, errstr, sizeof(errstr));
+    handler_settle(p, deadline_ms);
     int64_t left = deadline_ms - idem_now_ms();
     idem_dlq_flush(p->dlq, left > 0 ? (int)left : 0);
     dlq_collect(p, errstr, sizeof(errstr));
@@ -1256,8 +1207,8 @@ static void assign_positions(idem_pipeline_t *p,
                              rd_kafka_topic_partition_list_t *parts)
 {
     char errstr[512];
-    if (p->inflight) /* its replies come first on the connection */
-        ledger_recv(p, errstr, sizeof(errstr));
+    if (store_busy(p)) /* its replies come first on the connection */
+        handler_collect(p, 0, errstr, sizeof(errstr));
     if (p->infra_down || p->refused || parts->cnt == 0)
         return;
     idem_store_pos_t *pos = pos_reserve(p, (size_t)parts->cnt);
@@ -1303,6 +1254,15 @@ static void rebalance_cb(rd_kafka_t *rk, rd_kafka_resp_err_t err,
 {
     idem_pipeline_t *p = opaque;
     int cooperative = !strcmp(rd_kafka_rebalance_protocol(rk), "COOPERATIVE");
+    /* What the handler holds is finished and marked under the old epoch's
+     * lease first (a lost assignment, or a broken infrastructure: abandoned
+     * at once, its leases expire unmarked). */
+    int gone = err != RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS &&
+               rd_kafka_assignment_lost(rk);
+    handler_settle(p, gone || p->infra_down || p->fatal[0] ? idem_now_ms()
+                      : p->stop_by_ms
+                          ? p->stop_by_ms
+                          : idem_now_ms() + p->conf->shutdown_timeout_ms / 2);
     p->epoch++;
     owner_update(p);
     if (err == RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS) {
@@ -1328,9 +1288,6 @@ static void rebalance_cb(rd_kafka_t *rk, rd_kafka_resp_err_t err,
     } else {
         int lost = rd_kafka_assignment_lost(rk);
         idem_metrics_rebalance_add(p->m, lost ? "lost" : "revoke");
-        char errstr[512];
-        if (p->inflight) /* its replies must be read either way */
-            ledger_recv(p, errstr, sizeof(errstr));
         if (!lost) {
             if (!p->infra_down && !p->fatal[0])
                 drain(p, p->stop_by_ms ? p->stop_by_ms
@@ -1338,6 +1295,7 @@ static void rebalance_cb(rd_kafka_t *rk, rd_kafka_resp_err_t err,
                                              p->conf->shutdown_timeout_ms / 2);
             commit_offsets(p, parts, 1);
         }
+        handler_settle(p, idem_now_ms());
         batch_drop_partitions(p, parts);
         for (int i = 0; i < parts->cnt; i++)
             part_remove(p, parts->elems[i].topic, parts->elems[i].partition);
@@ -1434,23 +1392,6 @@ static rd_kafka_t *consumer_new(idem_pipeline_t *p, char *errstr,
     return rk;
 }
 
-/* The forward handler's idempotent output producer: a valid record may be
- * up to message.max.bytes (plus processed_at), above librdkafka's default
- * limit. Returns NULL with errstr. */
-static rd_kafka_t *output_new(idem_pipeline_t *p, char *errstr,
-                              size_t errstr_size)
-{
-    int64_t limit = p->conf->message_max_bytes + 65536;
-    rd_kafka_conf_t *kc = idem_kafka_writer_conf(
-        p->conf, limit > 1000000 ? limit : 1000000, errstr, errstr_size);
-    if (!kc)
-        return NULL;
-    rd_kafka_conf_set_opaque(kc, p);
-    rd_kafka_conf_set_dr_msg_cb(kc, out_dr_cb);
-    return idem_kafka_new(RD_KAFKA_PRODUCER, kc, "output producer", errstr,
-                          errstr_size);
-}
-
 static int subscribe(idem_pipeline_t *p, char *errstr, size_t errstr_size)
 {
     rd_kafka_topic_partition_list_t *l = rd_kafka_topic_partition_list_new(4);
@@ -1488,13 +1429,27 @@ idem_pipeline_t *idem_pipeline_new(const idem_conf_t *conf, idem_metrics_t *m,
     p->recs = idem_xcalloc(p->cap, sizeof(*p->recs));
     p->store = idem_store_new(conf, m);
     idem_store_guard_eviction(p->store);
+    const char *arg;
+    if (!(p->hops =
+              idem_handler_find(conf->handler, &arg, errstr, errstr_size)))
+        goto fail;
+    p->in_redis = p->hops->effect == IDEM_EFFECT_IN_REDIS;
+    if (!(p->rules = idem_envelope_rules_new(
+              conf->envelope_format, conf->envelope_identity,
+              conf->envelope_message_id, p->hops->needs_payment,
+              (size_t)conf->message_max_bytes, errstr, errstr_size)))
+        goto fail;
     if (!(p->dlq = idem_dlq_new(conf, dlq_report, errstr, errstr_size)))
         goto fail;
-    if (conf->handler == IDEM_HANDLER_FORWARD) {
-        if (!(p->out = output_new(p, errstr, errstr_size)))
-            goto fail;
-        p->out_rkt = rd_kafka_topic_new(p->out, conf->output_topic, NULL);
-    }
+    idem_handler_ctx_t ctx = {
+        .conf = conf,
+        .arg = arg,
+        .store = p->in_redis ? p->store : NULL,
+        .metrics = m,
+        .member_id = conf->member_id,
+    };
+    if (!(p->h = p->hops->start(&ctx, errstr, errstr_size)))
+        goto fail;
     if (!(p->rk = consumer_new(p, errstr, errstr_size)))
         goto fail;
     if (subscribe(p, errstr, errstr_size))
@@ -1515,20 +1470,15 @@ void idem_pipeline_destroy(idem_pipeline_t *p)
 {
     if (!p)
         return;
+    /* The handler first: it may hold pointers to the records. Writes it
+     * did not finish are not marked done; the next owner redoes them. */
+    if (p->h)
+        p->hops->stop(p->h);
     for (size_t i = 0; i < p->cnt; i++)
-        rec_release(&p->recs[i]);
+        rec_release(p->recs[i]);
     if (p->rk)
         rd_kafka_destroy(p->rk);
-    if (p->out_rkt)
-        rd_kafka_topic_destroy(p->out_rkt);
-    if (p->out) {
-        /* Unacknowledged writes are not marked done: the next owner of
-         * the partition redoes them. Nothing to wait for here. */
-        rd_kafka_purge(p->out,
-                       RD_KAFKA_PURGE_F_QUEUE | RD_KAFKA_PURGE_F_INFLIGHT);
-        rd_kafka_flush(p->out, 100); /* reports free orphaned tickets */
-        rd_kafka_destroy(p->out);
-    }
+    idem_envelope_rules_destroy(p->rules);
     idem_dlq_destroy(p->dlq); /* reports of orphaned tickets free them */
     idem_store_destroy(p->store);
     for (size_t i = 0; i < p->part_cnt; i++)
@@ -1536,6 +1486,8 @@ void idem_pipeline_destroy(idem_pipeline_t *p)
     free(p->parts);
     free(p->recs);
     free(p->rs);
+    free(p->views);
+    free(p->hres);
     free(p->envs);
     free(p->res);
     free(p->pos);
@@ -1570,10 +1522,21 @@ static void batch_add(idem_pipeline_t *p, rd_kafka_message_t *msg)
         p->cap *= 2;
         p->recs = idem_xrealloc(p->recs, p->cap * sizeof(*p->recs));
     }
-    rec_t *r = &p->recs[p->cnt++];
-    memset(r, 0, sizeof(*r));
+    rec_t *r = idem_xcalloc(1, sizeof(*r));
+    p->recs[p->cnt++] = r;
     r->msg = msg;
     r->polled_us = idem_now_us();
+    idem_record_t *v = &r->view;
+    v->topic = pt->topic;
+    v->partition = msg->partition;
+    v->offset = msg->offset;
+    v->timestamp = rd_kafka_message_timestamp(msg, NULL);
+    v->key = msg->key;
+    v->key_len = msg->key ? msg->key_len : 0;
+    v->value = msg->payload;
+    v->value_len = msg->payload ? msg->len : 0;
+    v->msg = msg;
+    v->loop = r;
 }
 
 /* Polls up to batch.max.messages new records, waiting at most
@@ -1726,12 +1689,10 @@ int idem_pipeline_run(idem_pipeline_t *p, volatile int *stop, char *errstr,
             pause_all(p, 1);
         }
         progress_log(p, now);
-        if (p->out)
-            rd_kafka_poll(p->out, 0);
         if (!p->fatal[0] &&
-            !idem_dlq_fatal(p->dlq, p->fatal, sizeof(p->fatal)) && p->out)
-            idem_kafka_fatal(p->out, "output producer", p->fatal,
-                             sizeof(p->fatal));
+            !idem_dlq_fatal(p->dlq, p->fatal, sizeof(p->fatal)) &&
+            p->hops->fatal)
+            p->hops->fatal(p->h, p->fatal, sizeof(p->fatal));
         if (p->fatal[0]) {
             idem_log_kv(IDEM_LOG_ERROR,
                         p->refused ? "unsafe redis configuration: stopping"
@@ -1754,8 +1715,8 @@ int idem_pipeline_run(idem_pipeline_t *p, volatile int *stop, char *errstr,
     set_ready(p);
     if (!p->infra_down && !p->fatal[0])
         drain(p, p->stop_by_ms);
-    else if (p->inflight)
-        ledger_recv(p, cerr, sizeof(cerr));
+    else
+        handler_settle(p, idem_now_ms());
     commit_offsets(p, NULL, 1);
     rd_kafka_resp_err_t err = rd_kafka_consumer_close(p->rk);
     if (p->fatal[0]) {

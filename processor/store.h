@@ -28,7 +28,7 @@ typedef struct {
     idem_mark_t mark;
     char prior_mid[IDEM_ENVELOPE_ID_MAX + 1]; /* message_id of the done mark */
     size_t prior_mid_len;                     /* its bytes (NULs are data) */
-    char detail[128];
+    char detail[512];                         /* reject reason, lease holder */
 } idem_store_result_t;
 
 /* One partition's position: the next offset to read, everything below it
