@@ -11,13 +11,18 @@
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <signal.h>
 #include <string.h>
+#include <unistd.h>
 
 static char *dir;
 static th_redis_t rds;
 
+static th_stack_t stk;
+
 static void script_fini(void)
 {
+    th_stack_cleanup();
     if (rds.dir)
         th_redis_stop(&rds);
     if (dir)
@@ -208,7 +213,7 @@ Test(script, where_maps_lines_to_the_file)
 
 /* ---- the composed script in a real redis-server ---- */
 
-static redisContext *rc;
+static redisContext *rctx;
 static char sha[41];
 static idem_luascript_t *loaded;
 
@@ -220,12 +225,12 @@ static void redis_with_file(const char *path)
     cr_assert(loaded, "%s", err);
     if (!rds.dir)
         cr_assert_eq(th_redis_start(&rds), 0);
-    rc = redisConnect("127.0.0.1", rds.port);
-    cr_assert(rc && !rc->err);
+    rctx = redisConnect("127.0.0.1", rds.port);
+    cr_assert(rctx && !rctx->err);
     redisReply *r =
-        redisCommand(rc, "SCRIPT LOAD %s", idem_luascript_source(loaded));
+        redisCommand(rctx, "SCRIPT LOAD %s", idem_luascript_source(loaded));
     cr_assert(r && r->type == REDIS_REPLY_STRING, "%s",
-              r ? r->str : rc->errstr);
+              r ? r->str : rctx->errstr);
     snprintf(sha, sizeof(sha), "%s", r->str);
     freeReplyObject(r);
 }
@@ -237,8 +242,8 @@ static void redis_with(const char *text)
 
 static void redis_done(void)
 {
-    redisFree(rc);
-    rc = NULL;
+    redisFree(rctx);
+    rctx = NULL;
     idem_luascript_destroy(loaded);
     loaded = NULL;
 }
@@ -276,8 +281,8 @@ static redisReply *eval(const idem_record_t *recs, size_t n)
         cr_assert_eq(k, IDEM_LUASCRIPT_REC_ARGS);
         a += k;
     }
-    redisReply *r = redisCommandArgv(rc, (int)a, argv, lens);
-    cr_assert(r, "%s", rc->errstr);
+    redisReply *r = redisCommandArgv(rctx, (int)a, argv, lens);
+    cr_assert(r, "%s", rctx->errstr);
     idem_luascript_scratch_term(&sb);
     free(argv);
     free(lens);
@@ -286,7 +291,7 @@ static redisReply *eval(const idem_record_t *recs, size_t n)
 
 static char *get(const char *key)
 {
-    redisReply *r = redisCommand(rc, "GET %s", key);
+    redisReply *r = redisCommand(rctx, "GET %s", key);
     cr_assert(r);
     char *v = r->type == REDIS_REPLY_STRING ? strdup(r->str) : NULL;
     freeReplyObject(r);
@@ -331,7 +336,7 @@ static const char inventory[] =
 Test(script, effect_and_mark_together_then_duplicates)
 {
     redis_with(inventory);
-    redisReply *s = redisCommand(rc, "HSET stock a 10 b 1 boom 5");
+    redisReply *s = redisCommand(rctx, "HSET stock a 10 b 1 boom 5");
     freeReplyObject(s);
     idem_record_t recs[] = {
         rec_of("e1", "m1", "{\"sku\":\"a\",\"qty\":3}"),
@@ -356,7 +361,7 @@ Test(script, effect_and_mark_together_then_duplicates)
     cr_expect_str_eq(elem(r, 4), "reject:qty missing");
     cr_expect_str_eq(elem(r, 5), "");
     freeReplyObject(r);
-    redisReply *h = redisCommand(rc, "HMGET stock a b boom");
+    redisReply *h = redisCommand(rctx, "HMGET stock a b boom");
     cr_expect_str_eq(h->element[0]->str, "7");
     cr_expect_str_eq(h->element[1]->str, "0");
     /* Writes before a runtime error stay (Redis has no rollback). */
@@ -366,7 +371,7 @@ Test(script, effect_and_mark_together_then_duplicates)
     expect_key("t:dedup:g1:e2", "done:m2");
     expect_key("t:dedup:g1:e3", NULL);
     expect_key("t:dedup:g1:e4", NULL);
-    redisReply *ttl = redisCommand(rc, "TTL t:dedup:g1:e1");
+    redisReply *ttl = redisCommand(rctx, "TTL t:dedup:g1:e1");
     cr_expect(ttl->integer > 590 && ttl->integer <= 600);
     freeReplyObject(ttl);
 
@@ -375,7 +380,7 @@ Test(script, effect_and_mark_together_then_duplicates)
     cr_expect_str_eq(elem(r, 0), "done:m1");
     cr_expect_str_eq(elem(r, 1), "done:m2");
     freeReplyObject(r);
-    h = redisCommand(rc, "HGET stock a");
+    h = redisCommand(rctx, "HGET stock a");
     cr_expect_str_eq(h->str, "7");
     freeReplyObject(h);
     redis_done();
@@ -417,7 +422,7 @@ Test(script, rec_has_every_field)
     cr_expect_str_eq(elem(r, 0), "");
     cr_expect_str_eq(elem(r, 1), "");
     freeReplyObject(r);
-    redisReply *l = redisCommand(rc, "LRANGE seen 0 -1");
+    redisReply *l = redisCommand(rctx, "LRANGE seen 0 -1");
     cr_assert_eq(l->elements, 2);
     json_error_t je;
     json_t *x = json_loads(l->element[0]->str, JSON_ALLOW_NUL, &je);
@@ -483,7 +488,7 @@ Test(script, return_values)
     cr_expect(!strncmp(elem(r, 5), "reject:lua error: table: ", 25), "%s",
               elem(r, 5));
     cr_expect_str_eq(elem(r, 6), "reject:lua error: E1");
-    cr_expect_eq(strlen(elem(r, 7)), 7 + 600);
+    cr_expect_eq(strlen(elem(r, 7)), 7 + 500);
     cr_expect_str_eq(elem(r, 8), "");
     freeReplyObject(r);
     redis_done();
@@ -501,7 +506,7 @@ Test(script, command_errors_belong_to_the_record)
                "  end\n"
                "  redis.call('INCR', 'str')\n"
                "end\n");
-    freeReplyObject(redisCommand(rc, "SET str abc"));
+    freeReplyObject(redisCommand(rctx, "SET str abc"));
     idem_record_t recs[] = {rec_of("c1", "m", "raise"),
                             rec_of("c2", "m", "caught")};
     redisReply *r = eval(recs, 2);
@@ -529,7 +534,7 @@ Test(script, server_refusals_are_outages)
                "  end\n"
                "  redis.call('SET', 'a', '1')\n"
                "end\n");
-    freeReplyObject(redisCommand(rc, "CONFIG SET maxmemory 1"));
+    freeReplyObject(redisCommand(rctx, "CONFIG SET maxmemory 1"));
     const char *modes[] = {"plain", "swallow"};
     for (int i = 0; i < 2; i++) {
         idem_record_t recs[] = {rec_of("o1", "m", modes[i])};
@@ -540,7 +545,7 @@ Test(script, server_refusals_are_outages)
             cr_expect(!strncmp(r->str, "OOM ", 4), "%s: %s", modes[i], r->str);
         freeReplyObject(r);
     }
-    freeReplyObject(redisCommand(rc, "CONFIG SET maxmemory 0"));
+    freeReplyObject(redisCommand(rctx, "CONFIG SET maxmemory 0"));
     expect_key("t:dedup:g1:o1", NULL);
     idem_record_t recs[] = {rec_of("o1", "m", "plain")};
     redisReply *r = eval(recs, 1);
@@ -556,8 +561,8 @@ Test(script, server_refusals_are_outages)
 Test(script, lease_is_busy)
 {
     redis_with("function effect(rec) redis.call('SET', 'ran', '1') end\n");
-    freeReplyObject(redisCommand(rc, "SET t:dedup:g1:l1 lease:m1:3:mid PX "
-                                     "60000"));
+    freeReplyObject(redisCommand(rctx, "SET t:dedup:g1:l1 lease:m1:3:mid PX "
+                                       "60000"));
     idem_record_t recs[] = {rec_of("l1", "m", "v")};
     redisReply *r = eval(recs, 1);
     cr_expect_str_eq(elem(r, 0), "lease:m1:3:mid");
@@ -635,7 +640,7 @@ Test(script, inventory_example)
     cr_expect_str_eq(elem(r, 5), "reject:sku: missing");
     cr_expect_str_eq(elem(r, 6), "reject:sku: missing");
     freeReplyObject(r);
-    redisReply *h = redisCommand(rc, "HGETALL inventory:stock");
+    redisReply *h = redisCommand(rctx, "HGETALL inventory:stock");
     cr_assert_eq(h->elements, 2);
     cr_expect_str_eq(h->element[0]->str, "apple");
     cr_expect_str_eq(h->element[1]->str, "7");
@@ -664,4 +669,295 @@ Test(script, readme_shows_the_example_file)
                      "config/examples/inventory.lua");
     free(file);
     free(readme);
+}
+
+/* ---- handler=script in a running member ---- */
+
+/* The effect of the end-to-end tests: commutative (totals per SKU), so
+ * the expected state does not depend on the order partitions are
+ * processed in. qty 13 is refused, qty 14 raises a runtime error. */
+static const char run_lua[] =
+    "local function event(rec)\n"
+    "  return cjson.decode(rec.value)\n"
+    "end\n"
+    "function effect(rec)\n"
+    "  local ev = event(rec)\n"
+    "  if ev.qty == 13 then return false, 'unlucky ' .. ev.event.id end\n"
+    "  if ev.qty == 14 then local t = nil; return t.boom end\n"
+    "  redis.call('HINCRBY', 'test:stock', ev.sku, ev.qty)\n"
+    "  redis.call('INCR', 'test:applied')\n"
+    "end\n";
+
+#define RUN_SKUS 40
+
+typedef struct {
+    long stock[RUN_SKUS];
+    long applied;                 /* distinct identities applied */
+    long rejected, notjson, noid; /* distinct dead letters by reason */
+    long redeliveries, resends;   /* duplicate lines sent */
+} run_expect_t;
+
+/* Writes n events (and their duplicates and poison) as JSON lines to path
+ * and fills *e with what Redis and the DLQ must hold afterwards. Events
+ * are keyed by sku (--key-field sku), so an event and its duplicates are
+ * in one partition, in file order. */
+static void run_traffic(const char *path, int n, run_expect_t *e)
+{
+    memset(e, 0, sizeof(*e));
+    FILE *f = fopen(path, "w");
+    cr_assert(f);
+    for (int i = 0; i < n; i++) {
+        int sku = i % RUN_SKUS;
+        int qty = 1 + (i * 7) % 12;
+        if (i % 97 == 5)
+            qty = 13;
+        else if (i % 101 == 7)
+            qty = 14;
+        fprintf(f,
+                "{\"event\":{\"id\":\"evt-%d\"},\"message_id\":\"m-%d\","
+                "\"sku\":\"s%d\",\"qty\":%d}\n",
+                i, i, sku, qty);
+        if (qty >= 13) {
+            e->rejected++;
+            continue;
+        }
+        e->stock[sku] += qty;
+        e->applied++;
+        if (i % 10 == 3) { /* the same record again: a redelivery */
+            fprintf(f,
+                    "{\"event\":{\"id\":\"evt-%d\"},\"message_id\":\"m-%d\","
+                    "\"sku\":\"s%d\",\"qty\":%d}\n",
+                    i, i, sku, qty);
+            e->redeliveries++;
+        }
+        if (i % 15 == 4) { /* the same event sent anew: a resend */
+            fprintf(f,
+                    "{\"event\":{\"id\":\"evt-%d\"},\"message_id\":\"r-%d\","
+                    "\"sku\":\"s%d\",\"qty\":100}\n",
+                    i, i, sku);
+            e->resends++;
+        }
+        if (i % 250 == 9) {
+            fprintf(f, "not json %d\n", i);
+            e->notjson++;
+        }
+        if (i % 300 == 11) {
+            fprintf(f, "{\"sku\":\"s%d\",\"qty\":1}\n", sku);
+            e->noid++;
+        }
+    }
+    fclose(f);
+}
+
+static long redis_long(th_redis_t *r, const char *const args[])
+{
+    char *out = th_redis_cli(r, args);
+    long v = out && *out ? strtol(out, NULL, 10) : 0;
+    free(out);
+    return v;
+}
+
+/* Waits until test:applied reaches n. */
+static int wait_run_applied(long n, int timeout_ms)
+{
+    const char *args[] = {"GET", "test:applied", NULL};
+    for (int t = 0; t < timeout_ms; t += 100) {
+        if (redis_long(&stk.redis, args) >= n)
+            return 0;
+        usleep(100000);
+    }
+    return -1;
+}
+
+/* Distinct dead letters (original partition/offset) of the DLQ by reason,
+ * read with `idemproc dlq inspect`. */
+static void dlq_distinct(long *rejected, long *notjson, long *noid,
+                         char **errors_out)
+{
+    char *argv[] = {(char *)th_bin(), "dlq",         "inspect", "-c",
+                    stk.conf,         "--max-bytes", "64",      NULL};
+    char *out = NULL, *err = NULL;
+    int rc = th_run(argv, &out, &err, 60000);
+    cr_assert_eq(rc, 0, "dlq inspect: %s", err);
+    *rejected = *notjson = *noid = 0;
+    size_t seen_cap = 1024, seen_n = 0;
+    char **seen = calloc(seen_cap, sizeof(*seen));
+    char *errors = calloc(1, 1);
+    size_t errors_len = 0;
+    for (char *line = strtok(out, "\n"); line; line = strtok(NULL, "\n")) {
+        json_t *j = json_loads(line, 0, NULL);
+        cr_assert(j, "not JSON: %s", line);
+        const char *reason = json_string_value(json_object_get(j, "reason"));
+        char id[64];
+        snprintf(id, sizeof(id), "%lld/%lld",
+                 json_integer_value(json_object_get(j, "original_partition")),
+                 json_integer_value(json_object_get(j, "original_offset")));
+        int dup = 0;
+        for (size_t k = 0; k < seen_n && !dup; k++)
+            dup = !strcmp(seen[k], id);
+        if (!dup) {
+            if (seen_n == seen_cap)
+                seen = realloc(seen, (seen_cap *= 2) * sizeof(*seen));
+            seen[seen_n++] = strdup(id);
+            if (!strcmp(reason, "handler-rejected")) {
+                (*rejected)++;
+                const char *e = json_string_value(json_object_get(j, "error"));
+                size_t el = strlen(e);
+                errors = realloc(errors, errors_len + el + 2);
+                memcpy(errors + errors_len, e, el);
+                errors_len += el;
+                errors[errors_len++] = '\n';
+                errors[errors_len] = '\0';
+            } else if (!strcmp(reason, "not-json")) {
+                (*notjson)++;
+            } else if (!strcmp(reason, "no-identity")) {
+                (*noid)++;
+            }
+        }
+        json_decref(j);
+    }
+    for (size_t k = 0; k < seen_n; k++)
+        free(seen[k]);
+    free(seen);
+    free(out);
+    free(err);
+    *errors_out = errors;
+}
+
+/* Redis holds exactly what e says, and the DLQ every poison record once
+ * (counting distinct originals: dead letters are at-least-once). */
+static void expect_run_state(const run_expect_t *e, int timeout_ms)
+{
+    cr_assert_eq(wait_run_applied(e->applied, timeout_ms), 0,
+                 "applied never reached %ld", e->applied);
+    /* Wait for the dead letters too. */
+    long rej = 0, nj = 0, ni = 0;
+    char *errors = NULL;
+    for (int t = 0; t < timeout_ms; t += 500) {
+        free(errors);
+        dlq_distinct(&rej, &nj, &ni, &errors);
+        if (rej >= e->rejected && nj >= e->notjson && ni >= e->noid)
+            break;
+        usleep(500000);
+    }
+    const char *ga[] = {"GET", "test:applied", NULL};
+    cr_expect_eq(redis_long(&stk.redis, ga), e->applied);
+    for (int k = 0; k < RUN_SKUS; k++) {
+        char sku[16];
+        snprintf(sku, sizeof(sku), "s%d", k);
+        const char *args[] = {"HGET", "test:stock", sku, NULL};
+        cr_expect_eq(redis_long(&stk.redis, args), e->stock[k], "stock of %s",
+                     sku);
+    }
+    cr_expect_eq(rej, e->rejected);
+    cr_expect_eq(nj, e->notjson);
+    cr_expect_eq(ni, e->noid);
+    cr_expect(strstr(errors, "unlucky evt-5\n"), "%s", errors);
+    cr_expect(strstr(errors, "lua error: "), "%s", errors);
+    cr_expect(strstr(errors, "run.lua:7: attempt to index local 't' (a nil "
+                             "value)"),
+              "%s", errors);
+    free(errors);
+}
+
+static void run_stack(const char *const more[])
+{
+    if (!dir)
+        dir = th_tmpdir();
+    static char file[600];
+    snprintf(file, sizeof(file), "script.file=%s",
+             lua_file("run.lua", run_lua));
+    const char *props[16] = {"handler=script", file,
+                             "envelope.identity=value:/event/id"};
+    size_t n = 3;
+    for (size_t i = 0; more && more[i] && n < 15; i++)
+        props[n++] = more[i];
+    props[n] = NULL;
+    cr_assert_eq(th_stack_start(&stk, 4, props), 0);
+}
+
+static void produce_file(const char *path)
+{
+    const char *args[] = {"--input", path, "--key-field", "sku", NULL};
+    cr_assert_eq(th_stack_produce(&stk, args), 0);
+}
+
+Test(script, member_applies_each_event_once, .timeout = 180)
+{
+    run_stack(NULL);
+    run_expect_t e;
+    const char *path = lua_file("events.jsonl", "");
+    run_traffic(path, 3000, &e);
+    produce_file(path);
+    pid_t m = th_stack_member(&stk, "m1", NULL);
+    expect_run_state(&e, 90000);
+    cr_expect_eq(th_stop(m, 15000), 0);
+    /* The log names the runtime errors. */
+    char lp[600];
+    snprintf(lp, sizeof(lp), "%s/m1.log", stk.dir);
+    char *log = th_slurp(lp, NULL);
+    cr_expect(log && strstr(log, "script effect failed"), "%s", log);
+    free(log);
+    th_stack_stop(&stk);
+}
+
+Test(script, sigkill_mid_stream_then_restart_is_exact, .timeout = 240)
+{
+    run_stack((const char *const[]){"batch.max.messages=50", NULL});
+    run_expect_t e;
+    const char *path = lua_file("events.jsonl", "");
+    run_traffic(path, 20000, &e);
+    produce_file(path);
+    pid_t m = th_stack_member(&stk, "m1", NULL);
+    cr_assert_eq(wait_run_applied(e.applied / 4, 90000), 0);
+    kill(m, SIGKILL);
+    cr_expect_eq(th_wait(m, 5000), 128 + SIGKILL);
+    const char *ga[] = {"GET", "test:applied", NULL};
+    cr_expect_lt(redis_long(&stk.redis, ga), e.applied);
+    m = th_stack_member(&stk, "m2", NULL);
+    expect_run_state(&e, 150000);
+    cr_expect_eq(th_stop(m, 15000), 0);
+    th_stack_stop(&stk);
+}
+
+/* A script that does not compile is a configuration error of run and
+ * check-config (exit 2) naming the file and line, before any connection. */
+Test(script, syntax_error_stops_run_and_check_config, .timeout = 60)
+{
+    const char *bad = lua_file("broken.lua", "function effect(rec)\n"
+                                             "  if rec.value then\n"
+                                             "    return false, 'x'\n"
+                                             "end\n");
+    char conf[600];
+    snprintf(conf, sizeof(conf), "%s/broken.properties", dir);
+    char text[1200];
+    snprintf(text, sizeof(text),
+             "kafka.bootstrap.servers=127.0.0.1:1\ngroup.id=g\n"
+             "input.topics=t\ndlq.topic=t.dlq\nredis.url=redis://"
+             "127.0.0.1:1/0\nhandler=script\nscript.file=%s\nhttp.listen=\n",
+             bad);
+    cr_assert_eq(th_write_file(conf, text), 0);
+    const char *cmds[] = {"check-config", "run"};
+    for (int i = 0; i < 2; i++) {
+        char *argv[] = {(char *)th_bin(), (char *)cmds[i], "-c", conf, NULL};
+        char *out = NULL, *err = NULL;
+        int rc = th_run(argv, &out, &err, 20000);
+        cr_expect_eq(rc, 2, "%s exit %d: %s", cmds[i], rc, err);
+        char want[700];
+        snprintf(want, sizeof(want), "script.file: %s:4: 'end' expected", bad);
+        cr_expect(err && strstr(err, want), "%s: %s", cmds[i], err);
+        free(out);
+        free(err);
+    }
+    /* Without script.file, handler=script is refused too. */
+    snprintf(text, sizeof(text),
+             "kafka.bootstrap.servers=127.0.0.1:1\ngroup.id=g\n"
+             "input.topics=t\ndlq.topic=t.dlq\nredis.url=redis://"
+             "127.0.0.1:1/0\nhandler=script\nhttp.listen=\n");
+    cr_assert_eq(th_write_file(conf, text), 0);
+    char *argv[] = {(char *)th_bin(), "check-config", "-c", conf, NULL};
+    char *err = NULL;
+    cr_expect_eq(th_run(argv, NULL, &err, 20000), 2);
+    cr_expect(err && strstr(err, "script.file"), "%s", err);
+    free(err);
 }

@@ -36,7 +36,7 @@
  * "done:<message_id>" is set with the TTL and "" returned. A rejection is
  * "reject:<reason>", a runtime error "reject:lua error: FILE:LINE: ...";
  * neither sets a mark, and writes the effect made before stay (Redis has
- * no rollback). Texts are cut at 600 bytes. */
+ * no rollback). Texts are cut at 500 bytes. */
 static const char driver_head[] =
     "local idemproc_redis, idemproc_argv, idemproc_outage = redis, ARGV\n"
     "local idemproc_server = {OOM = 1, READONLY = 1, MISCONF = 1,\n"
@@ -71,7 +71,7 @@ static const char driver_head[] =
     "end\n"
     "    return idemproc_file .. ':' .. n .. ':'\n"
     "  end)\n"
-    "  return string.sub(x, 1, 600)\n"
+    "  return x\n"
     "end\n"
     "local function idemproc_headers(s)\n"
     "  local h, i = {}, 1\n"
@@ -131,11 +131,13 @@ static const char driver_head[] =
     "        return idemproc_redis.error_reply(idemproc_outage)\n"
     "      end\n"
     "      if not ok then\n"
-    "        out[j] = 'reject:lua error: ' .. idemproc_text(r1, 'error')\n"
+    "        out[j] = 'reject:' .. string.sub('lua error: ' ..\n"
+    "          idemproc_text(r1, 'error'), 1, 500)\n"
     "      elseif r1 == false or (r1 == nil and r2 ~= nil) then\n"
-    "        out[j] = 'reject:' .. idemproc_text(r2, 'effect returned false')\n"
+    "        out[j] = 'reject:' .. string.sub(\n"
+    "          idemproc_text(r2, 'effect returned false'), 1, 500)\n"
     "      elseif type(r1) == 'table' and type(r1.err) == 'string' then\n"
-    "        out[j] = 'reject:' .. idemproc_text(r1)\n"
+    "        out[j] = 'reject:' .. string.sub(idemproc_text(r1), 1, 500)\n"
     "      else\n"
     "        local m = 'done:' .. argv[b + 1]\n"
     "        idemproc_redis.call('SET', keys[j], m, 'EX', ttl)\n"
