@@ -17,7 +17,7 @@ static const idem_conf_key_t script_keys[] = {
      .type = IDEM_KEY_STR,
      .required = 1,
      .doc = "Lua file defining function effect(rec), run for each new record "
-            "inside the dedup script in Redis (handler=script)"},
+            "inside the dedup script in Redis"},
     {NULL},
 };
 
