@@ -969,6 +969,35 @@ static int env_key(const char *var, char *key, size_t key_size)
         key[n] = '\0';
         return 0;
     }
+    /* A handler's keys: declared ones by name (IDEMPROC_WEBHOOK_URL,
+     * ..._FILE), and any key under a handler's prefix
+     * (IDEMPROC_PLUGIN_<NAME> -> plugin.<name>, '_' -> '.'). */
+    const idem_handler_ops_t *h;
+    for (size_t i = 0; (h = idem_handler_at(i)); i++) {
+        for (const idem_conf_key_t *k = h->keys; k && k->name; k++) {
+            env_name(k->name, name, sizeof(name));
+            size_t nl = strlen(name);
+            if (!strcmp(var, name)) {
+                snprintf(key, key_size, "%s", k->name);
+                return 0;
+            }
+            if (!strncmp(var, name, nl) && !strcmp(var + nl, "_FILE")) {
+                snprintf(key, key_size, "%s.file", k->name);
+                return 0;
+            }
+        }
+        if (!h->key_prefix)
+            continue;
+        env_name(h->key_prefix, name, sizeof(name)); /* "IDEMPROC_PLUGIN_" */
+        size_t nl = strlen(name);
+        if (!strncmp(var, name, nl) && var[nl]) {
+            size_t n = (size_t)snprintf(key, key_size, "%s", h->key_prefix);
+            for (const char *c = var + nl; *c && n + 1 < key_size; c++)
+                key[n++] = *c == '_' ? '.' : (char)tolower((unsigned char)*c);
+            key[n] = '\0';
+            return 0;
+        }
+    }
     return -1;
 }
 
@@ -1345,7 +1374,7 @@ void idem_conf_dump(const idem_conf_t *conf, FILE *out)
             continue; /* printed above */
         prop_t hp =
             decl ? prop_from_key(decl) : prop_prefixed(conf->hkeys[i].name);
-        if (h == run && !decl)
+        if (!decl)
             hp.secret = 1; /* a plugin's key: it may be a secret */
         fprintf(out, "%s=%s\n", conf->hkeys[i].name,
                 prop_value(conf, &hp, buf, sizeof(buf)));

@@ -10,6 +10,7 @@
 /* One line per handler, in the order `help config` lists them. Each slot
  * is its own line so that handlers added on different branches merge
  * without a conflict. */
+/* clang-format off */
 static const idem_handler_ops_t *const registry[] = {
     &idem_handler_ledger,
     &idem_handler_forward,
@@ -17,6 +18,7 @@ static const idem_handler_ops_t *const registry[] = {
     NULL, /* webhook: &idem_handler_webhook */
     NULL, /* plugin:  &idem_handler_plugin */
 };
+/* clang-format on */
 
 #define REGISTRY_CNT (sizeof(registry) / sizeof(registry[0]))
 

@@ -374,6 +374,13 @@ Test(conf, handler_keys_come_from_the_registry)
     cr_expect_str_eq(idem_conf_str(c, "forward.processed.at"), "false");
     idem_conf_destroy(c);
 
+    /* From the environment, like the table's keys. */
+    char *env[] = {"IDEMPROC_FORWARD_PROCESSED_AT=false", NULL};
+    c = load(NULL, env, fwd, 2, err, sizeof(err));
+    cr_assert(c, "%s", err);
+    cr_expect_eq(idem_conf_int(c, "forward.processed.at"), 0);
+    idem_conf_destroy(c);
+
     char *typo[] = {"forward.processed.att=true"};
     c = load(NULL, NULL, typo, 1, err, sizeof(err));
     cr_expect_null(c);
