@@ -961,3 +961,39 @@ Test(script, syntax_error_stops_run_and_check_config, .timeout = 60)
     cr_expect(err && strstr(err, "script.file"), "%s", err);
     free(err);
 }
+
+/* Redis refusing writes mid-stream (maxmemory reached: OOM) is an outage
+ * for the script handler too: the member pauses, dead-letters nothing
+ * because of it, and ends exact once Redis takes writes again. (The
+ * driver's own rule, an OOM the effect meets fails the whole script, is
+ * server_refusals_are_outages; here the request's positions are refused
+ * as well, so this checks the handler's and the loop's side.) */
+Test(script, oom_mid_stream_is_an_outage_not_a_rejection, .timeout = 240)
+{
+    run_stack((const char *const[]){"batch.max.messages=50",
+                                    "retry.backoff.max.ms=200", NULL});
+    run_expect_t e;
+    const char *path = lua_file("events.jsonl", "");
+    run_traffic(path, 6000, &e);
+    produce_file(path);
+    pid_t m = th_stack_member(&stk, "m1", NULL);
+    cr_assert_eq(wait_run_applied(e.applied / 5, 90000), 0);
+    const char *full[] = {"CONFIG", "SET", "maxmemory", "1", NULL};
+    free(th_redis_cli(&stk.redis, full));
+    const char *ga[] = {"GET", "test:applied", NULL};
+    long before = redis_long(&stk.redis, ga);
+    sleep(2);
+    cr_expect_eq(redis_long(&stk.redis, ga), before,
+                 "applied while Redis refused writes");
+    const char *ok[] = {"CONFIG", "SET", "maxmemory", "0", NULL};
+    free(th_redis_cli(&stk.redis, ok));
+    cr_expect_lt(before, e.applied);
+    expect_run_state(&e, 150000);
+    cr_expect_eq(th_stop(m, 15000), 0);
+    char lp[600];
+    snprintf(lp, sizeof(lp), "%s/m1.log", stk.dir);
+    char *log = th_slurp(lp, NULL);
+    cr_expect(log && strstr(log, "OOM"), "no OOM outage logged:\n%s", log);
+    free(log);
+    th_stack_stop(&stk);
+}
