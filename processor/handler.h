@@ -179,7 +179,8 @@ typedef struct idem_handler_ops_s {
 
     /* Creates the handler's state. Returns it (never NULL on success; a
      * handler without state returns any non-NULL pointer), or NULL with
-     * errstr: a configuration the handler cannot run (fatal, exit 2). */
+     * errstr: the handler cannot run (fatal: `run` logs "cannot start" and
+     * exits 1; configuration errors belong in validate, exit 2). */
     void *(*start)(const idem_handler_ctx_t *ctx, char *errstr,
                    size_t errstr_size);
 
