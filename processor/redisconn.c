@@ -87,10 +87,11 @@ int idem_redisconn_url_parse(const char *url, idem_redisconn_url_t *out,
         out->scheme = IDEM_REDIS_UNIX;
         memcpy(out->path, p, pl);
         if (q) {
-            char *end;
-            long db = strtol(q + 4, &end, 10);
-            if (strncmp(q, "?db=", 4) || !q[4] || *end || db < 0 ||
-                db > 1000000) {
+            /* The prefix first: strtol past a short "?d" would read beyond
+             * the string's end. */
+            char *end = NULL;
+            long db = strncmp(q, "?db=", 4) ? -1 : strtol(q + 4, &end, 10);
+            if (db < 0 || !q[4] || *end || db > 1000000) {
                 snprintf(errstr, errstr_size,
                          "redis.url: unix:// takes only ?db=N after the path");
                 return -1;

@@ -135,10 +135,18 @@ Test(redisconn, url_forms)
 Test(redisconn, url_errors_name_the_key_and_never_print_the_password)
 {
     const char *bad[] = {
-        "redis://:s3cr3t-pw@/0",      "redis://idem:s3cr3t-pw@:6379/0",
-        "redis://idem:s3cr3t-pw@h:0", "redis://idem:s3cr3t-pw@h:1/x",
-        "http://idem:s3cr3t-pw@h:1",  "idem:s3cr3t-pw@h:1",
-        "unix://idem:s3cr3t-pw@sock", "unix:///s?x=s3cr3t-pw",
+        "redis://:s3cr3t-pw@/0",
+        "redis://idem:s3cr3t-pw@:6379/0",
+        "redis://idem:s3cr3t-pw@h:0",
+        "redis://idem:s3cr3t-pw@h:1/x",
+        "http://idem:s3cr3t-pw@h:1",
+        "idem:s3cr3t-pw@h:1",
+        "unix://idem:s3cr3t-pw@sock",
+        "unix:///s?x=s3cr3t-pw",
+        /* a query shorter than "?db=": was read past its end (ASan, and
+         * tests/fuzz/corpus/redis_url/short-db-query) */
+        "unix:///s?d",
+        "unix:///s?",
     };
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
         char set[128], err[512] = "";

@@ -49,7 +49,7 @@ static const idem_conf_key_t forward_keys[] = {
      0,
      "add \"processed_at\" (RFC 3339, UTC) to a JSON-object value; other "
      "values are copied as they are"},
-    {NULL},
+    {.name = NULL},
 };
 
 static int forward_validate(const idem_conf_t *conf, const char *arg,
