@@ -878,6 +878,12 @@ int idem_conf_set(idem_conf_t *conf, const char *key, const char *value,
     const prop_t *p = prop_find(key);
     if (p)
         return prop_set(conf, p, value, errstr, errstr_size);
+    /* A key a handler declares, exactly (script.file ends in ".file"). */
+    const idem_conf_key_t *decl = NULL;
+    if (idem_handler_key(key, &decl) && decl) {
+        prop_t hp = prop_from_key(decl);
+        return prop_set(conf, &hp, value, errstr, errstr_size);
+    }
     size_t klen = strlen(key);
     if (klen > 5 && !strcmp(key + klen - 5, ".file")) {
         char base[256];
@@ -899,7 +905,6 @@ int idem_conf_set(idem_conf_t *conf, const char *key, const char *value,
     if (!strncmp(key, "kafka.", 6) && key[6])
         return kafka_set(conf, key + 6, value, errstr, errstr_size);
 
-    const idem_conf_key_t *decl = NULL;
     if (idem_handler_key(key, &decl)) {
         prop_t hp = decl ? prop_from_key(decl) : prop_prefixed(key);
         return prop_set(conf, &hp, value, errstr, errstr_size);

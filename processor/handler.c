@@ -14,7 +14,7 @@
 static const idem_handler_ops_t *const registry[] = {
     &idem_handler_ledger,
     &idem_handler_forward,
-    NULL, /* script:  &idem_handler_script */
+    &idem_handler_script,
     &idem_handler_webhook,
     &idem_handler_plugin,
 };
