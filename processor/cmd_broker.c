@@ -243,10 +243,19 @@ int idem_cmd_broker(int argc, char **argv, char **envp)
     fflush(stdout);
     /* Every few seconds, on a thread of its own, look for partitions that
      * lost their oldest records (see watch_dropped). */
-    idem_watermark_t *wm = idem_watermark_new(idem_broker_bootstraps(broker),
-                                              errstr, sizeof(errstr));
+    /* Not while a fault schedule runs: with a broker down, the mock
+     * cluster did not apply the next fault while librdkafka's watermark
+     * query waited for that broker's partitions, even from a thread of its
+     * own. */
+    idem_watermark_t *wm =
+        faults ? NULL
+               : idem_watermark_new(idem_broker_bootstraps(broker), errstr,
+                                    sizeof(errstr));
     pthread_t watcher;
-    if (!wm)
+    if (faults)
+        fprintf(stderr, "idemproc broker: fault schedule: no warnings about "
+                        "dropped records\n");
+    else if (!wm)
         fprintf(stderr,
                 "idemproc broker: %s (no warnings about dropped "
                 "records)\n",
