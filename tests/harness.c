@@ -4,6 +4,8 @@
 #include "envelope.h"
 
 #include <arpa/inet.h>
+#include <criterion/criterion.h>
+#include <librdkafka/rdkafka.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -577,4 +579,111 @@ int th_classify(const char *value, size_t len, const char *hdr_mid,
                                 sizeof(err));
     rd_kafka_headers_destroy(h);
     return r == 0 ? -1 : (int)reason;
+}
+
+void th_recs_free(th_recs_t *r)
+{
+    for (size_t i = 0; i < r->n; i++) {
+        free(r->v[i].key);
+        free(r->v[i].value);
+        json_decref(r->v[i].headers);
+    }
+    free(r->v);
+}
+
+static char *rec_memdup0(const void *p, size_t n)
+{
+    char *s = malloc(n + 1);
+    if (n)
+        memcpy(s, p, n);
+    s[n] = '\0';
+    return s;
+}
+
+/* Reads a whole topic from the beginning with librdkafka (assign, EOF). */
+th_recs_t th_topic_read(const char *bootstrap, const char *topic)
+{
+    th_recs_t out = {0};
+    char err[512];
+    rd_kafka_conf_t *kc = rd_kafka_conf_new();
+    rd_kafka_conf_set(kc, "bootstrap.servers", bootstrap, err, sizeof(err));
+    rd_kafka_conf_set(kc, "group.id", "test-reader", err, sizeof(err));
+    rd_kafka_conf_set(kc, "enable.partition.eof", "true", err, sizeof(err));
+    rd_kafka_conf_set(kc, "fetch.wait.max.ms", "10", err, sizeof(err));
+    rd_kafka_t *rk = rd_kafka_new(RD_KAFKA_CONSUMER, kc, err, sizeof(err));
+    cr_assert(rk, "%s", err);
+    rd_kafka_poll_set_consumer(rk);
+    const rd_kafka_metadata_t *md;
+    rd_kafka_topic_t *rkt = rd_kafka_topic_new(rk, topic, NULL);
+    cr_assert_eq(rd_kafka_metadata(rk, 0, rkt, &md, 10000), 0);
+    int parts = md->topics[0].partition_cnt;
+    rd_kafka_topic_partition_list_t *l = rd_kafka_topic_partition_list_new(1);
+    for (int i = 0; i < parts; i++)
+        rd_kafka_topic_partition_list_add(l, topic, i)->offset =
+            RD_KAFKA_OFFSET_BEGINNING;
+    rd_kafka_metadata_destroy(md);
+    rd_kafka_topic_destroy(rkt);
+    rd_kafka_assign(rk, l);
+    rd_kafka_topic_partition_list_destroy(l);
+    int eof = 0;
+    for (int idle = 0; eof < parts && idle < 300;) {
+        rd_kafka_message_t *m = rd_kafka_consumer_poll(rk, 100);
+        if (!m) {
+            idle++;
+            continue;
+        }
+        if (m->err == RD_KAFKA_RESP_ERR__PARTITION_EOF) {
+            eof++;
+        } else if (!m->err) {
+            out.v = realloc(out.v, (out.n + 1) * sizeof(*out.v));
+            th_rec_t *r = &out.v[out.n++];
+            r->partition = m->partition;
+            r->offset = m->offset;
+            r->key = rec_memdup0(m->key, m->key_len);
+            r->key_len = m->key_len;
+            r->value = rec_memdup0(m->payload, m->len);
+            r->len = m->len;
+            r->headers = json_object();
+            rd_kafka_headers_t *h = NULL;
+            if (rd_kafka_message_headers(m, &h) == 0) {
+                const char *name;
+                const void *v;
+                size_t sz;
+                for (size_t i = 0;
+                     rd_kafka_header_get_all(h, i, &name, &v, &sz) == 0; i++)
+                    json_object_set_new(r->headers, name,
+                                        json_stringn(v ? v : "", sz));
+            }
+        }
+        rd_kafka_message_destroy(m);
+    }
+    cr_assert_eq(eof, parts, "did not read %s to its end", topic);
+    rd_kafka_consumer_close(rk);
+    rd_kafka_destroy(rk);
+    return out;
+}
+
+/* Records in a topic: the sum of its partitions' high watermarks. */
+long th_topic_size(const char *bootstrap, const char *topic)
+{
+    char err[512];
+    rd_kafka_conf_t *kc = rd_kafka_conf_new();
+    rd_kafka_conf_set(kc, "bootstrap.servers", bootstrap, err, sizeof(err));
+    rd_kafka_t *rk = rd_kafka_new(RD_KAFKA_PRODUCER, kc, err, sizeof(err));
+    cr_assert(rk, "%s", err);
+    const rd_kafka_metadata_t *md;
+    rd_kafka_topic_t *rkt = rd_kafka_topic_new(rk, topic, NULL);
+    long n = 0;
+    if (rd_kafka_metadata(rk, 0, rkt, &md, 10000) == 0) {
+        for (int i = 0; i < md->topics[0].partition_cnt; i++) {
+            int64_t lo, hi;
+            if (rd_kafka_query_watermark_offsets(rk, topic, i, &lo, &hi,
+                                                 10000) == 0)
+                n += (long)(hi - lo);
+        }
+        rd_kafka_metadata_destroy(md);
+    }
+    rd_kafka_topic_destroy(rkt);
+    rd_kafka_destroy(rk);
+    return n;
 }

@@ -4,7 +4,9 @@
 #ifndef IDEM_HARNESS_H
 #define IDEM_HARNESS_H
 
+#include <jansson.h>
 #include <stddef.h>
+#include <stdint.h>
 #include <sys/types.h>
 
 /* Path of the idemproc binary under test ($IDEMPROC_BIN). */
@@ -147,3 +149,28 @@ int th_stack_wait_verified(th_stack_t *s, int dlq, const char *const sets[],
 
 /* Reads the redis counter <prefix>ledger:applied (0 when absent). */
 long th_stack_applied(th_stack_t *s);
+
+typedef struct {
+    int32_t partition;
+    int64_t offset;
+    char *key;
+    size_t key_len;
+    char *value;
+    size_t len;
+    json_t *headers; /* {name: last value} */
+} th_rec_t;
+
+typedef struct {
+    th_rec_t *v;
+    size_t n;
+} th_recs_t;
+
+/* Frees what th_topic_read returned. */
+void th_recs_free(th_recs_t *r);
+
+/* Reads a whole topic from the beginning (assign, until EOF on every
+ * partition); asserts it got to the end. Caller frees with th_recs_free. */
+th_recs_t th_topic_read(const char *bootstrap, const char *topic);
+
+/* Records in a topic: the sum of its partitions' watermark spans. */
+long th_topic_size(const char *bootstrap, const char *topic);

@@ -36,114 +36,10 @@ static void outbox_fini(void)
 
 TestSuite(outbox, .fini = outbox_fini);
 
-typedef struct {
-    char *key;
-    char *value;
-    char *mid; /* message_id header */
-} rec_t;
-
-typedef struct {
-    rec_t *v;
-    size_t n;
-} recs_t;
-
-static void recs_free(recs_t *r)
+/* The message_id header of a record read with th_topic_read, or NULL. */
+static const char *rec_mid(const th_rec_t *r)
 {
-    for (size_t i = 0; i < r->n; i++) {
-        free(r->v[i].key);
-        free(r->v[i].value);
-        free(r->v[i].mid);
-    }
-    free(r->v);
-}
-
-static char *dup0(const void *p, size_t n)
-{
-    char *s = malloc(n + 1);
-    if (n)
-        memcpy(s, p, n);
-    s[n] = '\0';
-    return s;
-}
-
-/* Reads a whole topic from the beginning (assign, until EOF everywhere). */
-static recs_t read_topic(const char *bootstrap, const char *topic)
-{
-    recs_t out = {0};
-    char err[512];
-    rd_kafka_conf_t *kc = rd_kafka_conf_new();
-    rd_kafka_conf_set(kc, "bootstrap.servers", bootstrap, err, sizeof(err));
-    rd_kafka_conf_set(kc, "group.id", "outbox-reader", err, sizeof(err));
-    rd_kafka_conf_set(kc, "enable.partition.eof", "true", err, sizeof(err));
-    rd_kafka_conf_set(kc, "fetch.wait.max.ms", "10", err, sizeof(err));
-    rd_kafka_t *rk = rd_kafka_new(RD_KAFKA_CONSUMER, kc, err, sizeof(err));
-    cr_assert(rk, "%s", err);
-    rd_kafka_poll_set_consumer(rk);
-    const rd_kafka_metadata_t *md;
-    rd_kafka_topic_t *rkt = rd_kafka_topic_new(rk, topic, NULL);
-    cr_assert_eq(rd_kafka_metadata(rk, 0, rkt, &md, 10000), 0);
-    int parts = md->topics[0].partition_cnt;
-    rd_kafka_topic_partition_list_t *l = rd_kafka_topic_partition_list_new(1);
-    for (int i = 0; i < parts; i++)
-        rd_kafka_topic_partition_list_add(l, topic, i)->offset =
-            RD_KAFKA_OFFSET_BEGINNING;
-    rd_kafka_metadata_destroy(md);
-    rd_kafka_topic_destroy(rkt);
-    rd_kafka_assign(rk, l);
-    rd_kafka_topic_partition_list_destroy(l);
-    int eof = 0;
-    for (int idle = 0; eof < parts && idle < 300;) {
-        rd_kafka_message_t *m = rd_kafka_consumer_poll(rk, 100);
-        if (!m) {
-            idle++;
-            continue;
-        }
-        if (m->err == RD_KAFKA_RESP_ERR__PARTITION_EOF) {
-            eof++;
-        } else if (!m->err) {
-            out.v = realloc(out.v, (out.n + 1) * sizeof(*out.v));
-            rec_t *r = &out.v[out.n++];
-            r->key = dup0(m->key, m->key_len);
-            r->value = dup0(m->payload, m->len);
-            r->mid = NULL;
-            rd_kafka_headers_t *h = NULL;
-            const void *v;
-            size_t sz;
-            if (rd_kafka_message_headers(m, &h) == 0 &&
-                rd_kafka_header_get_last(h, "message_id", &v, &sz) == 0)
-                r->mid = dup0(v, sz);
-        }
-        rd_kafka_message_destroy(m);
-    }
-    cr_assert_eq(eof, parts, "did not read %s to its end", topic);
-    rd_kafka_consumer_close(rk);
-    rd_kafka_destroy(rk);
-    return out;
-}
-
-/* Records in a topic: the sum of its partitions' high watermarks. */
-static long topic_size(const char *bootstrap, const char *topic)
-{
-    char err[512];
-    rd_kafka_conf_t *kc = rd_kafka_conf_new();
-    rd_kafka_conf_set(kc, "bootstrap.servers", bootstrap, err, sizeof(err));
-    rd_kafka_t *rk = rd_kafka_new(RD_KAFKA_PRODUCER, kc, err, sizeof(err));
-    cr_assert(rk, "%s", err);
-    const rd_kafka_metadata_t *md;
-    rd_kafka_topic_t *rkt = rd_kafka_topic_new(rk, topic, NULL);
-    long n = 0;
-    if (rd_kafka_metadata(rk, 0, rkt, &md, 10000) == 0) {
-        for (int i = 0; i < md->topics[0].partition_cnt; i++) {
-            int64_t lo, hi;
-            if (rd_kafka_query_watermark_offsets(rk, topic, i, &lo, &hi,
-                                                 10000) == 0)
-                n += (long)(hi - lo);
-        }
-        rd_kafka_metadata_destroy(md);
-    }
-    rd_kafka_topic_destroy(rkt);
-    rd_kafka_destroy(rk);
-    return n;
+    return json_string_value(json_object_get(r->headers, "message_id"));
 }
 
 /* Writes the relay's properties file <workdir>/<name>.properties. */
@@ -275,7 +171,7 @@ Test(outbox, two_relays_publish_committed_rows_once_in_key_order,
                                  "published_at IS NULL"),
                  1, "the oversized row is marked failed, not published");
 
-    recs_t recs = read_topic(broker.bootstrap, "payments");
+    th_recs_t recs = th_topic_read(broker.bootstrap, "payments");
     cr_expect_eq(recs.n, 720, "every committed row once: got %zu", recs.n);
     long last[6] = {-1, -1, -1, -1, -1, -1};
     for (size_t i = 0; i < recs.n; i++) {
@@ -289,11 +185,11 @@ Test(outbox, two_relays_publish_committed_rows_once_in_key_order,
         cr_expect_gt(seq, last[k], "key %s: seq %ld after %ld", recs.v[i].key,
                      seq, last[k]);
         last[k] = seq;
-        cr_expect(recs.v[i].mid && strlen(recs.v[i].mid) == 36,
+        cr_expect(rec_mid(&recs.v[i]) && strlen(rec_mid(&recs.v[i])) == 36,
                   "message_id header");
         json_decref(v);
     }
-    recs_free(&recs);
+    th_recs_free(&recs);
     /* The relays' counters add up; each stops cleanly on SIGTERM. */
     for (int t = 0; t < 50; t++) {
         if (metric(p1, "idemproc_outbox_published_total") +
@@ -367,9 +263,9 @@ Test(outbox, sigkill_between_publish_and_mark_then_exact_ledger, .timeout = 240)
     const char *extra[] = {"outbox.batch.max=1000", NULL};
     pid_t r = relay_start("relay1", stk.broker.bootstrap, 0, extra);
     for (int t = 0;
-         t < 300 && topic_size(stk.broker.bootstrap, "payments") < 200; t++)
+         t < 300 && th_topic_size(stk.broker.bootstrap, "payments") < 200; t++)
         usleep(100000);
-    cr_assert_eq(topic_size(stk.broker.bootstrap, "payments"), 200);
+    cr_assert_eq(th_topic_size(stk.broker.bootstrap, "payments"), 200);
     usleep(300000);
     cr_expect_eq(th_pg_long(&pg, UNPUBLISHED), 200,
                  "nothing is marked before the mark commits");
@@ -387,7 +283,7 @@ Test(outbox, sigkill_between_publish_and_mark_then_exact_ledger, .timeout = 240)
 
     r = relay_start("relay2", stk.broker.bootstrap, 0, extra);
     cr_assert_eq(wait_count(UNPUBLISHED, 0, 60000), 0);
-    cr_expect_eq(topic_size(stk.broker.bootstrap, "payments"), 400,
+    cr_expect_eq(th_topic_size(stk.broker.bootstrap, "payments"), 400,
                  "the unmarked batch was published again");
     cr_expect_eq(th_stop(r, 20000), 0);
 
@@ -501,7 +397,7 @@ Test(outbox, broker_and_database_outages_pause_and_resume, .timeout = 240)
 
     /* Every row's message_id is in the topic (resends after the outage
      * carry the same one). */
-    recs_t recs = read_topic(broker.bootstrap, "payments");
+    th_recs_t recs = th_topic_read(broker.bootstrap, "payments");
     char *ids = NULL;
     cr_assert_eq(th_pg_sql(&pg,
                            "SELECT string_agg(message_id::text, ',') FROM "
@@ -514,14 +410,14 @@ Test(outbox, broker_and_database_outages_pause_and_resume, .timeout = 240)
         rows++;
         int found = 0;
         for (size_t i = 0; i < recs.n && !found; i++)
-            found = recs.v[i].mid && !strcmp(recs.v[i].mid, id);
+            found = rec_mid(&recs.v[i]) && !strcmp(rec_mid(&recs.v[i]), id);
         missing += !found;
     }
     cr_expect_eq(rows, 150);
     cr_expect_eq(missing, 0, "%d rows not in the topic", missing);
     cr_expect_geq(recs.n, 150);
     free(ids);
-    recs_free(&recs);
+    th_recs_free(&recs);
     cr_expect_eq(th_stop(r, 20000), 0);
 }
 
@@ -743,10 +639,10 @@ Test(outbox, sigterm_finishes_the_batch_in_hand, .timeout = 120)
                             1, 30000),
                  0);
     pid_t r = relay_start("relay1", broker.bootstrap, 0, NULL);
-    for (int t = 0; t < 300 && topic_size(broker.bootstrap, "payments") < 100;
-         t++)
+    for (int t = 0;
+         t < 300 && th_topic_size(broker.bootstrap, "payments") < 100; t++)
         usleep(100000);
-    cr_assert_eq(topic_size(broker.bootstrap, "payments"), 100);
+    cr_assert_eq(th_topic_size(broker.bootstrap, "payments"), 100);
     cr_assert_eq(kill(r, SIGTERM), 0);
     usleep(500000);
     cr_expect_eq(th_wait(r, 0), -1, "the relay waits for its mark");
@@ -760,7 +656,7 @@ Test(outbox, sigterm_finishes_the_batch_in_hand, .timeout = 120)
     cr_expect_eq(th_wait(r, 30000), 0, "exit 0 after the drain");
     cr_expect_eq(th_pg_long(&pg, UNPUBLISHED), 0,
                  "the batch in hand was marked");
-    cr_expect_eq(topic_size(broker.bootstrap, "payments"), 100,
+    cr_expect_eq(th_topic_size(broker.bootstrap, "payments"), 100,
                  "nothing published twice");
 }
 
@@ -889,7 +785,7 @@ Test(outbox, a_key_released_during_a_scan_keeps_its_order, .timeout = 180)
                            NULL),
                  0);
     th_wait(lockers[NKEYS], 10000);
-    recs_t recs = read_topic(broker.bootstrap, "payments");
+    th_recs_t recs = th_topic_read(broker.bootstrap, "payments");
     cr_assert_eq(recs.n, 2 * NKEYS, "only the k rows were published");
     int last[NKEYS] = {0};
     for (size_t i = 0; i < recs.n; i++) {
@@ -900,5 +796,5 @@ Test(outbox, a_key_released_during_a_scan_keeps_its_order, .timeout = 180)
                      seq, last[k]);
         last[k] = seq;
     }
-    recs_free(&recs);
+    th_recs_free(&recs);
 }

@@ -22,129 +22,8 @@ TestSuite(pipeline, .fini = th_stack_cleanup);
 TestSuite(forward, .fini = th_stack_cleanup);
 
 /* One record read back from a topic by an independent consumer. */
-typedef struct {
-    int32_t partition;
-    int64_t offset;
-    char *key;
-    size_t key_len;
-    char *value;
-    size_t len;
-    json_t *headers; /* {name: last value} */
-} rec_t;
 
-typedef struct {
-    rec_t *v;
-    size_t n;
-} recs_t;
-
-static void recs_free(recs_t *r)
-{
-    for (size_t i = 0; i < r->n; i++) {
-        free(r->v[i].key);
-        free(r->v[i].value);
-        json_decref(r->v[i].headers);
-    }
-    free(r->v);
-}
-
-static char *memdup0(const void *p, size_t n)
-{
-    char *s = malloc(n + 1);
-    if (n)
-        memcpy(s, p, n);
-    s[n] = '\0';
-    return s;
-}
-
-/* Reads a whole topic from the beginning with librdkafka (assign, EOF). */
-static recs_t read_topic(const char *bootstrap, const char *topic)
-{
-    recs_t out = {0};
-    char err[512];
-    rd_kafka_conf_t *kc = rd_kafka_conf_new();
-    rd_kafka_conf_set(kc, "bootstrap.servers", bootstrap, err, sizeof(err));
-    rd_kafka_conf_set(kc, "group.id", "test-reader", err, sizeof(err));
-    rd_kafka_conf_set(kc, "enable.partition.eof", "true", err, sizeof(err));
-    rd_kafka_conf_set(kc, "fetch.wait.max.ms", "10", err, sizeof(err));
-    rd_kafka_t *rk = rd_kafka_new(RD_KAFKA_CONSUMER, kc, err, sizeof(err));
-    cr_assert(rk, "%s", err);
-    rd_kafka_poll_set_consumer(rk);
-    const rd_kafka_metadata_t *md;
-    rd_kafka_topic_t *rkt = rd_kafka_topic_new(rk, topic, NULL);
-    cr_assert_eq(rd_kafka_metadata(rk, 0, rkt, &md, 10000), 0);
-    int parts = md->topics[0].partition_cnt;
-    rd_kafka_topic_partition_list_t *l = rd_kafka_topic_partition_list_new(1);
-    for (int i = 0; i < parts; i++)
-        rd_kafka_topic_partition_list_add(l, topic, i)->offset =
-            RD_KAFKA_OFFSET_BEGINNING;
-    rd_kafka_metadata_destroy(md);
-    rd_kafka_topic_destroy(rkt);
-    rd_kafka_assign(rk, l);
-    rd_kafka_topic_partition_list_destroy(l);
-    int eof = 0;
-    for (int idle = 0; eof < parts && idle < 300;) {
-        rd_kafka_message_t *m = rd_kafka_consumer_poll(rk, 100);
-        if (!m) {
-            idle++;
-            continue;
-        }
-        if (m->err == RD_KAFKA_RESP_ERR__PARTITION_EOF) {
-            eof++;
-        } else if (!m->err) {
-            out.v = realloc(out.v, (out.n + 1) * sizeof(*out.v));
-            rec_t *r = &out.v[out.n++];
-            r->partition = m->partition;
-            r->offset = m->offset;
-            r->key = memdup0(m->key, m->key_len);
-            r->key_len = m->key_len;
-            r->value = memdup0(m->payload, m->len);
-            r->len = m->len;
-            r->headers = json_object();
-            rd_kafka_headers_t *h = NULL;
-            if (rd_kafka_message_headers(m, &h) == 0) {
-                const char *name;
-                const void *v;
-                size_t sz;
-                for (size_t i = 0;
-                     rd_kafka_header_get_all(h, i, &name, &v, &sz) == 0; i++)
-                    json_object_set_new(r->headers, name,
-                                        json_stringn(v ? v : "", sz));
-            }
-        }
-        rd_kafka_message_destroy(m);
-    }
-    cr_assert_eq(eof, parts, "did not read %s to its end", topic);
-    rd_kafka_consumer_close(rk);
-    rd_kafka_destroy(rk);
-    return out;
-}
-
-/* Records in a topic: the sum of its partitions' high watermarks. */
-static long topic_size(const char *bootstrap, const char *topic)
-{
-    char err[512];
-    rd_kafka_conf_t *kc = rd_kafka_conf_new();
-    rd_kafka_conf_set(kc, "bootstrap.servers", bootstrap, err, sizeof(err));
-    rd_kafka_t *rk = rd_kafka_new(RD_KAFKA_PRODUCER, kc, err, sizeof(err));
-    cr_assert(rk, "%s", err);
-    const rd_kafka_metadata_t *md;
-    rd_kafka_topic_t *rkt = rd_kafka_topic_new(rk, topic, NULL);
-    long n = 0;
-    if (rd_kafka_metadata(rk, 0, rkt, &md, 10000) == 0) {
-        for (int i = 0; i < md->topics[0].partition_cnt; i++) {
-            int64_t lo, hi;
-            if (rd_kafka_query_watermark_offsets(rk, topic, i, &lo, &hi,
-                                                 10000) == 0)
-                n += (long)(hi - lo);
-        }
-        rd_kafka_metadata_destroy(md);
-    }
-    rd_kafka_topic_destroy(rkt);
-    rd_kafka_destroy(rk);
-    return n;
-}
-
-static const char *hdr(const rec_t *r, const char *name)
+static const char *hdr(const th_rec_t *r, const char *name)
 {
     return json_string_value(json_object_get(r->headers, name));
 }
@@ -217,8 +96,8 @@ Test(pipeline, exact_ledger_and_every_poison_reason_in_dlq, .timeout = 120)
 
     /* Every dead letter: original key and bytes, original headers, and the
      * dlq.* headers, matching the record at its original position. */
-    recs_t in = read_topic(stk.broker.bootstrap, "payments");
-    recs_t dlq = read_topic(stk.broker.bootstrap, "payments.dlq");
+    th_recs_t in = th_topic_read(stk.broker.bootstrap, "payments");
+    th_recs_t dlq = th_topic_read(stk.broker.bootstrap, "payments.dlq");
     long poison = 0;
     const char *all[] = {"too-large", "not-json", "not-object", "no-identity",
                          "invalid-field"};
@@ -229,7 +108,7 @@ Test(pipeline, exact_ledger_and_every_poison_reason_in_dlq, .timeout = 120)
     const char *names[] = {"too-large", "not-json", "not-object", "no-identity",
                            "invalid-field"};
     for (size_t i = 0; i < dlq.n; i++) {
-        rec_t *d = &dlq.v[i];
+        th_rec_t *d = &dlq.v[i];
         const char *must[] = {"dlq.reason",          "dlq.error",
                               "dlq.original.topic",  "dlq.original.partition",
                               "dlq.original.offset", "dlq.original.timestamp",
@@ -244,7 +123,7 @@ Test(pipeline, exact_ledger_and_every_poison_reason_in_dlq, .timeout = 120)
                      "RFC 3339 with ms: %s", hdr(d, "dlq.failed.at"));
         int32_t p = atoi(hdr(d, "dlq.original.partition"));
         int64_t o = atoll(hdr(d, "dlq.original.offset"));
-        rec_t *orig = NULL;
+        th_rec_t *orig = NULL;
         for (size_t j = 0; j < in.n && !orig; j++)
             if (in.v[j].partition == p && in.v[j].offset == o)
                 orig = &in.v[j];
@@ -272,8 +151,8 @@ Test(pipeline, exact_ledger_and_every_poison_reason_in_dlq, .timeout = 120)
     for (int r = 0; r < 5; r++)
         cr_expect_eq(reasons[r], expect_count(&stk, "poison", names[r]),
                      "reason %s", names[r]);
-    recs_free(&in);
-    recs_free(&dlq);
+    th_recs_free(&in);
+    th_recs_free(&dlq);
     th_stack_stop(&stk);
 }
 
@@ -539,7 +418,7 @@ Test(forward, expired_lease_of_a_dead_owner_is_processed_again, .timeout = 120)
     const char *one[] = {"--count", "20", "--seed", "16", NULL};
     cr_assert_eq(th_stack_produce(&stk, one), 0);
     /* Take the identity of the first record and lease it to a dead owner. */
-    recs_t in = read_topic(stk.broker.bootstrap, "payments");
+    th_recs_t in = th_topic_read(stk.broker.bootstrap, "payments");
     cr_assert_gt(in.n, 0);
     const char *ikey = hdr(&in.v[0], "idempotency_key");
     char key[512], val[256];
@@ -556,7 +435,7 @@ Test(forward, expired_lease_of_a_dead_owner_is_processed_again, .timeout = 120)
     char *mark = th_redis_cli(&stk.redis, get);
     cr_expect(mark && !strncmp(mark, "done:", 5), "mark: %s", mark);
     free(mark);
-    recs_t out = read_topic(stk.broker.bootstrap, "payments.out");
+    th_recs_t out = th_topic_read(stk.broker.bootstrap, "payments.out");
     int copies = 0;
     for (size_t i = 0; i < out.n; i++) {
         json_t *v = json_loadb(out.v[i].value, out.v[i].len, 0, NULL);
@@ -569,8 +448,8 @@ Test(forward, expired_lease_of_a_dead_owner_is_processed_again, .timeout = 120)
     }
     cr_expect_eq(copies, 1, "the leased record was forwarded %d times", copies);
     cr_expect_eq((long)out.n, expect_count(&stk, "unique", NULL));
-    recs_free(&in);
-    recs_free(&out);
+    th_recs_free(&in);
+    th_recs_free(&out);
     cr_expect_eq(th_stop(m, 15000), 0);
     th_stack_stop(&stk);
 }
@@ -593,12 +472,12 @@ Test(forward, loses_nothing_across_sigkill, .timeout = 180)
     /* Kill it mid-stream: part of the output written, not all. */
     long written = 0;
     for (int t = 0; t < 600 && written < unique / 4; t++) {
-        written = topic_size(stk.broker.bootstrap, "payments.out");
+        written = th_topic_size(stk.broker.bootstrap, "payments.out");
         usleep(100000);
     }
     kill(m, SIGKILL);
     cr_expect_eq(th_wait(m, 5000), 128 + SIGKILL);
-    written = topic_size(stk.broker.bootstrap, "payments.out");
+    written = th_topic_size(stk.broker.bootstrap, "payments.out");
     cr_assert_geq(written, unique / 4, "m1 never got going");
     cr_assert_lt(written, unique, "killed too late to prove anything");
     m = th_stack_member(&stk, "m2", NULL);
@@ -689,7 +568,7 @@ Test(pipeline, dead_letter_too_big_for_the_dlq_drops_its_value, .timeout = 120)
     pid_t m = th_stack_member(&stk, "m1", NULL);
     ASSERT_VERIFIED(&stk, 1, NULL, 60000);
     cr_expect_eq(th_stop(m, 15000), 0);
-    recs_t dlq = read_topic(stk.broker.bootstrap, "payments.dlq");
+    th_recs_t dlq = th_topic_read(stk.broker.bootstrap, "payments.dlq");
     long dropped = 0;
     for (size_t i = 0; i < dlq.n; i++) {
         if (strcmp(hdr(&dlq.v[i], "dlq.reason"), "too-large"))
@@ -699,7 +578,7 @@ Test(pipeline, dead_letter_too_big_for_the_dlq_drops_its_value, .timeout = 120)
         dropped++;
     }
     cr_expect_eq(dropped, too_large);
-    recs_free(&dlq);
+    th_recs_free(&dlq);
     th_stack_stop(&stk);
 }
 
@@ -712,7 +591,7 @@ Test(forward, own_lease_from_an_earlier_epoch_is_taken_at_once, .timeout = 90)
     cr_assert_eq(th_stack_start(&stk, 4, props), 0);
     const char *one[] = {"--count", "20", "--seed", "23", NULL};
     cr_assert_eq(th_stack_produce(&stk, one), 0);
-    recs_t in = read_topic(stk.broker.bootstrap, "payments");
+    th_recs_t in = th_topic_read(stk.broker.bootstrap, "payments");
     cr_assert_gt(in.n, 0);
     char key[512], val[300];
     snprintf(key, sizeof(key), "idemproc:dedup:test-group:%s",
@@ -720,7 +599,7 @@ Test(forward, own_lease_from_an_earlier_epoch_is_taken_at_once, .timeout = 90)
     snprintf(val, sizeof(val), "lease:m1:0:%s", hdr(&in.v[0], "message_id"));
     const char *set[] = {"SET", key, val, "PX", "60000", NULL};
     free(th_redis_cli(&stk.redis, set));
-    recs_free(&in);
+    th_recs_free(&in);
     pid_t m = th_stack_member(&stk, "m1", NULL);
     /* Far less than the 60 s lease: it must not wait for it. */
     ASSERT_VERIFIED(&stk, 0, NULL, 25000);
@@ -754,12 +633,12 @@ Test(pipeline, refused_increment_is_handler_rejected, .timeout = 90)
     pid_t m = th_stack_member(&stk, "m1", NULL);
     long rejected = 0;
     for (int t = 0; t < 300 && rejected < sent; t++) {
-        recs_t dlq = read_topic(stk.broker.bootstrap, "payments.dlq");
+        th_recs_t dlq = th_topic_read(stk.broker.bootstrap, "payments.dlq");
         rejected = 0;
         for (size_t i = 0; i < dlq.n; i++)
             if (!strcmp(hdr(&dlq.v[i], "dlq.reason"), "handler-rejected"))
                 rejected++;
-        recs_free(&dlq);
+        th_recs_free(&dlq);
         usleep(100000);
     }
     cr_expect_eq(rejected, sent, "%ld of %ld records handler-rejected",
@@ -801,7 +680,7 @@ Test(pipeline, script_flush_reloads_and_marks_expire, .timeout = 120)
                                         "nothing");
     free(log);
     /* A done mark expires after dedup.ttl.seconds. */
-    recs_t in = read_topic(stk.broker.bootstrap, "payments");
+    th_recs_t in = th_topic_read(stk.broker.bootstrap, "payments");
     char key[512];
     for (size_t i = 0; i < in.n; i++) {
         const char *ik = hdr(&in.v[i], "idempotency_key");
@@ -810,7 +689,7 @@ Test(pipeline, script_flush_reloads_and_marks_expire, .timeout = 120)
         snprintf(key, sizeof(key), "idemproc:dedup:test-group:%s", ik);
         break;
     }
-    recs_free(&in);
+    th_recs_free(&in);
     const char *ttl[] = {"TTL", key, NULL};
     char *t = th_redis_cli(&stk.redis, ttl);
     long secs = t ? atol(t) : -9;
