@@ -37,7 +37,6 @@ static void check_config_usage(FILE *out)
 typedef struct {
     int connect;
     int timeout_ms;
-    int outbox; /* --for outbox */
 } check_opts_t;
 
 /* idem_cmdline_opt_cb for check-config's own options. */
@@ -49,10 +48,10 @@ static int check_config_opt(int opt, const char *arg, void *opaque)
         return 0;
     }
     if (opt == 'f') {
-        if (!strcmp(arg, "run") || !strcmp(arg, "outbox")) {
-            o->outbox = !strcmp(arg, "outbox");
+        /* Only checked here: the scope is read from argv before the
+         * configuration loads (cmd_check_config). */
+        if (!strcmp(arg, "run") || !strcmp(arg, "outbox"))
             return 0;
-        }
         fprintf(stderr,
                 "idemproc check-config: --for \"%s\" is not one of: run, "
                 "outbox\n",
