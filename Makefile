@@ -9,7 +9,7 @@ VERSION := 0.1.0
 # Libraries, found with pkg-config. These variables are recursive (=) on
 # purpose: they are expanded when a recipe runs, i.e. after `deps` has
 # installed whatever pkg-config could not find.
-PKGS      := rdkafka hiredis jansson libmicrohttpd uuid openssl libpq
+PKGS      := rdkafka hiredis jansson libmicrohttpd uuid openssl libpq libcurl lua5.1
 TEST_PKGS := criterion
 PKG_CFLAGS  = $(shell pkg-config --cflags $(PKGS))
 PKG_LIBS    = $(shell pkg-config --libs $(PKGS))
@@ -22,7 +22,8 @@ PG_BINDIR ?= $(or $(lastword $(sort $(wildcard /usr/lib/postgresql/*/bin))),/usr
 # Debian packages: what building needs, and what the tests, the demo and
 # the benchmark need on top (servers and real clients they run).
 BUILD_DEB_PKGS := build-essential pkg-config librdkafka-dev libhiredis-dev \
-                  libjansson-dev libmicrohttpd-dev uuid-dev libssl-dev libpq-dev
+                  libjansson-dev libmicrohttpd-dev uuid-dev libssl-dev libpq-dev \
+                  libcurl4-openssl-dev liblua5.1-0-dev
 TEST_DEB_PKGS  := libcriterion-dev redis-server redis-tools kcat prometheus \
                   clang-format jq openssl postgresql
 # Fuzzing (make fuzz) and the memory checks of CI (.ci/run) on top.
@@ -33,21 +34,45 @@ DEB_PKGS       := $(BUILD_DEB_PKGS) $(TEST_DEB_PKGS) $(FUZZ_DEB_PKGS) \
 
 WARN    := -Wall -Wextra -Wshadow -Wstrict-prototypes -Wwrite-strings -Werror
 CFLAGS  ?= -O2 -g
+# The sources: the runtime in processor/, the effects in processor/handlers/,
+# the development tools (generator, embedded broker, verifier) in
+# processor/dev/, the public plugin header in processor/include/.
+SRC_DIRS := processor processor/handlers processor/dev
+INCLUDES := $(SRC_DIRS:%=-I%) -Iprocessor/include
 ALL_CFLAGS = -std=c11 -D_GNU_SOURCE $(WARN) $(CFLAGS) -MMD -MP \
-             -DIDEM_VERSION='"$(VERSION)"' $(PKG_CFLAGS)
-LDLIBS_ALL = $(PKG_LIBS) -lpthread -lm
+             -DIDEM_VERSION='"$(VERSION)"' $(INCLUDES) $(PKG_CFLAGS)
+LDLIBS_ALL = $(PKG_LIBS) -lpthread -lm -ldl
 ifneq ($(SAN),)
 ALL_CFLAGS += -fsanitize=$(SAN) -fno-omit-frame-pointer
 LDFLAGS    += -fsanitize=$(SAN)
 endif
 
-SRCS      := $(wildcard processor/*.c)
+SRCS      := $(wildcard $(SRC_DIRS:%=%/*.c))
 OBJS      := $(SRCS:processor/%.c=$(BUILD)/obj/%.o)
 LIB_OBJS  := $(filter-out $(BUILD)/obj/main.o,$(OBJS))
 TEST_SRCS := $(wildcard tests/*.c)
 TEST_OBJS := $(TEST_SRCS:tests/%.c=$(BUILD)/tobj/%.o)
 BIN       := $(BUILD)/idemproc
 TEST_BIN  := $(BUILD)/idemproc-tests
+# The benchmark's webhook service: the tests' scripted HTTP server.
+HOOKSINK  := $(BUILD)/hooksink
+
+# Handler plugins (handler=plugin:PATH.so): each is built from its one
+# source and the public header alone (processor/include), never against
+# idemproc's objects; -Wl,--no-undefined makes a plugin that reaches for
+# an internal symbol fail here rather than at load. The examples go to
+# build/plugins, the test plugins (one built for another ABI version,
+# ...) to build/tplugins.
+PLUGIN_CFLAGS = -std=c11 $(WARN) $(CFLAGS) -MMD -MP -fPIC -Iprocessor/include
+PLUGIN_LDFLAGS = -shared -Wl,--no-undefined
+ifneq ($(SAN),)
+PLUGIN_CFLAGS  += -fsanitize=$(SAN) -fno-omit-frame-pointer
+PLUGIN_LDFLAGS += -fsanitize=$(SAN)
+endif
+PLUGIN_SRCS      := $(wildcard config/examples/*.c)
+PLUGINS          := $(PLUGIN_SRCS:config/examples/%.c=$(BUILD)/plugins/%.so)
+TEST_PLUGIN_SRCS := $(wildcard tests/plugins/*.c)
+TEST_PLUGINS     := $(TEST_PLUGIN_SRCS:tests/plugins/%.c=$(BUILD)/tplugins/%.so)
 
 # Tests build argv arrays from string literals, hence -Wno-write-strings there.
 # Criterion options for `make test`; e.g. make test TEST_ARGS='--filter=conf/*'
@@ -59,15 +84,16 @@ TEST_ARGS ?=
         format demo demo-outbox bench chaos fuzz fuzz-build tsan memcheck clean \
         install help
 
-all: $(BIN)
+all: $(BIN) $(PLUGINS)
 
 help:
 	@echo "make [all]      build $(BIN) (installs missing Debian packages first)"
 	@echo "make test       format check, unit and integration tests"
 	@echo "make demo       whole pipeline on the embedded broker and a private redis"
 	@echo "make demo-outbox  PostgreSQL outbox -> relay -> processor -> verify"
-	@echo "make bench      one member's throughput against kcat reading the same topic,"
-	@echo "                and the outbox relay's (BENCH_ONLY=outbox: only that)"
+	@echo "make bench      one member's throughput against kcat reading the same topic;"
+	@echo "                BENCH_ROWS=\"ledger webhook outbox\" picks rows (webhook: an HTTP"
+	@echo "                service answering in 5 ms; outbox: the relay from PostgreSQL)"
 	@echo "make chaos      kills, Redis kill -9, broker faults at once; exact or fail"
 	@echo "                (CHAOS_SEED, CHAOS_RECORDS, CHAOS_SECONDS)"
 	@echo "make fuzz       each libFuzzer target for FUZZ_SECONDS (default 60)"
@@ -111,14 +137,21 @@ deps:
 	  DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y -qq --no-install-recommends $$missing; \
 	else echo "deps: all Debian packages present"; fi
 
-$(BUILD)/obj $(BUILD)/tobj:
+$(BUILD)/obj $(BUILD)/tobj $(BUILD)/plugins $(BUILD)/tplugins:
 	@mkdir -p $@
 
 $(BUILD)/obj/%.o: processor/%.c | deps-check $(BUILD)/obj
+	@mkdir -p $(@D)
 	$(CC) $(ALL_CFLAGS) -c -o $@ $<
 
 $(BUILD)/tobj/%.o: tests/%.c | deps-check-test $(BUILD)/tobj
 	$(CC) $(ALL_CFLAGS) -Wno-write-strings $(TEST_CFLAGS) -Iprocessor -c -o $@ $<
+
+$(BUILD)/plugins/%.so: config/examples/%.c | deps-check $(BUILD)/plugins
+	$(CC) $(PLUGIN_CFLAGS) $(PLUGIN_LDFLAGS) -o $@ $<
+
+$(BUILD)/tplugins/%.so: tests/plugins/%.c | deps-check $(BUILD)/tplugins
+	$(CC) $(PLUGIN_CFLAGS) $(PLUGIN_LDFLAGS) -o $@ $<
 
 $(BIN): $(OBJS)
 	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS_ALL)
@@ -126,7 +159,10 @@ $(BIN): $(OBJS)
 $(TEST_BIN): $(TEST_OBJS) $(LIB_OBJS)
 	$(CC) $(LDFLAGS) -o $@ $^ $(TEST_LIBS) $(LDLIBS_ALL)
 
-FORMAT_SRCS = processor/*.[ch] tests/*.[ch] tests/fuzz/*.c tests/tsan/*.c
+FORMAT_SRCS = $(wildcard $(SRC_DIRS:%=%/*.[ch]) processor/include/*/*.h) \
+              tests/*.[ch] tests/fuzz/*.c tests/tsan/*.c \
+              tests/hooksink/*.c \
+              $(PLUGIN_SRCS) $(TEST_PLUGIN_SRCS)
 
 check-format: | deps-check-test
 	@out=$$(clang-format --dry-run --Werror $(FORMAT_SRCS) 2>&1); \
@@ -136,7 +172,7 @@ check-format: | deps-check-test
 format: | deps-check-test
 	clang-format -i $(FORMAT_SRCS)
 
-test: check-format $(BIN) $(TEST_BIN)
+test: check-format $(BIN) $(TEST_BIN) $(PLUGINS) $(TEST_PLUGINS)
 	IDEMPROC_BIN=$(abspath $(BIN)) IDEMPROC_SRC=$(abspath .) \
 	  PG_BINDIR=$(PG_BINDIR) \
 	  LSAN_OPTIONS=suppressions=$(abspath tests/lsan.supp) \
@@ -148,8 +184,14 @@ demo: $(BIN) | deps-check-test
 demo-outbox: $(BIN) | deps-check-test
 	@PG_BINDIR=$(PG_BINDIR) tests/demo_outbox.sh $(BIN)
 
-bench: $(BIN) | deps-check-test
-	@PG_BINDIR=$(PG_BINDIR) BENCH_ONLY=$(BENCH_ONLY) tests/bench.sh $(BIN)
+$(HOOKSINK): tests/hooksink/hooksink.c tests/hooksrv.c tests/hooksrv.h | deps-check $(BUILD)/obj
+	$(CC) -std=c11 -D_GNU_SOURCE $(WARN) $(CFLAGS) $(PKG_CFLAGS) -o $@ \
+	  tests/hooksink/hooksink.c tests/hooksrv.c $(LDFLAGS) $(LDLIBS_ALL)
+
+# Rows of `make bench` (ledger, webhook); e.g. make bench BENCH_ROWS=webhook
+BENCH_ROWS ?=
+bench: $(BIN) $(HOOKSINK) | deps-check-test
+	@PG_BINDIR=$(PG_BINDIR) BENCH_ONLY=$(BENCH_ONLY) tests/bench.sh $(BIN) $(BENCH_ROWS)
 
 # ThreadSanitizer: the HTTP thread against a thread updating the metrics as
 # the loop does (tests/tsan/http_loop.c; Criterion does not run under TSan).
@@ -184,7 +226,7 @@ FUZZ_SAN     := -fsanitize=address,undefined -fno-sanitize-recover=undefined
 FUZZ_CFLAGS   = -std=c11 -D_GNU_SOURCE $(WARN) -Wno-int-to-void-pointer-cast \
                 -g -O1 $(FUZZ_SAN) \
                 -fsanitize=fuzzer-no-link -DIDEM_VERSION='"$(VERSION)"' \
-                $(PKG_CFLAGS)
+                $(INCLUDES) $(PKG_CFLAGS)
 FUZZ_OBJS    := $(LIB_OBJS:$(BUILD)/obj/%.o=$(FUZZ_BUILD)/obj/%.o)
 FUZZ_BINS    := $(FUZZ_TARGETS:%=$(FUZZ_BUILD)/fuzz_%)
 
@@ -192,6 +234,7 @@ $(FUZZ_BUILD)/obj:
 	@mkdir -p $@
 
 $(FUZZ_BUILD)/obj/%.o: processor/%.c | deps-check deps-check-fuzz $(FUZZ_BUILD)/obj
+	@mkdir -p $(@D)
 	$(FUZZ_CC) $(FUZZ_CFLAGS) -MMD -MP -c -o $@ $<
 
 $(FUZZ_BUILD)/fuzz_%: tests/fuzz/fuzz_%.c $(FUZZ_OBJS)
@@ -213,8 +256,11 @@ fuzz: fuzz-build
 
 install: $(BIN)
 	install -D -m 0755 $(BIN) $(DESTDIR)$(PREFIX)/bin/idemproc
+	install -D -m 0644 processor/include/idemproc/plugin.h \
+	  $(DESTDIR)$(PREFIX)/include/idemproc/plugin.h
 
 clean:
 	rm -rf $(BUILD) $(FUZZ_BUILD) $(TSAN_BUILD)
 
--include $(OBJS:.o=.d) $(TEST_OBJS:.o=.d) $(FUZZ_OBJS:.o=.d)
+-include $(OBJS:.o=.d) $(TEST_OBJS:.o=.d) $(FUZZ_OBJS:.o=.d) \
+         $(PLUGINS:.so=.d) $(TEST_PLUGINS:.so=.d)

@@ -109,7 +109,7 @@ int idem_cmd_run(int argc, char **argv, char **envp)
     idem_pipeline_on_shutdown(p, arm_watchdog);
     idem_log_kv(IDEM_LOG_INFO, "started", "member", conf->member_id, "group",
                 conf->group_id, "topics", conf->input_topics, "handler",
-                idem_handler2str(conf->handler), "version", IDEM_VERSION, NULL);
+                conf->handler, "version", IDEM_VERSION, NULL);
     int prc = idem_pipeline_run(p, &run_stop, errstr, sizeof(errstr));
     if (prc == IDEM_PIPELINE_REFUSED) {
         idem_log_kv(IDEM_LOG_ERROR, "refusing to run", "error", errstr, NULL);

@@ -1,6 +1,8 @@
 /* conf: the configuration table, its sources (file, environment, --set) and
  * the effective configuration every command reads. */
 #include "conf.h"
+#include "envelope.h"
+#include "handler.h"
 #include "kafka.h"
 #include "redisconn.h"
 #include "util.h"
@@ -116,16 +118,50 @@ static const prop_t props[] = {
      "this member's name: client.id, lease owner, logs (default "
      "hostname-pid)"},
     {"handler",
-     PROP_ENUM,
+     PROP_STR,
      F(handler),
      "ledger",
      0,
      0,
-     {"ledger", "forward"},
+     {0},
      0,
      0,
-     "ledger: effect in Redis, one script; forward: write to "
-     "output.topic under a lease"},
+     "the effect: a registered handler, NAME or NAME:ARG (see the handler "
+     "keys below; ledger: payments into Redis; forward: copy to "
+     "output.topic)"},
+    {"envelope.format",
+     PROP_ENUM,
+     F(envelope_format),
+     "json",
+     0,
+     0,
+     {"json", "bytes"},
+     0,
+     0,
+     "json: the value must be a JSON object; bytes: the value is not "
+     "parsed (identity from headers or the key)"},
+    {"envelope.identity",
+     PROP_STR,
+     F(envelope_identity),
+     IDEM_ENVELOPE_IDENTITY_DEFAULT,
+     0,
+     0,
+     {0},
+     0,
+     0,
+     "where the dedup identity comes from: comma list of value:<JSON "
+     "Pointer>, header:<name>, key; the first found wins"},
+    {"envelope.message.id",
+     PROP_STR,
+     F(envelope_message_id),
+     IDEM_ENVELOPE_MESSAGE_ID_DEFAULT,
+     0,
+     0,
+     {0},
+     0,
+     0,
+     "where the message id comes from (same syntax; empty: none): tells a "
+     "redelivery from a resend"},
     {"redis.url",
      PROP_STR,
      F(redis_url),
@@ -521,9 +557,27 @@ static const prop_t props[] = {
 
 #define PROP_CNT (sizeof(props) / sizeof(props[0]))
 
-const char *idem_handler2str(int handler)
+/* A handler's key (handler.h) as a table row: its value lives in
+ * conf->hkeys as text, not in a field. */
+#define PROP_HKEY ((size_t)-1)
+
+static prop_t prop_from_key(const idem_conf_key_t *k)
 {
-    return handler == IDEM_HANDLER_FORWARD ? "forward" : "ledger";
+    prop_t p = {k->name,   (prop_type_t)k->type,
+                PROP_HKEY, k->def,
+                k->min,    k->max,
+                {0},       k->secret,
+                0,         k->doc};
+    for (int i = 0; i < 5 && k->enums[i]; i++)
+        p.enums[i] = k->enums[i];
+    return p;
+}
+
+/* A plugin's key (key_prefix): any text. */
+static prop_t prop_prefixed(const char *name)
+{
+    prop_t p = {name, PROP_STR, PROP_HKEY, NULL, 0, 0, {0}, 0, 0, ""};
+    return p;
 }
 
 static const prop_t *prop_find(const char *name)
@@ -532,6 +586,60 @@ static const prop_t *prop_find(const char *name)
         if (!strcmp(props[i].name, name))
             return &props[i];
     return NULL;
+}
+
+/* The text a handler key holds in conf, or NULL when it was not set. */
+static const char *hkey_get(const idem_conf_t *conf, const char *name)
+{
+    for (size_t i = conf->hkeys_cnt; i-- > 0;)
+        if (!strcmp(conf->hkeys[i].name, name))
+            return conf->hkeys[i].value;
+    return NULL;
+}
+
+static void hkey_store(idem_conf_t *conf, const char *name, const char *value)
+{
+    for (size_t i = 0; i < conf->hkeys_cnt; i++)
+        if (!strcmp(conf->hkeys[i].name, name)) {
+            free(conf->hkeys[i].value);
+            conf->hkeys[i].value = idem_xstrdup(value);
+            return;
+        }
+    conf->hkeys = idem_xrealloc(conf->hkeys,
+                                (conf->hkeys_cnt + 1) * sizeof(*conf->hkeys));
+    conf->hkeys[conf->hkeys_cnt].name = idem_xstrdup(name);
+    conf->hkeys[conf->hkeys_cnt].value = idem_xstrdup(value);
+    conf->hkeys_cnt++;
+}
+
+const char *idem_conf_str(const idem_conf_t *conf, const char *key)
+{
+    const char *v = hkey_get(conf, key);
+    if (v)
+        return v;
+    const idem_conf_key_t *decl = NULL;
+    if (!idem_handler_key(key, &decl)) {
+        fprintf(stderr, "idemproc: internal: no handler declares key %s\n",
+                key);
+        return NULL;
+    }
+    return decl ? decl->def : NULL;
+}
+
+int64_t idem_conf_int(const idem_conf_t *conf, const char *key)
+{
+    const char *v = idem_conf_str(conf, key);
+    if (!v)
+        return 0;
+    const idem_conf_key_t *decl = NULL;
+    idem_handler_key(key, &decl);
+    if (decl && decl->type == IDEM_KEY_ENUM) {
+        for (int i = 0; i < 6 && decl->enums[i]; i++)
+            if (!strcmp(decl->enums[i], v))
+                return i;
+        return 0;
+    }
+    return strtoll(v, NULL, 10);
 }
 
 static void err_set(char *errstr, size_t errstr_size, const char *fmt, ...)
@@ -583,6 +691,15 @@ static const char *closest_key(const char *name)
             best = props[i].name;
         }
     }
+    const idem_handler_ops_t *h;
+    for (size_t i = 0; (h = idem_handler_at(i)); i++)
+        for (const idem_conf_key_t *k = h->keys; k && k->name; k++) {
+            size_t d = edit_distance(name, k->name);
+            if (d < best_d) {
+                best_d = d;
+                best = k->name;
+            }
+        }
     /* Only suggest what is plausibly a typo. */
     return best_d <= 1 + strlen(name) / 4 ? best : NULL;
 }
@@ -675,19 +792,14 @@ static int kafka_set(idem_conf_t *conf, const char *prop, const char *value,
     return 0;
 }
 
-/* The generic setter: validates `value` against the property's type, range
- * and enum, then stores it. */
-static int prop_set(idem_conf_t *conf, const prop_t *p, const char *value,
-                    char *errstr, size_t errstr_size)
+/* Validates `value` against the property's type, range and enum: the
+ * number in *num (PROP_INT) or the index in *idx (PROP_ENUM). */
+static int prop_check(const prop_t *p, const char *value, int64_t *num,
+                      int *idx, char *errstr, size_t errstr_size)
 {
-    char *field = (char *)conf + p->offset;
     switch (p->type) {
-    case PROP_STR: {
-        char **s = (char **)field;
-        free(*s);
-        *s = value ? idem_xstrdup(value) : NULL;
+    case PROP_STR:
         return 0;
-    }
     case PROP_INT: {
         char *end;
         errno = 0;
@@ -703,14 +815,14 @@ static int prop_set(idem_conf_t *conf, const prop_t *p, const char *value,
                     p->name, v, p->min, p->max);
             return -1;
         }
-        *(int64_t *)field = v;
+        *num = v;
         return 0;
     }
     case PROP_ENUM: {
         char allowed[128] = "";
         for (int i = 0; p->enums[i]; i++) {
             if (!strcmp(p->enums[i], value)) {
-                *(int *)field = i;
+                *idx = i;
                 return 0;
             }
             if (i)
@@ -726,6 +838,38 @@ static int prop_set(idem_conf_t *conf, const prop_t *p, const char *value,
     return -1;
 }
 
+/* The generic setter: validates `value` (prop_check), then stores it in
+ * its field, or as text for a handler's key. */
+static int prop_set(idem_conf_t *conf, const prop_t *p, const char *value,
+                    char *errstr, size_t errstr_size)
+{
+    int64_t num = 0;
+    int idx = 0;
+    if (p->type != PROP_STR &&
+        prop_check(p, value, &num, &idx, errstr, errstr_size))
+        return -1;
+    if (p->offset == PROP_HKEY) {
+        hkey_store(conf, p->name, value ? value : "");
+        return 0;
+    }
+    char *field = (char *)conf + p->offset;
+    switch (p->type) {
+    case PROP_STR: {
+        char **str = (char **)field;
+        free(*str);
+        *str = value ? idem_xstrdup(value) : NULL;
+        break;
+    }
+    case PROP_INT:
+        *(int64_t *)field = num;
+        break;
+    case PROP_ENUM:
+        *(int *)field = idx;
+        break;
+    }
+    return 0;
+}
+
 int idem_conf_set(idem_conf_t *conf, const char *key, const char *value,
                   char *errstr, size_t errstr_size)
 {
@@ -734,6 +878,12 @@ int idem_conf_set(idem_conf_t *conf, const char *key, const char *value,
     const prop_t *p = prop_find(key);
     if (p)
         return prop_set(conf, p, value, errstr, errstr_size);
+    /* A key a handler declares, exactly (script.file ends in ".file"). */
+    const idem_conf_key_t *decl = NULL;
+    if (idem_handler_key(key, &decl) && decl) {
+        prop_t hp = prop_from_key(decl);
+        return prop_set(conf, &hp, value, errstr, errstr_size);
+    }
     size_t klen = strlen(key);
     if (klen > 5 && !strcmp(key + klen - 5, ".file")) {
         char base[256];
@@ -754,6 +904,11 @@ int idem_conf_set(idem_conf_t *conf, const char *key, const char *value,
 
     if (!strncmp(key, "kafka.", 6) && key[6])
         return kafka_set(conf, key + 6, value, errstr, errstr_size);
+
+    if (idem_handler_key(key, &decl)) {
+        prop_t hp = decl ? prop_from_key(decl) : prop_prefixed(key);
+        return prop_set(conf, &hp, value, errstr, errstr_size);
+    }
 
     const char *hint = closest_key(key);
     if (hint)
@@ -791,6 +946,11 @@ void idem_conf_destroy(idem_conf_t *conf)
         free(conf->kafka[i].value);
     }
     free(conf->kafka);
+    for (size_t i = 0; i < conf->hkeys_cnt; i++) {
+        free(conf->hkeys[i].name);
+        free(conf->hkeys[i].value);
+    }
+    free(conf->hkeys);
     free(conf);
 }
 
@@ -875,6 +1035,35 @@ static int env_key(const char *var, char *key, size_t key_size)
             key[n++] = *c == '_' ? '.' : (char)tolower((unsigned char)*c);
         key[n] = '\0';
         return 0;
+    }
+    /* A handler's keys: declared ones by name (IDEMPROC_WEBHOOK_URL,
+     * ..._FILE), and any key under a handler's prefix
+     * (IDEMPROC_PLUGIN_<NAME> -> plugin.<name>, '_' -> '.'). */
+    const idem_handler_ops_t *h;
+    for (size_t i = 0; (h = idem_handler_at(i)); i++) {
+        for (const idem_conf_key_t *k = h->keys; k && k->name; k++) {
+            env_name(k->name, name, sizeof(name));
+            size_t nl = strlen(name);
+            if (!strcmp(var, name)) {
+                snprintf(key, key_size, "%s", k->name);
+                return 0;
+            }
+            if (!strncmp(var, name, nl) && !strcmp(var + nl, "_FILE")) {
+                snprintf(key, key_size, "%s.file", k->name);
+                return 0;
+            }
+        }
+        if (!h->key_prefix)
+            continue;
+        env_name(h->key_prefix, name, sizeof(name)); /* "IDEMPROC_PLUGIN_" */
+        size_t nl = strlen(name);
+        if (!strncmp(var, name, nl) && var[nl]) {
+            size_t n = (size_t)snprintf(key, key_size, "%s", h->key_prefix);
+            for (const char *c = var + nl; *c && n + 1 < key_size; c++)
+                key[n++] = *c == '_' ? '.' : (char)tolower((unsigned char)*c);
+            key[n] = '\0';
+            return 0;
+        }
     }
     return -1;
 }
@@ -1130,12 +1319,35 @@ int idem_conf_finalize(idem_conf_t *conf, char *errstr, size_t errstr_size)
                 conf->redis_prefix);
         return -1;
     }
-    if (conf->handler == IDEM_HANDLER_FORWARD &&
-        (!conf->output_topic || !*conf->output_topic)) {
+    const char *harg;
+    const idem_handler_ops_t *handler =
+        idem_handler_find(conf->handler, &harg, errstr, errstr_size);
+    if (!handler)
+        return -1;
+    for (const idem_conf_key_t *k = handler->keys; k && k->name; k++) {
+        const char *v = idem_conf_str(conf, k->name);
+        if (k->required && (!v || !*v)) {
+            err_set(errstr, errstr_size, "%s: required when handler=%s",
+                    k->name, handler->name);
+            return -1;
+        }
+    }
+    if (idem_envelope_sources_check("envelope.identity",
+                                    conf->envelope_identity, 0, errstr,
+                                    errstr_size) ||
+        idem_envelope_sources_check("envelope.message.id",
+                                    conf->envelope_message_id, 1, errstr,
+                                    errstr_size))
+        return -1;
+    if (handler->needs_payment && conf->envelope_format != IDEM_ENVELOPE_JSON) {
         err_set(errstr, errstr_size,
-                "output.topic: required when handler=forward");
+                "envelope.format: handler=%s reads payment fields from a "
+                "JSON value; bytes is not possible with it",
+                handler->name);
         return -1;
     }
+    if (handler->validate && handler->validate(conf, harg, errstr, errstr_size))
+        return -1;
     if (conf->retry_backoff_initial_ms > conf->retry_backoff_max_ms) {
         err_set(errstr, errstr_size,
                 "retry.backoff.initial.ms: %" PRId64
@@ -1157,8 +1369,10 @@ int idem_conf_finalize(idem_conf_t *conf, char *errstr, size_t errstr_size)
             r = -1;
             break;
         }
-        const char *out =
-            conf->handler == IDEM_HANDLER_FORWARD ? conf->output_topic : NULL;
+        const char *out = handler == &idem_handler_forward &&
+                                  conf->output_topic && *conf->output_topic
+                              ? conf->output_topic
+                              : NULL;
         int hit = topic_matches(t, conf->dlq_topic, errstr, errstr_size);
         const char *which = "dlq";
         if (hit == 0 && out) {
@@ -1243,6 +1457,14 @@ fail:
 static const char *prop_value(const idem_conf_t *conf, const prop_t *p,
                               char *buf, size_t size)
 {
+    if (p->offset == PROP_HKEY) {
+        const char *v = hkey_get(conf, p->name);
+        if (!v)
+            v = p->def;
+        if (!v)
+            return "";
+        return p->secret && *v ? "[redacted]" : v;
+    }
     const char *field = (const char *)conf + p->offset;
     switch (p->type) {
     case PROP_STR: {
@@ -1275,6 +1497,27 @@ void idem_conf_dump(const idem_conf_t *conf, FILE *out)
                 idem_conf_kafka_prop_is_secret(conf->kafka[i].name)
                     ? "[redacted]"
                     : conf->kafka[i].value);
+    /* The keys of the handler that runs, then any other handler key set. */
+    const idem_handler_ops_t *run =
+        idem_handler_find(conf->handler, NULL, buf, sizeof(buf));
+    for (const idem_conf_key_t *k = run ? run->keys : NULL; k && k->name; k++) {
+        prop_t hp = prop_from_key(k);
+        fprintf(out, "%s=%s\n", k->name,
+                prop_value(conf, &hp, buf, sizeof(buf)));
+    }
+    for (size_t i = 0; i < conf->hkeys_cnt; i++) {
+        const idem_conf_key_t *decl = NULL;
+        const idem_handler_ops_t *h =
+            idem_handler_key(conf->hkeys[i].name, &decl);
+        if (h == run && decl)
+            continue; /* printed above */
+        prop_t hp =
+            decl ? prop_from_key(decl) : prop_prefixed(conf->hkeys[i].name);
+        if (!decl)
+            hp.secret = 1; /* a plugin's key: it may be a secret */
+        fprintf(out, "%s=%s\n", conf->hkeys[i].name,
+                prop_value(conf, &hp, buf, sizeof(buf)));
+    }
 }
 
 static void prop_type_text(const prop_t *p, char *buf, size_t size)
@@ -1310,6 +1553,25 @@ void idem_conf_print_help(FILE *out)
         fprintf(out, "  %-26s default: %s\n", "", p->def ? p->def : "(none)");
         fprintf(out, "  %-26s %s\n\n", "", p->doc);
     }
+    const idem_handler_ops_t *h;
+    for (size_t i = 0; (h = idem_handler_at(i)); i++) {
+        fprintf(out, "handler=%s%s: %s\n", h->name, h->takes_arg ? ":ARG" : "",
+                h->doc);
+        if (h->key_prefix)
+            fprintf(out, "  %s<name>%*s passed to it as text\n", h->key_prefix,
+                    (int)(20 - strlen(h->key_prefix)), "");
+        for (const idem_conf_key_t *k = h->keys; k && k->name; k++) {
+            prop_t hp = prop_from_key(k);
+            prop_type_text(&hp, type, sizeof(type));
+            fprintf(out, "  %-26s %s%s%s\n", k->name, type,
+                    k->required ? ", required" : "",
+                    k->secret ? ", secret" : "");
+            fprintf(out, "  %-26s default: %s\n", "",
+                    k->def ? k->def : "(none)");
+            fprintf(out, "  %-26s %s\n", "", k->doc);
+        }
+        fprintf(out, "\n");
+    }
     fprintf(out, "  kafka.<property>           passed to librdkafka unchanged "
                  "(see its CONFIGURATION.md),\n"
                  "                             except the ones idemproc sets "
@@ -1331,6 +1593,22 @@ void idem_conf_print_markdown(FILE *out)
                 p->required ? ", required" : "", p->secret ? ", secret" : "",
                 p->def ? "`" : "", p->def ? p->def : "", p->def ? "`" : "",
                 p->doc);
+    }
+    const idem_handler_ops_t *h;
+    for (size_t i = 0; (h = idem_handler_at(i)); i++) {
+        if (h->key_prefix)
+            fprintf(out,
+                    "| `%s<name>` | string | | with `handler=%s%s`: passed to "
+                    "it as text |\n",
+                    h->key_prefix, h->name, h->takes_arg ? ":ARG" : "");
+        for (const idem_conf_key_t *k = h->keys; k && k->name; k++) {
+            prop_t hp = prop_from_key(k);
+            prop_type_text(&hp, type, sizeof(type));
+            fprintf(out, "| `%s` | %s%s%s | %s%s%s | with `handler=%s`: %s |\n",
+                    k->name, type, k->required ? ", required" : "",
+                    k->secret ? ", secret" : "", k->def ? "`" : "",
+                    k->def ? k->def : "", k->def ? "`" : "", h->name, k->doc);
+        }
     }
     fprintf(out, "| `kafka.<property>` | string | | passed to librdkafka "
                  "unchanged (SASL, SSL, tuning), except the ones idemproc "

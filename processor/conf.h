@@ -9,7 +9,28 @@
 
 #include <librdkafka/rdkafka.h>
 
-typedef enum { IDEM_HANDLER_LEDGER = 0, IDEM_HANDLER_FORWARD } idem_handler_t;
+/* The type of a configuration key declared outside the table (a handler's
+ * keys, handler.h). */
+typedef enum {
+    IDEM_KEY_STR = 0,
+    IDEM_KEY_INT,  /* int64 within [min, max] */
+    IDEM_KEY_ENUM, /* one of enums[]; stored as its index (booleans:
+                      {"false", "true"}) */
+} idem_key_type_t;
+
+/* A configuration key a handler declares (handler.h, ops->keys): the same
+ * columns as the table's own rows, without a field (the value lives in the
+ * conf, read with idem_conf_str / idem_conf_int). */
+typedef struct {
+    const char *name; /* "<handler>.<key>"; NULL ends a list */
+    idem_key_type_t type;
+    const char *def;      /* default as text; NULL = unset */
+    int64_t min, max;     /* IDEM_KEY_INT range */
+    const char *enums[6]; /* IDEM_KEY_ENUM names */
+    int secret;           /* never printed or logged */
+    int required;         /* required when its handler runs */
+    const char *doc;      /* one line */
+} idem_conf_key_t;
 
 /* dlq.headers.format: which headers a dead letter gets. */
 typedef enum {
@@ -63,7 +84,11 @@ typedef struct idem_conf_s {
     int64_t redis_wait_timeout_ms;
     int64_t dedup_ttl_seconds;
     int64_t dedup_lease_ms;
-    int handler; /* idem_handler_t */
+    char *handler;           /* handler=<name>[:<arg>], a registered handler */
+    int envelope_format;     /* idem_envelope_format_t */
+    char *envelope_identity; /* ordered sources: value:/ptr, header:h, key */
+    char *envelope_message_id; /* same syntax */
+    int forward_processed_at;  /* 1: forward adds processed_at to objects */
     int64_t retry_max_attempts;
     int64_t retry_backoff_initial_ms;
     int64_t retry_backoff_max_ms;
@@ -93,6 +118,10 @@ typedef struct idem_conf_s {
         char *value;
     } * kafka;
     size_t kafka_cnt;
+
+    /* Handlers' keys (handler.h) that were set, by name, in set order. */
+    struct idem_conf_kv *hkeys;
+    size_t hkeys_cnt;
 } idem_conf_t;
 
 /* A new configuration holding the built-in defaults. Never NULL (aborts on
@@ -153,6 +182,13 @@ void idem_conf_print_help(FILE *out);
 /* Prints the README's configuration section (a Markdown table). */
 void idem_conf_print_markdown(FILE *out);
 
-const char *idem_handler2str(int handler);
+/* The value of handler key `key` (declared in a handler's ops->keys): as
+ * set, else its default; NULL when unset without a default or when no
+ * handler declares `key` (a programming error, logged). Borrowed. */
+const char *idem_conf_str(const idem_conf_t *conf, const char *key);
+
+/* The value of an IDEM_KEY_INT (the number) or IDEM_KEY_ENUM (the index)
+ * handler key; 0 when unset without a default. */
+int64_t idem_conf_int(const idem_conf_t *conf, const char *key);
 
 #endif

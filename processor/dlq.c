@@ -152,22 +152,29 @@ void idem_dlq_spring_headers(rd_kafka_headers_t *h, const char *topic,
     free(trace);
 }
 
+int idem_dlq_header_is_own(const char *name)
+{
+    for (int i = 0; own_headers[i]; i++)
+        if (!strcmp(name, own_headers[i]))
+            return 1;
+    return 0;
+}
+
 rd_kafka_headers_t *idem_dlq_headers_new(const rd_kafka_headers_t *orig,
                                          const idem_dlq_origin_t *o,
                                          idem_reason_t reason,
-                                         const char *error, int attempts,
-                                         int format)
+                                         const char *error, int attempts)
 {
     rd_kafka_headers_t *h;
     if (orig) {
         h = rd_kafka_headers_copy(orig);
-        for (int j = 0; own_headers[j]; j++)
-            rd_kafka_header_remove(h, own_headers[j]);
+        for (int i = 0; own_headers[i]; i++)
+            rd_kafka_header_remove(h, own_headers[i]);
     } else {
         h = rd_kafka_headers_new(12);
     }
     char num[32], ts[40];
-    if (format != IDEM_DLQ_HEADERS_SPRING) {
+    if (o->format != IDEM_DLQ_HEADERS_SPRING) {
         hdr_add(h, "dlq.reason", idem_reason2str(reason));
         hdr_add(h, "dlq.error", error);
         hdr_add(h, "dlq.original.topic", o->topic);
@@ -183,7 +190,7 @@ rd_kafka_headers_t *idem_dlq_headers_new(const rd_kafka_headers_t *orig,
         hdr_add(h, "dlq.failed.at",
                 idem_rfc3339(o->failed_at_ms, ts, sizeof(ts)));
     }
-    if (format != IDEM_DLQ_HEADERS_IDEMPROC)
+    if (o->format != IDEM_DLQ_HEADERS_IDEMPROC)
         idem_dlq_spring_headers(h, o->topic, o->partition, o->offset,
                                 o->timestamp, o->tstype, o->group,
                                 idem_reason2str(reason), error);
@@ -199,18 +206,18 @@ int idem_dlq_send(idem_dlq_t *d, const rd_kafka_message_t *msg,
     if (rd_kafka_message_headers(msg, &orig) != RD_KAFKA_RESP_ERR_NO_ERROR)
         orig = NULL;
     rd_kafka_timestamp_type_t tstype;
-    int64_t timestamp = rd_kafka_message_timestamp(msg, &tstype);
     idem_dlq_origin_t o = {
         .topic = rd_kafka_topic_name(msg->rkt),
         .partition = msg->partition,
         .offset = msg->offset,
-        .timestamp = timestamp,
-        .tstype = tstype,
+        .timestamp = rd_kafka_message_timestamp(msg, &tstype),
         .group = d->conf->group_id,
         .failed_at_ms = idem_wall_ms(),
+        .format = d->conf->dlq_headers_format,
     };
-    rd_kafka_headers_t *h = idem_dlq_headers_new(
-        orig, &o, reason, error, attempts, d->conf->dlq_headers_format);
+    o.tstype = tstype;
+    rd_kafka_headers_t *h =
+        idem_dlq_headers_new(orig, &o, reason, error, attempts);
     char num[32];
 
     rd_kafka_resp_err_t err;

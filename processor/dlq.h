@@ -58,29 +58,32 @@ void idem_dlq_spring_headers(rd_kafka_headers_t *h, const char *topic,
                              rd_kafka_timestamp_type_t tstype,
                              const char *group, const char *reason,
                              const char *error);
-
 /* Where a dead letter came from (all borrowed). */
 typedef struct {
     const char *topic;
     int32_t partition;
     int64_t offset;
     int64_t timestamp; /* the original record's, ms since the epoch */
-    rd_kafka_timestamp_type_t tstype;
     const char *group;
-    int64_t failed_at_ms; /* wall clock of the failure */
+    int64_t failed_at_ms;             /* wall clock of the failure */
+    rd_kafka_timestamp_type_t tstype; /* for kafka_dlt-* headers */
+    int format; /* idem_dlq_headers_format_t; 0: dlq.* only */
 } idem_dlq_origin_t;
 
+/* 1 when `name` is a header idem_dlq_headers_new writes itself (and so
+ * replaces when the record already carries it). */
+int idem_dlq_header_is_own(const char *name);
+
 /* The dead letter's headers: a copy of `orig` (borrowed, may be NULL)
- * without any dead-letter headers it already carries, followed by the
- * dlq.* headers and/or Spring's kafka_dlt-* ones, as `format`
- * (idem_dlq_headers_t, dlq.headers.format) says (README.md, "Dead
- * letters"). `error` may hold any bytes up to its NUL. Returns new headers
- * the caller destroys or hands to the producer. */
+ * without the headers this function writes (idem_dlq_header_is_own),
+ * followed by the dlq.* and/or kafka_dlt-* headers of o->format
+ * (README.md, "Dead letters"). `error` may
+ * hold any bytes up to its NUL. Returns new headers the caller destroys or
+ * hands to the producer. */
 rd_kafka_headers_t *idem_dlq_headers_new(const rd_kafka_headers_t *orig,
                                          const idem_dlq_origin_t *o,
                                          idem_reason_t reason,
-                                         const char *error, int attempts,
-                                         int format);
+                                         const char *error, int attempts);
 
 /* Returns 1 with the producer's fatal error in buf, 0 while healthy.
  * After one, no write can be trusted: the process must stop. */

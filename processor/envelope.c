@@ -4,6 +4,7 @@
 
 #include "util.h"
 
+#include <inttypes.h>
 #include <jansson.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -405,93 +406,360 @@ char *idem_envelope_set_member(const void *value, size_t len, const char *name,
     return out;
 }
 
+/* ------------------------------------------------ identity sources */
+
+typedef enum { SRC_VALUE, SRC_HEADER, SRC_KEY } src_kind_t;
+
+typedef struct {
+    src_kind_t kind;
+    char *arg;  /* JSON Pointer (value:) or header name (header:) */
+    char *name; /* for messages: "idempotency_key", "event/id", "key" */
+} src_t;
+
+struct idem_envelope_rules_s {
+    int format; /* idem_envelope_format_t */
+    int need_ledger;
+    size_t max_bytes;
+    src_t *id, *mid;
+    size_t id_cnt, mid_cnt;
+    int id_default; /* the default list: today's message when none found */
+};
+
+/* Parses a comma list of sources into *out (NULL errstr: already checked).
+ * Returns 0, or -1 with errstr naming `key`. */
+static int sources_parse(const char *key, const char *list, src_t **out,
+                         size_t *cnt, char *errstr, size_t errstr_size)
+{
+    *out = NULL;
+    *cnt = 0;
+    char *copy = idem_xstrdup(list ? list : "");
+    char *rest = copy;
+    int r = 0;
+    for (char *t = strsep(&rest, ","); t; t = strsep(&rest, ",")) {
+        while (*t == ' ' || *t == '\t')
+            t++;
+        size_t l = strlen(t);
+        while (l && (t[l - 1] == ' ' || t[l - 1] == '\t'))
+            t[--l] = '\0';
+        if (!*t) {
+            if (!*list)
+                break; /* an empty list: no source */
+            snprintf(errstr, errstr_size, "%s: empty source in \"%s\"", key,
+                     list);
+            r = -1;
+            break;
+        }
+        src_t src = {0};
+        if (!strcmp(t, "key")) {
+            src.kind = SRC_KEY;
+            src.arg = idem_xstrdup("");
+            src.name = idem_xstrdup("key");
+        } else if (!strncmp(t, "header:", 7) && t[7]) {
+            src.kind = SRC_HEADER;
+            src.arg = idem_xstrdup(t + 7);
+            src.name = idem_xstrdup(t + 7);
+        } else if (!strncmp(t, "value:", 6)) {
+            const char *ptr = t + 6;
+            const char *bad = NULL;
+            if (*ptr != '/')
+                bad = "a JSON Pointer starts with '/'";
+            for (const char *c = ptr; !bad && *c; c++)
+                if (*c == '~' && c[1] != '0' && c[1] != '1')
+                    bad = "'~' must be followed by 0 or 1";
+            if (bad) {
+                snprintf(errstr, errstr_size, "%s: \"%s\": %s (RFC 6901)", key,
+                         t, bad);
+                r = -1;
+                break;
+            }
+            src.kind = SRC_VALUE;
+            src.arg = idem_xstrdup(ptr);
+            src.name = idem_xstrdup(ptr + 1);
+        } else {
+            snprintf(errstr, errstr_size,
+                     "%s: unknown source \"%s\" (use value:/json/pointer, "
+                     "header:NAME or key)",
+                     key, t);
+            r = -1;
+            break;
+        }
+        *out = idem_xrealloc(*out, (*cnt + 1) * sizeof(**out));
+        (*out)[(*cnt)++] = src;
+    }
+    free(copy);
+    return r;
+}
+
+static void sources_free(src_t *s, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        free(s[i].arg);
+        free(s[i].name);
+    }
+    free(s);
+}
+
+int idem_envelope_sources_check(const char *key, const char *list,
+                                int allow_empty, char *errstr,
+                                size_t errstr_size)
+{
+    src_t *s;
+    size_t n;
+    if (sources_parse(key, list, &s, &n, errstr, errstr_size))
+        return -1;
+    sources_free(s, n);
+    if (!n && !allow_empty) {
+        snprintf(errstr, errstr_size, "%s: needs at least one source", key);
+        return -1;
+    }
+    return 0;
+}
+
+idem_envelope_rules_t *idem_envelope_rules_new(int format, const char *identity,
+                                               const char *message_id,
+                                               int need_ledger,
+                                               size_t max_bytes, char *errstr,
+                                               size_t errstr_size)
+{
+    idem_envelope_rules_t *r = idem_xcalloc(1, sizeof(*r));
+    r->format = format;
+    r->need_ledger = need_ledger;
+    r->max_bytes = max_bytes;
+    r->id_default = !strcmp(identity, IDEM_ENVELOPE_IDENTITY_DEFAULT);
+    if (sources_parse("envelope.identity", identity, &r->id, &r->id_cnt, errstr,
+                      errstr_size) ||
+        sources_parse("envelope.message.id", message_id, &r->mid, &r->mid_cnt,
+                      errstr, errstr_size)) {
+        idem_envelope_rules_destroy(r);
+        return NULL;
+    }
+    if (!r->id_cnt) {
+        snprintf(errstr, errstr_size,
+                 "envelope.identity: needs at least one source");
+        idem_envelope_rules_destroy(r);
+        return NULL;
+    }
+    return r;
+}
+
+void idem_envelope_rules_destroy(idem_envelope_rules_t *r)
+{
+    if (!r)
+        return;
+    sources_free(r->id, r->id_cnt);
+    sources_free(r->mid, r->mid_cnt);
+    free(r);
+}
+
+/* The JSON value at RFC 6901 pointer `ptr` in root, or NULL. */
+static json_t *pointer_get(json_t *root, const char *ptr)
+{
+    json_t *cur = root;
+    char tok[512];
+    const char *p = ptr;
+    while (cur && *p == '/') {
+        p++;
+        size_t t = 0;
+        while (*p && *p != '/' && t + 1 < sizeof(tok)) {
+            if (*p == '~') {
+                tok[t++] = p[1] == '1' ? '/' : '~';
+                p += 2;
+            } else {
+                tok[t++] = *p++;
+            }
+        }
+        if (*p && *p != '/')
+            return NULL; /* token longer than any key we look up */
+        tok[t] = '\0';
+        if (json_is_object(cur)) {
+            cur = json_object_get(cur, tok);
+        } else if (json_is_array(cur)) {
+            char *end;
+            if (!t || (t > 1 && tok[0] == '0'))
+                return NULL;
+            unsigned long i = strtoul(tok, &end, 10);
+            cur = *end ? NULL : json_array_get(cur, i);
+        } else {
+            return NULL;
+        }
+    }
+    return cur;
+}
+
+/* Reads source `src` into out (its bytes and count). Returns 1 found,
+ * 0 absent (or null / empty header), -1 invalid (errstr). */
+static int source_read(const src_t *src, json_t *root,
+                       const rd_kafka_headers_t *headers, const void *key,
+                       size_t key_len, char *out, size_t out_size,
+                       size_t *out_len, char *errstr, size_t errstr_size)
+{
+    switch (src->kind) {
+    case SRC_KEY:
+        if (!key || !key_len)
+            return 0;
+        if (key_len >= out_size) {
+            snprintf(errstr, errstr_size, "key: longer than %zu bytes",
+                     out_size - 1);
+            return -1;
+        }
+        memcpy(out, key, key_len);
+        out[key_len] = '\0';
+        *out_len = key_len;
+        return 1;
+    case SRC_HEADER: {
+        int h = header_bytes(headers, src->arg, out, out_size, out_len);
+        if (h < 0)
+            snprintf(errstr, errstr_size, "%s: header too long", src->name);
+        return h;
+    }
+    case SRC_VALUE: {
+        if (!root)
+            return 0; /* envelope.format=bytes: the value is not read */
+        json_t *v = pointer_get(root, src->arg);
+        if (!v || json_is_null(v))
+            return 0;
+        if (!json_is_string(v)) {
+            snprintf(errstr, errstr_size, "%s: must be a string", src->name);
+            return -1;
+        }
+        size_t l = json_string_length(v);
+        if (l == 0) {
+            snprintf(errstr, errstr_size, "%s: must not be empty", src->name);
+            return -1;
+        }
+        if (l >= out_size) {
+            snprintf(errstr, errstr_size, "%s: longer than %zu bytes",
+                     src->name, out_size - 1);
+            return -1;
+        }
+        memcpy(out, json_string_value(v), l);
+        out[l] = '\0';
+        *out_len = l;
+        return 1;
+    }
+    }
+    return 0;
+}
+
+/* The first source of list[n] found, into out. 1, 0 or -1 (errstr). */
+static int sources_first(const src_t *list, size_t n, json_t *root,
+                         const rd_kafka_headers_t *headers, const void *key,
+                         size_t key_len, char *out, size_t out_size,
+                         size_t *out_len, char *errstr, size_t errstr_size)
+{
+    for (size_t i = 0; i < n; i++) {
+        int r = source_read(&list[i], root, headers, key, key_len, out,
+                            out_size, out_len, errstr, errstr_size);
+        if (r)
+            return r;
+    }
+    return 0;
+}
+
+int idem_envelope_read(const idem_envelope_rules_t *rules, const void *value,
+                       size_t len, const rd_kafka_headers_t *headers,
+                       const void *key, size_t key_len, idem_envelope_t *out,
+                       idem_reason_t *reason, char *errstr, size_t errstr_size)
+{
+    memset(out, 0, sizeof(*out));
+    if (len > rules->max_bytes) {
+        *reason = IDEM_REASON_TOO_LARGE;
+        snprintf(errstr, errstr_size,
+                 "value is %zu bytes, above message.max.bytes %zu", len,
+                 rules->max_bytes);
+        return -1;
+    }
+    json_t *root = NULL;
+    if (rules->format == IDEM_ENVELOPE_JSON) {
+        if (!value || len == 0) {
+            *reason = IDEM_REASON_NOT_JSON;
+            snprintf(errstr, errstr_size, "empty value");
+            return -1;
+        }
+        json_error_t jerr;
+        arena_begin();
+        /* Duplicate keys are refused: another parser that keeps the first
+         * one would disagree with us about the same bytes. Integers are
+         * decoded as reals so that a huge integer is a number (the amount
+         * rule refuses it), not a parse error. */
+        root = json_loadb(value, len,
+                          JSON_DECODE_ANY | JSON_REJECT_DUPLICATES |
+                              JSON_DECODE_INT_AS_REAL,
+                          &jerr);
+        if (!root) {
+            arena_end();
+            *reason = IDEM_REASON_NOT_JSON;
+            snprintf(errstr, errstr_size, "not JSON: %s at byte %d", jerr.text,
+                     jerr.position);
+            return -1;
+        }
+        if (!json_is_object(root)) {
+            *reason = IDEM_REASON_NOT_OBJECT;
+            snprintf(errstr, errstr_size, "JSON value is not an object");
+            json_decref(root);
+            arena_end();
+            return -1;
+        }
+        out->json_object = 1;
+    }
+
+    int r = -1;
+    *reason = IDEM_REASON_INVALID_FIELD;
+    int have_mid =
+        sources_first(rules->mid, rules->mid_cnt, root, headers, key, key_len,
+                      out->message_id, sizeof(out->message_id),
+                      &out->message_id_len, errstr, errstr_size);
+    if (have_mid < 0)
+        goto done;
+    if (!have_mid)
+        out->message_id_len = 0;
+    int have_id = sources_first(rules->id, rules->id_cnt, root, headers, key,
+                                key_len, out->identity, sizeof(out->identity),
+                                &out->identity_len, errstr, errstr_size);
+    if (have_id < 0)
+        goto done;
+    if (!have_id) {
+        *reason = IDEM_REASON_NO_IDENTITY;
+        if (rules->id_default)
+            snprintf(errstr, errstr_size,
+                     "neither idempotency_key nor "
+                     "message_id in value or headers");
+        else
+            snprintf(errstr, errstr_size,
+                     "no identity: none of %zu "
+                     "envelope.identity sources found",
+                     rules->id_cnt);
+        goto done;
+    }
+    if (rules->need_ledger &&
+        parse_ledger_fields(root, value, len, out, errstr, errstr_size))
+        goto done;
+    r = 0;
+done:
+    if (root) {
+        json_decref(root);
+        arena_end();
+    }
+    return r;
+}
+
 int idem_envelope_parse(const void *value, size_t len,
                         const rd_kafka_headers_t *headers, int need_ledger,
                         size_t max_bytes, idem_envelope_t *out,
                         idem_reason_t *reason, char *errstr, size_t errstr_size)
 {
-    memset(out, 0, sizeof(*out));
-    if (len > max_bytes) {
-        *reason = IDEM_REASON_TOO_LARGE;
-        snprintf(errstr, errstr_size,
-                 "value is %zu bytes, above message.max.bytes %zu", len,
-                 max_bytes);
-        return -1;
+    /* The default rules, made once per thread and kept. */
+    static _Thread_local idem_envelope_rules_t *rules[2];
+    need_ledger = need_ledger ? 1 : 0;
+    if (!rules[need_ledger]) {
+        char e[256];
+        rules[need_ledger] = idem_envelope_rules_new(
+            IDEM_ENVELOPE_JSON, IDEM_ENVELOPE_IDENTITY_DEFAULT,
+            IDEM_ENVELOPE_MESSAGE_ID_DEFAULT, need_ledger, 0, e, sizeof(e));
+        if (!rules[need_ledger])
+            abort(); /* the defaults are constants */
     }
-    if (!value || len == 0) {
-        *reason = IDEM_REASON_NOT_JSON;
-        snprintf(errstr, errstr_size, "empty value");
-        return -1;
-    }
-    json_error_t jerr;
-    arena_begin();
-    /* Duplicate keys are refused: another parser that keeps the first one
-     * would disagree with us about the same bytes. Integers are decoded as
-     * reals so that a huge integer is a number (the amount rule refuses
-     * it), not a parse error. */
-    json_t *root = json_loadb(value, len,
-                              JSON_DECODE_ANY | JSON_REJECT_DUPLICATES |
-                                  JSON_DECODE_INT_AS_REAL,
-                              &jerr);
-    if (!root) {
-        arena_end();
-        *reason = IDEM_REASON_NOT_JSON;
-        snprintf(errstr, errstr_size, "not JSON: %s at byte %d", jerr.text,
-                 jerr.position);
-        return -1;
-    }
-    if (!json_is_object(root)) {
-        *reason = IDEM_REASON_NOT_OBJECT;
-        snprintf(errstr, errstr_size, "JSON value is not an object");
-        json_decref(root);
-        arena_end();
-        return -1;
-    }
-
-    int r = -1;
-    *reason = IDEM_REASON_INVALID_FIELD;
-    char key[IDEM_ENVELOPE_ID_MAX + 1] = "";
-    size_t key_len = 0;
-    int have_key = field_string(root, "idempotency_key", key, sizeof(key),
-                                &key_len, errstr, errstr_size);
-    if (have_key < 0)
-        goto done;
-    int have_mid = field_string(root, "message_id", out->message_id,
-                                sizeof(out->message_id), &out->message_id_len,
-                                errstr, errstr_size);
-    if (have_mid < 0)
-        goto done;
-    if (!have_key && (have_key = header_bytes(headers, "idempotency_key", key,
-                                              sizeof(key), &key_len)) < 0) {
-        snprintf(errstr, errstr_size, "idempotency_key: header too long");
-        goto done;
-    }
-    if (!have_mid && (have_mid = header_bytes(
-                          headers, "message_id", out->message_id,
-                          sizeof(out->message_id), &out->message_id_len)) < 0) {
-        snprintf(errstr, errstr_size, "message_id: header too long");
-        goto done;
-    }
-    if (!have_mid)
-        out->message_id_len = 0;
-    if (have_key) {
-        memcpy(out->identity, key, sizeof(out->identity));
-        out->identity_len = key_len;
-    } else if (have_mid) {
-        memcpy(out->identity, out->message_id, sizeof(out->identity));
-        out->identity_len = out->message_id_len;
-    } else {
-        *reason = IDEM_REASON_NO_IDENTITY;
-        snprintf(errstr, errstr_size,
-                 "neither idempotency_key nor message_id in value or headers");
-        goto done;
-    }
-    if (need_ledger &&
-        parse_ledger_fields(root, value, len, out, errstr, errstr_size))
-        goto done;
-    r = 0;
-done:
-    json_decref(root);
-    arena_end();
-    return r;
+    rules[need_ledger]->max_bytes = max_bytes;
+    return idem_envelope_read(rules[need_ledger], value, len, headers, NULL, 0,
+                              out, reason, errstr, errstr_size);
 }

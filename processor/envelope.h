@@ -25,14 +25,60 @@ typedef struct {
     char user_id[IDEM_ENVELOPE_ID_MAX + 1];
     char currency[4];
     int64_t amount_minor; /* amount in minor units (cents) */
+    int json_object;      /* the value was parsed as a JSON object */
 } idem_envelope_t;
 
-/* Parses `value` (borrowed, `len` bytes) with the record's `headers`
- * (borrowed, may be NULL). With need_ledger also validates user_id, amount
- * and currency. Returns 0 and fills `out` for a good record; returns -1 for
- * poison with *reason set and a one-line explanation in errstr (for
- * invalid-field it starts with the field name: "amount: ..."). `max_bytes`
- * is message.max.bytes. */
+/* envelope.format: how a record's value is read. */
+typedef enum {
+    IDEM_ENVELOPE_JSON = 0, /* a JSON object (identity sources may point in) */
+    IDEM_ENVELOPE_BYTES     /* not parsed at all: any bytes, null included */
+} idem_envelope_format_t;
+
+/* The defaults of envelope.identity and envelope.message.id. */
+#define IDEM_ENVELOPE_IDENTITY_DEFAULT                                         \
+    "value:/idempotency_key,header:idempotency_key,value:/message_id,"         \
+    "header:message_id"
+#define IDEM_ENVELOPE_MESSAGE_ID_DEFAULT "value:/message_id,header:message_id"
+
+/* How records are read (envelope.format, envelope.identity,
+ * envelope.message.id, whether payment fields are required). */
+typedef struct idem_envelope_rules_s idem_envelope_rules_t;
+
+/* Checks the syntax of a source list (`key` names it in errstr): comma
+ * separated value:<JSON Pointer, RFC 6901>, header:<name> or key; an empty
+ * list only when allow_empty. Returns 0 or -1. */
+int idem_envelope_sources_check(const char *key, const char *list,
+                                int allow_empty, char *errstr,
+                                size_t errstr_size);
+
+/* New rules (format: idem_envelope_format_t of conf.h). Returns NULL with
+ * errstr for a bad source list. */
+idem_envelope_rules_t *idem_envelope_rules_new(int format, const char *identity,
+                                               const char *message_id,
+                                               int need_ledger,
+                                               size_t max_bytes, char *errstr,
+                                               size_t errstr_size);
+void idem_envelope_rules_destroy(idem_envelope_rules_t *r); /* NULL ok */
+
+/* Reads one record by `rules`: value (`len` bytes, NULL for a null value),
+ * headers and Kafka key (key_len 0: none), all borrowed. With
+ * envelope.format=json the value must be a JSON object; with bytes it is
+ * not parsed (value: sources are skipped). The identity is the first
+ * source found (a value: source must be a non-empty JSON string); the message
+ * id likewise (none found: message_id_len 0). Same results as
+ * idem_envelope_parse. */
+int idem_envelope_read(const idem_envelope_rules_t *rules, const void *value,
+                       size_t len, const rd_kafka_headers_t *headers,
+                       const void *key, size_t key_len, idem_envelope_t *out,
+                       idem_reason_t *reason, char *errstr, size_t errstr_size);
+
+/* idem_envelope_read with the default rules (JSON object, the default
+ * identity and message id sources). Parses `value` (borrowed, `len` bytes) with
+ * the record's `headers` (borrowed, may be NULL). With need_ledger also
+ * validates user_id, amount and currency. Returns 0 and fills `out` for a good
+ * record; returns -1 for poison with *reason set and a one-line explanation in
+ * errstr (for invalid-field it starts with the field name: "amount: ...").
+ * `max_bytes` is message.max.bytes. */
 int idem_envelope_parse(const void *value, size_t len,
                         const rd_kafka_headers_t *headers, int need_ledger,
                         size_t max_bytes, idem_envelope_t *out,

@@ -170,7 +170,7 @@ int idem_kafka_check(const idem_conf_t *conf, int timeout_ms, FILE *out,
     }
     free(topics);
     check_topic(md, "dlq", conf->dlq_topic, out);
-    if (conf->handler == IDEM_HANDLER_FORWARD)
+    if (!strcmp(conf->handler, "forward"))
         check_topic(md, "output", conf->output_topic, out);
     rd_kafka_metadata_destroy(md);
     rd_kafka_destroy(rk);

@@ -67,6 +67,13 @@ const char *const idem_metrics_redis_classes[] = {
     "noscript",   "wait",    "other", NULL};
 #define REDIS_CLASS_CNT 13
 
+/* Webhook request classes: by status class, or what kept a response from
+ * arriving; "error" last (the catch-all). */
+const char *const idem_metrics_webhook_classes[] = {
+    "1xx",     "2xx",     "3xx", "4xx",   "5xx",
+    "connect", "timeout", "tls", "error", NULL};
+#define WEBHOOK_CLASS_CNT 9
+
 struct idem_metrics_s {
     _Atomic uint64_t outcomes[IDEM_OUTCOME_CNT];
     _Atomic uint64_t duplicates[IDEM_DUP_CNT];
@@ -89,6 +96,10 @@ struct idem_metrics_s {
     histogram_t latency;
     histogram_t batch;
     histogram_t redis;
+
+    _Atomic int webhook_on; /* 1 once the webhook handler started */
+    _Atomic uint64_t webhook_requests[WEBHOOK_CLASS_CNT];
+    histogram_t webhook_latency;
 
     pthread_mutex_t lag_lock; /* guards lags, lag_cnt, lag_seen */
     lag_entry_t *lags;
@@ -174,6 +185,12 @@ idem_metrics_t *idem_metrics_new(void)
     histogram_init(&m->redis, "idemproc_redis_roundtrip_seconds",
                    "Duration of one (pipelined) Redis round trip.",
                    redis_bounds, NBOUNDS(redis_bounds));
+    histogram_init(&m->webhook_latency, "idemproc_webhook_latency_seconds",
+                   "Duration of one webhook request, connect included.",
+                   latency_bounds, NBOUNDS(latency_bounds));
+    atomic_init(&m->webhook_on, 0);
+    for (int i = 0; i < WEBHOOK_CLASS_CNT; i++)
+        atomic_init(&m->webhook_requests[i], 0);
 
     pthread_mutex_init(&m->lag_lock, NULL);
     pthread_mutex_init(&m->ready_lock, NULL);
@@ -189,6 +206,7 @@ void idem_metrics_destroy(idem_metrics_t *m)
     pthread_mutex_destroy(&m->latency.lock);
     pthread_mutex_destroy(&m->batch.lock);
     pthread_mutex_destroy(&m->redis.lock);
+    pthread_mutex_destroy(&m->webhook_latency.lock);
     pthread_mutex_destroy(&m->lag_lock);
     pthread_mutex_destroy(&m->ready_lock);
     lags_free(m->lags, m->lag_cnt);
@@ -283,6 +301,35 @@ void idem_metrics_batch_observe(idem_metrics_t *m, double records)
 void idem_metrics_redis_observe(idem_metrics_t *m, double seconds)
 {
     histogram_observe(&m->redis, seconds);
+}
+
+void idem_metrics_webhook_enable(idem_metrics_t *m)
+{
+    atomic_store(&m->webhook_on, 1);
+}
+
+static int webhook_class_index(const char *cls)
+{
+    int i = 0;
+    while (i < WEBHOOK_CLASS_CNT - 1 &&
+           !(cls && !strcmp(cls, idem_metrics_webhook_classes[i])))
+        i++;
+    return i;
+}
+
+void idem_metrics_webhook_request_add(idem_metrics_t *m, const char *cls)
+{
+    counter_add(&m->webhook_requests[webhook_class_index(cls)], 1);
+}
+
+void idem_metrics_webhook_latency_observe(idem_metrics_t *m, double seconds)
+{
+    histogram_observe(&m->webhook_latency, seconds);
+}
+
+uint64_t idem_metrics_webhook_request_get(idem_metrics_t *m, const char *cls)
+{
+    return counter_get(&m->webhook_requests[webhook_class_index(cls)]);
 }
 
 void idem_metrics_assigned_set(idem_metrics_t *m, int64_t partitions)
@@ -588,6 +635,17 @@ void idem_metrics_render(idem_metrics_t *m, FILE *out)
     render_histogram(out, &m->latency);
     render_histogram(out, &m->batch);
     render_histogram(out, &m->redis);
+
+    if (atomic_load(&m->webhook_on)) {
+        put_header(out, "idemproc_webhook_requests_total", "counter",
+                   "Webhook requests by result: the status class of the "
+                   "response, or connect, timeout, tls, error.");
+        for (int i = 0; i < WEBHOOK_CLASS_CNT; i++)
+            put_u64(out, "idemproc_webhook_requests_total", "class",
+                    idem_metrics_webhook_classes[i],
+                    counter_get(&m->webhook_requests[i]));
+        render_histogram(out, &m->webhook_latency);
+    }
 
     put_header(out, "idemproc_redis_errors_total", "counter",
                "Failed Redis commands or connections, by class (all of them "

@@ -53,6 +53,17 @@ void idem_metrics_redis_eviction_set(idem_metrics_t *m, int allowed);
 /* The labels of idemproc_redis_errors_total, NULL-terminated. */
 extern const char *const idem_metrics_redis_classes[];
 
+/* The webhook handler's series, rendered once _webhook_enable was called
+ * (so a member of another handler shows none): responses by class
+ * (idemproc_webhook_requests_total{class}, classes in
+ * idem_metrics_webhook_classes; anything else counts as "error") and the
+ * request latency histogram (idemproc_webhook_latency_seconds). */
+extern const char *const idem_metrics_webhook_classes[];
+void idem_metrics_webhook_enable(idem_metrics_t *m);
+void idem_metrics_webhook_request_add(idem_metrics_t *m, const char *cls);
+void idem_metrics_webhook_latency_observe(idem_metrics_t *m, double seconds);
+uint64_t idem_metrics_webhook_request_get(idem_metrics_t *m, const char *cls);
+
 /* Readiness (idemproc_ready and /readyz). reason is borrowed and copied;
  * NULL or "" when ready. */
 void idem_metrics_ready_set(idem_metrics_t *m, int ready, const char *reason);

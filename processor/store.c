@@ -156,8 +156,22 @@ typedef enum { SCRIPT_LEDGER, SCRIPT_CLAIM, SCRIPT_MARK, SCRIPT_CNT } script_t;
 static const char *const script_src[SCRIPT_CNT] = {ledger_lua, claim_lua,
                                                    mark_lua};
 
+/* A dedup script a handler registered (idem_store_script_register). */
+#define USER_SCRIPTS_MAX 4
+
+typedef struct {
+    char *src;
+    size_t len;
+    size_t per_record;
+    idem_store_args_fn args;
+    void *opaque;
+    char sha[41];
+} user_script_t;
+
 struct idem_store_s {
     const idem_conf_t *conf;
+    user_script_t user[USER_SCRIPTS_MAX];
+    size_t user_cnt;
     idem_metrics_t *metrics;
     idem_redisconn_t *conn; /* owns c */
     redisContext *c;
@@ -225,6 +239,8 @@ void idem_store_destroy(idem_store_t *s)
     free(s->nums);
     free(s->fields);
     free(s->offs);
+    for (size_t i = 0; i < s->user_cnt; i++)
+        free(s->user[i].src);
     free(s);
 }
 
@@ -451,6 +467,20 @@ static int store_load_scripts(idem_store_t *s, char *errstr, size_t errstr_size)
         memcpy(s->sha[i], r->str, 41);
         freeReplyObject(r);
     }
+    for (size_t i = 0; i < s->user_cnt; i++) {
+        const char *argv[] = {"SCRIPT", "LOAD", s->user[i].src};
+        size_t argvlen[] = {6, 4, s->user[i].len};
+        redisReply *r = store_command(s, errstr, errstr_size, 3, argv, argvlen);
+        if (!r)
+            return -1;
+        if (r->type != REDIS_REPLY_STRING || r->len != 40) {
+            freeReplyObject(r);
+            return store_fail(s, errstr, errstr_size, "SCRIPT LOAD",
+                              "unexpected reply (handler script)");
+        }
+        memcpy(s->user[i].sha, r->str, 41);
+        freeReplyObject(r);
+    }
     return 0;
 }
 
@@ -605,12 +635,17 @@ static int read_wait_reply(idem_store_t *s, char *errstr, size_t errstr_size)
                : store_fail_class(s, errstr, errstr_size, "WAIT", d, "wait");
 }
 
-static int store_send(idem_store_t *s, script_t script, const char *arg3,
+/* script: a script_t, or SCRIPT_CNT + i for user script i (its records
+ * in recs, env unused). */
+static int store_send(idem_store_t *s, int script, const char *arg3,
                       const char *owner, const idem_envelope_t *const *env,
-                      size_t n, const idem_store_pos_t *pos, size_t npos,
-                      char *errstr, size_t errstr_size)
+                      const void *const *recs, size_t n,
+                      const idem_store_pos_t *pos, size_t npos, char *errstr,
+                      size_t errstr_size)
 {
-    size_t per = script == SCRIPT_LEDGER ? 5 : 2;
+    const user_script_t *u =
+        script >= SCRIPT_CNT ? &s->user[script - SCRIPT_CNT] : NULL;
+    size_t per = u ? u->per_record : script == SCRIPT_LEDGER ? 5 : 2;
     size_t fixed = 3 /* EVALSHA sha numkeys */ + 3 + (owner ? 1 : 0);
     if (s->pending_chunks) {
         snprintf(errstr, errstr_size, "redis: a request is still in flight");
@@ -629,7 +664,7 @@ static int store_send(idem_store_t *s, script_t script, const char *arg3,
         argv_reserve(s, fixed + cnt * per);
         size_t a = 0;
         s->argv[a++] = "EVALSHA";
-        s->argv[a++] = s->sha[script];
+        s->argv[a++] = u ? u->sha : s->sha[script];
         s->argv[a++] = "0";
         s->argv[a++] = s->conf->redis_prefix;
         s->argv[a++] = s->conf->group_id;
@@ -639,9 +674,12 @@ static int store_send(idem_store_t *s, script_t script, const char *arg3,
         for (size_t i = 0; i < a; i++)
             s->argvlen[i] = strlen(s->argv[i]);
         for (size_t i = 0; i < cnt; i++)
-            a += record_args(script, env[off + i], s->argv + a, s->argvlen + a,
-                             script == SCRIPT_LEDGER ? s->nums[off + i] : NULL,
-                             24);
+            a += u ? u->args(recs[off + i], s->argv + a, s->argvlen + a,
+                             u->opaque)
+                   : record_args(
+                         (script_t)script, env[off + i], s->argv + a,
+                         s->argvlen + a,
+                         script == SCRIPT_LEDGER ? s->nums[off + i] : NULL, 24);
         if (redisAppendCommandArgv(s->c, (int)a, s->argv, s->argvlen) !=
             REDIS_OK)
             return store_io_fail(s, errstr, errstr_size, "EVALSHA");
@@ -735,7 +773,7 @@ static int store_eval_batch(idem_store_t *s, script_t script, const char *arg3,
                             idem_store_result_t *results, char *errstr,
                             size_t errstr_size)
 {
-    if (store_send(s, script, arg3, owner, env, n, NULL, 0, errstr,
+    if (store_send(s, script, arg3, owner, env, NULL, n, NULL, 0, errstr,
                    errstr_size))
         return -1;
     return store_recv(s, n, results, errstr, errstr_size);
@@ -745,8 +783,51 @@ int idem_store_ledger_send(idem_store_t *s, const idem_envelope_t *const *env,
                            size_t n, const idem_store_pos_t *pos, size_t npos,
                            char *errstr, size_t errstr_size)
 {
-    return store_send(s, SCRIPT_LEDGER, s->ttl, NULL, env, n, pos, npos, errstr,
+    return store_send(s, SCRIPT_LEDGER, s->ttl, NULL, env, NULL, n, pos, npos,
+                      errstr, errstr_size);
+}
+
+int idem_store_script_register(idem_store_t *s, const char *lua, size_t len,
+                               size_t per_record, idem_store_args_fn args,
+                               void *opaque, char *errstr, size_t errstr_size)
+{
+    if (s->user_cnt == USER_SCRIPTS_MAX) {
+        snprintf(errstr, errstr_size, "redis: too many handler scripts");
+        return -1;
+    }
+    if (s->c) {
+        snprintf(errstr, errstr_size,
+                 "redis: handler scripts are registered before connecting");
+        return -1;
+    }
+    user_script_t *u = &s->user[s->user_cnt];
+    u->src = idem_xmalloc(len + 1);
+    memcpy(u->src, lua, len);
+    u->src[len] = '\0';
+    u->len = len;
+    u->per_record = per_record;
+    u->args = args;
+    u->opaque = opaque;
+    return SCRIPT_CNT + (int)s->user_cnt++;
+}
+
+int idem_store_script_send(idem_store_t *s, int script, const void *const *recs,
+                           size_t n, const idem_store_pos_t *pos, size_t npos,
+                           char *errstr, size_t errstr_size)
+{
+    if (script < SCRIPT_CNT || script >= SCRIPT_CNT + (int)s->user_cnt) {
+        snprintf(errstr, errstr_size, "redis: no handler script %d", script);
+        return -1;
+    }
+    return store_send(s, script, s->ttl, NULL, NULL, recs, n, pos, npos, errstr,
                       errstr_size);
+}
+
+int idem_store_script_recv(idem_store_t *s, size_t n,
+                           idem_store_result_t *results, char *errstr,
+                           size_t errstr_size)
+{
+    return store_recv(s, n, results, errstr, errstr_size);
 }
 
 int idem_store_positions_save(idem_store_t *s, const idem_store_pos_t *pos,

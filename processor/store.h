@@ -28,7 +28,7 @@ typedef struct {
     idem_mark_t mark;
     char prior_mid[IDEM_ENVELOPE_ID_MAX + 1]; /* message_id of the done mark */
     size_t prior_mid_len;                     /* its bytes (NULs are data) */
-    char detail[128];
+    char detail[512];                         /* reject reason, lease holder */
 } idem_store_result_t;
 
 /* One partition's position: the next offset to read, everything below it
@@ -139,6 +139,45 @@ int idem_store_mark_done(idem_store_t *s, const char *owner,
                          const idem_envelope_t *const *env, size_t n,
                          idem_store_result_t *results, char *errstr,
                          size_t errstr_size);
+
+/* In-Redis effects (handler.h, IDEM_EFFECT_IN_REDIS: ledger, script).
+ *
+ * A handler registers its dedup script once (before the first connect, in
+ * its start op); the store loads it with SCRIPT LOAD at every connect and
+ * reloads it after NOSCRIPT. The script is called with EVALSHA, no KEYS,
+ * and ARGV = prefix, group.id, dedup.ttl.seconds, then `per_record`
+ * arguments for each record of the chunk (what `args` produces), for at
+ * most 1000 records per call (chunks pipelined in one request). It returns
+ * an array with one string per record:
+ *   ""                  applied now: effect and done mark written together
+ *   "done:<message_id>" a done mark existed: a duplicate, nothing written
+ *   "lease:<owner>..."  an external handler's lease: busy, nothing written
+ *   "reject:<reason>"   the record's effect is refused (dead letter)
+ * The done mark is the key <prefix>dedup:<group.id>:<identity>, value
+ * "done:<message_id>", EX ttl (the ledger script is the model). An error
+ * reply is the server's state (OOM, READONLY, ...): an outage.
+ *
+ * Returns a script number for idem_store_script_send, or -1 with errstr. */
+typedef size_t (*idem_store_args_fn)(const void *rec, const char **argv,
+                                     size_t *argvlen, void *opaque);
+int idem_store_script_register(idem_store_t *s, const char *lua, size_t len,
+                               size_t per_record, idem_store_args_fn args,
+                               void *opaque, char *errstr, size_t errstr_size);
+
+/* Sends script `script` for recs[n] (borrowed, e.g. idem_record_t; the
+ * registered `args` is called once per record with recs[i] and must point
+ * argv[0..per_record) at bytes (argvlen) that stay valid until _send
+ * returns), then
+ * pos[npos] (HSET) and WAIT, as idem_store_ledger_send does; _recv reads
+ * the replies into results[n] with the meanings above (IDEM_MARK_NEW,
+ * _DONE with prior_mid, _BUSY, _REJECT with detail). Same failures as
+ * idem_store_ledger_send/_recv. */
+int idem_store_script_send(idem_store_t *s, int script, const void *const *recs,
+                           size_t n, const idem_store_pos_t *pos, size_t npos,
+                           char *errstr, size_t errstr_size);
+int idem_store_script_recv(idem_store_t *s, size_t n,
+                           idem_store_result_t *results, char *errstr,
+                           size_t errstr_size);
 
 /* verify: calls cb(currency, user_id, minor, opaque) for every ledger
  * field of every currency hash under the prefix. Returns 0 or -1. */

@@ -49,7 +49,7 @@ Test(conf, defaults_are_documented_values)
     idem_conf_t *c = idem_conf_new();
     cr_assert_str_eq(c->redis_prefix, "idemproc:");
     cr_assert_eq(c->dedup_ttl_seconds, 86400);
-    cr_assert_eq(c->handler, IDEM_HANDLER_LEDGER);
+    cr_assert_str_eq(c->handler, "ledger");
     idem_conf_destroy(c);
     idem_conf_destroy(NULL);
 }
@@ -350,4 +350,79 @@ Test(conf, check_config_connect_unreachable)
     cr_expect(strstr(err, "redis: connect: "), "%s", err);
     free(out);
     free(err);
+}
+
+/* A handler's keys come from its registry entry: set, validated, read,
+ * dumped, listed by help, and suggested on a typo. */
+Test(conf, handler_keys_come_from_the_registry)
+{
+    char err[512] = "";
+    char *fwd[] = {"handler=forward", "output.topic=out"};
+    idem_conf_t *c = load(NULL, NULL, fwd, 2, err, sizeof(err));
+    cr_assert(c, "%s", err);
+    cr_expect_eq(idem_conf_int(c, "forward.processed.at"), 1); /* default */
+    char *d = dump(c);
+    cr_expect(strstr(d, "forward.processed.at=true\n"), "%s", d);
+    free(d);
+    idem_conf_destroy(c);
+
+    char *off[] = {"handler=forward", "output.topic=out",
+                   "forward.processed.at=false"};
+    c = load(NULL, NULL, off, 3, err, sizeof(err));
+    cr_assert(c, "%s", err);
+    cr_expect_eq(idem_conf_int(c, "forward.processed.at"), 0);
+    cr_expect_str_eq(idem_conf_str(c, "forward.processed.at"), "false");
+    idem_conf_destroy(c);
+
+    /* From the environment, like the table's keys. */
+    char *env[] = {"IDEMPROC_FORWARD_PROCESSED_AT=false", NULL};
+    c = load(NULL, env, fwd, 2, err, sizeof(err));
+    cr_assert(c, "%s", err);
+    cr_expect_eq(idem_conf_int(c, "forward.processed.at"), 0);
+    idem_conf_destroy(c);
+
+    char *typo[] = {"forward.processed.att=true"};
+    c = load(NULL, NULL, typo, 1, err, sizeof(err));
+    cr_expect_null(c);
+    cr_expect(strstr(err, "did you mean \"forward.processed.at\""), "%s", err);
+
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *out = open_memstream(&buf, &len);
+    idem_conf_print_help(out);
+    fclose(out);
+    cr_expect(strstr(buf, "handler=forward: "), "%s", buf);
+    cr_expect(strstr(buf, "  forward.processed.at"), "%s", buf);
+    free(buf);
+    out = open_memstream(&buf, &len);
+    idem_conf_print_markdown(out);
+    fclose(out);
+    cr_expect(strstr(buf, "| `forward.processed.at` | one of: false, true | "
+                          "`true` | with `handler=forward`: "),
+              "%s", buf);
+    free(buf);
+}
+
+/* The envelope keys: defaults as documented, bytes refused for the ledger
+ * (it reads payment fields from JSON). */
+Test(conf, envelope_keys)
+{
+    char err[512] = "";
+    idem_conf_t *c = load(NULL, NULL, NULL, 0, err, sizeof(err));
+    cr_assert(c, "%s", err);
+    cr_expect_str_eq(c->envelope_identity,
+                     "value:/idempotency_key,header:idempotency_key,"
+                     "value:/message_id,header:message_id");
+    cr_expect_str_eq(c->envelope_message_id,
+                     "value:/message_id,header:message_id");
+    idem_conf_destroy(c);
+    char *bytes[] = {"envelope.format=bytes"};
+    c = load(NULL, NULL, bytes, 1, err, sizeof(err));
+    cr_expect_null(c);
+    cr_expect(strstr(err, "envelope.format: handler=ledger"), "%s", err);
+    char *fwd[] = {"envelope.format=bytes", "handler=forward",
+                   "output.topic=out", "envelope.identity=key,header:id"};
+    c = load(NULL, NULL, fwd, 4, err, sizeof(err));
+    cr_expect(c, "%s", err);
+    idem_conf_destroy(c);
 }

@@ -130,3 +130,128 @@ Test(envelope, identity_prefers_the_idempotency_key)
                  -1);
     cr_expect_eq(reason, IDEM_REASON_TOO_LARGE);
 }
+
+/* envelope.identity / envelope.message.id: ordered sources, the first found
+ * wins; a nested JSON Pointer, a header only, the Kafka key. */
+static int read_with(const char *identity, const char *mid, int format,
+                     const char *value, const char *hdr_name,
+                     const char *hdr_value, const char *key,
+                     idem_envelope_t *env, idem_reason_t *reason, char *err,
+                     size_t err_size)
+{
+    char e[256];
+    idem_envelope_rules_t *r =
+        idem_envelope_rules_new(format, identity, mid, 0, 4096, e, sizeof(e));
+    cr_assert(r, "rules refused: %s", e);
+    rd_kafka_headers_t *h = NULL;
+    if (hdr_name) {
+        h = rd_kafka_headers_new(2);
+        rd_kafka_header_add(h, hdr_name, -1, hdr_value, -1);
+    }
+    int rc =
+        idem_envelope_read(r, value, value ? strlen(value) : 0, h, key,
+                           key ? strlen(key) : 0, env, reason, err, err_size);
+    if (h)
+        rd_kafka_headers_destroy(h);
+    idem_envelope_rules_destroy(r);
+    return rc;
+}
+
+Test(envelope, identity_from_a_nested_pointer_a_header_or_the_key)
+{
+    idem_envelope_t env;
+    idem_reason_t reason;
+    char err[256];
+    /* Nested pointer, with RFC 6901 escapes and an array index. */
+    cr_assert_eq(read_with("value:/event/id", "value:/event/n~1m", 0,
+                           "{\"event\":{\"id\":\"ev-7\",\"n/m\":\"m-1\"},"
+                           "\"sku\":\"A\",\"qty\":2}",
+                           NULL, NULL, NULL, &env, &reason, err, sizeof(err)),
+                 0, "%s", err);
+    cr_expect_str_eq(env.identity, "ev-7");
+    cr_expect_str_eq(env.message_id, "m-1");
+    cr_expect_eq(env.json_object, 1);
+    cr_assert_eq(read_with("value:/items/1/id", "", 0,
+                           "{\"items\":[{\"id\":\"a\"},{\"id\":\"b\"}]}", NULL,
+                           NULL, NULL, &env, &reason, err, sizeof(err)),
+                 0, "%s", err);
+    cr_expect_str_eq(env.identity, "b");
+    cr_expect_eq(env.message_id_len, 0); /* no message id source: none */
+    /* Header only: the value's own field is not a source. */
+    cr_assert_eq(read_with("header:event-id", "", 0,
+                           "{\"idempotency_key\":\"ignored\"}", "event-id",
+                           "h-1", NULL, &env, &reason, err, sizeof(err)),
+                 0, "%s", err);
+    cr_expect_str_eq(env.identity, "h-1");
+    /* The Kafka key, as a fallback after a missing pointer. */
+    cr_assert_eq(read_with("value:/id,key", "", 0, "{\"x\":1}", NULL, NULL,
+                           "k-9", &env, &reason, err, sizeof(err)),
+                 0, "%s", err);
+    cr_expect_str_eq(env.identity, "k-9");
+    /* None found: no-identity; a non-string at a pointer: invalid-field. */
+    cr_expect_eq(read_with("value:/id,key", "", 0, "{\"x\":1}", NULL, NULL,
+                           NULL, &env, &reason, err, sizeof(err)),
+                 -1);
+    cr_expect_eq(reason, IDEM_REASON_NO_IDENTITY);
+    cr_expect_eq(read_with("value:/event/id", "", 0, "{\"event\":{\"id\":5}}",
+                           NULL, NULL, NULL, &env, &reason, err, sizeof(err)),
+                 -1);
+    cr_expect_eq(reason, IDEM_REASON_INVALID_FIELD);
+    cr_expect(strstr(err, "event/id: must be a string"), "%s", err);
+}
+
+/* envelope.format=bytes: the value is not parsed at all (not JSON, empty,
+ * null: all fine); value: sources are skipped. */
+Test(envelope, bytes_format_reads_no_value)
+{
+    idem_envelope_t env;
+    idem_reason_t reason;
+    char err[256];
+    cr_assert_eq(read_with(IDEM_ENVELOPE_IDENTITY_DEFAULT, "header:message_id",
+                           1, "\x01\x02 not json", "idempotency_key", "b-1",
+                           NULL, &env, &reason, err, sizeof(err)),
+                 0, "%s", err);
+    cr_expect_str_eq(env.identity, "b-1");
+    cr_expect_eq(env.json_object, 0);
+    cr_assert_eq(read_with("value:/id,key", "", 1, NULL, NULL, NULL, "k-1",
+                           &env, &reason, err, sizeof(err)),
+                 0, "%s", err);
+    cr_expect_str_eq(env.identity, "k-1");
+    /* A JSON value with the identity inside is still not read. */
+    cr_expect_eq(read_with("value:/id", "", 1, "{\"id\":\"x\"}", NULL, NULL,
+                           NULL, &env, &reason, err, sizeof(err)),
+                 -1);
+    cr_expect_eq(reason, IDEM_REASON_NO_IDENTITY);
+    /* Only the size rule applies. */
+    char big[5000];
+    memset(big, 'x', sizeof(big) - 1);
+    big[sizeof(big) - 1] = '\0';
+    cr_expect_eq(read_with("key", "", 1, big, NULL, NULL, "k", &env, &reason,
+                           err, sizeof(err)),
+                 -1);
+    cr_expect_eq(reason, IDEM_REASON_TOO_LARGE);
+}
+
+/* Payment fields are required only when the rules say so (ledger). */
+Test(envelope, payment_fields_only_for_the_ledger)
+{
+    char e[256], err[256];
+    idem_envelope_t env;
+    idem_reason_t reason;
+    const char *v = "{\"idempotency_key\":\"k\",\"shipment\":\"s-1\"}";
+    idem_envelope_rules_t *any = idem_envelope_rules_new(
+        0, IDEM_ENVELOPE_IDENTITY_DEFAULT, IDEM_ENVELOPE_MESSAGE_ID_DEFAULT, 0,
+        4096, e, sizeof(e));
+    idem_envelope_rules_t *pay = idem_envelope_rules_new(
+        0, IDEM_ENVELOPE_IDENTITY_DEFAULT, IDEM_ENVELOPE_MESSAGE_ID_DEFAULT, 1,
+        4096, e, sizeof(e));
+    cr_expect_eq(idem_envelope_read(any, v, strlen(v), NULL, NULL, 0, &env,
+                                    &reason, err, sizeof(err)),
+                 0, "%s", err);
+    cr_expect_eq(idem_envelope_read(pay, v, strlen(v), NULL, NULL, 0, &env,
+                                    &reason, err, sizeof(err)),
+                 -1);
+    cr_expect(strstr(err, "user_id: missing"), "%s", err);
+    idem_envelope_rules_destroy(any);
+    idem_envelope_rules_destroy(pay);
+}

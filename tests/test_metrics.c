@@ -223,6 +223,41 @@ Test(metrics, histogram_buckets_are_cumulative)
     idem_metrics_destroy(m);
 }
 
+Test(metrics, webhook_series_only_once_enabled)
+{
+    idem_metrics_t *m = idem_metrics_new();
+    char *t = render(m);
+    cr_expect_null(strstr(t, "idemproc_webhook"), "%s", t);
+    free(t);
+    idem_metrics_webhook_enable(m);
+    t = render(m);
+    for (int i = 0; idem_metrics_webhook_classes[i]; i++) {
+        char line[128];
+        snprintf(line, sizeof(line),
+                 "idemproc_webhook_requests_total{class=\"%s\"} 0",
+                 idem_metrics_webhook_classes[i]);
+        expect_line(t, line);
+    }
+    expect_line(t, "# TYPE idemproc_webhook_latency_seconds histogram");
+    free(t);
+    idem_metrics_webhook_request_add(m, "2xx");
+    idem_metrics_webhook_request_add(m, "2xx");
+    idem_metrics_webhook_request_add(m, "timeout");
+    idem_metrics_webhook_request_add(m, "no-such-class");
+    idem_metrics_webhook_latency_observe(m, 0.004);
+    idem_metrics_webhook_latency_observe(m, 0.3);
+    t = render(m);
+    expect_line(t, "idemproc_webhook_requests_total{class=\"2xx\"} 2");
+    expect_line(t, "idemproc_webhook_requests_total{class=\"timeout\"} 1");
+    expect_line(t, "idemproc_webhook_requests_total{class=\"error\"} 1");
+    expect_line(t, "idemproc_webhook_latency_seconds_bucket{le=\"0.005\"} 1");
+    expect_line(t, "idemproc_webhook_latency_seconds_bucket{le=\"0.5\"} 2");
+    expect_line(t, "idemproc_webhook_latency_seconds_count 2");
+    cr_expect_eq(idem_metrics_webhook_request_get(m, "2xx"), 2);
+    free(t);
+    idem_metrics_destroy(m);
+}
+
 Test(metrics, lag_parsed_from_rdkafka_statistics)
 {
     idem_metrics_t *m = idem_metrics_new();

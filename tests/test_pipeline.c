@@ -724,3 +724,141 @@ Test(pipeline, progress_line_lag_unknown_before_statistics)
     free(log);
     th_stack_stop(&stk);
 }
+
+/* Sends the lines of `text` to payments with kcat (one record a line, read
+ * from stdin): "key:value" lines with `keyed`, one header name=value for
+ * all of them when `header` is set. */
+static void kcat_send(const char *text, int keyed, const char *header)
+{
+    char path[600], cmd[2048];
+    static int n;
+    snprintf(path, sizeof(path), "%s/kcat-%d.txt", stk.dir, n++);
+    cr_assert_eq(th_write_file(path, text), 0);
+    snprintf(cmd, sizeof(cmd),
+             "/usr/bin/kcat -P -b %s -t payments %s %s%s < %s",
+             stk.broker.bootstrap, keyed ? "-K :" : "", header ? "-H " : "",
+             header ? header : "", path);
+    char *argv[] = {"/bin/sh", "-c", cmd, NULL};
+    cr_assert_eq(th_run(argv, NULL, NULL, 30000), 0, "%s failed", cmd);
+}
+
+/* envelope.format=bytes through the loop: values that are not JSON pass
+ * untouched (no processed_at), the identity comes from a header or else
+ * the Kafka key, a repeated key is a duplicate, and a record with neither
+ * is dead-lettered as no-identity. */
+Test(forward, bytes_with_identity_from_a_header_or_the_key, .timeout = 120)
+{
+    const char *props[] = {
+        "handler=forward",       "output.topic=payments.out",
+        "envelope.format=bytes", "envelope.identity=header:event-id,key",
+        "envelope.message.id=",  NULL};
+    cr_assert_eq(th_stack_start(&stk, 1, props), 0);
+    kcat_send("hk:\x01raw bytes one\n", 1, "event-id=ev-1");
+    kcat_send("k-1:plain text\nk-2:{not json\nk-1:plain text again\n", 1, NULL);
+    kcat_send("no key, no header\n", 0, NULL);
+    pid_t m = th_stack_member(&stk, "m1", NULL);
+    long out = 0, dlq = 0;
+    for (int t = 0; t < 600 && (out < 3 || dlq < 1); t++) {
+        out = topic_size(stk.broker.bootstrap, "payments.out");
+        dlq = topic_size(stk.broker.bootstrap, "payments.dlq");
+        usleep(100000);
+    }
+    usleep(500000); /* nothing more may come */
+    recs_t o = read_topic(stk.broker.bootstrap, "payments.out");
+    cr_assert_eq(o.n, 3, "forwarded %zu records", o.n);
+    cr_expect_str_eq(o.v[0].value, "\x01raw bytes one");
+    cr_expect_str_eq(o.v[0].key, "hk");
+    cr_expect_str_eq(hdr(&o.v[0], "event-id"), "ev-1");
+    cr_expect_str_eq(o.v[1].value, "plain text");
+    cr_expect_str_eq(o.v[2].value, "{not json");
+    recs_t d = read_topic(stk.broker.bootstrap, "payments.dlq");
+    cr_assert_eq(d.n, 1);
+    cr_expect_str_eq(hdr(&d.v[0], "dlq.reason"), "no-identity");
+    recs_free(&o);
+    recs_free(&d);
+    cr_expect_eq(th_stop(m, 15000), 0);
+    th_stack_stop(&stk);
+}
+
+/* A nested JSON Pointer identity through the loop, and processed_at added
+ * only to JSON objects (here all are objects; the option turned off keeps
+ * the bytes as they are). */
+Test(forward, identity_from_a_nested_pointer, .timeout = 120)
+{
+    const char *props[] = {"handler=forward",
+                           "output.topic=payments.out",
+                           "envelope.identity=value:/event/id",
+                           "envelope.message.id=value:/event/seq",
+                           "forward.processed.at=false",
+                           NULL};
+    cr_assert_eq(th_stack_start(&stk, 1, props), 0);
+    kcat_send(
+        "{\"event\":{\"id\":\"e1\",\"seq\":\"1\"},\"sku\":\"A\",\"qty\":2}\n"
+        "{\"event\":{\"id\":\"e2\",\"seq\":\"1\"},\"sku\":\"B\",\"qty\":1}\n"
+        "{\"event\":{\"id\":\"e1\",\"seq\":\"1\"},\"sku\":\"A\",\"qty\":2}\n"
+        "{\"event\":{\"id\":\"e2\",\"seq\":\"2\"},\"sku\":\"B\",\"qty\":1}\n"
+        "{\"sku\":\"C\"}\n",
+        0, NULL);
+    pid_t m = th_stack_member(&stk, "m1", NULL);
+    long out = 0, dlq = 0;
+    for (int t = 0; t < 600 && (out < 2 || dlq < 1); t++) {
+        out = topic_size(stk.broker.bootstrap, "payments.out");
+        dlq = topic_size(stk.broker.bootstrap, "payments.dlq");
+        usleep(100000);
+    }
+    usleep(500000);
+    recs_t o = read_topic(stk.broker.bootstrap, "payments.out");
+    cr_assert_eq(o.n, 2, "forwarded %zu records", o.n);
+    cr_expect(strstr(o.v[0].value, "\"id\":\"e1\"") &&
+                  !strstr(o.v[0].value, "processed_at"),
+              "%s", o.v[0].value);
+    cr_expect(strstr(o.v[1].value, "\"id\":\"e2\""), "%s", o.v[1].value);
+    recs_free(&o);
+    cr_expect_eq(topic_size(stk.broker.bootstrap, "payments.dlq"), 1);
+    cr_expect_eq(th_stop(m, 15000), 0);
+    char *log = member_log(&stk, "m1");
+    cr_expect(strstr(log, "no-identity"), "%s", log);
+    free(log);
+    th_stack_stop(&stk);
+}
+
+/* One identity is with an external handler at most once at a time, also
+ * when its two records fall into different chunks (1000 records) of one
+ * claim call: before, the second chunk re-claimed the first chunk's lease
+ * (ours) and the effect ran twice. A redelivery and a resend of early
+ * records sit past record 1000 of one due set. */
+Test(forward, duplicates_in_another_claim_chunk_are_forwarded_once,
+     .timeout = 180)
+{
+    const char *props[] = {"handler=forward", "output.topic=payments.out",
+                           "batch.max.messages=2000", "batch.max.wait.ms=3000",
+                           NULL};
+    cr_assert_eq(th_stack_start(&stk, 1, props), 0);
+    size_t cap = 1700 * 128, at = 0;
+    char *lines = malloc(cap);
+    for (int i = 0; i < 1600; i++) {
+        int k = i == 1500 ? 10 : i == 1550 ? 20 : i;
+        at += (size_t)snprintf(lines + at, cap - at,
+                               "{\"idempotency_key\":\"k%d\",\"message_id\":"
+                               "\"m%d%s\",\"user_id\":\"u%d\",\"amount\":1,"
+                               "\"currency\":\"EUR\"}\n",
+                               k, k, i == 1550 ? "-again" : "", i % 7);
+    }
+    char path[600];
+    snprintf(path, sizeof(path), "%s/chunks.jsonl", stk.dir);
+    cr_assert_eq(th_write_file(path, lines), 0);
+    free(lines);
+    const char *args[] = {"--input", path, NULL};
+    cr_assert_eq(th_stack_produce(&stk, args), 0);
+    long unique = expect_count(&stk, "unique", NULL);
+    cr_assert_eq(unique, 1598);
+    pid_t m = th_stack_member(&stk, "m1", NULL);
+    ASSERT_VERIFIED(&stk, 1, NULL, 90000);
+    cr_expect_eq(topic_size(stk.broker.bootstrap, "payments.out"), unique,
+                 "an identity was forwarded twice");
+    cr_expect_eq(th_stop(m, 15000), 0);
+    char *log = member_log(&stk, "m1");
+    cr_expect(!strstr(log, "lease taken over"), "%s", log);
+    free(log);
+    th_stack_stop(&stk);
+}

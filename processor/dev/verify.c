@@ -283,6 +283,7 @@ typedef struct {
     json_t *ledger; /* {currency: {user: minor}} rebuilt from the output */
     json_t *seen;   /* identities already counted */
     int64_t distinct, records, unparsable;
+    int64_t carried; /* distinct records without valid payment fields */
 } output_tally_t;
 
 /* read_topic callback for the forward handler's output: each distinct
@@ -298,6 +299,18 @@ static void output_record(const rd_kafka_message_t *m, void *opaque)
     t->records++;
     if (idem_envelope_parse(m->payload, m->len, h, 1, (size_t)-1, &env, &reason,
                             err, sizeof(err))) {
+        /* forward carries any record with an identity: one the ledger
+         * would refuse (invalid-field) is output too, once. */
+        if (reason == IDEM_REASON_INVALID_FIELD &&
+            !idem_envelope_parse(m->payload, m->len, h, 0, (size_t)-1, &env,
+                                 &reason, err, sizeof(err))) {
+            if (!json_object_getn(t->seen, env.identity, env.identity_len)) {
+                json_object_setn_new(t->seen, env.identity, env.identity_len,
+                                     json_true());
+                t->carried++;
+            }
+            return;
+        }
         t->unparsable++;
         return;
     }
@@ -410,7 +423,7 @@ int idem_verify(const idem_conf_t *conf, json_t *expect, int with_dlq,
     output_tally_t outp = {.ledger = got, .seen = json_object()};
     int64_t applied = 0;
     int rc = -1;
-    if (conf->handler == IDEM_HANDLER_FORWARD) {
+    if (!strcmp(conf->handler, "forward")) {
         /* The effect is the output topic: its distinct records must
          * rebuild the ledger exactly, one per unique payment. */
         if (read_topic(conf, conf->output_topic, timeout_ms, output_record,
@@ -420,6 +433,16 @@ int idem_verify(const idem_conf_t *conf, json_t *expect, int with_dlq,
         if (outp.unparsable)
             diff(&r, "output: %" PRId64 " records do not parse",
                  outp.unparsable);
+        /* What the ledger would dead-letter as invalid-field, forward
+         * carries to the output. */
+        json_t *w =
+            json_object_get(json_object_get(expect, "poison"), "invalid-field");
+        int64_t want = w ? json_integer_value(w) : 0;
+        if (outp.carried != want)
+            diff(&r,
+                 "output: expected %" PRId64 " records without payment fields "
+                 "(invalid-field for the ledger), got %" PRId64,
+                 want, outp.carried);
     } else if (idem_store_ledger_scan(store, collect_ledger, got, errstr,
                                       errstr_size) ||
                idem_store_applied_get(store, &applied, errstr, errstr_size)) {
@@ -440,9 +463,12 @@ int idem_verify(const idem_conf_t *conf, json_t *expect, int with_dlq,
                        errstr, errstr_size))
             goto done;
         json_t *poison = json_object_get(expect, "poison");
+        int forward = !strcmp(conf->handler, "forward");
         for (int i = 0; i < IDEM_REASON_CNT; i++) {
             json_t *w = json_object_get(poison, idem_reason2str(i));
             int64_t want = w ? json_integer_value(w) : 0;
+            if (forward && i == IDEM_REASON_INVALID_FIELD)
+                want = 0; /* carried to the output (above) */
             dlq_total += dlq.counts[i];
             if (want != dlq.counts[i])
                 diff(&r, "dlq %s: expected %" PRId64 ", got %" PRId64,
@@ -459,8 +485,7 @@ int idem_verify(const idem_conf_t *conf, json_t *expect, int with_dlq,
                 "verify: ledger exact (%zu currencies, %zu users, %" PRId64
                 " applied%s)\n",
                 json_object_size(got), users, applied,
-                conf->handler == IDEM_HANDLER_FORWARD ? ", from output.topic"
-                                                      : "");
+                !strcmp(conf->handler, "forward") ? ", from output.topic" : "");
         if (with_dlq)
             fprintf(out,
                     "verify: dlq exact (%" PRId64 " distinct records, %" PRId64

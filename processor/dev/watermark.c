@@ -59,6 +59,7 @@ int idem_watermark_check(idem_watermark_t *w, int timeout_ms,
                          size_t errstr_size)
 {
     const struct rd_kafka_metadata *md = NULL;
+    int64_t deadline = idem_now_ms() + timeout_ms;
     rd_kafka_resp_err_t err =
         rd_kafka_metadata(w->rk, 1, NULL, &md, timeout_ms);
     if (err) {
@@ -72,8 +73,14 @@ int idem_watermark_check(idem_watermark_t *w, int timeout_ms,
         for (int i = 0; i < mt->partition_cnt; i++) {
             int32_t part = mt->partitions[i].id;
             int64_t lo, hi;
+            /* The whole check stays within timeout_ms: with a broker down,
+             * a request per partition would otherwise block for minutes
+             * (and the broker's fault schedule with it). */
+            int64_t left = deadline - idem_now_ms();
+            if (left <= 0)
+                break;
             if (rd_kafka_query_watermark_offsets(w->rk, mt->topic, part, &lo,
-                                                 &hi, timeout_ms))
+                                                 &hi, (int)left))
                 continue; /* try again at the next check */
             char key[512];
             snprintf(key, sizeof(key), "%s\t%" PRId32, mt->topic, part);

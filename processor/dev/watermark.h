@@ -21,8 +21,9 @@ typedef void idem_watermark_cb(const char *topic, int32_t partition,
 idem_watermark_t *idem_watermark_new(const char *bootstrap, char *errstr,
                                      size_t errstr_size);
 
-/* Reads the low watermark of every partition of every topic (each request
- * bounded by timeout_ms) and calls cb for those that moved up. Returns 0,
+/* Reads the low watermark of every partition of every topic (the whole
+ * check bounded by timeout_ms: partitions it did not reach wait for the
+ * next check) and calls cb for those that moved up. Returns 0,
  * or -1 with errstr when the broker did not answer (nothing is called). */
 int idem_watermark_check(idem_watermark_t *w, int timeout_ms,
                          idem_watermark_cb *cb, void *opaque, char *errstr,

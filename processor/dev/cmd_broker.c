@@ -246,7 +246,7 @@ int idem_cmd_broker(int argc, char **argv, char **envp)
     /* Not while a fault schedule runs: with a broker down, the mock
      * cluster did not apply the next fault while librdkafka's watermark
      * query waited for that broker's partitions, even from a thread of its
-     * own. */
+     * own (faults/schedule_on_time_while_a_broker_is_down). */
     idem_watermark_t *wm =
         faults ? NULL
                : idem_watermark_new(idem_broker_bootstraps(broker), errstr,
@@ -267,6 +267,7 @@ int idem_cmd_broker(int argc, char **argv, char **envp)
         wm = NULL;
     }
     int64_t start_ms = idem_now_ms();
+    int64_t next_check = start_ms + 2000;
     size_t next = 0;
     while (broker_running) {
         int64_t wait = 200;
@@ -277,6 +278,11 @@ int idem_cmd_broker(int argc, char **argv, char **envp)
                 wait = due;
         }
         idem_sleep_ms(wait, (volatile int *)&broker_running);
+        if (wm && broker_running && idem_now_ms() >= next_check) {
+            idem_watermark_check(wm, 2000, broker_on_dropped, NULL, errstr,
+                                 sizeof(errstr));
+            next_check = idem_now_ms() + 2000;
+        }
     }
     if (wm) {
         /* A check in progress against a broker that is down may take a

@@ -1,0 +1,25 @@
+-- Stock per SKU, changed exactly once per inventory event.
+-- Events: {"event":{"id":"evt-1"},"sku":"apple","qty":10}; qty > 0 adds
+-- stock, qty < 0 takes it. Run with handler=script,
+-- script.file=inventory.lua, envelope.identity=value:/event/id.
+local STOCK = 'inventory:stock'
+
+function effect(rec)
+  local ok, ev = pcall(cjson.decode, rec.value)
+  if not ok or type(ev) ~= 'table' then
+    return false, 'value is not a JSON object'
+  end
+  local sku, qty = ev.sku, ev.qty
+  if type(sku) ~= 'string' or sku == '' then
+    return false, 'sku: missing'
+  end
+  if type(qty) ~= 'number' or qty ~= math.floor(qty) or qty == 0 then
+    return false, 'qty: must be a whole number other than 0'
+  end
+  local have = tonumber(redis.call('HGET', STOCK, sku)) or 0
+  if have + qty < 0 then
+    return false, 'out of stock: ' .. sku .. ' has ' .. have ..
+      ', the event takes ' .. -qty
+  end
+  redis.call('HINCRBY', STOCK, sku, qty)
+end

@@ -1,0 +1,544 @@
+/* luascript: the user's Lua effect of handler=script: reading and
+ * checking script.file, composing it into the dedup script, and one
+ * record's arguments (docs/design.md, "The script handler"). */
+#include "luascript.h"
+
+#include "util.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <lauxlib.h>
+#include <lua.h>
+#include <lualib.h>
+
+/* The dedup script is: one line naming the file and how many lines come
+ * before it (for error messages), DRIVER_HEAD, the user's file unchanged,
+ * DRIVER_TAIL. So `function effect(rec)` assigns the local `effect`
+ * declared here (Redis forbids creating globals), and `redis` inside the
+ * user's file is a local proxy of the real one.
+ *
+ * The proxy runs every command with the real redis.pcall and remembers
+ * the first error about the server's state (OOM, READONLY, MISCONF, ...,
+ * the classes of idem_store_error_class). Such an error is an outage, not
+ * the record's fault: even if the effect catches it, the script ends
+ * with that error reply, which the store treats as an outage. Every other
+ * error of a command is raised in the effect (redis.call) or returned to
+ * it (redis.pcall), as Redis does.
+ *
+ * ARGV: prefix, group, dedup.ttl.seconds, then IDEM_LUASCRIPT_REC_ARGS per
+ * record (idem_luascript_args). Per record, in order: a done mark (from
+ * before this call or set earlier in it) or a lease is returned as found;
+ * otherwise effect(rec) runs and, when it accepts, the done mark
+ * "done:<message_id>" is set with the TTL and "" returned. A rejection is
+ * "reject:<reason>", a runtime error "reject:lua error: FILE:LINE: ...";
+ * neither sets a mark, and writes the effect made before stay (Redis has
+ * no rollback). Texts are cut at 500 bytes. */
+static const char driver_head[] =
+    "local idemproc_redis, idemproc_argv, idemproc_outage = redis, ARGV\n"
+    "local idemproc_server = {OOM = 1, READONLY = 1, MISCONF = 1,\n"
+    "  NOREPLICAS = 1, LOADING = 1, BUSY = 1, MASTERDOWN = 1, NOAUTH = 1,\n"
+    "  WRONGPASS = 1, NOPERM = 1, NOSCRIPT = 1}\n"
+    "local function idemproc_failed(r)\n"
+    "  if type(r) ~= 'table' or type(r.err) ~= 'string' then return false end\n"
+    "  local code = string.match(r.err, '^(%S+)')\n"
+    "  if code and idemproc_server[code] and not idemproc_outage then\n"
+    "    idemproc_outage = r.err\n"
+    "  end\n"
+    "  return true\n"
+    "end\n"
+    "local redis = setmetatable({\n"
+    "  call = function(...)\n"
+    "    local r = idemproc_redis.pcall(...)\n"
+    "    if idemproc_failed(r) then error(r.err, 2) end\n"
+    "    return r\n"
+    "  end,\n"
+    "  pcall = function(...)\n"
+    "    local r = idemproc_redis.pcall(...)\n"
+    "    idemproc_failed(r)\n"
+    "    return r\n"
+    "  end}, {__index = idemproc_redis})\n"
+    "local ARGV, KEYS, effect\n"
+    "local function idemproc_text(x, default)\n"
+    "  if type(x) == 'table' and type(x.err) == 'string' then x = x.err end\n"
+    "  if x == nil then x = default end\n"
+    "  x = string.gsub(tostring(x), 'user_script:(%d+):', function(n)\n"
+    "    n = tonumber(n) - idemproc_head\n"
+    "    if n < 1 then return 'user_script:' .. (n + idemproc_head) .. ':' "
+    "end\n"
+    "    return idemproc_file .. ':' .. n .. ':'\n"
+    "  end)\n"
+    "  return x\n"
+    "end\n"
+    "local function idemproc_headers(s)\n"
+    "  local h, i = {}, 1\n"
+    "  while i <= #s do\n"
+    "    local c = string.find(s, ':', i, true)\n"
+    "    local name = string.sub(s, c + 1, c + tonumber(string.sub(s, i, c - "
+    "1)))\n"
+    "    i = c + #name + 1\n"
+    "    c = string.find(s, ':', i, true)\n"
+    "    local vl = string.sub(s, i, c - 1)\n"
+    "    if vl == '-' then\n"
+    "      h[name] = false\n"
+    "      i = c + 1\n"
+    "    else\n"
+    "      h[name] = string.sub(s, c + 1, c + tonumber(vl))\n"
+    "      i = c + tonumber(vl) + 1\n"
+    "    end\n"
+    "  end\n"
+    "  return h\n"
+    "end\n"
+    "local function idemproc_rec(argv, b)\n"
+    "  local flags, mid, ts, hs = argv[b + 6], argv[b + 1], argv[b + 5],\n"
+    "    argv[b + 9]\n"
+    "  return {identity = argv[b], topic = argv[b + 2],\n"
+    "    partition = tonumber(argv[b + 3]), offset = tonumber(argv[b + 4]),\n"
+    "    message_id = mid ~= '' and mid or nil,\n"
+    "    timestamp = ts ~= '-1' and tonumber(ts) or nil,\n"
+    "    key = (flags == '11' or flags == '10') and argv[b + 7] or nil,\n"
+    "    value = (flags == '11' or flags == '01') and argv[b + 8] or nil,\n"
+    "    headers = hs == '' and {} or idemproc_headers(hs)}\n"
+    "end\n"
+    "local function idemproc_run(eff)\n"
+    "  local argv = idemproc_argv\n"
+    "  if type(eff) ~= 'function' then\n"
+    "    return idemproc_redis.error_reply(\n"
+    "      'ERR script.file defines no function effect(rec)')\n"
+    "  end\n"
+    "  local prefix, group, ttl = argv[1], argv[2], argv[3]\n"
+    "  local keys, n = {}, 0\n"
+    "  for b = 4, #argv, 10 do\n"
+    "    n = n + 1\n"
+    "    keys[n] = prefix .. 'dedup:' .. group .. ':' .. argv[b]\n"
+    "  end\n"
+    "  local out = {}\n"
+    "  if n == 0 then return out end\n"
+    "  local marks = idemproc_redis.call('MGET', unpack(keys))\n"
+    "  local set = {}\n"
+    "  for j = 1, n do\n"
+    "    local b = 4 + (j - 1) * 10\n"
+    "    local id = argv[b]\n"
+    "    local mark = set[id] or marks[j]\n"
+    "    if mark then\n"
+    "      out[j] = mark\n"
+    "    else\n"
+    "      local ok, r1, r2 = pcall(eff, idemproc_rec(argv, b))\n"
+    "      if idemproc_outage then\n"
+    "        return idemproc_redis.error_reply(idemproc_outage)\n"
+    "      end\n"
+    "      if not ok then\n"
+    "        out[j] = 'reject:' .. string.sub('lua error: ' ..\n"
+    "          idemproc_text(r1, 'error'), 1, 500)\n"
+    "      elseif r1 == false or (r1 == nil and r2 ~= nil) then\n"
+    "        out[j] = 'reject:' .. string.sub(\n"
+    "          idemproc_text(r2, 'effect returned false'), 1, 500)\n"
+    "      elseif type(r1) == 'table' and type(r1.err) == 'string' then\n"
+    "        out[j] = 'reject:' .. string.sub(idemproc_text(r1), 1, 500)\n"
+    "      else\n"
+    "        local m = 'done:' .. argv[b + 1]\n"
+    "        idemproc_redis.call('SET', keys[j], m, 'EX', ttl)\n"
+    "        set[id] = m\n"
+    "        out[j] = ''\n"
+    "      end\n"
+    "    end\n"
+    "  end\n"
+    "  return out\n"
+    "end\n";
+
+static const char driver_tail[] = "\nreturn idemproc_run(effect)\n";
+
+/* What the local check runs before the composed script: the globals of
+ * Redis 7's script sandbox (base without print/dofile/loadfile/setfenv/
+ * getfenv, string, table, math, stand-ins for bit, cjson, cmsgpack,
+ * struct), a `redis` whose commands refuse to run (the top level of the
+ * file runs here, the effect never does; level 3 of the error is the
+ * user's line, past the driver's proxy), ARGV without records, and a
+ * global table that refuses new globals and unknown names as Redis does. */
+static const char sandbox_lua[] =
+    "print, dofile, loadfile, setfenv, getfenv, newproxy = nil\n"
+    "module, require, package = nil\n"
+    "local function refuse()\n"
+    "  error('redis.call/redis.pcall at the top level of the file: only '\n"
+    "    .. 'effect(rec) may call Redis', 3)\n"
+    "end\n"
+    "redis = {call = refuse, pcall = refuse, acl_check_cmd = refuse,\n"
+    "  error_reply = function(m) return {err = m} end,\n"
+    "  status_reply = function(m) return {ok = m} end,\n"
+    "  log = function() end, sha1hex = function() return '' end,\n"
+    "  setresp = function() end, set_repl = function() end,\n"
+    "  replicate_commands = function() return true end,\n"
+    "  breakpoint = function() return false end, debug = function() end,\n"
+    "  LOG_DEBUG = 0, LOG_VERBOSE = 1, LOG_NOTICE = 2, LOG_WARNING = 3,\n"
+    "  REPL_NONE = 0, REPL_AOF = 1, REPL_SLAVE = 2, REPL_REPLICA = 2,\n"
+    "  REPL_ALL = 3, REDIS_VERSION = '7.0.0', REDIS_VERSION_NUM = 458752}\n"
+    "bit, cjson, cmsgpack, struct = {}, {}, {}, {}\n"
+    "ARGV, KEYS = {'idemproc:', 'check', '60'}, {}\n"
+    "setmetatable(_G, {\n"
+    "  __newindex = function(_, k)\n"
+    "    error('global variable ' .. tostring(k) .. ': Redis forbids '\n"
+    "      .. 'creating globals in scripts; declare it local', 2)\n"
+    "  end,\n"
+    "  __index = function(_, k)\n"
+    "    error('Script attempted to access nonexistent global variable '\n"
+    "      .. tostring(k), 2)\n"
+    "  end})\n";
+
+/* Instructions the top level of the file may run in the check. */
+#define CHECK_INSTRUCTIONS_MAX 50000000
+
+struct idem_luascript_s {
+    char *path;
+    char *source;   /* first line + driver_head + file + driver_tail */
+    int head_lines; /* lines before the file's first */
+    int file_lines;
+};
+
+static int count_lines(const char *s, size_t len)
+{
+    int n = 0;
+    for (size_t i = 0; i < len; i++)
+        n += s[i] == '\n';
+    return n;
+}
+
+void idem_luascript_where(const idem_luascript_t *sc, const char *msg,
+                          size_t len, char *out, size_t out_size)
+{
+    static const char tag[] = "user_script:";
+    size_t taglen = sizeof(tag) - 1, o = 0;
+    if (!out_size)
+        return;
+    for (size_t i = 0; i < len && o + 1 < out_size;) {
+        char *end = NULL;
+        long line = 0;
+        if (len - i > taglen && !memcmp(msg + i, tag, taglen) &&
+            msg[i + taglen] >= '0' && msg[i + taglen] <= '9') {
+            errno = 0;
+            line = strtol(msg + i + taglen, &end, 10);
+        }
+        if (end && (size_t)(end - msg) < len && *end == ':' && !errno) {
+            long user = line - sc->head_lines;
+            int w;
+            if (user >= 1 && user <= sc->file_lines + 2)
+                w = snprintf(out + o, out_size - o, "%s:%ld:", sc->path,
+                             user > sc->file_lines ? (long)sc->file_lines
+                                                   : user);
+            else
+                w = snprintf(out + o, out_size - o,
+                             "(idemproc driver):%ld:", line);
+            o += w < 0 ? 0 : (size_t)w;
+            if (o >= out_size)
+                o = out_size - 1;
+            i = (size_t)(end - msg) + 1;
+        } else {
+            out[o++] = msg[i++];
+        }
+    }
+    out[o] = '\0';
+}
+
+static void check_hook(lua_State *L, lua_Debug *ar)
+{
+    (void)ar;
+    luaL_error(L,
+               "the top level of the file ran more than %d instructions "
+               "(only define functions there)",
+               CHECK_INSTRUCTIONS_MAX);
+}
+
+/* Runs `code` (len bytes, chunk name "=user_script") in L; on failure puts
+ * the mapped message into errstr and returns -1. */
+static int check_chunk(idem_luascript_t *sc, lua_State *L, const char *code,
+                       size_t len, int run, const char *hint, char *errstr,
+                       size_t errstr_size)
+{
+    int rc = luaL_loadbuffer(L, code, len, "=user_script");
+    if (rc != LUA_ERRSYNTAX)
+        hint = ""; /* the hints are about syntax */
+    if (!rc && run)
+        rc = lua_pcall(L, 0, 1, 0);
+    const char *what = NULL;
+    size_t wlen = 0;
+    if (rc) {
+        what = lua_tolstring(L, -1, &wlen);
+        if (!what)
+            what = "error object is not a string", wlen = strlen(what);
+    } else if (run && lua_istable(L, -1)) {
+        lua_getfield(L, -1, "err");
+        if (lua_isstring(L, -1))
+            what = lua_tolstring(L, -1, &wlen);
+    }
+    if (!what) {
+        lua_settop(L, 0);
+        return 0;
+    }
+    char where[1024];
+    idem_luascript_where(sc, what, wlen, where, sizeof(where));
+    if (strstr(where, "defines no function effect"))
+        snprintf(errstr, errstr_size,
+                 "script.file: %s defines no function effect(rec)", sc->path);
+    else
+        snprintf(errstr, errstr_size, "script.file: %s%s", where, hint);
+    lua_settop(L, 0);
+    return -1;
+}
+
+/* Compiles the file alone (syntax errors with the file's own lines), then
+ * the composed script, and runs the composed script's top level with no
+ * records in a sandbox like Redis's. */
+static int check(idem_luascript_t *sc, const char *file, size_t file_len,
+                 char *errstr, size_t errstr_size)
+{
+    lua_State *L = luaL_newstate();
+    if (!L) {
+        snprintf(errstr, errstr_size, "script.file: %s: out of memory",
+                 sc->path);
+        return -1;
+    }
+    static const luaL_Reg libs[] = {{"", luaopen_base},
+                                    {LUA_TABLIBNAME, luaopen_table},
+                                    {LUA_STRLIBNAME, luaopen_string},
+                                    {LUA_MATHLIBNAME, luaopen_math}};
+    for (size_t i = 0; i < sizeof(libs) / sizeof(libs[0]); i++) {
+        lua_pushcfunction(L, libs[i].func);
+        lua_pushstring(L, libs[i].name);
+        lua_call(L, 1, 0);
+    }
+    lua_settop(L, 0);
+    int head = sc->head_lines;
+    sc->head_lines = 0; /* the file alone: its own line numbers */
+    int rc = check_chunk(sc, L, file, file_len, 0,
+                         file_len && file[0] == '#'
+                             ? " (a #! line is not allowed: idemproc "
+                               "composes the script)"
+                             : "",
+                         errstr, errstr_size);
+    sc->head_lines = head;
+    if (!rc &&
+        (luaL_loadbuffer(L, sandbox_lua, sizeof(sandbox_lua) - 1, "=sandbox") ||
+         lua_pcall(L, 0, 0, 0))) {
+        snprintf(errstr, errstr_size, "script.file: sandbox: %s",
+                 lua_tostring(L, -1));
+        rc = -1;
+    }
+    if (!rc) {
+        lua_sethook(L, check_hook, LUA_MASKCOUNT, CHECK_INSTRUCTIONS_MAX);
+        rc = check_chunk(sc, L, sc->source, strlen(sc->source), 1,
+                         " (the file must not end in a top-level return: "
+                         "idemproc runs code after it)",
+                         errstr, errstr_size);
+    }
+    lua_close(L);
+    return rc;
+}
+
+/* Reads the whole file; caller frees. NULL with errstr. */
+static char *read_file(const char *path, size_t *len, char *errstr,
+                       size_t errstr_size)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        snprintf(errstr, errstr_size, "script.file: %s: %s", path,
+                 strerror(errno));
+        return NULL;
+    }
+    char *buf = idem_xmalloc(IDEM_LUASCRIPT_FILE_MAX + 1);
+    size_t n = fread(buf, 1, IDEM_LUASCRIPT_FILE_MAX + 1, f);
+    int err = ferror(f);
+    fclose(f);
+    if (err || n > IDEM_LUASCRIPT_FILE_MAX) {
+        snprintf(errstr, errstr_size, "script.file: %s: %s", path,
+                 err ? "read error" : "larger than 1 MiB");
+        free(buf);
+        return NULL;
+    }
+    if (memchr(buf, '\0', n)) {
+        snprintf(errstr, errstr_size,
+                 "script.file: %s: holds a NUL byte (not a Lua source file?)",
+                 path);
+        free(buf);
+        return NULL;
+    }
+    buf[n] = '\0';
+    *len = n;
+    return buf;
+}
+
+/* Appends `text` as a Lua string literal ("...", every byte outside
+ * printable ASCII, '"' and '\\' as \ddd) to out; returns the new length. */
+static size_t lua_quote(char *out, const char *text)
+{
+    size_t o = 0;
+    out[o++] = '"';
+    for (const unsigned char *p = (const unsigned char *)text; *p; p++)
+        if (*p >= 0x20 && *p < 0x7f && *p != '"' && *p != '\\')
+            out[o++] = (char)*p;
+        else
+            o += (size_t)sprintf(out + o, "\\%03u", *p);
+    out[o++] = '"';
+    out[o] = '\0';
+    return o;
+}
+
+idem_luascript_t *idem_luascript_load(const char *path, char *errstr,
+                                      size_t errstr_size)
+{
+    size_t len;
+    char *file = read_file(path, &len, errstr, errstr_size);
+    if (!file)
+        return NULL;
+    idem_luascript_t *sc = idem_xcalloc(1, sizeof(*sc));
+    sc->path = idem_xstrdup(path);
+    size_t hl = strlen(driver_head), tl = strlen(driver_tail);
+    sc->head_lines = 1 + count_lines(driver_head, hl);
+    sc->file_lines = count_lines(file, len) + (len && file[len - 1] != '\n');
+    sc->source = idem_xmalloc(64 + 4 * strlen(path) + hl + len + tl + 1);
+    size_t o = (size_t)sprintf(sc->source, "local idemproc_file = ");
+    o += lua_quote(sc->source + o, path);
+    o += (size_t)sprintf(sc->source + o, " local idemproc_head = %d\n",
+                         sc->head_lines);
+    memcpy(sc->source + o, driver_head, hl);
+    memcpy(sc->source + o + hl, file, len);
+    memcpy(sc->source + o + hl + len, driver_tail, tl + 1);
+    int rc = check(sc, file, len, errstr, errstr_size);
+    free(file);
+    if (rc) {
+        idem_luascript_destroy(sc);
+        return NULL;
+    }
+    return sc;
+}
+
+void idem_luascript_destroy(idem_luascript_t *sc)
+{
+    if (!sc)
+        return;
+    free(sc->path);
+    free(sc->source);
+    free(sc);
+}
+
+const char *idem_luascript_source(const idem_luascript_t *sc)
+{
+    return sc->source;
+}
+
+const char *idem_luascript_path(const idem_luascript_t *sc)
+{
+    return sc->path;
+}
+
+/* A block of scratch: never moved, so what was written in it stays put. */
+struct idem_luascript_block_s {
+    idem_luascript_block_t *next;
+    size_t used, cap;
+    char data[];
+};
+
+#define BLOCK_SIZE (64 * 1024)
+
+/* n bytes of scratch that stay valid until the next reset. */
+static char *scratch_alloc(idem_luascript_scratch_t *sb, size_t n)
+{
+    idem_luascript_block_t *b = sb->head;
+    if (!b || b->cap - b->used < n) {
+        size_t cap = n > BLOCK_SIZE ? n : BLOCK_SIZE;
+        b = idem_xmalloc(sizeof(*b) + cap);
+        b->used = 0;
+        b->cap = cap;
+        b->next = sb->head;
+        sb->head = b;
+    }
+    char *p = b->data + b->used;
+    b->used += n;
+    return p;
+}
+
+void idem_luascript_scratch_reset(idem_luascript_scratch_t *sb)
+{
+    /* Keep one block (the newest) for the next batch. */
+    idem_luascript_block_t *keep = sb->head;
+    if (!keep)
+        return;
+    idem_luascript_block_t *b = keep->next;
+    while (b) {
+        idem_luascript_block_t *next = b->next;
+        free(b);
+        b = next;
+    }
+    keep->next = NULL;
+    keep->used = 0;
+}
+
+void idem_luascript_scratch_term(idem_luascript_scratch_t *sb)
+{
+    idem_luascript_scratch_reset(sb);
+    free(sb->head);
+    sb->head = NULL;
+}
+
+/* The headers packed in one argument for the driver's idemproc_headers:
+ * per header "<name length>:<name><value length>:<value>", or
+ * "<name length>:<name>-:" for a header without a value. */
+static void pack_headers(const rd_kafka_headers_t *hdrs,
+                         idem_luascript_scratch_t *sb, const char **out,
+                         size_t *out_len)
+{
+    const char *name;
+    const void *val;
+    size_t vlen, need = 0;
+    for (size_t i = 0;
+         hdrs && !rd_kafka_header_get_all(hdrs, i, &name, &val, &vlen); i++)
+        need += strlen(name) + (val ? vlen : 0) + 2 * 21 + 2;
+    char *p = scratch_alloc(sb, need + 1), *o = p;
+    for (size_t i = 0;
+         hdrs && !rd_kafka_header_get_all(hdrs, i, &name, &val, &vlen); i++) {
+        size_t nl = strlen(name);
+        o += sprintf(o, "%zu:", nl);
+        memcpy(o, name, nl);
+        o += nl;
+        if (!val) {
+            memcpy(o, "-:", 2);
+            o += 2;
+            continue;
+        }
+        o += sprintf(o, "%zu:", vlen);
+        memcpy(o, val, vlen);
+        o += vlen;
+    }
+    *out = p;
+    *out_len = (size_t)(o - p);
+}
+
+size_t idem_luascript_args(const idem_record_t *rec,
+                           idem_luascript_scratch_t *sb, const char **argv,
+                           size_t *argvlen)
+{
+    char *nums = scratch_alloc(sb, 3 * 24 + 3);
+    char *part = nums, *off = nums + 24, *ts = nums + 48, *flags = nums + 72;
+    snprintf(part, 24, "%" PRId32, rec->partition);
+    snprintf(off, 24, "%" PRId64, rec->offset);
+    snprintf(ts, 24, "%" PRId64, rec->timestamp < 0 ? -1 : rec->timestamp);
+    flags[0] = rec->key ? '1' : '0';
+    flags[1] = rec->value ? '1' : '0';
+    flags[2] = '\0';
+    size_t a = 0;
+#define ARG(p, l) (argv[a] = (p), argvlen[a] = (l), a++)
+    ARG(rec->identity, rec->identity_len);
+    ARG(rec->message_id_len ? rec->message_id : "", rec->message_id_len);
+    ARG(rec->topic, strlen(rec->topic));
+    ARG(part, strlen(part));
+    ARG(off, strlen(off));
+    ARG(ts, strlen(ts));
+    ARG(flags, 2);
+    ARG(rec->key ? (const char *)rec->key : "", rec->key ? rec->key_len : 0);
+    ARG(rec->value ? (const char *)rec->value : "",
+        rec->value ? rec->value_len : 0);
+#undef ARG
+    pack_headers(rec->headers, sb, &argv[a], &argvlen[a]);
+    return a + 1;
+}

@@ -1,0 +1,70 @@
+/* luascript: the user's Lua effect of handler=script (script.file):
+ * reading and checking it (syntax with file and line, Redis's sandbox
+ * rules), the dedup script it is composed into, and one record's
+ * arguments. Talks to no server: the handler registers the composed script
+ * with the store (docs/design.md, "The script handler"). */
+#ifndef IDEM_LUASCRIPT_H
+#define IDEM_LUASCRIPT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "handler.h"
+
+typedef struct idem_luascript_s idem_luascript_t;
+
+#define IDEM_LUASCRIPT_FILE_MAX                                                \
+    (1024 * 1024) /* largest script.file accepted, bytes */
+
+/* Arguments per record (idem_store_script_register's per_record):
+ * identity, message_id, topic, partition, offset, timestamp, flags, key,
+ * value, headers. */
+#define IDEM_LUASCRIPT_REC_ARGS 10
+
+/* What a Lua runtime error's rejection text starts with (the rest is
+ * "FILE:LINE: message"); a rejection by `return false, "reason"` is the
+ * reason alone. */
+#define IDEM_LUASCRIPT_ERROR_PREFIX "lua error: "
+
+/* Reads script.file `path` and checks it the way Redis will run it, with
+ * the Lua 5.1 that Redis embeds: it must compile, and running its top
+ * level (in a sandbox like Redis's: no globals may be created, redis.call
+ * is refused outside effect) must leave a function `effect`. Returns the
+ * script, or NULL with errstr "script.file: PATH:LINE: ..." (the line in
+ * the user's file where Lua saw the error). */
+idem_luascript_t *idem_luascript_load(const char *path, char *errstr,
+                                      size_t errstr_size);
+void idem_luascript_destroy(idem_luascript_t *sc); /* NULL is a no-op */
+
+/* The dedup script sent to Redis (SCRIPT LOAD): idemproc's driver, then the
+ * user's file unchanged, then one line that runs the batch. Borrowed,
+ * NUL-terminated, lives as long as sc. */
+const char *idem_luascript_source(const idem_luascript_t *sc);
+
+/* script.file as configured. Borrowed. */
+const char *idem_luascript_path(const idem_luascript_t *sc);
+
+/* Copies msg (len bytes) to out (NUL-terminated, truncated to out_size)
+ * with every "user_script:N:" (how Redis and Lua name the composed
+ * script) replaced by "PATH:M:", M being the line in the user's file. */
+void idem_luascript_where(const idem_luascript_t *sc, const char *msg,
+                          size_t len, char *out, size_t out_size);
+
+/* Scratch memory for records' arguments: blocks that never move, so every
+ * argument written stays valid until the next reset. Zero-initialise. */
+typedef struct idem_luascript_block_s idem_luascript_block_t;
+typedef struct {
+    idem_luascript_block_t *head;
+} idem_luascript_scratch_t;
+
+void idem_luascript_scratch_reset(idem_luascript_scratch_t *sb);
+void idem_luascript_scratch_term(idem_luascript_scratch_t *sb);
+
+/* Fills argv/argvlen[IDEM_LUASCRIPT_REC_ARGS] with rec's arguments (the
+ * driver builds `rec` from them); they borrow from rec (its bytes) and sb
+ * (numbers, flags, the packed headers). Returns IDEM_LUASCRIPT_REC_ARGS. */
+size_t idem_luascript_args(const idem_record_t *rec,
+                           idem_luascript_scratch_t *sb, const char **argv,
+                           size_t *argvlen);
+
+#endif

@@ -1,0 +1,303 @@
+/* webhook: handler=webhook, an at-least-once HTTP effect: POSTs each new
+ * record's value to webhook.url with `Idempotency-Key: <identity>`, many
+ * requests in flight at once (httpclient, libcurl multi). The loop claims
+ * each record with a lease first and marks it done after a 2xx, so a
+ * crash repeats a request at worst; the key lets the service drop that
+ * repeat. */
+#include "handler.h"
+#include "httpclient.h"
+#include "log.h"
+#include "util.h"
+
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Retry-After beyond this is cut to it: a date far ahead must not hold a
+ * partition for days. */
+#define RETRY_AFTER_MAX_MS (5 * 60 * 1000)
+
+static const idem_conf_key_t webhook_keys[] = {
+    {.name = "webhook.url",
+     .type = IDEM_KEY_STR,
+     .required = 1,
+     .doc = "the http:// or https:// URL each record's value is "
+            "POSTed to"},
+    {.name = "webhook.content.type",
+     .type = IDEM_KEY_STR,
+     .def = "application/json",
+     .doc = "Content-Type of the requests"},
+    {.name = "webhook.headers",
+     .type = IDEM_KEY_STR,
+     .secret = 1,
+     .doc = "more request headers, \"Name: value\" separated by "
+            "newlines or \\n (tokens: use webhook.headers.file)"},
+    {.name = "webhook.timeout.ms",
+     .type = IDEM_KEY_INT,
+     .def = "10000",
+     .min = 1,
+     .max = 600000,
+     .doc = "a request's whole time, connect included; then it is "
+            "retried"},
+    {.name = "webhook.max.inflight",
+     .type = IDEM_KEY_INT,
+     .def = "64",
+     .min = 1,
+     .max = 10000,
+     .doc = "requests (and connections) in flight at once"},
+    {.name = "webhook.ca.file",
+     .type = IDEM_KEY_STR,
+     .doc = "CA certificates (PEM) to verify the service with "
+            "(default: the system's)"},
+    {.name = "webhook.tls.verify",
+     .type = IDEM_KEY_ENUM,
+     .def = "true",
+     .enums = {"false", "true"},
+     .doc = "verify the service's certificate and host name"},
+    {.name = NULL},
+};
+
+typedef struct {
+    idem_httpclient_t *http;
+    idem_metrics_t *metrics;
+    idem_record_t **queue; /* submitted, waiting for a free slot: a ring */
+    size_t qhead, qcnt, qcap;
+    idem_result_t *ready; /* results made without a request (refusals) */
+    size_t ready_cnt, ready_cap;
+    idem_http_result_t *scratch; /* collect's buffer, max.inflight long */
+    size_t scratch_cap;
+    uint64_t *aborted; /* tags of aborted requests, max.inflight long */
+} webhook_t;
+
+static void conf_from(const idem_conf_t *conf, idem_httpclient_conf_t *c)
+{
+    c->url = idem_conf_str(conf, "webhook.url");
+    c->content_type = idem_conf_str(conf, "webhook.content.type");
+    c->headers = idem_conf_str(conf, "webhook.headers");
+    c->timeout_ms = (int)idem_conf_int(conf, "webhook.timeout.ms");
+    c->max_inflight = (int)idem_conf_int(conf, "webhook.max.inflight");
+    c->ca_file = idem_conf_str(conf, "webhook.ca.file");
+    c->tls_verify = (int)idem_conf_int(conf, "webhook.tls.verify");
+}
+
+static int webhook_validate(const idem_conf_t *conf, const char *arg,
+                            char *errstr, size_t errstr_size)
+{
+    (void)arg;
+    idem_httpclient_conf_t c;
+    conf_from(conf, &c);
+    return idem_httpclient_check(&c, errstr, errstr_size);
+}
+
+static void *webhook_start(const idem_handler_ctx_t *ctx, char *errstr,
+                           size_t errstr_size)
+{
+    idem_httpclient_conf_t c;
+    conf_from(ctx->conf, &c);
+    idem_httpclient_t *http = idem_httpclient_new(&c, errstr, errstr_size);
+    if (!http)
+        return NULL;
+    webhook_t *w = idem_xcalloc(1, sizeof(*w));
+    w->http = http;
+    w->metrics = ctx->metrics;
+    w->scratch_cap = (size_t)c.max_inflight;
+    w->scratch = idem_xcalloc(w->scratch_cap, sizeof(*w->scratch));
+    w->aborted = idem_xcalloc(w->scratch_cap, sizeof(*w->aborted));
+    if (w->metrics)
+        idem_metrics_webhook_enable(w->metrics);
+    if (!c.tls_verify)
+        idem_log_kv(IDEM_LOG_WARN,
+                    "webhook.tls.verify=false: the service's certificate is "
+                    "not checked",
+                    "url", c.url, NULL);
+    return w;
+}
+
+static void queue_push(webhook_t *w, idem_record_t *r)
+{
+    if (w->qcnt == w->qcap) {
+        size_t cap = w->qcap ? 2 * w->qcap : 256;
+        idem_record_t **q = idem_xmalloc(cap * sizeof(*q));
+        for (size_t i = 0; i < w->qcnt; i++)
+            q[i] = w->queue[(w->qhead + i) % w->qcap];
+        free(w->queue);
+        w->queue = q;
+        w->qcap = cap;
+        w->qhead = 0;
+    }
+    w->queue[(w->qhead + w->qcnt) % w->qcap] = r;
+    w->qcnt++;
+}
+
+static idem_result_t *ready_add(webhook_t *w)
+{
+    if (w->ready_cnt == w->ready_cap) {
+        w->ready_cap = w->ready_cap ? 2 * w->ready_cap : 16;
+        w->ready = idem_xrealloc(w->ready, w->ready_cap * sizeof(*w->ready));
+    }
+    return &w->ready[w->ready_cnt++];
+}
+
+/* Starts queued records while there are free slots, in submit order (so
+ * a partition's requests leave in offset order). A request libcurl
+ * refuses gets a RETRY result. */
+static void pump(webhook_t *w)
+{
+    char err[256];
+    while (w->qcnt && idem_httpclient_room(w->http)) {
+        idem_record_t *r = w->queue[w->qhead];
+        w->qhead = (w->qhead + 1) % w->qcap;
+        w->qcnt--;
+        if (idem_httpclient_submit(
+                w->http, (uint64_t)(uintptr_t)r, r->identity, r->identity_len,
+                r->value, r->value ? r->value_len : 0, err, sizeof(err)))
+            idem_result_set(ready_add(w), r, IDEM_RESULT_RETRY, "%s", err);
+    }
+}
+
+/* libcurl's multi handle failed (out of memory, a broken socket set): the
+ * requests in flight will never finish. Each gets a RETRY result, so the
+ * loop tries its record again (its lease is still ours). */
+static void transfers_failed(webhook_t *w, const char *err)
+{
+    idem_log_kv(IDEM_LOG_ERROR, "webhook: transfers failed", "error", err,
+                NULL);
+    size_t n = idem_httpclient_abort(w->http, w->aborted);
+    for (size_t i = 0; i < n; i++)
+        idem_result_set(ready_add(w), (idem_record_t *)(uintptr_t)w->aborted[i],
+                        IDEM_RESULT_RETRY, "%s", err);
+}
+
+static int webhook_submit(void *h, idem_record_t *const *recs, size_t n,
+                          const idem_store_pos_t *pos, size_t npos,
+                          char *errstr, size_t errstr_size)
+{
+    (void)pos;
+    (void)npos;
+    (void)errstr;
+    (void)errstr_size;
+    webhook_t *w = h;
+    for (size_t i = 0; i < n; i++)
+        queue_push(w, recs[i]);
+    pump(w);
+    /* Send them now, not at the next collect: the loop may wait for
+     * Kafka in between. */
+    char err[256];
+    if (idem_httpclient_run(w->http, 0, err, sizeof(err)))
+        transfers_failed(w, err);
+    return 0;
+}
+
+/* One finished request as the loop's result. */
+static void result_of(webhook_t *w, const idem_http_result_t *hr,
+                      idem_result_t *out)
+{
+    idem_record_t *r = (idem_record_t *)(uintptr_t)hr->tag;
+    if (w->metrics) {
+        idem_metrics_webhook_request_add(w->metrics, idem_httpclient_class(hr));
+        idem_metrics_webhook_latency_observe(w->metrics, hr->seconds);
+    }
+    char why[IDEM_RESULT_DETAIL_MAX];
+    int64_t delay = -1;
+    switch (idem_httpclient_classify(hr, why, sizeof(why), &delay)) {
+    case IDEM_HTTP_DONE:
+        idem_result_set(out, r, IDEM_RESULT_DONE, NULL);
+        break;
+    case IDEM_HTTP_REJECT:
+        idem_result_set(out, r, IDEM_RESULT_REJECT, "%s", why);
+        break;
+    case IDEM_HTTP_RETRY:
+        idem_result_set(out, r, IDEM_RESULT_RETRY, "%s", why);
+        if (delay > RETRY_AFTER_MAX_MS)
+            delay = RETRY_AFTER_MAX_MS;
+        out->retry_after_ms = delay > 0 ? delay : 0;
+        break;
+    }
+}
+
+static size_t webhook_collect(void *h, idem_result_t *out, size_t max,
+                              int timeout_ms)
+{
+    webhook_t *w = h;
+    size_t n = 0;
+    for (; n < max && w->ready_cnt; n++)
+        out[n] = w->ready[--w->ready_cnt];
+    char err[256];
+    int wait = n ? 0 : timeout_ms;
+    for (int turn = 0; turn < 2 && n < max; turn++) {
+        pump(w);
+        if (!idem_httpclient_pending(w->http))
+            break;
+        if (idem_httpclient_run(w->http, wait, err, sizeof(err)))
+            transfers_failed(w, err);
+        size_t room = max - n;
+        if (room > w->scratch_cap)
+            room = w->scratch_cap;
+        size_t got = idem_httpclient_collect(w->http, w->scratch, room);
+        for (size_t i = 0; i < got; i++)
+            result_of(w, &w->scratch[i], &out[n++]);
+        if (!got)
+            break;
+        wait = 0; /* slots were freed: start the queue, then return */
+    }
+    pump(w);
+    return n;
+}
+
+static size_t webhook_inflight(void *h)
+{
+    webhook_t *w = h;
+    return w->qcnt + idem_httpclient_pending(w->http) + w->ready_cnt;
+}
+
+static void webhook_drain(void *h, int64_t deadline_ms)
+{
+    webhook_t *w = h;
+    /* Not yet sent: abandoned now (their leases expire, unmarked). */
+    w->qcnt = 0;
+    char err[256];
+    while (idem_httpclient_running(w->http)) {
+        int64_t left = deadline_ms - idem_now_ms();
+        if (left <= 0)
+            break;
+        if (idem_httpclient_run(w->http, left < 100 ? (int)left : 100, err,
+                                sizeof(err)))
+            break;
+    }
+    size_t dropped = idem_httpclient_abort(w->http, NULL);
+    if (dropped)
+        idem_log(IDEM_LOG_WARN,
+                 "webhook: %zu requests abandoned at the drain deadline; "
+                 "their records are not marked and will be sent again",
+                 dropped);
+}
+
+static void webhook_stop(void *h)
+{
+    webhook_t *w = h;
+    if (!w)
+        return;
+    idem_httpclient_destroy(w->http);
+    free(w->queue);
+    free(w->ready);
+    free(w->scratch);
+    free(w->aborted);
+    free(w);
+}
+
+const idem_handler_ops_t idem_handler_webhook = {
+    .api_version = IDEM_HANDLER_API_VERSION,
+    .name = "webhook",
+    .effect = IDEM_EFFECT_EXTERNAL,
+    .doc = "POST each new record's value to webhook.url with an "
+           "Idempotency-Key header (at least once)",
+    .keys = webhook_keys,
+    .validate = webhook_validate,
+    .start = webhook_start,
+    .submit = webhook_submit,
+    .collect = webhook_collect,
+    .inflight = webhook_inflight,
+    .drain = webhook_drain,
+    .stop = webhook_stop,
+};

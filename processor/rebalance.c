@@ -1,0 +1,87 @@
+/* rebalance: assignment changes and pausing, every return value checked
+ * (rebalance.h). */
+#include "rebalance.h"
+#include "log.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <string.h>
+
+int idem_rebalance_cooperative(rd_kafka_t *rk)
+{
+    const char *proto = rd_kafka_rebalance_protocol(rk);
+    return proto && !strcmp(proto, "COOPERATIVE");
+}
+
+/* Logs and reports a failed assignment call. */
+static int failed(const char *what, const char *why, char *errstr,
+                  size_t errstr_size)
+{
+    snprintf(errstr, errstr_size, "kafka: %s: %s", what, why);
+    idem_log_kv(IDEM_LOG_ERROR, "rebalance failed", "call", what, "error", why,
+                NULL);
+    return -1;
+}
+
+int idem_rebalance_assign(rd_kafka_t *rk,
+                          const rd_kafka_topic_partition_list_t *parts,
+                          char *errstr, size_t errstr_size)
+{
+    if (idem_rebalance_cooperative(rk)) {
+        rd_kafka_error_t *e = rd_kafka_incremental_assign(rk, parts);
+        if (e) {
+            failed("incremental_assign", rd_kafka_error_string(e), errstr,
+                   errstr_size);
+            rd_kafka_error_destroy(e);
+            return -1;
+        }
+        return 0;
+    }
+    rd_kafka_resp_err_t err = rd_kafka_assign(rk, parts);
+    return err ? failed("assign", rd_kafka_err2str(err), errstr, errstr_size)
+               : 0;
+}
+
+int idem_rebalance_unassign(rd_kafka_t *rk,
+                            const rd_kafka_topic_partition_list_t *parts,
+                            char *errstr, size_t errstr_size)
+{
+    if (idem_rebalance_cooperative(rk)) {
+        rd_kafka_error_t *e = rd_kafka_incremental_unassign(rk, parts);
+        if (e) {
+            failed("incremental_unassign", rd_kafka_error_string(e), errstr,
+                   errstr_size);
+            rd_kafka_error_destroy(e);
+            return -1;
+        }
+        return 0;
+    }
+    rd_kafka_resp_err_t err = rd_kafka_assign(rk, NULL);
+    return err ? failed("assign(NULL)", rd_kafka_err2str(err), errstr,
+                        errstr_size)
+               : 0;
+}
+
+int idem_rebalance_pause(rd_kafka_t *rk, rd_kafka_topic_partition_list_t *parts,
+                         int pause)
+{
+    rd_kafka_resp_err_t err = pause ? rd_kafka_pause_partitions(rk, parts)
+                                    : rd_kafka_resume_partitions(rk, parts);
+    int bad = 0;
+    if (err) {
+        idem_log_kv(IDEM_LOG_WARN, pause ? "pause failed" : "resume failed",
+                    "error", rd_kafka_err2str(err), NULL);
+        return parts->cnt;
+    }
+    for (int i = 0; i < parts->cnt; i++) {
+        if (!parts->elems[i].err)
+            continue;
+        char part[16];
+        snprintf(part, sizeof(part), "%" PRId32, parts->elems[i].partition);
+        idem_log_kv(IDEM_LOG_WARN, pause ? "pause failed" : "resume failed",
+                    "topic", parts->elems[i].topic, "partition", part, "error",
+                    rd_kafka_err2str(parts->elems[i].err), NULL);
+        bad++;
+    }
+    return bad;
+}

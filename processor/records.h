@@ -1,0 +1,36 @@
+/* records: the records in hand, in the order they were polled. An index of
+ * pointers (the records themselves never move: a handler may hold them);
+ * a removed record leaves a hole, and holes are closed only when they
+ * outnumber the records, not on every turn (tests/test_records.c). */
+#ifndef IDEM_RECORDS_H
+#define IDEM_RECORDS_H
+
+#include <stddef.h>
+
+typedef struct {
+    void **v;    /* slots [0, end): a record or NULL (a hole) */
+    size_t end;  /* slots in use */
+    size_t live; /* records (end minus holes) */
+    size_t cap;
+} idem_records_t;
+
+/* An empty index with room for `cap` records (it grows when needed). */
+void idem_records_init(idem_records_t *r, size_t cap);
+
+/* Frees the index, not the records. */
+void idem_records_term(idem_records_t *r);
+
+/* Appends a record (borrowed: the caller owns it). */
+void idem_records_push(idem_records_t *r, void *rec);
+
+/* The first record at slot *i or later, with *i moved past it; NULL at
+ * the end. Iterate: `for (size_t i = 0; (x = idem_records_next(r, &i));)`.
+ * Records may be removed (idem_records_remove_if) only between loops. */
+void *idem_records_next(const idem_records_t *r, size_t *i);
+
+/* Removes every record for which drop(rec, ctx) returns 1 (drop may free
+ * it); the others keep their order. Returns how many were removed. */
+size_t idem_records_remove_if(idem_records_t *r,
+                              int (*drop)(void *rec, void *ctx), void *ctx);
+
+#endif

@@ -1,0 +1,115 @@
+/* test_offsets: finished prefixes with gaps, commit lists and positions
+ * due, without a broker. */
+#include "offsets.h"
+
+#include <criterion/criterion.h>
+#include <string.h>
+
+/* Feeds records (offset, finished) of one partition in poll order. */
+static void advance(idem_offsets_t *o, idem_part_t *pt, const int64_t *off,
+                    const int *fin, size_t n)
+{
+    idem_offsets_advance_begin(o);
+    for (size_t i = 0; i < n; i++)
+        idem_offsets_advance_rec(pt, off[i], fin[i]);
+}
+
+Test(offsets, prefix_stops_at_the_first_unfinished_record)
+{
+    idem_offsets_t o;
+    idem_offsets_init(&o);
+    idem_part_t *pt = idem_offsets_add(&o, "t", 0);
+    cr_expect_eq(pt->next_offset, -1);
+    /* 5 6 done, 7 not, 8 done: the prefix ends at 7. */
+    int64_t off[] = {5, 6, 7, 8};
+    int fin[] = {1, 1, 0, 1};
+    advance(&o, pt, off, fin, 4);
+    cr_expect_eq(pt->next_offset, 7);
+    cr_expect(idem_offsets_below(pt, 6));
+    cr_expect(!idem_offsets_below(pt, 7));
+    cr_expect(!idem_offsets_below(pt, 8)); /* finished, but behind a gap */
+    /* 7 finishes: over 8 too. */
+    int64_t off2[] = {7, 8};
+    int fin2[] = {1, 1};
+    advance(&o, pt, off2, fin2, 2);
+    cr_expect_eq(pt->next_offset, 9);
+    /* Offsets with holes (compacted topics, transactions) are fine: the
+     * prefix is over the records in hand, not over numbers. */
+    int64_t off3[] = {20, 35, 36};
+    int fin3[] = {1, 1, 0};
+    advance(&o, pt, off3, fin3, 3);
+    cr_expect_eq(pt->next_offset, 36);
+    /* Nothing in hand: nothing moves. */
+    advance(&o, pt, NULL, NULL, 0);
+    cr_expect_eq(pt->next_offset, 36);
+    idem_offsets_term(&o);
+}
+
+Test(offsets, partitions_advance_independently)
+{
+    idem_offsets_t o;
+    idem_offsets_init(&o);
+    idem_part_t *a = idem_offsets_add(&o, "t", 0);
+    idem_offsets_add(&o, "t", 1);
+    idem_offsets_add(&o, "u", 0);
+    cr_expect_eq(idem_offsets_add(&o, "t", 0), a, "added twice");
+    cr_expect_eq(o.cnt, 3);
+    idem_offsets_advance_begin(&o);
+    /* Interleaved poll order: t/0 blocked at 1, t/1 goes on. */
+    idem_offsets_advance_rec(idem_offsets_find(&o, "t", 0), 0, 1);
+    idem_offsets_advance_rec(idem_offsets_find(&o, "t", 1), 0, 1);
+    idem_offsets_advance_rec(idem_offsets_find(&o, "t", 0), 1, 0);
+    idem_offsets_advance_rec(idem_offsets_find(&o, "t", 1), 1, 1);
+    idem_offsets_advance_rec(idem_offsets_find(&o, "t", 0), 2, 1);
+    cr_expect_eq(idem_offsets_find(&o, "t", 0)->next_offset, 1);
+    cr_expect_eq(idem_offsets_find(&o, "t", 1)->next_offset, 2);
+    cr_expect_eq(idem_offsets_find(&o, "u", 0)->next_offset, -1);
+    idem_offsets_remove(&o, "t", 0);
+    cr_expect_null(idem_offsets_find(&o, "t", 0));
+    cr_expect_eq(idem_offsets_find(&o, "t", 1)->next_offset, 2);
+    idem_offsets_remove(&o, "nope", 9); /* not held: nothing */
+    cr_expect_eq(o.cnt, 2);
+    idem_offsets_term(&o);
+}
+
+/* Positions go to Redis when the prefix moved past what Redis holds; the
+ * commit list holds what Redis acknowledged and Kafka has not. */
+Test(offsets, positions_due_and_commit_list)
+{
+    idem_offsets_t o;
+    idem_offsets_init(&o);
+    idem_part_t *a = idem_offsets_add(&o, "t", 0);
+    idem_part_t *b = idem_offsets_add(&o, "t", 1);
+    idem_store_pos_t pos[2];
+    cr_expect_eq(idem_offsets_positions_due(&o, NULL, pos), 0);
+    cr_expect_null(idem_offsets_commit_list(&o, NULL, 0));
+    a->next_offset = 10;
+    b->next_offset = 4;
+    b->saved = 4; /* Redis has it already */
+    cr_assert_eq(idem_offsets_positions_due(&o, NULL, pos), 1);
+    cr_expect_eq(pos[0].partition, 0);
+    cr_expect_eq(pos[0].offset, 10);
+    a->saved = 10;
+    rd_kafka_topic_partition_list_t *l = idem_offsets_commit_list(&o, NULL, 0);
+    cr_assert(l);
+    cr_expect_eq(l->cnt, 2);
+    rd_kafka_topic_partition_list_destroy(l);
+    a->committed = 10;
+    b->committed = 4;
+    cr_expect_null(idem_offsets_commit_list(&o, NULL, 0));
+    /* After a failed commit everything is sent again. */
+    l = idem_offsets_commit_list(&o, NULL, 1);
+    cr_assert(l);
+    cr_expect_eq(l->cnt, 2);
+    rd_kafka_topic_partition_list_destroy(l);
+    /* A subset (a revoke) limits both. */
+    a->next_offset = 12;
+    b->next_offset = 6;
+    rd_kafka_topic_partition_list_t *sub = rd_kafka_topic_partition_list_new(1);
+    rd_kafka_topic_partition_list_add(sub, "t", 1);
+    cr_assert_eq(idem_offsets_positions_due(&o, sub, pos), 1);
+    cr_expect_eq(pos[0].partition, 1);
+    cr_expect_eq(pos[0].offset, 6);
+    rd_kafka_topic_partition_list_destroy(sub);
+    idem_offsets_term(&o);
+}

@@ -1,0 +1,999 @@
+/* test_script: the user's Lua effect (handler=script): the checks of
+ * script.file with file and line, and the composed dedup script run by a
+ * real redis-server (EVALSHA as the handler sends it): effects and marks
+ * together, duplicates, rejections, runtime errors, Redis's refusals as
+ * outages, and every field of `rec`. */
+#include "harness.h"
+#include "luascript.h"
+
+#include <criterion/criterion.h>
+#include <hiredis.h>
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <signal.h>
+#include <string.h>
+#include <unistd.h>
+
+static char *dir;
+static th_redis_t rds;
+
+static th_stack_t stk;
+
+static void script_fini(void)
+{
+    th_stack_cleanup();
+    if (rds.dir)
+        th_redis_stop(&rds);
+    if (dir)
+        th_rmrf(dir);
+    free(dir);
+    dir = NULL;
+}
+
+TestSuite(script, .fini = script_fini);
+
+/* Writes text to a file in the suite's temp dir; returns its path (static
+ * buffer, one at a time). */
+static const char *lua_file(const char *name, const char *text)
+{
+    static char path[512];
+    if (!dir)
+        dir = th_tmpdir();
+    snprintf(path, sizeof(path), "%s/%s", dir, name);
+    cr_assert_eq(th_write_file(path, text), 0);
+    return path;
+}
+
+/* Loads text as script.file and expects it to fail with every string of
+ * want[] (NULL-terminated) in the error. */
+static void expect_refused(const char *text, const char *const want[])
+{
+    char err[1024] = "";
+    const char *path = lua_file("bad.lua", text);
+    idem_luascript_t *sc = idem_luascript_load(path, err, sizeof(err));
+    cr_assert_null(sc, "accepted:\n%s", text);
+    for (size_t i = 0; want[i]; i++)
+        cr_expect(strstr(err, want[i]), "error lacks \"%s\": %s", want[i], err);
+}
+
+Test(script, good_file_is_composed_unchanged)
+{
+    const char *text = "-- inventory\n"
+                       "local function qty(rec) return 1 end\n"
+                       "function effect(rec)\n"
+                       "  redis.call('INCRBY', 'x', qty(rec))\n"
+                       "end\n";
+    char err[512] = "";
+    idem_luascript_t *sc =
+        idem_luascript_load(lua_file("ok.lua", text), err, sizeof(err));
+    cr_assert(sc, "%s", err);
+    cr_expect(strstr(idem_luascript_source(sc), text));
+    cr_expect(strstr(idem_luascript_path(sc), "ok.lua"));
+    idem_luascript_destroy(sc);
+    idem_luascript_destroy(NULL);
+}
+
+Test(script, local_function_effect_is_accepted)
+{
+    char err[512] = "";
+    idem_luascript_t *sc = idem_luascript_load(
+        lua_file("local.lua", "local function effect(rec) end"), err,
+        sizeof(err));
+    cr_assert(sc, "%s", err);
+    idem_luascript_destroy(sc);
+}
+
+Test(script, syntax_error_names_file_and_line)
+{
+    expect_refused("function effect(rec)\n"
+                   "  local x = 1\n"
+                   "  if x then\n"
+                   "    x = = 2\n"
+                   "  end\n"
+                   "end\n",
+                   (const char *const[]){"script.file: ", "bad.lua:4:",
+                                         "unexpected symbol", NULL});
+}
+
+Test(script, unfinished_block_names_its_line)
+{
+    expect_refused("function effect(rec)\n  if rec then\n",
+                   (const char *const[]){"bad.lua:2:", "'end' expected", NULL});
+}
+
+Test(script, global_helper_is_refused_with_its_line)
+{
+    expect_refused("function effect(rec) end\n"
+                   "\n"
+                   "function helper(x) return x end\n",
+                   (const char *const[]){"bad.lua:3:", "helper",
+                                         "declare it local", NULL});
+}
+
+Test(script, global_variable_is_refused)
+{
+    expect_refused("counter = 0\nfunction effect(rec) end\n",
+                   (const char *const[]){"bad.lua:1:", "counter", NULL});
+}
+
+Test(script, unknown_global_at_top_level_is_refused)
+{
+    expect_refused("local t = os.time()\nfunction effect(rec) end\n",
+                   (const char *const[]){
+                       "bad.lua:1:", "nonexistent global variable os", NULL});
+}
+
+Test(script, no_effect_is_refused)
+{
+    expect_refused("local function effekt(rec) end\n",
+                   (const char *const[]){"bad.lua defines no function "
+                                         "effect(rec)",
+                                         NULL});
+}
+
+Test(script, effect_that_is_no_function_is_refused)
+{
+    expect_refused("local effect = 5\n",
+                   (const char *const[]){"defines no function effect", NULL});
+}
+
+Test(script, redis_call_at_top_level_is_refused)
+{
+    expect_refused("local n = redis.call('GET', 'n')\n"
+                   "function effect(rec) end\n",
+                   (const char *const[]){"bad.lua:1:", "top level", NULL});
+}
+
+Test(script, shebang_is_refused_with_a_hint)
+{
+    expect_refused("#!lua flags=no-writes\nfunction effect(rec) end\n",
+                   (const char *const[]){"bad.lua:1:", "#! line", NULL});
+}
+
+Test(script, top_level_return_is_refused_with_a_hint)
+{
+    expect_refused("local function effect(rec) end\nreturn effect\n",
+                   (const char *const[]){"bad.lua:", "top-level return", NULL});
+}
+
+Test(script, endless_top_level_is_stopped)
+{
+    expect_refused("while true do end\nfunction effect(rec) end\n",
+                   (const char *const[]){"instructions", NULL});
+}
+
+Test(script, missing_and_binary_files_are_refused)
+{
+    char err[512] = "";
+    cr_assert_null(idem_luascript_load("/nonexistent/x.lua", err, sizeof(err)));
+    cr_expect(strstr(err, "script.file: /nonexistent/x.lua: No such file"),
+              "%s", err);
+    static const char bin[] = "function effect(rec) end\n\0\1";
+    const char *path = lua_file("bin.lua", "");
+    FILE *f = fopen(path, "wb");
+    cr_assert(f);
+    fwrite(bin, 1, sizeof(bin), f);
+    fclose(f);
+    cr_assert_null(idem_luascript_load(path, err, sizeof(err)));
+    cr_expect(strstr(err, "NUL byte"), "%s", err);
+}
+
+Test(script, where_maps_lines_to_the_file)
+{
+    char err[512] = "";
+    idem_luascript_t *sc = idem_luascript_load(
+        lua_file("w.lua", "function effect(rec)\n  error('boom')\nend\n"), err,
+        sizeof(err));
+    cr_assert(sc, "%s", err);
+    /* The driver's lines come first: find line 2 of the file. */
+    const char *src = idem_luascript_source(sc);
+    const char *at = strstr(src, "  error('boom')");
+    cr_assert(at);
+    int line = 1;
+    for (const char *p = src; p < at; p++)
+        line += *p == '\n';
+    char msg[128], out[256];
+    snprintf(msg, sizeof(msg), "user_script:%d: boom; @user_script:%d: x", line,
+             line + 1);
+    idem_luascript_where(sc, msg, strlen(msg), out, sizeof(out));
+    char want[600];
+    snprintf(want, sizeof(want), "%s:2: boom; @%s:3: x",
+             idem_luascript_path(sc), idem_luascript_path(sc));
+    cr_expect_str_eq(out, want);
+    idem_luascript_where(sc, "user_script:1: in the driver", 28, out,
+                         sizeof(out));
+    cr_expect_str_eq(out, "(idemproc driver):1: in the driver");
+    idem_luascript_where(sc, "no tag user_script:x", 20, out, sizeof(out));
+    cr_expect_str_eq(out, "no tag user_script:x");
+    idem_luascript_where(sc, msg, strlen(msg), out, 8);
+    cr_expect_eq(strlen(out), 7);
+    idem_luascript_destroy(sc);
+}
+
+/* ---- the composed script in a real redis-server ---- */
+
+static redisContext *rctx;
+static char sha[41];
+static idem_luascript_t *loaded;
+
+/* Starts Redis (once per test) and loads `text` as script.file. */
+static void redis_with_file(const char *path)
+{
+    char err[1024] = "";
+    loaded = idem_luascript_load(path, err, sizeof(err));
+    cr_assert(loaded, "%s", err);
+    if (!rds.dir)
+        cr_assert_eq(th_redis_start(&rds), 0);
+    rctx = redisConnect("127.0.0.1", rds.port);
+    cr_assert(rctx && !rctx->err);
+    redisReply *r =
+        redisCommand(rctx, "SCRIPT LOAD %s", idem_luascript_source(loaded));
+    cr_assert(r && r->type == REDIS_REPLY_STRING, "%s",
+              r ? r->str : rctx->errstr);
+    snprintf(sha, sizeof(sha), "%s", r->str);
+    freeReplyObject(r);
+}
+
+static void redis_with(const char *text)
+{
+    redis_with_file(lua_file("fx.lua", text));
+}
+
+static void redis_done(void)
+{
+    redisFree(rctx);
+    rctx = NULL;
+    idem_luascript_destroy(loaded);
+    loaded = NULL;
+}
+
+/* A record with identity id, message id mid (NULL: none) and value v
+ * (NULL: a null value), no key, no headers, partition 3, offset 100. */
+static idem_record_t rec_of(const char *id, const char *mid, const char *v)
+{
+    return (idem_record_t){.identity = id,
+                           .identity_len = strlen(id),
+                           .message_id = mid,
+                           .message_id_len = mid ? strlen(mid) : 0,
+                           .topic = "inventory",
+                           .partition = 3,
+                           .offset = 100,
+                           .timestamp = 1700000000123,
+                           .value = v,
+                           .value_len = v ? strlen(v) : 0};
+}
+
+/* EVALSHA over recs[n] as idem_store_script_send sends it; returns the
+ * reply (caller frees). */
+static redisReply *eval(const idem_record_t *recs, size_t n)
+{
+    size_t cap = 6 + n * IDEM_LUASCRIPT_REC_ARGS;
+    const char **argv = calloc(cap, sizeof(*argv));
+    size_t *lens = calloc(cap, sizeof(*lens));
+    idem_luascript_scratch_t sb = {0};
+    size_t a = 0;
+    const char *fixed[] = {"EVALSHA", sha, "0", "t:", "g1", "600"};
+    for (; a < 6; a++)
+        argv[a] = fixed[a], lens[a] = strlen(fixed[a]);
+    for (size_t i = 0; i < n; i++) {
+        size_t k = idem_luascript_args(&recs[i], &sb, argv + a, lens + a);
+        cr_assert_eq(k, IDEM_LUASCRIPT_REC_ARGS);
+        a += k;
+    }
+    redisReply *r = redisCommandArgv(rctx, (int)a, argv, lens);
+    cr_assert(r, "%s", rctx->errstr);
+    idem_luascript_scratch_term(&sb);
+    free(argv);
+    free(lens);
+    return r;
+}
+
+static char *get(const char *key)
+{
+    redisReply *r = redisCommand(rctx, "GET %s", key);
+    cr_assert(r);
+    char *v = r->type == REDIS_REPLY_STRING ? strdup(r->str) : NULL;
+    freeReplyObject(r);
+    return v;
+}
+
+static void expect_key(const char *key, const char *want)
+{
+    char *v = get(key);
+    if (want)
+        cr_expect(v && !strcmp(v, want), "%s = %s, want %s", key,
+                  v ? v : "(nil)", want);
+    else
+        cr_expect_null(v, "%s = %s, want nil", key, v);
+    free(v);
+}
+
+static const char *elem(redisReply *r, size_t i)
+{
+    cr_assert_eq(r->type, REDIS_REPLY_ARRAY, "reply type %d: %s", r->type,
+                 r->type == REDIS_REPLY_ERROR ? r->str : "");
+    cr_assert_lt(i, r->elements);
+    return r->element[i]->str ? r->element[i]->str : "";
+}
+
+static const char inventory[] =
+    "local function qty(rec)\n"
+    "  local ev = cjson.decode(rec.value)\n"
+    "  return ev.sku, tonumber(ev.qty)\n"
+    "end\n"
+    "function effect(rec)\n"
+    "  local sku, q = qty(rec)\n"
+    "  if not q then return false, 'qty missing' end\n"
+    "  local left = redis.call('HINCRBY', 'stock', sku, -q)\n"
+    "  if left < 0 then\n"
+    "    redis.call('HINCRBY', 'stock', sku, q)\n"
+    "    return false, 'out of stock: ' .. sku\n"
+    "  end\n"
+    "  if sku == 'boom' then local t = nil; return t.x end\n"
+    "end\n";
+
+Test(script, effect_and_mark_together_then_duplicates)
+{
+    redis_with(inventory);
+    redisReply *s = redisCommand(rctx, "HSET stock a 10 b 1 boom 5");
+    freeReplyObject(s);
+    idem_record_t recs[] = {
+        rec_of("e1", "m1", "{\"sku\":\"a\",\"qty\":3}"),
+        rec_of("e2", "m2", "{\"sku\":\"b\",\"qty\":2}"),    /* rejected */
+        rec_of("e1", "m1b", "{\"sku\":\"a\",\"qty\":3}"),   /* dup, same call */
+        rec_of("e3", "m3", "{\"sku\":\"boom\",\"qty\":1}"), /* error */
+        rec_of("e4", "m4", "{\"sku\":\"a\"}"),              /* rejected */
+        rec_of("e2", "m2", "{\"sku\":\"b\",\"qty\":1}"),    /* retried: ok */
+    };
+    redisReply *r = eval(recs, 6);
+    cr_assert_eq(r->elements, 6);
+    cr_expect_str_eq(elem(r, 0), "");
+    cr_expect_str_eq(elem(r, 1), "reject:out of stock: b");
+    cr_expect_str_eq(elem(r, 2), "done:m1");
+    /* The error names the file's line 13. */
+    char want[600];
+    snprintf(want, sizeof(want),
+             "reject:lua error: %s:13: attempt to index local 't' (a nil "
+             "value)",
+             idem_luascript_path(loaded));
+    cr_expect_str_eq(elem(r, 3), want);
+    cr_expect_str_eq(elem(r, 4), "reject:qty missing");
+    cr_expect_str_eq(elem(r, 5), "");
+    freeReplyObject(r);
+    redisReply *h = redisCommand(rctx, "HMGET stock a b boom");
+    cr_expect_str_eq(h->element[0]->str, "7");
+    cr_expect_str_eq(h->element[1]->str, "0");
+    /* Writes before a runtime error stay (Redis has no rollback). */
+    cr_expect_str_eq(h->element[2]->str, "4");
+    freeReplyObject(h);
+    expect_key("t:dedup:g1:e1", "done:m1");
+    expect_key("t:dedup:g1:e2", "done:m2");
+    expect_key("t:dedup:g1:e3", NULL);
+    expect_key("t:dedup:g1:e4", NULL);
+    redisReply *ttl = redisCommand(rctx, "TTL t:dedup:g1:e1");
+    cr_expect(ttl->integer > 590 && ttl->integer <= 600);
+    freeReplyObject(ttl);
+
+    /* Again: every applied one is a duplicate, nothing is applied twice. */
+    r = eval(recs, 2);
+    cr_expect_str_eq(elem(r, 0), "done:m1");
+    cr_expect_str_eq(elem(r, 1), "done:m2");
+    freeReplyObject(r);
+    h = redisCommand(rctx, "HGET stock a");
+    cr_expect_str_eq(h->str, "7");
+    freeReplyObject(h);
+    redis_done();
+}
+
+Test(script, rec_has_every_field)
+{
+    redis_with("function effect(rec)\n"
+               "  local h = {}\n"
+               "  for k, v in pairs(rec.headers) do\n"
+               "    h[#h + 1] = k .. '=' .. tostring(v)\n"
+               "  end\n"
+               "  table.sort(h)\n"
+               "  redis.call('RPUSH', 'seen', cjson.encode({\n"
+               "    id = rec.identity, mid = rec.message_id or 'nil',\n"
+               "    topic = rec.topic, p = rec.partition,\n"
+               "    o = string.format('%.0f', rec.offset),\n"
+               "    ts = rec.timestamp or 'nil', key = rec.key or 'nil',\n"
+               "    value = rec.value or 'nil', idlen = #rec.identity,\n"
+               "    h = table.concat(h, ',')}))\n"
+               "end\n");
+    rd_kafka_headers_t *hdrs = rd_kafka_headers_new(4);
+    rd_kafka_header_add(hdrs, "idempotency_key", -1, "k\0x", 3);
+    rd_kafka_header_add(hdrs, "trace", -1, "t1", 2);
+    rd_kafka_header_add(hdrs, "empty", -1, NULL, 0);
+    rd_kafka_header_add(hdrs, "trace", -1, "t2", 2);
+    idem_record_t a = rec_of("k\0x", "m-1", "v1");
+    a.identity_len = 3; /* a NUL byte is data */
+    a.key = "order-7";
+    a.key_len = 7;
+    a.offset = 9007199254740000;
+    a.headers = hdrs;
+    idem_record_t b = rec_of("k2", NULL, NULL);
+    b.timestamp = -1;
+    b.partition = 0;
+    idem_record_t recs[] = {a, b};
+    redisReply *r = eval(recs, 2);
+    rd_kafka_headers_destroy(hdrs);
+    cr_expect_str_eq(elem(r, 0), "");
+    cr_expect_str_eq(elem(r, 1), "");
+    freeReplyObject(r);
+    redisReply *l = redisCommand(rctx, "LRANGE seen 0 -1");
+    cr_assert_eq(l->elements, 2);
+    json_error_t je;
+    json_t *x = json_loads(l->element[0]->str, JSON_ALLOW_NUL, &je);
+    cr_assert(x, "%s", l->element[0]->str);
+    cr_expect_eq(json_integer_value(json_object_get(x, "idlen")), 3);
+    cr_expect_str_eq(json_string_value(json_object_get(x, "mid")), "m-1");
+    cr_expect_str_eq(json_string_value(json_object_get(x, "topic")),
+                     "inventory");
+    cr_expect_eq(json_integer_value(json_object_get(x, "p")), 3);
+    cr_expect_str_eq(json_string_value(json_object_get(x, "o")),
+                     "9007199254740000");
+    cr_expect_eq(json_integer_value(json_object_get(x, "ts")), 1700000000123);
+    cr_expect_str_eq(json_string_value(json_object_get(x, "key")), "order-7");
+    cr_expect_str_eq(json_string_value(json_object_get(x, "value")), "v1");
+    /* A repeated header: the last one; no value: false. */
+    json_t *hj = json_object_get(x, "h");
+    const char *h = json_string_value(hj);
+    size_t hl = json_string_length(hj);
+    static const char want_h[] = "empty=false,idempotency_key=k\0x,trace=t2";
+    cr_expect(h && hl == sizeof(want_h) - 1 && !memcmp(h, want_h, hl), "%s",
+              l->element[0]->str);
+    json_decref(x);
+    x = json_loads(l->element[1]->str, 0, &je);
+    cr_assert(x);
+    cr_expect_str_eq(json_string_value(json_object_get(x, "mid")), "nil");
+    cr_expect_str_eq(json_string_value(json_object_get(x, "ts")), "nil");
+    cr_expect_str_eq(json_string_value(json_object_get(x, "key")), "nil");
+    cr_expect_str_eq(json_string_value(json_object_get(x, "value")), "nil");
+    cr_expect_str_eq(json_string_value(json_object_get(x, "h")), "");
+    json_decref(x);
+    freeReplyObject(l);
+    /* The mark of a record without a message id. */
+    expect_key("t:dedup:g1:k2", "done:");
+    redis_done();
+}
+
+Test(script, return_values)
+{
+    redis_with("function effect(rec)\n"
+               "  local v = rec.value\n"
+               "  if v == 'true' then return true end\n"
+               "  if v == 'false' then return false end\n"
+               "  if v == 'nilreason' then return nil, 'why' end\n"
+               "  if v == 'number' then return false, 42 end\n"
+               "  if v == 'reply' then return redis.error_reply('bad') end\n"
+               "  if v == 'table' then error({code = 1}) end\n"
+               "  if v == 'errtab' then error({err = 'E1'}) end\n"
+               "  if v == 'long' then return false, string.rep('x', 5000) end\n"
+               "end\n");
+    idem_record_t recs[] = {
+        rec_of("r1", "m", "true"),      rec_of("r2", "m", "false"),
+        rec_of("r3", "m", "nilreason"), rec_of("r4", "m", "number"),
+        rec_of("r5", "m", "reply"),     rec_of("r6", "m", "table"),
+        rec_of("r7", "m", "errtab"),    rec_of("r8", "m", "long"),
+        rec_of("r9", "m", "other"),
+    };
+    redisReply *r = eval(recs, 9);
+    cr_expect_str_eq(elem(r, 0), "");
+    cr_expect_str_eq(elem(r, 1), "reject:effect returned false");
+    cr_expect_str_eq(elem(r, 2), "reject:why");
+    cr_expect_str_eq(elem(r, 3), "reject:42");
+    cr_expect_str_eq(elem(r, 4), "reject:ERR bad");
+    cr_expect(!strncmp(elem(r, 5), "reject:lua error: table: ", 25), "%s",
+              elem(r, 5));
+    cr_expect_str_eq(elem(r, 6), "reject:lua error: E1");
+    cr_expect_eq(strlen(elem(r, 7)), 7 + 500);
+    cr_expect_str_eq(elem(r, 8), "");
+    freeReplyObject(r);
+    redis_done();
+}
+
+/* A command error the effect did not catch rejects with the user's line;
+ * one it caught with redis.pcall is its own business. */
+Test(script, command_errors_belong_to_the_record)
+{
+    redis_with("function effect(rec)\n"
+               "  if rec.value == 'caught' then\n"
+               "    local r = redis.pcall('INCR', 'str')\n"
+               "    redis.call('SET', 'caught', r.err)\n"
+               "    return\n"
+               "  end\n"
+               "  redis.call('INCR', 'str')\n"
+               "end\n");
+    freeReplyObject(redisCommand(rctx, "SET str abc"));
+    idem_record_t recs[] = {rec_of("c1", "m", "raise"),
+                            rec_of("c2", "m", "caught")};
+    redisReply *r = eval(recs, 2);
+    char want[600];
+    snprintf(want, sizeof(want),
+             "reject:lua error: %s:7: ERR value is not an integer or out of "
+             "range",
+             idem_luascript_path(loaded));
+    cr_expect_str_eq(elem(r, 0), want);
+    cr_expect_str_eq(elem(r, 1), "");
+    freeReplyObject(r);
+    expect_key("caught", "ERR value is not an integer or out of range");
+    redis_done();
+}
+
+/* Redis refusing a write because of its state is an outage: the script
+ * fails as a whole with Redis's error, even when the effect catches it. */
+Test(script, server_refusals_are_outages)
+{
+    redis_with("function effect(rec)\n"
+               "  if rec.value == 'swallow' then\n"
+               "    local ok = pcall(redis.call, 'SET', 'a', '1')\n"
+               "    redis.pcall('SET', 'b', '1')\n"
+               "    return false, 'caught it'\n"
+               "  end\n"
+               "  redis.call('SET', 'a', '1')\n"
+               "end\n");
+    freeReplyObject(redisCommand(rctx, "CONFIG SET maxmemory 1"));
+    const char *modes[] = {"plain", "swallow"};
+    for (int i = 0; i < 2; i++) {
+        idem_record_t recs[] = {rec_of("o1", "m", modes[i])};
+        redisReply *r = eval(recs, 1);
+        cr_expect_eq(r->type, REDIS_REPLY_ERROR, "%s: type %d", modes[i],
+                     r->type);
+        if (r->type == REDIS_REPLY_ERROR)
+            cr_expect(!strncmp(r->str, "OOM ", 4), "%s: %s", modes[i], r->str);
+        freeReplyObject(r);
+    }
+    freeReplyObject(redisCommand(rctx, "CONFIG SET maxmemory 0"));
+    expect_key("t:dedup:g1:o1", NULL);
+    idem_record_t recs[] = {rec_of("o1", "m", "plain")};
+    redisReply *r = eval(recs, 1);
+    cr_expect_str_eq(elem(r, 0), "");
+    freeReplyObject(r);
+    expect_key("a", "1");
+    expect_key("t:dedup:g1:o1", "done:m");
+    redis_done();
+}
+
+/* A lease of the claim protocol (another handler in the same group) is
+ * returned as found, without running the effect. */
+Test(script, lease_is_busy)
+{
+    redis_with("function effect(rec) redis.call('SET', 'ran', '1') end\n");
+    freeReplyObject(redisCommand(rctx, "SET t:dedup:g1:l1 lease:m1:3:mid PX "
+                                       "60000"));
+    idem_record_t recs[] = {rec_of("l1", "m", "v")};
+    redisReply *r = eval(recs, 1);
+    cr_expect_str_eq(elem(r, 0), "lease:m1:3:mid");
+    freeReplyObject(r);
+    expect_key("ran", NULL);
+    redis_done();
+}
+
+/* 1000 records (a chunk), each a distinct identity. */
+Test(script, full_chunk)
+{
+    redis_with("function effect(rec) redis.call('INCR', 'n') end\n");
+    enum { N = 1000 };
+    static char ids[N][16];
+    static idem_record_t recs[N];
+    for (int i = 0; i < N; i++) {
+        snprintf(ids[i], sizeof(ids[i]), "id%d", i);
+        recs[i] = rec_of(ids[i], ids[i], "v");
+    }
+    redisReply *r = eval(recs, N);
+    cr_assert_eq(r->elements, N);
+    freeReplyObject(r);
+    expect_key("n", "1000");
+    redis_done();
+}
+
+/* A file name with quotes, a backslash and a non-ASCII byte still names
+ * the file in a runtime error (it is embedded in the script as a Lua
+ * string). */
+Test(script, odd_file_name_in_errors)
+{
+    const char *path = lua_file("we\"ird\\ \xc3\xa9.lua",
+                                "function effect(rec)\n  error('no')\nend\n");
+    redis_with_file(path);
+    idem_record_t recs[] = {rec_of("x1", "m", "v")};
+    redisReply *r = eval(recs, 1);
+    char want[700];
+    snprintf(want, sizeof(want), "reject:lua error: %s:2: no", path);
+    cr_expect_str_eq(elem(r, 0), want);
+    freeReplyObject(r);
+    redis_done();
+}
+
+/* config/examples/inventory.lua, the README's walk-through script. */
+Test(script, inventory_example)
+{
+    char path[512];
+    snprintf(path, sizeof(path), "%s/config/examples/inventory.lua", th_src());
+    redis_with_file(path);
+    idem_record_t recs[] = {
+        rec_of("evt-1", "",
+               "{\"event\":{\"id\":\"evt-1\"},\"sku\":\"apple\","
+               "\"qty\":10}"),
+        rec_of("evt-2", "",
+               "{\"event\":{\"id\":\"evt-2\"},\"sku\":\"apple\","
+               "\"qty\":-3}"),
+        rec_of("evt-3", "",
+               "{\"event\":{\"id\":\"evt-3\"},\"sku\":\"pear\","
+               "\"qty\":-1}"),
+        rec_of("evt-2", "",
+               "{\"event\":{\"id\":\"evt-2\"},\"sku\":\"apple\","
+               "\"qty\":-3}"),
+        rec_of("evt-4", "", "{\"event\":{\"id\":\"evt-4\"},\"sku\":\"apple\"}"),
+        rec_of("evt-5", "", "[1,2]"),
+        rec_of("evt-6", "", "{\"event\":{\"id\":\"evt-6\"},\"qty\":1}"),
+    };
+    redisReply *r = eval(recs, 7);
+    cr_expect_str_eq(elem(r, 0), "");
+    cr_expect_str_eq(elem(r, 1), "");
+    cr_expect_str_eq(elem(r, 2),
+                     "reject:out of stock: pear has 0, the event takes 1");
+    cr_expect_str_eq(elem(r, 3), "done:");
+    cr_expect_str_eq(elem(r, 4),
+                     "reject:qty: must be a whole number other than 0");
+    cr_expect_str_eq(elem(r, 5), "reject:sku: missing");
+    cr_expect_str_eq(elem(r, 6), "reject:sku: missing");
+    freeReplyObject(r);
+    redisReply *h = redisCommand(rctx, "HGETALL inventory:stock");
+    cr_assert_eq(h->elements, 2);
+    cr_expect_str_eq(h->element[0]->str, "apple");
+    cr_expect_str_eq(h->element[1]->str, "7");
+    freeReplyObject(h);
+    redis_done();
+}
+
+/* The README shows inventory.lua in full: it must be the shipped file. */
+Test(script, readme_shows_the_example_file)
+{
+    char path[512];
+    snprintf(path, sizeof(path), "%s/config/examples/inventory.lua", th_src());
+    char *file = th_slurp(path, NULL);
+    snprintf(path, sizeof(path), "%s/README.md", th_src());
+    char *readme = th_slurp(path, NULL);
+    cr_assert(file && readme);
+    const char *open = "$ cat > inventory.lua <<'EOF'\n";
+    char *at = strstr(readme, open);
+    cr_assert(at, "README: no \"%s\"", open);
+    at += strlen(open);
+    char *end = strstr(at, "\nEOF\n");
+    cr_assert(end);
+    end[1] = '\0';
+    cr_expect_str_eq(at, file,
+                     "README's inventory.lua differs from "
+                     "config/examples/inventory.lua");
+    free(file);
+    free(readme);
+}
+
+/* ---- handler=script in a running member ---- */
+
+/* The effect of the end-to-end tests: commutative (totals per SKU), so
+ * the expected state does not depend on the order partitions are
+ * processed in. qty 13 is refused, qty 14 raises a runtime error. */
+static const char run_lua[] =
+    "local function event(rec)\n"
+    "  return cjson.decode(rec.value)\n"
+    "end\n"
+    "function effect(rec)\n"
+    "  local ev = event(rec)\n"
+    "  if ev.qty == 13 then return false, 'unlucky ' .. ev.event.id end\n"
+    "  if ev.qty == 14 then local t = nil; return t.boom end\n"
+    "  redis.call('HINCRBY', 'test:stock', ev.sku, ev.qty)\n"
+    "  redis.call('INCR', 'test:applied')\n"
+    "end\n";
+
+#define RUN_SKUS 40
+
+typedef struct {
+    long stock[RUN_SKUS];
+    long applied;                 /* distinct identities applied */
+    long rejected, notjson, noid; /* distinct dead letters by reason */
+    long redeliveries, resends;   /* duplicate lines sent */
+} run_expect_t;
+
+/* Writes n events (and their duplicates and poison) as JSON lines to path
+ * and fills *e with what Redis and the DLQ must hold afterwards. Events
+ * are keyed by sku (--key-field sku), so an event and its duplicates are
+ * in one partition, in file order. */
+static void run_traffic(const char *path, int n, run_expect_t *e)
+{
+    memset(e, 0, sizeof(*e));
+    FILE *f = fopen(path, "w");
+    cr_assert(f);
+    for (int i = 0; i < n; i++) {
+        int sku = i % RUN_SKUS;
+        int qty = 1 + (i * 7) % 12;
+        if (i % 97 == 5)
+            qty = 13;
+        else if (i % 101 == 7)
+            qty = 14;
+        fprintf(f,
+                "{\"event\":{\"id\":\"evt-%d\"},\"message_id\":\"m-%d\","
+                "\"sku\":\"s%d\",\"qty\":%d}\n",
+                i, i, sku, qty);
+        if (qty >= 13) {
+            e->rejected++;
+            continue;
+        }
+        e->stock[sku] += qty;
+        e->applied++;
+        if (i % 10 == 3) { /* the same record again: a redelivery */
+            fprintf(f,
+                    "{\"event\":{\"id\":\"evt-%d\"},\"message_id\":\"m-%d\","
+                    "\"sku\":\"s%d\",\"qty\":%d}\n",
+                    i, i, sku, qty);
+            e->redeliveries++;
+        }
+        if (i % 15 == 4) { /* the same event sent anew: a resend */
+            fprintf(f,
+                    "{\"event\":{\"id\":\"evt-%d\"},\"message_id\":\"r-%d\","
+                    "\"sku\":\"s%d\",\"qty\":100}\n",
+                    i, i, sku);
+            e->resends++;
+        }
+        if (i % 250 == 9) {
+            fprintf(f, "not json %d\n", i);
+            e->notjson++;
+        }
+        if (i % 300 == 11) {
+            fprintf(f, "{\"sku\":\"s%d\",\"qty\":1}\n", sku);
+            e->noid++;
+        }
+    }
+    fclose(f);
+}
+
+static long redis_long(th_redis_t *r, const char *const args[])
+{
+    char *out = th_redis_cli(r, args);
+    long v = out && *out ? strtol(out, NULL, 10) : 0;
+    free(out);
+    return v;
+}
+
+/* Waits until test:applied reaches n. */
+static int wait_run_applied(long n, int timeout_ms)
+{
+    const char *args[] = {"GET", "test:applied", NULL};
+    for (int t = 0; t < timeout_ms; t += 100) {
+        if (redis_long(&stk.redis, args) >= n)
+            return 0;
+        usleep(100000);
+    }
+    return -1;
+}
+
+/* Distinct dead letters (original partition/offset) of the DLQ by reason,
+ * read with `idemproc dlq inspect`. */
+static void dlq_distinct(long *rejected, long *notjson, long *noid,
+                         char **errors_out)
+{
+    char *argv[] = {(char *)th_bin(), "dlq",         "inspect", "-c",
+                    stk.conf,         "--max-bytes", "64",      NULL};
+    char *out = NULL, *err = NULL;
+    int rc = th_run(argv, &out, &err, 60000);
+    cr_assert_eq(rc, 0, "dlq inspect: %s", err);
+    *rejected = *notjson = *noid = 0;
+    size_t seen_cap = 1024, seen_n = 0;
+    char **seen = calloc(seen_cap, sizeof(*seen));
+    char *errors = calloc(1, 1);
+    size_t errors_len = 0;
+    for (char *line = strtok(out, "\n"); line; line = strtok(NULL, "\n")) {
+        json_t *j = json_loads(line, 0, NULL);
+        cr_assert(j, "not JSON: %s", line);
+        const char *reason = json_string_value(json_object_get(j, "reason"));
+        char id[64];
+        snprintf(id, sizeof(id), "%lld/%lld",
+                 json_integer_value(json_object_get(j, "original_partition")),
+                 json_integer_value(json_object_get(j, "original_offset")));
+        int dup = 0;
+        for (size_t k = 0; k < seen_n && !dup; k++)
+            dup = !strcmp(seen[k], id);
+        if (!dup) {
+            if (seen_n == seen_cap)
+                seen = realloc(seen, (seen_cap *= 2) * sizeof(*seen));
+            seen[seen_n++] = strdup(id);
+            if (!strcmp(reason, "handler-rejected")) {
+                (*rejected)++;
+                const char *e = json_string_value(json_object_get(j, "error"));
+                size_t el = strlen(e);
+                errors = realloc(errors, errors_len + el + 2);
+                memcpy(errors + errors_len, e, el);
+                errors_len += el;
+                errors[errors_len++] = '\n';
+                errors[errors_len] = '\0';
+            } else if (!strcmp(reason, "not-json")) {
+                (*notjson)++;
+            } else if (!strcmp(reason, "no-identity")) {
+                (*noid)++;
+            }
+        }
+        json_decref(j);
+    }
+    for (size_t k = 0; k < seen_n; k++)
+        free(seen[k]);
+    free(seen);
+    free(out);
+    free(err);
+    *errors_out = errors;
+}
+
+/* Redis holds exactly what e says, and the DLQ every poison record once
+ * (counting distinct originals: dead letters are at-least-once). */
+static void expect_run_state(const run_expect_t *e, int timeout_ms)
+{
+    cr_assert_eq(wait_run_applied(e->applied, timeout_ms), 0,
+                 "applied never reached %ld", e->applied);
+    /* Wait for the dead letters too. */
+    long rej = 0, nj = 0, ni = 0;
+    char *errors = NULL;
+    for (int t = 0; t < timeout_ms; t += 500) {
+        free(errors);
+        dlq_distinct(&rej, &nj, &ni, &errors);
+        if (rej >= e->rejected && nj >= e->notjson && ni >= e->noid)
+            break;
+        usleep(500000);
+    }
+    const char *ga[] = {"GET", "test:applied", NULL};
+    cr_expect_eq(redis_long(&stk.redis, ga), e->applied);
+    for (int k = 0; k < RUN_SKUS; k++) {
+        char sku[16];
+        snprintf(sku, sizeof(sku), "s%d", k);
+        const char *args[] = {"HGET", "test:stock", sku, NULL};
+        cr_expect_eq(redis_long(&stk.redis, args), e->stock[k], "stock of %s",
+                     sku);
+    }
+    cr_expect_eq(rej, e->rejected);
+    cr_expect_eq(nj, e->notjson);
+    cr_expect_eq(ni, e->noid);
+    cr_expect(strstr(errors, "unlucky evt-5\n"), "%s", errors);
+    cr_expect(strstr(errors, "lua error: "), "%s", errors);
+    cr_expect(strstr(errors, "run.lua:7: attempt to index local 't' (a nil "
+                             "value)"),
+              "%s", errors);
+    free(errors);
+}
+
+static void run_stack(const char *const more[])
+{
+    if (!dir)
+        dir = th_tmpdir();
+    static char file[600];
+    snprintf(file, sizeof(file), "script.file=%s",
+             lua_file("run.lua", run_lua));
+    const char *props[16] = {"handler=script", file,
+                             "envelope.identity=value:/event/id"};
+    size_t n = 3;
+    for (size_t i = 0; more && more[i] && n < 15; i++)
+        props[n++] = more[i];
+    props[n] = NULL;
+    cr_assert_eq(th_stack_start(&stk, 4, props), 0);
+}
+
+static void produce_file(const char *path)
+{
+    const char *args[] = {"--input", path, "--key-field", "sku", NULL};
+    cr_assert_eq(th_stack_produce(&stk, args), 0);
+}
+
+Test(script, member_applies_each_event_once, .timeout = 180)
+{
+    run_stack(NULL);
+    run_expect_t e;
+    const char *path = lua_file("events.jsonl", "");
+    run_traffic(path, 3000, &e);
+    produce_file(path);
+    pid_t m = th_stack_member(&stk, "m1", NULL);
+    expect_run_state(&e, 90000);
+    cr_expect_eq(th_stop(m, 15000), 0);
+    /* The log names the runtime errors. */
+    char lp[600];
+    snprintf(lp, sizeof(lp), "%s/m1.log", stk.dir);
+    char *log = th_slurp(lp, NULL);
+    cr_expect(log && strstr(log, "script effect failed"), "%s", log);
+    free(log);
+    th_stack_stop(&stk);
+}
+
+Test(script, sigkill_mid_stream_then_restart_is_exact, .timeout = 240)
+{
+    run_stack((const char *const[]){"batch.max.messages=50", NULL});
+    run_expect_t e;
+    const char *path = lua_file("events.jsonl", "");
+    run_traffic(path, 20000, &e);
+    produce_file(path);
+    pid_t m = th_stack_member(&stk, "m1", NULL);
+    cr_assert_eq(wait_run_applied(e.applied / 4, 90000), 0);
+    kill(m, SIGKILL);
+    cr_expect_eq(th_wait(m, 5000), 128 + SIGKILL);
+    const char *ga[] = {"GET", "test:applied", NULL};
+    cr_expect_lt(redis_long(&stk.redis, ga), e.applied);
+    m = th_stack_member(&stk, "m2", NULL);
+    expect_run_state(&e, 150000);
+    cr_expect_eq(th_stop(m, 15000), 0);
+    th_stack_stop(&stk);
+}
+
+/* A script that does not compile is a configuration error of run and
+ * check-config (exit 2) naming the file and line, before any connection. */
+Test(script, syntax_error_stops_run_and_check_config, .timeout = 60)
+{
+    const char *bad = lua_file("broken.lua", "function effect(rec)\n"
+                                             "  if rec.value then\n"
+                                             "    return false, 'x'\n"
+                                             "end\n");
+    char conf[600];
+    snprintf(conf, sizeof(conf), "%s/broken.properties", dir);
+    char text[1200];
+    snprintf(text, sizeof(text),
+             "kafka.bootstrap.servers=127.0.0.1:1\ngroup.id=g\n"
+             "input.topics=t\ndlq.topic=t.dlq\nredis.url=redis://"
+             "127.0.0.1:1/0\nhandler=script\nscript.file=%s\nhttp.listen=\n",
+             bad);
+    cr_assert_eq(th_write_file(conf, text), 0);
+    const char *cmds[] = {"check-config", "run"};
+    for (int i = 0; i < 2; i++) {
+        char *argv[] = {(char *)th_bin(), (char *)cmds[i], "-c", conf, NULL};
+        char *out = NULL, *err = NULL;
+        int rc = th_run(argv, &out, &err, 20000);
+        cr_expect_eq(rc, 2, "%s exit %d: %s", cmds[i], rc, err);
+        char want[700];
+        snprintf(want, sizeof(want), "script.file: %s:4: 'end' expected", bad);
+        cr_expect(err && strstr(err, want), "%s: %s", cmds[i], err);
+        free(out);
+        free(err);
+    }
+    /* Without script.file, handler=script is refused too. */
+    snprintf(text, sizeof(text),
+             "kafka.bootstrap.servers=127.0.0.1:1\ngroup.id=g\n"
+             "input.topics=t\ndlq.topic=t.dlq\nredis.url=redis://"
+             "127.0.0.1:1/0\nhandler=script\nhttp.listen=\n");
+    cr_assert_eq(th_write_file(conf, text), 0);
+    char *argv[] = {(char *)th_bin(), "check-config", "-c", conf, NULL};
+    char *err = NULL;
+    cr_expect_eq(th_run(argv, NULL, &err, 20000), 2);
+    cr_expect(err && strstr(err, "script.file"), "%s", err);
+    free(err);
+}
+
+/* Redis refusing writes mid-stream (maxmemory reached: OOM) is an outage
+ * for the script handler too: the member pauses, dead-letters nothing
+ * because of it, and ends exact once Redis takes writes again. (The
+ * driver's own rule, an OOM the effect meets fails the whole script, is
+ * server_refusals_are_outages; here the request's positions are refused
+ * as well, so this checks the handler's and the loop's side.) */
+Test(script, oom_mid_stream_is_an_outage_not_a_rejection, .timeout = 240)
+{
+    run_stack((const char *const[]){"batch.max.messages=50",
+                                    "retry.backoff.max.ms=200", NULL});
+    run_expect_t e;
+    const char *path = lua_file("events.jsonl", "");
+    run_traffic(path, 6000, &e);
+    produce_file(path);
+    pid_t m = th_stack_member(&stk, "m1", NULL);
+    cr_assert_eq(wait_run_applied(e.applied / 5, 90000), 0);
+    const char *full[] = {"CONFIG", "SET", "maxmemory", "1", NULL};
+    free(th_redis_cli(&stk.redis, full));
+    const char *ga[] = {"GET", "test:applied", NULL};
+    long before = redis_long(&stk.redis, ga);
+    sleep(2);
+    cr_expect_eq(redis_long(&stk.redis, ga), before,
+                 "applied while Redis refused writes");
+    const char *ok[] = {"CONFIG", "SET", "maxmemory", "0", NULL};
+    free(th_redis_cli(&stk.redis, ok));
+    cr_expect_lt(before, e.applied);
+    expect_run_state(&e, 150000);
+    cr_expect_eq(th_stop(m, 15000), 0);
+    char lp[600];
+    snprintf(lp, sizeof(lp), "%s/m1.log", stk.dir);
+    char *log = th_slurp(lp, NULL);
+    cr_expect(log && strstr(log, "OOM"), "no OOM outage logged:\n%s", log);
+    free(log);
+    th_stack_stop(&stk);
+}

@@ -1,0 +1,681 @@
+/* test_webhook: handler=webhook. Its ops against a real HTTP server on
+ * 127.0.0.1 (tests/hooksrv.c): what is sent, the result of every status
+ * class, Retry-After, back-pressure, drain; then whole members through
+ * the loop (see the integration tests further down). */
+#include "handler.h"
+#include "harness.h"
+#include "hooksrv.h"
+
+#include <criterion/criterion.h>
+#include <jansson.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "util.h"
+
+static th_hook_t *srv;
+
+static void srv_stop(void)
+{
+    th_hook_stop(srv);
+    srv = NULL;
+}
+
+TestSuite(webhook, .fini = srv_stop, .timeout = 90);
+
+static th_stack_t stk; /* static: the suite's .fini stops it after a
+                          failed assertion */
+
+static void run_fini(void)
+{
+    srv_stop();
+    th_stack_cleanup();
+}
+
+TestSuite(webhook_run, .fini = run_fini, .timeout = 240);
+
+/* A conf with handler=webhook and the given "key=value" sets. */
+static idem_conf_t *conf_with(const char *const sets[])
+{
+    idem_conf_t *conf = idem_conf_new();
+    char err[512];
+    cr_assert_eq(idem_conf_set(conf, "handler", "webhook", err, sizeof(err)), 0,
+                 "%s", err);
+    for (size_t i = 0; sets && sets[i]; i++) {
+        char kv[1024];
+        snprintf(kv, sizeof(kv), "%s", sets[i]);
+        char *eq = strchr(kv, '=');
+        cr_assert(eq);
+        *eq = '\0';
+        cr_assert_eq(idem_conf_set(conf, kv, eq + 1, err, sizeof(err)), 0,
+                     "%s: %s", sets[i], err);
+    }
+    return conf;
+}
+
+typedef struct {
+    idem_conf_t *conf;
+    idem_metrics_t *metrics;
+    void *h;
+    idem_record_t recs[64];
+    char ids[64][32];
+    char values[64][64];
+} fixture_t;
+
+static void fx_start(fixture_t *f, const char *url, const char *const more[])
+{
+    memset(f, 0, sizeof(*f));
+    char u[256];
+    snprintf(u, sizeof(u), "webhook.url=%s", url);
+    const char *sets[16] = {u};
+    for (size_t i = 0; more && more[i] && i < 14; i++)
+        sets[i + 1] = more[i];
+    f->conf = conf_with(sets);
+    f->metrics = idem_metrics_new();
+    char err[512];
+    cr_assert_eq(idem_handler_webhook.validate(f->conf, "", err, sizeof(err)),
+                 0, "%s", err);
+    idem_handler_ctx_t ctx = {
+        .conf = f->conf, .arg = "", .metrics = f->metrics, .member_id = "t"};
+    f->h = idem_handler_webhook.start(&ctx, err, sizeof(err));
+    cr_assert(f->h, "%s", err);
+}
+
+static void fx_stop(fixture_t *f)
+{
+    idem_handler_webhook.drain(f->h, idem_now_ms());
+    idem_result_t res[64];
+    idem_handler_webhook.collect(f->h, res, 64, 0);
+    idem_handler_webhook.stop(f->h);
+    idem_metrics_destroy(f->metrics);
+    idem_conf_destroy(f->conf);
+}
+
+/* Record i with identity ids[i] = id and value {"n":i}. */
+static idem_record_t *fx_rec(fixture_t *f, size_t i, const char *id)
+{
+    snprintf(f->ids[i], sizeof(f->ids[i]), "%s", id);
+    snprintf(f->values[i], sizeof(f->values[i]), "{\"n\":%zu}", i);
+    idem_record_t *r = &f->recs[i];
+    memset(r, 0, sizeof(*r));
+    r->topic = "t";
+    r->offset = (int64_t)i;
+    r->identity = f->ids[i];
+    r->identity_len = strlen(id);
+    r->value = f->values[i];
+    r->value_len = strlen(f->values[i]);
+    return r;
+}
+
+/* Collects until n results arrived (20 s at most); returns how many. */
+static size_t fx_collect(fixture_t *f, idem_result_t *out, size_t n)
+{
+    size_t got = 0;
+    int64_t end = idem_now_ms() + 20000;
+    while (got < n && idem_now_ms() < end)
+        got += idem_handler_webhook.collect(f->h, out + got, 64 - got, 50);
+    return got;
+}
+
+static const idem_result_t *result_for(const idem_result_t *res, size_t n,
+                                       const idem_record_t *r)
+{
+    for (size_t i = 0; i < n; i++)
+        if (res[i].rec == r)
+            return &res[i];
+    return NULL;
+}
+
+Test(webhook, validate_names_the_key)
+{
+    char err[512];
+    idem_conf_t *conf = conf_with(NULL);
+    cr_assert_eq(idem_handler_webhook.validate(conf, "", err, sizeof(err)), -1);
+    cr_assert(strstr(err, "webhook.url"), "%s", err);
+    idem_conf_destroy(conf);
+    conf = conf_with((const char *[]){"webhook.url=gopher://x/", NULL});
+    cr_assert_eq(idem_handler_webhook.validate(conf, "", err, sizeof(err)), -1);
+    cr_assert(strstr(err, "unsupported scheme \"gopher\""), "%s", err);
+    idem_conf_destroy(conf);
+    conf = conf_with((const char *[]){"webhook.url=http://127.0.0.1:1/",
+                                      "webhook.headers=Authorization Bearer",
+                                      NULL});
+    cr_assert_eq(idem_handler_webhook.validate(conf, "", err, sizeof(err)), -1);
+    cr_assert(strstr(err, "webhook.headers"), "%s", err);
+    /* The secret never appears in the message. */
+    idem_conf_destroy(conf);
+    char e2[512];
+    idem_conf_t *c2 = idem_conf_new();
+    cr_assert_eq(idem_conf_set(c2, "webhook.max.inflight", "0", e2, sizeof(e2)),
+                 -1);
+    cr_assert(strstr(e2, "webhook.max.inflight"), "%s", e2);
+    idem_conf_destroy(c2);
+}
+
+Test(webhook, every_record_posted_once_with_its_identity_as_key)
+{
+    srv = th_hook_start((th_hook_reply_t){.status = 201, .delay_ms = 20}, 1);
+    cr_assert(srv);
+    fixture_t f;
+    fx_start(&f, th_hook_url(srv),
+             (const char *[]){"webhook.max.inflight=4",
+                              "webhook.headers=Authorization: Bearer t0k",
+                              "webhook.content.type=application/vnd.x+json",
+                              NULL});
+    idem_record_t *recs[20];
+    for (size_t i = 0; i < 20; i++) {
+        char id[32];
+        snprintf(id, sizeof(id), "order-%zu", i);
+        recs[i] = fx_rec(&f, i, id);
+    }
+    char err[256];
+    /* More than max.inflight at once: the handler queues the rest. */
+    cr_assert_eq(
+        idem_handler_webhook.submit(f.h, recs, 20, NULL, 0, err, sizeof(err)),
+        0);
+    cr_assert_eq(idem_handler_webhook.inflight(f.h), 20);
+    idem_result_t res[64];
+    cr_assert_eq(fx_collect(&f, res, 20), 20);
+    cr_assert_eq(idem_handler_webhook.inflight(f.h), 0);
+    for (size_t i = 0; i < 20; i++) {
+        const idem_result_t *r = result_for(res, 20, recs[i]);
+        cr_assert(r, "no result for %zu", i);
+        cr_assert_eq(r->kind, IDEM_RESULT_DONE, "%zu: %s", i, r->detail);
+    }
+    size_t n;
+    th_hook_req_t *q = th_hook_requests(srv, &n);
+    cr_assert_eq(n, 20);
+    for (size_t i = 0; i < n; i++) {
+        unsigned k;
+        cr_assert_eq(sscanf(q[i].key, "order-%u", &k), 1, "%s", q[i].key);
+        char want[64];
+        snprintf(want, sizeof(want), "{\"n\":%u}", k);
+        cr_assert_str_eq(q[i].body, want);
+        cr_assert_str_eq(q[i].auth, "Bearer t0k");
+        cr_assert_str_eq(q[i].content_type, "application/vnd.x+json");
+    }
+    th_hook_requests_free(q, n);
+    cr_assert_eq(idem_metrics_webhook_request_get(f.metrics, "2xx"), 20);
+    fx_stop(&f);
+}
+
+Test(webhook, headers_from_a_file_one_a_line)
+{
+    srv = th_hook_start((th_hook_reply_t){.status = 204}, 1);
+    cr_assert(srv);
+    char *dir = th_tmpdir();
+    char path[512], set[600];
+    snprintf(path, sizeof(path), "%s/headers", dir);
+    cr_assert_eq(th_write_file(path, "Authorization: Bearer from-file\n"
+                                     "\n"
+                                     "X-Test: two words\n"),
+                 0);
+    snprintf(set, sizeof(set), "webhook.headers.file=%s", path);
+    fixture_t f;
+    fx_start(&f, th_hook_url(srv), (const char *[]){set, NULL});
+    idem_record_t *r = fx_rec(&f, 0, "f-1");
+    char err[256];
+    cr_assert_eq(
+        idem_handler_webhook.submit(f.h, &r, 1, NULL, 0, err, sizeof(err)), 0);
+    idem_result_t res[64];
+    cr_assert_eq(fx_collect(&f, res, 1), 1);
+    cr_assert_eq(res[0].kind, IDEM_RESULT_DONE, "%s", res[0].detail);
+    size_t n;
+    th_hook_req_t *q = th_hook_requests(srv, &n);
+    cr_assert_eq(n, 1);
+    cr_assert_str_eq(q[0].auth, "Bearer from-file");
+    cr_assert_str_eq(q[0].xtest, "two words");
+    th_hook_requests_free(q, n);
+    fx_stop(&f);
+    th_rmrf(dir);
+    free(dir);
+}
+
+Test(webhook, statuses_become_results)
+{
+    srv = th_hook_start((th_hook_reply_t){.status = 200}, 1);
+    cr_assert(srv);
+    th_hook_script(srv, "rejected",
+                   (th_hook_reply_t){422, 0, NULL, "{\"error\":\"bad sku\"}"});
+    th_hook_script(srv, "gone", (th_hook_reply_t){404, 0, NULL, NULL});
+    th_hook_script(srv, "slow-down", (th_hook_reply_t){429, 0, "2", NULL});
+    th_hook_script(srv, "far", (th_hook_reply_t){503, 0, "86400", NULL});
+    th_hook_script(srv, "boom", (th_hook_reply_t){500, 0, NULL, "oops"});
+    th_hook_script(srv, "late", (th_hook_reply_t){408, 0, NULL, NULL});
+    fixture_t f;
+    fx_start(&f, th_hook_url(srv), NULL);
+    const char *ids[] = {"rejected", "gone", "slow-down", "far",
+                         "boom",     "late", "fine"};
+    idem_record_t *recs[7];
+    for (size_t i = 0; i < 7; i++)
+        recs[i] = fx_rec(&f, i, ids[i]);
+    char err[256];
+    cr_assert_eq(
+        idem_handler_webhook.submit(f.h, recs, 7, NULL, 0, err, sizeof(err)),
+        0);
+    idem_result_t res[64];
+    cr_assert_eq(fx_collect(&f, res, 7), 7);
+    const idem_result_t *r = result_for(res, 7, recs[0]);
+    cr_assert_eq(r->kind, IDEM_RESULT_REJECT);
+    cr_assert_str_eq(r->detail, "HTTP 422: {\"error\":\"bad sku\"}");
+    r = result_for(res, 7, recs[1]);
+    cr_assert_eq(r->kind, IDEM_RESULT_REJECT);
+    cr_assert_str_eq(r->detail, "HTTP 404");
+    r = result_for(res, 7, recs[2]);
+    cr_assert_eq(r->kind, IDEM_RESULT_RETRY);
+    cr_assert_eq(r->retry_after_ms, 2000);
+    r = result_for(res, 7, recs[3]); /* a day: cut to 5 minutes */
+    cr_assert_eq(r->kind, IDEM_RESULT_RETRY);
+    cr_assert_eq(r->retry_after_ms, 5 * 60 * 1000);
+    r = result_for(res, 7, recs[4]);
+    cr_assert_eq(r->kind, IDEM_RESULT_RETRY);
+    cr_assert_eq(r->retry_after_ms, 0); /* the loop's backoff */
+    cr_assert_str_eq(r->detail, "HTTP 500: oops");
+    r = result_for(res, 7, recs[5]);
+    cr_assert_eq(r->kind, IDEM_RESULT_RETRY);
+    r = result_for(res, 7, recs[6]);
+    cr_assert_eq(r->kind, IDEM_RESULT_DONE);
+    cr_assert_eq(idem_metrics_webhook_request_get(f.metrics, "4xx"), 4);
+    cr_assert_eq(idem_metrics_webhook_request_get(f.metrics, "5xx"), 2);
+    cr_assert_eq(idem_metrics_webhook_request_get(f.metrics, "2xx"), 1);
+    fx_stop(&f);
+}
+
+Test(webhook, unreachable_service_is_a_retry)
+{
+    char url[64];
+    snprintf(url, sizeof(url), "http://127.0.0.1:%d/x", th_free_port());
+    fixture_t f;
+    fx_start(&f, url, NULL);
+    idem_record_t *r = fx_rec(&f, 0, "k");
+    char err[256];
+    cr_assert_eq(
+        idem_handler_webhook.submit(f.h, &r, 1, NULL, 0, err, sizeof(err)), 0);
+    idem_result_t res[64];
+    cr_assert_eq(fx_collect(&f, res, 1), 1);
+    cr_assert_eq(res[0].kind, IDEM_RESULT_RETRY);
+    cr_assert(!strncmp(res[0].detail, "connect: ", 9), "%s", res[0].detail);
+    cr_assert_eq(idem_metrics_webhook_request_get(f.metrics, "connect"), 1);
+    fx_stop(&f);
+}
+
+Test(webhook, drain_abandons_what_does_not_finish_in_time)
+{
+    srv = th_hook_start((th_hook_reply_t){.status = 200, .delay_ms = 4000}, 0);
+    cr_assert(srv);
+    fixture_t f;
+    fx_start(&f, th_hook_url(srv),
+             (const char *[]){"webhook.max.inflight=2", NULL});
+    idem_record_t *recs[5];
+    for (size_t i = 0; i < 5; i++) {
+        char id[8];
+        snprintf(id, sizeof(id), "d%zu", i);
+        recs[i] = fx_rec(&f, i, id);
+    }
+    char err[256];
+    cr_assert_eq(
+        idem_handler_webhook.submit(f.h, recs, 5, NULL, 0, err, sizeof(err)),
+        0);
+    idem_result_t res[64];
+    cr_assert_eq(idem_handler_webhook.collect(f.h, res, 64, 100), 0);
+    int64_t t0 = idem_now_ms();
+    idem_handler_webhook.drain(f.h, t0 + 300);
+    int64_t took = idem_now_ms() - t0;
+    cr_assert_lt(took, 2000, "drain took %lld ms", (long long)took);
+    cr_assert_eq(idem_handler_webhook.collect(f.h, res, 64, 0), 0);
+    cr_assert_eq(idem_handler_webhook.inflight(f.h), 0);
+    fx_stop(&f);
+}
+
+/* ------------------------------------------------ members through the loop */
+
+/* Appends one JSON line to fp. */
+#define LINE(fp, ...) fprintf((fp), __VA_ARGS__), fputc('\n', (fp))
+
+/* Reads the DLQ with kcat; counts records whose dlq.reason is reason and,
+ * when error is not NULL, whose dlq.error equals it too. *first (may be
+ * NULL) gets the dlq.error of the first record of that reason (caller
+ * frees; NULL when none). */
+static size_t dlq_scan(th_stack_t *s, const char *reason, const char *error,
+                       char **first)
+{
+    if (first)
+        *first = NULL;
+    char *argv[] = {"/usr/bin/env",
+                    "kcat",
+                    "-C",
+                    "-b",
+                    s->broker.bootstrap,
+                    "-t",
+                    "payments.dlq",
+                    "-e",
+                    "-q",
+                    "-J",
+                    "-X",
+                    "fetch.wait.max.ms=10",
+                    NULL};
+    char *out = NULL;
+    cr_assert_eq(th_run(argv, &out, NULL, 60000), 0, "kcat failed");
+    size_t n = 0;
+    for (char *line = strtok(out, "\n"); line; line = strtok(NULL, "\n")) {
+        json_t *m = json_loads(line, 0, NULL);
+        cr_assert(m, "kcat -J line: %s", line);
+        json_t *hs = json_object_get(m, "headers");
+        const char *r = NULL, *e = NULL;
+        for (size_t i = 0; i + 1 < json_array_size(hs); i += 2) {
+            const char *k = json_string_value(json_array_get(hs, i));
+            const char *v = json_string_value(json_array_get(hs, i + 1));
+            if (k && !strcmp(k, "dlq.reason"))
+                r = v;
+            if (k && !strcmp(k, "dlq.error"))
+                e = v;
+        }
+        if (r && !strcmp(r, reason) && first && !*first)
+            *first = strdup(e ? e : "");
+        if (r && !strcmp(r, reason) && (!error || (e && !strcmp(e, error))))
+            n++;
+        json_decref(m);
+    }
+    free(out);
+    return n;
+}
+
+static size_t dlq_count(th_stack_t *s, const char *reason, const char *error)
+{
+    return dlq_scan(s, reason, error, NULL);
+}
+
+static double member_metric(int port, const char *series)
+{
+    char *body = NULL;
+    if (th_http_get(port, "/metrics", &body) != 200) {
+        free(body);
+        return -1;
+    }
+    double v = th_metric(body, series);
+    free(body);
+    return v;
+}
+
+/* Waits until `want` distinct keys with prefix were acknowledged. */
+static int wait_acked(const char *prefix, size_t want, int timeout_ms)
+{
+    int64_t end = idem_now_ms() + timeout_ms;
+    while (idem_now_ms() < end) {
+        if (th_hook_keys_acked(srv, prefix, NULL) >= want)
+            return 0;
+        usleep(100 * 1000);
+    }
+    return -1;
+}
+
+static pid_t start_member(th_stack_t *s, const char *name, int port,
+                          const char *inflight)
+{
+    char listen[64], url[128], infl[64];
+    snprintf(listen, sizeof(listen), "http.listen=127.0.0.1:%d", port);
+    snprintf(url, sizeof(url), "webhook.url=%s", th_hook_url(srv));
+    snprintf(infl, sizeof(infl), "webhook.max.inflight=%s", inflight);
+    const char *sets[] = {"handler=webhook",
+                          url,
+                          listen,
+                          infl,
+                          "webhook.headers=Authorization: Bearer it",
+                          "dedup.lease.ms=2000",
+                          "retry.backoff.initial.ms=50",
+                          "retry.backoff.max.ms=200",
+                          NULL};
+    return th_stack_member(s, name, sets);
+}
+
+/* Waits until the member's records_total sums to n. */
+static int wait_outcomes(int port, double n, int timeout_ms)
+{
+    int64_t end = idem_now_ms() + timeout_ms;
+    while (idem_now_ms() < end) {
+        double p = member_metric(port, "idemproc_records_total{outcome="
+                                       "\"processed\"}");
+        double d = member_metric(port, "idemproc_records_total{outcome="
+                                       "\"duplicate\"}");
+        double q = member_metric(port, "idemproc_records_total{outcome="
+                                       "\"dlq\"}");
+        if (p >= 0 && p + d + q >= n)
+            return 0;
+        usleep(200 * 1000);
+    }
+    return -1;
+}
+
+Test(webhook_run, duplicates_rejects_poison_and_retries_end_exact)
+{
+    srv = th_hook_start((th_hook_reply_t){.status = 200}, 1);
+    cr_assert(srv);
+    th_hook_rule_body(srv, "\"reject\":true",
+                      (th_hook_reply_t){422, 0, NULL, "nope"});
+    th_hook_rule_body(srv, "\"down\":true",
+                      (th_hook_reply_t){500, 0, NULL, "down"});
+    cr_assert_eq(th_stack_start(&stk, 4, NULL), 0);
+    char path[600];
+    snprintf(path, sizeof(path), "%s/in.jsonl", stk.dir);
+    FILE *fp = fopen(path, "w");
+    cr_assert(fp);
+    size_t good = 0, redeliveries = 0, resends = 0, rejects = 0, flaky = 0;
+    for (int i = 0; i < 300; i++) {
+        int reject = i % 50 == 7;
+        LINE(fp,
+             "{\"idempotency_key\":\"w-%d\",\"message_id\":\"m-%d\","
+             "\"n\":%d%s}",
+             i, i, i, reject ? ",\"reject\":true" : "");
+        if (reject) {
+            rejects++;
+            continue;
+        }
+        good++;
+        if (i % 10 == 0) { /* the same record again */
+            LINE(fp,
+                 "{\"idempotency_key\":\"w-%d\",\"message_id\":\"m-%d\","
+                 "\"n\":%d}",
+                 i, i, i);
+            redeliveries++;
+        }
+        if (i % 15 == 1) { /* the same operation, a new message */
+            LINE(fp,
+                 "{\"idempotency_key\":\"w-%d\",\"message_id\":\"m-%d-b\","
+                 "\"n\":%d}",
+                 i, i, i);
+            resends++;
+        }
+        if (i % 40 == 3) { /* the service fails twice, then takes it */
+            char key[32];
+            snprintf(key, sizeof(key), "w-%d", i);
+            th_hook_script(srv, key, (th_hook_reply_t){503, 0, NULL, "busy"});
+            th_hook_script(srv, key, (th_hook_reply_t){429, 0, "1", NULL});
+            flaky++;
+        }
+    }
+    /* The service always fails this one: retried, then dead-lettered. */
+    LINE(fp, "{\"idempotency_key\":\"w-9999\",\"down\":true}");
+    LINE(fp, "not json at all");
+    LINE(fp, "{\"n\":1}"); /* no identity anywhere */
+    fclose(fp);
+    const char *args[] = {"--input", path, NULL};
+    cr_assert_eq(th_stack_produce(&stk, args), 0);
+    size_t total = good + redeliveries + resends + rejects + 3;
+
+    int port = th_free_port();
+    pid_t m = start_member(&stk, "w1", port, "16");
+    cr_assert_eq(wait_outcomes(port, (double)total, 60000), 0,
+                 "the member did not finish every record");
+    cr_assert_eq(wait_acked("w-", good, 10000), 0);
+    /* Exactly once here (no crash): one acknowledged request per key. */
+    size_t acks;
+    cr_assert_eq(th_hook_keys_acked(srv, "w-", &acks), good);
+    cr_assert_eq(acks, good);
+    cr_assert_eq(th_hook_count_key(srv, "w-3", 0), 3, "503, 429, 200");
+    cr_assert_eq(member_metric(port, "idemproc_records_total{outcome="
+                                     "\"processed\"}"),
+                 (double)good);
+    cr_assert_eq(member_metric(port, "idemproc_duplicates_total{kind="
+                                     "\"redelivery\"}"),
+                 (double)redeliveries);
+    cr_assert_eq(member_metric(port, "idemproc_duplicates_total{kind="
+                                     "\"resend\"}"),
+                 (double)resends);
+    cr_assert_eq(member_metric(port, "idemproc_webhook_requests_total{class="
+                                     "\"5xx\"}"),
+                 (double)flaky + 5); /* w-9999: retry.max.attempts */
+    cr_assert_geq(member_metric(port, "idemproc_retries_total"),
+                  (double)(2 * flaky));
+    cr_assert_eq(member_metric(port, "idemproc_webhook_latency_seconds_count"),
+                 (double)th_hook_count(srv));
+    cr_assert_eq(dlq_count(&stk, "handler-rejected", "HTTP 422: nope"),
+                 rejects);
+    char *why = NULL;
+    cr_assert_eq(dlq_scan(&stk, "max-retries", NULL, &why), 1);
+    cr_assert(why && strstr(why, "HTTP 500: down"), "dlq.error: %s",
+              why ? why : "(none)");
+    free(why);
+    cr_assert_eq(th_hook_count_key(srv, "w-9999", 0), 5);
+    cr_assert_eq(dlq_count(&stk, "not-json", NULL), 1);
+    cr_assert_eq(dlq_count(&stk, "no-identity", NULL), 1);
+    /* What the service received: the value, the key, the token. */
+    size_t n;
+    th_hook_req_t *q = th_hook_requests(srv, &n);
+    for (size_t i = 0; i < n; i++) {
+        int k;
+        cr_assert_eq(sscanf(q[i].key, "w-%d", &k), 1, "%s", q[i].key);
+        cr_assert(strstr(q[i].body, "\"idempotency_key\""), "%s", q[i].body);
+        cr_assert_str_eq(q[i].auth, "Bearer it");
+        cr_assert_str_eq(q[i].content_type, "application/json");
+    }
+    th_hook_requests_free(q, n);
+    cr_assert_eq(th_stop(m, 15000), 0);
+    th_stack_stop(&stk);
+}
+
+Test(webhook_run, sigkill_mid_stream_then_restart_acknowledges_every_key)
+{
+    /* 20 ms a request, 8 at a time: about 400 records a second, so the
+     * kill lands mid-stream. The identity is a nested field. */
+    srv = th_hook_start((th_hook_reply_t){.status = 200, .delay_ms = 20}, 1);
+    cr_assert(srv);
+    const char *props[] = {"envelope.identity=value:/event/id", NULL};
+    cr_assert_eq(th_stack_start(&stk, 4, props), 0);
+    char path[600];
+    snprintf(path, sizeof(path), "%s/in.jsonl", stk.dir);
+    FILE *fp = fopen(path, "w");
+    cr_assert(fp);
+    const size_t keys = 2000;
+    size_t dups = 0;
+    for (size_t i = 0; i < keys; i++) {
+        LINE(fp, "{\"event\":{\"id\":\"k-%zu\"},\"n\":%zu}", i, i);
+        if (i % 7 == 0) {
+            LINE(fp, "{\"event\":{\"id\":\"k-%zu\"},\"n\":%zu}", i, i);
+            dups++;
+        }
+    }
+    fclose(fp);
+    const char *args[] = {"--input", path, NULL};
+    cr_assert_eq(th_stack_produce(&stk, args), 0);
+
+    int port = th_free_port();
+    pid_t m1 = start_member(&stk, "k1", port, "8");
+    int64_t end = idem_now_ms() + 60000;
+    while (th_hook_count(srv) < keys / 4 && idem_now_ms() < end)
+        usleep(20 * 1000);
+    cr_assert_geq(th_hook_count(srv), keys / 4, "the member sent too little");
+    kill(m1, SIGKILL);
+    th_wait(m1, 10000);
+    size_t before = th_hook_keys_acked(srv, "k-", NULL);
+    cr_assert_lt(before, keys, "the kill came after the end");
+
+    int port2 = th_free_port();
+    pid_t m2 = start_member(&stk, "k2", port2, "8");
+    cr_assert_eq(wait_acked("k-", keys, 120000), 0,
+                 "only %zu of %zu keys acknowledged",
+                 th_hook_keys_acked(srv, "k-", NULL), keys);
+    /* At least once: every key; repeats only for what was in flight or
+     * done but not yet committed when the member died. */
+    size_t acks;
+    cr_assert_eq(th_hook_keys_acked(srv, "k-", &acks), keys);
+    cr_assert_leq(acks - keys, 8 + 512, "%zu repeated requests after one kill",
+                  acks - keys);
+    cr_assert_eq(dlq_count(&stk, "max-retries", NULL), 0);
+    cr_assert_eq(dlq_count(&stk, "handler-rejected", NULL), 0);
+    /* No message id in these records: every duplicate is a resend, and
+     * the restarted member saw at least the ones after its start. */
+    cr_assert_gt(member_metric(port2, "idemproc_duplicates_total{kind="
+                                      "\"resend\"}"),
+                 0);
+    cr_assert_leq(member_metric(port2, "idemproc_duplicates_total{kind="
+                                       "\"resend\"}"),
+                  (double)(dups + keys));
+    cr_assert_eq(th_stop(m2, 15000), 0);
+    th_stack_stop(&stk);
+}
+
+Test(webhook_run, bytes_values_with_identity_from_the_key_or_a_header)
+{
+    srv = th_hook_start((th_hook_reply_t){.status = 200}, 1);
+    cr_assert(srv);
+    const char *props[] = {"envelope.format=bytes",
+                           "envelope.identity=header:event-id,key", NULL};
+    cr_assert_eq(th_stack_start(&stk, 1, props), 0);
+    /* kcat: "key<TAB>value" lines; values that are not JSON at all. */
+    char path[600];
+    snprintf(path, sizeof(path), "%s/in.txt", stk.dir);
+    cr_assert_eq(th_write_file(path, "b-1\tplain text, not json\n"
+                                     "b-2\t<xml>2</xml>\n"
+                                     "b-1\tplain text, not json\n"
+                                     "b-3\t{\"not\": \"parsed\"\n"),
+                 0);
+    char *pargv[] = {
+        "/usr/bin/env", "kcat",     "-P", "-b", stk.broker.bootstrap,
+        "-t",           "payments", "-K", "\t", "-l",
+        path,           NULL};
+    cr_assert_eq(th_run(pargv, NULL, NULL, 30000), 0);
+    /* A header wins over the key; a record with neither is poison. */
+    char *oargv[] = {"/usr/bin/env", "sh", "-c", NULL, NULL};
+    char cmd[1024];
+    snprintf(cmd, sizeof(cmd),
+             "printf 'from a header' | kcat -P -b %s -t payments -H "
+             "event-id=h-9 -k b-1 && printf 'no key' | kcat -P -b %s -t "
+             "payments",
+             stk.broker.bootstrap, stk.broker.bootstrap);
+    oargv[3] = cmd;
+    cr_assert_eq(th_run(oargv, NULL, NULL, 30000), 0);
+
+    int port = th_free_port();
+    pid_t m = start_member(&stk, "b1", port, "4");
+    cr_assert_eq(wait_outcomes(port, 6, 60000), 0);
+    cr_assert_eq(member_metric(port, "idemproc_records_total{outcome="
+                                     "\"processed\"}"),
+                 4);
+    cr_assert_eq(member_metric(port, "idemproc_duplicates_total{kind="
+                                     "\"resend\"}"),
+                 1);
+    cr_assert_eq(dlq_count(&stk, "no-identity", NULL), 1);
+    struct {
+        const char *key, *body;
+    } want[] = {{"b-1", "plain text, not json"},
+                {"b-2", "<xml>2</xml>"},
+                {"b-3", "{\"not\": \"parsed\""},
+                {"h-9", "from a header"}};
+    size_t n;
+    th_hook_req_t *q = th_hook_requests(srv, &n);
+    cr_assert_eq(n, 4);
+    for (size_t w = 0; w < 4; w++) {
+        size_t hits = 0;
+        for (size_t i = 0; i < n; i++)
+            if (!strcmp(q[i].key, want[w].key)) {
+                cr_assert_str_eq(q[i].body, want[w].body);
+                hits++;
+            }
+        cr_assert_eq(hits, 1, "%s sent %zu times", want[w].key, hits);
+    }
+    th_hook_requests_free(q, n);
+    cr_assert_eq(th_stop(m, 15000), 0);
+    th_stack_stop(&stk);
+}
