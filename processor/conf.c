@@ -386,15 +386,15 @@ static const prop_t props[] = {
     {"retry.topics",
      PROP_STR,
      F(retry_topics),
-     "",
+     NULL,
      0,
      0,
      {0},
      0,
      0,
      "non-blocking retries: comma list of ascending delays (200ms, 5s, 1m, "
-     "2h); a record failing retriably goes to <input>.retry.<delay>, tier "
-     "by tier, then to the DLQ as max-retries; empty: retry in place "
+     "2h); a record failing retriably goes to INPUT.retry.DELAY, tier by "
+     "tier, then to the DLQ as max-retries; unset: retry in place "
      "(blocking, retry.max.attempts)"},
     {"batch.max.messages",
      PROP_INT,

@@ -12,6 +12,10 @@
 #include <stdio.h>
 #include <string.h>
 
+/* The longest Retry-After honoured (the webhook's own cap): a plugin's
+ * far-off retry_after_ms must not park a record for days. */
+#define RETRY_AFTER_MAX_MS 300000
+
 static void part_pause(idem_pipeline_t *p, const idem_part_t *pt, int pause)
 {
     rd_kafka_topic_partition_list_t *l = rd_kafka_topic_partition_list_new(1);
@@ -52,10 +56,11 @@ void idem_loop_retry_arrived(idem_pipeline_t *p, rec_t *r, idem_part_t *pt)
     int64_t wait = due - wall;
     if (wait <= 0)
         return;
-    /* A due time further than the tier's delay (another member's clock
-     * ahead, a hand-written header) waits the delay, not longer. */
-    if (wait > delay && delay > 0)
-        wait = delay;
+    /* A due time further than the tier's delay and the longest
+     * Retry-After (another member's clock ahead, a hand-written header)
+     * waits that long, not longer. */
+    if (delay > 0 && wait > delay + RETRY_AFTER_MAX_MS)
+        wait = delay + RETRY_AFTER_MAX_MS;
     r->retry_at_ms = idem_now_ms() + wait;
     if (!pt->hold_until_ms && !p->paused)
         part_pause(p, pt, 1);
@@ -108,8 +113,10 @@ int idem_loop_retry_send(idem_pipeline_t *p, rec_t *r, ticket_t *t,
         origin.timestamp = r->view.timestamp;
     }
     int64_t delay = idem_retrytopics_delay(p->rt, r->to_tier);
-    if (r->retry_after_ms > delay)
-        delay = r->retry_after_ms;
+    int64_t after = r->retry_after_ms < RETRY_AFTER_MAX_MS ? r->retry_after_ms
+                                                           : RETRY_AFTER_MAX_MS;
+    if (after > delay)
+        delay = after;
     rd_kafka_headers_t *h = idem_retrytopic_headers_new(
         orig, &origin, r->prior_attempts + r->attempts, idem_wall_ms() + delay,
         r->error);
