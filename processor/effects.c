@@ -512,15 +512,22 @@ int idem_loop_dlq_collect(idem_pipeline_t *p, char *errstr, size_t errstr_size)
     return failed ? -1 : 0;
 }
 
-/* Earliest retry time of a waiting record, or 0 when none waits. */
+/* Earliest retry time of a waiting record, or 0 when none waits. A copy
+ * from a retry topic may wait minutes: for it this says "soon" at the
+ * latest, so the loop (paused with full hands) keeps working on the rest
+ * of its hands meanwhile. */
 int64_t idem_loop_batch_next_retry(idem_pipeline_t *p)
 {
     int64_t t = 0;
+    int64_t soon = p->rt ? idem_now_ms() + RETRY_COPY_RECHECK_MS : 0;
     rec_t *r;
     for (size_t i = 0; (r = idem_records_next(&p->recs, &i));) {
-        if (r->state != REC_DONE && r->retry_at_ms &&
-            (t == 0 || r->retry_at_ms < t))
-            t = r->retry_at_ms;
+        if (r->state == REC_DONE || !r->retry_at_ms)
+            continue;
+        int64_t at =
+            r->tier > 0 && r->retry_at_ms > soon ? soon : r->retry_at_ms;
+        if (t == 0 || at < t)
+            t = at;
     }
     return t;
 }

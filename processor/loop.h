@@ -33,6 +33,10 @@
  * else is to be done (short: the consumer is not polled meanwhile). */
 #define EXTERNAL_WAIT_MS 5
 
+/* How often the loop looks at its hands at least while a copy from a
+ * retry topic waits there (retryloop.c). */
+#define RETRY_COPY_RECHECK_MS 100
+
 typedef enum { REC_PENDING = 0, REC_DONE } rec_state_t;
 
 /* The fate of one asynchronous DLQ write, owned by whoever is last: the

@@ -534,3 +534,50 @@ Test(retrytopic_run, sigkill_while_records_wait_in_a_retry_topic)
     cr_assert_eq(th_stop(m2, 15000), 0);
     th_stack_stop(&stk);
 }
+
+/* A copy waiting long in a retry topic must not stall the rest of the
+ * member: here the handler is slow (one request at a time), so the hands
+ * fill up and input pauses for a while; the records in hand must still be
+ * worked on while the copy waits for its 8 s. */
+Test(retrytopic_run, full_hands_do_not_wait_for_a_retry_copy)
+{
+    srv = th_hook_start((th_hook_reply_t){.status = 200, .delay_ms = 20}, 1);
+    cr_assert(srv);
+    th_hook_script(srv, "h-0", (th_hook_reply_t){503, 0, NULL, "busy"});
+    const char *topics[] = {"payments.retry.8s:1", NULL};
+    const char *props[] = {"retry.topics=8s", "batch.max.messages=2",
+                           "webhook.max.inflight=1", NULL};
+    cr_assert_eq(th_stack_start_topics(&stk, 1, topics, props), 0);
+    char path[600];
+    snprintf(path, sizeof(path), "%s/in.jsonl", stk.dir);
+    FILE *fp = fopen(path, "w");
+    cr_assert(fp);
+    const int keys = 150;
+    for (int i = 0; i < keys; i++)
+        LINE(fp, "{\"idempotency_key\":\"h-%d\",\"order_id\":\"h-%d\"}", i, i);
+    fclose(fp);
+    const char *args[] = {"--input", path, "--key-field", "order_id", NULL};
+    cr_assert_eq(th_stack_produce(&stk, args), 0);
+    int port = th_free_port();
+    pid_t m = start_member("f1", port);
+    int64_t end = idem_now_ms() + 90000;
+    while (idem_now_ms() < end &&
+           th_hook_keys_acked(srv, "h-", NULL) < (size_t)keys)
+        usleep(100 * 1000);
+    cr_assert_eq(th_hook_keys_acked(srv, "h-", NULL), (size_t)keys);
+    size_t cnt;
+    th_hook_req_t *q = th_hook_requests(srv, &cnt);
+    long again = req_index(q, cnt, "h-0", 1);
+    cr_assert_gt(again, 0);
+    for (int i = 1; i < keys; i++) {
+        char key[16];
+        snprintf(key, sizeof(key), "h-%d", i);
+        long first = req_index(q, cnt, key, 0);
+        cr_expect(first >= 0 && first < again,
+                  "%s (request %ld) waited for h-0's retry (%ld)", key, first,
+                  again);
+    }
+    th_hook_requests_free(q, cnt);
+    cr_assert_eq(th_stop(m, 15000), 0);
+    th_stack_stop(&stk);
+}
