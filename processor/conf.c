@@ -5,6 +5,7 @@
 #include "handler.h"
 #include "kafka.h"
 #include "redisconn.h"
+#include "retrytopic.h"
 #include "util.h"
 
 #include <ctype.h>
@@ -382,6 +383,19 @@ static const prop_t props[] = {
      0,
      0,
      "largest retry and reconnect delay"},
+    {"retry.topics",
+     PROP_STR,
+     F(retry_topics),
+     NULL,
+     0,
+     0,
+     {0},
+     0,
+     0,
+     "non-blocking retries: comma list of ascending delays (200ms, 5s, 1m, "
+     "2h); a record failing retriably goes to INPUT.retry.DELAY, tier by "
+     "tier, then to the DLQ as max-retries; unset: retry in place "
+     "(blocking, retry.max.attempts)"},
     {"batch.max.messages",
      PROP_INT,
      F(batch_max_messages),
@@ -1282,6 +1296,71 @@ int idem_conf_finalize_scope(idem_conf_t *conf, idem_conf_scope_t scope,
     return idem_conf_finalize(conf, errstr, errstr_size);
 }
 
+/* Whether `name` is one of the comma-listed topics of `list`. */
+static int topic_listed(const char *list, const char *name)
+{
+    size_t nl = strlen(name);
+    for (const char *t = list; *t;) {
+        while (*t == ' ' || *t == ',')
+            t++;
+        const char *e = t;
+        while (*e && *e != ',')
+            e++;
+        const char *te = e;
+        while (te > t && te[-1] == ' ')
+            te--;
+        if ((size_t)(te - t) == nl && !memcmp(t, name, nl))
+            return 1;
+        t = e;
+    }
+    return 0;
+}
+
+/* retry.topics: the delays, and topic names that cannot clash with the
+ * input, DLQ or output topics (a record would be consumed twice, or a
+ * dead letter retried). */
+static int finalize_retry_topics(idem_conf_t *conf,
+                                 const idem_handler_ops_t *handler,
+                                 char *errstr, size_t errstr_size)
+{
+    if (idem_retrytopic_parse(conf->retry_topics, conf->retry_delays_ms,
+                              &conf->retry_tiers, errstr, errstr_size))
+        return -1;
+    if (!conf->retry_tiers)
+        return 0;
+    if (strchr(conf->input_topics, '^')) {
+        err_set(errstr, errstr_size,
+                "retry.topics: not possible with a regex in input.topics "
+                "(\"%s\"): retry topics are named after each input topic",
+                conf->input_topics);
+        return -1;
+    }
+    const char *out =
+        handler == &idem_handler_forward ? conf->output_topic : NULL;
+    idem_retrytopics_t *rt = idem_retrytopics_new(
+        conf->input_topics, conf->retry_delays_ms, conf->retry_tiers);
+    int r = 0;
+    for (size_t i = 0; !r && i < idem_retrytopics_count(rt); i++) {
+        const char *name = idem_retrytopics_at(rt, i);
+        const char *clash = NULL;
+        if (strlen(name) > 249)
+            clash = "longer than the 249 characters Kafka allows:";
+        else if (!strcmp(name, conf->dlq_topic))
+            clash = "the dlq.topic";
+        else if (out && !strcmp(name, out))
+            clash = "the output.topic";
+        else if (topic_listed(conf->input_topics, name))
+            clash = "also in input.topics";
+        if (clash) {
+            err_set(errstr, errstr_size,
+                    "retry.topics: the retry topic \"%s\" is %s", name, clash);
+            r = -1;
+        }
+    }
+    idem_retrytopics_destroy(rt);
+    return r;
+}
+
 int idem_conf_finalize(idem_conf_t *conf, char *errstr, size_t errstr_size)
 {
     for (size_t i = 0; i < PROP_CNT; i++) {
@@ -1393,8 +1472,8 @@ int idem_conf_finalize(idem_conf_t *conf, char *errstr, size_t errstr_size)
         }
     }
     free(topics);
-    if (r)
-        return r;
+    if (r || finalize_retry_topics(conf, handler, errstr, errstr_size))
+        return -1;
     if (!conf->member_id || !*conf->member_id) {
         char host[128] = "idemproc";
         gethostname(host, sizeof(host) - 1);

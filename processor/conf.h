@@ -9,6 +9,8 @@
 
 #include <librdkafka/rdkafka.h>
 
+#include "retrytopic.h"
+
 /* The type of a configuration key declared outside the table (a handler's
  * keys, handler.h). */
 typedef enum {
@@ -92,6 +94,9 @@ typedef struct idem_conf_s {
     int64_t retry_max_attempts;
     int64_t retry_backoff_initial_ms;
     int64_t retry_backoff_max_ms;
+    char *retry_topics; /* retry.topics as given ("" = blocking retries) */
+    int64_t retry_delays_ms[IDEM_RETRY_TIERS_MAX]; /* parsed by finalize */
+    size_t retry_tiers; /* 0: blocking retries (the default) */
     int64_t batch_max_messages;
     int64_t batch_max_wait_ms;
     int64_t commit_interval_ms;

@@ -170,6 +170,7 @@ rd_kafka_headers_t *idem_dlq_headers_new(const rd_kafka_headers_t *orig,
         h = rd_kafka_headers_copy(orig);
         for (int i = 0; own_headers[i]; i++)
             rd_kafka_header_remove(h, own_headers[i]);
+        idem_retrytopic_headers_strip(h);
     } else {
         h = rd_kafka_headers_new(12);
     }
@@ -198,9 +199,9 @@ rd_kafka_headers_t *idem_dlq_headers_new(const rd_kafka_headers_t *orig,
 }
 
 int idem_dlq_send(idem_dlq_t *d, const rd_kafka_message_t *msg,
-                  idem_reason_t reason, const char *error, int attempts,
-                  int drop_value, void *opaque, char *errstr,
-                  size_t errstr_size)
+                  const idem_retry_info_t *from, idem_reason_t reason,
+                  const char *error, int attempts, int drop_value, void *opaque,
+                  char *errstr, size_t errstr_size)
 {
     rd_kafka_headers_t *orig = NULL;
     if (rd_kafka_message_headers(msg, &orig) != RD_KAFKA_RESP_ERR_NO_ERROR)
@@ -216,6 +217,14 @@ int idem_dlq_send(idem_dlq_t *d, const rd_kafka_message_t *msg,
         .format = d->conf->dlq_headers_format,
     };
     o.tstype = tstype;
+    if (from && from->topic[0]) {
+        o.topic = from->topic;
+        o.partition = from->partition;
+        o.offset = from->offset;
+        o.timestamp = from->timestamp;
+        o.tstype = from->timestamp >= 0 ? RD_KAFKA_TIMESTAMP_CREATE_TIME
+                                        : RD_KAFKA_TIMESTAMP_NOT_AVAILABLE;
+    }
     rd_kafka_headers_t *h =
         idem_dlq_headers_new(orig, &o, reason, error, attempts);
     char num[32];
@@ -244,6 +253,30 @@ int idem_dlq_send(idem_dlq_t *d, const rd_kafka_message_t *msg,
     if (err) {
         rd_kafka_headers_destroy(h); /* not taken over on failure */
         snprintf(errstr, errstr_size, "dlq: %s", rd_kafka_err2str(err));
+        return -1;
+    }
+    return 0;
+}
+
+int idem_dlq_send_to(idem_dlq_t *d, const char *topic,
+                     const rd_kafka_message_t *msg, rd_kafka_headers_t *h,
+                     void *opaque, char *errstr, size_t errstr_size)
+{
+    rd_kafka_resp_err_t err;
+    for (;;) {
+        err = rd_kafka_producev(d->rk, RD_KAFKA_V_TOPIC(topic),
+                                RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY),
+                                RD_KAFKA_V_KEY(msg->key, msg->key_len),
+                                RD_KAFKA_V_VALUE(msg->payload, msg->len),
+                                RD_KAFKA_V_HEADERS(h),
+                                RD_KAFKA_V_OPAQUE(opaque), RD_KAFKA_V_END);
+        if (err != RD_KAFKA_RESP_ERR__QUEUE_FULL)
+            break;
+        rd_kafka_poll(d->rk, 100);
+    }
+    if (err) {
+        rd_kafka_headers_destroy(h); /* not taken over on failure */
+        snprintf(errstr, errstr_size, "%s: %s", topic, rd_kafka_err2str(err));
         return -1;
     }
     return 0;

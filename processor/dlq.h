@@ -11,6 +11,7 @@
 
 #include "conf.h"
 #include "outcome.h"
+#include "retrytopic.h"
 
 typedef struct idem_dlq_s idem_dlq_t;
 
@@ -28,19 +29,30 @@ idem_dlq_t *idem_dlq_new(const idem_conf_t *conf, idem_dlq_report_cb *report,
 void idem_dlq_destroy(idem_dlq_t *d);
 
 /* Queues the dead-letter copy of `msg` (borrowed) with reason, error text
- * and attempts; `report` gets `opaque` back with the result. A value the
- * producer or the broker can never accept (too large) would block the
- * partition forever, so with drop_value (or when the producer refuses the
- * size at once) the copy carries no value and a header
- * dlq.value.dropped=<original length>; the original stays in its topic at
- * dlq.original.offset. dlq.headers.format chooses the dlq.* headers, the
- * Spring ones (idem_dlq_spring_headers) or both; dlq.value.dropped is
- * always written. Returns 0, or -1 when it could not even be queued
- * (errstr; no report follows). */
+ * and attempts; its dlq.original.* say where `from` (borrowed) says when
+ * not NULL (a record out of a retry topic: the first input record), else
+ * where msg came from. The retry.* headers (retrytopic.h) are not copied;
+ * `report` gets `opaque` back with the result. A value the producer or the
+ * broker can never accept (too large) would block the partition forever, so
+ * with drop_value (or when the producer refuses the size at once) the copy
+ * carries no value and a header dlq.value.dropped=<original length>; the
+ * original stays in its topic at dlq.original.offset. dlq.headers.format
+ * chooses the dlq.* headers, the Spring ones (idem_dlq_spring_headers) or both;
+ * dlq.value.dropped is always written. Returns 0, or -1 when it could not even
+ * be queued (errstr; no report follows). */
 int idem_dlq_send(idem_dlq_t *d, const rd_kafka_message_t *msg,
-                  idem_reason_t reason, const char *error, int attempts,
-                  int drop_value, void *opaque, char *errstr,
-                  size_t errstr_size);
+                  const idem_retry_info_t *from, idem_reason_t reason,
+                  const char *error, int attempts, int drop_value, void *opaque,
+                  char *errstr, size_t errstr_size);
+
+/* Queues a copy of `msg` (borrowed: its key and value) to `topic` with
+ * headers `h`, which it takes over (also on failure), through the same
+ * idempotent producer: a retry topic's copy (retrytopic.h). `report` gets
+ * `opaque` back with the result. Returns 0, or -1 when it could not be
+ * queued (errstr; no report follows). */
+int idem_dlq_send_to(idem_dlq_t *d, const char *topic,
+                     const rd_kafka_message_t *msg, rd_kafka_headers_t *h,
+                     void *opaque, char *errstr, size_t errstr_size);
 
 /* What kafka_dlt-exception-fqcn says: this prefix and the dlq.reason. */
 #define IDEM_DLQ_SPRING_FQCN_PREFIX "idemproc."

@@ -61,6 +61,24 @@ static void rec_retry(idem_pipeline_t *p, rec_t *r, const char *error,
                       int64_t after_ms)
 {
     r->attempts++;
+    if (p->rt) {
+        /* Retry topics: no waiting here; the next tier's copy is retried
+         * later (retryloop.c), after the last tier it is dead. */
+        if (!idem_retrytopics_next(p->rt, r->view.topic)) {
+            char e[IDEM_RESULT_DETAIL_MAX];
+            snprintf(e, sizeof(e),
+                     "gave up after %d attempts (last of retry.topics): "
+                     "%.540s",
+                     r->prior_attempts + r->attempts, error);
+            rec_poison(r, IDEM_REASON_MAX_RETRIES, e);
+            return;
+        }
+        idem_metrics_retry_add(p->m, 1);
+        r->to_tier = r->tier + 1;
+        r->retry_after_ms = after_ms;
+        snprintf(r->error, sizeof(r->error), "%s", error);
+        return;
+    }
     if (r->attempts >= p->conf->retry_max_attempts) {
         char e[IDEM_RESULT_DETAIL_MAX];
         snprintf(e, sizeof(e), "gave up after %d attempts: %.560s", r->attempts,
@@ -154,7 +172,7 @@ size_t idem_loop_due_records(idem_pipeline_t *p, int64_t now)
     }
     size_t n = 0;
     for (size_t i = 0; (r = idem_records_next(&p->recs, &i));) {
-        if (r->state == REC_DONE || r->poison || r->sent)
+        if (r->state == REC_DONE || r->poison || r->sent || r->to_tier)
             continue;
         idem_part_t *pt = idem_loop_rec_part(p, r);
         if (pt && pt->waiting)
@@ -402,18 +420,36 @@ void idem_loop_dlq_report(void *opaque, rd_kafka_resp_err_t err)
     t->state = err ? -1 : 1;
 }
 
-/* Queues every poison record that has no DLQ write yet. Returns 0, or -1
- * when the producer refused to queue (infrastructure). */
+/* Queues every poison record that has no DLQ write yet, and every record
+ * bound for a retry topic that has no write yet. A dead letter of a
+ * record out of a retry topic says where the first input record was and
+ * counts every attempt. Returns 0, or -1 when the producer refused to
+ * queue (infrastructure). */
 int idem_loop_dlq_queue(idem_pipeline_t *p, char *errstr, size_t errstr_size)
 {
     rec_t *r;
     for (size_t i = 0; (r = idem_records_next(&p->recs, &i));) {
-        if (r->state == REC_DONE || !r->poison || r->dlq)
+        if (r->state == REC_DONE || (!r->poison && !r->to_tier) || r->dlq)
             continue;
         ticket_t *t = idem_xcalloc(1, sizeof(*t));
-        if (idem_dlq_send(p->dlq, r->msg, r->reason, r->error,
-                          r->attempts ? r->attempts : 1, r->dlq_drop_value, t,
-                          errstr, errstr_size)) {
+        int rc;
+        if (r->poison) {
+            idem_retry_info_t from, *fromp = NULL;
+            if (r->tier > 0) {
+                rd_kafka_headers_t *h;
+                if (rd_kafka_message_headers(r->msg, &h))
+                    h = NULL;
+                if (idem_retrytopic_info_read(h, &from) == 0)
+                    fromp = &from;
+            }
+            rc = idem_dlq_send(p->dlq, r->msg, fromp, r->reason, r->error,
+                               r->prior_attempts +
+                                   (r->attempts ? r->attempts : 1),
+                               r->dlq_drop_value, t, errstr, errstr_size);
+        } else {
+            rc = idem_loop_retry_send(p, r, t, errstr, errstr_size);
+        }
+        if (rc) {
             free(t);
             return -1;
         }
@@ -435,7 +471,18 @@ int idem_loop_dlq_collect(idem_pipeline_t *p, char *errstr, size_t errstr_size)
             continue;
         ticket_t *t = r->dlq;
         r->dlq = NULL;
-        if (t->state == 1) {
+        if (t->state == 1 && r->to_tier && !r->poison) {
+            idem_loop_retry_sent(p, r);
+        } else if (r->to_tier && !r->poison &&
+                   (t->err == RD_KAFKA_RESP_ERR_MSG_SIZE_TOO_LARGE ||
+                    t->err == RD_KAFKA_RESP_ERR_RECORD_LIST_TOO_LARGE)) {
+            /* The retry topic will never take it: dead instead. */
+            char e[IDEM_RESULT_DETAIL_MAX];
+            snprintf(e, sizeof(e),
+                     "retry topic refused the record (%s): %.500s",
+                     rd_kafka_err2str(t->err), r->error);
+            rec_poison(r, IDEM_REASON_MAX_RETRIES, e);
+        } else if (t->state == 1) {
             idem_metrics_dlq_add(p->m, r->reason, 1);
             rec_finish(p, r, IDEM_OUTCOME_DLQ);
             if (idem_log_enabled(IDEM_LOG_INFO)) {
@@ -454,23 +501,33 @@ int idem_loop_dlq_collect(idem_pipeline_t *p, char *errstr, size_t errstr_size)
             r->dlq_drop_value = 1;
         } else if (!failed) {
             failed = 1;
-            snprintf(errstr, errstr_size, "dlq: write to %s failed: %s",
-                     p->conf->dlq_topic, rd_kafka_err2str(t->err));
+            snprintf(errstr, errstr_size, "%s: write to %s failed: %s",
+                     r->poison ? "dlq" : "retry",
+                     r->poison ? p->conf->dlq_topic
+                               : idem_retrytopics_next(p->rt, r->view.topic),
+                     rd_kafka_err2str(t->err));
         }
         free(t);
     }
     return failed ? -1 : 0;
 }
 
-/* Earliest retry time of a waiting record, or 0 when none waits. */
+/* Earliest retry time of a waiting record, or 0 when none waits. A copy
+ * from a retry topic may wait minutes: for it this says "soon" at the
+ * latest, so the loop (paused with full hands) keeps working on the rest
+ * of its hands meanwhile. */
 int64_t idem_loop_batch_next_retry(idem_pipeline_t *p)
 {
     int64_t t = 0;
+    int64_t soon = p->rt ? idem_now_ms() + RETRY_COPY_RECHECK_MS : 0;
     rec_t *r;
     for (size_t i = 0; (r = idem_records_next(&p->recs, &i));) {
-        if (r->state != REC_DONE && r->retry_at_ms &&
-            (t == 0 || r->retry_at_ms < t))
-            t = r->retry_at_ms;
+        if (r->state == REC_DONE || !r->retry_at_ms)
+            continue;
+        int64_t at =
+            r->tier > 0 && r->retry_at_ms > soon ? soon : r->retry_at_ms;
+        if (t == 0 || at < t)
+            t = at;
     }
     return t;
 }

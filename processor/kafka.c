@@ -170,6 +170,13 @@ int idem_kafka_check(const idem_conf_t *conf, int timeout_ms, FILE *out,
     }
     free(topics);
     check_topic(md, "dlq", conf->dlq_topic, out);
+    if (conf->retry_tiers) {
+        idem_retrytopics_t *rt = idem_retrytopics_new(
+            conf->input_topics, conf->retry_delays_ms, conf->retry_tiers);
+        for (size_t i = 0; i < idem_retrytopics_count(rt); i++)
+            check_topic(md, "retry", idem_retrytopics_at(rt, i), out);
+        idem_retrytopics_destroy(rt);
+    }
     if (!strcmp(conf->handler, "forward"))
         check_topic(md, "output", conf->output_topic, out);
     rd_kafka_metadata_destroy(md);

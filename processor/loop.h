@@ -1,6 +1,7 @@
 /* loop: what the files of the processing loop share (pipeline.c: the
  * loop itself, commits, rebalances; effects.c: records to the handler and
- * back, dead letters; positions.c: positions in Redis). Internal: only
+ * back, dead letters; positions.c: positions in Redis; retryloop.c: retry
+ * topics). Internal: only
  * these files include it. */
 #ifndef IDEM_LOOP_H
 #define IDEM_LOOP_H
@@ -12,6 +13,7 @@
 #include "offsets.h"
 #include "pipeline.h"
 #include "records.h"
+#include "retrytopic.h"
 #include "store.h"
 
 #include <stddef.h>
@@ -30,6 +32,10 @@
 /* How long collect may wait for an external effect's results when nothing
  * else is to be done (short: the consumer is not polled meanwhile). */
 #define EXTERNAL_WAIT_MS 5
+
+/* How often the loop looks at its hands at least while a copy from a
+ * retry topic waits there (retryloop.c). */
+#define RETRY_COPY_RECHECK_MS 100
 
 typedef enum { REC_PENDING = 0, REC_DONE } rec_state_t;
 
@@ -61,8 +67,13 @@ typedef struct {
                             failed: its done mark with its own message id
                             then means processed, not a duplicate */
     int64_t retry_at_ms; /* not before this (busy lease, backoff) */
-    ticket_t *dlq;       /* DLQ write in flight or just reported */
-    int dlq_drop_value;  /* the DLQ refused the value: send it without */
+    ticket_t *dlq;       /* DLQ (or retry topic) write in flight or just
+                            reported */
+    int tier;            /* 0: from an input topic; k: from retry tier k */
+    int prior_attempts;  /* failed attempts before this copy (retry.attempt) */
+    int to_tier;         /* > 0: goes to that retry tier (retry.topics) */
+    int64_t retry_after_ms; /* the handler's least delay for that copy */
+    int dlq_drop_value;     /* the DLQ refused the value: send it without */
 } rec_t;
 
 struct idem_pipeline_s {
@@ -75,6 +86,7 @@ struct idem_pipeline_s {
     void *h;                        /* its state */
     int in_redis;                   /* hops->effect == IDEM_EFFECT_IN_REDIS */
     idem_envelope_rules_t *rules;   /* how records are read */
+    idem_retrytopics_t *rt;         /* retry.topics; NULL: blocking retries */
 
     idem_records_t recs;          /* rec_t *, in poll order */
     size_t cnt;                   /* records in hand (recs.live) */
@@ -135,6 +147,13 @@ void idem_loop_dlq_report(void *opaque, rd_kafka_resp_err_t err);
 int idem_loop_dlq_queue(idem_pipeline_t *p, char *errstr, size_t errstr_size);
 int idem_loop_dlq_collect(idem_pipeline_t *p, char *errstr, size_t errstr_size);
 int64_t idem_loop_batch_next_retry(idem_pipeline_t *p);
+
+/* retryloop.c */
+void idem_loop_retry_arrived(idem_pipeline_t *p, rec_t *r, idem_part_t *pt);
+void idem_loop_retry_release(idem_pipeline_t *p, int64_t now);
+int idem_loop_retry_send(idem_pipeline_t *p, rec_t *r, ticket_t *t,
+                         char *errstr, size_t errstr_size);
+void idem_loop_retry_sent(idem_pipeline_t *p, rec_t *r);
 
 /* positions.c */
 size_t idem_loop_positions_due(idem_pipeline_t *p,

@@ -4,6 +4,7 @@
 #include "conf.h"
 #include "kafka.h"
 #include "redisconn.h"
+#include "retrytopic.h"
 #include "store.h"
 #include "util.h"
 
@@ -95,6 +96,21 @@ static int cmd_check_config(int argc, char **argv, char **envp)
     if (rc >= 0)
         return rc;
     idem_conf_dump(conf, stdout);
+    if (conf->retry_tiers) {
+        /* The topics retry.topics needs: the user creates them. */
+        idem_retrytopics_t *rt = idem_retrytopics_new(
+            conf->input_topics, conf->retry_delays_ms, conf->retry_tiers);
+        for (size_t i = 0; i < idem_retrytopics_count(rt); i++) {
+            const char *name = idem_retrytopics_at(rt, i);
+            int tier = idem_retrytopics_tier(rt, name);
+            char label[32];
+            printf("check-config: retry topic %s (tier %d of %zu: %s)\n", name,
+                   tier, conf->retry_tiers,
+                   idem_retrytopic_label(idem_retrytopics_delay(rt, tier),
+                                         label, sizeof(label)));
+        }
+        idem_retrytopics_destroy(rt);
+    }
     rc = IDEM_EXIT_OK;
     char errstr[512];
     if (o.connect) {

@@ -74,6 +74,8 @@ const char *const idem_metrics_webhook_classes[] = {
     "connect", "timeout", "tls", "error", NULL};
 #define WEBHOOK_CLASS_CNT 9
 
+#define RETRY_TIERS_MAX 8
+
 struct idem_metrics_s {
     _Atomic uint64_t outcomes[IDEM_OUTCOME_CNT];
     _Atomic uint64_t duplicates[IDEM_DUP_CNT];
@@ -100,6 +102,13 @@ struct idem_metrics_s {
     _Atomic int webhook_on; /* 1 once the webhook handler started */
     _Atomic uint64_t webhook_requests[WEBHOOK_CLASS_CNT];
     histogram_t webhook_latency;
+
+    /* retry.topics: labels written once before the HTTP thread reads
+     * them (retry_tiers is the release flag). */
+    char retry_labels[RETRY_TIERS_MAX][16];
+    _Atomic int retry_tiers; /* 0: retry topics off, nothing rendered */
+    _Atomic uint64_t retry_topic[RETRY_TIERS_MAX];
+    _Atomic int64_t retry_waiting;
 
     pthread_mutex_t lag_lock; /* guards lags, lag_cnt, lag_seen */
     lag_entry_t *lags;
@@ -189,6 +198,10 @@ idem_metrics_t *idem_metrics_new(void)
                    "Duration of one webhook request, connect included.",
                    latency_bounds, NBOUNDS(latency_bounds));
     atomic_init(&m->webhook_on, 0);
+    atomic_init(&m->retry_tiers, 0);
+    atomic_init(&m->retry_waiting, 0);
+    for (int i = 0; i < RETRY_TIERS_MAX; i++)
+        atomic_init(&m->retry_topic[i], 0);
     for (int i = 0; i < WEBHOOK_CLASS_CNT; i++)
         atomic_init(&m->webhook_requests[i], 0);
 
@@ -335,6 +348,35 @@ uint64_t idem_metrics_webhook_request_get(idem_metrics_t *m, const char *cls)
 void idem_metrics_assigned_set(idem_metrics_t *m, int64_t partitions)
 {
     atomic_store_explicit(&m->assigned, partitions, memory_order_relaxed);
+}
+
+void idem_metrics_retry_tiers_enable(idem_metrics_t *m,
+                                     const char *const labels[], size_t n)
+{
+    if (n > RETRY_TIERS_MAX)
+        n = RETRY_TIERS_MAX;
+    for (size_t i = 0; i < n; i++)
+        snprintf(m->retry_labels[i], sizeof(m->retry_labels[i]), "%s",
+                 labels[i]);
+    atomic_store(&m->retry_tiers, (int)n);
+}
+
+void idem_metrics_retry_topic_add(idem_metrics_t *m, int tier, uint64_t n)
+{
+    if (tier >= 1 && tier <= RETRY_TIERS_MAX)
+        counter_add(&m->retry_topic[tier - 1], n);
+}
+
+uint64_t idem_metrics_retry_topic_get(idem_metrics_t *m, int tier)
+{
+    if (tier < 1 || tier > RETRY_TIERS_MAX)
+        return 0;
+    return counter_get(&m->retry_topic[tier - 1]);
+}
+
+void idem_metrics_retry_waiting_set(idem_metrics_t *m, int64_t partitions)
+{
+    atomic_store_explicit(&m->retry_waiting, partitions, memory_order_relaxed);
 }
 
 void idem_metrics_paused_set(idem_metrics_t *m, int64_t partitions)
@@ -631,6 +673,21 @@ void idem_metrics_render(idem_metrics_t *m, FILE *out)
                "Retries of retryable handler errors.");
     put_u64(out, "idemproc_retries_total", NULL, NULL,
             counter_get(&m->retries));
+
+    int tiers = atomic_load(&m->retry_tiers);
+    if (tiers) {
+        put_header(out, "idemproc_retry_topic_records_total", "counter",
+                   "Records written to a retry topic (retry.topics), by "
+                   "tier (its delay).");
+        for (int i = 0; i < tiers; i++)
+            put_u64(out, "idemproc_retry_topic_records_total", "tier",
+                    m->retry_labels[i], counter_get(&m->retry_topic[i]));
+        put_header(out, "idemproc_retry_partitions_waiting", "gauge",
+                   "Retry topic partitions paused until their head record "
+                   "is due.");
+        put_i64(out, "idemproc_retry_partitions_waiting",
+                atomic_load_explicit(&m->retry_waiting, memory_order_relaxed));
+    }
 
     render_histogram(out, &m->latency);
     render_histogram(out, &m->batch);

@@ -64,6 +64,18 @@ void idem_metrics_webhook_request_add(idem_metrics_t *m, const char *cls);
 void idem_metrics_webhook_latency_observe(idem_metrics_t *m, double seconds);
 uint64_t idem_metrics_webhook_request_get(idem_metrics_t *m, const char *cls);
 
+/* Retry topics (retry.topics): rendered once _retry_tiers_enable was
+ * called with the tiers' labels (borrowed, copied; at most 8, each up to
+ * 15 characters, e.g. "5s"): records written to each tier
+ * (idemproc_retry_topic_records_total{tier}) and retry partitions paused
+ * until their head record is due (idemproc_retry_partitions_waiting). */
+void idem_metrics_retry_tiers_enable(idem_metrics_t *m,
+                                     const char *const labels[], size_t n);
+/* tier: 1..n as enabled; others are ignored. */
+void idem_metrics_retry_topic_add(idem_metrics_t *m, int tier, uint64_t n);
+uint64_t idem_metrics_retry_topic_get(idem_metrics_t *m, int tier);
+void idem_metrics_retry_waiting_set(idem_metrics_t *m, int64_t partitions);
+
 /* Readiness (idemproc_ready and /readyz). reason is borrowed and copied;
  * NULL or "" when ready. */
 void idem_metrics_ready_set(idem_metrics_t *m, int ready, const char *reason);

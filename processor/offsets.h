@@ -16,15 +16,18 @@
 typedef struct {
     char *topic; /* owned */
     int32_t partition;
-    int64_t next_offset; /* everything below is finished */
-    int64_t committed;   /* last offset we asked Kafka to commit */
-    int64_t high_seen;   /* highest offset taken in hand */
-    int64_t saved;       /* position Redis acknowledged */
-    int64_t saving;      /* position in the Redis request in flight */
-    int checked;         /* Redis's position was read since assignment */
-    int behind_logged;   /* "redis behind kafka" said for this assignment */
-    int blocked;         /* scratch of idem_offsets_advance */
-    int waiting;         /* scratch of the loop: an earlier record waits */
+    int64_t next_offset;   /* everything below is finished */
+    int64_t committed;     /* last offset we asked Kafka to commit */
+    int64_t high_seen;     /* highest offset taken in hand */
+    int64_t saved;         /* position Redis acknowledged */
+    int64_t saving;        /* position in the Redis request in flight */
+    int checked;           /* Redis's position was read since assignment */
+    int behind_logged;     /* "redis behind kafka" said for this assignment */
+    int blocked;           /* scratch of idem_offsets_advance */
+    int waiting;           /* scratch of the loop: an earlier record waits */
+    int retry_tier;        /* 0: an input topic; k: the k-th retry topic */
+    int64_t hold_until_ms; /* a retry partition paused until its records
+                              in hand are due (idem_now_ms); 0: not held */
 } idem_part_t;
 
 /* The partitions held (embedded in the loop: _init/_term). */

@@ -206,9 +206,11 @@ static void pause_all(idem_pipeline_t *p, int pause)
     }
     rd_kafka_topic_partition_list_t *l =
         rd_kafka_topic_partition_list_new((int)p->offs.cnt);
+    /* A retry partition waiting for its head record stays paused. */
     for (size_t i = 0; i < p->offs.cnt; i++)
-        rd_kafka_topic_partition_list_add(l, p->offs.v[i].topic,
-                                          p->offs.v[i].partition);
+        if (pause || !p->offs.v[i].hold_until_ms)
+            rd_kafka_topic_partition_list_add(l, p->offs.v[i].topic,
+                                              p->offs.v[i].partition);
     idem_rebalance_pause(p->rk, l, pause);
     rd_kafka_topic_partition_list_destroy(l);
     char held[24];
@@ -369,7 +371,9 @@ static void rebalance_cb(rd_kafka_t *rk, rd_kafka_resp_err_t err,
         set_ready(p);
         for (int i = 0; i < parts->cnt; i++)
             idem_offsets_add(&p->offs, parts->elems[i].topic,
-                             parts->elems[i].partition);
+                             parts->elems[i].partition)
+                ->retry_tier =
+                idem_retrytopics_tier(p->rt, parts->elems[i].topic);
         idem_loop_assign_positions(p, parts);
         /* (A failed assign is logged; librdkafka then serves the
          * partitions to no one, and the coordinator reassigns them.) */
@@ -503,6 +507,9 @@ static int subscribe(idem_pipeline_t *p, char *errstr, size_t errstr_size)
         rd_kafka_topic_partition_list_add(l, t, RD_KAFKA_PARTITION_UA);
     }
     free(topics);
+    for (size_t i = 0; i < idem_retrytopics_count(p->rt); i++)
+        rd_kafka_topic_partition_list_add(l, idem_retrytopics_at(p->rt, i),
+                                          RD_KAFKA_PARTITION_UA);
     rd_kafka_resp_err_t err = rd_kafka_subscribe(p->rk, l);
     rd_kafka_topic_partition_list_destroy(l);
     if (err) {
@@ -534,6 +541,17 @@ idem_pipeline_t *idem_pipeline_new(const idem_conf_t *conf, idem_metrics_t *m,
               idem_handler_find(conf->handler, &arg, errstr, errstr_size)))
         goto fail;
     p->in_redis = p->hops->effect == IDEM_EFFECT_IN_REDIS;
+    if (conf->retry_tiers) {
+        p->rt = idem_retrytopics_new(conf->input_topics, conf->retry_delays_ms,
+                                     conf->retry_tiers);
+        char labels[IDEM_RETRY_TIERS_MAX][32];
+        const char *lp[IDEM_RETRY_TIERS_MAX];
+        for (size_t i = 0; i < conf->retry_tiers; i++)
+            lp[i] = idem_retrytopic_label(conf->retry_delays_ms[i], labels[i],
+                                          sizeof(labels[i]));
+        if (m)
+            idem_metrics_retry_tiers_enable(m, lp, conf->retry_tiers);
+    }
     if (!(p->rules = idem_envelope_rules_new(
               conf->envelope_format, conf->envelope_identity,
               conf->envelope_message_id, p->hops->needs_payment,
@@ -581,6 +599,7 @@ void idem_pipeline_destroy(idem_pipeline_t *p)
     if (p->rk)
         rd_kafka_destroy(p->rk);
     idem_envelope_rules_destroy(p->rules);
+    idem_retrytopics_destroy(p->rt);
     idem_dlq_destroy(p->dlq); /* reports of orphaned tickets free them */
     idem_store_destroy(p->store);
     idem_offsets_term(&p->offs);
@@ -636,6 +655,8 @@ static void batch_add(idem_pipeline_t *p, rd_kafka_message_t *msg)
     v->value_len = msg->payload ? msg->len : 0;
     v->msg = msg;
     v->loop = r;
+    if (pt->retry_tier)
+        idem_loop_retry_arrived(p, r, pt);
 }
 
 /* Polls up to batch.max.messages new records, waiting at most
@@ -778,6 +799,7 @@ int idem_pipeline_run(idem_pipeline_t *p, volatile int *stop, char *errstr,
             if (p->cnt || p->inflight)
                 attempt(p);
         }
+        idem_loop_retry_release(p, idem_now_ms());
         if (now - p->last_commit_ms >= p->conf->commit_interval_ms)
             commit_offsets(p, NULL, 0);
         /* While idle, the server (and its memory policy) every second:

@@ -427,6 +427,13 @@ void th_stack_cleanup(void)
 int th_stack_start(th_stack_t *s, int partitions,
                    const char *const extra_props[])
 {
+    return th_stack_start_topics(s, partitions, NULL, extra_props);
+}
+
+int th_stack_start_topics(th_stack_t *s, int partitions,
+                          const char *const topics[],
+                          const char *const extra_props[])
+{
     memset(s, 0, sizeof(*s));
     stack_current = s;
     s->dir = th_tmpdir();
@@ -435,8 +442,14 @@ int th_stack_start(th_stack_t *s, int partitions,
     char t1[64], t2[64];
     snprintf(t1, sizeof(t1), "payments:%d", partitions);
     snprintf(t2, sizeof(t2), "payments.out:%d", partitions);
-    const char *args[] = {"--topic", t1, "--topic", "payments.dlq:2",
-                          "--topic", t2, NULL};
+    const char *args[32] = {"--topic",        t1,        "--topic",
+                            "payments.dlq:2", "--topic", t2};
+    size_t n = 6;
+    for (size_t i = 0; topics && topics[i] && n + 3 < 32; i++) {
+        args[n++] = "--topic";
+        args[n++] = topics[i];
+    }
+    args[n] = NULL;
     if (th_broker_start(&s->broker, args))
         return -1;
     snprintf(s->conf, sizeof(s->conf), "%s/idemproc.properties", s->dir);

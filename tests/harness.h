@@ -123,6 +123,12 @@ int th_stack_start(th_stack_t *s, int partitions,
                    const char *const extra_props[]);
 void th_stack_stop(th_stack_t *s);
 
+/* th_stack_start with more topics ("NAME:PARTITIONS", NULL-terminated, at
+ * most 12; may be NULL) in the broker. */
+int th_stack_start_topics(th_stack_t *s, int partitions,
+                          const char *const topics[],
+                          const char *const extra_props[]);
+
 /* A suite's .fini: stops the stack a failed test left running (its
  * processes die with the test anyway; this removes its temp dirs). */
 void th_stack_cleanup(void);
