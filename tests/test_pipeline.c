@@ -759,23 +759,23 @@ Test(forward, bytes_with_identity_from_a_header_or_the_key, .timeout = 120)
     pid_t m = th_stack_member(&stk, "m1", NULL);
     long out = 0, dlq = 0;
     for (int t = 0; t < 600 && (out < 3 || dlq < 1); t++) {
-        out = topic_size(stk.broker.bootstrap, "payments.out");
-        dlq = topic_size(stk.broker.bootstrap, "payments.dlq");
+        out = th_topic_size(stk.broker.bootstrap, "payments.out");
+        dlq = th_topic_size(stk.broker.bootstrap, "payments.dlq");
         usleep(100000);
     }
     usleep(500000); /* nothing more may come */
-    recs_t o = read_topic(stk.broker.bootstrap, "payments.out");
+    th_recs_t o = th_topic_read(stk.broker.bootstrap, "payments.out");
     cr_assert_eq(o.n, 3, "forwarded %zu records", o.n);
     cr_expect_str_eq(o.v[0].value, "\x01raw bytes one");
     cr_expect_str_eq(o.v[0].key, "hk");
     cr_expect_str_eq(hdr(&o.v[0], "event-id"), "ev-1");
     cr_expect_str_eq(o.v[1].value, "plain text");
     cr_expect_str_eq(o.v[2].value, "{not json");
-    recs_t d = read_topic(stk.broker.bootstrap, "payments.dlq");
+    th_recs_t d = th_topic_read(stk.broker.bootstrap, "payments.dlq");
     cr_assert_eq(d.n, 1);
     cr_expect_str_eq(hdr(&d.v[0], "dlq.reason"), "no-identity");
-    recs_free(&o);
-    recs_free(&d);
+    th_recs_free(&o);
+    th_recs_free(&d);
     cr_expect_eq(th_stop(m, 15000), 0);
     th_stack_stop(&stk);
 }
@@ -802,19 +802,19 @@ Test(forward, identity_from_a_nested_pointer, .timeout = 120)
     pid_t m = th_stack_member(&stk, "m1", NULL);
     long out = 0, dlq = 0;
     for (int t = 0; t < 600 && (out < 2 || dlq < 1); t++) {
-        out = topic_size(stk.broker.bootstrap, "payments.out");
-        dlq = topic_size(stk.broker.bootstrap, "payments.dlq");
+        out = th_topic_size(stk.broker.bootstrap, "payments.out");
+        dlq = th_topic_size(stk.broker.bootstrap, "payments.dlq");
         usleep(100000);
     }
     usleep(500000);
-    recs_t o = read_topic(stk.broker.bootstrap, "payments.out");
+    th_recs_t o = th_topic_read(stk.broker.bootstrap, "payments.out");
     cr_assert_eq(o.n, 2, "forwarded %zu records", o.n);
     cr_expect(strstr(o.v[0].value, "\"id\":\"e1\"") &&
                   !strstr(o.v[0].value, "processed_at"),
               "%s", o.v[0].value);
     cr_expect(strstr(o.v[1].value, "\"id\":\"e2\""), "%s", o.v[1].value);
-    recs_free(&o);
-    cr_expect_eq(topic_size(stk.broker.bootstrap, "payments.dlq"), 1);
+    th_recs_free(&o);
+    cr_expect_eq(th_topic_size(stk.broker.bootstrap, "payments.dlq"), 1);
     cr_expect_eq(th_stop(m, 15000), 0);
     char *log = member_log(&stk, "m1");
     cr_expect(strstr(log, "no-identity"), "%s", log);
@@ -854,7 +854,7 @@ Test(forward, duplicates_in_another_claim_chunk_are_forwarded_once,
     cr_assert_eq(unique, 1598);
     pid_t m = th_stack_member(&stk, "m1", NULL);
     ASSERT_VERIFIED(&stk, 1, NULL, 90000);
-    cr_expect_eq(topic_size(stk.broker.bootstrap, "payments.out"), unique,
+    cr_expect_eq(th_topic_size(stk.broker.bootstrap, "payments.out"), unique,
                  "an identity was forwarded twice");
     cr_expect_eq(th_stop(m, 15000), 0);
     char *log = member_log(&stk, "m1");
