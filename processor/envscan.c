@@ -70,8 +70,9 @@ typedef struct {
     const size_t *name_lens;
     size_t n;
     idem_envscan_field_t *fields;
-    int depth; /* containers open; the envelope object is depth 1 */
-    int cur;   /* field of the top-level member whose value comes next */
+    int depth;  /* containers open; the envelope object is depth 1 */
+    int cur;    /* field of the top-level member whose value comes next */
+    int closed; /* the envelope object ended */
     unsigned char is_map[DEPTH_MAX + 1];
     size_t key_start[DEPTH_MAX + 1]; /* first key of each open object */
     size_t keybuf_start[DEPTH_MAX + 1];
@@ -167,12 +168,18 @@ static int on_start_array(void *ctx)
     return open_container(ctx, 0);
 }
 
+/* The end of the envelope object stops the parse (closed = 1): yajl 2.1
+ * ignores an unfinished token after a complete value ({"a":1} "x), so
+ * what follows is checked by the caller, from where yajl stopped. */
 static int on_end(void *ctx)
 {
     scan_t *s = ctx;
     s->nkeys = s->key_start[s->depth];
     s->keybuf_used = s->keybuf_start[s->depth];
-    s->depth--;
+    if (--s->depth == 0) {
+        s->closed = 1;
+        return 0;
+    }
     return 1;
 }
 
@@ -263,6 +270,7 @@ int idem_envscan(const void *value, size_t len, const char *const *names,
     s.fields = fields;
     s.depth = 0;
     s.cur = -1;
+    s.closed = 0;
     s.nkeys = 0;
     s.keybuf_used = 0;
     for (size_t i = 0; i < n; i++)
@@ -271,8 +279,13 @@ int idem_envscan(const void *value, size_t len, const char *const *names,
     yajl_handle h = yajl_alloc(&callbacks, &afs, &s);
     if (!h)
         return -1;
-    int ok = yajl_parse(h, value, len) == yajl_status_ok &&
-             yajl_complete_parse(h) == yajl_status_ok && s.depth == 0;
+    int ok =
+        yajl_parse(h, value, len) == yajl_status_client_canceled && s.closed;
+    /* After the object only JSON whitespace (jansson's set) may follow. */
+    const unsigned char *b = value;
+    for (size_t i = ok ? yajl_get_bytes_consumed(h) : len; i < len; i++)
+        if (b[i] != ' ' && b[i] != '\t' && b[i] != '\n' && b[i] != '\r')
+            ok = 0;
     yajl_free(h);
     return ok ? 0 : -1;
 }

@@ -54,6 +54,9 @@ Test(envscan, leaves_what_it_is_not_sure_of_to_jansson)
         "[1,2]",                     /* not an object */
         "\"s\"",
         "{\"a\":1} x",       /* trailing garbage */
+        "{\"a\":1} \"x}",    /* an unfinished string after the object */
+        "{\"a\":1} tru",     /* an unfinished literal */
+        "{\"a\":1} -",       /* an unfinished number */
         "{\"a\":1}{}",       /* two values */
         "{\"a\":01}",        /* leading zero */
         "{\"a\":1,}",        /* trailing comma */
@@ -152,6 +155,8 @@ Test(envscan, same_results_as_jansson)
         "{\"idempotency_key\":\"k\"\v" PAY,
         " \t\r\n{\"idempotency_key\":\"k\"" PAY " \n",
         "{\"idempotency_key\":\"k\"" PAY "x",
+        "{\"idempotency_key\":\"k\"" PAY " \"]}}",
+        "{\"idempotency_key\":\"k\"" PAY "\n\t\r ",
         "[1,2]",
         "42",
         "{\"idempotency_key\":",
