@@ -18,7 +18,7 @@ static void rec_finish(idem_pipeline_t *p, rec_t *r, idem_outcome_t o)
     r->state = REC_DONE;
     idem_metrics_outcome_add(p->m, o, 1);
     idem_metrics_latency_observe(p->m,
-                                 (double)(idem_now_us() - r->polled_us) / 1e6);
+                                 (double)(p->clock_us - r->polled_us) / 1e6);
     p->progress_records++;
 }
 
@@ -221,6 +221,7 @@ static int claim_and_submit(idem_pipeline_t *p, size_t n, char *errstr,
 {
     for (size_t i = 0; i < n; i++)
         p->envs[i] = &p->rs[i]->env;
+    p->clock_us = idem_now_us();
     if (idem_store_claim(p->store, p->owner, p->envs, n, p->res, errstr,
                          errstr_size))
         return -1;
@@ -340,6 +341,7 @@ int idem_loop_handler_collect(idem_pipeline_t *p, int timeout_ms, char *errstr,
         return 0;
     scratch_reserve(p);
     size_t n = p->hops->collect(p->h, p->hres, p->scratch_cap, timeout_ms);
+    p->clock_us = idem_now_us();
     return results_apply(p, n, errstr, errstr_size);
 }
 
@@ -385,17 +387,20 @@ void idem_loop_parse_records(idem_pipeline_t *p)
         if (r->parsed)
             continue;
         r->parsed = 1;
-        rd_kafka_headers_t *h = NULL;
-        if (rd_kafka_message_headers(r->msg, &h))
-            h = NULL;
+        /* The headers are parsed only when the envelope or the handler
+         * reads them (most records carry their identity in the value). */
+        const rd_kafka_headers_t *h = NULL;
         idem_reason_t reason;
         char err[256];
-        if (idem_envelope_read(p->rules, r->msg->payload, r->msg->len, h,
-                               r->msg->key, r->msg->key_len, &r->env, &reason,
-                               err, sizeof(err))) {
+        if (idem_envelope_read_msg(p->rules, r->msg, &h, &r->env, &reason, err,
+                                   sizeof(err))) {
             rec_poison(r, reason, err);
             continue;
         }
+        rd_kafka_headers_t *all;
+        if (!h && !p->hops->ignores_headers &&
+            !rd_kafka_message_headers(r->msg, &all))
+            h = all;
         idem_record_t *v = &r->view;
         v->identity = r->env.identity;
         v->identity_len = r->env.identity_len;
@@ -464,6 +469,7 @@ int idem_loop_dlq_queue(idem_pipeline_t *p, char *errstr, size_t errstr_size)
 int idem_loop_dlq_collect(idem_pipeline_t *p, char *errstr, size_t errstr_size)
 {
     idem_dlq_poll(p->dlq);
+    p->clock_us = idem_now_us();
     int failed = 0;
     rec_t *r;
     for (size_t i = 0; (r = idem_records_next(&p->recs, &i));) {

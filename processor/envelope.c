@@ -2,6 +2,7 @@
  * the handlers need, or a poison reason with a human-readable error. */
 #include "envelope.h"
 
+#include "envscan.h"
 #include "util.h"
 
 #include <inttypes.h>
@@ -280,14 +281,33 @@ static int member_text(const char *b, size_t len, const char *name,
     return 0;
 }
 
+/* A record's headers, taken from its message only when a header: source
+ * is reached: rd_kafka_message_headers parses them on first use, which
+ * costs as much as a small value's whole fast read. */
+typedef struct {
+    const rd_kafka_headers_t *h;
+    rd_kafka_message_t *msg; /* not read yet (NULL: h is all there is) */
+} hdrs_t;
+
+static const rd_kafka_headers_t *hdrs_get(hdrs_t *x)
+{
+    if (x->msg) {
+        rd_kafka_headers_t *h;
+        x->h = rd_kafka_message_headers(x->msg, &h) ? NULL : h;
+        x->msg = NULL;
+    }
+    return x->h;
+}
+
 /* Copies header `name` into out when present: its bytes, NULs included,
  * with their count in *out_len. Returns 1 when found, 0 when absent or
  * empty, -1 when too long. */
-static int header_bytes(const rd_kafka_headers_t *headers, const char *name,
-                        char *out, size_t out_size, size_t *out_len)
+static int header_bytes(hdrs_t *hd, const char *name, char *out,
+                        size_t out_size, size_t *out_len)
 {
     const void *v;
     size_t sz;
+    const rd_kafka_headers_t *headers = hdrs_get(hd);
     if (!headers || rd_kafka_header_get_last(headers, name, &v, &sz) != 0 || !v)
         return 0;
     if (sz >= out_size)
@@ -414,6 +434,7 @@ typedef struct {
     src_kind_t kind;
     char *arg;  /* JSON Pointer (value:) or header name (header:) */
     char *name; /* for messages: "idempotency_key", "event/id", "key" */
+    int field;  /* value: a top-level member, scan field number; else -1 */
 } src_t;
 
 struct idem_envelope_rules_s {
@@ -423,6 +444,14 @@ struct idem_envelope_rules_s {
     src_t *id, *mid;
     size_t id_cnt, mid_cnt;
     int id_default; /* the default list: today's message when none found */
+    /* The fast read (envscan.c): the top-level members it picks out (the
+     * value: sources, then user_id, amount, currency for the ledger). 0 in
+     * `fast` when a value: source points deeper than the top level. */
+    int fast;
+    const char *scan_names[IDEM_ENVSCAN_FIELDS_MAX];
+    size_t scan_lens[IDEM_ENVSCAN_FIELDS_MAX];
+    size_t scan_cnt;
+    int f_user, f_amount, f_currency;
 };
 
 /* Parses a comma list of sources into *out (NULL errstr: already checked).
@@ -449,7 +478,7 @@ static int sources_parse(const char *key, const char *list, src_t **out,
             r = -1;
             break;
         }
-        src_t src = {0};
+        src_t src = {.field = -1};
         if (!strcmp(t, "key")) {
             src.kind = SRC_KEY;
             src.arg = idem_xstrdup("");
@@ -515,6 +544,45 @@ int idem_envelope_sources_check(const char *key, const char *list,
     return 0;
 }
 
+/* The scan field for top-level member `name` (added when new), or -1 when
+ * there is no room. */
+static int scan_field(idem_envelope_rules_t *r, const char *name)
+{
+    for (size_t i = 0; i < r->scan_cnt; i++)
+        if (!strcmp(r->scan_names[i], name))
+            return (int)i;
+    if (r->scan_cnt == IDEM_ENVSCAN_FIELDS_MAX)
+        return -1;
+    r->scan_names[r->scan_cnt] = name;
+    r->scan_lens[r->scan_cnt] = strlen(name);
+    return (int)r->scan_cnt++;
+}
+
+/* Decides whether the fast read can serve these rules: every value: source
+ * a plain top-level member ("/name", no '/' or '~' after the first), at
+ * most IDEM_ENVSCAN_FIELDS_MAX members in all. */
+static void scan_plan(idem_envelope_rules_t *r)
+{
+    r->scan_cnt = 0;
+    r->fast = r->format == IDEM_ENVELOPE_JSON;
+    src_t *lists[2] = {r->id, r->mid};
+    size_t cnts[2] = {r->id_cnt, r->mid_cnt};
+    for (int l = 0; l < 2; l++)
+        for (size_t i = 0; i < cnts[l]; i++) {
+            src_t *src = &lists[l][i];
+            src->field = -1;
+            if (src->kind != SRC_VALUE)
+                continue;
+            if (strchr(src->arg + 1, '/') || strchr(src->arg + 1, '~') ||
+                (src->field = scan_field(r, src->arg + 1)) < 0)
+                r->fast = 0;
+        }
+    if (r->need_ledger && ((r->f_user = scan_field(r, "user_id")) < 0 ||
+                           (r->f_amount = scan_field(r, "amount")) < 0 ||
+                           (r->f_currency = scan_field(r, "currency")) < 0))
+        r->fast = 0;
+}
+
 idem_envelope_rules_t *idem_envelope_rules_new(int format, const char *identity,
                                                const char *message_id,
                                                int need_ledger,
@@ -539,7 +607,16 @@ idem_envelope_rules_t *idem_envelope_rules_new(int format, const char *identity,
         idem_envelope_rules_destroy(r);
         return NULL;
     }
+    scan_plan(r);
     return r;
+}
+
+void idem_envelope_rules_fast(idem_envelope_rules_t *r, int on)
+{
+    if (!on)
+        r->fast = 0;
+    else
+        scan_plan(r);
 }
 
 void idem_envelope_rules_destroy(idem_envelope_rules_t *r)
@@ -588,10 +665,10 @@ static json_t *pointer_get(json_t *root, const char *ptr)
 
 /* Reads source `src` into out (its bytes and count). Returns 1 found,
  * 0 absent (or null / empty header), -1 invalid (errstr). */
-static int source_read(const src_t *src, json_t *root,
-                       const rd_kafka_headers_t *headers, const void *key,
-                       size_t key_len, char *out, size_t out_size,
-                       size_t *out_len, char *errstr, size_t errstr_size)
+static int source_read(const src_t *src, json_t *root, hdrs_t *headers,
+                       const void *key, size_t key_len, char *out,
+                       size_t out_size, size_t *out_len, char *errstr,
+                       size_t errstr_size)
 {
     switch (src->kind) {
     case SRC_KEY:
@@ -643,9 +720,9 @@ static int source_read(const src_t *src, json_t *root,
 
 /* The first source of list[n] found, into out. 1, 0 or -1 (errstr). */
 static int sources_first(const src_t *list, size_t n, json_t *root,
-                         const rd_kafka_headers_t *headers, const void *key,
-                         size_t key_len, char *out, size_t out_size,
-                         size_t *out_len, char *errstr, size_t errstr_size)
+                         hdrs_t *headers, const void *key, size_t key_len,
+                         char *out, size_t out_size, size_t *out_len,
+                         char *errstr, size_t errstr_size)
 {
     for (size_t i = 0; i < n; i++) {
         int r = source_read(&list[i], root, headers, key, key_len, out,
@@ -656,12 +733,101 @@ static int sources_first(const src_t *list, size_t n, json_t *root,
     return 0;
 }
 
-int idem_envelope_read(const idem_envelope_rules_t *rules, const void *value,
-                       size_t len, const rd_kafka_headers_t *headers,
-                       const void *key, size_t key_len, idem_envelope_t *out,
+/* Empties an envelope (the byte arrays only up to their first byte: every
+ * reader goes by the lengths or stops at that NUL). */
+static void env_clear(idem_envelope_t *out)
+{
+    out->identity[0] = out->message_id[0] = out->user_id[0] = '\0';
+    out->currency[0] = '\0';
+    out->identity_len = out->message_id_len = 0;
+    out->amount_minor = 0;
+    out->json_object = 0;
+}
+
+/* The first source of list[n] found, from the fast read's fields f.
+ * 1 found, 0 none, -1 when a source is not a plain good string (jansson's
+ * read then gives the error). */
+static int fast_first(const src_t *list, size_t n,
+                      const idem_envscan_field_t *f, hdrs_t *headers,
+                      const void *key, size_t key_len, char *out,
+                      size_t out_size, size_t *out_len)
+{
+    char e[128];
+    for (size_t i = 0; i < n; i++) {
+        if (list[i].kind != SRC_VALUE) {
+            int r = source_read(&list[i], NULL, headers, key, key_len, out,
+                                out_size, out_len, e, sizeof(e));
+            if (r)
+                return r;
+            continue;
+        }
+        const idem_envscan_field_t *v = &f[list[i].field];
+        if (v->kind == IDEM_ENVSCAN_ABSENT || v->kind == IDEM_ENVSCAN_NULL)
+            continue;
+        if (v->kind != IDEM_ENVSCAN_STRING || v->str_len == 0 ||
+            v->str_len >= out_size)
+            return -1;
+        memcpy(out, v->str, v->str_len + 1);
+        *out_len = v->str_len;
+        return 1;
+    }
+    return 0;
+}
+
+/* The fast read of a good record: one yajl pass over the value picks the
+ * members the rules name. Returns 0 with `out` filled exactly as the
+ * jansson read would, or -1 for anything else (a poison record, or one the
+ * scan is not sure of): the caller then reads it with jansson, which
+ * decides and explains. */
+static int read_fast(const idem_envelope_rules_t *rules, const void *value,
+                     size_t len, hdrs_t *headers, const void *key,
+                     size_t key_len, idem_envelope_t *out)
+{
+    idem_envscan_field_t f[IDEM_ENVSCAN_FIELDS_MAX];
+    if (idem_envscan(value, len, rules->scan_names, rules->scan_lens,
+                     rules->scan_cnt, f))
+        return -1;
+    int r = fast_first(rules->mid, rules->mid_cnt, f, headers, key, key_len,
+                       out->message_id, sizeof(out->message_id),
+                       &out->message_id_len);
+    if (r < 0)
+        return -1;
+    if (!r)
+        out->message_id_len = 0;
+    if (fast_first(rules->id, rules->id_cnt, f, headers, key, key_len,
+                   out->identity, sizeof(out->identity),
+                   &out->identity_len) <= 0)
+        return -1;
+    if (rules->need_ledger) {
+        const idem_envscan_field_t *u = &f[rules->f_user];
+        const idem_envscan_field_t *a = &f[rules->f_amount];
+        const idem_envscan_field_t *c = &f[rules->f_currency];
+        char e[128];
+        if (u->kind != IDEM_ENVSCAN_STRING || u->str_len == 0 ||
+            a->kind != IDEM_ENVSCAN_NUMBER ||
+            idem_amount_parse(a->num, a->num_len, &out->amount_minor, e,
+                              sizeof(e)) ||
+            c->kind != IDEM_ENVSCAN_STRING || c->str_len != 3 ||
+            c->str[0] < 'A' || c->str[0] > 'Z' || c->str[1] < 'A' ||
+            c->str[1] > 'Z' || c->str[2] < 'A' || c->str[2] > 'Z')
+            return -1;
+        memcpy(out->user_id, u->str, u->str_len + 1);
+        memcpy(out->currency, c->str, 4);
+    }
+    out->json_object = 1;
+    return 0;
+}
+
+static int read_record(const idem_envelope_rules_t *rules, const void *value,
+                       size_t len, hdrs_t *headers, const void *key,
+                       size_t key_len, idem_envelope_t *out,
                        idem_reason_t *reason, char *errstr, size_t errstr_size)
 {
-    memset(out, 0, sizeof(*out));
+    env_clear(out);
+    if (len <= rules->max_bytes && rules->fast &&
+        read_fast(rules, value, len, headers, key, key_len, out) == 0)
+        return 0;
+    env_clear(out);
     if (len > rules->max_bytes) {
         *reason = IDEM_REASON_TOO_LARGE;
         snprintf(errstr, errstr_size,
@@ -740,6 +906,30 @@ done:
         json_decref(root);
         arena_end();
     }
+    return r;
+}
+
+int idem_envelope_read(const idem_envelope_rules_t *rules, const void *value,
+                       size_t len, const rd_kafka_headers_t *headers,
+                       const void *key, size_t key_len, idem_envelope_t *out,
+                       idem_reason_t *reason, char *errstr, size_t errstr_size)
+{
+    hdrs_t hd = {headers, NULL};
+    return read_record(rules, value, len, &hd, key, key_len, out, reason,
+                       errstr, errstr_size);
+}
+
+int idem_envelope_read_msg(const idem_envelope_rules_t *rules,
+                           rd_kafka_message_t *msg,
+                           const rd_kafka_headers_t **headers,
+                           idem_envelope_t *out, idem_reason_t *reason,
+                           char *errstr, size_t errstr_size)
+{
+    hdrs_t hd = {NULL, msg};
+    int r = read_record(rules, msg->payload, msg->payload ? msg->len : 0, &hd,
+                        msg->key, msg->key ? msg->key_len : 0, out, reason,
+                        errstr, errstr_size);
+    *headers = hd.msg ? NULL : hd.h;
     return r;
 }
 

@@ -72,6 +72,22 @@ int idem_envelope_read(const idem_envelope_rules_t *rules, const void *value,
                        const void *key, size_t key_len, idem_envelope_t *out,
                        idem_reason_t *reason, char *errstr, size_t errstr_size);
 
+/* idem_envelope_read for a consumed message (borrowed): its value, key and
+ * headers. The headers are parsed (rd_kafka_message_headers) only when a
+ * header: source is reached; *headers gets them when they were, else NULL
+ * (the caller reads them itself if it needs them). */
+int idem_envelope_read_msg(const idem_envelope_rules_t *rules,
+                           rd_kafka_message_t *msg,
+                           const rd_kafka_headers_t **headers,
+                           idem_envelope_t *out, idem_reason_t *reason,
+                           char *errstr, size_t errstr_size);
+
+/* Good JSON records are read by a fast path first (one yajl pass, envscan.h)
+ * and by jansson only when it is not sure; the results are the same. `on` 0
+ * makes these rules read every record with jansson (tests compare the two).
+ * Rules start with the fast path on where it applies. */
+void idem_envelope_rules_fast(idem_envelope_rules_t *r, int on);
+
 /* idem_envelope_read with the default rules (JSON object, the default
  * identity and message id sources). Parses `value` (borrowed, `len` bytes) with
  * the record's `headers` (borrowed, may be NULL). With need_ledger also

@@ -158,10 +158,13 @@ typedef struct idem_handler_ops_s {
     const char *name; /* handler=<name>, or handler=<name>:<arg> */
     int takes_arg;    /* 1: "<name>:<arg>" is required (plugin) */
     idem_effect_kind_t effect;
-    int needs_payment; /* the envelope must hold user_id, amount, currency
-                          (ledger); else any value passes (per
-                          envelope.format) */
-    const char *doc;   /* one line for `help config` and the README */
+    int needs_payment;   /* the envelope must hold user_id, amount, currency
+                            (ledger); else any value passes (per
+                            envelope.format) */
+    int ignores_headers; /* 1: never reads idem_record_t.headers (then NULL
+                            unless the envelope needed them), so the loop
+                            does not parse them (ledger) */
+    const char *doc;     /* one line for `help config` and the README */
     const idem_conf_key_t *keys; /* its keys, ending with {NULL}; may be NULL */
     const char *key_prefix; /* NULL, or a prefix ("plugin.") under which the
                                conf accepts any key as text for this handler

@@ -51,7 +51,7 @@ typedef struct {
 /* One consumed record and what we know about it. Allocated one by one:
  * its address is stable while it is in hand (the handler keeps pointers
  * to view). */
-typedef struct {
+typedef struct rec_s {
     idem_record_t view;      /* what the handler sees; view.loop = this */
     rd_kafka_message_t *msg; /* owned; destroyed when the record leaves */
     int64_t polled_us;
@@ -59,21 +59,25 @@ typedef struct {
     int parsed;
     int poison; /* 1: goes to the DLQ with `reason` */
     idem_reason_t reason;
+    int attempts;             /* handler attempts (retry.max.attempts) */
+    int sent;                 /* with the handler, result not collected yet */
+    int store_sent;           /* an in-Redis request that may have applied it
+                                 failed: its done mark with its own message id
+                                 then means processed, not a duplicate */
+    int64_t retry_at_ms;      /* not before this (busy lease, backoff) */
+    ticket_t *dlq;            /* DLQ (or retry topic) write in flight or
+                                 just reported */
+    int tier;                 /* 0: from an input topic; k: from retry tier k */
+    int prior_attempts;       /* failed attempts before this copy
+                                 (retry.attempt) */
+    int to_tier;              /* > 0: goes to that retry tier (retry.topics) */
+    int64_t retry_after_ms;   /* the handler's least delay for that copy */
+    int dlq_drop_value;       /* the DLQ refused the value: send it without */
+    struct rec_s *next_spare; /* in the pipeline's spares (released) */
+    /* The large parts last: a reused record is cleared up to here (the
+     * envelope is cleared when it is read, the error when it is set). */
     char error[IDEM_RESULT_DETAIL_MAX];
     idem_envelope_t env;
-    int attempts;        /* handler attempts (retry.max.attempts) */
-    int sent;            /* with the handler, result not collected yet */
-    int store_sent;      /* an in-Redis request that may have applied it
-                            failed: its done mark with its own message id
-                            then means processed, not a duplicate */
-    int64_t retry_at_ms; /* not before this (busy lease, backoff) */
-    ticket_t *dlq;       /* DLQ (or retry topic) write in flight or just
-                            reported */
-    int tier;            /* 0: from an input topic; k: from retry tier k */
-    int prior_attempts;  /* failed attempts before this copy (retry.attempt) */
-    int to_tier;         /* > 0: goes to that retry tier (retry.topics) */
-    int64_t retry_after_ms; /* the handler's least delay for that copy */
-    int dlq_drop_value;     /* the DLQ refused the value: send it without */
 } rec_t;
 
 struct idem_pipeline_s {
@@ -89,6 +93,11 @@ struct idem_pipeline_s {
     idem_retrytopics_t *rt;         /* retry.topics; NULL: blocking retries */
 
     idem_records_t recs;          /* rec_t *, in poll order */
+    rec_t *spares;                /* released records, reused: no allocation
+                                     per record (at most the most ever in
+                                     hand) */
+    int64_t clock_us;             /* idem_now_us() of the current step: one
+                                     clock read per step, not per record */
     size_t cnt;                   /* records in hand (recs.live) */
     size_t cap;                   /* BATCHES_IN_HAND batches: scratch size */
     size_t inflight;              /* records with the handler */

@@ -18,14 +18,20 @@
 #include "util.h"
 
 #include <inttypes.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
+/* The consumer's prefetch bound (queued.max.messages.kbytes) unless
+ * kafka.queued.max.messages.kbytes is set. */
+#define IDEM_PREFETCH_KBYTES_DEFAULT "12288"
+
 /* Lets go of a record: its message, and any write still in flight (the
- * delivery report frees that ticket). */
-static void rec_release(rec_t *r)
+ * delivery report frees that ticket). The record itself goes to the
+ * spares. */
+static void rec_release(idem_pipeline_t *p, rec_t *r)
 {
     if (r->dlq) {
         if (r->dlq->state == 0)
@@ -34,7 +40,20 @@ static void rec_release(rec_t *r)
             free(r->dlq);
     }
     rd_kafka_message_destroy(r->msg);
-    free(r);
+    r->next_spare = p->spares;
+    p->spares = r;
+}
+
+/* A cleared record: a spare when there is one. */
+static rec_t *rec_new(idem_pipeline_t *p)
+{
+    rec_t *r = p->spares;
+    if (!r)
+        return idem_xcalloc(1, sizeof(*r));
+    p->spares = r->next_spare;
+    memset(r, 0, offsetof(rec_t, error));
+    r->error[0] = '\0';
+    return r;
 }
 
 static void owner_update(idem_pipeline_t *p)
@@ -142,7 +161,7 @@ static int remove_one(void *rec, void *ctx)
     remove_ctx_t *c = ctx;
     if (!c->drop(c->p, rec, c->ctx))
         return 0;
-    rec_release(rec);
+    rec_release(c->p, rec);
     return 1;
 }
 
@@ -461,6 +480,12 @@ static rd_kafka_t *consumer_new(idem_pipeline_t *p, char *errstr,
     if ((!idem_kafka_user_set(c, "statistics.interval.ms") &&
          idem_kafka_set(kc, "statistics.interval.ms", num, errstr,
                         errstr_size)) ||
+        /* librdkafka prefetches up to 64 MiB by default, which made a
+         * member's RSS 85-90 MiB at full rate; 12 MiB kept it near 50 MiB
+         * at the same rate (docs/design.md, "Memory bounds"). */
+        (!idem_kafka_user_set(c, "queued.max.messages.kbytes") &&
+         idem_kafka_set(kc, "queued.max.messages.kbytes",
+                        IDEM_PREFETCH_KBYTES_DEFAULT, errstr, errstr_size)) ||
         idem_kafka_set(kc, "client.id", c->member_id, errstr, errstr_size) ||
         idem_kafka_set(kc, "auto.offset.reset", "earliest", errstr,
                        errstr_size) ||
@@ -595,7 +620,11 @@ void idem_pipeline_destroy(idem_pipeline_t *p)
         p->hops->stop(p->h);
     rec_t *r;
     for (size_t i = 0; (r = idem_records_next(&p->recs, &i));)
-        rec_release(r);
+        rec_release(p, r);
+    while ((r = p->spares)) {
+        p->spares = r->next_spare;
+        free(r);
+    }
     if (p->rk)
         rd_kafka_destroy(p->rk);
     idem_envelope_rules_destroy(p->rules);
@@ -639,11 +668,11 @@ static void batch_add(idem_pipeline_t *p, rd_kafka_message_t *msg)
     }
     pt->high_seen = msg->offset;
 
-    rec_t *r = idem_xcalloc(1, sizeof(*r));
+    rec_t *r = rec_new(p);
     idem_records_push(&p->recs, r);
     p->cnt = p->recs.live;
     r->msg = msg;
-    r->polled_us = idem_now_us();
+    r->polled_us = p->clock_us;
     idem_record_t *v = &r->view;
     v->topic = pt->topic;
     v->partition = msg->partition;
@@ -671,6 +700,7 @@ static void batch_fill(idem_pipeline_t *p, volatile int *stop)
          * then let the next collect wait for results instead of Kafka (a
          * webhook's response, a broker's acknowledgement). */
         rd_kafka_message_t *msg;
+        p->clock_us = idem_now_us();
         while (added < max && !*stop &&
                (msg = rd_kafka_consumer_poll(p->rk, 0))) {
             batch_add(p, msg);
@@ -697,24 +727,31 @@ static void batch_fill(idem_pipeline_t *p, volatile int *stop)
         if (deadline == now0)
             deadline = now0 + 1;
     }
+    p->clock_us = idem_now_us();
     while (added < max && !*stop) {
-        int64_t now = idem_now_ms();
-        int timeout = 100;
-        if (deadline) {
-            if (now >= deadline)
-                break;
-            timeout = (int)(deadline - now);
-        }
-        rd_kafka_message_t *msg = rd_kafka_consumer_poll(p->rk, timeout);
+        /* What is fetched already comes without a clock read; the clock
+         * is read only before a poll that may wait. */
+        rd_kafka_message_t *msg = rd_kafka_consumer_poll(p->rk, 0);
         if (!msg) {
-            if (!deadline)
-                break; /* idle: let the loop do its housekeeping */
-            continue;
+            int64_t now = idem_now_ms();
+            int timeout = 100;
+            if (deadline) {
+                if (now >= deadline)
+                    break;
+                timeout = (int)(deadline - now);
+            }
+            msg = rd_kafka_consumer_poll(p->rk, timeout);
+            p->clock_us = idem_now_us();
+            if (!msg) {
+                if (!deadline)
+                    break; /* idle: let the loop do its housekeeping */
+                continue;
+            }
         }
         batch_add(p, msg);
         added = p->cnt > start ? p->cnt - start : 0;
         if (added && !deadline)
-            deadline = now + p->conf->batch_max_wait_ms;
+            deadline = p->clock_us / 1000 + p->conf->batch_max_wait_ms;
     }
 }
 
@@ -771,6 +808,7 @@ int idem_pipeline_run(idem_pipeline_t *p, volatile int *stop, char *errstr,
         if (p->flow.down || p->paused) {
             /* Waiting: keep the membership alive, retry when due. */
             rd_kafka_message_t *msg = rd_kafka_consumer_poll(p->rk, 50);
+            p->clock_us = idem_now_us();
             if (msg)
                 batch_add(p, msg);
             if (now >= p->flow.next_attempt_ms) {

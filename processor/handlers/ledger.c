@@ -124,6 +124,7 @@ const idem_handler_ops_t idem_handler_ledger = {
     .name = "ledger",
     .effect = IDEM_EFFECT_IN_REDIS,
     .needs_payment = 1,
+    .ignores_headers = 1,
     .doc = "payments (user_id, amount, currency) added to balances in Redis "
            "in the dedup script, exactly once",
     .start = ledger_start,

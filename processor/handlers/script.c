@@ -18,7 +18,7 @@ static const idem_conf_key_t script_keys[] = {
      .required = 1,
      .doc = "Lua file defining function effect(rec), run for each new record "
             "inside the dedup script in Redis"},
-    {NULL},
+    {.name = NULL},
 };
 
 typedef struct {

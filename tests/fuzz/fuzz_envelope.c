@@ -4,7 +4,9 @@
  * 1 byte = length of the message_id header (0xff = absent), the header
  * bytes, then the value. The processor does not read the Kafka key.
  * A value that parses is also copied the way the forward handler does
- * (idem_envelope_set_member), and the copy must parse to the same. */
+ * (idem_envelope_set_member), and the copy must parse to the same. The
+ * fast read (envscan) and jansson's must give the same answer, byte for
+ * byte, for every input. */
 #include "envelope.h"
 
 #include <stdint.h>
@@ -64,6 +66,37 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         } else if (reason >= IDEM_REASON_CNT || !err[0]) {
             abort();
         }
+    }
+    /* Fast read against jansson's, with the default rules. */
+    for (int ledger = 0; ledger < 2; ledger++) {
+        static idem_envelope_rules_t *rules[2][2];
+        for (int fast = 0; fast < 2 && !rules[ledger][fast]; fast++) {
+            rules[ledger][fast] = idem_envelope_rules_new(
+                IDEM_ENVELOPE_JSON, IDEM_ENVELOPE_IDENTITY_DEFAULT,
+                IDEM_ENVELOPE_MESSAGE_ID_DEFAULT, ledger, 1 << 20, err,
+                sizeof(err));
+            idem_envelope_rules_fast(rules[ledger][fast], fast);
+        }
+        idem_envelope_t e[2];
+        idem_reason_t rs[2] = {0, 0};
+        char errs[2][256] = {"", ""};
+        int rc[2];
+        for (int fast = 0; fast < 2; fast++)
+            rc[fast] = idem_envelope_read(rules[ledger][fast], value, vlen, h,
+                                          NULL, 0, &e[fast], &rs[fast],
+                                          errs[fast], sizeof(errs[fast]));
+        if (rc[0] != rc[1] ||
+            (rc[0] && (rs[0] != rs[1] || strcmp(errs[0], errs[1]))) ||
+            (!rc[0] &&
+             (e[0].identity_len != e[1].identity_len ||
+              memcmp(e[0].identity, e[1].identity, e[0].identity_len) ||
+              e[0].message_id_len != e[1].message_id_len ||
+              memcmp(e[0].message_id, e[1].message_id, e[0].message_id_len) ||
+              strcmp(e[0].user_id, e[1].user_id) ||
+              strcmp(e[0].currency, e[1].currency) ||
+              e[0].amount_minor != e[1].amount_minor ||
+              e[0].json_object != e[1].json_object)))
+            abort();
     }
     /* The amount rule on the raw value: what it accepts is a number whose
      * double is within rounding of the cents it gave. */
