@@ -16,29 +16,31 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <endian.h>
 #include <sys/select.h>
+#include <time.h>
 
 /* Rows of one key are claimed by one relay at a time: each claim takes a
  * transaction-scoped advisory lock on the key's bucket (hashtext(key) mod
- * this) and skips rows whose bucket another relay holds. Buckets rather
- * than keys keep a batch's locks well inside PostgreSQL's shared lock
- * table (max_locks_per_transaction x max_connections). */
+ * this) and claims rows of the buckets it holds only. Buckets rather than
+ * keys keep a batch's locks well inside PostgreSQL's shared lock table
+ * (max_locks_per_transaction x max_connections). */
 #define KEY_BUCKETS 1024
 
-#define WAIT_SLICE_MS  100 /* longest sleep between looks at *stop */
-#define WAIT_BEHIND_MS 20  /* next look when rows waited behind others */
+#define WAIT_SLICE_MS   100 /* longest sleep between looks at *stop */
+#define WAIT_BLOCKED_MS 20  /* next look when another relay held buckets */
 
 typedef enum {
     ROW_PENDING = 0, /* produced, no delivery report yet */
     ROW_DELIVERED,   /* acknowledged by the broker: mark it */
     ROW_FAILED,      /* the broker will never take it: error column */
-    ROW_RETRY,       /* not delivered (outage): leave it for later */
-    ROW_WAIT         /* an older row of its key is pending elsewhere */
+    ROW_RETRY        /* not delivered (outage): leave it for later */
 } row_state_t;
 
 typedef struct {
     int64_t id;
-    int64_t created_ms; /* wall clock, from created_at */
+    int64_t created_us; /* wall clock, from created_at */
+    int64_t commit_us;  /* its transaction's commit; 0: not tracked */
     row_state_t state;
     char error[200]; /* ROW_FAILED / ROW_RETRY: why */
 } row_t;
@@ -47,7 +49,7 @@ typedef struct {
 typedef struct {
     const double *bounds;
     size_t nbounds;
-    uint64_t buckets[20];
+    uint64_t buckets[24];
     uint64_t count;
     double sum;
 } hist_t;
@@ -55,6 +57,10 @@ typedef struct {
 static const double latency_bounds[] = {0.001, 0.002, 0.005, 0.01,  0.015, 0.02,
                                         0.03,  0.04,  0.05,  0.075, 0.1,   0.25,
                                         0.5,   1,     2.5,   5,     10};
+/* Finer, for the commit -> acknowledgement latency the relay controls. */
+static const double commit_bounds[] = {
+    0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.025, 0.03,
+    0.04,  0.05,  0.075, 0.1,   0.25,   0.5,  1,     2.5,  5,     10};
 static const double batch_bounds[] = {1,   10,   50,   100,  250,
                                       500, 1000, 2500, 5000, 10000};
 
@@ -67,13 +73,18 @@ struct idem_outbox_s {
     char sql_done[256]; /* mark or delete the delivered rows */
     char sql_fail[256]; /* set a row's error */
     int value_is_bytea;
+    int commit_ts; /* the server tracks commit timestamps */
     int64_t backoff_ms;
     int64_t next_lag_ms; /* idem_now_ms() of the next lag query */
     int kafka_down;      /* all brokers down: not ready until a probe works */
     int64_t next_probe_ms;
 
-    row_t *rows; /* outbox.batch.max entries, reused every batch */
-    size_t outstanding;
+    row_t *rows;        /* outbox.batch.max entries, reused every batch */
+    size_t nrows;       /* rows of the batch in hand (claimed, produced) */
+    int in_tx;          /* a claim's transaction is open (no Sync yet) */
+    size_t outstanding; /* produced, delivery report not yet in */
+    char *ids;          /* the mark's binary int8[] parameter */
+    size_t ids_cap;
 
     _Atomic uint64_t published;
     _Atomic uint64_t failed;
@@ -84,7 +95,8 @@ struct idem_outbox_s {
 
     pthread_mutex_t lock; /* guards the histograms */
     hist_t batch;
-    hist_t latency;
+    hist_t latency; /* created_at -> acknowledgement */
+    hist_t commit;  /* commit -> acknowledgement (commit_ts only) */
 };
 
 int idem_outbox_err_is_permanent(int err)
@@ -159,12 +171,16 @@ static void outbox_render(void *opaque, FILE *out)
             atomic_load(&o->db_errors), atomic_load(&o->kafka_errors),
             atomic_load(&o->lag_rows), (double)atomic_load(&o->lag_ms) / 1e3);
     pthread_mutex_lock(&o->lock);
-    hist_t batch = o->batch, latency = o->latency;
+    hist_t batch = o->batch, latency = o->latency, commit = o->commit;
     pthread_mutex_unlock(&o->lock);
     hist_render(out, "idemproc_outbox_batch_size",
                 "Rows claimed per outbox transaction.", &batch);
     hist_render(out, "idemproc_outbox_publish_latency_seconds",
                 "From a row's created_at to its delivery report.", &latency);
+    hist_render(out, "idemproc_outbox_commit_latency_seconds",
+                "From the commit that made a row visible to its delivery "
+                "report (PostgreSQL track_commit_timestamp=on only).",
+                &commit);
 }
 
 /* dr_msg_cb: fires on the relay's thread inside rd_kafka_poll/flush, once
@@ -213,6 +229,8 @@ idem_outbox_t *idem_outbox_new(const idem_conf_t *conf, idem_metrics_t *m,
     o->batch.nbounds = sizeof(batch_bounds) / sizeof(batch_bounds[0]);
     o->latency.bounds = latency_bounds;
     o->latency.nbounds = sizeof(latency_bounds) / sizeof(latency_bounds[0]);
+    o->commit.bounds = commit_bounds;
+    o->commit.nbounds = sizeof(commit_bounds) / sizeof(commit_bounds[0]);
     o->rows = idem_xcalloc((size_t)conf->outbox_batch_max, sizeof(*o->rows));
     /* The trigger notifies on TG_TABLE_NAME; the table name is used
      * unquoted in SQL, so PostgreSQL folds it to lower case. */
@@ -276,6 +294,7 @@ void idem_outbox_destroy(idem_outbox_t *o)
     }
     if (o->pg)
         PQfinish(o->pg);
+    free(o->ids);
     free(o->rows);
     pthread_mutex_destroy(&o->lock);
     free(o);
@@ -361,7 +380,7 @@ static int db_connect(idem_outbox_t *o, char *errstr, size_t errstr_size)
     if (pg_exec(o, "SET synchronous_commit = off", PGRES_COMMAND_OK, errstr,
                 errstr_size))
         goto fail;
-    char sql[2048];
+    char sql[4096];
     snprintf(sql, sizeof(sql), "LISTEN \"%s\"", o->channel);
     if (pg_exec(o, sql, PGRES_COMMAND_OK, errstr, errstr_size))
         goto fail;
@@ -387,37 +406,56 @@ static int db_connect(idem_outbox_t *o, char *errstr, size_t errstr_size)
     o->value_is_bytea = !strcmp(PQgetvalue(res, 0, 0), "bytea");
     PQclear(res);
 
+    /* The commit -> acknowledgement latency needs the commit time of each
+     * row's transaction (track_commit_timestamp, a server setting). */
+    res = PQexec(o->pg, "SELECT current_setting('track_commit_timestamp') = "
+                        "'on' AND has_function_privilege("
+                        "'pg_xact_commit_timestamp(xid)', 'execute')");
+    if (PQresultStatus(res) != PGRES_TUPLES_OK || PQntuples(res) != 1) {
+        pg_err(o->pg, res, "track_commit_timestamp", errstr, errstr_size);
+        PQclear(res);
+        goto fail;
+    }
+    o->commit_ts = !strcmp(PQgetvalue(res, 0, 0), "t");
+    PQclear(res);
+
     const char *t = c->outbox_table;
-    /* c: the claim. s: the first 2n unpublished rows, claimed or not, in
-     * the same snapshot and the same index order as the claim (so the
-     * same partial index serves it). firsts: per key bucket, the oldest of
-     * them this claim did not get (locked by another relay, or skipped
-     * while another relay held the bucket and let go of it during this
-     * scan). A claimed row behind such a row, or beyond the rows s looked
-     * at, must wait (keep = false): it is neither published nor marked. */
-    snprintf(sql, sizeof(sql),
-             "WITH c AS (SELECT id, topic, key, %s AS value, headers, "
-             "message_id, idempotency_key, created_at, "
-             "hashtext(coalesce(key, '')) & %d AS bucket FROM %s "
-             "WHERE published_at IS NULL AND error IS NULL "
-             "AND pg_try_advisory_xact_lock(hashtext('%s'), "
-             "hashtext(coalesce(key, '')) & %d) "
-             "ORDER BY id LIMIT $1::int4 FOR UPDATE SKIP LOCKED), "
-             "s AS (SELECT id, hashtext(coalesce(key, '')) & %d AS bucket "
-             "FROM %s WHERE published_at IS NULL AND error IS NULL "
-             "ORDER BY id LIMIT 2 * $1::int4), "
-             "horizon AS (SELECT CASE WHEN count(*) = 2 * $1::int4 THEN "
-             "max(id) END AS last FROM s), "
-             "firsts AS (SELECT bucket, min(id) AS first_id FROM s WHERE NOT "
-             "EXISTS (SELECT 1 FROM c WHERE c.id = s.id) GROUP BY 1) "
-             "SELECT c.id, c.topic, c.key, c.value, c.headers::text, "
-             "c.message_id::text, c.idempotency_key, "
-             "(extract(epoch FROM c.created_at) * 1000)::int8, "
-             "(f.first_id IS NULL OR c.id < f.first_id) AND (h.last IS NULL "
-             "OR c.id <= h.last) FROM c CROSS JOIN horizon h "
-             "LEFT JOIN firsts f ON f.bucket = c.bucket ORDER BY c.id",
-             o->value_is_bytea ? "value" : "value::text", KEY_BUCKETS - 1, t, t,
-             KEY_BUCKETS - 1, KEY_BUCKETS - 1, t);
+    /* The claim, one statement. s: the key buckets of the first n
+     * unpublished rows. g: each of them tried once, all before the claim
+     * scan starts (pg_try_advisory_xact_lock: another relay's buckets are
+     * skipped, never waited for). c: the first n unpublished rows of the
+     * buckets now held, locked FOR UPDATE. Rows of a held bucket can be
+     * row-locked only by a transaction that is not a relay (a relay locks
+     * rows only in buckets it holds), so c waits for such a lock instead of
+     * skipping the row: it claims, for every bucket it holds, a prefix in
+     * id order of the bucket's unpublished rows, which is per-key order
+     * by construction. FOR UPDATE also re-reads a row that a relay which
+     * held the bucket before us published after our snapshot (and skips
+     * it). blocked: buckets another relay held (look again soon; its
+     * commit sends no NOTIFY). One row of NULLs after blocked when
+     * nothing was claimed. */
+    snprintf(
+        sql, sizeof(sql),
+        "WITH s AS MATERIALIZED (SELECT DISTINCT hashtext(coalesce(key, "
+        "'')) & %d AS b FROM (SELECT key FROM %s WHERE published_at IS NULL "
+        "AND error IS NULL ORDER BY id LIMIT $1::int4) f), "
+        "g AS MATERIALIZED (SELECT b, pg_try_advisory_xact_lock("
+        "hashtext('%s'), b) AS mine FROM s), "
+        "o AS (SELECT coalesce(bit_or(B'1'::bit(%d) >> b) FILTER (WHERE "
+        "mine), B'0'::bit(%d)) AS bits, count(*) FILTER (WHERE NOT mine) "
+        "AS blocked FROM g) "
+        "SELECT o.blocked, c.* FROM o LEFT JOIN LATERAL (SELECT id, topic, "
+        "key, %s, headers::text, message_id::text, idempotency_key, "
+        "(extract(epoch FROM created_at) * 1e6)::int8, %s FROM %s WHERE "
+        "published_at IS NULL AND error IS NULL AND get_bit(o.bits, "
+        "hashtext(coalesce(key, '')) & %d) = 1 ORDER BY id LIMIT $1::int4 "
+        "FOR UPDATE) c ON true",
+        KEY_BUCKETS - 1, t, t, KEY_BUCKETS, KEY_BUCKETS,
+        o->value_is_bytea ? "value" : "value::text",
+        o->commit_ts ? "(extract(epoch FROM pg_xact_commit_timestamp(xmin)) "
+                       "* 1e6)::int8"
+                     : "NULL::int8",
+        t, KEY_BUCKETS - 1);
     if (pg_prepare(o, "claim", sql, errstr, errstr_size))
         goto fail;
     /* The writes are not prepared: preparing takes their ROW EXCLUSIVE
@@ -440,32 +478,22 @@ static int db_connect(idem_outbox_t *o, char *errstr, size_t errstr_size)
              t);
     if (pg_prepare(o, "lag", sql, errstr, errstr_size))
         goto fail;
+    /* From here on every statement goes through the pipeline: a batch's
+     * mark, its commit and the next claim leave in one write. */
+    if (!PQenterPipelineMode(o->pg)) {
+        pg_err(o->pg, NULL, "pipeline mode", errstr, errstr_size);
+        goto fail;
+    }
+    o->in_tx = 0;
     idem_log_kv(IDEM_LOG_INFO, "outbox database connected", "host",
                 PQhost(o->pg), "database", PQdb(o->pg), "table", t, "value",
-                o->value_is_bytea ? "bytea" : "text", NULL);
+                o->value_is_bytea ? "bytea" : "text", "commit_timestamps",
+                o->commit_ts ? "on" : "off", NULL);
     return 0;
 fail:
     PQfinish(o->pg);
     o->pg = NULL;
     return -1;
-}
-
-/* Refreshes the lag gauges at most every stats.interval.ms (every 5 s when
- * that is 0). A failure is left to the next batch to notice. */
-static void lag_refresh(idem_outbox_t *o)
-{
-    int64_t now = idem_now_ms();
-    if (now < o->next_lag_ms)
-        return;
-    int64_t every =
-        o->conf->stats_interval_ms ? o->conf->stats_interval_ms : 5000;
-    o->next_lag_ms = now + every;
-    PGresult *res = PQexecPrepared(o->pg, "lag", 0, NULL, NULL, NULL, 0);
-    if (PQresultStatus(res) == PGRES_TUPLES_OK && PQntuples(res) == 1) {
-        atomic_store(&o->lag_rows, strtoll(PQgetvalue(res, 0, 0), NULL, 10));
-        atomic_store(&o->lag_ms, strtoll(PQgetvalue(res, 0, 1), NULL, 10));
-    }
-    PQclear(res);
 }
 
 /* ---- one batch ---------------------------------------------------------- */
@@ -511,20 +539,20 @@ static rd_kafka_headers_t *row_headers(const char *json, const char *mid,
     return h;
 }
 
-/* Produces row i of res into o->rows[i]; a row that can never be
- * published is set ROW_FAILED with its reason. */
+/* Produces row i of res (the claim's columns: blocked, id, topic, key,
+ * value, headers, message_id, idempotency_key, created and commit in µs)
+ * into o->rows[i]; a row that can never be published is set ROW_FAILED
+ * with its reason. */
 static void row_produce(idem_outbox_t *o, PGresult *res, int i)
 {
     row_t *row = &o->rows[i];
     memset(row, 0, sizeof(*row));
-    row->id = strtoll(PQgetvalue(res, i, 0), NULL, 10);
-    row->created_ms = strtoll(PQgetvalue(res, i, 7), NULL, 10);
-    if (strcmp(PQgetvalue(res, i, 8), "t")) {
-        row->state = ROW_WAIT;
-        return;
-    }
+    row->id = strtoll(PQgetvalue(res, i, 1), NULL, 10);
+    row->created_us = strtoll(PQgetvalue(res, i, 8), NULL, 10);
+    if (!PQgetisnull(res, i, 9))
+        row->commit_us = strtoll(PQgetvalue(res, i, 9), NULL, 10);
     const char *topic =
-        PQgetisnull(res, i, 1) ? o->conf->outbox_topic : PQgetvalue(res, i, 1);
+        PQgetisnull(res, i, 2) ? o->conf->outbox_topic : PQgetvalue(res, i, 2);
     if (!topic || !*topic) {
         row->state = ROW_FAILED;
         snprintf(row->error, sizeof(row->error),
@@ -533,20 +561,20 @@ static void row_produce(idem_outbox_t *o, PGresult *res, int i)
         return;
     }
     rd_kafka_headers_t *h =
-        row_headers(PQgetisnull(res, i, 4) ? NULL : PQgetvalue(res, i, 4),
-                    PQgetisnull(res, i, 5) ? NULL : PQgetvalue(res, i, 5),
+        row_headers(PQgetisnull(res, i, 5) ? NULL : PQgetvalue(res, i, 5),
                     PQgetisnull(res, i, 6) ? NULL : PQgetvalue(res, i, 6),
+                    PQgetisnull(res, i, 7) ? NULL : PQgetvalue(res, i, 7),
                     row->error, sizeof(row->error));
     if (!h) {
         row->state = ROW_FAILED;
         return;
     }
-    const char *key = PQgetisnull(res, i, 2) ? NULL : PQgetvalue(res, i, 2);
+    const char *key = PQgetisnull(res, i, 3) ? NULL : PQgetvalue(res, i, 3);
     void *value = NULL, *unescaped = NULL;
     size_t vlen = 0;
-    if (!PQgetisnull(res, i, 3)) {
-        value = PQgetvalue(res, i, 3);
-        vlen = (size_t)PQgetlength(res, i, 3);
+    if (!PQgetisnull(res, i, 4)) {
+        value = PQgetvalue(res, i, 4);
+        vlen = (size_t)PQgetlength(res, i, 4);
         if (o->value_is_bytea) {
             unescaped = PQunescapeBytea(value, &vlen);
             value = unescaped;
@@ -576,24 +604,196 @@ static void row_produce(idem_outbox_t *o, PGresult *res, int i)
     o->outstanding++;
 }
 
-/* Appends ids of rows in `state` as a PostgreSQL array literal. Returns
- * how many. buf is grown as needed; caller frees. */
-static size_t ids_literal(const row_t *rows, size_t n, row_state_t state,
-                          char **buf)
+/* Fills o->ids with the ids of the batch's rows in `state` as a binary
+ * int8[] parameter (array_recv's format: dimensions, has-nulls flag,
+ * element type, length and lower bound of the one dimension, then each
+ * element as its length and big-endian value), which the server takes
+ * without parsing text. Returns the byte length; *cnt gets how many ids. */
+static size_t ids_binary(idem_outbox_t *o, row_state_t state, size_t *cnt)
 {
-    size_t cap = 32 + n * 21, len = 0, cnt = 0;
-    *buf = idem_xrealloc(*buf, cap);
-    (*buf)[len++] = '{';
-    for (size_t i = 0; i < n; i++) {
-        if (rows[i].state != state)
-            continue;
-        len += (size_t)snprintf(*buf + len, cap - len, "%s%" PRId64,
-                                cnt ? "," : "", rows[i].id);
-        cnt++;
+    size_t need = 20 + o->nrows * 12;
+    if (need > o->ids_cap) {
+        o->ids = idem_xrealloc(o->ids, need);
+        o->ids_cap = need;
     }
-    (*buf)[len++] = '}';
-    (*buf)[len] = '\0';
-    return cnt;
+    char *p = o->ids + 20;
+    uint32_t n = 0;
+    for (size_t i = 0; i < o->nrows; i++) {
+        if (o->rows[i].state != state)
+            continue;
+        uint32_t len = htobe32(8);
+        uint64_t v = htobe64((uint64_t)o->rows[i].id);
+        memcpy(p, &len, 4);
+        memcpy(p + 4, &v, 8);
+        p += 12;
+        n++;
+    }
+    uint32_t head[5] = {htobe32(1), htobe32(0), htobe32(20 /* int8 */),
+                        htobe32(n), htobe32(1)};
+    memcpy(o->ids, head, sizeof(head));
+    *cnt = n;
+    return (size_t)(p - o->ids);
+}
+
+/* The next result of the pipeline, which must have status `want` (what
+ * names the statement in errstr); for a statement also the NULL that ends
+ * its results (a Sync has none). *out, when given, takes the result
+ * (caller clears it). 0 or -1 with errstr. */
+static int pipe_result(idem_outbox_t *o, ExecStatusType want, const char *what,
+                       PGresult **out, char *errstr, size_t errstr_size)
+{
+    PGresult *res = PQgetResult(o->pg);
+    if (PQresultStatus(res) != want) {
+        pg_err(o->pg, res, what, errstr, errstr_size);
+        PQclear(res);
+        return -1;
+    }
+    if (want != PGRES_PIPELINE_SYNC) {
+        PGresult *end = PQgetResult(o->pg);
+        if (end) {
+            PQclear(end);
+            PQclear(res);
+            snprintf(errstr, errstr_size, "%s: more than one result", what);
+            return -1;
+        }
+    }
+    if (out)
+        *out = res;
+    else
+        PQclear(res);
+    return 0;
+}
+
+/* Sends a Sync (the end of the claim's transaction: its commit), flushes
+ * and reads the Sync's result. 0 or -1 with errstr. */
+static int pipe_commit(idem_outbox_t *o, char *errstr, size_t errstr_size)
+{
+    if (!PQpipelineSync(o->pg)) {
+        pg_err(o->pg, NULL, "commit", errstr, errstr_size);
+        return -1;
+    }
+    o->in_tx = 0;
+    return pipe_result(o, PGRES_PIPELINE_SYNC, "commit", NULL, errstr,
+                       errstr_size);
+}
+
+/* Queues the end of the batch in hand: the error of each refused row, one
+ * mark (or delete) of the delivered rows, and the Sync that commits the
+ * claim's transaction. *delivered and *failed get the counts. 0 or -1. */
+static int send_finish(idem_outbox_t *o, size_t *delivered, size_t *failed,
+                       char *errstr, size_t errstr_size)
+{
+    *failed = 0;
+    for (size_t i = 0; i < o->nrows; i++) {
+        if (o->rows[i].state != ROW_FAILED)
+            continue;
+        char id[24];
+        snprintf(id, sizeof(id), "%" PRId64, o->rows[i].id);
+        const char *fp[2] = {id, o->rows[i].error};
+        if (!PQsendQueryParams(o->pg, o->sql_fail, 2, NULL, fp, NULL, NULL,
+                               0)) {
+            pg_err(o->pg, NULL, "mark failed row", errstr, errstr_size);
+            return -1;
+        }
+        (*failed)++;
+    }
+    size_t len = ids_binary(o, ROW_DELIVERED, delivered);
+    if (*delivered) {
+        const char *dp[1] = {o->ids};
+        int dl[1] = {(int)len}, df[1] = {1};
+        if (!PQsendQueryParams(o->pg, o->sql_done, 1, NULL, dp, dl, df, 0)) {
+            pg_err(o->pg, NULL, "mark published rows", errstr, errstr_size);
+            return -1;
+        }
+    }
+    if (!PQpipelineSync(o->pg)) {
+        pg_err(o->pg, NULL, "commit", errstr, errstr_size);
+        return -1;
+    }
+    return 0;
+}
+
+/* Reads the results send_finish queued; once the commit is in, counts
+ * the rows and logs the refused ones. 0 or -1 with errstr (the commit's
+ * fate is then unknown: nothing is counted, the rows may be published
+ * again). */
+static int read_finish(idem_outbox_t *o, size_t delivered, size_t failed,
+                       char *errstr, size_t errstr_size)
+{
+    for (size_t i = 0; i < failed; i++)
+        if (pipe_result(o, PGRES_COMMAND_OK, "mark failed row", NULL, errstr,
+                        errstr_size))
+            return -1;
+    if (delivered && pipe_result(o, PGRES_COMMAND_OK, "mark published rows",
+                                 NULL, errstr, errstr_size))
+        return -1;
+    if (pipe_result(o, PGRES_PIPELINE_SYNC, "commit", NULL, errstr,
+                    errstr_size))
+        return -1;
+    o->in_tx = 0;
+    /* Counted only now: a row is published once its mark is committed. */
+    atomic_fetch_add(&o->published, delivered);
+    atomic_fetch_add(&o->failed, failed);
+    for (size_t i = 0; failed && i < o->nrows; i++)
+        if (o->rows[i].state == ROW_FAILED) {
+            char id[24];
+            snprintf(id, sizeof(id), "%" PRId64, o->rows[i].id);
+            idem_log_kv(IDEM_LOG_WARN, "outbox row cannot be published", "id",
+                        id, "error", o->rows[i].error, NULL);
+        }
+    o->nrows = 0;
+    return 0;
+}
+
+/* Whether the lag gauges are due (every stats.interval.ms, 5 s when 0). */
+static int lag_due(idem_outbox_t *o)
+{
+    int64_t now = idem_now_ms();
+    if (now < o->next_lag_ms)
+        return 0;
+    int64_t every =
+        o->conf->stats_interval_ms ? o->conf->stats_interval_ms : 5000;
+    o->next_lag_ms = now + every;
+    return 1;
+}
+
+static int64_t wall_us(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
+}
+
+/* Publishes the claimed rows of res and waits for every delivery report,
+ * even when asked to stop (message.timeout.ms bounds the wait); observes
+ * the latencies. Returns how many rows were not delivered (ROW_RETRY). */
+static size_t publish(idem_outbox_t *o, PGresult *res, size_t n)
+{
+    o->outstanding = 0;
+    for (size_t i = 0; i < n; i++)
+        row_produce(o, res, (int)i);
+    o->nrows = n;
+    while (o->outstanding > 0) {
+        rd_kafka_poll(o->rk, 5);
+        idem_metrics_heartbeat(o->m);
+    }
+    size_t retry = 0;
+    int64_t now = wall_us();
+    pthread_mutex_lock(&o->lock);
+    hist_observe(&o->batch, (double)n);
+    for (size_t i = 0; i < n; i++) {
+        const row_t *row = &o->rows[i];
+        if (row->state == ROW_DELIVERED) {
+            hist_observe(&o->latency, (double)(now - row->created_us) / 1e6);
+            if (row->commit_us)
+                hist_observe(&o->commit, (double)(now - row->commit_us) / 1e6);
+        } else if (row->state == ROW_RETRY) {
+            retry++;
+        }
+    }
+    pthread_mutex_unlock(&o->lock);
+    idem_metrics_batch_observe(o->m, (double)n);
+    return retry;
 }
 
 typedef enum {
@@ -603,47 +803,86 @@ typedef enum {
     BATCH_FATAL        /* the idempotent producer failed */
 } batch_result_t;
 
-/* Claims, publishes, waits, marks, commits. *claimed receives the number
- * of rows claimed, *waiting how many of them were left for later behind an
- * older row of their key (ROW_WAIT). */
-static batch_result_t batch_run(idem_outbox_t *o, size_t *claimed,
-                                size_t *waiting, char *errstr,
-                                size_t errstr_size)
+/* One turn of the relay. Finishes the batch in hand (marks, errors and
+ * the commit of its transaction) and, when `claim`, claims the next batch
+ * in a new transaction, publishes it and waits for its acknowledgements;
+ * its marks go out with the next turn. The finish and the claim leave in
+ * one write (libpq pipeline mode; a transaction is the statements between
+ * two Syncs), so a busy relay pays one database round trip per batch.
+ * *claimed gets the rows claimed, *blocked the key buckets another relay
+ * held. BATCH_KAFKA_ERROR leaves the batch in hand: finish it with
+ * claim = 0 before backing off. */
+static batch_result_t batch_turn(idem_outbox_t *o, int claim, size_t *claimed,
+                                 int64_t *blocked, char *errstr,
+                                 size_t errstr_size)
 {
     *claimed = 0;
-    *waiting = 0;
+    *blocked = 0;
     int64_t t0 = idem_now_us();
-    if (pg_exec(o, "BEGIN", PGRES_COMMAND_OK, errstr, errstr_size))
+    int finishing = o->in_tx;
+    size_t delivered = 0, failed = 0;
+    if (finishing && send_finish(o, &delivered, &failed, errstr, errstr_size))
         return BATCH_DB_ERROR;
-    char limit[24];
-    snprintf(limit, sizeof(limit), "%" PRId64, o->conf->outbox_batch_max);
-    const char *params[2] = {limit, NULL};
-    PGresult *res = PQexecPrepared(o->pg, "claim", 1, params, NULL, NULL, 0);
-    if (PQresultStatus(res) != PGRES_TUPLES_OK) {
-        pg_err(o->pg, res, "claim", errstr, errstr_size);
-        PQclear(res);
+    int with_lag = 0;
+    if (claim) {
+        with_lag = lag_due(o);
+        char limit[24];
+        snprintf(limit, sizeof(limit), "%" PRId64, o->conf->outbox_batch_max);
+        const char *params[1] = {limit};
+        if ((with_lag &&
+             !PQsendQueryPrepared(o->pg, "lag", 0, NULL, NULL, NULL, 0)) ||
+            !PQsendQueryPrepared(o->pg, "claim", 1, params, NULL, NULL, 0) ||
+            !PQsendFlushRequest(o->pg)) {
+            pg_err(o->pg, NULL, "claim", errstr, errstr_size);
+            return BATCH_DB_ERROR;
+        }
+    }
+    if (PQflush(o->pg)) {
+        pg_err(o->pg, NULL, "send", errstr, errstr_size);
         return BATCH_DB_ERROR;
     }
-    size_t n = (size_t)PQntuples(res);
+    if (finishing && read_finish(o, delivered, failed, errstr, errstr_size))
+        return BATCH_DB_ERROR;
+    if (!claim)
+        return BATCH_OK;
+    PGresult *res;
+    if (with_lag) {
+        if (pipe_result(o, PGRES_TUPLES_OK, "lag", &res, errstr, errstr_size))
+            return BATCH_DB_ERROR;
+        if (PQntuples(res) == 1) {
+            atomic_store(&o->lag_rows,
+                         strtoll(PQgetvalue(res, 0, 0), NULL, 10));
+            atomic_store(&o->lag_ms, strtoll(PQgetvalue(res, 0, 1), NULL, 10));
+        }
+        PQclear(res);
+    }
+    if (pipe_result(o, PGRES_TUPLES_OK, "claim", &res, errstr, errstr_size))
+        return BATCH_DB_ERROR;
+    o->in_tx = 1;
     int64_t t_claimed = idem_now_us();
+    size_t n = (size_t)PQntuples(res);
+    if (n >= 1)
+        *blocked = strtoll(PQgetvalue(res, 0, 0), NULL, 10);
+    if (n == 1 && PQgetisnull(res, 0, 1))
+        n = 0; /* the one row of blocked alone: nothing claimed */
+    for (size_t i = 1; i < n; i++)
+        if (strtoll(PQgetvalue(res, (int)i, 1), NULL, 10) <=
+            strtoll(PQgetvalue(res, (int)i - 1, 1), NULL, 10)) {
+            /* The plan (a nested loop over the one row of o) keeps the
+             * claim's id order; publishing out of order is not an
+             * option, so a plan that changes it is an error. */
+            snprintf(errstr, errstr_size,
+                     "claim: rows not in id order (row %zu)", i);
+            PQclear(res);
+            return BATCH_DB_ERROR;
+        }
     *claimed = n;
     if (n == 0) {
         PQclear(res);
-        return pg_exec(o, "COMMIT", PGRES_COMMAND_OK, errstr, errstr_size)
-                   ? BATCH_DB_ERROR
-                   : BATCH_OK;
+        return pipe_commit(o, errstr, errstr_size) ? BATCH_DB_ERROR : BATCH_OK;
     }
-    o->outstanding = 0;
-    for (size_t i = 0; i < n; i++)
-        row_produce(o, res, (int)i);
+    size_t retry = publish(o, res, n);
     PQclear(res);
-    /* Every delivery report, even when asked to stop: the batch in hand
-     * finishes. message.timeout.ms bounds this wait. */
-    int64_t t_produced = idem_now_us();
-    while (o->outstanding > 0) {
-        rd_kafka_poll(o->rk, 5);
-        idem_metrics_heartbeat(o->m);
-    }
     int64_t t_acked = idem_now_us();
 
     char fatal[512];
@@ -651,73 +890,12 @@ static batch_result_t batch_run(idem_outbox_t *o, size_t *claimed,
         snprintf(errstr, errstr_size, "%s", fatal);
         return BATCH_FATAL; /* the transaction dies with the connection */
     }
-
-    size_t delivered = 0, failed = 0, retry = 0;
-    int64_t now_wall = idem_wall_ms();
-    pthread_mutex_lock(&o->lock);
-    hist_observe(&o->batch, (double)n);
-    for (size_t i = 0; i < n; i++) {
-        if (o->rows[i].state == ROW_DELIVERED) {
-            delivered++;
-            hist_observe(&o->latency,
-                         (double)(now_wall - o->rows[i].created_ms) / 1e3);
-        } else if (o->rows[i].state == ROW_FAILED) {
-            failed++;
-        } else if (o->rows[i].state == ROW_WAIT) {
-            (*waiting)++;
-        } else {
-            retry++;
-        }
-    }
-    pthread_mutex_unlock(&o->lock);
-    idem_metrics_batch_observe(o->m, (double)n);
-
-    for (size_t i = 0; i < n; i++) {
-        if (o->rows[i].state != ROW_FAILED)
-            continue;
-        char id[24];
-        snprintf(id, sizeof(id), "%" PRId64, o->rows[i].id);
-        const char *fp[2] = {id, o->rows[i].error};
-        PGresult *r =
-            PQexecParams(o->pg, o->sql_fail, 2, NULL, fp, NULL, NULL, 0);
-        int bad = PQresultStatus(r) != PGRES_COMMAND_OK;
-        if (bad)
-            pg_err(o->pg, r, "mark failed row", errstr, errstr_size);
-        PQclear(r);
-        if (bad)
-            return BATCH_DB_ERROR;
-        idem_log_kv(IDEM_LOG_WARN, "outbox row cannot be published", "id", id,
-                    "error", o->rows[i].error, NULL);
-    }
-    if (delivered) {
-        char *ids = NULL;
-        ids_literal(o->rows, n, ROW_DELIVERED, &ids);
-        const char *dp[1] = {ids};
-        PGresult *r =
-            PQexecParams(o->pg, o->sql_done, 1, NULL, dp, NULL, NULL, 0);
-        free(ids);
-        int bad = PQresultStatus(r) != PGRES_COMMAND_OK;
-        if (bad)
-            pg_err(o->pg, r, "mark published rows", errstr, errstr_size);
-        PQclear(r);
-        if (bad)
-            return BATCH_DB_ERROR;
-    }
-    int64_t t_marked = idem_now_us();
-    if (pg_exec(o, "COMMIT", PGRES_COMMAND_OK, errstr, errstr_size))
-        return BATCH_DB_ERROR;
-    if (idem_log_enabled(IDEM_LOG_DEBUG)) {
-        int64_t t_end = idem_now_us();
+    if (idem_log_enabled(IDEM_LOG_DEBUG))
         idem_log(IDEM_LOG_DEBUG,
-                 "outbox batch: %zu rows (%zu wait); us: claim %" PRId64
-                 " produce %" PRId64 " ack %" PRId64 " mark %" PRId64
-                 " commit %" PRId64,
-                 n, *waiting, t_claimed - t0, t_produced - t_claimed,
-                 t_acked - t_produced, t_marked - t_acked, t_end - t_marked);
-    }
-    /* Counted only now: a row is published once its mark is durable. */
-    atomic_fetch_add(&o->published, delivered);
-    atomic_fetch_add(&o->failed, failed);
+                 "outbox batch: %zu rows (%" PRId64
+                 " buckets blocked); us: finish+claim %" PRId64
+                 " publish+ack %" PRId64,
+                 n, *blocked, t_claimed - t0, t_acked - t_claimed);
     if (retry) {
         for (size_t i = 0; i < n; i++)
             if (o->rows[i].state == ROW_RETRY) {
@@ -794,18 +972,42 @@ static void kafka_probe(idem_outbox_t *o)
     o->next_probe_ms = idem_now_ms() + 1000;
 }
 
+/* Drops the connection after a database error: the open transaction
+ * rolls back with it, so the batch in hand (published, not marked) is
+ * claimed and published again later, with the same message_ids. */
+static void db_drop(idem_outbox_t *o, const char *err)
+{
+    atomic_fetch_add(&o->db_errors, 1);
+    set_not_ready(o, err);
+    idem_log_kv(IDEM_LOG_WARN, "outbox database error", "error", err, NULL);
+    PQfinish(o->pg);
+    o->pg = NULL;
+    o->in_tx = 0;
+    o->nrows = 0;
+}
+
 int idem_outbox_run(idem_outbox_t *o, volatile int *stop, char *errstr,
                     size_t errstr_size)
 {
     char err[512];
     int last_failed = 0; /* to log a failure once, not every retry */
-    while (!*stop) {
+    size_t claimed;
+    int64_t blocked;
+    for (;;) {
         idem_metrics_heartbeat(o->m);
         rd_kafka_poll(o->rk, 0);
         if (idem_kafka_fatal(o->rk, "outbox producer", err, sizeof(err))) {
             snprintf(errstr, errstr_size, "%s", err);
             set_not_ready(o, err);
             return -1;
+        }
+        if (*stop) {
+            /* The batch in hand is acknowledged: mark it and commit. */
+            if (o->pg && o->in_tx &&
+                batch_turn(o, 0, &claimed, &blocked, err, sizeof(err)) !=
+                    BATCH_OK)
+                db_drop(o, err);
+            return 0;
         }
         kafka_probe(o);
         if (!o->pg) {
@@ -820,24 +1022,12 @@ int idem_outbox_run(idem_outbox_t *o, volatile int *stop, char *errstr,
                 continue;
             }
         }
-        lag_refresh(o);
-        size_t claimed, waiting;
-        batch_result_t br = batch_run(o, &claimed, &waiting, err, sizeof(err));
+        batch_result_t br =
+            batch_turn(o, 1, &claimed, &blocked, err, sizeof(err));
         if (br == BATCH_FATAL) {
             snprintf(errstr, errstr_size, "%s", err);
             set_not_ready(o, err);
             return -1;
-        }
-        if (br == BATCH_DB_ERROR) {
-            atomic_fetch_add(&o->db_errors, 1);
-            set_not_ready(o, err);
-            idem_log_kv(IDEM_LOG_WARN, "outbox database error", "error", err,
-                        NULL);
-            last_failed = 1;
-            PQfinish(o->pg); /* rolls the claim back */
-            o->pg = NULL;
-            backoff(o, stop);
-            continue;
         }
         if (br == BATCH_KAFKA_ERROR) {
             atomic_fetch_add(&o->kafka_errors, 1);
@@ -846,6 +1036,17 @@ int idem_outbox_run(idem_outbox_t *o, volatile int *stop, char *errstr,
                 idem_log_kv(IDEM_LOG_WARN, "outbox publish failed", "error",
                             err, NULL);
             last_failed = 2;
+            /* Mark what was delivered now, not after the backoff: the
+             * transaction should not stay open while we sleep. */
+            if (batch_turn(o, 0, &claimed, &blocked, err, sizeof(err)) !=
+                BATCH_OK)
+                db_drop(o, err);
+            backoff(o, stop);
+            continue;
+        }
+        if (br == BATCH_DB_ERROR) {
+            db_drop(o, err);
+            last_failed = 1;
             backoff(o, stop);
             continue;
         }
@@ -857,23 +1058,17 @@ int idem_outbox_run(idem_outbox_t *o, volatile int *stop, char *errstr,
             set_not_ready(o, "kafka: all brokers down");
         else
             idem_metrics_ready_set(o->m, 1, NULL);
-        if (claimed == (size_t)o->conf->outbox_batch_max)
-            continue; /* more rows are probably waiting */
-        /* Rows left behind an older row that another relay holds become
-         * claimable when it commits, which sends no NOTIFY: look again
-         * soon. */
+        if (claimed)
+            continue; /* its marks go out with the next claim */
+        /* Nothing to claim, the transaction is closed: sleep on NOTIFY.
+         * Rows in buckets another relay held become claimable at its
+         * commit, which sends no NOTIFY: look again soon. */
         int64_t wait_ms = o->conf->outbox_poll_ms;
-        if (waiting && wait_ms > WAIT_BEHIND_MS)
-            wait_ms = WAIT_BEHIND_MS;
+        if (blocked && wait_ms > WAIT_BLOCKED_MS)
+            wait_ms = WAIT_BLOCKED_MS;
         if (wait_notify(o, wait_ms, stop)) {
-            atomic_fetch_add(&o->db_errors, 1);
             pg_err(o->pg, NULL, "outbox database", err, sizeof(err));
-            set_not_ready(o, err);
-            idem_log_kv(IDEM_LOG_WARN, "outbox database error", "error", err,
-                        NULL);
-            PQfinish(o->pg);
-            o->pg = NULL;
+            db_drop(o, err);
         }
     }
-    return 0;
 }

@@ -20,14 +20,18 @@ typedef struct idem_outbox_s idem_outbox_t;
 idem_outbox_t *idem_outbox_new(const idem_conf_t *conf, idem_metrics_t *m,
                                char *errstr, size_t errstr_size);
 
-/* The relay loop: until *stop becomes set, claim a batch (SELECT ... FOR
- * UPDATE SKIP LOCKED ORDER BY id LIMIT outbox.batch.max), publish it, wait
- * for every delivery report, mark the delivered rows and the rows the
- * broker can never take (column error), commit. Sleeps on LISTEN/NOTIFY,
- * outbox.poll.ms at most. Database or Kafka down: not ready, back off,
- * retry; nothing is marked that was not acknowledged. A stop request lets
- * the batch in hand finish (publish, mark, commit). Returns 0 after a stop,
- * -1 with errstr on a fatal error (the idempotent producer failed). */
+/* The relay loop: until *stop becomes set, claim a batch (the key buckets
+ * of the first outbox.batch.max unpublished rows, each tried once with
+ * pg_try_advisory_xact_lock, then the first outbox.batch.max unpublished
+ * rows of the buckets held, in id order, FOR UPDATE), publish it, wait for
+ * every delivery report, then mark the delivered rows and the rows the
+ * broker can never take (column error) and commit, in the same write as
+ * the next claim (libpq pipeline mode). Sleeps on LISTEN/NOTIFY,
+ * outbox.poll.ms at most, when a claim finds nothing. Database or Kafka
+ * down: not ready, back off, retry; nothing is marked that was not
+ * acknowledged. A stop request lets the batch in hand finish (publish,
+ * mark, commit). Returns 0 after a stop, -1 with errstr on a fatal error
+ * (the idempotent producer failed). */
 int idem_outbox_run(idem_outbox_t *o, volatile int *stop, char *errstr,
                     size_t errstr_size);
 

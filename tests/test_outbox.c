@@ -271,6 +271,22 @@ Test(outbox, sigkill_between_publish_and_mark_then_exact_ledger, .timeout = 240)
                  "nothing is marked before the mark commits");
     kill(r, SIGKILL);
     cr_expect_eq(th_wait(r, 5000), 128 + SIGKILL);
+    /* The relay sends a batch's marks and its commit in one write, so the
+     * server already holds the commit of this dead relay and would apply
+     * it once the lock goes (harmless: those rows were acknowledged). A
+     * relay that dies before that write reaches the server leaves a
+     * transaction that ends with its connection, never committed; ending
+     * the dead relay's session first is that case. */
+    cr_assert_eq(th_pg_sql(&pg,
+                           "SELECT pg_terminate_backend(pid) FROM "
+                           "pg_stat_activity WHERE application_name = "
+                           "'idemproc-outbox'",
+                           NULL),
+                 0);
+    cr_assert_eq(wait_count("SELECT count(*) FROM pg_stat_activity WHERE "
+                            "application_name = 'idemproc-outbox'",
+                            0, 30000),
+                 0);
     cr_assert_eq(th_pg_sql(&pg,
                            "SELECT pg_terminate_backend(pid) FROM "
                            "pg_stat_activity WHERE application_name = "
