@@ -374,10 +374,12 @@ static void rebalance_cb(rd_kafka_t *rk, rd_kafka_resp_err_t err,
         /* (A failed assign is logged; librdkafka then serves the
          * partitions to no one, and the coordinator reassigns them.) */
         idem_rebalance_assign(rk, parts, rerr, sizeof(rerr));
-        if (p->paused) { /* keep new partitions quiet while we wait */
-            p->paused = 0;
-            pause_all(p, 1);
-        }
+        /* Each new partition paused or fetching as the others are, set
+         * explicitly: librdkafka keeps a partition's pause across unassign
+         * and assign, so a partition paused before a rebalance took it
+         * away would come back paused for good while we fetch. */
+        idem_rebalance_pause(rk, parts, p->paused);
+        idem_metrics_paused_set(p->m, p->paused ? (int64_t)p->offs.cnt : 0);
         char cnt[16];
         snprintf(cnt, sizeof(cnt), "%d", parts->cnt);
         idem_log_kv(IDEM_LOG_INFO, "partitions assigned", "count", cnt,
