@@ -26,11 +26,13 @@ BUILD_DEB_PKGS := build-essential pkg-config librdkafka-dev libhiredis-dev \
                   libcurl4-openssl-dev liblua5.1-0-dev libyajl-dev
 TEST_DEB_PKGS  := libcriterion-dev redis-server redis-tools kcat prometheus \
                   clang-format jq openssl postgresql
-# Fuzzing (make fuzz) and the memory checks of CI (.ci/run) on top.
+# Fuzzing (make fuzz), the memory checks of CI (.ci/run) and the chart of
+# `make bench` on top.
 FUZZ_DEB_PKGS  := clang-14 libclang-rt-14-dev
 CHECK_DEB_PKGS := valgrind
+BENCH_DEB_PKGS := gnuplot-nox
 DEB_PKGS       := $(BUILD_DEB_PKGS) $(TEST_DEB_PKGS) $(FUZZ_DEB_PKGS) \
-                  $(CHECK_DEB_PKGS)
+                  $(CHECK_DEB_PKGS) $(BENCH_DEB_PKGS)
 
 WARN    := -Wall -Wextra -Wshadow -Wstrict-prototypes -Wwrite-strings -Werror
 CFLAGS  ?= -O2 -g
@@ -80,7 +82,8 @@ TEST_JOBS ?= 2
 TEST_ARGS ?=
 
 # The test objects need Criterion, which only deps-check-test installs.
-.PHONY: all deps deps-check deps-check-test deps-check-fuzz test check-format \
+.PHONY: all deps deps-check deps-check-test deps-check-fuzz deps-check-bench \
+        test check-format \
         format demo demo-outbox bench chaos fuzz fuzz-build tsan memcheck clean \
         install help
 
@@ -91,9 +94,10 @@ help:
 	@echo "make test       format check, unit and integration tests"
 	@echo "make demo       whole pipeline on the embedded broker and a private redis"
 	@echo "make demo-outbox  PostgreSQL outbox -> relay -> processor -> verify"
-	@echo "make bench      one member's throughput against kcat reading the same topic;"
-	@echo "                BENCH_ROWS=\"ledger webhook outbox\" picks rows (webhook: an HTTP"
-	@echo "                service answering in 5 ms; outbox: the relay from PostgreSQL)"
+	@echo "make bench      throughput side by side (kcat, the classic per-message design,"
+	@echo "                Redis alone, idemproc with 1 and 2 members), CPU and memory per"
+	@echo "                record, latency, produce vs kcat -P, webhook and outbox rows;"
+	@echo "                BENCH_ROWS=\"kcat idemproc1 ...\" picks rows, BENCH_REPS repetitions"
 	@echo "make chaos      kills, Redis kill -9, broker faults at once; exact or fail"
 	@echo "                (CHAOS_SEED, CHAOS_RECORDS, CHAOS_SECONDS)"
 	@echo "make fuzz       each libFuzzer target for FUZZ_SECONDS (default 60)"
@@ -118,6 +122,10 @@ deps-check-test: deps-check
 	  && command -v openssl >/dev/null \
 	  && test -x $(PG_BINDIR)/initdb \
 	  || $(MAKE) --no-print-directory deps DEB_PKGS="$(TEST_DEB_PKGS)"
+
+deps-check-bench: deps-check-test
+	@command -v gnuplot >/dev/null \
+	  || $(MAKE) --no-print-directory deps DEB_PKGS="$(BENCH_DEB_PKGS)"
 
 deps-check-fuzz:
 	@command -v $(FUZZ_CC) >/dev/null \
@@ -161,7 +169,7 @@ $(TEST_BIN): $(TEST_OBJS) $(LIB_OBJS)
 
 FORMAT_SRCS = $(wildcard $(SRC_DIRS:%=%/*.[ch]) processor/include/*/*.h) \
               tests/*.[ch] tests/fuzz/*.c tests/tsan/*.c \
-              tests/hooksink/*.c \
+              tests/hooksink/*.c tests/bench/*.c \
               $(PLUGIN_SRCS) $(TEST_PLUGIN_SRCS)
 
 check-format: | deps-check-test
@@ -188,9 +196,27 @@ $(HOOKSINK): tests/hooksink/hooksink.c tests/hooksrv.c tests/hooksrv.h | deps-ch
 	$(CC) -std=c11 -D_GNU_SOURCE $(WARN) $(CFLAGS) $(PKG_CFLAGS) -o $@ \
 	  tests/hooksink/hooksink.c tests/hooksrv.c $(LDFLAGS) $(LDLIBS_ALL)
 
-# Rows of `make bench` (ledger, webhook); e.g. make bench BENCH_ROWS=webhook
+# The benchmark's own programs (tests/bench/, not part of the product):
+# the classic per-message design (hiredis + librdkafka + jansson only) and
+# the "Redis alone" driver, which sends the ledger chunks through
+# idemproc's own store module (linked from its objects).
+BENCH_CLASSIC    := $(BUILD)/bench/classic
+BENCH_REDISALONE := $(BUILD)/bench/redisalone
+
+$(BENCH_CLASSIC): tests/bench/classic.c | deps-check
+	@mkdir -p $(@D)
+	$(CC) -std=c11 -D_GNU_SOURCE $(WARN) $(CFLAGS) -MMD -MP $(PKG_CFLAGS) \
+	  -o $@ $< $(LDFLAGS) $(LDLIBS_ALL)
+
+$(BENCH_REDISALONE): tests/bench/redisalone.c $(LIB_OBJS) | deps-check
+	@mkdir -p $(@D)
+	$(CC) $(ALL_CFLAGS) -Iprocessor -o $@ $< $(LIB_OBJS) $(LDFLAGS) $(LDLIBS_ALL)
+
+# Rows of `make bench`: kcat classic redis idemproc1 idemproc2 latency
+# produce webhook outbox (all when none is named); e.g.
+# make bench BENCH_ROWS="kcat idemproc1". BENCH_REPS (3) repetitions.
 BENCH_ROWS ?=
-bench: $(BIN) $(HOOKSINK) | deps-check-test
+bench: $(BIN) $(HOOKSINK) $(BENCH_CLASSIC) $(BENCH_REDISALONE) | deps-check-bench
 	@PG_BINDIR=$(PG_BINDIR) BENCH_ONLY=$(BENCH_ONLY) tests/bench.sh $(BIN) $(BENCH_ROWS)
 
 # ThreadSanitizer: the HTTP thread against a thread updating the metrics as
@@ -263,4 +289,5 @@ clean:
 	rm -rf $(BUILD) $(FUZZ_BUILD) $(TSAN_BUILD)
 
 -include $(OBJS:.o=.d) $(TEST_OBJS:.o=.d) $(FUZZ_OBJS:.o=.d) \
-         $(PLUGINS:.so=.d) $(TEST_PLUGINS:.so=.d)
+         $(PLUGINS:.so=.d) $(TEST_PLUGINS:.so=.d) \
+         $(BENCH_CLASSIC).d $(BENCH_REDISALONE).d

@@ -98,6 +98,8 @@ struct idem_pipeline_s {
                                      hand) */
     int64_t clock_us;             /* idem_now_us() of the current step: one
                                      clock read per step, not per record */
+    int64_t wall_offset_us;       /* wall clock minus idem_now_us(), taken
+                                     each turn of the loop (effect latency) */
     size_t cnt;                   /* records in hand (recs.live) */
     size_t cap;                   /* BATCHES_IN_HAND batches: scratch size */
     size_t inflight;              /* records with the handler */

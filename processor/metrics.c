@@ -27,6 +27,10 @@ static const double latency_bounds[] = {0.0005, 0.001, 0.0025, 0.005, 0.01,
                                         1,      2.5,   5,      10};
 static const double batch_bounds[] = {1,   10,   50,   100,  250,
                                       500, 1000, 2500, 5000, 10000};
+/* Producer timestamp -> effect: fine steps around the 20 ms goal. */
+static const double effect_bounds[] = {0.001, 0.002, 0.003, 0.005, 0.0075, 0.01,
+                                       0.015, 0.02,  0.025, 0.03,  0.05,   0.1,
+                                       0.25,  0.5,   1,     2.5};
 static const double redis_bounds[] = {0.0001, 0.00025, 0.0005, 0.001,
                                       0.0025, 0.005,   0.01,   0.025,
                                       0.05,   0.1,     0.5,    1};
@@ -96,6 +100,7 @@ struct idem_metrics_s {
     int64_t start_wall_ms;             /* set once in _new */
 
     histogram_t latency;
+    histogram_t effect_latency;
     histogram_t batch;
     histogram_t redis;
 
@@ -188,6 +193,11 @@ idem_metrics_t *idem_metrics_new(void)
     histogram_init(&m->latency, "idemproc_processing_latency_seconds",
                    "Time from fetching a record to its outcome.",
                    latency_bounds, NBOUNDS(latency_bounds));
+    histogram_init(&m->effect_latency, "idemproc_effect_latency_seconds",
+                   "Time from a record's timestamp (the producer's "
+                   "CreateTime) to its effect, for processed records, by "
+                   "this host's clock.",
+                   effect_bounds, NBOUNDS(effect_bounds));
     histogram_init(&m->batch, "idemproc_batch_size_records",
                    "Records per processed batch.", batch_bounds,
                    NBOUNDS(batch_bounds));
@@ -217,6 +227,7 @@ void idem_metrics_destroy(idem_metrics_t *m)
     if (!m)
         return;
     pthread_mutex_destroy(&m->latency.lock);
+    pthread_mutex_destroy(&m->effect_latency.lock);
     pthread_mutex_destroy(&m->batch.lock);
     pthread_mutex_destroy(&m->redis.lock);
     pthread_mutex_destroy(&m->webhook_latency.lock);
@@ -304,6 +315,11 @@ void idem_metrics_rebalance_add(idem_metrics_t *m, const char *event)
 void idem_metrics_latency_observe(idem_metrics_t *m, double seconds)
 {
     histogram_observe(&m->latency, seconds);
+}
+
+void idem_metrics_effect_latency_observe(idem_metrics_t *m, double seconds)
+{
+    histogram_observe(&m->effect_latency, seconds);
 }
 
 void idem_metrics_batch_observe(idem_metrics_t *m, double records)
@@ -690,6 +706,7 @@ void idem_metrics_render(idem_metrics_t *m, FILE *out)
     }
 
     render_histogram(out, &m->latency);
+    render_histogram(out, &m->effect_latency);
     render_histogram(out, &m->batch);
     render_histogram(out, &m->redis);
 

@@ -39,6 +39,11 @@ void idem_metrics_rebalance_add(idem_metrics_t *m, const char *event);
 
 /* Histograms (seconds for latencies, records for batch size). */
 void idem_metrics_latency_observe(idem_metrics_t *m, double seconds);
+/* Record timestamp (ms since the epoch, the producer's clock) to now (this
+ * host's clock) for a processed record: what `make bench` reports as the
+ * produce-to-effect latency. Negative values (clock skew) land in the
+ * first bucket. */
+void idem_metrics_effect_latency_observe(idem_metrics_t *m, double seconds);
 void idem_metrics_batch_observe(idem_metrics_t *m, double records);
 void idem_metrics_redis_observe(idem_metrics_t *m, double seconds);
 

@@ -804,6 +804,7 @@ int idem_pipeline_run(idem_pipeline_t *p, volatile int *stop, char *errstr,
 
     while (!*stop) {
         int64_t now = idem_now_ms();
+        p->wall_offset_us = idem_wall_us() - idem_now_us();
         idem_metrics_heartbeat(p->m);
         if (p->flow.down || p->paused) {
             /* Waiting: keep the membership alive, retry when due. */

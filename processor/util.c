@@ -66,6 +66,13 @@ int64_t idem_wall_ms(void)
     return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
+int64_t idem_wall_us(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
+}
+
 char *idem_rfc3339(int64_t wall_ms, char *buf, size_t size)
 {
     time_t sec = (time_t)(wall_ms / 1000);

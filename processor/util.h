@@ -16,6 +16,7 @@ char *idem_xstrdup(const char *s);
 int64_t idem_now_ms(void);
 int64_t idem_now_us(void);
 int64_t idem_wall_ms(void);
+int64_t idem_wall_us(void); /* CLOCK_REALTIME in microseconds */
 
 /* Formats wall-clock milliseconds as RFC 3339 UTC with milliseconds into
  * buf (at least 32 bytes). Returns buf. */

@@ -1,22 +1,42 @@
 #!/usr/bin/env bash
-# bench.sh BIN [ROW...]: throughput of one member against a reference
-# measured in the same run, for `make bench` (rows: ledger, webhook; all
-# when none is named, e.g. `tests/bench.sh build/idemproc webhook`).
+# bench.sh BIN [ROW...]: `make bench`, idemproc measured side by side with
+# its references, all in one run on one embedded broker and one private
+# redis-server (docs/design.md, "Throughput"). Rows (all when none is named):
 #
-# One embedded broker and one private redis-server; 200,000 payments with
-# 10% duplicates and 1% poison. The reference is kcat reading the same topic
-# from the beginning (what the broker and the machine can deliver at all);
-# then one `idemproc run` member (ledger handler) processes it, timed from
-# its first finished record to its last, and verify must say exact. Prints
-# both rates and their ratio. Needs bash >= 5, kcat, redis-server/redis-cli.
+#   kcat       kcat reading the topic from the beginning: the fetch ceiling
+#   classic    tests/bench/classic: the classic per-message design (SET NX
+#              EX, HINCRBY, synchronous commit per record), time-boxed to
+#              BENCH_CLASSIC_SECONDS (3) per repetition (it is far slower)
+#   redis      tests/bench/redisalone: the valid records' ledger chunks sent
+#              by idemproc's own store code straight to Redis over two
+#              connections (what Redis can do for the same work)
+#   idemproc1  `idemproc run`, one member (ledger handler, bench settings)
+#   idemproc2  the same with two members in one group
+#   latency    produce timestamp -> effect (idemproc_effect_latency_seconds)
+#              with one member while `produce --rate` sends for
+#              BENCH_LATENCY_SECONDS (4) at half of idemproc1's median rate
+#              (BENCH_LATENCY_RATE overrides)
+#   produce    `idemproc produce` against `kcat -P` for BENCH_PRODUCE_COUNT
+#              (1,000,000) records, the same keys and values
+#   webhook    one member, handler=webhook, a service answering in 5 ms
+#   outbox     the outbox relay's rows (tests/bench_outbox.sh)
 #
-# webhook row: 50,000 records (BENCH_WEBHOOK_COUNT) with 10% duplicates to
-# one member with handler=webhook (default settings; more with
-# BENCH_WEBHOOK_PROPS="k=v lines"), against the tests' HTTP server
-# (build/hooksink, next to BIN) answering every request after 5 ms. The
-# issue's bar: >= 5,000 records/s. The member must end with every unique
-# record processed and the service must have acknowledged at least that
-# many requests.
+# Workload of the throughput rows: BENCH_COUNT (300,000) payments and poison
+# plus 10% duplicates (330,000 records), 1% poison, on 64 partitions (the
+# mock keeps ~5 MiB a partition: ~2.3 MB each here), produced once. Each row
+# runs BENCH_REPS (3) times; the table shows min / median / max. Every
+# idemproc run gets its own group and an empty Redis (FLUSHDB before), and
+# `idemproc verify` must say exact after it, else the bench fails; so must
+# the Redis-alone ledger. Per idemproc row: member CPU per record (utime +
+# stime from /proc, from its last sample before the first record to the
+# last record), Redis per record (INFO commandstats: usec of the script
+# commands, which include the commands they call; and INFO cpu), Redis
+# bytes per dedup mark (used_memory growth minus the ledger and position
+# keys, over the marks written) and peak RSS (VmHWM).
+#
+# Output: the table on stdout, BENCH_OUT (next to BIN: build/bench) gets
+# results.json and records_per_s.png (gnuplot). BENCH_KEEP=1 keeps the
+# temp dir. Needs bash >= 5, kcat, redis-server/redis-cli, jq, gnuplot.
 set -euo pipefail
 
 BIN=${1:-build/idemproc}
@@ -25,17 +45,30 @@ BIN=${1:-build/idemproc}
 if [[ ${BENCH_ONLY:-} == outbox || "${*:2}" == outbox ]]; then
     exec "$(dirname "$0")/bench_outbox.sh" "$BIN"
 fi
-COUNT=${BENCH_COUNT:-200000}
-PARTITIONS=32 # the mock keeps ~5 MiB per partition: 220k x ~430 B
-
+SRC=$(cd "$(dirname "$0")/.." && pwd)
 BIN=$(cd "$(dirname "$BIN")" && pwd)/$(basename "$BIN")
+TOOLS=$(dirname "$BIN")/bench
+OUT=${BENCH_OUT:-$TOOLS}
+REPS=${BENCH_REPS:-3}
+COUNT=${BENCH_COUNT:-300000}
+PARTITIONS=64
+CLASSIC_SECONDS=${BENCH_CLASSIC_SECONDS:-3}
+PRODUCE_COUNT=${BENCH_PRODUCE_COUNT:-1000000}
+LAT_SECONDS=${BENCH_LATENCY_SECONDS:-4}
+WORKLOAD=(--duplicates 0.1 --poison 0.01 --too-large-bytes 5000
+    --currencies EUR,USD,TRY --users 3000)
+
 ROWS=("${@:2}")
-((${#ROWS[@]})) || ROWS=(ledger webhook outbox)
+((${#ROWS[@]})) || ROWS=(kcat classic redis idemproc1 idemproc2 latency produce webhook outbox)
 want() {
     local r
     for r in "${ROWS[@]}"; do [[ $r == "$1" ]] && return 0; done
     return 1
 }
+for t in classic redisalone; do
+    [[ -x $TOOLS/$t ]] || { echo "bench: $TOOLS/$t missing (make bench builds it)" >&2; exit 2; }
+done
+mkdir -p "$OUT"
 DIR=$(mktemp -d "${TMPDIR:-/tmp}/idemproc-bench.XXXXXX")
 PIDS=()
 cleanup() {
@@ -50,8 +83,12 @@ trap cleanup EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
 
+die() {
+    echo "bench: $*" >&2
+    exit 1
+}
+say() { echo "bench: $*" >&2; }
 now_us() { local t=${EPOCHREALTIME//[.,]/}; echo "$((10#$t))"; }
-rate() { echo "$(($1 * 1000000 / ($2 > 0 ? $2 : 1)))"; }
 free_port() {
     local p
     for _ in $(seq 200); do
@@ -61,8 +98,14 @@ free_port() {
             return
         fi
     done
-    echo "bench: no free port" >&2
-    exit 1
+    die "no free port"
+}
+# metrics PORT: the member's /metrics body, read with bash alone.
+metrics() {
+    { exec 3<>"/dev/tcp/127.0.0.1/$1"; } 2>/dev/null || return 0
+    printf 'GET /metrics HTTP/1.0\r\n\r\n' >&3
+    cat <&3
+    exec 3<&-
 }
 # metric_sum PORT: the sum of idemproc_records_total over outcomes, read
 # with bash alone (no fork per poll: the machine has 2 cores to share).
@@ -76,121 +119,7 @@ metric_sum() {
     exec 3<&-
     echo "$sum"
 }
-
-"$BIN" broker --topic "payments:$PARTITIONS" --topic payments.dlq:4 \
-    --topic hooks:16 --topic hooks.dlq:1 \
-    >"$DIR/broker.out" 2>"$DIR/broker.log" &
-PIDS+=($!)
-for _ in $(seq 100); do [[ -s $DIR/broker.out ]] && break; sleep 0.05; done
-BOOT=$(head -n 1 "$DIR/broker.out")
-RPORT=$(free_port)
-redis-server --port "$RPORT" --bind 127.0.0.1 --dir "$DIR" --save '' \
-    --appendonly no >"$DIR/redis.log" 2>&1 &
-PIDS+=($!)
-for _ in $(seq 100); do
-    redis-cli -p "$RPORT" ping >/dev/null 2>&1 && break
-    sleep 0.05
-done
-
-# The ledger row (not indented, to keep its history readable).
-if want ledger; then
-"$BIN" produce -b "$BOOT" -t payments --count "$COUNT" --duplicates 0.1 \
-    --poison 0.01 --too-large-bytes 5000 --seed 7 --expect "$DIR/expect.json" \
-    2>"$DIR/produce.log"
-SENT=$(awk -F'[:,]' '/"sent"/ { gsub(/ /, "", $2); print $2 }' "$DIR/expect.json")
-
-# Reference: a plain consumer reading everything, in this same run.
-t0=$(now_us)
-READ=$(kcat -C -b "$BOOT" -t payments -o beginning -e -q \
-    -X fetch.wait.max.ms=10 -f '%o\n' | wc -l)
-KCAT_US=$(($(now_us) - t0))
-[[ $READ == "$SENT" ]] || { echo "bench: kcat read $READ of $SENT" >&2; exit 1; }
-
-HPORT=$(free_port)
-cat >"$DIR/bench.properties" <<PROPS
-kafka.bootstrap.servers=$BOOT
-group.id=idemproc-bench
-input.topics=payments
-dlq.topic=payments.dlq
-redis.url=redis://127.0.0.1:$RPORT/0
-message.max.bytes=4096
-kafka.fetch.wait.max.ms=10
-kafka.session.timeout.ms=6000
-http.listen=127.0.0.1:$HPORT
-log.level=warn
-PROPS
-"$BIN" run -c "$DIR/bench.properties" 2>"$DIR/member.log" &
-MEMBER=$!
-PIDS+=("$MEMBER")
-first=0
-done_at=0
-deadline=$(($(now_us) + 120000000))
-TS=() NS=() # samples: time (us) and records handled
-while (($(now_us) < deadline)); do
-    n=$(metric_sum "$HPORT")
-    t=$(now_us)
-    TS+=("$t") NS+=("$n")
-    if ((n > 0 && first == 0)); then first=$t; fi
-    if ((n >= SENT)); then done_at=$t; break; fi
-    sleep 0.5 # bash reads /metrics line by line: keep its CPU small
-done
-# Best rate over any window of at least one second (warm fetching, no
-# start-up or tail), next to the whole-run average.
-best=0
-for ((i = 0; i < ${#TS[@]}; i++)); do
-    for ((j = i + 1; j < ${#TS[@]}; j++)); do
-        if ((TS[j] - TS[i] >= 1000000)); then
-            r=$(((NS[j] - NS[i]) * 1000000 / (TS[j] - TS[i])))
-            ((r > best)) && best=$r
-            break
-        fi
-    done
-done
-((done_at)) || { echo "bench: the member did not finish" >&2; tail "$DIR/member.log" >&2; exit 1; }
-IDEM_US=$((done_at - first))
-"$BIN" verify -c "$DIR/bench.properties" --expect "$DIR/expect.json" --dlq \
-    >"$DIR/verify.out" || { cat "$DIR/verify.out" >&2; exit 1; }
-kill -TERM "$MEMBER"
-wait "$MEMBER"
-
-K=$(rate "$SENT" "$KCAT_US")
-I=$(rate "$SENT" "$IDEM_US")
-printf 'bench: %s records (%s partitions), one member, ledger handler\n' "$SENT" "$PARTITIONS"
-printf 'bench: reference  kcat read-only      %8s msgs/s\n' "$K"
-printf 'bench: idemproc   dedup+ledger+DLQ    %8s msgs/s  (%s%% of the reference; first to last record)\n' \
-    "$I" "$((I * 100 / (K > 0 ? K : 1)))"
-printf 'bench: idemproc   best 1 s window     %8s msgs/s\n' "$best"
-sed 's/^/bench: /' "$DIR/verify.out"
-fi
-
-# rate_of PORT TARGET LOG: polls the member's /metrics until TARGET records
-# are finished (2 min at most); prints "first-to-last-rate best-1s-rate".
-rate_of() {
-    local port=$1 target=$2 log=$3 first=0 done_at=0 n t i j r best=0
-    local deadline=$(($(now_us) + 120000000))
-    local -a ts=() ns=()
-    while (($(now_us) < deadline)); do
-        n=$(metric_sum "$port")
-        t=$(now_us)
-        ts+=("$t") ns+=("$n")
-        if ((n > 0 && first == 0)); then first=$t; fi
-        if ((n >= target)); then done_at=$t; break; fi
-        sleep 0.5
-    done
-    ((done_at)) || { echo "bench: the member did not finish ($n of $target)" >&2; tail "$log" >&2; return 1; }
-    for ((i = 0; i < ${#ts[@]}; i++)); do
-        for ((j = i + 1; j < ${#ts[@]}; j++)); do
-            if ((ts[j] - ts[i] >= 1000000)); then
-                r=$(((ns[j] - ns[i]) * 1000000 / (ts[j] - ts[i])))
-                ((r > best)) && best=$r
-                break
-            fi
-        done
-    done
-    echo "$(rate "$target" "$((done_at - first))") $best"
-}
-
-# metric PORT SERIES: one sample's value from the member's /metrics.
+# metric PORT SERIES: one sample's value from the member's /metrics (0).
 metric() {
     local line
     { exec 3<>"/dev/tcp/127.0.0.1/$1"; } 2>/dev/null || { echo 0; return; }
@@ -201,11 +130,371 @@ metric() {
     exec 3<&-
     echo 0
 }
+# cpu_ticks PID: utime + stime of the process (all its threads), in clock
+# ticks, read without a fork. Fields after the ")" of comm: state is 0,
+# utime 11, stime 12.
+cpu_ticks() {
+    local stat
+    read -r stat <"/proc/$1/stat" || { echo 0; return; }
+    local -a f=(${stat##*) })
+    echo "$((f[11] + f[12]))"
+}
+TICK_US=$((1000000 / $(getconf CLK_TCK)))
+vm_hwm_kb() { awk '/^VmHWM:/ { print $2 }' "/proc/$1/status"; }
+# expect FILE FIELD: a top-level number of a `produce --expect` file.
+expect() { jq -r ".$2" "$1"; }
+
+# redis_snap: "script_usec used_memory cpu_us" of the private Redis:
+# script_usec sums INFO commandstats usec of EVAL/EVALSHA/FCALL and their
+# _ro forms, which include the commands a script calls (those are counted
+# again under their own names, so they are left out here).
+redis_snap() {
+    redis-cli -p "$RPORT" info all | tr -d '\r' | awk -F'[:,=]' '
+        /^cmdstat_(eval|evalsha|eval_ro|evalsha_ro|fcall|fcall_ro):/ { u += $5 }
+        /^used_memory:/ { m = $2 }
+        /^used_cpu_sys:/ { c += $2 } /^used_cpu_user:/ { c += $2 }
+        END { printf "%d %d %d\n", u, m, c * 1000000 }'
+}
+# keys_bytes PREFIX: MEMORY USAGE summed over the ledger and position keys
+# under PREFIX (what is not a dedup mark).
+keys_bytes() {
+    local k sum=0 b
+    while IFS= read -r k; do
+        [[ -n $k ]] || continue
+        b=$(redis-cli -p "$RPORT" memory usage "$k" samples 0)
+        sum=$((sum + ${b:-0}))
+    done < <(redis-cli -p "$RPORT" --scan --pattern "$1ledger:*"
+        redis-cli -p "$RPORT" --scan --pattern "$1pos:*")
+    echo "$sum"
+}
+# emit ROW REP key=value...: one repetition's figures (numbers stay numbers).
+emit() {
+    local row=$1 rep=$2 kv k v json
+    shift 2
+    json="{\"row\":\"$row\",\"rep\":$rep"
+    for kv in "$@"; do
+        k=${kv%%=*} v=${kv#*=}
+        if [[ $v =~ ^-?[0-9]+(\.[0-9]+)?$ ]]; then json+=",\"$k\":$v"; else json+=",\"$k\":\"$v\""; fi
+    done
+    echo "$json}" >>"$DIR/rows.jsonl"
+}
+: >"$DIR/rows.jsonl"
+: >"$DIR/row_seconds"
+# row_done NAME T0: how long a row took (results.json "row_seconds").
+row_done() { echo "$1 $((($(now_us) - $2) / 1000000))" >>"$DIR/row_seconds"; }
+LOAD_START=$(cut -d' ' -f1 /proc/loadavg)
+T_BENCH=$(now_us)
+
+# --- one broker, one Redis ------------------------------------------------
+# A topic per latency repetition: each one's member reads only its traffic.
+LATENCY_TOPICS=()
+for ((rep = 1; rep <= REPS; rep++)); do
+    LATENCY_TOPICS+=(--topic "latency$rep:$PARTITIONS" --topic "latency$rep.dlq:4")
+done
+"$BIN" broker --topic "payments:$PARTITIONS" --topic payments.dlq:4 \
+    "${LATENCY_TOPICS[@]}" \
+    --topic p1m:128 --topic p1mk:128 --topic hooks:16 --topic hooks.dlq:1 \
+    >"$DIR/broker.out" 2>"$DIR/broker.log" &
+PIDS+=($!)
+for _ in $(seq 100); do [[ -s $DIR/broker.out ]] && break; sleep 0.05; done
+BOOT=$(head -n 1 "$DIR/broker.out")
+[[ -n $BOOT ]] || die "the broker did not start: $(tail -3 "$DIR/broker.log")"
+RPORT=$(free_port)
+redis-server --port "$RPORT" --bind 127.0.0.1 --dir "$DIR" --save '' \
+    --appendonly no >"$DIR/redis.log" 2>&1 &
+PIDS+=($!)
+for _ in $(seq 100); do
+    redis-cli -p "$RPORT" ping >/dev/null 2>&1 && break
+    sleep 0.05
+done
+
+# props FILE GROUP TOPIC [k=v...]: a member's configuration.
+props() {
+    local file=$1 group=$2 topic=$3
+    shift 3
+    {
+        echo "kafka.bootstrap.servers=$BOOT"
+        echo "group.id=$group"
+        echo "input.topics=$topic"
+        echo "dlq.topic=$topic.dlq"
+        echo "redis.url=redis://127.0.0.1:$RPORT/0"
+        echo "message.max.bytes=4096"
+        echo "kafka.fetch.wait.max.ms=10"
+        echo "kafka.session.timeout.ms=6000"
+        echo "log.level=warn"
+        local kv
+        for kv in "$@"; do echo "$kv"; done
+    } >"$file"
+}
+
+# --- the workload ---------------------------------------------------------
+THROUGHPUT_ROWS=0
+for r in kcat classic redis idemproc1 idemproc2; do want "$r" && THROUGHPUT_ROWS=1; done
+if ((THROUGHPUT_ROWS)); then
+    t0=$(now_us)
+    "$BIN" produce -b "$BOOT" -t payments --count "$COUNT" "${WORKLOAD[@]}" \
+        --seed 7 --expect "$DIR/expect.json" 2>"$DIR/produce.log" ||
+        die "produce failed: $(tail -3 "$DIR/produce.log")"
+    SENT=$(expect "$DIR/expect.json" sent)
+    UNIQUE=$(expect "$DIR/expect.json" unique)
+    BYTES=$(kcat -C -b "$BOOT" -t payments -p 0 -o beginning -e -q -f '%S\n' |
+        awk '{ s += $1; n++ } END { printf "%d", n ? s / n : 0 }')
+    say "workload: $SENT records ($UNIQUE unique payments applied, $((SENT - UNIQUE)) duplicates and poison), $PARTITIONS partitions, ~$BYTES B values, produced in $((($(now_us) - t0) / 1000)) ms"
+fi
+
+# wait_members TARGET PORT...: polls the members' /metrics every 0.1 s
+# until they finished TARGET records (120 s at most). Sets FIRST_US (the
+# first record: midway between the last sample without one and the first
+# with one), DONE_US (likewise for the last) and CPU0[i] (member i's CPU
+# ticks at the last sample before the first record; needs MPIDS set).
+wait_members() {
+    local target=$1 n p t prev_t i
+    shift
+    local deadline=$(($(now_us) + 120000000))
+    FIRST_US=0 DONE_US=0 prev_t=$(now_us)
+    CPU0=()
+    while (($(now_us) < deadline)); do
+        n=0
+        for p in "$@"; do n=$((n + $(metric_sum "$p"))); done
+        t=$(now_us)
+        if ((n == 0)); then
+            for i in "${!MPIDS[@]}"; do CPU0[i]=$(cpu_ticks "${MPIDS[i]}"); done
+        elif ((FIRST_US == 0)); then
+            FIRST_US=$(((prev_t + t) / 2))
+        fi
+        if ((n >= target)); then
+            DONE_US=$(((prev_t + t) / 2))
+            return 0
+        fi
+        prev_t=$t
+        sleep 0.1
+    done
+    say "the members did not finish ($n of $target records)"
+    return 1
+}
+
+# idemproc_run ROW REP MEMBERS: MEMBERS members of a new group process the
+# whole `payments` topic; emits the repetition's figures, fails unless
+# verify says exact.
+idemproc_run() {
+    local row=$1 rep=$2 members=$3 i
+    local conf=$DIR/$row-$rep.properties
+    props "$conf" "bench-$row-$rep" payments
+    redis-cli -p "$RPORT" flushdb >/dev/null
+    read -r u0 m0 c0 < <(redis_snap)
+    MPIDS=() MPORTS=()
+    for ((i = 0; i < members; i++)); do
+        MPORTS[i]=$(free_port)
+        "$BIN" run -c "$conf" --set "member.id=$row-$rep-$i" \
+            --set "http.listen=127.0.0.1:${MPORTS[i]}" \
+            2>"$DIR/$row-$rep-$i.log" &
+        MPIDS[i]=$!
+        PIDS+=("${MPIDS[i]}")
+    done
+    wait_members "$SENT" "${MPORTS[@]}" || { tail -5 "$DIR/$row-$rep-0.log" >&2; exit 1; }
+    local ticks=0 rss=0 revokes=0 h
+    for i in "${!MPIDS[@]}"; do
+        ticks=$((ticks + $(cpu_ticks "${MPIDS[i]}") - CPU0[i]))
+        h=$(vm_hwm_kb "${MPIDS[i]}")
+        ((h > rss)) && rss=$h
+        revokes=$((revokes + $(metric "${MPORTS[i]}" 'idemproc_rebalances_total{event="revoke"}')))
+    done
+    for i in "${!MPIDS[@]}"; do kill -TERM "${MPIDS[i]}"; done
+    for i in "${!MPIDS[@]}"; do
+        wait "${MPIDS[i]}" || die "$row run $rep: member $i exited with $? on SIGTERM"
+    done
+    read -r u1 m1 c1 < <(redis_snap)
+    local other
+    other=$(keys_bytes "idemproc:")
+    "$BIN" verify -c "$conf" --expect "$DIR/expect.json" --dlq >"$DIR/$row-$rep.verify" 2>&1 ||
+        { cat "$DIR/$row-$rep.verify" >&2; die "$row run $rep: verify is not exact"; }
+    grep -q 'ledger exact' "$DIR/$row-$rep.verify" || die "$row run $rep: verify did not say exact"
+    local us=$((DONE_US - FIRST_US))
+    emit "$row" "$rep" rate=$((SENT * 1000000 / us)) seconds="$(awk -v u="$us" 'BEGIN { printf "%.3f", u / 1e6 }')" \
+        member_cpu_us="$(awk -v t="$ticks" -v k="$TICK_US" -v n="$SENT" 'BEGIN { printf "%.2f", t * k / n }')" \
+        redis_us="$(awk -v u="$((u1 - u0))" -v n="$SENT" 'BEGIN { printf "%.2f", u / n }')" \
+        redis_cpu_us="$(awk -v u="$((c1 - c0))" -v n="$SENT" 'BEGIN { printf "%.2f", u / n }')" \
+        bytes_per_mark="$(awk -v b="$((m1 - m0 - other))" -v n="$UNIQUE" 'BEGIN { printf "%.1f", b / n }')" \
+        rss_mib="$(awk -v k="$rss" 'BEGIN { printf "%.1f", k / 1024 }')" \
+        revokes="$revokes" verify=exact
+    say "$row run $rep: $((SENT * 1000000 / us)) records/s, verify exact"
+}
+
+# --- rows ------------------------------------------------------------------
+if want kcat; then
+    T_ROW=$(now_us)
+    for ((rep = 1; rep <= REPS; rep++)); do
+        t0=$(now_us)
+        READ=$(kcat -C -b "$BOOT" -t payments -o beginning -e -q \
+            -X fetch.wait.max.ms=10 -f '%o\n' | wc -l)
+        us=$(($(now_us) - t0))
+        [[ $READ == "$SENT" ]] || die "kcat read $READ of $SENT"
+        emit kcat "$rep" rate=$((SENT * 1000000 / us))
+    done
+    row_done kcat "$T_ROW"
+fi
+
+if want classic; then
+    T_ROW=$(now_us)
+    for ((rep = 1; rep <= REPS; rep++)); do
+        redis-cli -p "$RPORT" flushdb >/dev/null
+        read -r u0 m0 c0 < <(redis_snap)
+        line=$("$TOOLS/classic" -b "$BOOT" -t payments -g "bench-classic-$rep" \
+            -r "127.0.0.1:$RPORT" --seconds "$CLASSIC_SECONDS" \
+            -X fetch.wait.max.ms=10 -X session.timeout.ms=6000 2>"$DIR/classic-$rep.log") ||
+            die "classic failed: $(tail -3 "$DIR/classic-$rep.log")"
+        read -r u1 m1 c1 < <(redis_snap)
+        read -r _ _ n _ new _ dups _ poison _ secs _ rate <<<"$line"
+        ((n > 0)) || die "classic handled no record: $line"
+        emit classic "$rep" rate="$rate" records="$n" seconds="$secs" \
+            redis_cpu_us="$(awk -v u="$((c1 - c0))" -v n="$n" 'BEGIN { printf "%.2f", u / n }')"
+        say "classic run $rep: $line"
+    done
+    row_done classic "$T_ROW"
+fi
+
+if want redis; then
+    T_ROW=$(now_us)
+    for ((rep = 1; rep <= REPS; rep++)); do
+        conf=$DIR/redis-$rep.properties
+        props "$conf" "bench-redis-$rep" payments
+        redis-cli -p "$RPORT" flushdb >/dev/null
+        read -r u0 m0 c0 < <(redis_snap)
+        line=$("$TOOLS/redisalone" -c "$conf" --connections 2 2>"$DIR/redis-$rep.log") ||
+            die "redisalone failed: $(tail -3 "$DIR/redis-$rep.log")"
+        read -r u1 m1 c1 < <(redis_snap)
+        other=$(keys_bytes "idemproc:")
+        "$BIN" verify -c "$conf" --expect "$DIR/expect.json" >"$DIR/redis-$rep.verify" 2>&1 ||
+            { cat "$DIR/redis-$rep.verify" >&2; die "Redis alone run $rep: verify is not exact"; }
+        read -r _ _ n _ sent _ applied _ _ _ _ _ _ _ secs _ rate <<<"$line"
+        ((applied == UNIQUE)) || die "Redis alone applied $applied of $UNIQUE"
+        emit redis "$rep" rate="$rate" seconds="$secs" \
+            redis_us="$(awk -v u="$((u1 - u0))" -v n="$n" 'BEGIN { printf "%.2f", u / n }')" \
+            redis_cpu_us="$(awk -v u="$((c1 - c0))" -v n="$n" 'BEGIN { printf "%.2f", u / n }')" \
+            bytes_per_mark="$(awk -v b="$((m1 - m0 - other))" -v n="$UNIQUE" 'BEGIN { printf "%.1f", b / n }')" \
+            verify=exact
+        say "redis alone run $rep: $line"
+    done
+    row_done redis "$T_ROW"
+fi
+
+if want idemproc1; then
+    T_ROW=$(now_us)
+    for ((rep = 1; rep <= REPS; rep++)); do idemproc_run idemproc1 "$rep" 1; done
+    row_done idemproc1 "$T_ROW"
+fi
+if want idemproc2; then
+    T_ROW=$(now_us)
+    for ((rep = 1; rep <= REPS; rep++)); do idemproc_run idemproc2 "$rep" 2; done
+    row_done idemproc2 "$T_ROW"
+fi
+
+# median ROW KEY: the median of a key over a row's repetitions ("" if none).
+median() {
+    jq -rs --arg r "$1" --arg k "$2" '[.[] | select(.row == $r) | .[$k] | numbers] | sort
+        | if length == 0 then "" else .[(length - 1) / 2 | floor] end' "$DIR/rows.jsonl"
+}
+
+# quantile Q BEFORE AFTER: the upper bound of the bucket holding quantile Q
+# of the observations between two snapshots of "le count" lines.
+quantile() {
+    paste -d' ' <(echo "$2") <(echo "$3") | awk -v q="$1" '
+        { le[NR] = $1; c[NR] = $4 - $2 } END {
+            total = c[NR]; if (total == 0) { print "n/a"; exit }
+            for (i = 1; i <= NR; i++) if (c[i] >= q * total) { print le[i]; exit } }'
+}
+effect_buckets() {
+    metrics "$1" | sed -n 's/^idemproc_effect_latency_seconds_bucket{le="\([^"]*\)"} \(.*\)/\1 \2/p'
+}
+
+LAT_RATE=${BENCH_LATENCY_RATE:-}
+if want latency && [[ -z $LAT_RATE ]]; then
+    m=$(median idemproc1 rate)
+    [[ -n $m ]] && LAT_RATE=$((m / 2))
+fi
+if want latency && [[ -z $LAT_RATE ]]; then
+    say "latency: skipped (no idemproc1 rate to halve; set BENCH_LATENCY_RATE)"
+    emit latency 0 note="not measured: no idemproc1 rate to halve"
+elif want latency; then
+    T_ROW=$(now_us)
+    # Unique payments so that, with 10% duplicates, LAT_SECONDS of traffic.
+    LCOUNT=$((LAT_RATE * LAT_SECONDS * 10 / 11))
+    for ((rep = 1; rep <= REPS; rep++)); do
+        conf=$DIR/latency-$rep.properties
+        props "$conf" "bench-latency-$rep" "latency$rep"
+        redis-cli -p "$RPORT" flushdb >/dev/null
+        MPORTS=("$(free_port)")
+        "$BIN" run -c "$conf" --set "http.listen=127.0.0.1:${MPORTS[0]}" \
+            2>"$DIR/latency-$rep.log" &
+        MPIDS=($!)
+        PIDS+=("${MPIDS[0]}")
+        # Wait for the partitions, then 1 s without a rebalance.
+        settled=0 stable_since=$(now_us) last=''
+        deadline=$(($(now_us) + 60000000))
+        while ((settled == 0)); do
+            (($(now_us) < deadline)) || die "latency: the member got no partitions"
+            snap=$(metrics "${MPORTS[0]}" | awk '/^idemproc_assigned_partitions / { a = $2 }
+                /^idemproc_rebalances_total\{/ { r += $2 } END { print a + 0, r + 0 }')
+            read -r assigned reb <<<"$snap"
+            [[ $reb != "$last" ]] && { last=$reb; stable_since=$(now_us); }
+            ((assigned == PARTITIONS && $(now_us) - stable_since >= 1000000)) && settled=1
+            sleep 0.1
+        done
+        before=$(effect_buckets "${MPORTS[0]}")
+        "$BIN" produce -b "$BOOT" -t "latency$rep" --count "$LCOUNT" "${WORKLOAD[@]}" \
+            --seed $((100 + rep)) --rate "$LAT_RATE" --expect "$DIR/latency-$rep.expect.json" \
+            2>"$DIR/latency-$rep.produce.log" || die "latency: produce failed"
+        LSENT=$(expect "$DIR/latency-$rep.expect.json" sent)
+        achieved=$(sed -n 's/.*elapsed [0-9.]*s, \([0-9]*\) msgs\/s.*/\1/p' "$DIR/latency-$rep.produce.log" | tail -1)
+        wait_members "$LSENT" "${MPORTS[0]}" || exit 1
+        after=$(effect_buckets "${MPORTS[0]}")
+        kill -TERM "${MPIDS[0]}"
+        wait "${MPIDS[0]}" || die "latency: the member exited with $? on SIGTERM"
+        "$BIN" verify -c "$conf" --expect "$DIR/latency-$rep.expect.json" --dlq \
+            >"$DIR/latency-$rep.verify" 2>&1 ||
+            { cat "$DIR/latency-$rep.verify" >&2; die "latency run $rep: verify is not exact"; }
+        p50=$(quantile 0.5 "$before" "$after")
+        p99=$(quantile 0.99 "$before" "$after")
+        emit latency "$rep" target_rate="$LAT_RATE" produced_rate="${achieved:-0}" \
+            p50_ms="$(awk -v s="$p50" 'BEGIN { printf "%g", s * 1000 }')" \
+            p99_ms="$(awk -v s="$p99" 'BEGIN { printf "%g", s * 1000 }')" verify=exact
+        say "latency run $rep: at $LAT_RATE records/s (produce reached ${achieved:-?}): p50 <= ${p50}s, p99 <= ${p99}s"
+    done
+    row_done latency "$T_ROW"
+fi
+
+if want produce; then
+    T_ROW=$(now_us)
+    # Same keys and values for both: the first `produce` run's records,
+    # read back with kcat (no poison here: its values may hold newlines).
+    for ((rep = 1; rep <= REPS; rep++)); do
+        t0=$(now_us)
+        "$BIN" produce -b "$BOOT" -t p1m --count "$PRODUCE_COUNT" --duplicates 0 \
+            --poison 0 --currencies EUR,USD,TRY --users 3000 --seed 11 \
+            2>"$DIR/p1m-$rep.log" || die "produce of $PRODUCE_COUNT failed: $(tail -2 "$DIR/p1m-$rep.log")"
+        us=$(($(now_us) - t0))
+        if ((rep == 1)); then
+            kcat -C -b "$BOOT" -t p1m -o beginning -e -q -f '%k\t%s\n' >"$DIR/p1m.lines"
+            LINES=$(wc -l <"$DIR/p1m.lines")
+            ((LINES == PRODUCE_COUNT)) || die "read back $LINES of $PRODUCE_COUNT records"
+        fi
+        t0=$(now_us)
+        kcat -P -b "$BOOT" -t p1mk -K '\t' -X enable.idempotence=true -X acks=all \
+            -l "$DIR/p1m.lines" 2>"$DIR/kcatp-$rep.log" || die "kcat -P failed"
+        kus=$(($(now_us) - t0))
+        emit produce "$rep" rate=$((PRODUCE_COUNT * 1000000 / us)) \
+            kcat_rate=$((PRODUCE_COUNT * 1000000 / kus))
+        say "produce run $rep: idemproc produce $((PRODUCE_COUNT * 1000000 / us))/s, kcat -P $((PRODUCE_COUNT * 1000000 / kus))/s"
+    done
+    rm -f "$DIR/p1m.lines"
+    row_done produce "$T_ROW"
+fi
 
 if want webhook; then
+    T_ROW=$(now_us)
     WCOUNT=${BENCH_WEBHOOK_COUNT:-50000}
     SINK=$(dirname "$BIN")/hooksink
-    [[ -x $SINK ]] || { echo "bench: $SINK missing (make build/hooksink)" >&2; exit 1; }
+    [[ -x $SINK ]] || die "$SINK missing (make build/hooksink)"
     "$SINK" --delay-ms 5 --record >"$DIR/sink.out" 2>"$DIR/sink.log" &
     SINK_PID=$!
     PIDS+=("$SINK_PID")
@@ -214,28 +503,18 @@ if want webhook; then
     "$BIN" produce -b "$BOOT" -t hooks --count "$WCOUNT" --duplicates 0.1 \
         --poison 0 --seed 9 --expect "$DIR/hooks.expect.json" \
         2>"$DIR/hooks.produce.log"
-    WSENT=$(awk -F'[:,]' '/"sent"/ { gsub(/ /, "", $2); print $2 }' "$DIR/hooks.expect.json")
-    WUNIQUE=$(awk -F'[:,]' '/"unique"/ { gsub(/ /, "", $2); print $2 }' "$DIR/hooks.expect.json")
+    WSENT=$(expect "$DIR/hooks.expect.json" sent)
+    WUNIQUE=$(expect "$DIR/hooks.expect.json" unique)
     WPORT=$(free_port)
-    cat >"$DIR/hooks.properties" <<PROPS
-kafka.bootstrap.servers=$BOOT
-group.id=idemproc-bench-webhook
-input.topics=hooks
-dlq.topic=hooks.dlq
-redis.url=redis://127.0.0.1:$RPORT/0
-redis.prefix=hooks:
-handler=webhook
-webhook.url=$URL
-kafka.fetch.wait.max.ms=10
-kafka.session.timeout.ms=6000
-http.listen=127.0.0.1:$WPORT
-log.level=warn
-${BENCH_WEBHOOK_PROPS:-}
-PROPS
+    props "$DIR/hooks.properties" idemproc-bench-webhook hooks "redis.prefix=hooks:" \
+        handler=webhook "webhook.url=$URL" "http.listen=127.0.0.1:$WPORT" \
+        ${BENCH_WEBHOOK_PROPS:-}
     "$BIN" run -c "$DIR/hooks.properties" 2>"$DIR/hooks.member.log" &
     WMEMBER=$!
     PIDS+=("$WMEMBER")
-    read -r W WBEST < <(rate_of "$WPORT" "$WSENT" "$DIR/hooks.member.log")
+    MPIDS=("$WMEMBER")
+    wait_members "$WSENT" "$WPORT" || { tail "$DIR/hooks.member.log" >&2; exit 1; }
+    W=$((WSENT * 1000000 / (DONE_US - FIRST_US)))
     PROCESSED=$(metric "$WPORT" 'idemproc_records_total{outcome="processed"}')
     DUPS=$(metric "$WPORT" 'idemproc_records_total{outcome="duplicate"}')
     kill -TERM "$WMEMBER"
@@ -243,16 +522,126 @@ PROPS
     kill -TERM "$SINK_PID"
     wait "$SINK_PID" || true
     ACKED=$(sed -n 's/.*, \([0-9]*\) answered 2xx.*/\1/p' "$DIR/sink.log")
-    printf 'bench: %s records (16 partitions, %s unique), one member, webhook handler, service answers in 5 ms\n' "$WSENT" "$WUNIQUE"
-    printf 'bench: idemproc   dedup+webhook       %8s msgs/s  (first to last record; bar: 5000)\n' "$W"
-    printf 'bench: idemproc   best 1 s window     %8s msgs/s\n' "$WBEST"
-    printf 'bench: webhook    processed %s, duplicates %s, requests acknowledged %s\n' \
-        "$PROCESSED" "$DUPS" "${ACKED:-?}"
-    ((PROCESSED == WUNIQUE)) || { echo "bench: processed $PROCESSED, expected $WUNIQUE" >&2; exit 1; }
-    ((${ACKED:-0} >= WUNIQUE)) || { echo "bench: the service acknowledged ${ACKED:-0} < $WUNIQUE" >&2; exit 1; }
+    ((PROCESSED == WUNIQUE)) || die "webhook: processed $PROCESSED, expected $WUNIQUE"
+    ((${ACKED:-0} >= WUNIQUE)) || die "webhook: the service acknowledged ${ACKED:-0} < $WUNIQUE"
+    emit webhook 1 rate="$W" records="$WSENT" processed="$PROCESSED" \
+        duplicates="$DUPS" acknowledged="${ACKED:-0}"
+    say "webhook: $W records/s ($WSENT records, service answering in 5 ms)"
+    row_done webhook "$T_ROW"
 fi
 
-# The outbox relay's rows (PostgreSQL -> Kafka).
 if want outbox; then
-    "$(dirname "$0")/bench_outbox.sh" "$BIN"
+    T_ROW=$(now_us)
+    "$SRC/tests/bench_outbox.sh" "$BIN" | tee "$DIR/outbox.out" >&2
+    orate=$(sed -n 's/.*publish rate *\([0-9]*\) rows\/s.*/\1/p' "$DIR/outbox.out")
+    olat=$(sed -n 's/^bench: outbox relay  latency //p' "$DIR/outbox.out")
+    emit outbox 1 rate="${orate:-0}" latency="${olat:-}"
+    row_done outbox "$T_ROW"
 fi
+
+# --- results.json, the table, the chart ------------------------------------
+T_END=$(now_us)
+jq -s --arg commit "$(git -C "$SRC" rev-parse --short HEAD 2>/dev/null || echo unknown)" \
+    --arg date "$(date -u +%Y-%m-%dT%H:%M:%SZ)" --argjson cpus "$(nproc)" \
+    --arg load_start "$LOAD_START" --arg load_end "$(cut -d' ' -f1 /proc/loadavg)" \
+    --argjson seconds "$(((T_END - T_BENCH) / 1000000))" \
+    --argjson sent "${SENT:-0}" --argjson unique "${UNIQUE:-0}" --argjson bytes "${BYTES:-0}" \
+    --argjson partitions "$PARTITIONS" --argjson reps "$REPS" \
+    --argjson produce_count "$PRODUCE_COUNT" \
+    --argjson row_seconds "$(jq -Rn '[inputs | split(" ") | {key: .[0], value: (.[1] | tonumber)}]
+        | from_entries' "$DIR/row_seconds")" '
+    def stats: sort as $s | {min: $s[0], median: $s[($s | length - 1) / 2 | floor],
+                             max: $s[-1], runs: .};
+    def ratio($a; $b): if $a == null or $b == null or $b == 0 then null
+                       else ($a / $b * 100 | round) / 100 end;
+    (group_by(.row) | map(. as $reps | {key: $reps[0].row, value:
+        ([$reps[] | keys_unsorted[]] | unique - ["row", "rep"]
+         | map(. as $k | {key: $k, value: ([$reps[] | .[$k] | select(. != null)]
+               | if all(type == "number") then stats else . end)})
+         | from_entries)}) | from_entries) as $rows
+    | {date: $date, commit: $commit,
+       machine: {cpus: $cpus, load_start: $load_start, load_end: $load_end,
+                 note: "broker, Redis, producers and members share these CPUs"},
+       seconds: $seconds, row_seconds: $row_seconds,
+       workload: {records: $sent, unique_payments: $unique, partitions: $partitions,
+                  duplicates: 0.1, poison: 0.01, mean_value_bytes: $bytes,
+                  produce_records: $produce_count,
+                  repetitions: $reps},
+       rows: $rows,
+       ratios: {idemproc1_over_classic: ratio($rows.idemproc1.rate.median; $rows.classic.rate.median),
+                idemproc2_over_classic: ratio($rows.idemproc2.rate.median; $rows.classic.rate.median),
+                idemproc1_over_redis_alone: ratio($rows.idemproc1.rate.median; $rows.redis.rate.median),
+                idemproc2_over_redis_alone: ratio($rows.idemproc2.rate.median; $rows.redis.rate.median),
+                idemproc1_over_kcat: ratio($rows.idemproc1.rate.median; $rows.kcat.rate.median),
+                produce_over_kcat_p: ratio($rows.produce.rate.median; $rows.produce.kcat_rate.median)},
+       goals: {over_classic: 100, over_redis_alone: 0.8, member_cpu_us: 2.5,
+               redis_us: 2.5, bytes_per_mark: 40, rss_mib: 64, p99_ms: 20}}
+    ' "$DIR/rows.jsonl" >"$OUT/results.json"
+
+# The table: one line per row, min / median / max of records/s and the
+# medians of the per-record figures ("-": not measured for this row).
+jq -r '
+    def n: if . == null then "-" else (round | tostring) as $s | ($s | length) as $l
+        | [range(0; $l) | $s[.:. + 1] + (if . < $l - 1 and ($l - . - 1) % 3 == 0
+                                           then "," else "" end)] | join("") end;
+    def m($r; $k): $r[$k].median | if . == null then "-" else tostring end;
+    def title: {kcat: "kcat read-only (fetch ceiling)",
+                classic: "classic per-message (C, hiredis)",
+                redis: "Redis alone (same chunks, 2 conns)",
+                idemproc1: "idemproc, 1 member",
+                idemproc2: "idemproc, 2 members",
+                produce: "idemproc produce (vs kcat -P)",
+                webhook: "idemproc webhook (5 ms service)",
+                outbox: "outbox relay (PostgreSQL)"}[.] // .;
+    .rows as $rows
+    | ["kcat", "classic", "redis", "idemproc1", "idemproc2", "produce", "webhook", "outbox"][]
+    | select($rows[.] != null) as $k | $rows[$k] as $r
+    | [($k | title), "\($r.rate.min | n) / \($r.rate.median | n) / \($r.rate.max | n)",
+       m($r; "member_cpu_us"), m($r; "redis_us"), m($r; "redis_cpu_us"),
+       m($r; "bytes_per_mark"), m($r; "rss_mib")] | @tsv' "$OUT/results.json" >"$DIR/table.tsv"
+{
+    printf '%-36s %-30s %8s %8s %8s %7s %7s\n' "row" "records/s min / median / max" \
+        "member" "Redis" "Redis" "B per" "peak"
+    printf '%-36s %-30s %8s %8s %8s %7s %7s\n' "" "" "us/rec" "us/rec" "CPU" "mark" "RSS MiB"
+    while IFS=$'\t' read -r a b c d e f g; do
+        printf '%-36s %-30s %8s %8s %8s %7s %7s\n' "$a" "$b" "$c" "$d" "$e" "$f" "$g"
+    done <"$DIR/table.tsv"
+    jq -r '
+        def x: if . == null then "n/a" else "\(.)x" end;
+        .rows as $r |
+        (if $r.produce then "kcat -P, the same \(.workload.produce_records) records: \($r.produce.kcat_rate.min) / \($r.produce.kcat_rate.median) / \($r.produce.kcat_rate.max) records/s (produce / kcat -P = \(.ratios.produce_over_kcat_p | x))" else empty end),
+        (if $r.idemproc1 and $r.classic then "idemproc / classic: 1 member \(.ratios.idemproc1_over_classic | x), 2 members \(.ratios.idemproc2_over_classic | x) (goal >= 100x)" else empty end),
+        (if $r.idemproc1 and $r.redis then "idemproc / Redis alone: 1 member \(.ratios.idemproc1_over_redis_alone | x), 2 members \(.ratios.idemproc2_over_redis_alone | x) (goal >= 0.8x)" else empty end),
+        (if $r.latency.p99_ms then "latency produce -> effect at \($r.latency.target_rate.median) records/s (produce reached \($r.latency.produced_rate.median)): p50 <= \($r.latency.p50_ms.min) / \($r.latency.p50_ms.median) / \($r.latency.p50_ms.max) ms, p99 <= \($r.latency.p99_ms.min) / \($r.latency.p99_ms.median) / \($r.latency.p99_ms.max) ms (bucket bounds; goal p99 <= 20 ms)" elif $r.latency then "latency: \($r.latency.note)" else empty end),
+        (if $r.outbox then "outbox latency: \($r.outbox.latency[0] // "-")" else empty end),
+        "goals (medians): member <= 2.5 us/rec: \($r.idemproc1.member_cpu_us.median // "-"); Redis <= 2.5 us/rec: \($r.idemproc1.redis_us.median // "-"); <= 40 B/mark: \($r.idemproc1.bytes_per_mark.median // "-"); RSS <= 64 MiB: \($r.idemproc1.rss_mib.median // "-")",
+        "\(.workload.records) records (\(.workload.unique_payments) applied), \(.workload.partitions) partitions, \(.workload.repetitions) repetitions, \(.seconds) s; \(.machine.cpus) CPUs shared by every process, load \(.machine.load_start) -> \(.machine.load_end); commit \(.commit)"
+        ' "$OUT/results.json"
+} | tee "$OUT/table.txt" | sed 's/^/bench: /'
+
+# The chart: records/s per row (median, min-max bars), log scale.
+jq -r '.rows as $r | ["kcat", "classic", "redis", "idemproc1", "idemproc2", "produce", "webhook", "outbox"][]
+    | select($r[.].rate != null) as $k
+    | {kcat: "kcat -C", classic: "classic", redis: "Redis alone", idemproc1: "idemproc x1",
+       idemproc2: "idemproc x2", produce: "produce", webhook: "webhook", outbox: "outbox"}[$k] as $t
+    | "\"\($t)\" \($r[$k].rate.median) \($r[$k].rate.min) \($r[$k].rate.max)",
+      (if $k == "produce" then "\"kcat -P\" \($r[$k].kcat_rate.median) \($r[$k].kcat_rate.min) \($r[$k].kcat_rate.max)" else empty end)' \
+    "$OUT/results.json" >"$DIR/chart.dat"
+if [[ -s $DIR/chart.dat ]]; then
+    gnuplot <<GP || die "gnuplot failed"
+set terminal pngcairo size 1000,560 font "sans,10"
+set output "$OUT/records_per_s.png"
+set title "make bench: records/s per row (median; bars: min-max of $REPS runs), $(nproc) shared CPUs"
+set logscale y
+set yrange [100:*]
+set ylabel "records/s (log scale)"
+set style fill solid 0.6 border -1
+set boxwidth 0.6
+set offsets 0.6, 0.6, 0, 0
+set grid ytics
+unset key
+plot "$DIR/chart.dat" using 0:2:3:4:(0.3):xtic(1) with boxerrorbars lc rgb "#4477aa", \
+     "" using 0:2:(sprintf("%d", \$2)) with labels offset 0,1 notitle
+GP
+fi
+say "results: $OUT/results.json, $OUT/table.txt, $OUT/records_per_s.png"

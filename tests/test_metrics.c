@@ -378,6 +378,27 @@ Test(metrics, heartbeat_age)
 #define HAMMER_THREADS 4
 #define HAMMER_ROUNDS  20000
 
+Test(metrics, effect_latency_has_fine_buckets_around_20_ms)
+{
+    idem_metrics_t *m = idem_metrics_new();
+    idem_metrics_effect_latency_observe(m, -0.002); /* clock skew */
+    idem_metrics_effect_latency_observe(m, 0.0189);
+    idem_metrics_effect_latency_observe(m, 0.02);
+    idem_metrics_effect_latency_observe(m, 0.0201);
+    idem_metrics_effect_latency_observe(m, 3);
+    char *t = render(m);
+    expect_line(t, "# TYPE idemproc_effect_latency_seconds histogram");
+    expect_line(t, "idemproc_effect_latency_seconds_bucket{le=\"0.001\"} 1");
+    expect_line(t, "idemproc_effect_latency_seconds_bucket{le=\"0.015\"} 1");
+    expect_line(t, "idemproc_effect_latency_seconds_bucket{le=\"0.02\"} 3");
+    expect_line(t, "idemproc_effect_latency_seconds_bucket{le=\"0.025\"} 4");
+    expect_line(t, "idemproc_effect_latency_seconds_bucket{le=\"2.5\"} 4");
+    expect_line(t, "idemproc_effect_latency_seconds_bucket{le=\"+Inf\"} 5");
+    expect_line(t, "idemproc_effect_latency_seconds_count 5");
+    free(t);
+    idem_metrics_destroy(m);
+}
+
 static void *hammer(void *arg)
 {
     idem_metrics_t *m = arg;

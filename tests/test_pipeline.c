@@ -432,6 +432,11 @@ Test(pipeline, metrics_match_the_traffic_exactly, .timeout = 120)
     cr_expect_eq(
         th_metric(body, "idemproc_records_total{outcome=\"processed\"}"),
         (double)expect_count(&stk, "unique", NULL));
+    /* Every applied effect, and only those, has a produce-to-effect time;
+     * the traffic was produced before the member started, so none is 0. */
+    cr_expect_eq(th_metric(body, "idemproc_effect_latency_seconds_count"),
+                 (double)expect_count(&stk, "unique", NULL));
+    cr_expect_gt(th_metric(body, "idemproc_effect_latency_seconds_sum"), 0);
     cr_expect_eq(
         th_metric(body, "idemproc_duplicates_total{kind=\"redelivery\"}"),
         (double)expect_count(&stk, "duplicates", "redelivery"));

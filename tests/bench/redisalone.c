@@ -1,0 +1,377 @@
+/* redisalone: the "Redis alone" row of `make bench`: what Redis can do for
+ * the ledger work of one topic when no member stands in front of it.
+ *
+ * First (not timed) it reads every record of the configuration's input
+ * topic, from the beginning to the high watermarks, and reads each one
+ * with idemproc's own envelope rules, as a member does; poison records are
+ * left out (a member never sends them to Redis either). Then (timed) it
+ * sends the valid envelopes through idemproc's own store module
+ * (idem_store_ledger_send/_recv: the same script, the same arguments, the
+ * same chunking, positions of the request's partitions written after the
+ * chunks) in requests of batch.max.messages records, over --connections
+ * connections with one request in flight each, so Redis always has the
+ * next request queued while the driver reads a reply. Nothing here parses
+ * JSON or touches Kafka while the clock runs.
+ *
+ * Prints one line:
+ *   redisalone: topic_records N sent N applied N duplicates N requests N
+ *   connections N seconds S rate R
+ * where rate = topic_records / seconds (the unit every bench row uses:
+ * records of the topic per second). Every result must be "applied" or
+ * "duplicate"; an outage or a rejected record fails the run (exit 1). The
+ * ledger it writes is the one the configuration's prefix names, so
+ * `idemproc verify` (without --dlq) can check it.
+ *
+ * Links idemproc's library objects; not part of the product binary. */
+#include "conf.h"
+#include "envelope.h"
+#include "store.h"
+#include "util.h"
+
+#include <getopt.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <librdkafka/rdkafka.h>
+
+#define MAX_CONNECTIONS 16
+#define MAX_SETS        32
+
+typedef struct {
+    idem_envelope_t *env; /* valid records, in the order they were read */
+    int32_t *partition;
+    int64_t *offset;
+    size_t n, cap;
+    uint64_t topic_records; /* valid and poison */
+} records_t;
+
+static void records_add(records_t *r, const idem_envelope_t *env,
+                        int32_t partition, int64_t offset)
+{
+    if (r->n == r->cap) {
+        r->cap = r->cap ? r->cap * 2 : 65536;
+        r->env = idem_xrealloc(r->env, r->cap * sizeof(*r->env));
+        r->partition = idem_xrealloc(r->partition, r->cap * sizeof(int32_t));
+        r->offset = idem_xrealloc(r->offset, r->cap * sizeof(int64_t));
+    }
+    r->env[r->n] = *env;
+    r->partition[r->n] = partition;
+    r->offset[r->n] = offset;
+    r->n++;
+}
+
+/* Reads every record of `topic` up to the high watermarks seen at the
+ * start into `out` (valid envelopes by `rules`; poison only counted).
+ * Returns 0, or -1 with errstr. */
+static int read_topic(const idem_conf_t *conf, const char *topic,
+                      const idem_envelope_rules_t *rules, records_t *out,
+                      char *errstr, size_t errstr_size)
+{
+    rd_kafka_conf_t *kc = rd_kafka_conf_new();
+    char group[64];
+    snprintf(group, sizeof(group), "redisalone-reader-%ld", (long)getpid());
+    if (idem_conf_apply_kafka(conf, kc, errstr, errstr_size) ||
+        rd_kafka_conf_set(kc, "group.id", group, errstr, errstr_size) ||
+        rd_kafka_conf_set(kc, "enable.auto.commit", "false", errstr,
+                          errstr_size)) {
+        rd_kafka_conf_destroy(kc);
+        return -1;
+    }
+    rd_kafka_t *rk =
+        rd_kafka_new(RD_KAFKA_CONSUMER, kc, errstr, (size_t)errstr_size);
+    if (!rk)
+        return -1;
+    int rc = -1;
+    rd_kafka_topic_partition_list_t *parts = NULL;
+    int64_t *high = NULL;
+    const rd_kafka_metadata_t *md = NULL;
+    rd_kafka_topic_t *rkt = rd_kafka_topic_new(rk, topic, NULL);
+    rd_kafka_resp_err_t err = rd_kafka_metadata(rk, 0, rkt, &md, 10000);
+    rd_kafka_topic_destroy(rkt);
+    if (err || md->topic_cnt != 1 || md->topics[0].err) {
+        snprintf(errstr, errstr_size, "%s: no metadata: %s", topic,
+                 rd_kafka_err2str(err             ? err
+                                  : md->topic_cnt ? md->topics[0].err
+                                                  : RD_KAFKA_RESP_ERR_UNKNOWN));
+        goto out;
+    }
+    int np = md->topics[0].partition_cnt;
+    parts = rd_kafka_topic_partition_list_new(np);
+    high = idem_xcalloc((size_t)np, sizeof(*high));
+    int64_t remaining = 0;
+    for (int p = 0; p < np; p++) {
+        int64_t lo, hi;
+        int32_t id = md->topics[0].partitions[p].id;
+        if ((err = rd_kafka_query_watermark_offsets(rk, topic, id, &lo, &hi,
+                                                    10000))) {
+            snprintf(errstr, errstr_size, "%s [%" PRId32 "]: watermarks: %s",
+                     topic, id, rd_kafka_err2str(err));
+            goto out;
+        }
+        high[p] = hi;
+        remaining += hi - lo;
+        if (hi > lo)
+            rd_kafka_topic_partition_list_add(parts, topic, id)->offset = lo;
+    }
+    if ((err = rd_kafka_assign(rk, parts))) {
+        snprintf(errstr, errstr_size, "%s: assign: %s", topic,
+                 rd_kafka_err2str(err));
+        goto out;
+    }
+    int64_t idle_since = idem_now_ms();
+    while (remaining > 0) {
+        rd_kafka_message_t *m = rd_kafka_consumer_poll(rk, 100);
+        if (!m) {
+            if (idem_now_ms() - idle_since > 30000) {
+                snprintf(errstr, errstr_size,
+                         "%s: %" PRId64 " records not read after 30 s", topic,
+                         remaining);
+                goto out;
+            }
+            continue;
+        }
+        idle_since = idem_now_ms();
+        if (m->err) {
+            if (m->err != RD_KAFKA_RESP_ERR__PARTITION_EOF) {
+                snprintf(errstr, errstr_size, "%s: %s", topic,
+                         rd_kafka_message_errstr(m));
+                rd_kafka_message_destroy(m);
+                goto out;
+            }
+            rd_kafka_message_destroy(m);
+            continue;
+        }
+        int p = m->partition;
+        if (p >= 0 && p < np && m->offset < high[p]) {
+            rd_kafka_headers_t *h = NULL;
+            if (rd_kafka_message_headers(m, &h))
+                h = NULL;
+            idem_envelope_t env;
+            idem_reason_t reason;
+            char perr[256];
+            out->topic_records++;
+            remaining--;
+            if (idem_envelope_read(rules, m->payload, m->len, h, m->key,
+                                   m->key_len, &env, &reason, perr,
+                                   sizeof(perr)) == 0)
+                records_add(out, &env, m->partition, m->offset);
+        }
+        rd_kafka_message_destroy(m);
+    }
+    rc = 0;
+out:
+    if (md)
+        rd_kafka_metadata_destroy(md);
+    if (parts)
+        rd_kafka_topic_partition_list_destroy(parts);
+    free(high);
+    rd_kafka_consumer_close(rk);
+    rd_kafka_destroy(rk);
+    return rc;
+}
+
+/* The positions a member would write with request [from, to): per
+ * partition, the offset after its last record there. Returns the count
+ * written into pos (room for `max`). */
+static size_t request_positions(const records_t *r, size_t from, size_t to,
+                                const char *topic, idem_store_pos_t *pos,
+                                size_t max)
+{
+    size_t n = 0;
+    for (size_t i = from; i < to; i++) {
+        size_t k = 0;
+        while (k < n && pos[k].partition != r->partition[i])
+            k++;
+        if (k == n) {
+            if (n == max)
+                continue;
+            pos[n++] = (idem_store_pos_t){topic, r->partition[i], 0};
+        }
+        if (r->offset[i] + 1 > pos[k].offset)
+            pos[k].offset = r->offset[i] + 1;
+    }
+    return n;
+}
+
+static void usage(FILE *out)
+{
+    fprintf(out, "usage: redisalone -c FILE [--set k=v]... "
+                 "[--connections N]\n"
+                 "  the configuration of an `idemproc run` member (ledger "
+                 "handler): its input\n"
+                 "  topic is read, its Redis, prefix and group.id written\n");
+}
+
+int main(int argc, char **argv)
+{
+    const char *path = NULL;
+    char *sets[MAX_SETS];
+    size_t nsets = 0;
+    int conns = 2;
+    enum { OPT_SET = 256, OPT_CONNECTIONS };
+    static const struct option opts[] = {
+        {"config", required_argument, 0, 'c'},
+        {"set", required_argument, 0, OPT_SET},
+        {"connections", required_argument, 0, OPT_CONNECTIONS},
+        {"help", no_argument, 0, 'h'},
+        {0, 0, 0, 0}};
+    int o;
+    while ((o = getopt_long(argc, argv, "c:h", opts, NULL)) != -1) {
+        switch (o) {
+        case 'c':
+            path = optarg;
+            break;
+        case OPT_SET:
+            if (nsets == MAX_SETS) {
+                fprintf(stderr, "redisalone: at most %d --set\n", MAX_SETS);
+                return 2;
+            }
+            sets[nsets++] = optarg;
+            break;
+        case OPT_CONNECTIONS:
+            conns = atoi(optarg);
+            if (conns < 1 || conns > MAX_CONNECTIONS) {
+                fprintf(stderr, "redisalone: --connections: 1..%d\n",
+                        MAX_CONNECTIONS);
+                return 2;
+            }
+            break;
+        case 'h':
+            usage(stdout);
+            return 0;
+        default:
+            usage(stderr);
+            return 2;
+        }
+    }
+    if (!path) {
+        usage(stderr);
+        return 2;
+    }
+    char errstr[1024];
+    idem_conf_t *conf =
+        idem_conf_load(path, NULL, sets, nsets, errstr, sizeof(errstr));
+    if (!conf) {
+        fprintf(stderr, "redisalone: %s\n", errstr);
+        return 2;
+    }
+    if (strchr(conf->input_topics, ',') || conf->input_topics[0] == '^') {
+        fprintf(stderr,
+                "redisalone: input.topics: one topic name, not \"%s\"\n",
+                conf->input_topics);
+        return 2;
+    }
+    const char *topic = conf->input_topics;
+    idem_envelope_rules_t *rules = idem_envelope_rules_new(
+        conf->envelope_format, conf->envelope_identity,
+        conf->envelope_message_id, 1, (size_t)conf->message_max_bytes, errstr,
+        sizeof(errstr));
+    if (!rules) {
+        fprintf(stderr, "redisalone: %s\n", errstr);
+        return 2;
+    }
+    records_t recs = {0};
+    if (read_topic(conf, topic, rules, &recs, errstr, sizeof(errstr))) {
+        fprintf(stderr, "redisalone: %s\n", errstr);
+        return 1;
+    }
+    size_t batch = (size_t)conf->batch_max_messages;
+    idem_store_t *store[MAX_CONNECTIONS];
+    size_t req_from[MAX_CONNECTIONS], req_n[MAX_CONNECTIONS];
+    for (int i = 0; i < conns; i++) {
+        store[i] = idem_store_new(conf, NULL);
+        if (idem_store_connect(store[i], errstr, sizeof(errstr))) {
+            fprintf(stderr, "redisalone: %s\n", errstr);
+            return 1;
+        }
+        req_n[i] = 0;
+    }
+    const idem_envelope_t **envp = idem_xmalloc(recs.n * sizeof(*envp) + 1);
+    for (size_t i = 0; i < recs.n; i++)
+        envp[i] = &recs.env[i];
+    idem_store_result_t *res = idem_xmalloc(batch * sizeof(*res));
+    idem_store_pos_t pos[1024];
+
+    uint64_t applied = 0, dups = 0, requests = 0;
+    size_t next = 0;
+    int rc = 0;
+    int64_t t0 = idem_now_us();
+    /* Each connection holds one request; they are answered in the order
+     * they were sent, so reading them round robin never waits on one
+     * while another is ready. */
+    for (int i = 0; i < conns && next < recs.n; i++) {
+        size_t n = recs.n - next < batch ? recs.n - next : batch;
+        size_t np = request_positions(&recs, next, next + n, topic, pos,
+                                      sizeof(pos) / sizeof(pos[0]));
+        if (idem_store_ledger_send(store[i], envp + next, n, pos, np, errstr,
+                                   sizeof(errstr))) {
+            fprintf(stderr, "redisalone: %s\n", errstr);
+            return 1;
+        }
+        req_from[i] = next;
+        req_n[i] = n;
+        next += n;
+    }
+    for (int i = 0, busy = 1; busy && !rc; i = (i + 1) % conns) {
+        if (req_n[i]) {
+            if (idem_store_ledger_recv(store[i], req_n[i], res, errstr,
+                                       sizeof(errstr))) {
+                fprintf(stderr, "redisalone: %s\n", errstr);
+                rc = 1;
+                break;
+            }
+            requests++;
+            for (size_t k = 0; k < req_n[i]; k++) {
+                if (res[k].mark == IDEM_MARK_NEW) {
+                    applied++;
+                } else if (res[k].mark == IDEM_MARK_DONE) {
+                    dups++;
+                } else {
+                    fprintf(stderr,
+                            "redisalone: record %zu: unexpected result %d "
+                            "(%s)\n",
+                            req_from[i] + k, (int)res[k].mark, res[k].detail);
+                    rc = 1;
+                }
+            }
+            req_n[i] = 0;
+            if (next < recs.n) {
+                size_t n = recs.n - next < batch ? recs.n - next : batch;
+                size_t np = request_positions(&recs, next, next + n, topic, pos,
+                                              sizeof(pos) / sizeof(pos[0]));
+                if (idem_store_ledger_send(store[i], envp + next, n, pos, np,
+                                           errstr, sizeof(errstr))) {
+                    fprintf(stderr, "redisalone: %s\n", errstr);
+                    rc = 1;
+                    break;
+                }
+                req_from[i] = next;
+                req_n[i] = n;
+                next += n;
+            }
+        }
+        busy = 0;
+        for (int k = 0; k < conns; k++)
+            busy |= req_n[k] > 0;
+    }
+    double secs = (double)(idem_now_us() - t0) / 1e6;
+    if (!rc)
+        printf("redisalone: topic_records %" PRIu64 " sent %zu applied %" PRIu64
+               " duplicates %" PRIu64 " requests %" PRIu64
+               " connections %d seconds %.3f rate %.0f\n",
+               recs.topic_records, recs.n, applied, dups, requests, conns, secs,
+               secs > 0 ? (double)recs.topic_records / secs : 0);
+    for (int i = 0; i < conns; i++)
+        idem_store_destroy(store[i]);
+    free(res);
+    free(envp);
+    free(recs.env);
+    free(recs.partition);
+    free(recs.offset);
+    idem_envelope_rules_destroy(rules);
+    idem_conf_destroy(conf);
+    return rc;
+}
