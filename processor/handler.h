@@ -83,7 +83,7 @@
 #include "store.h"
 
 /* Bumped on any incompatible change of the structs below. */
-#define IDEM_HANDLER_API_VERSION 1
+#define IDEM_HANDLER_API_VERSION 2
 
 /* One consumed record as a handler sees it (all borrowed from the loop;
  * see "Records" above for how long). Byte strings have lengths: identity,
@@ -163,6 +163,11 @@ typedef struct idem_handler_ops_s {
                           envelope.format) */
     const char *doc;   /* one line for `help config` and the README */
     const idem_conf_key_t *keys; /* its keys, ending with {NULL}; may be NULL */
+    const char *fields_key; /* NULL, or one of its keys holding a comma list
+                               of JSON Pointers (script.fields): the loop
+                               extracts those values from each record's
+                               JSON value into rec->env->fields (envelope.h,
+                               idem_envelope_rules_fields) */
     const char *key_prefix; /* NULL, or a prefix ("plugin.") under which the
                                conf accepts any key as text for this handler
                                (keys only known at run time); its validate
