@@ -792,30 +792,32 @@ Test(script, odd_file_name_in_errors)
     redis_done();
 }
 
-/* config/examples/inventory.lua, the README's walk-through script. */
+/* config/examples/inventory.lua, the README's walk-through script, with
+ * its script.fields as the loop reads them. */
 Test(script, inventory_example)
 {
     char path[512];
     snprintf(path, sizeof(path), "%s/config/examples/inventory.lua", th_src());
-    redis_with_file(path);
-    idem_record_t recs[] = {
-        rec_of("evt-1", "",
-               "{\"event\":{\"id\":\"evt-1\"},\"sku\":\"apple\","
-               "\"qty\":10}"),
-        rec_of("evt-2", "",
-               "{\"event\":{\"id\":\"evt-2\"},\"sku\":\"apple\","
-               "\"qty\":-3}"),
-        rec_of("evt-3", "",
-               "{\"event\":{\"id\":\"evt-3\"},\"sku\":\"pear\","
-               "\"qty\":-1}"),
-        rec_of("evt-2", "",
-               "{\"event\":{\"id\":\"evt-2\"},\"sku\":\"apple\","
-               "\"qty\":-3}"),
-        rec_of("evt-4", "", "{\"event\":{\"id\":\"evt-4\"},\"sku\":\"apple\"}"),
-        rec_of("evt-5", "", "[1,2]"),
-        rec_of("evt-6", "", "{\"event\":{\"id\":\"evt-6\"},\"qty\":1}"),
+    redis_with_file_fields(path, "/sku,/qty");
+    static const char *const values[] = {
+        "{\"id\":\"evt-1\",\"sku\":\"apple\",\"qty\":10}",
+        "{\"id\":\"evt-2\",\"sku\":\"apple\",\"qty\":-3}",
+        "{\"id\":\"evt-3\",\"sku\":\"pear\",\"qty\":-1}",
+        "{\"id\":\"evt-2\",\"sku\":\"apple\",\"qty\":-3}",
+        "{\"id\":\"evt-4\",\"sku\":\"apple\"}",
+        "{\"id\":\"evt-5\",\"sku\":\"apple\",\"qty\":1.5}",
+        "{\"id\":\"evt-6\",\"qty\":1}",
+        "{\"id\":\"evt-7\",\"sku\":7,\"qty\":1}",
     };
-    redisReply *r = eval(recs, 7);
+    enum { N = sizeof(values) / sizeof(values[0]) };
+    idem_record_t recs[N];
+    idem_envelope_t envs[N];
+    memset(envs, 0, sizeof(envs));
+    for (size_t i = 0; i < N; i++) {
+        recs[i] = rec_with_fields("/sku,/qty", values[i], &envs[i]);
+        recs[i].message_id_len = 0; /* no message id: marks say "done:" */
+    }
+    redisReply *r = eval(recs, N);
     cr_expect_str_eq(elem(r, 0), "");
     cr_expect_str_eq(elem(r, 1), "");
     cr_expect_str_eq(elem(r, 2),
@@ -823,14 +825,18 @@ Test(script, inventory_example)
     cr_expect_str_eq(elem(r, 3), "done:");
     cr_expect_str_eq(elem(r, 4),
                      "reject:qty: must be a whole number other than 0");
-    cr_expect_str_eq(elem(r, 5), "reject:sku: missing");
+    cr_expect_str_eq(elem(r, 5),
+                     "reject:qty: must be a whole number other than 0");
     cr_expect_str_eq(elem(r, 6), "reject:sku: missing");
+    cr_expect_str_eq(elem(r, 7), "reject:sku: missing");
     freeReplyObject(r);
     redisReply *h = redisCommand(rctx, "HGETALL inventory:stock");
     cr_assert_eq(h->elements, 2);
     cr_expect_str_eq(h->element[0]->str, "apple");
     cr_expect_str_eq(h->element[1]->str, "7");
     freeReplyObject(h);
+    for (size_t i = 0; i < N; i++)
+        idem_envelope_term(&envs[i]);
     redis_done();
 }
 
@@ -866,6 +872,20 @@ static const char run_lua[] =
     "local function event(rec)\n"
     "  return cjson.decode(rec.value)\n"
     "end\n"
+    "function effect(rec)\n"
+    "  local ev = event(rec)\n"
+    "  if ev.qty == 13 then return false, 'unlucky ' .. ev.event.id end\n"
+    "  if ev.qty == 14 then local t = nil; return t.boom end\n"
+    "  redis.call('HINCRBY', 'test:stock', ev.sku, ev.qty)\n"
+    "  redis.call('INCR', 'test:applied')\n"
+    "end\n";
+
+/* The same effect on script.fields (/event/id,/sku,/qty): the same lines,
+ * so a runtime error names the same line 7. */
+static const char run_fields_lua[] =
+    "local function event(rec)\n"
+    "  return {event = {id = rec.fields['/event/id']},\n"
+    "    sku = rec.fields['/sku'], qty = rec.fields['/qty']} end\n"
     "function effect(rec)\n"
     "  local ev = event(rec)\n"
     "  if ev.qty == 13 then return false, 'unlucky ' .. ev.event.id end\n"
@@ -1046,13 +1066,12 @@ static void expect_run_state(const run_expect_t *e, int timeout_ms)
     free(errors);
 }
 
-static void run_stack(const char *const more[])
+static void run_stack_with(const char *lua, const char *const more[])
 {
     if (!dir)
         dir = th_tmpdir();
     static char file[600];
-    snprintf(file, sizeof(file), "script.file=%s",
-             lua_file("run.lua", run_lua));
+    snprintf(file, sizeof(file), "script.file=%s", lua_file("run.lua", lua));
     const char *props[16] = {"handler=script", file,
                              "envelope.identity=value:/event/id"};
     size_t n = 3;
@@ -1060,6 +1079,11 @@ static void run_stack(const char *const more[])
         props[n++] = more[i];
     props[n] = NULL;
     cr_assert_eq(th_stack_start(&stk, 4, props), 0);
+}
+
+static void run_stack(const char *const more[])
+{
+    run_stack_with(run_lua, more);
 }
 
 static void produce_file(const char *path)
@@ -1087,9 +1111,13 @@ Test(script, member_applies_each_event_once, .timeout = 180)
     th_stack_stop(&stk);
 }
 
+/* On script.fields (the fast path), as the README's example runs. */
 Test(script, sigkill_mid_stream_then_restart_is_exact, .timeout = 240)
 {
-    run_stack((const char *const[]){"batch.max.messages=50", NULL});
+    run_stack_with(run_fields_lua,
+                   (const char *const[]){"batch.max.messages=50",
+                                         "script.fields=/event/id,/sku,/qty",
+                                         NULL});
     run_expect_t e;
     const char *path = lua_file("events.jsonl", "");
     run_traffic(path, 20000, &e);
