@@ -49,7 +49,9 @@
  * instruction counts, 1000-record calls): building every member eagerly
  * cost about as much as the ledger's whole script per record. The record
  * a table stands for is in idemproc_base (per call; the script's locals
- * live one EVALSHA). */
+ * live one EVALSHA). rec.fields is one table constructor generated for
+ * script.fields (idemproc_fields_new, on the first line), so its hash part
+ * is sized once instead of growing field by field. */
 static const char driver_head[] =
     "local idemproc_redis, idemproc_argv, idemproc_outage = redis, ARGV\n"
     "local idemproc_server = {OOM = 1, READONLY = 1, MISCONF = 1,\n"
@@ -116,6 +118,14 @@ static const char driver_head[] =
     "  error(string.format('rec.fields[%q]: not in script.fields (%s)',\n"
     "    tostring(k), table.concat(idemproc_fields, ',')), 2)\n"
     "end}\n"
+    "local function idemproc_conv(t, x)\n"
+    "  if t == 115 then return x end\n"
+    "  if t == 110 then return tonumber(x) end\n"
+    "  if t == 116 then return true end\n"
+    "  if t == 102 then return false end\n"
+    "  if t == 122 then return cjson.null end\n"
+    "  if t == 106 then return cjson.decode(x) end\n"
+    "end\n"
     "local idemproc_get = {\n"
     "  identity = function(a, b) return a[b] end,\n"
     "  message_id = function(a, b)\n"
@@ -143,20 +153,8 @@ static const char driver_head[] =
     "    return idemproc_headers(s)\n"
     "  end,\n"
     "  fields = function(a, b)\n"
-    "    local f = setmetatable({}, idemproc_fieldmeta)\n"
-    "    local types = a[b + 10]\n"
-    "    for i = 1, idemproc_nfields do\n"
-    "      local t, x, name = string.byte(types, i), a[b + 10 + i],\n"
-    "        idemproc_fields[i]\n"
-    "      if t == 115 then f[name] = x\n"
-    "      elseif t == 110 then f[name] = tonumber(x)\n"
-    "      elseif t == 116 then f[name] = true\n"
-    "      elseif t == 102 then f[name] = false\n"
-    "      elseif t == 122 then f[name] = cjson.null\n"
-    "      elseif t == 106 then f[name] = cjson.decode(x)\n"
-    "      end\n"
-    "    end\n"
-    "    return f\n"
+    "    return setmetatable(idemproc_fields_new(a, b, idemproc_conv),\n"
+    "      idemproc_fieldmeta)\n"
     "  end}\n"
     "local idemproc_base = {}\n"
     "local idemproc_recmeta = {__index = function(t, k)\n"
@@ -472,7 +470,7 @@ idem_luascript_t *idem_luascript_load(const char *path, const char *fields,
     sc->nfields = nptrs;
     size_t hl = strlen(driver_head), tl = strlen(driver_tail), fl = 0;
     for (size_t i = 0; i < nptrs; i++)
-        fl += 4 * strlen(ptrs[i]) + 3;
+        fl += 2 * (4 * strlen(ptrs[i]) + 3) + 64;
     sc->head_lines = 1 + count_lines(driver_head, hl);
     sc->file_lines = count_lines(file, len) + (len && file[len - 1] != '\n');
     sc->source = idem_xmalloc(128 + 4 * strlen(path) + fl + hl + len + tl + 1);
@@ -486,7 +484,18 @@ idem_luascript_t *idem_luascript_load(const char *path, const char *fields,
         o += lua_quote(sc->source + o, ptrs[i]);
         sc->source[o++] = ',';
     }
-    o += (size_t)sprintf(sc->source + o, "}\n");
+    /* rec.fields as one constructor: {[P1] = conv(type 1, arg 1), ...}. */
+    o += (size_t)sprintf(sc->source + o,
+                         "} local function idemproc_fields_new(a, b, c) "
+                         "local t = a[b + 10] return {");
+    for (size_t i = 0; i < nptrs; i++) {
+        sc->source[o++] = '[';
+        o += lua_quote(sc->source + o, ptrs[i]);
+        o += (size_t)sprintf(sc->source + o,
+                             "] = c(string.byte(t, %zu), a[b + %zu]), ", i + 1,
+                             11 + i);
+    }
+    o += (size_t)sprintf(sc->source + o, "} end\n");
     idem_envelope_pointers_free(ptrs, nptrs);
     memcpy(sc->source + o, driver_head, hl);
     memcpy(sc->source + o + hl, file, len);
