@@ -32,8 +32,10 @@
  * an error table: a successful call costs one type() more than Redis's.
  *
  * ARGV: prefix, group, dedup.ttl.seconds, then idemproc_stride arguments
- * per record (idem_luascript_args: IDEM_LUASCRIPT_REC_ARGS, then with
- * script.fields the fields' types and one argument per field). Per
+ * per record (idem_luascript_args: IDEM_LUASCRIPT_REC_ARGS, i.e.
+ * identity, message id, topic, "<key?><value?><partition>:<offset>:
+ * <timestamp>", key, value, headers; then with script.fields the fields'
+ * types and one argument per field). Per
  * record, in order: a done mark (from before this call or set earlier in
  * it) or a lease is returned as found; otherwise effect(rec) runs and,
  * when it accepts, the done mark "done:<message_id>" is set with the TTL
@@ -110,8 +112,8 @@ static const char driver_head[] =
     "  return h\n"
     "end\n"
     "local idemproc_nfields, idemproc_declared = #idemproc_fields, {}\n"
-    "local idemproc_stride = idemproc_nfields > 0 and 11 + idemproc_nfields\n"
-    "  or 10\n"
+    "local idemproc_stride = idemproc_nfields > 0 and 8 + idemproc_nfields\n"
+    "  or 7\n"
     "for _, p in ipairs(idemproc_fields) do idemproc_declared[p] = true end\n"
     "local idemproc_fieldmeta = {__index = function(_, k)\n"
     "  if idemproc_declared[k] then return nil end\n"
@@ -133,22 +135,24 @@ static const char driver_head[] =
     "    if m ~= '' then return m end\n"
     "  end,\n"
     "  topic = function(a, b) return a[b + 2] end,\n"
-    "  partition = function(a, b) return tonumber(a[b + 3]) end,\n"
-    "  offset = function(a, b) return tonumber(a[b + 4]) end,\n"
+    "  partition = function(a, b)\n"
+    "    return tonumber(string.match(a[b + 3], '^..([^:]*)'))\n"
+    "  end,\n"
+    "  offset = function(a, b)\n"
+    "    return tonumber(string.match(a[b + 3], '^..[^:]*:([^:]*)'))\n"
+    "  end,\n"
     "  timestamp = function(a, b)\n"
-    "    local t = a[b + 5]\n"
+    "    local t = string.match(a[b + 3], '([^:]*)$')\n"
     "    if t ~= '-1' then return tonumber(t) end\n"
     "  end,\n"
     "  key = function(a, b)\n"
-    "    local f = a[b + 6]\n"
-    "    if f == '11' or f == '10' then return a[b + 7] end\n"
+    "    if string.byte(a[b + 3], 1) == 49 then return a[b + 4] end\n"
     "  end,\n"
     "  value = function(a, b)\n"
-    "    local f = a[b + 6]\n"
-    "    if f == '11' or f == '01' then return a[b + 8] end\n"
+    "    if string.byte(a[b + 3], 2) == 49 then return a[b + 5] end\n"
     "  end,\n"
     "  headers = function(a, b)\n"
-    "    local s = a[b + 9]\n"
+    "    local s = a[b + 6]\n"
     "    if s == '' then return {} end\n"
     "    return idemproc_headers(s)\n"
     "  end,\n"
@@ -487,13 +491,13 @@ idem_luascript_t *idem_luascript_load(const char *path, const char *fields,
     /* rec.fields as one constructor: {[P1] = conv(type 1, arg 1), ...}. */
     o += (size_t)sprintf(sc->source + o,
                          "} local function idemproc_fields_new(a, b, c) "
-                         "local t = a[b + 10] return {");
+                         "local t = a[b + 7] return {");
     for (size_t i = 0; i < nptrs; i++) {
         sc->source[o++] = '[';
         o += lua_quote(sc->source + o, ptrs[i]);
         o += (size_t)sprintf(sc->source + o,
                              "] = c(string.byte(t, %zu), a[b + %zu]), ", i + 1,
-                             11 + i);
+                             8 + i);
     }
     o += (size_t)sprintf(sc->source + o, "} end\n");
     idem_envelope_pointers_free(ptrs, nptrs);
@@ -619,23 +623,19 @@ size_t idem_luascript_args(const idem_luascript_t *sc, const idem_record_t *rec,
                            idem_luascript_scratch_t *sb, const char **argv,
                            size_t *argvlen)
 {
-    char *nums = scratch_alloc(sb, 3 * 24 + 3);
-    char *part = nums, *off = nums + 24, *ts = nums + 48, *flags = nums + 72;
-    snprintf(part, 24, "%" PRId32, rec->partition);
-    snprintf(off, 24, "%" PRId64, rec->offset);
-    snprintf(ts, 24, "%" PRId64, rec->timestamp < 0 ? -1 : rec->timestamp);
-    flags[0] = rec->key ? '1' : '0';
-    flags[1] = rec->value ? '1' : '0';
-    flags[2] = '\0';
+    /* The small members in one argument: each argument costs Redis an
+     * object and Lua a string, whether the effect reads it or not. */
+    char *meta = scratch_alloc(sb, 2 + 3 * 21 + 1);
+    int ml = snprintf(
+        meta, 2 + 3 * 21 + 1, "%c%c%" PRId32 ":%" PRId64 ":%" PRId64,
+        rec->key ? '1' : '0', rec->value ? '1' : '0', rec->partition,
+        rec->offset, rec->timestamp < 0 ? (int64_t)-1 : rec->timestamp);
     size_t a = 0;
 #define ARG(p, l) (argv[a] = (p), argvlen[a] = (l), a++)
     ARG(rec->identity, rec->identity_len);
     ARG(rec->message_id_len ? rec->message_id : "", rec->message_id_len);
     ARG(rec->topic, strlen(rec->topic));
-    ARG(part, strlen(part));
-    ARG(off, strlen(off));
-    ARG(ts, strlen(ts));
-    ARG(flags, 2);
+    ARG(meta, (size_t)ml);
     ARG(rec->key ? (const char *)rec->key : "", rec->key ? rec->key_len : 0);
     ARG(rec->value ? (const char *)rec->value : "",
         rec->value ? rec->value_len : 0);

@@ -17,10 +17,10 @@ typedef struct idem_luascript_s idem_luascript_t;
     (1024 * 1024) /* largest script.file accepted, bytes */
 
 /* Arguments per record without script.fields: identity, message_id,
- * topic, partition, offset, timestamp, flags, key, value, headers. With
- * script.fields, the fields' types and one per field follow
- * (idem_luascript_rec_args). */
-#define IDEM_LUASCRIPT_REC_ARGS 10
+ * topic, key and value presence with partition, offset and timestamp (one
+ * argument), key, value, headers. With script.fields, the fields' types
+ * and one per field follow (idem_luascript_rec_args). */
+#define IDEM_LUASCRIPT_REC_ARGS 7
 
 /* What a Lua runtime error's rejection text starts with (the rest is
  * "FILE:LINE: message"); a rejection by `return false, "reason"` is the
