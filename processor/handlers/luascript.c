@@ -51,9 +51,10 @@
  * instruction counts, 1000-record calls): building every member eagerly
  * cost about as much as the ledger's whole script per record. The record
  * a table stands for is in idemproc_base (per call; the script's locals
- * live one EVALSHA). rec.fields is one table constructor generated for
- * script.fields (idemproc_fields_new, on the first line), so its hash part
- * is sized once instead of growing field by field. */
+ * live one EVALSHA). The exception is rec.fields, built with rec when
+ * script.fields is set (whoever lists fields reads them), as one table
+ * constructor generated for the list (idemproc_fields_new, on the first
+ * line), so neither table grows member by member. */
 static const char driver_head[] =
     "local idemproc_redis, idemproc_argv, idemproc_outage = redis, ARGV\n"
     "local idemproc_server = {OOM = 1, READONLY = 1, MISCONF = 1,\n"
@@ -169,7 +170,14 @@ static const char driver_head[] =
     "  return v\n"
     "end}\n"
     "local function idemproc_rec(b)\n"
-    "  local t = setmetatable({}, idemproc_recmeta)\n"
+    "  local t\n"
+    "  if idemproc_nfields > 0 then\n"
+    "    t = setmetatable({fields = setmetatable(\n"
+    "      idemproc_fields_new(idemproc_argv, b, idemproc_conv),\n"
+    "      idemproc_fieldmeta)}, idemproc_recmeta)\n"
+    "  else\n"
+    "    t = setmetatable({}, idemproc_recmeta)\n"
+    "  end\n"
     "  idemproc_base[t] = b\n"
     "  return t\n"
     "end\n"
