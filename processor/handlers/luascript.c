@@ -482,7 +482,7 @@ idem_luascript_t *idem_luascript_load(const char *path, const char *fields,
     sc->nfields = nptrs;
     size_t hl = strlen(driver_head), tl = strlen(driver_tail), fl = 0;
     for (size_t i = 0; i < nptrs; i++)
-        fl += 2 * (4 * strlen(ptrs[i]) + 3) + 64;
+        fl += 2 * (4 * strlen(ptrs[i]) + 3) + 160;
     sc->head_lines = 1 + count_lines(driver_head, hl);
     sc->file_lines = count_lines(file, len) + (len && file[len - 1] != '\n');
     sc->source = idem_xmalloc(128 + 4 * strlen(path) + fl + hl + len + tl + 1);
@@ -496,16 +496,30 @@ idem_luascript_t *idem_luascript_load(const char *path, const char *fields,
         o += lua_quote(sc->source + o, ptrs[i]);
         sc->source[o++] = ',';
     }
-    /* rec.fields as one constructor: {[P1] = conv(type 1, arg 1), ...}. */
+    /* rec.fields as one constructor, the types read with one string.byte
+     * and strings and numbers converted inline (the common cases):
+     * local t1, t2 = string.byte(a[b + 7], 1, 2)
+     * return {[P1] = t1 == 115 and a[b + 8] or t1 == 110 and
+     * tonumber(a[b + 8]) or c(t1, a[b + 8]), ...} */
     o += (size_t)sprintf(sc->source + o,
-                         "} local function idemproc_fields_new(a, b, c) "
-                         "local t = a[b + 7] return {");
+                         "} local function idemproc_fields_new(a, b, c) ");
+    if (nptrs) {
+        o += (size_t)sprintf(sc->source + o, "local ");
+        for (size_t i = 0; i < nptrs; i++)
+            o +=
+                (size_t)sprintf(sc->source + o, "%st%zu", i ? ", " : "", i + 1);
+        o += (size_t)sprintf(sc->source + o,
+                             " = string.byte(a[b + 7], 1, %zu) ", nptrs);
+    }
+    o += (size_t)sprintf(sc->source + o, "return {");
     for (size_t i = 0; i < nptrs; i++) {
         sc->source[o++] = '[';
         o += lua_quote(sc->source + o, ptrs[i]);
-        o += (size_t)sprintf(sc->source + o,
-                             "] = c(string.byte(t, %zu), a[b + %zu]), ", i + 1,
-                             8 + i);
+        o +=
+            (size_t)sprintf(sc->source + o,
+                            "] = t%zu == 115 and a[b + %zu] or t%zu == 110 and "
+                            "tonumber(a[b + %zu]) or c(t%zu, a[b + %zu]), ",
+                            i + 1, 8 + i, i + 1, 8 + i, i + 1, 8 + i);
     }
     o += (size_t)sprintf(sc->source + o, "} end\n");
     idem_envelope_pointers_free(ptrs, nptrs);
