@@ -7,6 +7,7 @@
 #include "util.h"
 
 #include <inttypes.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -380,7 +381,14 @@ int idem_loop_handler_feed(idem_pipeline_t *p, char *errstr, size_t errstr_size)
         size_t n = idem_loop_due_records(p, idem_now_ms());
         return n ? handler_submit(p, n, errstr, errstr_size) : 0;
     }
+    /* Claim no more than the handler can start: a lease must not run out
+     * while its record waits in the handler's queue. */
+    size_t room = p->hops->room ? p->hops->room(p->h) : SIZE_MAX;
+    if (!room)
+        return 0;
     size_t n = idem_loop_due_records(p, idem_now_ms());
+    if (n > room)
+        n = room; /* the first in poll order: partitions keep their order */
     return n ? claim_and_submit(p, n, errstr, errstr_size) : 0;
 }
 

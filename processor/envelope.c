@@ -452,7 +452,20 @@ struct idem_envelope_rules_s {
     size_t scan_lens[IDEM_ENVSCAN_FIELDS_MAX];
     size_t scan_cnt;
     int f_user, f_amount, f_currency;
+    char **fields; /* JSON Pointers extracted into envelopes' fields */
+    size_t nfields;
 };
+
+/* Why `ptr` is no JSON Pointer (RFC 6901), or NULL when it is one. */
+static const char *pointer_bad(const char *ptr)
+{
+    if (*ptr != '/')
+        return "a JSON Pointer starts with '/'";
+    for (const char *c = ptr; *c; c++)
+        if (*c == '~' && c[1] != '0' && c[1] != '1')
+            return "'~' must be followed by 0 or 1";
+    return NULL;
+}
 
 /* Parses a comma list of sources into *out (NULL errstr: already checked).
  * Returns 0, or -1 with errstr naming `key`. */
@@ -489,12 +502,7 @@ static int sources_parse(const char *key, const char *list, src_t **out,
             src.name = idem_xstrdup(t + 7);
         } else if (!strncmp(t, "value:", 6)) {
             const char *ptr = t + 6;
-            const char *bad = NULL;
-            if (*ptr != '/')
-                bad = "a JSON Pointer starts with '/'";
-            for (const char *c = ptr; !bad && *c; c++)
-                if (*c == '~' && c[1] != '0' && c[1] != '1')
-                    bad = "'~' must be followed by 0 or 1";
+            const char *bad = pointer_bad(ptr);
             if (bad) {
                 snprintf(errstr, errstr_size, "%s: \"%s\": %s (RFC 6901)", key,
                          t, bad);
@@ -526,6 +534,91 @@ static void sources_free(src_t *s, size_t n)
         free(s[i].name);
     }
     free(s);
+}
+
+void idem_envelope_pointers_free(char **ptrs, size_t n)
+{
+    for (size_t i = 0; ptrs && i < n; i++)
+        free(ptrs[i]);
+    free(ptrs);
+}
+
+int idem_envelope_pointers_parse(const char *key, const char *list, char ***out,
+                                 size_t *n, char *errstr, size_t errstr_size)
+{
+    *out = NULL;
+    *n = 0;
+    char *copy = idem_xstrdup(list ? list : "");
+    char *rest = copy;
+    int r = 0;
+    for (char *t = strsep(&rest, ","); t; t = strsep(&rest, ",")) {
+        while (*t == ' ' || *t == '\t')
+            t++;
+        size_t l = strlen(t);
+        while (l && (t[l - 1] == ' ' || t[l - 1] == '\t'))
+            t[--l] = '\0';
+        const char *bad = NULL;
+        char many[64];
+        snprintf(many, sizeof(many), "more than %d pointers",
+                 IDEM_ENVELOPE_FIELDS_MAX);
+        if (!*t && !*n && !rest)
+            break; /* an empty list */
+        if (!*t)
+            bad = "empty entry";
+        else if (!(bad = pointer_bad(t)) && *n == IDEM_ENVELOPE_FIELDS_MAX)
+            bad = many;
+        for (size_t i = 0; !bad && i < *n; i++)
+            if (!strcmp((*out)[i], t))
+                bad = "listed twice";
+        if (bad) {
+            snprintf(errstr, errstr_size,
+                     "%s: \"%s\": %s (comma list of "
+                     "JSON Pointers, RFC 6901, e.g. /user_id,/event/id)",
+                     key, t, bad);
+            r = -1;
+            break;
+        }
+        *out = idem_xrealloc(*out, (*n + 1) * sizeof(**out));
+        (*out)[(*n)++] = idem_xstrdup(t);
+    }
+    free(copy);
+    if (r) {
+        idem_envelope_pointers_free(*out, *n);
+        *out = NULL;
+        *n = 0;
+    }
+    return r;
+}
+
+int idem_envelope_rules_fields(idem_envelope_rules_t *r, const char *key,
+                               const char *list, char *errstr,
+                               size_t errstr_size)
+{
+    char **ptrs;
+    size_t n;
+    if (idem_envelope_pointers_parse(key, list, &ptrs, &n, errstr, errstr_size))
+        return -1;
+    if (n && r->format != IDEM_ENVELOPE_JSON) {
+        snprintf(errstr, errstr_size,
+                 "%s: needs envelope.format=json (with bytes the value is "
+                 "not parsed)",
+                 key);
+        idem_envelope_pointers_free(ptrs, n);
+        return -1;
+    }
+    idem_envelope_pointers_free(r->fields, r->nfields);
+    r->fields = ptrs;
+    r->nfields = n;
+    return 0;
+}
+
+void idem_envelope_term(idem_envelope_t *env)
+{
+    if (!env)
+        return;
+    free(env->fields);
+    env->fields = NULL;
+    env->nfields = 0;
 }
 
 int idem_envelope_sources_check(const char *key, const char *list,
@@ -625,6 +718,7 @@ void idem_envelope_rules_destroy(idem_envelope_rules_t *r)
         return;
     sources_free(r->id, r->id_cnt);
     sources_free(r->mid, r->mid_cnt);
+    idem_envelope_pointers_free(r->fields, r->nfields);
     free(r);
 }
 
@@ -661,6 +755,76 @@ static json_t *pointer_get(json_t *root, const char *ptr)
         }
     }
     return cur;
+}
+
+/* The rules' fields of `root` (NULL: none found) into one new block in
+ * out->fields: the array, then each text NUL-terminated. Every value is
+ * the one cjson.decode would give for the same bytes: strings decoded,
+ * numbers as doubles (printed with the fewest digits that read back the
+ * same), objects and arrays as compact JSON for the reader to decode. */
+static void fields_extract(const idem_envelope_rules_t *rules, json_t *root,
+                           idem_envelope_t *out)
+{
+    size_t n = rules->nfields;
+    json_t *v[IDEM_ENVELOPE_FIELDS_MAX];
+    char num[IDEM_ENVELOPE_FIELDS_MAX][32];
+    char *dump[IDEM_ENVELOPE_FIELDS_MAX];
+    size_t len[IDEM_ENVELOPE_FIELDS_MAX], total = 0;
+    idem_field_type_t type[IDEM_ENVELOPE_FIELDS_MAX];
+    for (size_t i = 0; i < n; i++) {
+        v[i] = root ? pointer_get(root, rules->fields[i]) : NULL;
+        dump[i] = NULL;
+        len[i] = 0;
+        switch (v[i] ? json_typeof(v[i]) : JSON_NULL) {
+        case JSON_STRING:
+            type[i] = IDEM_FIELD_STRING;
+            len[i] = json_string_length(v[i]);
+            break;
+        case JSON_REAL:
+        case JSON_INTEGER: {
+            double d = json_number_value(v[i]);
+            for (int prec = 15; prec <= 17; prec++) {
+                snprintf(num[i], sizeof(num[i]), "%.*g", prec, d);
+                if (strtod(num[i], NULL) == d)
+                    break;
+            }
+            type[i] = IDEM_FIELD_NUMBER;
+            len[i] = strlen(num[i]);
+            break;
+        }
+        case JSON_TRUE:
+            type[i] = IDEM_FIELD_TRUE;
+            break;
+        case JSON_FALSE:
+            type[i] = IDEM_FIELD_FALSE;
+            break;
+        case JSON_OBJECT:
+        case JSON_ARRAY:
+            type[i] = IDEM_FIELD_JSON;
+            dump[i] = json_dumps(v[i], JSON_COMPACT | JSON_ENCODE_ANY |
+                                           JSON_REAL_PRECISION(17));
+            len[i] = dump[i] ? strlen(dump[i]) : 0;
+            break;
+        default:
+            type[i] = v[i] ? IDEM_FIELD_NULL : IDEM_FIELD_ABSENT;
+            break;
+        }
+        total += len[i] + 1;
+    }
+    out->fields = idem_xmalloc(n * sizeof(*out->fields) + total);
+    out->nfields = n;
+    char *text = (char *)(out->fields + n);
+    for (size_t i = 0; i < n; i++) {
+        const char *src = type[i] == IDEM_FIELD_STRING ? json_string_value(v[i])
+                          : type[i] == IDEM_FIELD_NUMBER ? num[i]
+                          : dump[i]                      ? dump[i]
+                                                         : "";
+        memcpy(text, src, len[i]);
+        text[len[i]] = '\0';
+        out->fields[i] = (idem_envelope_field_t){type[i], text, len[i]};
+        text += len[i] + 1;
+        arena_free(dump[i]); /* jansson's allocator (the arena, mostly) */
+    }
 }
 
 /* Reads source `src` into out (its bytes and count). Returns 1 found,
@@ -824,7 +988,7 @@ static int read_record(const idem_envelope_rules_t *rules, const void *value,
                        idem_reason_t *reason, char *errstr, size_t errstr_size)
 {
     env_clear(out);
-    if (len <= rules->max_bytes && rules->fast &&
+    if (len <= rules->max_bytes && rules->fast && !rules->nfields &&
         read_fast(rules, value, len, headers, key, key_len, out) == 0)
         return 0;
     env_clear(out);
@@ -900,6 +1064,8 @@ static int read_record(const idem_envelope_rules_t *rules, const void *value,
     if (rules->need_ledger &&
         parse_ledger_fields(root, value, len, out, errstr, errstr_size))
         goto done;
+    if (rules->nfields)
+        fields_extract(rules, root, out);
     r = 0;
 done:
     if (root) {

@@ -12,6 +12,28 @@
 #include "outcome.h"
 
 #define IDEM_ENVELOPE_ID_MAX 256 /* longest identity / message_id kept */
+#define IDEM_ENVELOPE_FIELDS_MAX                                               \
+    32 /* most JSON Pointers extracted per record                              \
+        (idem_envelope_rules_fields) */
+
+/* What a field a handler asked for (idem_envelope_rules_fields) held in the
+ * record's JSON value. */
+typedef enum {
+    IDEM_FIELD_ABSENT = '-', /* no such member (or the value is no object) */
+    IDEM_FIELD_STRING = 's', /* text: the string's bytes (escapes decoded) */
+    IDEM_FIELD_NUMBER = 'n', /* text: the number as jansson read it, printed
+                                so that strtod gives the same double back */
+    IDEM_FIELD_TRUE = 't',
+    IDEM_FIELD_FALSE = 'f',
+    IDEM_FIELD_NULL = 'z',
+    IDEM_FIELD_JSON = 'j', /* an object or array: text is its compact JSON */
+} idem_field_type_t;
+
+typedef struct {
+    idem_field_type_t type;
+    const char *text; /* NUL-terminated too; "" for the types without text */
+    size_t len;
+} idem_envelope_field_t;
 
 /* identity and message_id are byte strings with a length: a header value
  * may hold NUL bytes, which are data, never an end (the arrays are also
@@ -26,7 +48,16 @@ typedef struct {
     char currency[4];
     int64_t amount_minor; /* amount in minor units (cents) */
     int json_object;      /* the value was parsed as a JSON object */
+    /* The rules' fields (idem_envelope_rules_fields), in their order; NULL
+     * and 0 when the rules ask for none. One heap block owned by the
+     * envelope: idem_envelope_term frees it. */
+    idem_envelope_field_t *fields;
+    size_t nfields;
 } idem_envelope_t;
+
+/* Frees what idem_envelope_read allocated in env (its fields) and zeroes
+ * them; the rest of env stays. NULL-safe, idempotent. */
+void idem_envelope_term(idem_envelope_t *env);
 
 /* envelope.format: how a record's value is read. */
 typedef enum {
@@ -51,6 +82,23 @@ int idem_envelope_sources_check(const char *key, const char *list,
                                 int allow_empty, char *errstr,
                                 size_t errstr_size);
 
+/* A comma list of JSON Pointers (RFC 6901, each starting with '/'; blanks
+ * around commas ignored) split into a new array of copies in *out, their
+ * count in *n (0 for an empty list; at most IDEM_ENVELOPE_FIELDS_MAX, each
+ * once). Returns 0, or -1 with errstr naming `key` and the pointer. Free
+ * with idem_envelope_pointers_free(*out, *n). */
+int idem_envelope_pointers_parse(const char *key, const char *list, char ***out,
+                                 size_t *n, char *errstr, size_t errstr_size);
+void idem_envelope_pointers_free(char **ptrs, size_t n);
+
+/* Asks idem_envelope_read to extract the values at these JSON Pointers
+ * (a list for idem_envelope_pointers_parse; `key` names it in errstr) into
+ * each envelope's fields. Only with envelope.format=json. Returns 0 or -1
+ * with errstr. */
+int idem_envelope_rules_fields(idem_envelope_rules_t *r, const char *key,
+                               const char *list, char *errstr,
+                               size_t errstr_size);
+
 /* New rules (format: idem_envelope_format_t of conf.h). Returns NULL with
  * errstr for a bad source list. */
 idem_envelope_rules_t *idem_envelope_rules_new(int format, const char *identity,
@@ -66,7 +114,10 @@ void idem_envelope_rules_destroy(idem_envelope_rules_t *r); /* NULL ok */
  * not parsed (value: sources are skipped). The identity is the first
  * source found (a value: source must be a non-empty JSON string); the message
  * id likewise (none found: message_id_len 0). Same results as
- * idem_envelope_parse. */
+ * idem_envelope_parse. With fields asked for (idem_envelope_rules_fields),
+ * a good record's out->fields holds them: the caller owns that block and
+ * frees it with idem_envelope_term (also before reading into `out` again).
+ * A field never makes a record poison. */
 int idem_envelope_read(const idem_envelope_rules_t *rules, const void *value,
                        size_t len, const rd_kafka_headers_t *headers,
                        const void *key, size_t key_len, idem_envelope_t *out,

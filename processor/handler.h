@@ -8,7 +8,8 @@
  *
  *   validate(conf, arg)         check-config and run, before anything starts
  *   start(ctx)                  once, after the store and metrics exist
- *   loop:  submit(batch)        records that are due, non-blocking
+ *   loop:  room()               how many it can start now (may be NULL)
+ *          submit(batch)        records that are due, non-blocking
  *          collect(results)     what finished since, non-blocking
  *   drain(deadline)             revoke and shutdown: finish or abandon
  *   stop()                      once, at the end
@@ -83,7 +84,7 @@
 #include "store.h"
 
 /* Bumped on any incompatible change of the structs below. */
-#define IDEM_HANDLER_API_VERSION 1
+#define IDEM_HANDLER_API_VERSION 2
 
 /* One consumed record as a handler sees it (all borrowed from the loop;
  * see "Records" above for how long). Byte strings have lengths: identity,
@@ -166,6 +167,11 @@ typedef struct idem_handler_ops_s {
                             does not parse them (ledger) */
     const char *doc;     /* one line for `help config` and the README */
     const idem_conf_key_t *keys; /* its keys, ending with {NULL}; may be NULL */
+    const char *fields_key; /* NULL, or one of its keys holding a comma list
+                               of JSON Pointers (script.fields): the loop
+                               extracts those values from each record's
+                               JSON value into rec->env->fields (envelope.h,
+                               idem_envelope_rules_fields) */
     const char *key_prefix; /* NULL, or a prefix ("plugin.") under which the
                                conf accepts any key as text for this handler
                                (keys only known at run time); its validate
@@ -211,6 +217,16 @@ typedef struct idem_handler_ops_s {
 
     /* Records submitted whose result was not collected yet. */
     size_t (*inflight)(void *h);
+
+    /* How many more records the handler can start now (not merely queue):
+     * the loop claims and submits at most that many per pass, so a record
+     * leased for an external effect starts at once instead of waiting in
+     * the handler's queue while its lease (dedup.lease.ms) runs out
+     * (webhook: webhook.max.inflight minus the requests in flight or
+     * queued). 0: none now (the loop collects and asks again). May be NULL:
+     * no limit. An IN_REDIS handler leaves it NULL (one request at a time,
+     * nothing leased). */
+    size_t (*room)(void *h);
 
     /* Revoke and shutdown: finish what is in flight, waiting until
      * deadline_ms (idem_now_ms clock) at most, then abandon the rest (an

@@ -33,6 +33,7 @@
  * spares. */
 static void rec_release(idem_pipeline_t *p, rec_t *r)
 {
+    idem_envelope_term(&r->env);
     if (r->dlq) {
         if (r->dlq->state == 0)
             r->dlq->orphan = 1;
@@ -581,6 +582,11 @@ idem_pipeline_t *idem_pipeline_new(const idem_conf_t *conf, idem_metrics_t *m,
               conf->envelope_format, conf->envelope_identity,
               conf->envelope_message_id, p->hops->needs_payment,
               (size_t)conf->message_max_bytes, errstr, errstr_size)))
+        goto fail;
+    if (p->hops->fields_key &&
+        idem_envelope_rules_fields(p->rules, p->hops->fields_key,
+                                   idem_conf_str(conf, p->hops->fields_key),
+                                   errstr, errstr_size))
         goto fail;
     if (!(p->dlq =
               idem_dlq_new(conf, idem_loop_dlq_report, errstr, errstr_size)))

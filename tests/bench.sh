@@ -20,6 +20,9 @@
 #              (1,000,000) records, the same keys and values
 #   webhook    one member, handler=webhook, a service answering in 5 ms
 #   outbox     the outbox relay's rows (tests/bench_outbox.sh)
+#   script     not by default: handler=script against the ledger on their own
+#              broker and Redis (tests/bench_script.sh; its own lines, not in
+#              the table)
 #
 # Workload of the throughput rows: BENCH_COUNT (300,000) payments and poison
 # plus 10% duplicates (330,000 records), 1% poison, on 64 partitions (the
@@ -528,6 +531,10 @@ if want webhook; then
         duplicates="$DUPS" acknowledged="${ACKED:-0}"
     say "webhook: $W records/s ($WSENT records, service answering in 5 ms)"
     row_done webhook "$T_ROW"
+fi
+
+if want script; then
+    "$SRC/tests/bench_script.sh" "$BIN" >&2
 fi
 
 if want outbox; then

@@ -50,6 +50,8 @@ struct th_hook_s {
     th_hook_req_t *reqs;
     size_t req_cnt, req_cap;
     atomic_size_t count, count_2xx;
+    void (*on_arrival)(const char *key, void *opaque);
+    void *arrival_opaque;
 };
 
 static char *dup_or_null(const char *s)
@@ -162,6 +164,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn,
     up->body[up->len] = '\0';
     const char *key =
         MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Idempotency-Key");
+    if (h->on_arrival)
+        h->on_arrival(key, h->arrival_opaque);
     reply_t r = choose(h, key, up->body);
     if (r.delay_ms > 0) {
         struct timespec ts = {r.delay_ms / 1000,
@@ -196,6 +200,13 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
         free(up);
         *con_cls = NULL;
     }
+}
+
+void th_hook_on_arrival(th_hook_t *h, void (*fn)(const char *key, void *opaque),
+                        void *opaque)
+{
+    h->arrival_opaque = opaque;
+    h->on_arrival = fn;
 }
 
 th_hook_t *th_hook_start(th_hook_reply_t dflt, int rec)

@@ -54,6 +54,13 @@ void th_hook_script(th_hook_t *h, const char *key, th_hook_reply_t reply);
  * scripts, before the default; first matching rule wins). */
 void th_hook_rule_body(th_hook_t *h, const char *needle, th_hook_reply_t reply);
 
+/* Calls fn(key, opaque) on the server's thread as each request arrives
+ * (its body read, before any delay), key being its Idempotency-Key or
+ * NULL; fn must be thread-safe (requests arrive in parallel). NULL fn:
+ * none. Set it before requests come. */
+void th_hook_on_arrival(th_hook_t *h, void (*fn)(const char *key, void *opaque),
+                        void *opaque);
+
 /* Requests answered so far; and those answered 2xx. */
 size_t th_hook_count(th_hook_t *h);
 size_t th_hook_count_2xx(th_hook_t *h);

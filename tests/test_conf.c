@@ -119,6 +119,52 @@ Test(conf, secrets_from_files_are_never_printed)
     free(kpw);
 }
 
+/* A key whose own name ends in ".file" (a table key such as
+ * redis.tls.ca.file, or one a handler declares: script.file,
+ * webhook.ca.file) is that key, its value a path; for every other key,
+ * <key>.file=PATH reads <key>'s value from PATH: table keys, handler keys
+ * (webhook.headers, script.fields) and plugin.<key> alike, from the
+ * environment too. */
+Test(conf, declared_file_keys_win_over_the_file_rule)
+{
+    char *dir = th_tmpdir();
+    char *fields = write_tmp(dir, "fields", "/sku,/qty\n");
+    char *hdrs = write_tmp(dir, "hdrs", "Authorization: Bearer t0ken\n");
+    char *tok = write_tmp(dir, "tok", "plugin-secret\n");
+    char set_fields[600], set_hdrs[600], set_tok[600], env_file[600];
+    snprintf(set_fields, sizeof(set_fields), "script.fields.file=%s", fields);
+    snprintf(set_hdrs, sizeof(set_hdrs), "webhook.headers.file=%s", hdrs);
+    snprintf(set_tok, sizeof(set_tok), "plugin.token.file=%s", tok);
+    snprintf(env_file, sizeof(env_file), "IDEMPROC_SCRIPT_FILE=%s/x.lua", dir);
+    char *envp[] = {env_file, NULL};
+    char *extra[] = {"webhook.ca.file=/nonexistent/ca.pem", set_fields,
+                     set_hdrs, set_tok};
+    char err[512];
+    idem_conf_t *c = load(NULL, envp, extra, 4, err, sizeof(err));
+    cr_assert(c, "%s", err);
+    /* Paths, not file contents (the files do not even exist). */
+    char want[600];
+    snprintf(want, sizeof(want), "%s/x.lua", dir);
+    cr_expect_str_eq(idem_conf_str(c, "script.file"), want);
+    cr_expect_str_eq(idem_conf_str(c, "webhook.ca.file"),
+                     "/nonexistent/ca.pem");
+    /* Read from the files, trailing newline removed. */
+    cr_expect_str_eq(idem_conf_str(c, "script.fields"), "/sku,/qty");
+    cr_expect_str_eq(idem_conf_str(c, "webhook.headers"),
+                     "Authorization: Bearer t0ken");
+    cr_expect_str_eq(idem_conf_str(c, "plugin.token"), "plugin-secret");
+    idem_conf_destroy(c);
+    /* A key that is neither: the file rule names the file's problem. */
+    char *bad[] = {"script.fields.file=/nonexistent/f"};
+    cr_expect_null(load(NULL, NULL, bad, 1, err, sizeof(err)));
+    cr_expect(strstr(err, "script.fields.file"), "%s", err);
+    th_rmrf(dir);
+    free(dir);
+    free(fields);
+    free(hdrs);
+    free(tok);
+}
+
 /* Data-driven error cases: each line of tests/data/conf_errors.txt is
  * "--set argument<TAB>substring the error must contain". */
 Test(conf, every_error_names_key_and_problem)

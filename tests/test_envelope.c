@@ -255,3 +255,77 @@ Test(envelope, payment_fields_only_for_the_ledger)
     idem_envelope_rules_destroy(any);
     idem_envelope_rules_destroy(pay);
 }
+
+/* Fields a handler asks for (script.fields): each value's type and text as
+ * cjson would read it, absent ones marked, never poison; only for JSON. */
+Test(envelope, fields_are_extracted_with_their_types)
+{
+    char err[256];
+    idem_envelope_rules_t *r = idem_envelope_rules_new(
+        IDEM_ENVELOPE_JSON, "value:/id", IDEM_ENVELOPE_MESSAGE_ID_DEFAULT, 0,
+        4096, err, sizeof(err));
+    cr_assert(r, "%s", err);
+    cr_assert_eq(idem_envelope_rules_fields(r, "script.fields",
+                                            "/s, /n,/i,/t,/f,/z,/o,/no,/a/0,"
+                                            "/s/x,/big",
+                                            err, sizeof(err)),
+                 0, "%s", err);
+    const char *v = "{\"id\":\"e1\",\"s\":\"a\\\"b\",\"n\":0.1,\"i\":7,"
+                    "\"t\":true,\"f\":false,\"z\":null,\"o\":{\"k\":[1]},"
+                    "\"a\":[\"x\"],\"big\":123456789012345678}";
+    idem_envelope_t env = {0};
+    idem_reason_t reason;
+    cr_assert_eq(idem_envelope_read(r, v, strlen(v), NULL, NULL, 0, &env,
+                                    &reason, err, sizeof(err)),
+                 0, "%s", err);
+    cr_assert_eq(env.nfields, 11);
+    struct {
+        idem_field_type_t type;
+        const char *text;
+    } want[] = {
+        {IDEM_FIELD_STRING, "a\"b"},
+        {IDEM_FIELD_NUMBER, "0.1"},
+        {IDEM_FIELD_NUMBER, "7"},
+        {IDEM_FIELD_TRUE, ""},
+        {IDEM_FIELD_FALSE, ""},
+        {IDEM_FIELD_NULL, ""},
+        {IDEM_FIELD_JSON, "{\"k\":[1.0]}"},
+        {IDEM_FIELD_ABSENT, ""},
+        {IDEM_FIELD_STRING, "x"},
+        {IDEM_FIELD_ABSENT, ""},
+        {IDEM_FIELD_NUMBER, "1.2345678901234568e+17"},
+    };
+    for (size_t i = 0; i < 11; i++) {
+        cr_expect_eq(env.fields[i].type, want[i].type, "field %zu: %c", i,
+                     env.fields[i].type);
+        cr_expect_str_eq(env.fields[i].text, want[i].text, "field %zu", i);
+        cr_expect_eq(env.fields[i].len, strlen(want[i].text), "field %zu", i);
+    }
+    /* The number reads back as the same double. */
+    cr_expect_eq(strtod(env.fields[10].text, NULL), 123456789012345678.0);
+    idem_envelope_term(&env);
+    cr_expect_null(env.fields);
+    idem_envelope_term(&env);
+    idem_envelope_term(NULL);
+    /* A record without any of them is no poison. */
+    cr_assert_eq(idem_envelope_read(r, "{\"id\":\"e2\"}", 11, NULL, NULL, 0,
+                                    &env, &reason, err, sizeof(err)),
+                 0, "%s", err);
+    cr_expect_eq(env.fields[0].type, IDEM_FIELD_ABSENT);
+    idem_envelope_term(&env);
+    idem_envelope_rules_destroy(r);
+
+    /* With envelope.format=bytes there is nothing to take them from. */
+    r = idem_envelope_rules_new(IDEM_ENVELOPE_BYTES, "key", "", 0, 4096, err,
+                                sizeof(err));
+    cr_assert(r, "%s", err);
+    cr_expect_eq(
+        idem_envelope_rules_fields(r, "script.fields", "/a", err, sizeof(err)),
+        -1);
+    cr_expect(strstr(err, "script.fields: needs envelope.format=json"), "%s",
+              err);
+    cr_expect_eq(
+        idem_envelope_rules_fields(r, "script.fields", "", err, sizeof(err)),
+        0);
+    idem_envelope_rules_destroy(r);
+}

@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <signal.h>
+#include <stdint.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -64,6 +65,21 @@ Test(plugin, refuses_a_plugin_built_for_another_abi_version)
     cr_expect(strstr(err, want), "%s", err);
     cr_expect(strstr(err, path), "the path is missing: %s", err);
     cr_expect(strstr(err, "rebuild"), "%s", err);
+}
+
+/* A plugin built for version 1 (before room() was added) is refused by
+ * its version, not read past its shorter table. */
+Test(plugin, refuses_a_plugin_built_for_abi_version_1)
+{
+    char err[512] = "";
+    const char *path = plugin_path("tplugins", "abi_v1");
+    cr_assert_null(idem_plugin_open(path, err, sizeof(err)));
+    char want[128];
+    snprintf(want, sizeof(want),
+             "built for plugin ABI version 1, but this idemproc loads "
+             "version %d: rebuild",
+             IDEMPROC_PLUGIN_ABI_VERSION);
+    cr_expect(strstr(err, want), "%s", err);
 }
 
 Test(plugin, refuses_a_shared_object_that_is_no_plugin)
@@ -404,6 +420,49 @@ Test(plugin, result_for_a_record_never_submitted_is_ignored)
     cr_expect_eq(res[0].rec, &rec);
     cr_expect_eq(res[0].kind, IDEM_RESULT_DONE);
     cr_expect_eq(idem_handler_plugin.collect(pr.h, res, 4, 0), 0);
+    probe_end(&pr);
+}
+
+/* room(): the plugin's own answer (plugin.room minus what it holds), or
+ * no limit for a plugin without a room op (filesink). */
+Test(plugin, room_is_the_plugins_or_unlimited)
+{
+    probe_run_t pr;
+    probe_start(&pr, NULL);
+    cr_expect_eq(idem_handler_plugin.room(pr.h), SIZE_MAX);
+    probe_end(&pr);
+
+    char err[512] = "";
+    pr.conf = idem_conf_new();
+    conf_plugin_key(pr.conf, "room", "3");
+    const char *path = plugin_path("tplugins", "probe");
+    cr_assert_eq(validate(pr.conf, path, err, sizeof(err)), 0, "%s", err);
+    pr.ctx =
+        (idem_handler_ctx_t){.conf = pr.conf, .arg = path, .member_id = "t"};
+    pr.h = idem_handler_plugin.start(&pr.ctx, err, sizeof(err));
+    cr_assert(pr.h, "%s", err);
+    cr_expect_eq(idem_handler_plugin.room(pr.h), 3);
+    idem_record_t recs[3] = {record("a", "hold", 1), record("b", "done", 2),
+                             record("c", "hold", 3)};
+    idem_record_t *ptrs[3] = {&recs[0], &recs[1], &recs[2]};
+    cr_assert_eq(
+        idem_handler_plugin.submit(pr.h, ptrs, 3, NULL, 0, err, sizeof(err)),
+        0);
+    cr_expect_eq(idem_handler_plugin.room(pr.h), 0);
+    idem_result_t res[4];
+    cr_expect_eq(collect_all(pr.h, res, 1), 1);
+    cr_expect_eq(idem_handler_plugin.room(pr.h), 1, "b collected");
+    idem_handler_plugin.drain(pr.h, 0);
+    probe_end(&pr);
+
+    conf_plugin_key(pr.conf = idem_conf_new(), "output", "/dev/null");
+    path = plugin_path("plugins", "filesink");
+    cr_assert_eq(validate(pr.conf, path, err, sizeof(err)), 0, "%s", err);
+    pr.ctx =
+        (idem_handler_ctx_t){.conf = pr.conf, .arg = path, .member_id = "t"};
+    pr.h = idem_handler_plugin.start(&pr.ctx, err, sizeof(err));
+    cr_assert(pr.h, "%s", err);
+    cr_expect_eq(idem_handler_plugin.room(pr.h), SIZE_MAX);
     probe_end(&pr);
 }
 

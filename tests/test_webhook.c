@@ -7,7 +7,9 @@
 #include "hooksrv.h"
 
 #include <criterion/criterion.h>
+#include <hiredis.h>
 #include <jansson.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -677,5 +679,104 @@ Test(webhook_run, bytes_values_with_identity_from_the_key_or_a_header)
     }
     th_hook_requests_free(q, n);
     cr_assert_eq(th_stop(m, 15000), 0);
+    th_stack_stop(&stk);
+}
+
+/* What the arrival hook saw: a request whose lease in Redis was gone, or
+ * had less left than the request takes, when the request arrived. */
+typedef struct {
+    int redis_port;
+    int need_ms; /* the lease must outlive the request by this much */
+    pthread_mutex_t lock;
+    size_t seen, short_leases;
+    char first_bad[256];
+} lease_probe_t;
+
+static void lease_at_arrival(const char *key, void *opaque)
+{
+    lease_probe_t *lp = opaque;
+    char rkey[512];
+    snprintf(rkey, sizeof(rkey), "idemproc:dedup:test-group:%s",
+             key ? key : "");
+    redisContext *c = redisConnect("127.0.0.1", lp->redis_port);
+    long long pttl = -3;
+    char val[128] = "";
+    if (c && !c->err) {
+        redisReply *r = redisCommand(c, "PTTL %s", rkey);
+        if (r && r->type == REDIS_REPLY_INTEGER)
+            pttl = r->integer;
+        freeReplyObject(r);
+        r = redisCommand(c, "GET %s", rkey);
+        if (r && r->type == REDIS_REPLY_STRING)
+            snprintf(val, sizeof(val), "%s", r->str);
+        freeReplyObject(r);
+    }
+    redisFree(c);
+    pthread_mutex_lock(&lp->lock);
+    lp->seen++;
+    if (pttl < lp->need_ms || strncmp(val, "lease:", 6)) {
+        if (!lp->short_leases++)
+            snprintf(lp->first_bad, sizeof(lp->first_bad),
+                     "%s: \"%s\", %lld ms left", key ? key : "(no key)", val,
+                     pttl);
+    }
+    pthread_mutex_unlock(&lp->lock);
+}
+
+/* webhook.max.inflight=2 against a service answering in 150 ms, with
+ * dedup.lease.ms=1000 and 40 records fetched at once: the loop claims
+ * only what the handler can start (room()), so every request arrives
+ * while its lease still has more than the request's time left (a claim of
+ * all 40 at once would leave the last ones queued for ~3 s, their leases
+ * long gone), each identity is POSTed once, and nothing is taken over. */
+Test(webhook_run, room_keeps_leases_from_running_out_in_the_queue)
+{
+    srv = th_hook_start((th_hook_reply_t){.status = 200, .delay_ms = 150}, 1);
+    cr_assert(srv);
+    cr_assert_eq(th_stack_start(&stk, 2, NULL), 0);
+    lease_probe_t lp = {.redis_port = stk.redis.port, .need_ms = 300};
+    pthread_mutex_init(&lp.lock, NULL);
+    th_hook_on_arrival(srv, lease_at_arrival, &lp);
+    char path[600];
+    snprintf(path, sizeof(path), "%s/in.jsonl", stk.dir);
+    FILE *fp = fopen(path, "w");
+    cr_assert(fp);
+    for (int i = 0; i < 40; i++)
+        LINE(fp, "{\"idempotency_key\":\"q-%d\",\"message_id\":\"m-%d\"}", i,
+             i);
+    fclose(fp);
+    const char *pargs[] = {"--input", path, NULL};
+    cr_assert_eq(th_stack_produce(&stk, pargs), 0);
+    int port = th_free_port();
+    char listen[64], url[128];
+    snprintf(listen, sizeof(listen), "http.listen=127.0.0.1:%d", port);
+    snprintf(url, sizeof(url), "webhook.url=%s", th_hook_url(srv));
+    const char *sets[] = {"handler=webhook",
+                          url,
+                          listen,
+                          "webhook.max.inflight=2",
+                          "webhook.timeout.ms=900",
+                          "dedup.lease.ms=1000",
+                          NULL};
+    pid_t m = th_stack_member(&stk, "m1", sets);
+    cr_assert_eq(wait_outcomes(port, 40, 60000), 0);
+    cr_expect_eq(th_stop(m, 15000), 0);
+    th_hook_on_arrival(srv, NULL, NULL);
+    cr_expect_eq(lp.seen, 40);
+    cr_expect_eq(lp.short_leases, 0,
+                 "%zu requests arrived with their lease (nearly) gone; "
+                 "first: %s",
+                 lp.short_leases, lp.first_bad);
+    for (int i = 0; i < 40; i++) {
+        char key[32];
+        snprintf(key, sizeof(key), "q-%d", i);
+        cr_expect_eq(th_hook_count_key(srv, key, 0), 1, "%s POSTed %zu times",
+                     key, th_hook_count_key(srv, key, 0));
+    }
+    char lpath[600];
+    snprintf(lpath, sizeof(lpath), "%s/m1.log", stk.dir);
+    char *log = th_slurp(lpath, NULL);
+    cr_expect(log && !strstr(log, "lease taken over"), "%s", log);
+    free(log);
     th_stack_stop(&stk);
 }

@@ -1,15 +1,12 @@
 -- Stock per SKU, changed exactly once per inventory event.
 -- Events: {"event":{"id":"evt-1"},"sku":"apple","qty":10}; qty > 0 adds
 -- stock, qty < 0 takes it. Run with handler=script,
--- script.file=inventory.lua, envelope.identity=value:/event/id.
+-- script.file=inventory.lua, script.fields=/sku,/qty,
+-- envelope.identity=value:/event/id.
 local STOCK = 'inventory:stock'
 
 function effect(rec)
-  local ok, ev = pcall(cjson.decode, rec.value)
-  if not ok or type(ev) ~= 'table' then
-    return false, 'value is not a JSON object'
-  end
-  local sku, qty = ev.sku, ev.qty
+  local sku, qty = rec.fields['/sku'], rec.fields['/qty']
   if type(sku) ~= 'string' or sku == '' then
     return false, 'sku: missing'
   end

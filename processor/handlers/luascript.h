@@ -16,10 +16,11 @@ typedef struct idem_luascript_s idem_luascript_t;
 #define IDEM_LUASCRIPT_FILE_MAX                                                \
     (1024 * 1024) /* largest script.file accepted, bytes */
 
-/* Arguments per record (idem_store_script_register's per_record):
- * identity, message_id, topic, partition, offset, timestamp, flags, key,
- * value, headers. */
-#define IDEM_LUASCRIPT_REC_ARGS 10
+/* Arguments per record without script.fields: identity, message_id,
+ * topic, key and value presence with partition, offset and timestamp (one
+ * argument), key, value, headers. With script.fields, the fields' types
+ * and one per field follow (idem_luascript_rec_args). */
+#define IDEM_LUASCRIPT_REC_ARGS 7
 
 /* What a Lua runtime error's rejection text starts with (the rest is
  * "FILE:LINE: message"); a rejection by `return false, "reason"` is the
@@ -31,9 +32,12 @@ typedef struct idem_luascript_s idem_luascript_t;
  * level (in a sandbox like Redis's: no globals may be created, redis.call
  * is refused outside effect) must leave a function `effect`. Returns the
  * script, or NULL with errstr "script.file: PATH:LINE: ..." (the line in
- * the user's file where Lua saw the error). */
-idem_luascript_t *idem_luascript_load(const char *path, char *errstr,
-                                      size_t errstr_size);
+ * the user's file where Lua saw the error). `fields` is script.fields (a
+ * comma list of JSON Pointers, NULL or "" for none): the effect reads
+ * their values as rec.fields[POINTER]; a bad list fails with errstr
+ * "script.fields: ...". */
+idem_luascript_t *idem_luascript_load(const char *path, const char *fields,
+                                      char *errstr, size_t errstr_size);
 void idem_luascript_destroy(idem_luascript_t *sc); /* NULL is a no-op */
 
 /* The dedup script sent to Redis (SCRIPT LOAD): idemproc's driver, then the
@@ -43,6 +47,9 @@ const char *idem_luascript_source(const idem_luascript_t *sc);
 
 /* script.file as configured. Borrowed. */
 const char *idem_luascript_path(const idem_luascript_t *sc);
+
+/* Arguments per record (idem_store_script_register's per_record). */
+size_t idem_luascript_rec_args(const idem_luascript_t *sc);
 
 /* Copies msg (len bytes) to out (NUL-terminated, truncated to out_size)
  * with every "user_script:N:" (how Redis and Lua name the composed
@@ -60,10 +67,11 @@ typedef struct {
 void idem_luascript_scratch_reset(idem_luascript_scratch_t *sb);
 void idem_luascript_scratch_term(idem_luascript_scratch_t *sb);
 
-/* Fills argv/argvlen[IDEM_LUASCRIPT_REC_ARGS] with rec's arguments (the
- * driver builds `rec` from them); they borrow from rec (its bytes) and sb
- * (numbers, flags, the packed headers). Returns IDEM_LUASCRIPT_REC_ARGS. */
-size_t idem_luascript_args(const idem_record_t *rec,
+/* Fills argv/argvlen[idem_luascript_rec_args(sc)] with rec's arguments
+ * (the driver builds `rec` from them); they borrow from rec (its bytes and
+ * rec->env->fields) and sb (numbers, flags, the packed headers, the
+ * fields' types). Returns idem_luascript_rec_args(sc). */
+size_t idem_luascript_args(const idem_luascript_t *sc, const idem_record_t *rec,
                            idem_luascript_scratch_t *sb, const char **argv,
                            size_t *argvlen);
 

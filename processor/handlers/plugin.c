@@ -428,6 +428,13 @@ static size_t plugin_inflight(void *hv)
     return h->live_cnt + h->pending_cnt;
 }
 
+/* The plugin's room, or no limit when it has no room op. */
+static size_t plugin_room(void *hv)
+{
+    plugin_handler_t *h = hv;
+    return h->t->room ? h->t->room(h->state) : SIZE_MAX;
+}
+
 static void plugin_drain(void *hv, int64_t deadline_ms)
 {
     plugin_handler_t *h = hv;
@@ -489,6 +496,7 @@ const idem_handler_ops_t idem_handler_plugin = {
     .submit = plugin_submit,
     .collect = plugin_collect,
     .inflight = plugin_inflight,
+    .room = plugin_room,
     .drain = plugin_drain,
     .stop = plugin_stop,
 };

@@ -18,7 +18,13 @@ static const idem_conf_key_t script_keys[] = {
      .required = 1,
      .doc = "Lua file defining function effect(rec), run for each new record "
             "inside the dedup script in Redis"},
-    {.name = NULL},
+    {.name = "script.fields",
+     .type = IDEM_KEY_STR,
+     .doc =
+         "comma list of JSON Pointers (e.g. /sku,/qty) whose values idemproc "
+         "takes from the JSON it already parsed: the effect reads "
+         "rec.fields['/sku'] instead of decoding rec.value"},
+    {NULL},
 };
 
 typedef struct {
@@ -42,7 +48,7 @@ static size_t script_args(const void *rec, const char **argv, size_t *argvlen,
                           void *opaque)
 {
     script_t *h = opaque;
-    return idem_luascript_args(rec, &h->scratch, argv, argvlen);
+    return idem_luascript_args(h->lua, rec, &h->scratch, argv, argvlen);
 }
 
 static int script_validate(const idem_conf_t *conf, const char *arg,
@@ -55,7 +61,15 @@ static int script_validate(const idem_conf_t *conf, const char *arg,
                  "script.file: required when handler=script");
         return -1;
     }
-    idem_luascript_t *lua = idem_luascript_load(path, errstr, errstr_size);
+    const char *fields = idem_conf_str(conf, "script.fields");
+    if (fields && *fields && conf->envelope_format != IDEM_ENVELOPE_JSON) {
+        snprintf(errstr, errstr_size,
+                 "script.fields: needs envelope.format=json (with bytes the "
+                 "value is not parsed)");
+        return -1;
+    }
+    idem_luascript_t *lua =
+        idem_luascript_load(path, fields, errstr, errstr_size);
     idem_luascript_destroy(lua);
     return lua ? 0 : -1;
 }
@@ -68,6 +82,7 @@ static void *script_start(const idem_handler_ctx_t *ctx, char *errstr,
     script_t *h = idem_xcalloc(1, sizeof(*h));
     h->store = ctx->store;
     h->lua = idem_luascript_load(idem_conf_str(ctx->conf, "script.file"),
+                                 idem_conf_str(ctx->conf, "script.fields"),
                                  errstr, errstr_size);
     if (!h->lua) {
         script_stop(h);
@@ -75,8 +90,8 @@ static void *script_start(const idem_handler_ctx_t *ctx, char *errstr,
     }
     const char *src = idem_luascript_source(h->lua);
     h->script = idem_store_script_register(h->store, src, strlen(src),
-                                           IDEM_LUASCRIPT_REC_ARGS, script_args,
-                                           h, errstr, errstr_size);
+                                           idem_luascript_rec_args(h->lua),
+                                           script_args, h, errstr, errstr_size);
     if (h->script < 0) {
         script_stop(h);
         return NULL;
@@ -221,6 +236,7 @@ const idem_handler_ops_t idem_handler_script = {
     .doc = "your Lua function effect(rec) (script.file), run inside the "
            "dedup script: its Redis writes and the dedup mark commit together",
     .keys = script_keys,
+    .fields_key = "script.fields",
     .validate = script_validate,
     .start = script_start,
     .submit = script_submit,

@@ -251,6 +251,15 @@ static size_t webhook_inflight(void *h)
     return w->qcnt + idem_httpclient_pending(w->http) + w->ready_cnt;
 }
 
+/* Free request slots not yet promised to a queued record: what the loop
+ * may claim and submit now (handler.h, room). */
+static size_t webhook_room(void *h)
+{
+    webhook_t *w = h;
+    size_t free_slots = idem_httpclient_room(w->http);
+    return free_slots > w->qcnt ? free_slots - w->qcnt : 0;
+}
+
 static void webhook_drain(void *h, int64_t deadline_ms)
 {
     webhook_t *w = h;
@@ -298,6 +307,7 @@ const idem_handler_ops_t idem_handler_webhook = {
     .submit = webhook_submit,
     .collect = webhook_collect,
     .inflight = webhook_inflight,
+    .room = webhook_room,
     .drain = webhook_drain,
     .stop = webhook_stop,
 };

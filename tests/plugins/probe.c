@@ -14,7 +14,8 @@
  * at most plugin.per.collect (2) per collect, so the host must map each to
  * its record. With
  * plugin.bogus=true, the first collect also reports a record pointer it
- * was never given. */
+ * was never given. With plugin.room=N, room() is N minus the records in
+ * flight (held or not collected); without it, room() says no limit. */
 #define _POSIX_C_SOURCE 200809L
 
 #include <idemproc/plugin.h>
@@ -29,6 +30,7 @@ static const idemproc_key_t keys[] = {
     {"per.collect", "2", 0, 0, "results a collect returns at most"},
     {"order", "newest", 0, 0, "newest or oldest result first"},
     {"outage.flag", NULL, 0, 0, "while this file exists: OUTAGE for all"},
+    {"room", NULL, 0, 0, "records it can start at once (default: any)"},
     {NULL, NULL, 0, 0, NULL},
 };
 
@@ -40,6 +42,7 @@ typedef struct {
     idemproc_result_t *q; /* finished, not collected: q[q_head..q_cnt) */
     size_t q_head, q_cnt, q_cap;
     size_t held; /* "hold" records in flight */
+    long room;   /* plugin.room, -1: no limit */
 } probe_t;
 
 static int is(const idemproc_record_t *r, const char *text)
@@ -62,6 +65,8 @@ static void *probe_start(const idemproc_host_t *host, char *errstr,
     p->oldest_first = o && !strcmp(o, "oldest");
     const char *f = host->config(host->opaque, "outage.flag");
     snprintf(p->flag, sizeof(p->flag), "%s", f ? f : "");
+    const char *room = host->config(host->opaque, "room");
+    p->room = room ? atol(room) : -1;
     host->log(host->opaque, IDEMPROC_LOG_DEBUG, "probe started");
     return p;
 }
@@ -161,6 +166,15 @@ static void probe_stop(void *state)
     free(p);
 }
 
+static size_t probe_room(void *state)
+{
+    probe_t *p = state;
+    if (p->room < 0)
+        return (size_t)-1;
+    size_t busy = p->held + (p->q_cnt - p->q_head);
+    return (size_t)p->room > busy ? (size_t)p->room - busy : 0;
+}
+
 const idemproc_plugin_t idemproc_plugin = {
     .abi_version = IDEMPROC_PLUGIN_ABI_VERSION,
     .struct_size = sizeof(idemproc_plugin_t),
@@ -172,4 +186,5 @@ const idemproc_plugin_t idemproc_plugin = {
     .collect = probe_collect,
     .drain = probe_drain,
     .stop = probe_stop,
+    .room = probe_room,
 };

@@ -18,8 +18,8 @@
  * idemproc_plugin_t whose abi_version is IDEMPROC_PLUGIN_ABI_VERSION and
  * struct_size sizeof(idemproc_plugin_t) as compiled; the host refuses to
  * load any other (with both versions in the error), and one whose name,
- * start, submit, collect, drain or stop is missing (validate and keys may
- * be NULL), or whose key names are other than a-z, 0-9 and '.', or are
+ * start, submit, collect, drain or stop is missing (validate, keys and
+ * room may be NULL), or whose key names are other than a-z, 0-9 and '.', or are
  * "file" or end in ".file" (plugin.<key>.file reads plugin.<key> from a
  * file). Example:
  * config/examples/ (built and run by `make test`). */
@@ -33,7 +33,8 @@
 extern "C" {
 #endif
 
-#define IDEMPROC_PLUGIN_ABI_VERSION 1
+/* Version 2 added `room`. */
+#define IDEMPROC_PLUGIN_ABI_VERSION 2
 #define IDEMPROC_PLUGIN_SYMBOL      "idemproc_plugin"
 
 /* One record header. value NULL: a header without a value. */
@@ -139,6 +140,12 @@ typedef struct {
     void (*drain)(void *state, int timeout_ms);
     /* Frees the state. */
     void (*stop)(void *state);
+    /* How many more records the plugin can start now (free connections,
+     * slots of its service, ...): idemproc claims (leases) and submits at
+     * most that many at a time, so no lease runs out while a record waits
+     * in the plugin's own queue. 0: none now; idemproc collects and asks
+     * again. NULL: no limit (submit takes any number). */
+    size_t (*room)(void *state);
 } idemproc_plugin_t;
 
 #ifdef __cplusplus
