@@ -18,7 +18,9 @@
 #   CHAOS_KEEP     keep the temp dir (logs, schedule) when set
 #
 # The same seed gives the same traffic, fault schedule and kill sequence
-# (the exact instants still depend on the machine). Exit 0 only when exact.
+# (the exact instants still depend on the machine). Exit 0 only when exact;
+# 3 when the embedded broker aborted on one of its own assertions (the run
+# is inconclusive, see broker_check).
 set -euo pipefail
 
 BIN=${1:-build/idemproc}
@@ -111,6 +113,24 @@ spawn() {
 die() {
     echo "chaos: FAILED (CHAOS_SEED=$SEED): $*" >&2
     exit 1
+}
+
+# broker_check: the embedded broker must stay up. When it died of one of
+# librdkafka's own mock-cluster assertions (2.0.2's mock group coordinator
+# has some, e.g. a JoinGroup of a member whose previous JoinGroup is still
+# unanswered), the run says nothing about idemproc: exit 3, "inconclusive",
+# so a caller may run again; any other death of the broker is a failure.
+broker_check() {
+    [[ -n ${PID[broker]:-} ]] && alive "${PID[broker]}" && return 0
+    local why
+    why=$(grep -m1 'rdkafka_mock.*Assertion' "$DIR/broker.log" || true)
+    tail -n 5 "$DIR/broker.log" >&2
+    if [[ -n $why ]]; then
+        echo "chaos: INCONCLUSIVE (CHAOS_SEED=$SEED): the embedded broker" \
+            "(librdkafka's mock cluster) aborted on its own assertion: $why" >&2
+        exit 3
+    fi
+    die "the embedded broker exited"
 }
 
 port_free() {
@@ -313,6 +333,7 @@ while :; do
         redis_start
         redis_up_at=0
     fi
+    broker_check
     for m in "${MEMBERS[@]}"; do
         # A member that exited by itself (not killed here) is a failure.
         if [[ -n ${PID[$m]:-} ]] && ! alive "${PID[$m]}"; then
@@ -354,6 +375,7 @@ deadline=$((T_CHAOS + SETTLE * 1000))
 last_progress=0
 while (($(now_ms) < deadline)); do
     sleep 3
+    broker_check
     if (($(now_ms) - last_progress >= 20000)); then
         progress
         last_progress=$(now_ms)

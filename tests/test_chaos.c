@@ -35,7 +35,7 @@ static pid_t spawn_script(char *const argv[], char *const env[],
     return pid;
 }
 
-Test(chaos, short_run_ends_exact, .timeout = 300)
+Test(chaos, short_run_ends_exact, .timeout = 540)
 {
     char script[1024];
     snprintf(script, sizeof(script), "%s/tests/chaos.sh", th_src());
@@ -55,12 +55,23 @@ Test(chaos, short_run_ends_exact, .timeout = 300)
     char *dir = th_tmpdir();
     char out_path[512];
     snprintf(out_path, sizeof(out_path), "%s/chaos.out", dir);
-    pid_t pid = spawn_script(argv, env, out_path);
-    cr_assert_gt(pid, 0);
-    int rc = th_wait(pid, 240000);
-    if (rc == -1) /* its trap stops what it started */
-        rc = th_stop(pid, 30000);
-    char *out = th_slurp(out_path, NULL);
+    /* A second run (with a new seed) only when the first was inconclusive:
+     * librdkafka's mock cluster aborted on an assertion of its own. */
+    char *out = NULL;
+    int rc = -1;
+    for (int attempt = 0; attempt < 2; attempt++) {
+        free(out);
+        pid_t pid = spawn_script(argv, env, out_path);
+        cr_assert_gt(pid, 0);
+        rc = th_wait(pid, attempt ? 200000 : 240000);
+        if (rc == -1) /* its trap stops what it started */
+            rc = th_stop(pid, 30000);
+        out = th_slurp(out_path, NULL);
+        if (rc != 3 || !out || !strstr(out, "chaos: INCONCLUSIVE"))
+            break;
+        cr_log_warn("chaos: the embedded broker aborted; running again:\n%s",
+                    out);
+    }
     cr_expect_eq(rc, 0, "chaos exit %d\n%s", rc, out);
     cr_expect(out && strstr(out, "lost                               0"), "%s",
               out);
