@@ -24,7 +24,7 @@ static const idem_conf_key_t script_keys[] = {
          "comma list of JSON Pointers (e.g. /sku,/qty) whose values idemproc "
          "takes from the JSON it already parsed: the effect reads "
          "rec.fields['/sku'] instead of decoding rec.value"},
-    {NULL},
+    {.name = NULL},
 };
 
 typedef struct {
