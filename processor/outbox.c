@@ -433,7 +433,13 @@ static int db_connect(idem_outbox_t *o, char *errstr, size_t errstr_size)
      * held the bucket before us published after our snapshot (and skips
      * it). blocked: buckets another relay held (look again soon; its
      * commit sends no NOTIFY). One row of NULLs after blocked when
-     * nothing was claimed. */
+     * nothing was claimed. The bucket test is `<> 0`, not `= 1`: the
+     * planner gives an equality on a function's result a selectivity of
+     * 0.5%, so with the LIMIT known (the first five executions of a
+     * prepared statement are planned for their values) it expected fewer
+     * rows than the LIMIT, chose a sequential scan and sorted the whole
+     * backlog on disk: 0.4-1.3 s a claim over 200,000 rows instead of
+     * 30-40 ms. With `<> 0` it expects 99.5% and walks the index. */
     snprintf(
         sql, sizeof(sql),
         "WITH s AS MATERIALIZED (SELECT DISTINCT hashtext(coalesce(key, "
@@ -448,7 +454,7 @@ static int db_connect(idem_outbox_t *o, char *errstr, size_t errstr_size)
         "key, %s, headers::text, message_id::text, idempotency_key, "
         "(extract(epoch FROM created_at) * 1e6)::int8, %s FROM %s WHERE "
         "published_at IS NULL AND error IS NULL AND get_bit(o.bits, "
-        "hashtext(coalesce(key, '')) & %d) = 1 ORDER BY id LIMIT $1::int4 "
+        "hashtext(coalesce(key, '')) & %d) <> 0 ORDER BY id LIMIT $1::int4 "
         "FOR UPDATE) c ON true",
         KEY_BUCKETS - 1, t, t, KEY_BUCKETS, KEY_BUCKETS,
         o->value_is_bytea ? "value" : "value::text",
