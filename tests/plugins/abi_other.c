@@ -1,7 +1,13 @@
-/* abi_v1: a plugin built for plugin ABI version 1 (before `room` was
- * added): its table is shorter than this version's, so idemproc must
- * refuse it by its version, naming both, before it reads past the
- * version or calls anything of it. Every op aborts. */
+/* abi_other: a plugin built for another plugin ABI version than this
+ * idemproc's, which idemproc must refuse by its version, naming both,
+ * before it reads past the version or calls anything of it. Every op
+ * aborts, so a host that trusted the table anyway fails the test loudly.
+ *
+ * The Makefile builds it twice, with -DABI_VERSION and -DPLUGIN_NAME:
+ *   abi_v1    version 1 (before `room` was added): its table is shorter
+ *             than this version's
+ *   abi_next  IDEMPROC_PLUGIN_ABI_VERSION+1 (a newer idemproc/plugin.h
+ *             than this idemproc's) */
 #include <idemproc/plugin.h>
 
 #include <stddef.h>
@@ -59,10 +65,18 @@ static void never_stop(void *state)
     abort();
 }
 
+#if !defined(ABI_VERSION) || !defined(PLUGIN_NAME)
+#error "build with -DABI_VERSION=N -DPLUGIN_NAME='\"name\"' (see the Makefile)"
+#endif
+
 const idemproc_plugin_t idemproc_plugin = {
-    .abi_version = 1,
-    .struct_size = offsetof(idemproc_plugin_t, room),
-    .name = "abi_v1",
+    .abi_version = ABI_VERSION,
+#if ABI_VERSION == 1
+    .struct_size = offsetof(idemproc_plugin_t, room), /* v1 ended there */
+#else
+    .struct_size = sizeof(idemproc_plugin_t),
+#endif
+    .name = PLUGIN_NAME,
     .keys = NULL,
     .validate = never_validate,
     .start = never_start,
