@@ -63,7 +63,7 @@ HOOKSINK  := $(BUILD)/hooksink
 # source and the public header alone (processor/include), never against
 # idemproc's objects; -Wl,--no-undefined makes a plugin that reaches for
 # an internal symbol fail here rather than at load. The examples go to
-# build/plugins, the test plugins (one built for another ABI version,
+# build/plugins, the test plugins (two built for other ABI versions,
 # ...) to build/tplugins.
 PLUGIN_CFLAGS = -std=c11 $(WARN) $(CFLAGS) -MMD -MP -fPIC -Iprocessor/include
 PLUGIN_LDFLAGS = -shared -Wl,--no-undefined
@@ -73,8 +73,15 @@ PLUGIN_LDFLAGS += -fsanitize=$(SAN)
 endif
 PLUGIN_SRCS      := $(wildcard config/examples/*.c)
 PLUGINS          := $(PLUGIN_SRCS:config/examples/%.c=$(BUILD)/plugins/%.so)
-TEST_PLUGIN_SRCS := $(wildcard tests/plugins/*.c)
-TEST_PLUGINS     := $(TEST_PLUGIN_SRCS:tests/plugins/%.c=$(BUILD)/tplugins/%.so)
+# tests/plugins/abi_other.c is built twice, for other ABI versions than
+# this idemproc's: abi_v1 (version 1) and abi_next (the next version).
+ABI_PLUGIN_SRC   := tests/plugins/abi_other.c
+ABI_OF_abi_v1    := 1
+ABI_OF_abi_next  := IDEMPROC_PLUGIN_ABI_VERSION+1
+ABI_PLUGINS      := $(BUILD)/tplugins/abi_v1.so $(BUILD)/tplugins/abi_next.so
+TEST_PLUGIN_SRCS := $(filter-out $(ABI_PLUGIN_SRC),$(wildcard tests/plugins/*.c))
+TEST_PLUGINS     := $(TEST_PLUGIN_SRCS:tests/plugins/%.c=$(BUILD)/tplugins/%.so) \
+                    $(ABI_PLUGINS)
 
 # Tests build argv arrays from string literals, hence -Wno-write-strings there.
 # Criterion options for `make test`; e.g. make test TEST_ARGS='--filter=conf/*'
@@ -161,6 +168,10 @@ $(BUILD)/plugins/%.so: config/examples/%.c | deps-check $(BUILD)/plugins
 $(BUILD)/tplugins/%.so: tests/plugins/%.c | deps-check $(BUILD)/tplugins
 	$(CC) $(PLUGIN_CFLAGS) $(PLUGIN_LDFLAGS) -o $@ $<
 
+$(ABI_PLUGINS): $(BUILD)/tplugins/%.so: $(ABI_PLUGIN_SRC) | deps-check $(BUILD)/tplugins
+	$(CC) $(PLUGIN_CFLAGS) -DABI_VERSION='$(ABI_OF_$*)' -DPLUGIN_NAME='"$*"' \
+	  $(PLUGIN_LDFLAGS) -o $@ $<
+
 $(BIN): $(OBJS)
 	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS_ALL)
 
@@ -170,7 +181,7 @@ $(TEST_BIN): $(TEST_OBJS) $(LIB_OBJS)
 FORMAT_SRCS = $(wildcard $(SRC_DIRS:%=%/*.[ch]) processor/include/*/*.h) \
               tests/*.[ch] tests/fuzz/*.c tests/tsan/*.c \
               tests/hooksink/*.c tests/bench/*.c \
-              $(PLUGIN_SRCS) $(TEST_PLUGIN_SRCS)
+              $(PLUGIN_SRCS) $(TEST_PLUGIN_SRCS) $(ABI_PLUGIN_SRC)
 
 check-format: | deps-check-test
 	@out=$$(clang-format --dry-run --Werror $(FORMAT_SRCS) 2>&1); \

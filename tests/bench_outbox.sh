@@ -22,71 +22,22 @@ SECONDS_LAT=${BENCH_OUTBOX_SECONDS:-10}
 BATCH=${BENCH_OUTBOX_BATCH:-5000}
 PARTITIONS=32 # the mock keeps ~5 MiB per partition: 200k x ~400 B
 SRC=$(cd "$(dirname "$0")/.." && pwd)
-PGBIN=${PG_BINDIR:-$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n 1)}
-[[ -x $PGBIN/initdb ]] || { echo "bench-outbox: no PostgreSQL server binaries (make deps installs postgresql)" >&2; exit 2; }
+LIB_NAME=bench-outbox LIB_KEEP=${BENCH_KEEP:-}
+. "$(dirname "$0")/lib.sh"
+pg_require
 
 BIN=$(cd "$(dirname "$BIN")" && pwd)/$(basename "$BIN")
-DIR=$(mktemp -d "${TMPDIR:-/tmp}/idemproc-bench-outbox.XXXXXX")
-PIDS=()
-PG_UP=0
-# as_pg CMD...: PostgreSQL refuses to run as root; use its own user then.
-as_pg() { if [[ $(id -u) == 0 ]]; then runuser -u postgres -- "$@"; else "$@"; fi; }
-cleanup() {
-    local rc=$? p
-    set +e
-    for p in "${PIDS[@]}"; do kill -TERM "$p" 2>/dev/null; done
-    for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null; done
-    ((PG_UP)) && as_pg "$PGBIN/pg_ctl" -D "$DIR/pg" -m immediate stop >/dev/null 2>&1
-    [[ -n ${BENCH_KEEP:-} ]] && echo "bench-outbox: kept $DIR" >&2 || rm -rf "$DIR"
-    exit "$rc"
-}
-trap cleanup EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
-
-now_us() { local t=${EPOCHREALTIME//[.,]/}; echo "$((10#$t))"; }
-free_port() {
-    local p
-    for _ in $(seq 200); do
-        p=$((20000 + RANDOM % 12000))
-        if ! (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then
-            echo "$p"
-            return
-        fi
-    done
-    echo "bench-outbox: no free port" >&2
-    exit 1
-}
-# metrics PORT: the relay's /metrics body, read with bash alone.
-metrics() {
-    { exec 3<>"/dev/tcp/127.0.0.1/$1"; } 2>/dev/null || return 0
-    printf 'GET /metrics HTTP/1.0\r\n\r\n' >&3
-    cat <&3
-    exec 3<&-
-}
-published() { metrics "$1" | awk '/^idemproc_outbox_published_total / { print $2 }'; }
+lib_init bench-outbox
 # buckets PORT [HIST]: "le count" lines of a latency histogram
 # (cumulative); HIST publish (insert -> ack, default) or commit.
 buckets() {
     metrics "$1" | sed -n "s/^idemproc_outbox_${2:-publish}_latency_seconds_bucket{le=\"\([^\"]*\)\"} \(.*\)/\1 \2/p"
 }
 
-[[ $(id -u) == 0 ]] && chown postgres "$DIR"
-PGPORT=$(free_port)
-as_pg "$PGBIN/initdb" -D "$DIR/pg" -U postgres -A trust -E UTF8 --locale=C >"$DIR/initdb.log" 2>&1
-printf 'local all all trust\nhost all all 127.0.0.1/32 trust\n' >"$DIR/pg/pg_hba.conf"
-as_pg "$PGBIN/pg_ctl" -D "$DIR/pg" -l "$DIR/pg/server.log" -w -t 60 \
-    -o "-p $PGPORT -k $DIR -c listen_addresses=127.0.0.1 -c shared_buffers=128MB -c max_wal_size=2GB -c track_commit_timestamp=on" \
-    start >/dev/null
-PG_UP=1
-DSN="host=127.0.0.1 port=$PGPORT user=postgres dbname=postgres"
-PSQL=(psql -X -q -A -t -v ON_ERROR_STOP=1 "$DSN")
+pg_start -c shared_buffers=128MB -c max_wal_size=2GB -c track_commit_timestamp=on
 "${PSQL[@]}" -f "$SRC/config/sql/outbox.sql"
 
-"$BIN" broker --topic "payments:$PARTITIONS" >"$DIR/broker.out" 2>"$DIR/broker.log" &
-PIDS+=($!)
-for _ in $(seq 100); do [[ -s $DIR/broker.out ]] && break; sleep 0.05; done
-BOOT=$(head -n 1 "$DIR/broker.out")
+broker_start --topic "payments:$PARTITIONS"
 
 # ~250-byte payment envelopes, committed before the relay starts.
 "${PSQL[@]}" -c "INSERT INTO idemproc_outbox (key, value, idempotency_key)
@@ -99,7 +50,7 @@ BOOT=$(head -n 1 "$DIR/broker.out")
 BYTES=$("${PSQL[@]}" -c "SELECT round(avg(octet_length(value::text) + octet_length(key)
   + octet_length(idempotency_key) + 36)) FROM idemproc_outbox")
 
-HPORT=$(free_port)
+free_port HPORT
 cat >"$DIR/outbox.properties" <<PROPS
 kafka.bootstrap.servers=$BOOT
 outbox.dsn=$DSN
@@ -109,20 +60,17 @@ http.listen=127.0.0.1:$HPORT
 log.level=${BENCH_OUTBOX_LOG:-warn}
 ${BENCH_OUTBOX_EXTRA:-}
 PROPS
-"$BIN" outbox -c "$DIR/outbox.properties" 2>"$DIR/relay.log" &
-RELAY=$!
-PIDS+=("$RELAY")
+spawn relay /dev/null "$DIR/relay.log" "$BIN" outbox -c "$DIR/outbox.properties"
 first=0 done_at=0
 deadline=$(($(now_us) + 300000000))
 while (($(now_us) < deadline)); do
-    n=$(published "$HPORT")
-    n=${n:-0}
+    n=$(metric "$HPORT" idemproc_outbox_published_total)
     t=$(now_us)
     ((n > 0 && first == 0)) && first=$t
     ((n >= ROWS)) && { done_at=$t; break; }
     sleep 0.2
 done
-((done_at)) || { echo "bench-outbox: the relay did not finish" >&2; tail "$DIR/relay.log" >&2; exit 1; }
+((done_at)) || { tail "$DIR/relay.log" >&2; die "the relay did not finish"; }
 RATE=$((ROWS * 1000000 / (done_at - first > 0 ? done_at - first : 1)))
 
 # Latency at half that rate: pgbench commits ROWS_PER_TX rows a transaction.
@@ -148,8 +96,7 @@ pgbench -n -h 127.0.0.1 -p "$PGPORT" -U postgres -c 4 -j 2 -R "$TPS" -D rows_per
     -T "$SECONDS_LAT" -f "$DIR/insert.sql" postgres >"$DIR/pgbench.out" 2>&1
 target=$((ROWS + $(awk '/number of transactions actually processed/ { print $6 }' "$DIR/pgbench.out" | cut -d/ -f1) * ROWS_PER_TX))
 for _ in $(seq 300); do
-    n=$(published "$HPORT")
-    ((${n:-0} >= target)) && break
+    (($(metric "$HPORT" idemproc_outbox_published_total) >= target)) && break
     sleep 0.1
 done
 after=$(buckets "$HPORT")
@@ -165,8 +112,7 @@ quantile() {
             for (i = 1; i <= NR; i++) if (c[i] >= q * total) { print le[i]; exit } }'
 }
 ACHIEVED=$(awk -v n="$ROWS_PER_TX" '/^tps = / { printf "%d", $3 * n; exit }' "$DIR/pgbench.out")
-kill -TERM "$RELAY"
-wait "$RELAY"
+stop relay TERM 15
 
 printf 'bench: outbox relay  %s rows of ~%s bytes, batch %s, PostgreSQL fsync on\n' "$ROWS" "$BYTES" "$BATCH"
 printf 'bench: outbox relay  publish rate        %8s rows/s (first to last row, one relay)\n' "$RATE"

@@ -20,7 +20,7 @@
 # The same seed gives the same traffic, fault schedule and kill sequence
 # (the exact instants still depend on the machine). Exit 0 only when exact;
 # 3 when the embedded broker aborted on one of its own assertions (the run
-# is inconclusive, see broker_check).
+# is inconclusive, see broker_check in tests/lib.sh).
 set -euo pipefail
 
 BIN=${1:-build/idemproc}
@@ -40,10 +40,9 @@ done
 echo "chaos: CHAOS_SEED=$SEED CHAOS_RECORDS=$RECORDS CHAOS_SECONDS=$DURATION" \
     "(replay: CHAOS_SEED=$SEED CHAOS_RECORDS=$RECORDS CHAOS_SECONDS=$DURATION make chaos)"
 
-DIR=$(mktemp -d "${TMPDIR:-/tmp}/idemproc-chaos.XXXXXX")
-declare -A PID=() # name -> pid of every process started here
-
-now_ms() { local t=${EPOCHREALTIME//[.,]/}; echo "$((10#$t / 1000))"; }
+LIB_NAME=chaos LIB_CONTEXT=" (CHAOS_SEED=$SEED)" LIB_KEEP=${CHAOS_KEEP:-} LIB_KEEP_FAILED=1
+. "$(dirname "$0")/lib.sh"
+lib_init chaos
 T0=$(now_ms)
 
 # rnd N: R = a number in 0..N-1 from the seeded generator (a 64-bit LCG of
@@ -53,113 +52,6 @@ rnd() {
     S=$(((S * 6364136223846793005 + 1442695040888963407) & 0x7fffffffffffffff))
     R=$(((S >> 20) % $1))
 }
-
-alive() {
-    local st
-    { read -r st <"/proc/$1/stat"; } 2>/dev/null || return 1
-    st=${st##*) }
-    [[ ${st:0:1} != Z ]]
-}
-
-# stop NAME SIGNAL GRACE_S: signal a process started here, wait up to
-# GRACE_S, then SIGKILL. Returns its exit status.
-stop() {
-    local name=$1 sig=$2 grace=$3 pid rc=0 i
-    pid=${PID[$name]:-}
-    [[ -n $pid ]] || return 0
-    # (stderr off while the process dies: bash reports a job killed by a
-    # signal, which is what we want here, with a "Killed" line)
-    exec 3>&2 2>/dev/null
-    kill "-$sig" "$pid" 2>/dev/null || true
-    for ((i = 0; i < grace * 20; i++)); do
-        alive "$pid" || break
-        sleep 0.05
-    done
-    alive "$pid" && kill -KILL "$pid" 2>/dev/null
-    wait "$pid" 2>/dev/null || rc=$?
-    exec 2>&3 3>&-
-    unset "PID[$name]"
-    return "$rc"
-}
-
-cleanup() {
-    local rc=$? name
-    set +e
-    trap - EXIT HUP INT TERM
-    for name in "${!PID[@]}"; do stop "$name" TERM 10; done
-    if [[ -n ${CHAOS_KEEP:-} || $rc -ne 0 ]]; then
-        echo "chaos: logs kept in $DIR" >&2
-    else
-        rm -rf "$DIR"
-    fi
-    exit "$rc"
-}
-trap cleanup EXIT
-trap 'exit 129' HUP
-trap 'echo "chaos: interrupted" >&2; exit 130' INT
-trap 'echo "chaos: terminated" >&2; exit 143' TERM
-
-# spawn NAME OUT CMD...: CMD in the background in its own process group,
-# stdin from /dev/null, stdout and stderr appended to OUT.
-spawn() {
-    local name=$1 out=$2
-    shift 2
-    set -m
-    "$@" </dev/null >>"$out" 2>&1 &
-    PID[$name]=$!
-    set +m
-}
-
-die() {
-    echo "chaos: FAILED (CHAOS_SEED=$SEED): $*" >&2
-    exit 1
-}
-
-# broker_check: the embedded broker must stay up. When it died of one of
-# librdkafka's own mock-cluster assertions (2.0.2's mock group coordinator
-# has some, e.g. a JoinGroup of a member whose previous JoinGroup is still
-# unanswered), the run says nothing about idemproc: exit 3, "inconclusive",
-# so a caller may run again; any other death of the broker is a failure.
-broker_check() {
-    [[ -n ${PID[broker]:-} ]] && alive "${PID[broker]}" && return 0
-    local why
-    why=$(grep -m1 'rdkafka_mock.*Assertion' "$DIR/broker.log" || true)
-    tail -n 5 "$DIR/broker.log" >&2
-    if [[ -n $why ]]; then
-        echo "chaos: INCONCLUSIVE (CHAOS_SEED=$SEED): the embedded broker" \
-            "(librdkafka's mock cluster) aborted on its own assertion: $why" >&2
-        exit 3
-    fi
-    die "the embedded broker exited"
-}
-
-port_free() {
-    if (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; then return 1; fi
-    if command -v ss >/dev/null && ss -Htan "( sport = :$1 )" 2>/dev/null | grep -q .; then
-        return 1
-    fi
-    return 0
-}
-declare -A TAKEN=()
-free_port() {
-    local p i
-    for ((i = 0; i < 200; i++)); do
-        p=$((20000 + RANDOM % 12000))
-        [[ -z ${TAKEN[$p]:-} ]] && port_free "$p" && { TAKEN[$p]=1; echo "$p"; return 0; }
-    done
-    die "no free TCP port found"
-}
-
-# metrics PORT: the /metrics body of a member (empty when it does not answer).
-metrics() (
-    exec 3<>"/dev/tcp/127.0.0.1/$1" || exit 1
-    printf 'GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n' >&3
-    body=0
-    while IFS= read -r -t 2 line <&3 || [[ -n $line ]]; do
-        line=${line%$'\r'}
-        if ((body)); then printf '%s\n' "$line"; elif [[ -z $line ]]; then body=1; fi
-    done
-) 2>/dev/null
 
 # Counters of members that were killed are lost with them; each member is
 # scraped right before it is killed, and its last scrape is added here.
@@ -222,33 +114,15 @@ FAULTS=$DIR/faults.txt
 FAULT_CNT=$(grep -c '^+' "$FAULTS")
 
 # --- broker ----------------------------------------------------------------
-spawn broker "$DIR/broker.log" "$BIN" broker --brokers 3 \
+broker_start --brokers 3 \
     --topic "payments:$PARTITIONS" --topic "payments.dlq:$DLQ_PARTITIONS" --faults "$FAULTS"
-BOOT=
-for ((i = 0; i < 100; i++)); do
-    BOOT=$(grep -m1 '^127\.0\.0\.1:' "$DIR/broker.log" || true)
-    [[ -n $BOOT ]] && break
-    alive "${PID[broker]}" || break
-    sleep 0.1
-done
-[[ -n $BOOT ]] || { cat "$DIR/broker.log" >&2; die "broker printed no bootstrap"; }
 T_BROKER=$(now_ms)
 
-# --- redis (AOF, fsync on every write: a kill -9 loses nothing acknowledged)
-REDIS_PORT=$(free_port)
-redis_start() {
-    spawn redis "$DIR/redis.log" redis-server --bind 127.0.0.1 --port "$REDIS_PORT" \
-        --dir "$DIR" --save "" --appendonly yes --appendfsync always --daemonize no
-    local i
-    for ((i = 0; i < 100; i++)); do
-        [[ $(redis-cli -h 127.0.0.1 -p "$REDIS_PORT" ping 2>/dev/null) == PONG ]] && return 0
-        alive "${PID[redis]}" || break
-        sleep 0.1
-    done
-    tail -n 5 "$DIR/redis.log" >&2
-    die "redis-server did not start on port $REDIS_PORT"
-}
-redis_start
+# --- redis (AOF, fsync on every write: a kill -9 loses nothing acknowledged;
+# a restart comes back on the same port, from the AOF)
+free_port REDIS_PORT
+aof_redis_start() { redis_start --appendonly yes --appendfsync always; }
+aof_redis_start
 echo "chaos: broker $BOOT (3 brokers; payments:$PARTITIONS, payments.dlq:$DLQ_PARTITIONS)," \
     "redis 127.0.0.1:$REDIS_PORT (AOF, appendfsync always), $FAULT_CNT faults scheduled, dir $DIR"
 
@@ -274,9 +148,9 @@ log.format=text
 log.level=warn
 EOF
 declare -A HTTP_PORT=()
-for m in "${MEMBERS[@]}"; do HTTP_PORT[$m]=$(free_port); done
+for m in "${MEMBERS[@]}"; do free_port "HTTP_PORT[$m]"; done
 member_start() {
-    spawn "$1" "$DIR/$1.log" "$BIN" run -c "$CONF" --set "member.id=$1" \
+    spawn "$1" "$DIR/$1.log" "$DIR/$1.log" "$BIN" run -c "$CONF" --set "member.id=$1" \
         --set "http.listen=127.0.0.1:${HTTP_PORT[$1]}"
 }
 for m in "${MEMBERS[@]}"; do member_start "$m"; done
@@ -284,7 +158,7 @@ for m in "${MEMBERS[@]}"; do member_start "$m"; done
 # --- traffic: spread over most of the chaos -----------------------------------
 total_msgs=$((RECORDS + RECORDS / 10))
 rate=$((total_msgs * 10 / (DURATION * 8) + 1))
-spawn produce "$DIR/produce.log" "$BIN" produce -b "$BOOT" -t payments --count "$RECORDS" \
+spawn produce "$DIR/produce.log" "$DIR/produce.log" "$BIN" produce -b "$BOOT" -t payments --count "$RECORDS" \
     --duplicates 0.1 --poison 0.01 --seed "$SEED" --too-large-bytes 5000 \
     --currencies EUR,USD,TRY --users 1000 --rate "$rate" --expect "$DIR/expect.json" \
     -X message.timeout.ms=900000
@@ -330,10 +204,10 @@ while :; do
         rnd 12000; next_redis=$((now + 8000 + R))
     fi
     if ((redis_up_at && now >= redis_up_at)); then
-        redis_start
+        aof_redis_start
         redis_up_at=0
     fi
-    broker_check
+    broker_check "${PID[broker]:-}" "$DIR/broker.log"
     for m in "${MEMBERS[@]}"; do
         # A member that exited by itself (not killed here) is a failure.
         if [[ -n ${PID[$m]:-} ]] && ! alive "${PID[$m]}"; then
@@ -349,10 +223,10 @@ done
 T_CHAOS=$(now_ms)
 
 # --- settle: everything up, then verify must say exact ----------------------
-((redis_up_at)) && redis_start
+((redis_up_at)) && aof_redis_start
 for m in "${!RESTART_AT[@]}"; do member_start "$m"; unset "RESTART_AT[$m]"; done
-SENT=$(grep -o '"sent": *[0-9]*' "$DIR/expect.json" | grep -o '[0-9]*$')
-WANT_APPLIED=$(grep -o '"applied": *[0-9]*' "$DIR/expect.json" | grep -o '[0-9]*$')
+SENT=$(expect_num "$DIR/expect.json" sent)
+WANT_APPLIED=$(expect_num "$DIR/expect.json" applied)
 # progress: one line on where the group stands (applied so far, and from
 # the members: partitions assigned, consumer lag, ready), which tells a
 # group still catching up (lag > 0, or fewer than all partitions assigned)
@@ -375,7 +249,7 @@ deadline=$((T_CHAOS + SETTLE * 1000))
 last_progress=0
 while (($(now_ms) < deadline)); do
     sleep 3
-    broker_check
+    broker_check "${PID[broker]:-}" "$DIR/broker.log"
     if (($(now_ms) - last_progress >= 20000)); then
         progress
         last_progress=$(now_ms)

@@ -33,86 +33,13 @@ for tool in redis-server redis-cli; do
     }
 done
 
-DIR=$(mktemp -d "${TMPDIR:-/tmp}/idemproc-demo.XXXXXX")
-declare -A PID=() # name -> pid of every process started here
-
-# now_us: wall clock in microseconds.
-now_us() { local t=${EPOCHREALTIME//[.,]/}; echo "$((10#$t))"; }
+LIB_NAME=demo LIB_KEEP=${DEMO_KEEP:-} LIB_GRACE=12
+. "$(dirname "$0")/lib.sh"
+lib_init demo
 T0=$(now_us)
 
 # secs US: microseconds as seconds with 2 decimals.
 secs() { printf '%d.%02d' "$(($1 / 1000000))" "$(($1 % 1000000 / 10000))"; }
-
-# alive PID: the process exists and is not a zombie.
-alive() {
-    local st
-    # (read, not $(<file): under set -e a failing $(<file) exits bash)
-    { read -r st <"/proc/$1/stat"; } 2>/dev/null || return 1
-    st=${st##*) }
-    [[ ${st:0:1} != Z ]]
-}
-
-# stop NAME SIGNAL GRACE_S: signal a process started here (SIGNAL - : it was
-# signalled already), wait up to GRACE_S for it, then SIGKILL it. Returns its
-# exit status.
-stop() {
-    local name=$1 sig=$2 grace=$3 pid rc=0 i
-    pid=${PID[$name]:-}
-    [[ -n $pid ]] || return 0
-    [[ $sig == - ]] || kill "-$sig" "$pid" 2>/dev/null || true
-    for ((i = 0; i < grace * 20; i++)); do
-        alive "$pid" || break
-        sleep 0.05
-    done
-    if alive "$pid"; then
-        echo "demo: $name (pid $pid) still running after ${grace}s: SIGKILL" >&2
-        kill -KILL "$pid" 2>/dev/null || true
-    fi
-    wait "$pid" 2>/dev/null || rc=$?
-    unset "PID[$name]"
-    return "$rc"
-}
-
-cleanup() {
-    local rc=$? name
-    set +e
-    trap - EXIT HUP INT TERM
-    for name in "${MEMBERS[@]}" broker redis; do
-        [[ -n ${PID[$name]:-} ]] && stop "$name" TERM 12
-    done
-    for name in "${!PID[@]}"; do stop "$name" TERM 5; done
-    if [[ -n ${DEMO_KEEP:-} ]]; then
-        echo "demo: DEMO_KEEP is set: logs kept in $DIR" >&2
-    else
-        rm -rf "$DIR"
-    fi
-    exit "$rc"
-}
-trap cleanup EXIT
-trap 'exit 129' HUP
-trap 'echo "demo: interrupted" >&2; exit 130' INT
-trap 'echo "demo: terminated" >&2; exit 143' TERM
-
-# spawn NAME OUT ERR CMD...: start CMD in the background in its own process
-# group (so a Ctrl-C reaches only this script, whose cleanup then stops it
-# with exactly one SIGTERM), stdin from /dev/null, stdout to OUT, stderr to ERR.
-spawn() {
-    local name=$1 out=$2 err=$3
-    shift 3
-    set -m
-    if [[ $out == "$err" ]]; then
-        "$@" </dev/null >"$out" 2>&1 &
-    else
-        "$@" </dev/null >"$out" 2>"$err" &
-    fi
-    PID[$name]=$!
-    set +m
-}
-
-die() {
-    echo "demo: FAILED: $*" >&2
-    exit 1
-}
 
 # tail_logs: the last lines of every member's log, for a failure report.
 tail_logs() {
@@ -122,44 +49,6 @@ tail_logs() {
         tail -n 15 "$DIR/$m.log" >&2 2>/dev/null || true
     done
 }
-
-# port_free PORT: nothing listens on 127.0.0.1:PORT (a connect is refused)
-# and ss, when present, lists no socket bound to it.
-port_free() {
-    if (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; then return 1; fi
-    if command -v ss >/dev/null &&
-        ss -Htan "( sport = :$1 )" 2>/dev/null | grep -q .; then
-        return 1
-    fi
-    return 0
-}
-
-# free_port: a free port below the kernel's ephemeral range, not already
-# handed out by this script.
-declare -A TAKEN=()
-free_port() {
-    local p i
-    for ((i = 0; i < 200; i++)); do
-        p=$((20000 + RANDOM % 12000))
-        [[ -z ${TAKEN[$p]:-} ]] && port_free "$p" && {
-            TAKEN[$p]=1
-            echo "$p"
-            return 0
-        }
-    done
-    die "no free TCP port found"
-}
-
-# metrics PORT: the /metrics body of a member, over bash's /dev/tcp.
-metrics() (
-    exec 3<>"/dev/tcp/127.0.0.1/$1" || exit 1
-    printf 'GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n' >&3
-    body=0
-    while IFS= read -r -t 3 line <&3 || [[ -n $line ]]; do
-        line=${line%$'\r'}
-        if ((body)); then printf '%s\n' "$line"; elif [[ -z $line ]]; then body=1; fi
-    done
-) 2>/dev/null
 
 # all_metrics: the counters of every member, summed by series:
 # lines "idemproc_records_total{outcome="processed"} 49594".
@@ -174,40 +63,11 @@ all_metrics() {
 get() { awk -v k="$1" '$1 == k { print $2; f = 1 } END { if (!f) print 0 }' <<<"$SNAP"; }
 
 # expect KEY: a count out of the pretty-printed expect file.
-expect() {
-    grep -o "\"$1\": *[0-9]*" "$DIR/expect.json" | head -n 1 | grep -o '[0-9]*$' || echo '?'
-}
+expect() { expect_num "$DIR/expect.json" "$1"; }
 
-# --- broker --------------------------------------------------------------
-spawn broker "$DIR/broker.out" "$DIR/broker.log" \
-    "$BIN" broker --topic "payments:$PARTITIONS" --topic payments.dlq:4
-BOOT=
-for ((i = 0; i < 100; i++)); do
-    [[ -s $DIR/broker.out ]] && IFS= read -r BOOT <"$DIR/broker.out" && [[ -n $BOOT ]] && break
-    alive "${PID[broker]}" || break
-    sleep 0.1
-done
-[[ -n $BOOT ]] || { cat "$DIR/broker.log" >&2; die "broker printed no bootstrap"; }
-
-# --- redis ---------------------------------------------------------------
-REDIS_PORT=
-for ((try = 0; try < 5; try++)); do
-    [[ -z $REDIS_PORT ]] || break
-    port=$(free_port)
-    spawn redis /dev/null "$DIR/redis.log" \
-        redis-server --bind 127.0.0.1 --port "$port" --dir "$DIR" --save "" \
-        --appendonly no --daemonize no --logfile "$DIR/redis.log"
-    for ((i = 0; i < 50; i++)); do
-        if [[ $(redis-cli -h 127.0.0.1 -p "$port" ping 2>/dev/null) == PONG ]]; then
-            REDIS_PORT=$port
-            break
-        fi
-        alive "${PID[redis]}" || break
-        sleep 0.1
-    done
-    [[ -n $REDIS_PORT ]] || stop redis TERM 5 || true
-done
-[[ -n $REDIS_PORT ]] || { tail -n 5 "$DIR/redis.log" >&2; die "redis-server did not start"; }
+# --- broker, redis -------------------------------------------------------
+broker_start --topic "payments:$PARTITIONS" --topic payments.dlq:4
+redis_start
 
 echo "demo: broker $BOOT (payments:$PARTITIONS, payments.dlq:4), redis 127.0.0.1:$REDIS_PORT, dir $DIR"
 
@@ -235,7 +95,7 @@ log.level=warn
 EOF
 
 declare -A HTTP_PORT=()
-for m in "${MEMBERS[@]}"; do HTTP_PORT[$m]=$(free_port); done
+for m in "${MEMBERS[@]}"; do free_port "HTTP_PORT[$m]"; done
 T_START=$(now_us)
 for m in "${MEMBERS[@]}"; do
     spawn "$m" "$DIR/$m.log" "$DIR/$m.log" "$BIN" run -c "$CONF" \

@@ -79,25 +79,16 @@ fail() {
     exit 1
 }
 
-# A port on 127.0.0.1 nobody listens on right now, below the kernel's
+# Ports on 127.0.0.1 nobody listens on right now, below the kernel's
 # ephemeral range, where the broker's random ports and every client's
 # source ports come from.
 EPHEMERAL_LO=$(cut -f1 /proc/sys/net/ipv4/ip_local_port_range 2>/dev/null)
 [[ $EPHEMERAL_LO =~ ^[0-9]+$ && $EPHEMERAL_LO -gt 12000 ]] || EPHEMERAL_LO=32768
-free_port() {
-    local p
-    for _ in $(seq 50); do
-        p=$((10000 + RANDOM % (EPHEMERAL_LO - 10000)))
-        (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null || { echo "$p"; return; }
-    done
-    echo "first_hour: no free port" >&2
-    exit 1
-}
-REDIS_PORT=$(free_port)
-HTTP1=$(free_port)
-HTTP2=$(free_port)
-[[ $HTTP1 != "$HTTP2" && $REDIS_PORT != "$HTTP1" && $REDIS_PORT != "$HTTP2" ]] ||
-    HTTP2=$(free_port)
+LIB_NAME=first_hour LIB_PORT_LO=10000 LIB_PORT_HI=$EPHEMERAL_LO
+. "$(dirname "$0")/lib.sh"
+free_port REDIS_PORT
+free_port HTTP1
+free_port HTTP2
 
 # The README's example values -> this run's.
 subst() {

@@ -153,6 +153,16 @@ int th_stack_verify(th_stack_t *s, int dlq, const char *const sets[],
 int th_stack_wait_verified(th_stack_t *s, int dlq, const char *const sets[],
                            int timeout_ms, char **out);
 
+/* Asserts (Criterion's cr_assert_eq) that th_stack_wait_verified says
+ * exact within ms; the failure message holds verify's last output. */
+#define TH_ASSERT_VERIFIED(s, dlq, sets, ms)                                   \
+    do {                                                                       \
+        char *vout_ = NULL;                                                    \
+        int vrc_ = th_stack_wait_verified((s), (dlq), (sets), (ms), &vout_);   \
+        cr_assert_eq(vrc_, 0, "verify never exact:\n%s", vout_);               \
+        free(vout_);                                                           \
+    } while (0)
+
 /* Reads the redis counter <prefix>ledger:applied (0 when absent). */
 long th_stack_applied(th_stack_t *s);
 

@@ -59,14 +59,6 @@ static int wait_applied(th_stack_t *s, long n, int timeout_ms)
     return -1;
 }
 
-#define ASSERT_VERIFIED(s, dlq, sets, ms)                                      \
-    do {                                                                       \
-        char *vout_ = NULL;                                                    \
-        int vrc_ = th_stack_wait_verified((s), (dlq), (sets), (ms), &vout_);   \
-        cr_assert_eq(vrc_, 0, "verify never exact:\n%s", vout_);               \
-        free(vout_);                                                           \
-    } while (0)
-
 static const char *const traffic[] = {"--count",
                                       "6000",
                                       "--duplicates",
@@ -91,7 +83,7 @@ Test(pipeline, exact_ledger_and_every_poison_reason_in_dlq, .timeout = 120)
     cr_assert_eq(th_stack_start(&stk, 4, props), 0);
     cr_assert_eq(th_stack_produce(&stk, traffic), 0);
     pid_t m = th_stack_member(&stk, "m1", NULL);
-    ASSERT_VERIFIED(&stk, 1, NULL, 60000);
+    TH_ASSERT_VERIFIED(&stk, 1, NULL, 60000);
     cr_expect_eq(th_stop(m, 15000), 0, "SIGTERM must exit 0");
 
     /* Every dead letter: original key and bytes, original headers, and the
@@ -178,7 +170,7 @@ Test(pipeline, restart_continues_from_committed_offsets, .timeout = 180)
     snprintf(listen, sizeof(listen), "http.listen=127.0.0.1:%d", port);
     const char *sets[] = {listen, NULL};
     m = th_stack_member(&stk, "m2", sets);
-    ASSERT_VERIFIED(&stk, 1, NULL, 90000);
+    TH_ASSERT_VERIFIED(&stk, 1, NULL, 90000);
     /* The restarted member began at the committed offsets: it saw no
      * record the first one had finished and committed, so it processed
      * and skipped far fewer records than were sent. */
@@ -236,7 +228,7 @@ ParameterizedTest(strategy_t *strategy, pipeline, member_joins_and_leaves,
     cr_expect(assigned, "member b never got partitions");
     usleep(500000);
     cr_expect_eq(th_stop(b, 15000), 0, "b must leave cleanly");
-    ASSERT_VERIFIED(&stk, 1, NULL, 120000);
+    TH_ASSERT_VERIFIED(&stk, 1, NULL, 120000);
     cr_expect_eq(th_stop(a, 15000), 0);
     char *log = member_log(&stk, "a");
     /* a started alone with every partition; b's arrival and departure
@@ -265,7 +257,7 @@ Test(pipeline, sigkill_mid_stream_then_restart, .timeout = 180)
     cr_expect_eq(th_wait(m, 5000), 128 + SIGKILL);
     cr_expect_lt(th_stack_applied(&stk), unique);
     m = th_stack_member(&stk, "m2", NULL);
-    ASSERT_VERIFIED(&stk, 1, NULL, 120000);
+    TH_ASSERT_VERIFIED(&stk, 1, NULL, 120000);
     cr_expect_eq(th_stop(m, 15000), 0);
     th_stack_stop(&stk);
 }
@@ -317,7 +309,7 @@ Test(pipeline, redis_outage_pauses_and_resumes_without_dead_letters,
     cr_expect_eq(th_http_get(port, "/healthz", NULL), 200,
                  "a paused loop is still alive");
     cr_assert_eq(th_redis_restart(&stk.redis), 0);
-    ASSERT_VERIFIED(&stk, 1, NULL, 120000);
+    TH_ASSERT_VERIFIED(&stk, 1, NULL, 120000);
     status = 0;
     for (int t = 0; t < 100 && status != 200; t++) {
         status = th_http_get(port, "/readyz", NULL);
@@ -397,7 +389,7 @@ Test(pipeline, partitions_paused_before_a_rebalance_resume_after_it,
 
     const char *small[] = {"--count", "2000", "--seed", "21", NULL};
     cr_assert_eq(th_stack_produce(&stk, small), 0);
-    ASSERT_VERIFIED(&stk, 0, NULL, 60000);
+    TH_ASSERT_VERIFIED(&stk, 0, NULL, 60000);
     cr_expect_eq(th_stop(a, 15000), 0);
     cr_expect_eq(th_stop(b, 15000), 0);
     th_stack_stop(&stk);
@@ -425,7 +417,7 @@ Test(pipeline, metrics_match_the_traffic_exactly, .timeout = 120)
     free(th_redis_cli(&stk.redis, auth));
     cr_assert_eq(th_stack_produce(&stk, traffic), 0);
     pid_t m = th_stack_member(&stk, "m1", NULL);
-    ASSERT_VERIFIED(&stk, 1, NULL, 60000);
+    TH_ASSERT_VERIFIED(&stk, 1, NULL, 60000);
     char *body = NULL;
     cr_assert_eq(th_http_get(port, "/metrics", &body), 200);
     cr_expect_null(strstr(body, "hunter2"), "a secret reached /metrics");
@@ -505,7 +497,7 @@ Test(forward, expired_lease_of_a_dead_owner_is_processed_again, .timeout = 120)
     cr_assert_str_eq(ok, "OK");
     free(ok);
     pid_t m = th_stack_member(&stk, "m1", NULL);
-    ASSERT_VERIFIED(&stk, 1, NULL, 60000);
+    TH_ASSERT_VERIFIED(&stk, 1, NULL, 60000);
     const char *get[] = {"GET", key, NULL};
     char *mark = th_redis_cli(&stk.redis, get);
     cr_expect(mark && !strncmp(mark, "done:", 5), "mark: %s", mark);
@@ -556,7 +548,7 @@ Test(forward, loses_nothing_across_sigkill, .timeout = 180)
     cr_assert_geq(written, unique / 4, "m1 never got going");
     cr_assert_lt(written, unique, "killed too late to prove anything");
     m = th_stack_member(&stk, "m2", NULL);
-    ASSERT_VERIFIED(&stk, 1, NULL, 120000);
+    TH_ASSERT_VERIFIED(&stk, 1, NULL, 120000);
     cr_expect_eq(th_stop(m, 15000), 0);
     th_stack_stop(&stk);
 }
@@ -622,7 +614,7 @@ Test(pipeline, default_sized_too_large_records_reach_the_dlq, .timeout = 120)
     cr_assert_eq(th_stack_produce(&stk, few), 0);
     cr_assert_gt(expect_count(&stk, "poison", "too-large"), 0);
     pid_t m = th_stack_member(&stk, "m1", NULL);
-    ASSERT_VERIFIED(&stk, 1, NULL, 60000);
+    TH_ASSERT_VERIFIED(&stk, 1, NULL, 60000);
     cr_expect_eq(th_stop(m, 15000), 0);
     th_stack_stop(&stk);
 }
@@ -641,7 +633,7 @@ Test(pipeline, dead_letter_too_big_for_the_dlq_drops_its_value, .timeout = 120)
     long too_large = expect_count(&stk, "poison", "too-large");
     cr_assert_gt(too_large, 0);
     pid_t m = th_stack_member(&stk, "m1", NULL);
-    ASSERT_VERIFIED(&stk, 1, NULL, 60000);
+    TH_ASSERT_VERIFIED(&stk, 1, NULL, 60000);
     cr_expect_eq(th_stop(m, 15000), 0);
     th_recs_t dlq = th_topic_read(stk.broker.bootstrap, "payments.dlq");
     long dropped = 0;
@@ -677,7 +669,7 @@ Test(forward, own_lease_from_an_earlier_epoch_is_taken_at_once, .timeout = 90)
     th_recs_free(&in);
     pid_t m = th_stack_member(&stk, "m1", NULL);
     /* Far less than the 60 s lease: it must not wait for it. */
-    ASSERT_VERIFIED(&stk, 0, NULL, 25000);
+    TH_ASSERT_VERIFIED(&stk, 0, NULL, 25000);
     cr_expect_eq(th_stop(m, 15000), 0);
     th_stack_stop(&stk);
 }
@@ -749,7 +741,7 @@ Test(pipeline, script_flush_reloads_and_marks_expire, .timeout = 120)
         free(ok);
         usleep(200000);
     }
-    ASSERT_VERIFIED(&stk, 1, NULL, 90000);
+    TH_ASSERT_VERIFIED(&stk, 1, NULL, 90000);
     char *log = member_log(&stk, "m1");
     cr_expect(strstr(log, "reloading"), "no NOSCRIPT seen: the test proves "
                                         "nothing");
@@ -928,7 +920,7 @@ Test(forward, duplicates_in_another_claim_chunk_are_forwarded_once,
     long unique = expect_count(&stk, "unique", NULL);
     cr_assert_eq(unique, 1598);
     pid_t m = th_stack_member(&stk, "m1", NULL);
-    ASSERT_VERIFIED(&stk, 1, NULL, 90000);
+    TH_ASSERT_VERIFIED(&stk, 1, NULL, 90000);
     cr_expect_eq(th_topic_size(stk.broker.bootstrap, "payments.out"), unique,
                  "an identity was forwarded twice");
     cr_expect_eq(th_stop(m, 15000), 0);

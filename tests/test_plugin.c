@@ -8,6 +8,7 @@
 #include "plugin.h"
 
 #include <criterion/criterion.h>
+#include <criterion/parameterized.h>
 #include <jansson.h>
 #include <libgen.h>
 #include <librdkafka/rdkafka.h>
@@ -49,54 +50,50 @@ Test(plugin, loads_the_example_and_checks_its_table)
     idem_plugin_close(NULL);
 }
 
-/* A plugin built against another version of idemproc/plugin.h is refused
- * at load, with both versions and what to do, before any of its ops runs
- * (each of abi_next's ops aborts). */
-Test(plugin, refuses_a_plugin_built_for_another_abi_version)
+/* Shared objects idemproc refuses at load, before any of their ops runs
+ * (each op of abi_v1 and abi_next aborts), and what the error must say.
+ * Values, not pointers: the test runs in another process image. */
+typedef struct {
+    char plugin[16];  /* build/tplugins/<plugin>.so */
+    int abi;          /* the version it was built for; 0: not an ABI case */
+    char want[2][64]; /* more substrings of the error ("": none) */
+} refusal_t;
+
+ParameterizedTestParameters(plugin, refuses_at_load)
 {
-    char err[512] = "";
-    const char *path = plugin_path("tplugins", "abi_next");
-    cr_assert_null(idem_plugin_open(path, err, sizeof(err)));
-    char want[128];
-    snprintf(want, sizeof(want),
-             "built for plugin ABI version %d, but this idemproc loads "
-             "version %d",
-             IDEMPROC_PLUGIN_ABI_VERSION + 1, IDEMPROC_PLUGIN_ABI_VERSION);
-    cr_expect(strstr(err, want), "%s", err);
-    cr_expect(strstr(err, path), "the path is missing: %s", err);
-    cr_expect(strstr(err, "rebuild"), "%s", err);
+    static refusal_t cases[] = {
+        /* built against another version of idemproc/plugin.h: both
+         * versions, what to do, and the path */
+        {"abi_next", IDEMPROC_PLUGIN_ABI_VERSION + 1, {""}},
+        /* built for version 1 (before room() was added): refused by its
+         * version, not read past its shorter table */
+        {"abi_v1", 1, {""}},
+        {"no_table", 0, {"not an idemproc plugin", "\"idemproc_plugin\""}},
+        {"bad_key", 0, {"cannot be set (plugin.<key>.file reads"}},
+    };
+    return cr_make_param_array(refusal_t, cases,
+                               sizeof(cases) / sizeof(cases[0]));
 }
 
-/* A plugin built for version 1 (before room() was added) is refused by
- * its version, not read past its shorter table. */
-Test(plugin, refuses_a_plugin_built_for_abi_version_1)
+ParameterizedTest(refusal_t *c, plugin, refuses_at_load)
 {
     char err[512] = "";
-    const char *path = plugin_path("tplugins", "abi_v1");
-    cr_assert_null(idem_plugin_open(path, err, sizeof(err)));
-    char want[128];
-    snprintf(want, sizeof(want),
-             "built for plugin ABI version 1, but this idemproc loads "
-             "version %d: rebuild",
-             IDEMPROC_PLUGIN_ABI_VERSION);
-    cr_expect(strstr(err, want), "%s", err);
-}
-
-Test(plugin, refuses_a_shared_object_that_is_no_plugin)
-{
-    char err[512] = "";
-    cr_assert_null(idem_plugin_open(plugin_path("tplugins", "no_table"), err,
-                                    sizeof(err)));
-    cr_expect(strstr(err, "not an idemproc plugin"), "%s", err);
-    cr_expect(strstr(err, "\"idemproc_plugin\""), "%s", err);
-}
-
-Test(plugin, refuses_a_key_name_that_could_never_be_set)
-{
-    char err[512] = "";
-    cr_assert_null(
-        idem_plugin_open(plugin_path("tplugins", "bad_key"), err, sizeof(err)));
-    cr_expect(strstr(err, "cannot be set (plugin.<key>.file reads"), "%s", err);
+    const char *path = plugin_path("tplugins", c->plugin);
+    cr_assert_null(idem_plugin_open(path, err, sizeof(err)), "%s loaded",
+                   c->plugin);
+    if (c->abi) {
+        char want[128];
+        snprintf(want, sizeof(want),
+                 "built for plugin ABI version %d, but this idemproc loads "
+                 "version %d: rebuild",
+                 c->abi, IDEMPROC_PLUGIN_ABI_VERSION);
+        cr_expect(strstr(err, want), "%s: %s", c->plugin, err);
+        cr_expect(strstr(err, path), "%s: the path is missing: %s", c->plugin,
+                  err);
+    }
+    for (size_t i = 0; i < 2 && c->want[i][0]; i++)
+        cr_expect(strstr(err, c->want[i]), "%s: no \"%s\" in: %s", c->plugin,
+                  c->want[i], err);
 }
 
 Test(plugin, missing_file_gives_the_path_and_the_reason)
@@ -327,18 +324,27 @@ typedef struct {
     idem_handler_ctx_t ctx;
 } probe_run_t;
 
-static void probe_start(probe_run_t *pr, const char *bogus)
+/* Validates and starts the adapter on build/<dir>/<name>.so with the
+ * plugin key `key` set to `value` (none when key is NULL). */
+static void adapter_start(probe_run_t *pr, const char *dir, const char *name,
+                          const char *key, const char *value)
 {
     char err[512] = "";
     pr->conf = idem_conf_new();
-    if (bogus)
-        conf_plugin_key(pr->conf, "bogus", bogus);
-    const char *path = plugin_path("tplugins", "probe");
+    if (key)
+        conf_plugin_key(pr->conf, key, value);
+    const char *path = plugin_path(dir, name);
     cr_assert_eq(validate(pr->conf, path, err, sizeof(err)), 0, "%s", err);
     pr->ctx =
         (idem_handler_ctx_t){.conf = pr->conf, .arg = path, .member_id = "t"};
     pr->h = idem_handler_plugin.start(&pr->ctx, err, sizeof(err));
     cr_assert(pr->h, "%s", err);
+}
+
+/* The probe plugin, with plugin.bogus=<bogus> unless NULL. */
+static void probe_start(probe_run_t *pr, const char *bogus)
+{
+    adapter_start(pr, "tplugins", "probe", bogus ? "bogus" : NULL, bogus);
 }
 
 static void probe_end(probe_run_t *pr)
@@ -433,14 +439,7 @@ Test(plugin, room_is_the_plugins_or_unlimited)
     probe_end(&pr);
 
     char err[512] = "";
-    pr.conf = idem_conf_new();
-    conf_plugin_key(pr.conf, "room", "3");
-    const char *path = plugin_path("tplugins", "probe");
-    cr_assert_eq(validate(pr.conf, path, err, sizeof(err)), 0, "%s", err);
-    pr.ctx =
-        (idem_handler_ctx_t){.conf = pr.conf, .arg = path, .member_id = "t"};
-    pr.h = idem_handler_plugin.start(&pr.ctx, err, sizeof(err));
-    cr_assert(pr.h, "%s", err);
+    adapter_start(&pr, "tplugins", "probe", "room", "3");
     cr_expect_eq(idem_handler_plugin.room(pr.h), 3);
     idem_record_t recs[3] = {record("a", "hold", 1), record("b", "done", 2),
                              record("c", "hold", 3)};
@@ -455,13 +454,7 @@ Test(plugin, room_is_the_plugins_or_unlimited)
     idem_handler_plugin.drain(pr.h, 0);
     probe_end(&pr);
 
-    conf_plugin_key(pr.conf = idem_conf_new(), "output", "/dev/null");
-    path = plugin_path("plugins", "filesink");
-    cr_assert_eq(validate(pr.conf, path, err, sizeof(err)), 0, "%s", err);
-    pr.ctx =
-        (idem_handler_ctx_t){.conf = pr.conf, .arg = path, .member_id = "t"};
-    pr.h = idem_handler_plugin.start(&pr.ctx, err, sizeof(err));
-    cr_assert(pr.h, "%s", err);
+    adapter_start(&pr, "plugins", "filesink", "output", "/dev/null");
     cr_expect_eq(idem_handler_plugin.room(pr.h), SIZE_MAX);
     probe_end(&pr);
 }
@@ -491,10 +484,22 @@ Test(plugin, drain_keeps_finished_results_and_forgets_the_rest)
 }
 
 /* Thousands in flight over several submits, results newest first and
- * oldest first: each maps to its own record (the adapter's set of records
- * in flight grows, and deletes without losing any). */
-static void many_in_flight(const char *order)
+ * oldest first (the probe's plugin.order): each maps to its own record
+ * (the adapter's set of records in flight grows, and deletes without
+ * losing any). */
+typedef struct {
+    char name[8]; /* a value: the test runs in another process image */
+} order_t;
+
+ParameterizedTestParameters(plugin, many_in_flight_map_back_exactly)
 {
+    static order_t orders[] = {{"newest"}, {"oldest"}};
+    return cr_make_param_array(order_t, orders, 2);
+}
+
+ParameterizedTest(order_t *order_p, plugin, many_in_flight_map_back_exactly)
+{
+    const char *order = order_p->name;
     char err[512] = "";
     idem_conf_t *conf = idem_conf_new();
     conf_plugin_key(conf, "per.collect", "333");
@@ -523,12 +528,13 @@ static void many_in_flight(const char *order)
     char *seen = calloc(N, 1);
     for (size_t i = 0; i < got; i++) {
         ptrdiff_t k = res[i].rec - recs;
-        cr_assert(k >= 0 && k < N && !seen[k], "result %zu: record %td", i, k);
+        cr_assert(k >= 0 && k < N && !seen[k],
+                  "%s first: result %zu: record %td", order, i, k);
         seen[k] = 1;
-        cr_expect_eq(res[i].kind, IDEM_RESULT_DONE);
+        cr_expect_eq(res[i].kind, IDEM_RESULT_DONE, "%s first", order);
     }
     cr_expect_eq(res[0].rec, &recs[strcmp(order, "oldest") ? N - 1 : 0],
-                 "not the probe's order");
+                 "%s first: not the probe's order", order);
     cr_expect_eq(idem_handler_plugin.inflight(h), 0);
     idem_handler_plugin.stop(h);
     free(seen);
@@ -536,16 +542,6 @@ static void many_in_flight(const char *order)
     free(ptrs);
     free(recs);
     idem_conf_destroy(conf);
-}
-
-Test(plugin, many_in_flight_map_back_exactly_newest_first)
-{
-    many_in_flight("newest");
-}
-
-Test(plugin, many_in_flight_map_back_exactly_oldest_first)
-{
-    many_in_flight("oldest");
 }
 
 /* A refused submit is an outage with the plugin's reason, and none of the
@@ -694,59 +690,26 @@ static long dlq_read(int *not_json, int *no_identity, int *rejected,
                      int *newline)
 {
     *not_json = *no_identity = *rejected = *newline = 0;
-    char err[512];
-    rd_kafka_conf_t *kc = rd_kafka_conf_new();
-    rd_kafka_conf_set(kc, "bootstrap.servers", stk.broker.bootstrap, err,
-                      sizeof(err));
-    rd_kafka_conf_set(kc, "group.id", "plugin-test-reader", err, sizeof(err));
-    rd_kafka_conf_set(kc, "enable.partition.eof", "true", err, sizeof(err));
-    rd_kafka_conf_set(kc, "fetch.wait.max.ms", "10", err, sizeof(err));
-    rd_kafka_t *rk = rd_kafka_new(RD_KAFKA_CONSUMER, kc, err, sizeof(err));
-    cr_assert(rk, "%s", err);
-    rd_kafka_poll_set_consumer(rk);
-    rd_kafka_topic_partition_list_t *l = rd_kafka_topic_partition_list_new(2);
-    for (int i = 0; i < 2; i++)
-        rd_kafka_topic_partition_list_add(l, "payments.dlq", i)->offset =
-            RD_KAFKA_OFFSET_BEGINNING;
-    cr_assert_eq(rd_kafka_assign(rk, l), 0);
-    rd_kafka_topic_partition_list_destroy(l);
-    long n = 0;
-    int eof = 0;
-    for (int t = 0; t < 300 && eof < 2; t++) {
-        rd_kafka_message_t *m = rd_kafka_consumer_poll(rk, 100);
-        if (!m)
+    th_recs_t dlq = th_topic_read(stk.broker.bootstrap, "payments.dlq");
+    for (size_t i = 0; i < dlq.n; i++) {
+        const char *reason =
+            json_string_value(json_object_get(dlq.v[i].headers, "dlq.reason"));
+        const char *error =
+            json_string_value(json_object_get(dlq.v[i].headers, "dlq.error"));
+        if (!reason)
             continue;
-        if (m->err == RD_KAFKA_RESP_ERR__PARTITION_EOF) {
-            eof++;
-        } else if (!m->err) {
-            n++;
-            rd_kafka_headers_t *h = NULL;
-            const void *v;
-            size_t sz;
-            char reason[64] = "", error[600] = "";
-            if (!rd_kafka_message_headers(m, &h)) {
-                if (!rd_kafka_header_get_last(h, "dlq.reason", &v, &sz))
-                    snprintf(reason, sizeof(reason), "%.*s", (int)sz,
-                             (const char *)v);
-                if (!rd_kafka_header_get_last(h, "dlq.error", &v, &sz))
-                    snprintf(error, sizeof(error), "%.*s", (int)sz,
-                             (const char *)v);
-            }
-            if (!strcmp(reason, "not-json"))
-                (*not_json)++;
-            else if (!strcmp(reason, "no-identity"))
-                (*no_identity)++;
-            else if (!strcmp(reason, "handler-rejected")) {
-                (*rejected)++;
-                if (strstr(error, "filesink: the value holds a newline"))
-                    (*newline)++;
-            }
+        if (!strcmp(reason, "not-json"))
+            (*not_json)++;
+        else if (!strcmp(reason, "no-identity"))
+            (*no_identity)++;
+        else if (!strcmp(reason, "handler-rejected")) {
+            (*rejected)++;
+            if (error && strstr(error, "filesink: the value holds a newline"))
+                (*newline)++;
         }
-        rd_kafka_message_destroy(m);
     }
-    cr_expect_eq(eof, 2, "the DLQ was not read to its end");
-    rd_kafka_consumer_close(rk);
-    rd_kafka_destroy(rk);
+    long n = (long)dlq.n;
+    th_recs_free(&dlq);
     return n;
 }
 
@@ -972,6 +935,18 @@ Test(plugin_run, outage_pauses_and_dead_letters_nothing, .timeout = 120)
     free(dir);
 }
 
+/* Writes <dir>/c.properties, a configuration whose broker and Redis never
+ * answer (for commands that must fail before connecting), into path. */
+static void offline_conf(const char *dir, char *path, size_t path_size)
+{
+    snprintf(path, path_size, "%s/c.properties", dir);
+    cr_assert_eq(th_write_file(path, "kafka.bootstrap.servers=127.0.0.1:1\n"
+                                     "group.id=g\ninput.topics=t\n"
+                                     "dlq.topic=t.dlq\n"
+                                     "redis.url=redis://127.0.0.1:1/0\n"),
+                 0);
+}
+
 /* The plugin's keys come from the environment too, and its validate
  * judges them: check-config exits 2 with the plugin's own message. */
 Test(plugin_run, plugin_keys_from_the_environment_reach_its_validate,
@@ -979,12 +954,7 @@ Test(plugin_run, plugin_keys_from_the_environment_reach_its_validate,
 {
     char *dir = th_tmpdir();
     char conf[600], handler[1200];
-    snprintf(conf, sizeof(conf), "%s/c.properties", dir);
-    cr_assert_eq(th_write_file(conf, "kafka.bootstrap.servers=127.0.0.1:1\n"
-                                     "group.id=g\ninput.topics=t\n"
-                                     "dlq.topic=t.dlq\n"
-                                     "redis.url=redis://127.0.0.1:1/0\n"),
-                 0);
+    offline_conf(dir, conf, sizeof(conf));
     snprintf(handler, sizeof(handler), "handler=plugin:%s",
              plugin_path("plugins", "filesink"));
     char *argv[] = {(char *)th_bin(), "check-config", "-c", conf,
@@ -1018,12 +988,7 @@ Test(plugin_run, run_refuses_a_plugin_built_for_another_abi_version,
 {
     char *dir = th_tmpdir();
     char conf[600], handler[1200];
-    snprintf(conf, sizeof(conf), "%s/c.properties", dir);
-    cr_assert_eq(th_write_file(conf, "kafka.bootstrap.servers=127.0.0.1:1\n"
-                                     "group.id=g\ninput.topics=t\n"
-                                     "dlq.topic=t.dlq\n"
-                                     "redis.url=redis://127.0.0.1:1/0\n"),
-                 0);
+    offline_conf(dir, conf, sizeof(conf));
     snprintf(handler, sizeof(handler), "handler=plugin:%s",
              plugin_path("tplugins", "abi_next"));
     char want[128];

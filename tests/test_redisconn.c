@@ -567,14 +567,6 @@ Test(redisconn, sentinels_over_tls_with_a_password, .timeout = 90)
 
 /* ---- the pipeline over TLS, an ACL user, Sentinel -------------------- */
 
-#define ASSERT_VERIFIED(s, dlq, sets, ms)                                      \
-    do {                                                                       \
-        char *vout_ = NULL;                                                    \
-        int vrc_ = th_stack_wait_verified((s), (dlq), (sets), (ms), &vout_);   \
-        cr_assert_eq(vrc_, 0, "verify never exact:\n%s", vout_);               \
-        free(vout_);                                                           \
-    } while (0)
-
 static const char *const traffic[] = {
     "--count",  "4000", "--duplicates",      "0.1",
     "--poison", "0.02", "--too-large-bytes", "5000",
@@ -629,7 +621,7 @@ Test(redisconn, acl_user_with_only_the_needed_commands_runs_exactly,
              stk.redis.port);
     const char *sets[] = {url, NULL};
     pid_t m = th_stack_member(&stk, "m1", sets);
-    ASSERT_VERIFIED(&stk, 1, NULL, 120000);
+    TH_ASSERT_VERIFIED(&stk, 1, NULL, 120000);
     /* verify itself also runs as the processor's user. */
     cr_expect_eq(th_stack_verify(&stk, 1, sets, NULL), 0);
     const char *log_args[] = {"ACL", "LOG", NULL};
@@ -679,7 +671,7 @@ Test(redisconn, wrong_password_is_an_outage_then_resumes_exactly,
     const char *rotate[] = {"ACL",       "SETUSER",     "idemproc",
                             "resetpass", ">n3w-s3cr3t", NULL};
     free(th_redis_cli(&stk.redis, rotate));
-    ASSERT_VERIFIED(&stk, 1, NULL, 120000);
+    TH_ASSERT_VERIFIED(&stk, 1, NULL, 120000);
     cr_expect_eq(th_wait(m, 0), -1, "the member must still run");
     cr_expect_eq(th_http_get(hport, "/metrics", &body), 200);
     cr_expect_gt(th_metric(body, "idemproc_redis_errors_total{class=\"auth\"}"),
@@ -723,7 +715,7 @@ Test(redisconn, pipeline_over_tls_with_a_client_certificate, .timeout = 180)
     char *killed = th_redis_cli(&stk.redis, kill_args);
     cr_expect(killed && atoi(killed) >= 1, "no connection killed: %s", killed);
     free(killed);
-    ASSERT_VERIFIED(&stk, 1, NULL, 120000);
+    TH_ASSERT_VERIFIED(&stk, 1, NULL, 120000);
     char *log = member_log("m1");
     cr_expect(strstr(log, "infrastructure back"),
               "the kill did not hit the member mid-stream:\n%s", log);

@@ -1,9 +1,16 @@
-/* abi_next: a plugin built for the next plugin ABI version (a newer
- * idemproc/plugin.h than this idemproc's): idemproc must refuse to load it,
- * naming both versions, before it calls anything of it. Every op aborts,
- * so a host that trusted the table anyway fails the test loudly. */
+/* abi_other: a plugin built for another plugin ABI version than this
+ * idemproc's, which idemproc must refuse by its version, naming both,
+ * before it reads past the version or calls anything of it. Every op
+ * aborts, so a host that trusted the table anyway fails the test loudly.
+ *
+ * The Makefile builds it twice, with -DABI_VERSION and -DPLUGIN_NAME:
+ *   abi_v1    version 1 (before `room` was added): its table is shorter
+ *             than this version's
+ *   abi_next  IDEMPROC_PLUGIN_ABI_VERSION+1 (a newer idemproc/plugin.h
+ *             than this idemproc's) */
 #include <idemproc/plugin.h>
 
+#include <stddef.h>
 #include <stdlib.h>
 
 static int never_validate(const idemproc_host_t *host, char *errstr,
@@ -58,10 +65,18 @@ static void never_stop(void *state)
     abort();
 }
 
+#if !defined(ABI_VERSION) || !defined(PLUGIN_NAME)
+#error "build with -DABI_VERSION=N -DPLUGIN_NAME='\"name\"' (see the Makefile)"
+#endif
+
 const idemproc_plugin_t idemproc_plugin = {
-    .abi_version = IDEMPROC_PLUGIN_ABI_VERSION + 1,
+    .abi_version = ABI_VERSION,
+#if ABI_VERSION == 1
+    .struct_size = offsetof(idemproc_plugin_t, room), /* v1 ended there */
+#else
     .struct_size = sizeof(idemproc_plugin_t),
-    .name = "abi_next",
+#endif
+    .name = PLUGIN_NAME,
     .keys = NULL,
     .validate = never_validate,
     .start = never_start,
