@@ -71,6 +71,11 @@ void idem_dlq_destroy(idem_dlq_t *d)
     free(d);
 }
 
+rd_kafka_queue_t *idem_dlq_queue(idem_dlq_t *d)
+{
+    return rd_kafka_queue_get_main(d->rk);
+}
+
 void idem_dlq_poll(idem_dlq_t *d)
 {
     rd_kafka_poll(d->rk, 0);

@@ -101,6 +101,12 @@ rd_kafka_headers_t *idem_dlq_headers_new(const rd_kafka_headers_t *orig,
  * After one, no write can be trusted: the process must stop. */
 int idem_dlq_fatal(idem_dlq_t *d, char *buf, size_t size);
 
+/* The producer's main queue, where its delivery reports arrive (a new
+ * reference: the caller destroys it with rd_kafka_queue_destroy, before
+ * idem_dlq_destroy). For waiting on it together with other things
+ * (wake.h). */
+rd_kafka_queue_t *idem_dlq_queue(idem_dlq_t *d);
+
 /* Serves delivery reports without waiting. */
 void idem_dlq_poll(idem_dlq_t *d);
 

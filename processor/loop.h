@@ -15,6 +15,7 @@
 #include "records.h"
 #include "retrytopic.h"
 #include "store.h"
+#include "wake.h"
 
 #include <stddef.h>
 #include <stdint.h>
@@ -86,6 +87,9 @@ struct idem_pipeline_s {
     idem_store_t *store;
     idem_dlq_t *dlq;
     rd_kafka_t *rk;                 /* consumer */
+    idem_wake_t wake;               /* its queue, the DLQ's and the Redis
+                                       reply in one wait (batch_fill) */
+    int wake_kafka, wake_dlq;       /* their bits in idem_wake_wait */
     const idem_handler_ops_t *hops; /* the effect (handler.h) */
     void *h;                        /* its state */
     int in_redis;                   /* hops->effect == IDEM_EFFECT_IN_REDIS */

@@ -18,7 +18,7 @@
 #define IDEM_VERSION "unknown"
 #endif
 
-#define HIST_MAX_BOUNDS  16 /* upper bounds per histogram, +Inf excluded */
+#define HIST_MAX_BOUNDS  20 /* upper bounds per histogram, +Inf excluded */
 #define READY_REASON_MAX 256
 
 /* Bucket upper bounds ("le"), ascending; +Inf is implicit. */
@@ -29,13 +29,18 @@ static const double batch_bounds[] = {1,   10,   50,   100,  250,
                                       500, 1000, 2500, 5000, 10000};
 /* Producer timestamp -> effect: fine steps around the 20 ms goal. */
 static const double effect_bounds[] = {0.001, 0.002, 0.003, 0.005, 0.0075, 0.01,
-                                       0.015, 0.02,  0.025, 0.03,  0.05,   0.1,
-                                       0.25,  0.5,   1,     2.5};
+                                       0.015, 0.02,  0.025, 0.03,  0.04,   0.05,
+                                       0.075, 0.1,   0.25,  0.5,   1,      2.5};
 static const double redis_bounds[] = {0.0001, 0.00025, 0.0005, 0.001,
                                       0.0025, 0.005,   0.01,   0.025,
                                       0.05,   0.1,     0.5,    1};
 
 #define NBOUNDS(a) (sizeof(a) / sizeof((a)[0]))
+_Static_assert(NBOUNDS(latency_bounds) <= HIST_MAX_BOUNDS &&
+                   NBOUNDS(batch_bounds) <= HIST_MAX_BOUNDS &&
+                   NBOUNDS(effect_bounds) <= HIST_MAX_BOUNDS &&
+                   NBOUNDS(redis_bounds) <= HIST_MAX_BOUNDS,
+               "a histogram has more bounds than HIST_MAX_BOUNDS");
 
 typedef struct {
     const char *name; /* base name; _bucket/_sum/_count are appended */

@@ -28,6 +28,10 @@
  * kafka.queued.max.messages.kbytes is set. */
 #define IDEM_PREFETCH_KBYTES_DEFAULT "12288"
 
+/* The longest one wait in batch_fill: the loop's housekeeping (commits,
+ * progress, the idle Redis check) runs at least this often. */
+#define WAIT_MAX_MS 100
+
 /* Lets go of a record: its message, and any write still in flight (the
  * delivery report frees that ticket). The record itself goes to the
  * spares. */
@@ -551,6 +555,7 @@ idem_pipeline_t *idem_pipeline_new(const idem_conf_t *conf, idem_metrics_t *m,
 {
     idem_pipeline_t *p = idem_xcalloc(1, sizeof(*p));
     p->conf = conf;
+    p->wake.fd[0] = p->wake.fd[1] = -1;
     idem_offsets_init(&p->offs);
     idem_flow_init(&p->flow, conf->retry_backoff_initial_ms,
                    conf->retry_backoff_max_ms);
@@ -602,6 +607,14 @@ idem_pipeline_t *idem_pipeline_new(const idem_conf_t *conf, idem_metrics_t *m,
         goto fail;
     if (!(p->rk = consumer_new(p, errstr, errstr_size)))
         goto fail;
+    if (idem_wake_init(&p->wake, errstr, errstr_size))
+        goto fail;
+    p->wake_kafka = idem_wake_add(&p->wake, rd_kafka_queue_get_consumer(p->rk));
+    p->wake_dlq = idem_wake_add(&p->wake, idem_dlq_queue(p->dlq));
+    if (!p->wake_kafka || !p->wake_dlq) {
+        snprintf(errstr, errstr_size, "wake: cannot hook the kafka queues");
+        goto fail;
+    }
     if (subscribe(p, errstr, errstr_size))
         goto fail;
     idem_metrics_ready_set(m, 0, "starting");
@@ -631,6 +644,7 @@ void idem_pipeline_destroy(idem_pipeline_t *p)
         p->spares = r->next_spare;
         free(r);
     }
+    idem_wake_term(&p->wake); /* its queue reference first */
     if (p->rk)
         rd_kafka_destroy(p->rk);
     idem_envelope_rules_destroy(p->rules);
@@ -694,9 +708,16 @@ static void batch_add(idem_pipeline_t *p, rd_kafka_message_t *msg)
         idem_loop_retry_arrived(p, r, pt);
 }
 
-/* Polls up to batch.max.messages new records, waiting at most
- * batch.max.wait.ms once there is something to work on (a record, or a
- * Redis request in flight), and up to 100 ms when idle. */
+/* Polls up to batch.max.messages new records, and waits for nothing but
+ * events (wake.h), never a fixed sleep:
+ * - with a Redis request in flight, fetches until its reply starts to
+ *   arrive (at most WAIT_MAX_MS): meanwhile the next batch fills by itself,
+ *   as large as what arrived during one request;
+ * - with the handler free, sends what was fetched at once, or after
+ *   batch.max.wait.ms for a fuller batch (0, the default: at once);
+ * - with records in hand that are not due, until the earliest retry time,
+ *   a dead letter's acknowledgement or a new record (at most WAIT_MAX_MS);
+ * - idle, up to WAIT_MAX_MS for a record. */
 static void batch_fill(idem_pipeline_t *p, volatile int *stop)
 {
     size_t max = (size_t)p->conf->batch_max_messages;
@@ -717,47 +738,38 @@ static void batch_fill(idem_pipeline_t *p, volatile int *stop)
         return;
     }
     int64_t now0 = idem_now_ms();
-    int64_t deadline = 0; /* 0: idle, wait up to 100 ms for a record */
-    if (p->inflight) {
-        deadline = now0 + p->conf->batch_max_wait_ms;
-    } else if (p->cnt) {
-        /* Records wait for a retry time: sleep in poll until then (at most
-         * 100 ms), never spin, even with batch.max.wait.ms=0. */
-        int64_t until =
-            p->flow.next_attempt_ms > now0 ? p->flow.next_attempt_ms : now0;
-        if (until > now0 + 100)
-            until = now0 + 100;
-        deadline = until > now0 + p->conf->batch_max_wait_ms
-                       ? until
-                       : now0 + p->conf->batch_max_wait_ms;
-        if (deadline == now0)
-            deadline = now0 + 1;
-    }
+    int64_t deadline = now0 + WAIT_MAX_MS;
+    if (!p->inflight && p->cnt && p->flow.next_attempt_ms > now0 &&
+        p->flow.next_attempt_ms < deadline)
+        deadline = p->flow.next_attempt_ms; /* a retry time */
     p->clock_us = idem_now_us();
     while (added < max && !*stop) {
         /* What is fetched already comes without a clock read; the clock
-         * is read only before a poll that may wait. */
+         * is read only before a wait. */
         rd_kafka_message_t *msg = rd_kafka_consumer_poll(p->rk, 0);
-        if (!msg) {
-            int64_t now = idem_now_ms();
-            int timeout = 100;
-            if (deadline) {
-                if (now >= deadline)
-                    break;
-                timeout = (int)(deadline - now);
-            }
-            msg = rd_kafka_consumer_poll(p->rk, timeout);
-            p->clock_us = idem_now_us();
-            if (!msg) {
-                if (!deadline)
-                    break; /* idle: let the loop do its housekeeping */
-                continue;
-            }
+        if (msg) {
+            batch_add(p, msg);
+            size_t was = added;
+            added = p->cnt > start ? p->cnt - start : 0;
+            if (!was && added && !p->inflight) /* the handler is free */
+                deadline = p->clock_us / 1000 + p->conf->batch_max_wait_ms;
+            continue;
         }
-        batch_add(p, msg);
-        added = p->cnt > start ? p->cnt - start : 0;
-        if (added && !deadline)
-            deadline = p->clock_us / 1000 + p->conf->batch_max_wait_ms;
+        int64_t now = idem_now_ms();
+        if (now >= deadline)
+            break;
+        int fd = -1;
+        if (p->inflight && (fd = idem_store_reply_fd(p->store)) < 0)
+            break; /* its reply is there already */
+        int why = idem_wake_wait(&p->wake, fd, (int)(deadline - now));
+        p->clock_us = idem_now_us();
+        if (why & IDEM_WAKE_FD)
+            break; /* the reply: read late, it delays its records and the
+                      next request */
+        if ((why & p->wake_dlq) && !p->inflight)
+            break; /* acknowledgements that may finish records */
+        if (!why && !p->inflight && !p->cnt)
+            break; /* idle: let the loop do its housekeeping */
     }
 }
 

@@ -787,6 +787,16 @@ int idem_store_ledger_send(idem_store_t *s, const idem_envelope_t *const *env,
                       errstr, errstr_size);
 }
 
+int idem_store_reply_fd(const idem_store_t *s)
+{
+    if (!s->c || !s->pending_chunks || s->c->fd < 0)
+        return -1;
+    const redisReader *r = s->c->reader;
+    if (r && r->pos < r->len)
+        return -1; /* a reply (part) is buffered already */
+    return s->c->fd;
+}
+
 int idem_store_script_register(idem_store_t *s, const char *lua, size_t len,
                                size_t per_record, idem_store_args_fn args,
                                void *opaque, char *errstr, size_t errstr_size)

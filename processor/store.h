@@ -121,6 +121,13 @@ int idem_store_ledger_recv(idem_store_t *s, size_t n,
                            idem_store_result_t *results, char *errstr,
                            size_t errstr_size);
 
+/* The descriptor to poll (POLLIN) for the reply of the request in flight
+ * (any _send above): readable once its first bytes arrive. Returns -1 when
+ * there is nothing to wait for: no request in flight, no connection, or
+ * reply bytes already read into the context (call _recv now). Borrowed:
+ * valid until the next store call. */
+int idem_store_reply_fd(const idem_store_t *s);
+
 /* Forward handler, step 1: claim each record with a lease
  * "lease:<owner>:<message_id>" for dedup.lease.ms, unless already done
  * (IDEM_MARK_DONE), leased by another owner (IDEM_MARK_BUSY) or claimed

@@ -392,6 +392,8 @@ Test(metrics, effect_latency_has_fine_buckets_around_20_ms)
     expect_line(t, "idemproc_effect_latency_seconds_bucket{le=\"0.015\"} 1");
     expect_line(t, "idemproc_effect_latency_seconds_bucket{le=\"0.02\"} 3");
     expect_line(t, "idemproc_effect_latency_seconds_bucket{le=\"0.025\"} 4");
+    expect_line(t, "idemproc_effect_latency_seconds_bucket{le=\"0.04\"} 4");
+    expect_line(t, "idemproc_effect_latency_seconds_bucket{le=\"0.075\"} 4");
     expect_line(t, "idemproc_effect_latency_seconds_bucket{le=\"2.5\"} 4");
     expect_line(t, "idemproc_effect_latency_seconds_bucket{le=\"+Inf\"} 5");
     expect_line(t, "idemproc_effect_latency_seconds_count 5");
