@@ -36,13 +36,17 @@
  * identity, message id, topic, "<key?><value?><partition>:<offset>:
  * <timestamp>", key, value, headers; then with script.fields the fields'
  * types and one argument per field). Per
- * record, in order: a done mark (from before this call or set earlier in
- * it) or a lease is returned as found; otherwise effect(rec) runs and,
- * when it accepts, the done mark "done:<message_id>" is set with the TTL
- * and "" returned. A rejection is "reject:<reason>", a runtime error
- * "reject:lua error: FILE:LINE: ..."; neither sets a mark, and writes the
- * effect made before stay (Redis has no rollback). Texts are cut at 500
- * bytes.
+ * record, in order: a done mark from before this call or a lease is
+ * returned as found, a repeat of an identity accepted earlier in the call
+ * is its duplicate; otherwise effect(rec) runs. A rejection is
+ * "reject:<reason>", a runtime error "reject:lua error: FILE:LINE: ...";
+ * neither gets a mark, plain redis.call writes the effect made before
+ * stay (Redis has no rollback), and its staged idem.* increments are
+ * dropped. After the last record, the chunk's idem.* sums are written
+ * (one command per counter), then the done mark "done:<message_id>" of
+ * each accepted record with the TTL, and "" is returned for it: marks
+ * and increments together, or on an outage neither (docs/design.md,
+ * "Aggregated writes"). Texts are cut at 500 bytes.
  *
  * `rec` is built lazily: an empty table whose metatable reads a member
  * from the record's arguments on first use and keeps it (rawset), so an
