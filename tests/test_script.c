@@ -881,7 +881,10 @@ Test(script, idem_increments_of_accepted_records_only)
 }
 
 /* idem.hget and idem.get see Redis's value plus every pending increment
- * of the chunk, the record's own included; plain redis.call does not. */
+ * of the chunk, the record's own included. The effect makes a plain write
+ * (RPUSH), so the chunk is eager: each accepted record's sums are written
+ * after its effect, and a plain HGET sees the earlier records' sums (not
+ * the current record's pending ones). */
 Test(script, idem_reads_see_pending_increments)
 {
     redis_with(
@@ -907,10 +910,10 @@ Test(script, idem_reads_see_pending_increments)
     };
     redisReply *r = eval(recs, 5);
     cr_expect_str_eq(elem(r, 0), "");
-    cr_expect_str_eq(elem(r, 1), "reject:have 4, plain 10");
+    cr_expect_str_eq(elem(r, 1), "reject:have 4, plain 4");
     cr_expect_str_eq(elem(r, 2), "");
     cr_expect_str_eq(elem(r, 3), "");
-    cr_expect_str_eq(elem(r, 4), "reject:have 0, plain 10");
+    cr_expect_str_eq(elem(r, 4), "reject:have 0, plain 0");
     freeReplyObject(r);
     expect_hkey("stock", "apple", "0");
     expect_key("n", "3");
@@ -1118,6 +1121,136 @@ Test(script, idem_refused_mark_takes_the_increments_back)
     freeReplyObject(r);
     expect_hkey("h", "a", "11");
     expect_key("c", "9");
+    redis_done();
+}
+
+/* An ACL that refuses one command (SADD) to the member's user, met by a
+ * record in the middle of a chunk after earlier records made plain
+ * writes: the chunk fails as an outage. Returns the error reply's text
+ * check; the caller fixes the ACL and runs the chunk again. */
+static void eval_as_limited_user(const idem_record_t *recs, size_t n)
+{
+    redisReply *a =
+        redisCommand(rctx, "ACL SETUSER lim on >pw ~* &* +@all -sadd");
+    cr_assert(a && a->type == REDIS_REPLY_STATUS, "%s", a ? a->str : "");
+    freeReplyObject(a);
+    redisContext *admin = rctx;
+    rctx = redisConnect("127.0.0.1", rds.port);
+    cr_assert(rctx && !rctx->err);
+    freeReplyObject(redisCommand(rctx, "AUTH lim pw"));
+    redisReply *r = eval(recs, n);
+    cr_expect_eq(r->type, REDIS_REPLY_ERROR, "type %d", r->type);
+    if (r->type == REDIS_REPLY_ERROR)
+        cr_expect(!strncmp(r->str, "NOPERM", 6) ||
+                      strstr(r->str, "user executing the script can't"),
+                  "%s", r->str);
+    freeReplyObject(r);
+    redisFree(rctx);
+    rctx = admin;
+}
+
+/* Plain writes make the chunk eager: each accepted record's writes and
+ * mark are complete before the next record runs, so an ACL refusal in a
+ * later record leaves the earlier ones done, and the retry does not apply
+ * their writes again. The failing record wrote nothing before its
+ * refusal, so the end state is exact. */
+Test(script, plain_writes_before_a_refusal_apply_once)
+{
+    redis_with("function effect(rec)\n"
+               "  if rec.value == 'tag' then redis.call('SADD', 'tags', "
+               "rec.identity) end\n"
+               "  redis.call('HINCRBY', 'h', 'n', 1)\n"
+               "  redis.call('RPUSH', 'l', rec.identity)\n"
+               "end\n");
+    idem_record_t recs[] = {rec_of("q1", "m1", "v"), rec_of("q2", "m2", "v"),
+                            rec_of("q3", "m3", "tag"), rec_of("q4", "m4", "v")};
+    eval_as_limited_user(recs, 4);
+    expect_hkey("h", "n", "2");
+    expect_key("t:dedup:g1:q1", "done:m1");
+    expect_key("t:dedup:g1:q2", "done:m2");
+    expect_key("t:dedup:g1:q3", NULL);
+    redisReply *r = redisCommand(rctx, "ACL SETUSER lim +sadd");
+    freeReplyObject(r);
+    r = eval(recs, 4);
+    cr_expect_str_eq(elem(r, 0), "done:m1");
+    cr_expect_str_eq(elem(r, 1), "done:m2");
+    cr_expect_str_eq(elem(r, 2), "");
+    cr_expect_str_eq(elem(r, 3), "");
+    freeReplyObject(r);
+    expect_hkey("h", "n", "4");
+    r = redisCommand(rctx, "LRANGE l 0 -1");
+    cr_assert_eq(r->type, REDIS_REPLY_ARRAY);
+    cr_expect_eq(r->elements, 4);
+    for (size_t i = 0; i < r->elements && i < 4; i++)
+        cr_expect_str_eq(r->element[i]->str, recs[i].identity);
+    freeReplyObject(r);
+    redis_done();
+}
+
+/* idem.* and plain writes mixed: records that staged only idem.* before
+ * the chunk's first plain write get their sums and marks written just
+ * before it; the record that makes it keeps its own staged increments
+ * (integer and float) and commits them after its effect; a refusal later
+ * leaves all of them applied once. */
+Test(script, idem_and_plain_writes_before_a_refusal_apply_once)
+{
+    redis_with("function effect(rec)\n"
+               "  idem.hincrby('h', 'a', 1)\n"
+               "  idem.incrbyfloat('f', 0.25)\n"
+               "  if rec.value == 'tag' then redis.call('SADD', 'tags', "
+               "rec.identity) end\n"
+               "  if rec.value ~= 'idem' then redis.call('INCR', 'plain') "
+               "end\n"
+               "  if idem.hget('h', 'a') == 0 then return false, 'never' end\n"
+               "end\n");
+    freeReplyObject(redisCommand(rctx, "SET f 1"));
+    idem_record_t recs[] = {
+        rec_of("r1", "m1", "idem"), rec_of("r2", "m2", "idem"),
+        rec_of("r3", "m3", "v"),    rec_of("r4", "m4", "idem"),
+        rec_of("r5", "m5", "tag"),  rec_of("r6", "m6", "v")};
+    eval_as_limited_user(recs, 6);
+    expect_hkey("h", "a", "4");
+    expect_key("f", "2");
+    expect_key("plain", "1");
+    expect_key("t:dedup:g1:r4", "done:m4");
+    expect_key("t:dedup:g1:r5", NULL);
+    freeReplyObject(redisCommand(rctx, "ACL SETUSER lim +sadd"));
+    redisReply *r = eval(recs, 6);
+    for (size_t i = 0; i < 4; i++) {
+        char want[16];
+        snprintf(want, sizeof(want), "done:m%zu", i + 1);
+        cr_expect_str_eq(elem(r, i), want);
+    }
+    cr_expect_str_eq(elem(r, 4), "");
+    cr_expect_str_eq(elem(r, 5), "");
+    freeReplyObject(r);
+    expect_hkey("h", "a", "6");
+    expect_key("f", "2.5");
+    expect_key("plain", "3");
+    redis_done();
+}
+
+/* Eager mode keeps the refused-sum rule: a sum Redis refuses rejects the
+ * record that staged it (in eager mode the sums are the current
+ * record's), which gets no mark; the next records are unaffected. */
+Test(script, eager_refused_sum_rejects_the_record)
+{
+    redis_with("function effect(rec)\n"
+               "  redis.call('INCR', 'plain')\n"
+               "  idem.hincrby(rec.value, 'a', 1)\n"
+               "end\n");
+    freeReplyObject(redisCommand(rctx, "SET str x"));
+    idem_record_t recs[] = {rec_of("s1", "m1", "h"), rec_of("s2", "m2", "str"),
+                            rec_of("s3", "m3", "h")};
+    redisReply *r = eval(recs, 3);
+    cr_expect_str_eq(elem(r, 0), "");
+    cr_expect(!strncmp(elem(r, 1), "reject:HINCRBY str a: WRONGTYPE", 31), "%s",
+              elem(r, 1));
+    cr_expect_str_eq(elem(r, 2), "");
+    freeReplyObject(r);
+    expect_hkey("h", "a", "2");
+    expect_key("plain", "3");
+    expect_key("t:dedup:g1:s2", NULL);
     redis_done();
 }
 
@@ -1585,4 +1718,89 @@ Test(script, oom_mid_stream_is_an_outage_not_a_rejection, .timeout = 240)
 Test(script, idem_oom_mid_stream_writes_nothing_then_exact, .timeout = 240)
 {
     oom_mid_stream(run_idem_lua, "script.fields=/event/id,/sku,/qty", 12000);
+}
+
+/* The member's Redis user may not SADD (an ACL mistake), and every record
+ * of sku s7 starts with one: the chunk that holds one fails as an outage
+ * after earlier records made their plain writes. The member pauses and
+ * retries; once the ACL is fixed it resumes, and every accepted record's
+ * writes are applied exactly once (the failing record refuses before any
+ * write of its own). Line 7 raises, as in the other scripts. */
+static const char run_acl_lua[] =
+    "local function event(rec)\n"
+    "  return cjson.decode(rec.value)\n"
+    "end\n"
+    "function effect(rec)\n"
+    "  local ev = event(rec)\n"
+    "  if ev.qty == 13 then return false, 'unlucky ' .. ev.event.id end\n"
+    "  if ev.qty == 14 then local t = nil; return t.boom end\n"
+    "  if ev.sku == 's7' then redis.call('SADD', 'test:s7', ev.event.id) end\n"
+    "  redis.call('HINCRBY', 'test:stock', ev.sku, ev.qty)\n"
+    "  redis.call('INCR', 'test:applied')\n"
+    "end\n";
+
+/* The same with idem.* for the stock, and the applied counter by a plain
+ * INCR for odd quantities only, so chunks switch to eager mode in the
+ * middle, with idem.* increments of earlier records pending. */
+static const char run_acl_idem_lua[] =
+    "local function event(rec)\n"
+    "  return {event = {id = rec.fields['/event/id']},\n"
+    "    sku = rec.fields['/sku'], qty = rec.fields['/qty']} end\n"
+    "function effect(rec)\n"
+    "  local ev = event(rec)\n"
+    "  if ev.qty == 13 then return false, 'unlucky ' .. ev.event.id end\n"
+    "  idem.hincrby('test:stock', ev.sku, ev.qty); if ev.qty == 14 then local "
+    "t = nil; return t.boom end\n"
+    "  if ev.sku == 's7' then redis.call('SADD', 'test:s7', ev.event.id) end\n"
+    "  if ev.qty % 2 == 1 then redis.call('INCR', 'test:applied')\n"
+    "  else idem.incrby('test:applied', 1) end\n"
+    "end\n";
+
+static void acl_refusal_mid_chunk(const char *lua, const char *fields)
+{
+    run_stack_with(lua, (const char *const[]){"batch.max.messages=50",
+                                              "retry.backoff.max.ms=200",
+                                              fields, NULL});
+    const char *acl[] = {"ACL", "SETUSER", "lim",   "on",    ">pw",
+                         "~*",  "&*",      "+@all", "-sadd", NULL};
+    free(th_redis_cli(&stk.redis, acl));
+    run_expect_t e;
+    const char *path = lua_file("events.jsonl", "");
+    run_traffic(path, 3000, &e);
+    produce_file(path);
+    pid_t m = th_stack_member(
+        &stk, "m1",
+        (const char *const[]){"redis.username=lim", "redis.password=pw", NULL});
+    /* Wait for the refusal, let the member retry a while, then fix it. */
+    char lp[600];
+    snprintf(lp, sizeof(lp), "%s/m1.log", stk.dir);
+    int seen = 0;
+    for (int t = 0; t < 60000 && !seen; t += 200) {
+        char *log = th_slurp(lp, NULL);
+        seen = log && strstr(log, "user executing the script can't");
+        free(log);
+        if (!seen)
+            usleep(200000);
+    }
+    cr_expect(seen, "no ACL refusal logged");
+    sleep(3);
+    const char *ga[] = {"GET", "test:applied", NULL};
+    cr_expect_lt(redis_long(&stk.redis, ga), e.applied);
+    const char *fix[] = {"ACL", "SETUSER", "lim", "+sadd", NULL};
+    free(th_redis_cli(&stk.redis, fix));
+    expect_run_state(&e, 120000);
+    cr_expect_eq(th_stop(m, 15000), 0);
+    th_stack_stop(&stk);
+}
+
+Test(script, acl_refusal_mid_chunk_applies_plain_writes_once, .timeout = 240)
+{
+    acl_refusal_mid_chunk(run_acl_lua, "script.fields=/event/id,/sku,/qty");
+}
+
+Test(script, idem_acl_refusal_mid_chunk_applies_every_write_once,
+     .timeout = 240)
+{
+    acl_refusal_mid_chunk(run_acl_idem_lua,
+                          "script.fields=/event/id,/sku,/qty");
 }
