@@ -11,9 +11,13 @@
 #   ledger   handler=ledger
 #   fields   handler=script, the ledger's effect in Lua on script.fields
 #            (/user_id, /amount, /currency taken from the JSON the member
-#            already parsed): HINCRBY of the balance, INCR of the count
-#   decode   handler=script, the same effect decoding rec.value with cjson
-# (all three when none is named). Each must end exact (`verify` against the
+#            already parsed) with the aggregated counters: idem.hincrby of
+#            the balance, idem.incrby of the count (summed per chunk, as
+#            the ledger's own script does)
+#   call     the same effect with plain redis.call: HINCRBY and INCR per
+#            record
+#   decode   the plain effect decoding rec.value with cjson
+# (all four when none is named). Each must end exact (`verify` against the
 # expectation; the Lua effects write the ledger's keys). Per variant: records
 # per second from the first finished record to the last, and Redis's own
 # time for the dedup scripts per record (INFO commandstats, evalsha usec /
@@ -28,7 +32,7 @@ ROUNDS=${BENCH_SCRIPT_ROUNDS:-1}
 PARTITIONS=16
 BIN=$(cd "$(dirname "$BIN")" && pwd)/$(basename "$BIN")
 VARIANTS=("${@:2}")
-((${#VARIANTS[@]})) || VARIANTS=(ledger fields decode)
+((${#VARIANTS[@]})) || VARIANTS=(ledger fields call decode)
 DIR=$(mktemp -d "${TMPDIR:-/tmp}/idemproc-bench-script.XXXXXX")
 PIDS=()
 cleanup() {
@@ -98,8 +102,20 @@ cpu_us() {
     --expect "$DIR/expect.json" 2>"$DIR/produce.log"
 SENT=$(awk -F'[:,]' '/"sent"/ { gsub(/ /, "", $2); print $2 }' "$DIR/expect.json")
 
-# The ledger's effect in Lua, two ways; PREFIX is the variant's redis.prefix.
+# The ledger's effect in Lua, three ways; PREFIX is the variant's
+# redis.prefix.
 lua_fields() {
+    cat <<LUA
+local BAL, APPLIED = '$1ledger:', '$1ledger:applied'
+function effect(rec)
+  local f = rec.fields
+  idem.hincrby(BAL .. f['/currency'], f['/user_id'],
+    math.floor(f['/amount'] * 100 + 0.5))
+  idem.incrby(APPLIED, 1)
+end
+LUA
+}
+lua_call() {
     cat <<LUA
 local BAL, APPLIED = '$1ledger:', '$1ledger:applied'
 function effect(rec)
@@ -142,8 +158,8 @@ log.level=warn
 PROPS
     case $v in
     ledger) ;;
-    fields)
-        lua_fields "$prefix" >"$DIR/$v.$round.lua"
+    fields | call)
+        "lua_$v" "$prefix" >"$DIR/$v.$round.lua"
         printf 'handler=script\nscript.file=%s\nscript.fields=/user_id,/amount,/currency\n' \
             "$DIR/$v.$round.lua" >>"$props"
         ;;

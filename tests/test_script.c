@@ -145,6 +145,20 @@ Test(script, redis_call_at_top_level_is_refused)
                    (const char *const[]){"bad.lua:1:", "top level", NULL});
 }
 
+/* The idem.* helpers, like redis.call, belong in the effect. */
+Test(script, idem_at_top_level_is_refused)
+{
+    expect_refused(
+        "local n = 0\nidem.incrby('x', 1)\nfunction effect(rec) end\n",
+        (const char *const[]){"bad.lua:2: idem.incrby at the top "
+                              "level of the file",
+                              NULL});
+    expect_refused("local v = idem.hget('h', 'f')\nfunction effect(rec) end\n",
+                   (const char *const[]){"bad.lua:1: idem.hget at the top "
+                                         "level of the file",
+                                         NULL});
+}
+
 Test(script, shebang_is_refused_with_a_hint)
 {
     expect_refused("#!lua flags=no-writes\nfunction effect(rec) end\n",
@@ -792,6 +806,454 @@ Test(script, odd_file_name_in_errors)
     redis_done();
 }
 
+/* ---- idem.*: counters summed per chunk ---- */
+
+static char *hget(const char *key, const char *field)
+{
+    redisReply *r = redisCommand(rctx, "HGET %s %s", key, field);
+    cr_assert(r);
+    char *v = r->type == REDIS_REPLY_STRING ? strdup(r->str) : NULL;
+    freeReplyObject(r);
+    return v;
+}
+
+static void expect_hkey(const char *key, const char *field, const char *want)
+{
+    char *v = hget(key, field);
+    if (want)
+        cr_expect(v && !strcmp(v, want), "%s %s = %s, want %s", key, field,
+                  v ? v : "(nil)", want);
+    else
+        cr_expect_null(v, "%s %s = %s, want nil", key, field, v);
+    free(v);
+}
+
+/* Increments of accepted records land once, summed; those of a record the
+ * effect rejects, or that raises after staging them, never land; a
+ * duplicate in the same chunk runs nothing. */
+Test(script, idem_increments_of_accepted_records_only)
+{
+    redis_with("function effect(rec)\n"
+               "  idem.hincrby('h', rec.value, 2)\n"
+               "  idem.incrby('c', '3')\n"
+               "  idem.hincrbyfloat('hf', 'x', 0.25)\n"
+               "  idem.incrbyfloat('f', 1.5)\n"
+               "  if rec.identity == 'no' then return false, 'refused' end\n"
+               "  if rec.identity == 'boom' then error('boom') end\n"
+               "end\n");
+    freeReplyObject(redisCommand(rctx, "HSET h a 10"));
+    idem_record_t recs[] = {
+        rec_of("i1", "m1", "a"),  rec_of("no", "m2", "a"),
+        rec_of("i2", "m3", "b"),  rec_of("boom", "m4", "a"),
+        rec_of("i1", "m1b", "a"), /* a duplicate of i1 in the chunk */
+        rec_of("i3", "m5", "a"),
+    };
+    redisReply *r = eval(recs, 6);
+    cr_assert_eq(r->elements, 6);
+    cr_expect_str_eq(elem(r, 0), "");
+    cr_expect_str_eq(elem(r, 1), "reject:refused");
+    cr_expect_str_eq(elem(r, 2), "");
+    char want[600];
+    snprintf(want, sizeof(want), "reject:lua error: %s:7: boom",
+             idem_luascript_path(loaded));
+    cr_expect_str_eq(elem(r, 3), want);
+    cr_expect_str_eq(elem(r, 4), "done:m1");
+    cr_expect_str_eq(elem(r, 5), "");
+    freeReplyObject(r);
+    expect_hkey("h", "a", "14");
+    expect_hkey("h", "b", "2");
+    expect_key("c", "9");
+    expect_hkey("hf", "x", "0.75");
+    expect_key("f", "4.5");
+    expect_key("t:dedup:g1:i1", "done:m1");
+    expect_key("t:dedup:g1:i3", "done:m5");
+    expect_key("t:dedup:g1:no", NULL);
+    expect_key("t:dedup:g1:boom", NULL);
+    /* Again: all duplicates, nothing lands twice. */
+    r = eval(recs, 6);
+    cr_expect_str_eq(elem(r, 0), "done:m1");
+    cr_expect_str_eq(elem(r, 5), "done:m5");
+    freeReplyObject(r);
+    expect_hkey("h", "a", "14");
+    expect_key("c", "9");
+    expect_key("f", "4.5");
+    redis_done();
+}
+
+/* idem.hget and idem.get see Redis's value plus every pending increment
+ * of the chunk, the record's own included. The effect makes a plain write
+ * (RPUSH), so the chunk is eager: each accepted record's sums are written
+ * after its effect, and a plain HGET sees the earlier records' sums (not
+ * the current record's pending ones). */
+Test(script, idem_reads_see_pending_increments)
+{
+    redis_with(
+        "function effect(rec)\n"
+        "  local q = tonumber(rec.value)\n"
+        "  local have = idem.hget('stock', 'apple') or 0\n"
+        "  if have + q < 0 then\n"
+        "    return false, 'have ' .. have .. ', plain ' ..\n"
+        "      tostring(redis.call('HGET', 'stock', 'apple'))\n"
+        "  end\n"
+        "  idem.hincrby('stock', 'apple', q)\n"
+        "  idem.incrby('n', 1)\n"
+        "  redis.call('RPUSH', 'seen', idem.hget('stock', 'apple') ..\n"
+        "    '/' .. idem.get('n') .. '/' .. tostring(idem.get('none')))\n"
+        "end\n");
+    freeReplyObject(redisCommand(rctx, "HSET stock apple 10"));
+    idem_record_t recs[] = {
+        rec_of("s1", "m", "-6"),
+        rec_of("s2", "m", "-6"), /* would overdraw: 4 left */
+        rec_of("s3", "m", "3"),
+        rec_of("s4", "m", "-7"), /* exactly what is left */
+        rec_of("s5", "m", "-1"),
+    };
+    redisReply *r = eval(recs, 5);
+    cr_expect_str_eq(elem(r, 0), "");
+    cr_expect_str_eq(elem(r, 1), "reject:have 4, plain 4");
+    cr_expect_str_eq(elem(r, 2), "");
+    cr_expect_str_eq(elem(r, 3), "");
+    cr_expect_str_eq(elem(r, 4), "reject:have 0, plain 0");
+    freeReplyObject(r);
+    expect_hkey("stock", "apple", "0");
+    expect_key("n", "3");
+    redisReply *l = redisCommand(rctx, "LRANGE seen 0 -1");
+    cr_assert_eq(l->elements, 3);
+    cr_expect_str_eq(l->element[0]->str, "4/1/nil");
+    cr_expect_str_eq(l->element[1]->str, "7/2/nil");
+    cr_expect_str_eq(l->element[2]->str, "0/3/nil");
+    freeReplyObject(l);
+    redis_done();
+}
+
+/* Increments Redis would refuse are refused by the helper, at the
+ * effect's line, as a rejection of the record. */
+Test(script, idem_bad_increments_reject_with_a_reason)
+{
+    redis_with("function effect(rec)\n"
+               "  local v = rec.value\n"
+               "  if v == 'half' then idem.hincrby('h', 'a', 1.5) end\n"
+               "  if v == 'text' then idem.incrby('c', 'abc') end\n"
+               "  if v == 'lead0' then idem.incrby('c', '01') end\n"
+               "  if v == 'big' then idem.incrby('c', 2^60) end\n"
+               "  if v == 'nokey' then idem.incrby(nil, 1) end\n"
+               "  if v == 'tfield' then idem.hincrby('h', {}, 1) end\n"
+               "  if v == 'inf' then idem.incrbyfloat('f', 1/0) end\n"
+               "  if v == 'mix' then\n"
+               "    idem.hincrby('h', 'a', 1)\n"
+               "    idem.hincrbyfloat('h', 'a', 1)\n"
+               "  end\n"
+               "  if v == 'notnum' then idem.hincrbyfloat('t', 'x', 1) end\n"
+               "  if v == 'hgettext' then idem.hget('t', 'x') end\n"
+               "  if v == 'type' then idem.get('t') end\n"
+               "  if v == 'sum' then\n"
+               "    idem.incrby('c', 2^53 - 1)\n"
+               "    idem.incrby('c', 1)\n"
+               "  end\n"
+               "  if v == 'ok' then idem.incrby('c', '-12') end\n"
+               "end\n");
+    freeReplyObject(redisCommand(rctx, "HSET t x abc"));
+    static const char *const cases[][2] = {
+        {"half", "3: idem.hincrby: increment 1.5 is not an integer"},
+        {"text", "4: idem.incrby: increment \"abc\" is not an integer"},
+        {"lead0", "5: idem.incrby: increment \"01\" is not an integer"},
+        {"big", "6: idem.incrby: increment 1152921504606846976 is beyond "
+                "2^53 - 1"},
+        {"nokey", "7: idem.incrby: key must be a string, not nil"},
+        {"tfield", "8: idem.hincrby: field must be a string, not table"},
+        {"inf", "9: idem.incrbyfloat: increment inf is not a finite number"},
+        {"mix", "12: idem.hincrbyfloat: h a has integer increments pending "
+                "in this chunk: use one kind per counter"},
+        {"notnum", "14: idem.hincrbyfloat: t x holds \"abc\", not a number"},
+        {"hgettext", "15: idem.hget: t x holds \"abc\", not a number"},
+        {"type", "16: WRONGTYPE"},
+        {"sum", "19: idem.incrby: the pending increments of c add up "
+                "beyond 2^53 - 1"},
+        {"ok", NULL},
+    };
+    enum { N = sizeof(cases) / sizeof(cases[0]) };
+    idem_record_t recs[N];
+    char ids[N][8];
+    for (size_t i = 0; i < N; i++) {
+        snprintf(ids[i], sizeof(ids[i]), "b%zu", i);
+        recs[i] = rec_of(ids[i], "m", cases[i][0]);
+    }
+    redisReply *r = eval(recs, N);
+    for (size_t i = 0; i < N; i++) {
+        if (!cases[i][1]) {
+            cr_expect_str_eq(elem(r, i), "", "%s", cases[i][0]);
+            continue;
+        }
+        char want[700];
+        snprintf(want, sizeof(want), "reject:lua error: %s:%s",
+                 idem_luascript_path(loaded), cases[i][1]);
+        cr_expect(!strncmp(elem(r, i), want, strlen(want)),
+                  "%s: %s\nwant %s...", cases[i][0], elem(r, i), want);
+    }
+    freeReplyObject(r);
+    /* Only the accepted record's increment landed. */
+    expect_key("c", "-12");
+    expect_hkey("h", "a", NULL);
+    expect_key("f", NULL);
+    redis_done();
+}
+
+/* A sum Redis refuses when it is written (the key holds another type, the
+ * field no integer, the total would overflow) rejects every record that
+ * staged into it, with Redis's error; their other increments do not land
+ * and the rest of the chunk is applied. */
+Test(script, idem_refused_sum_rejects_its_records)
+{
+    redis_with("function effect(rec)\n"
+               "  idem.incrby('n', 1)\n"
+               "  if rec.value ~= '' then idem.hincrby(rec.value, 'f', 1) end\n"
+               "end\n");
+    freeReplyObject(redisCommand(rctx, "SET str x"));
+    freeReplyObject(redisCommand(rctx, "HSET txt f abc"));
+    freeReplyObject(redisCommand(rctx, "HSET big f 9223372036854775807"));
+    freeReplyObject(redisCommand(rctx, "SET n 100"));
+    idem_record_t recs[] = {
+        rec_of("r1", "m1", "ok"),  rec_of("r2", "m2", "str"),
+        rec_of("r3", "m3", "txt"), rec_of("r4", "m4", "big"),
+        rec_of("r5", "m5", "ok"),  rec_of("r2", "m2b", "str"),
+        rec_of("r6", "m6", ""),
+    };
+    redisReply *r = eval(recs, 7);
+    cr_expect_str_eq(elem(r, 0), "");
+    cr_expect_str_eq(elem(r, 1),
+                     "reject:HINCRBY str f: WRONGTYPE Operation against a key "
+                     "holding the wrong kind of value");
+    cr_expect_str_eq(elem(r, 2),
+                     "reject:HINCRBY txt f: ERR hash value is not an integer");
+    cr_expect_str_eq(elem(r, 3), "reject:HINCRBY big f: ERR increment or "
+                                 "decrement would overflow");
+    cr_expect_str_eq(elem(r, 4), "");
+    cr_expect_str_eq(elem(r, 5), elem(r, 1)); /* its duplicate */
+    cr_expect_str_eq(elem(r, 6), "");
+    freeReplyObject(r);
+    expect_key("n", "103");
+    expect_hkey("ok", "f", "2");
+    expect_hkey("txt", "f", "abc");
+    expect_hkey("big", "f", "9223372036854775807");
+    expect_key("t:dedup:g1:r1", "done:m1");
+    expect_key("t:dedup:g1:r2", NULL);
+    expect_key("t:dedup:g1:r3", NULL);
+    expect_key("t:dedup:g1:r6", "done:m6");
+    redis_done();
+}
+
+/* Redis refusing writes (OOM) fails the chunk before anything is written:
+ * no increment and no mark, and the same chunk applies once later. */
+Test(script, idem_outage_writes_neither_marks_nor_increments)
+{
+    redis_with("function effect(rec)\n"
+               "  idem.hincrby('h', 'a', 1)\n"
+               "  idem.incrbyfloat('f', 0.5)\n"
+               "end\n");
+    freeReplyObject(redisCommand(rctx, "SET f 1"));
+    freeReplyObject(redisCommand(rctx, "CONFIG SET maxmemory 1"));
+    idem_record_t recs[] = {rec_of("o1", "m1", "v"), rec_of("o2", "m2", "v")};
+    redisReply *r = eval(recs, 2);
+    cr_expect_eq(r->type, REDIS_REPLY_ERROR, "type %d", r->type);
+    if (r->type == REDIS_REPLY_ERROR)
+        cr_expect(!strncmp(r->str, "OOM ", 4), "%s", r->str);
+    freeReplyObject(r);
+    freeReplyObject(redisCommand(rctx, "CONFIG SET maxmemory 0"));
+    expect_hkey("h", "a", NULL);
+    expect_key("f", "1");
+    expect_key("t:dedup:g1:o1", NULL);
+    expect_key("t:dedup:g1:o2", NULL);
+    for (int i = 0; i < 2; i++) {
+        r = eval(recs, 2);
+        cr_expect_str_eq(elem(r, 0), i ? "done:m1" : "");
+        cr_expect_str_eq(elem(r, 1), i ? "done:m2" : "");
+        freeReplyObject(r);
+    }
+    expect_hkey("h", "a", "2");
+    expect_key("f", "2");
+    redis_done();
+}
+
+/* A refusal that comes after the increments were written (here an ACL
+ * that lets the member read the marks but not write them: NOPERM on the
+ * first mark) takes the increments back, so the chunk's retry applies
+ * them once. */
+Test(script, idem_refused_mark_takes_the_increments_back)
+{
+    redis_with("function effect(rec)\n"
+               "  idem.hincrby('h', 'a', 5)\n"
+               "  idem.incrby('c', 1)\n"
+               "  idem.hincrbyfloat('hf', 'x', 0.1)\n"
+               "  idem.incrbyfloat('f', 0.1)\n"
+               "end\n");
+    freeReplyObject(redisCommand(rctx, "HSET h a 1"));
+    freeReplyObject(redisCommand(rctx, "SET c 7"));
+    freeReplyObject(redisCommand(rctx, "SET f 0.3 PX 600000"));
+    redisReply *a = redisCommand(
+        rctx, "ACL SETUSER ro on >pw ~h ~c ~hf ~f %%R~t:dedup:* +@all");
+    cr_assert(a && a->type == REDIS_REPLY_STATUS, "%s", a ? a->str : "");
+    freeReplyObject(a);
+    redisContext *admin = rctx;
+    rctx = redisConnect("127.0.0.1", rds.port);
+    cr_assert(rctx && !rctx->err);
+    freeReplyObject(redisCommand(rctx, "AUTH ro pw"));
+    idem_record_t recs[] = {rec_of("p1", "m1", "v"), rec_of("p2", "m2", "v")};
+    redisReply *r = eval(recs, 2);
+    cr_expect_eq(r->type, REDIS_REPLY_ERROR, "type %d", r->type);
+    if (r->type == REDIS_REPLY_ERROR)
+        cr_expect(!strncmp(r->str, "NOPERM", 6) ||
+                      strstr(r->str, "user executing the script can't"),
+                  "%s", r->str);
+    freeReplyObject(r);
+    redisFree(rctx);
+    rctx = admin;
+    expect_hkey("h", "a", "1");
+    expect_key("c", "7");
+    expect_hkey("hf", "x", NULL);
+    expect_key("f", "0.3");
+    redisReply *t = redisCommand(rctx, "PTTL f");
+    cr_expect(t->integer > 500000, "PTTL f = %lld", t->integer);
+    freeReplyObject(t);
+    expect_key("t:dedup:g1:p1", NULL);
+    r = eval(recs, 2);
+    cr_expect_str_eq(elem(r, 0), "");
+    cr_expect_str_eq(elem(r, 1), "");
+    freeReplyObject(r);
+    expect_hkey("h", "a", "11");
+    expect_key("c", "9");
+    redis_done();
+}
+
+/* An ACL that refuses one command (SADD) to the member's user, met by a
+ * record in the middle of a chunk after earlier records made plain
+ * writes: the chunk fails as an outage. Returns the error reply's text
+ * check; the caller fixes the ACL and runs the chunk again. */
+static void eval_as_limited_user(const idem_record_t *recs, size_t n)
+{
+    redisReply *a =
+        redisCommand(rctx, "ACL SETUSER lim on >pw ~* &* +@all -sadd");
+    cr_assert(a && a->type == REDIS_REPLY_STATUS, "%s", a ? a->str : "");
+    freeReplyObject(a);
+    redisContext *admin = rctx;
+    rctx = redisConnect("127.0.0.1", rds.port);
+    cr_assert(rctx && !rctx->err);
+    freeReplyObject(redisCommand(rctx, "AUTH lim pw"));
+    redisReply *r = eval(recs, n);
+    cr_expect_eq(r->type, REDIS_REPLY_ERROR, "type %d", r->type);
+    if (r->type == REDIS_REPLY_ERROR)
+        cr_expect(!strncmp(r->str, "NOPERM", 6) ||
+                      strstr(r->str, "user executing the script can't"),
+                  "%s", r->str);
+    freeReplyObject(r);
+    redisFree(rctx);
+    rctx = admin;
+}
+
+/* Plain writes make the chunk eager: each accepted record's writes and
+ * mark are complete before the next record runs, so an ACL refusal in a
+ * later record leaves the earlier ones done, and the retry does not apply
+ * their writes again. The failing record wrote nothing before its
+ * refusal, so the end state is exact. */
+Test(script, plain_writes_before_a_refusal_apply_once)
+{
+    redis_with("function effect(rec)\n"
+               "  if rec.value == 'tag' then redis.call('SADD', 'tags', "
+               "rec.identity) end\n"
+               "  redis.call('HINCRBY', 'h', 'n', 1)\n"
+               "  redis.call('RPUSH', 'l', rec.identity)\n"
+               "end\n");
+    idem_record_t recs[] = {rec_of("q1", "m1", "v"), rec_of("q2", "m2", "v"),
+                            rec_of("q3", "m3", "tag"), rec_of("q4", "m4", "v")};
+    eval_as_limited_user(recs, 4);
+    expect_hkey("h", "n", "2");
+    expect_key("t:dedup:g1:q1", "done:m1");
+    expect_key("t:dedup:g1:q2", "done:m2");
+    expect_key("t:dedup:g1:q3", NULL);
+    redisReply *r = redisCommand(rctx, "ACL SETUSER lim +sadd");
+    freeReplyObject(r);
+    r = eval(recs, 4);
+    cr_expect_str_eq(elem(r, 0), "done:m1");
+    cr_expect_str_eq(elem(r, 1), "done:m2");
+    cr_expect_str_eq(elem(r, 2), "");
+    cr_expect_str_eq(elem(r, 3), "");
+    freeReplyObject(r);
+    expect_hkey("h", "n", "4");
+    r = redisCommand(rctx, "LRANGE l 0 -1");
+    cr_assert_eq(r->type, REDIS_REPLY_ARRAY);
+    cr_expect_eq(r->elements, 4);
+    for (size_t i = 0; i < r->elements && i < 4; i++)
+        cr_expect_str_eq(r->element[i]->str, recs[i].identity);
+    freeReplyObject(r);
+    redis_done();
+}
+
+/* idem.* and plain writes mixed: records that staged only idem.* before
+ * the chunk's first plain write get their sums and marks written just
+ * before it; the record that makes it keeps its own staged increments
+ * (integer and float) and commits them after its effect; a refusal later
+ * leaves all of them applied once. */
+Test(script, idem_and_plain_writes_before_a_refusal_apply_once)
+{
+    redis_with("function effect(rec)\n"
+               "  idem.hincrby('h', 'a', 1)\n"
+               "  idem.incrbyfloat('f', 0.25)\n"
+               "  if rec.value == 'tag' then redis.call('SADD', 'tags', "
+               "rec.identity) end\n"
+               "  if rec.value ~= 'idem' then redis.call('INCR', 'plain') "
+               "end\n"
+               "  if idem.hget('h', 'a') == 0 then return false, 'never' end\n"
+               "end\n");
+    freeReplyObject(redisCommand(rctx, "SET f 1"));
+    idem_record_t recs[] = {
+        rec_of("r1", "m1", "idem"), rec_of("r2", "m2", "idem"),
+        rec_of("r3", "m3", "v"),    rec_of("r4", "m4", "idem"),
+        rec_of("r5", "m5", "tag"),  rec_of("r6", "m6", "v")};
+    eval_as_limited_user(recs, 6);
+    expect_hkey("h", "a", "4");
+    expect_key("f", "2");
+    expect_key("plain", "1");
+    expect_key("t:dedup:g1:r4", "done:m4");
+    expect_key("t:dedup:g1:r5", NULL);
+    freeReplyObject(redisCommand(rctx, "ACL SETUSER lim +sadd"));
+    redisReply *r = eval(recs, 6);
+    for (size_t i = 0; i < 4; i++) {
+        char want[16];
+        snprintf(want, sizeof(want), "done:m%zu", i + 1);
+        cr_expect_str_eq(elem(r, i), want);
+    }
+    cr_expect_str_eq(elem(r, 4), "");
+    cr_expect_str_eq(elem(r, 5), "");
+    freeReplyObject(r);
+    expect_hkey("h", "a", "6");
+    expect_key("f", "2.5");
+    expect_key("plain", "3");
+    redis_done();
+}
+
+/* Eager mode keeps the refused-sum rule: a sum Redis refuses rejects the
+ * record that staged it (in eager mode the sums are the current
+ * record's), which gets no mark; the next records are unaffected. */
+Test(script, eager_refused_sum_rejects_the_record)
+{
+    redis_with("function effect(rec)\n"
+               "  redis.call('INCR', 'plain')\n"
+               "  idem.hincrby(rec.value, 'a', 1)\n"
+               "end\n");
+    freeReplyObject(redisCommand(rctx, "SET str x"));
+    idem_record_t recs[] = {rec_of("s1", "m1", "h"), rec_of("s2", "m2", "str"),
+                            rec_of("s3", "m3", "h")};
+    redisReply *r = eval(recs, 3);
+    cr_expect_str_eq(elem(r, 0), "");
+    cr_expect(!strncmp(elem(r, 1), "reject:HINCRBY str a: WRONGTYPE", 31), "%s",
+              elem(r, 1));
+    cr_expect_str_eq(elem(r, 2), "");
+    freeReplyObject(r);
+    expect_hkey("h", "a", "2");
+    expect_key("plain", "3");
+    expect_key("t:dedup:g1:s2", NULL);
+    redis_done();
+}
+
 /* config/examples/inventory.lua, the README's walk-through script, with
  * its script.fields as the loop reads them. */
 Test(script, inventory_example)
@@ -808,6 +1270,9 @@ Test(script, inventory_example)
         "{\"id\":\"evt-5\",\"sku\":\"apple\",\"qty\":1.5}",
         "{\"id\":\"evt-6\",\"qty\":1}",
         "{\"id\":\"evt-7\",\"sku\":7,\"qty\":1}",
+        /* the same chunk's evt-1 and evt-2 count: 7 left */
+        "{\"id\":\"evt-8\",\"sku\":\"apple\",\"qty\":-8}",
+        "{\"id\":\"evt-9\",\"sku\":\"apple\",\"qty\":-7}",
     };
     enum { N = sizeof(values) / sizeof(values[0]) };
     idem_record_t recs[N];
@@ -829,11 +1294,14 @@ Test(script, inventory_example)
                      "reject:qty: must be a whole number other than 0");
     cr_expect_str_eq(elem(r, 6), "reject:sku: missing");
     cr_expect_str_eq(elem(r, 7), "reject:sku: missing");
+    cr_expect_str_eq(elem(r, 8),
+                     "reject:out of stock: apple has 7, the event takes 8");
+    cr_expect_str_eq(elem(r, 9), "");
     freeReplyObject(r);
     redisReply *h = redisCommand(rctx, "HGETALL inventory:stock");
     cr_assert_eq(h->elements, 2);
     cr_expect_str_eq(h->element[0]->str, "apple");
-    cr_expect_str_eq(h->element[1]->str, "7");
+    cr_expect_str_eq(h->element[1]->str, "0");
     freeReplyObject(h);
     for (size_t i = 0; i < N; i++)
         idem_envelope_term(&envs[i]);
@@ -892,6 +1360,21 @@ static const char run_fields_lua[] =
     "  if ev.qty == 14 then local t = nil; return t.boom end\n"
     "  redis.call('HINCRBY', 'test:stock', ev.sku, ev.qty)\n"
     "  redis.call('INCR', 'test:applied')\n"
+    "end\n";
+
+/* The same effect with the aggregated counters (idem.*), as the README
+ * recommends: the same lines again. */
+static const char run_idem_lua[] =
+    "local function event(rec)\n"
+    "  return {event = {id = rec.fields['/event/id']},\n"
+    "    sku = rec.fields['/sku'], qty = rec.fields['/qty']} end\n"
+    "function effect(rec)\n"
+    "  local ev = event(rec)\n"
+    "  if ev.qty == 13 then return false, 'unlucky ' .. ev.event.id end\n"
+    "  idem.hincrby('test:stock', ev.sku, ev.qty); if ev.qty == 14 then local "
+    "t = nil; return t.boom end\n"
+    "  idem.hincrby('test:stock', ev.sku, 0)\n"
+    "  idem.incrby('test:applied', 1)\n"
     "end\n";
 
 #define RUN_SKUS 40
@@ -1111,13 +1594,11 @@ Test(script, member_applies_each_event_once, .timeout = 180)
     th_stack_stop(&stk);
 }
 
-/* On script.fields (the fast path), as the README's example runs. */
-Test(script, sigkill_mid_stream_then_restart_is_exact, .timeout = 240)
+static void sigkill_then_restart(const char *lua)
 {
-    run_stack_with(run_fields_lua,
-                   (const char *const[]){"batch.max.messages=50",
-                                         "script.fields=/event/id,/sku,/qty",
-                                         NULL});
+    run_stack_with(
+        lua, (const char *const[]){"batch.max.messages=50",
+                                   "script.fields=/event/id,/sku,/qty", NULL});
     run_expect_t e;
     const char *path = lua_file("events.jsonl", "");
     run_traffic(path, 20000, &e);
@@ -1132,6 +1613,20 @@ Test(script, sigkill_mid_stream_then_restart_is_exact, .timeout = 240)
     expect_run_state(&e, 150000);
     cr_expect_eq(th_stop(m, 15000), 0);
     th_stack_stop(&stk);
+}
+
+/* On script.fields (the fast path), as the README's example runs. */
+Test(script, sigkill_mid_stream_then_restart_is_exact, .timeout = 240)
+{
+    sigkill_then_restart(run_fields_lua);
+}
+
+/* With idem.*: increments and marks of a chunk land together or not at
+ * all, whenever the member dies. (A runtime error after a staged
+ * increment drops it: qty 14 stages, then raises.) */
+Test(script, idem_sigkill_mid_stream_then_restart_is_exact, .timeout = 240)
+{
+    sigkill_then_restart(run_idem_lua);
 }
 
 /* A script that does not compile is a configuration error of run and
@@ -1182,13 +1677,14 @@ Test(script, syntax_error_stops_run_and_check_config, .timeout = 60)
  * driver's own rule, an OOM the effect meets fails the whole script, is
  * server_refusals_are_outages; here the request's positions are refused
  * as well, so this checks the handler's and the loop's side.) */
-Test(script, oom_mid_stream_is_an_outage_not_a_rejection, .timeout = 240)
+static void oom_mid_stream(const char *lua, const char *fields, int n)
 {
-    run_stack((const char *const[]){"batch.max.messages=50",
-                                    "retry.backoff.max.ms=200", NULL});
+    run_stack_with(lua, (const char *const[]){"batch.max.messages=50",
+                                              "retry.backoff.max.ms=200",
+                                              fields, NULL});
     run_expect_t e;
     const char *path = lua_file("events.jsonl", "");
-    run_traffic(path, 6000, &e);
+    run_traffic(path, n, &e);
     produce_file(path);
     pid_t m = th_stack_member(&stk, "m1", NULL);
     cr_assert_eq(wait_run_applied(e.applied / 5, 90000), 0);
@@ -1210,4 +1706,101 @@ Test(script, oom_mid_stream_is_an_outage_not_a_rejection, .timeout = 240)
     cr_expect(log && strstr(log, "OOM"), "no OOM outage logged:\n%s", log);
     free(log);
     th_stack_stop(&stk);
+}
+
+Test(script, oom_mid_stream_is_an_outage_not_a_rejection, .timeout = 240)
+{
+    oom_mid_stream(run_lua, NULL, 6000);
+}
+
+/* With idem.*: the chunk that meets the OOM writes neither its marks nor
+ * its increments; the member pauses and ends exact. */
+Test(script, idem_oom_mid_stream_writes_nothing_then_exact, .timeout = 240)
+{
+    oom_mid_stream(run_idem_lua, "script.fields=/event/id,/sku,/qty", 12000);
+}
+
+/* The member's Redis user may not SADD (an ACL mistake), and every record
+ * of sku s7 starts with one: the chunk that holds one fails as an outage
+ * after earlier records made their plain writes. The member pauses and
+ * retries; once the ACL is fixed it resumes, and every accepted record's
+ * writes are applied exactly once (the failing record refuses before any
+ * write of its own). Line 7 raises, as in the other scripts. */
+static const char run_acl_lua[] =
+    "local function event(rec)\n"
+    "  return cjson.decode(rec.value)\n"
+    "end\n"
+    "function effect(rec)\n"
+    "  local ev = event(rec)\n"
+    "  if ev.qty == 13 then return false, 'unlucky ' .. ev.event.id end\n"
+    "  if ev.qty == 14 then local t = nil; return t.boom end\n"
+    "  if ev.sku == 's7' then redis.call('SADD', 'test:s7', ev.event.id) end\n"
+    "  redis.call('HINCRBY', 'test:stock', ev.sku, ev.qty)\n"
+    "  redis.call('INCR', 'test:applied')\n"
+    "end\n";
+
+/* The same with idem.* for the stock, and the applied counter by a plain
+ * INCR for odd quantities only, so chunks switch to eager mode in the
+ * middle, with idem.* increments of earlier records pending. */
+static const char run_acl_idem_lua[] =
+    "local function event(rec)\n"
+    "  return {event = {id = rec.fields['/event/id']},\n"
+    "    sku = rec.fields['/sku'], qty = rec.fields['/qty']} end\n"
+    "function effect(rec)\n"
+    "  local ev = event(rec)\n"
+    "  if ev.qty == 13 then return false, 'unlucky ' .. ev.event.id end\n"
+    "  idem.hincrby('test:stock', ev.sku, ev.qty); if ev.qty == 14 then local "
+    "t = nil; return t.boom end\n"
+    "  if ev.sku == 's7' then redis.call('SADD', 'test:s7', ev.event.id) end\n"
+    "  if ev.qty % 2 == 1 then redis.call('INCR', 'test:applied')\n"
+    "  else idem.incrby('test:applied', 1) end\n"
+    "end\n";
+
+static void acl_refusal_mid_chunk(const char *lua, const char *fields)
+{
+    run_stack_with(lua, (const char *const[]){"batch.max.messages=50",
+                                              "retry.backoff.max.ms=200",
+                                              fields, NULL});
+    const char *acl[] = {"ACL", "SETUSER", "lim",   "on",    ">pw",
+                         "~*",  "&*",      "+@all", "-sadd", NULL};
+    free(th_redis_cli(&stk.redis, acl));
+    run_expect_t e;
+    const char *path = lua_file("events.jsonl", "");
+    run_traffic(path, 3000, &e);
+    produce_file(path);
+    pid_t m = th_stack_member(
+        &stk, "m1",
+        (const char *const[]){"redis.username=lim", "redis.password=pw", NULL});
+    /* Wait for the refusal, let the member retry a while, then fix it. */
+    char lp[600];
+    snprintf(lp, sizeof(lp), "%s/m1.log", stk.dir);
+    int seen = 0;
+    for (int t = 0; t < 60000 && !seen; t += 200) {
+        char *log = th_slurp(lp, NULL);
+        seen = log && strstr(log, "user executing the script can't");
+        free(log);
+        if (!seen)
+            usleep(200000);
+    }
+    cr_expect(seen, "no ACL refusal logged");
+    sleep(3);
+    const char *ga[] = {"GET", "test:applied", NULL};
+    cr_expect_lt(redis_long(&stk.redis, ga), e.applied);
+    const char *fix[] = {"ACL", "SETUSER", "lim", "+sadd", NULL};
+    free(th_redis_cli(&stk.redis, fix));
+    expect_run_state(&e, 120000);
+    cr_expect_eq(th_stop(m, 15000), 0);
+    th_stack_stop(&stk);
+}
+
+Test(script, acl_refusal_mid_chunk_applies_plain_writes_once, .timeout = 240)
+{
+    acl_refusal_mid_chunk(run_acl_lua, "script.fields=/event/id,/sku,/qty");
+}
+
+Test(script, idem_acl_refusal_mid_chunk_applies_every_write_once,
+     .timeout = 240)
+{
+    acl_refusal_mid_chunk(run_acl_idem_lua,
+                          "script.fields=/event/id,/sku,/qty");
 }

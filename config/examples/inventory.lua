@@ -13,10 +13,11 @@ function effect(rec)
   if type(qty) ~= 'number' or qty ~= math.floor(qty) or qty == 0 then
     return false, 'qty: must be a whole number other than 0'
   end
-  local have = tonumber(redis.call('HGET', STOCK, sku)) or 0
+  -- idem.hget: the stock in Redis plus this chunk's accepted events
+  local have = idem.hget(STOCK, sku) or 0
   if have + qty < 0 then
     return false, 'out of stock: ' .. sku .. ' has ' .. have ..
       ', the event takes ' .. -qty
   end
-  redis.call('HINCRBY', STOCK, sku, qty)
+  idem.hincrby(STOCK, sku, qty)
 end
