@@ -76,6 +76,9 @@ typedef struct {
     unsigned char is_map[DEPTH_MAX + 1];
     size_t key_start[DEPTH_MAX + 1]; /* first key of each open object */
     size_t keybuf_start[DEPTH_MAX + 1];
+    uint64_t key_bloom[DEPTH_MAX + 1]; /* one bit per key of the open
+                                          object (key_bit): only a key whose
+                                          bit is set is compared */
     size_t key_off[KEYS_MAX], key_len[KEYS_MAX], nkeys;
     char keybuf[4096];
     size_t keybuf_used;
@@ -155,6 +158,7 @@ static int open_container(scan_t *s, int is_map)
     s->is_map[s->depth] = (unsigned char)is_map;
     s->key_start[s->depth] = s->nkeys;
     s->keybuf_start[s->depth] = s->keybuf_used;
+    s->key_bloom[s->depth] = 0;
     return 1;
 }
 
@@ -183,17 +187,33 @@ static int on_end(void *ctx)
     return 1;
 }
 
+/* A key's bit in its object's bloom mask: from its length and its first
+ * and last bytes, enough to tell apart the few keys of a typical record. */
+static uint64_t key_bit(const unsigned char *key, size_t len)
+{
+    unsigned h = (unsigned)len * 7u;
+    if (len)
+        h += (unsigned)key[0] * 3u + key[len - 1];
+    return (uint64_t)1 << (h & 63);
+}
+
 /* A key: refused when the object already has it (jansson's
- * JSON_REJECT_DUPLICATES then gives the error). */
+ * JSON_REJECT_DUPLICATES then gives the error). The keys before it are
+ * compared only when its bloom bit was seen in this object, so a record's
+ * distinct keys are not compared pairwise. */
 static int on_map_key(void *ctx, const unsigned char *key, size_t len)
 {
     scan_t *s = ctx;
-    for (size_t i = s->key_start[s->depth]; i < s->nkeys; i++)
-        if (s->key_len[i] == len &&
-            !memcmp(s->keybuf + s->key_off[i], key, len))
-            return 0;
+    uint64_t bit = key_bit(key, len);
+    if (s->key_bloom[s->depth] & bit) {
+        for (size_t i = s->key_start[s->depth]; i < s->nkeys; i++)
+            if (s->key_len[i] == len &&
+                !memcmp(s->keybuf + s->key_off[i], key, len))
+                return 0;
+    }
     if (s->nkeys == KEYS_MAX || s->keybuf_used + len > sizeof(s->keybuf))
         return 0;
+    s->key_bloom[s->depth] |= bit;
     memcpy(s->keybuf + s->keybuf_used, key, len);
     s->key_off[s->nkeys] = s->keybuf_used;
     s->key_len[s->nkeys++] = len;
@@ -233,22 +253,34 @@ static uint64_t has_byte(uint64_t v, unsigned char c)
     return (x - ONES) & ~x & HIGHS;
 }
 
+/* Whether a byte of v is below 0x20 or above 0x7f (exact: a byte's own
+ * test never borrows from the bytes above it that are not hits). */
+static uint64_t has_ctl_or_high(uint64_t v)
+{
+    return ((v - ONES * 0x20) | v) & HIGHS;
+}
+
+static int byte_needs_jansson(const unsigned char *b, size_t len, size_t j)
+{
+    return b[j] >= 0x80 || b[j] == '\v' || b[j] == '\f' ||
+           (b[j] == '\\' && j + 1 < len && b[j + 1] == 'u');
+}
+
 static int needs_jansson(const unsigned char *b, size_t len)
 {
     size_t i = 0;
     for (; i + 8 <= len; i += 8) {
         uint64_t v;
         memcpy(&v, b + i, 8);
-        if ((v & HIGHS) || has_byte(v, '\v') || has_byte(v, '\f'))
-            return 1;
-        if (has_byte(v, '\\'))
+        /* Two tests a word on the usual record (no control byte, no
+         * escape); the rare word that hits is looked at byte by byte. */
+        if (has_ctl_or_high(v) || has_byte(v, '\\'))
             for (size_t j = i; j < i + 8; j++)
-                if (b[j] == '\\' && j + 1 < len && b[j + 1] == 'u')
+                if (byte_needs_jansson(b, len, j))
                     return 1;
     }
     for (; i < len; i++)
-        if (b[i] >= 0x80 || b[i] == '\v' || b[i] == '\f' ||
-            (b[i] == '\\' && i + 1 < len && b[i + 1] == 'u'))
+        if (byte_needs_jansson(b, len, i))
             return 1;
     return 0;
 }

@@ -36,6 +36,30 @@ Test(envscan, picks_the_top_level_members)
     cr_expect_eq(f[4].kind, IDEM_ENVSCAN_ABSENT);
 }
 
+/* Duplicate keys are found however many keys an object has, keys that
+ * share a bloom bit (same length, first and last byte) are told apart,
+ * and each object has its own keys. */
+Test(envscan, finds_duplicate_keys_among_many)
+{
+    idem_envscan_field_t f[5];
+    char v[4096];
+    size_t n = (size_t)snprintf(v, sizeof(v), "{");
+    for (int i = 0; i < 200; i++)
+        n += (size_t)snprintf(v + n, sizeof(v) - n, "\"k%03d\":%d,", i, i);
+    snprintf(v + n, sizeof(v) - n, "\"amount\":1}");
+    cr_expect_eq(scan(v, f), 0, "200 distinct keys");
+    cr_expect_eq(f[3].kind, IDEM_ENVSCAN_NUMBER);
+    for (int dup = 0; dup < 200; dup += 37) {
+        snprintf(v + n, sizeof(v) - n, "\"k%03d\":1}", dup);
+        cr_expect_eq(scan(v, f), -1, "k%03d twice", dup);
+    }
+    cr_expect_eq(scan("{\"axb\":1,\"ayb\":2,\"azb\":3}", f), 0);
+    cr_expect_eq(scan("{\"axb\":1,\"ayb\":2,\"axb\":3}", f), -1);
+    cr_expect_eq(scan("{\"n\":{\"a\":1},\"m\":{\"a\":1},\"a\":1}", f), 0);
+    cr_expect_eq(scan("{\"a\":1,\"n\":{\"b\":1},\"a\":2}", f), -1);
+    cr_expect_eq(scan("{\"\":1,\"\":2}", f), -1, "the empty key twice");
+}
+
 /* Each of these is either refused by jansson or could be read differently
  * by yajl: the scan must hand it to jansson. */
 Test(envscan, leaves_what_it_is_not_sure_of_to_jansson)
