@@ -9,7 +9,7 @@ VERSION := 0.1.0
 # Libraries, found with pkg-config. These variables are recursive (=) on
 # purpose: they are expanded when a recipe runs, i.e. after `deps` has
 # installed whatever pkg-config could not find.
-PKGS      := rdkafka hiredis jansson yajl libmicrohttpd uuid openssl libpq libcurl lua5.1
+PKGS      := rdkafka hiredis jansson libmicrohttpd uuid openssl libpq libcurl lua5.1
 TEST_PKGS := criterion
 PKG_CFLAGS  = $(shell pkg-config --cflags $(PKGS))
 PKG_LIBS    = $(shell pkg-config --libs $(PKGS))
@@ -23,7 +23,7 @@ PG_BINDIR ?= $(or $(lastword $(sort $(wildcard /usr/lib/postgresql/*/bin))),/usr
 # the benchmark need on top (servers and real clients they run).
 BUILD_DEB_PKGS := build-essential pkg-config librdkafka-dev libhiredis-dev \
                   libjansson-dev libmicrohttpd-dev uuid-dev libssl-dev libpq-dev \
-                  libcurl4-openssl-dev liblua5.1-0-dev libyajl-dev
+                  libcurl4-openssl-dev liblua5.1-0-dev
 TEST_DEB_PKGS  := libcriterion-dev redis-server redis-tools kcat prometheus \
                   clang-format jq openssl postgresql
 # Fuzzing (make fuzz), the memory checks of CI (.ci/run) and the chart of

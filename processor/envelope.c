@@ -938,7 +938,7 @@ static int fast_first(const src_t *list, size_t n,
     return 0;
 }
 
-/* The fast read of a good record: one yajl pass over the value picks the
+/* The fast read of a good record: one pass over the value (envscan.c) picks the
  * members the rules name. Returns 0 with `out` filled exactly as the
  * jansson read would, or -1 for anything else (a poison record, or one the
  * scan is not sure of): the caller then reads it with jansson, which

@@ -133,7 +133,7 @@ int idem_envelope_read_msg(const idem_envelope_rules_t *rules,
                            idem_envelope_t *out, idem_reason_t *reason,
                            char *errstr, size_t errstr_size);
 
-/* Good JSON records are read by a fast path first (one yajl pass, envscan.h)
+/* Good JSON records are read by a fast path first (one pass, envscan.h)
  * and by jansson only when it is not sure; the results are the same. `on` 0
  * makes these rules read every record with jansson (tests compare the two).
  * Rules start with the fast path on where it applies. */

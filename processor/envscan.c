@@ -1,255 +1,351 @@
-/* envscan: one SAX pass (yajl) over a JSON object envelope that picks out
- * a few top-level members, or says "ask jansson" (envscan.h). */
+/* envscan: one pass over a JSON object envelope that picks out a few
+ * top-level members, or says "ask jansson" (envscan.h). */
 #include "envscan.h"
 
 #include <stdint.h>
-#include <stdlib.h>
 #include <string.h>
-#include <yajl_parse.h>
 
-#define DEPTH_MAX   32  /* deeper values go to jansson (its limit: 2048) */
-#define KEYS_MAX    256 /* keys of the open objects, for the duplicate check */
-#define NUMBER_MAX  300 /* longer number literals may overflow a double */
-#define ARENA_BYTES 65536 /* yajl's handle, lexer and buffers for one scan */
+#define DEPTH_MAX  32  /* deeper values go to jansson (its limit: 2048) */
+#define KEYS_MAX   256 /* keys of the open objects, for the duplicate check */
+#define NUMBER_MAX 300 /* longer number literals may overflow a double */
 
-/* yajl allocates its handle, lexer and buffers for every parse (it has no
- * reset). They come from a per-thread bump arena, emptied after each scan;
- * a block records its size in front for realloc. What does not fit goes to
- * malloc. */
+/* The scan accepts a strict subset of JSON (RFC 8259) and nothing else:
+ * every text it accepts, jansson accepts too and reads the same way. What
+ * is outside the subset is handed over, never judged here: any byte above
+ * 0x7f (jansson checks UTF-8 strictly), control bytes (\v and \f are not
+ * JSON whitespace), \u escapes (jansson refuses \u0000 and lone
+ * surrogates), numbers with an exponent or longer than NUMBER_MAX (jansson
+ * refuses a double that overflows), nesting deeper than DEPTH_MAX, more
+ * than KEYS_MAX keys in the open objects, and duplicate keys (jansson's
+ * JSON_REJECT_DUPLICATES then gives the error). A JSON library's own
+ * parser costs several times more per record (docs/design.md, "Reading a
+ * record fast"): this runs on every record. */
 typedef struct {
-    _Alignas(16) unsigned char buf[ARENA_BYTES];
-    size_t used;
-} arena_t;
-
-static _Thread_local arena_t *arena;
-
-static int in_arena(const void *ptr)
-{
-    const unsigned char *p = ptr;
-    return arena && p >= arena->buf && p < arena->buf + ARENA_BYTES;
-}
-
-static void *arena_malloc(void *ctx, size_t size)
-{
-    (void)ctx;
-    size_t need = 16 + ((size + 15) & ~(size_t)15);
-    if (arena && arena->used + need <= ARENA_BYTES) {
-        unsigned char *p = arena->buf + arena->used;
-        arena->used += need;
-        memcpy(p, &size, sizeof(size));
-        return p + 16;
-    }
-    return malloc(size);
-}
-
-static void arena_free(void *ctx, void *ptr)
-{
-    (void)ctx;
-    if (ptr && !in_arena(ptr))
-        free(ptr);
-}
-
-static void *arena_realloc(void *ctx, void *ptr, size_t size)
-{
-    if (!ptr)
-        return arena_malloc(ctx, size);
-    if (!in_arena(ptr))
-        return realloc(ptr, size);
-    size_t old;
-    memcpy(&old, (unsigned char *)ptr - 16, sizeof(old));
-    if (size <= old)
-        return ptr;
-    void *n = arena_malloc(ctx, size);
-    if (n)
-        memcpy(n, ptr, old);
-    return n;
-}
-
-typedef struct {
+    const unsigned char *b; /* the value */
+    size_t len, i;          /* its length, the next byte */
     const char *const *names;
     const size_t *name_lens;
     size_t n;
     idem_envscan_field_t *fields;
-    int depth;  /* containers open; the envelope object is depth 1 */
-    int cur;    /* field of the top-level member whose value comes next */
-    int closed; /* the envelope object ended */
-    unsigned char is_map[DEPTH_MAX + 1];
-    size_t key_start[DEPTH_MAX + 1]; /* first key of each open object */
-    size_t keybuf_start[DEPTH_MAX + 1];
-    size_t key_off[KEYS_MAX], key_len[KEYS_MAX], nkeys;
-    char keybuf[4096];
+    int depth; /* objects and arrays open; the envelope object is 1 */
+    const char *key[KEYS_MAX]; /* the keys of the open objects, decoded */
+    size_t key_len[KEYS_MAX], nkeys;
+    char keybuf[4096]; /* decoded keys that held escapes */
     size_t keybuf_used;
 } scan_t;
 
-/* A top-level member's value of `kind`: into its field if it is wanted. */
-static void member_value(scan_t *s, idem_envscan_kind_t kind)
-{
-    if (s->depth == 1 && s->cur >= 0)
-        s->fields[s->cur].kind = kind;
-    if (s->depth == 1)
-        s->cur = -1;
-}
-
-static int on_null(void *ctx)
-{
-    scan_t *s = ctx;
-    if (!s->depth)
-        return 0;
-    member_value(s, IDEM_ENVSCAN_NULL);
-    return 1;
-}
-
-static int on_boolean(void *ctx, int b)
-{
-    (void)b;
-    scan_t *s = ctx;
-    if (!s->depth)
-        return 0;
-    member_value(s, IDEM_ENVSCAN_OTHER);
-    return 1;
-}
-
-/* jansson reads every number as a double here (JSON_DECODE_INT_AS_REAL)
- * and refuses one that overflows: literals that might are left to it. */
-static int on_number(void *ctx, const char *num, size_t len)
-{
-    scan_t *s = ctx;
-    if (!s->depth || len > NUMBER_MAX || memchr(num, 'e', len) ||
-        memchr(num, 'E', len))
-        return 0;
-    if (s->depth == 1 && s->cur >= 0) {
-        s->fields[s->cur].num = num;
-        s->fields[s->cur].num_len = len;
-    }
-    member_value(s, IDEM_ENVSCAN_NUMBER);
-    return 1;
-}
-
-static int on_string(void *ctx, const unsigned char *str, size_t len)
-{
-    scan_t *s = ctx;
-    if (!s->depth)
-        return 0;
-    if (s->depth == 1 && s->cur >= 0) {
-        idem_envscan_field_t *f = &s->fields[s->cur];
-        if (len > IDEM_ENVSCAN_STRING_MAX) {
-            member_value(s, IDEM_ENVSCAN_OTHER);
-            return 1;
-        }
-        memcpy(f->str, str, len);
-        f->str[len] = '\0';
-        f->str_len = len;
-    }
-    member_value(s, IDEM_ENVSCAN_STRING);
-    return 1;
-}
-
-static int open_container(scan_t *s, int is_map)
-{
-    if (!s->depth && !is_map)
-        return 0; /* not an object: jansson says which error */
-    if (s->depth)
-        member_value(s, IDEM_ENVSCAN_OTHER);
-    if (++s->depth > DEPTH_MAX)
-        return 0;
-    s->is_map[s->depth] = (unsigned char)is_map;
-    s->key_start[s->depth] = s->nkeys;
-    s->keybuf_start[s->depth] = s->keybuf_used;
-    return 1;
-}
-
-static int on_start_map(void *ctx)
-{
-    return open_container(ctx, 1);
-}
-
-static int on_start_array(void *ctx)
-{
-    return open_container(ctx, 0);
-}
-
-/* The end of the envelope object stops the parse (closed = 1): yajl 2.1
- * ignores an unfinished token after a complete value ({"a":1} "x), so
- * what follows is checked by the caller, from where yajl stopped. */
-static int on_end(void *ctx)
-{
-    scan_t *s = ctx;
-    s->nkeys = s->key_start[s->depth];
-    s->keybuf_used = s->keybuf_start[s->depth];
-    if (--s->depth == 0) {
-        s->closed = 1;
-        return 0;
-    }
-    return 1;
-}
-
-/* A key: refused when the object already has it (jansson's
- * JSON_REJECT_DUPLICATES then gives the error). */
-static int on_map_key(void *ctx, const unsigned char *key, size_t len)
-{
-    scan_t *s = ctx;
-    for (size_t i = s->key_start[s->depth]; i < s->nkeys; i++)
-        if (s->key_len[i] == len &&
-            !memcmp(s->keybuf + s->key_off[i], key, len))
-            return 0;
-    if (s->nkeys == KEYS_MAX || s->keybuf_used + len > sizeof(s->keybuf))
-        return 0;
-    memcpy(s->keybuf + s->keybuf_used, key, len);
-    s->key_off[s->nkeys] = s->keybuf_used;
-    s->key_len[s->nkeys++] = len;
-    s->keybuf_used += len;
-    if (s->depth == 1) {
-        s->cur = -1;
-        for (size_t i = 0; i < s->n; i++)
-            if (s->name_lens[i] == len && !memcmp(s->names[i], key, len)) {
-                s->cur = (int)i;
-                break;
-            }
-    }
-    return 1;
-}
-
-static const yajl_callbacks callbacks = {
-    .yajl_null = on_null,
-    .yajl_boolean = on_boolean,
-    .yajl_number = on_number,
-    .yajl_string = on_string,
-    .yajl_start_map = on_start_map,
-    .yajl_map_key = on_map_key,
-    .yajl_end_map = on_end,
-    .yajl_start_array = on_start_array,
-    .yajl_end_array = on_end,
+/* The bytes a string holds as they are: printable ASCII but '"' and '\'. */
+static const unsigned char plain[256] = {
+#define P16 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1
+    [0x20] = 1,
+    1,
+    0,
+    1,
+    1,
+    1,
+    1,
+    1,
+    1,
+    1,
+    1,
+    1,
+    1,
+    1,
+    1,
+    1, /* 0x22 '"' */
+    [0x30] = P16,
+    [0x40] = P16,
+    [0x50] = 1,
+    1,
+    1,
+    1,
+    1,
+    1,
+    1,
+    1,
+    1,
+    1,
+    1,
+    1,
+    0,
+    1,
+    1,
+    1, /* 0x5c '\' */
+    [0x60] = P16,
+    [0x70] = P16,
+#undef P16
 };
 
-/* Bytes where yajl and jansson might disagree: any non-ASCII byte (jansson
- * checks UTF-8 more strictly than yajl), \v and \f (whitespace to yajl, not
- * to JSON), and \u escapes (jansson refuses \u0000 and lone surrogates,
- * which yajl decodes). Eight bytes at a time: this runs on every record. */
-#define ONES  0x0101010101010101ULL
-#define HIGHS 0x8080808080808080ULL
-static uint64_t has_byte(uint64_t v, unsigned char c)
+static void skip_ws(scan_t *s)
 {
-    uint64_t x = v ^ (ONES * c);
-    return (x - ONES) & ~x & HIGHS;
+    while (s->i < s->len && (s->b[s->i] == ' ' || s->b[s->i] == '\n' ||
+                             s->b[s->i] == '\r' || s->b[s->i] == '\t'))
+        s->i++;
 }
 
-static int needs_jansson(const unsigned char *b, size_t len)
+/* The string that starts at s->i (its quote). Its decoded bytes go to
+ * out as far as `room` allows (out may be NULL); *dlen is the decoded
+ * length, *escaped whether any escape was in it (if not, the decoded bytes
+ * are the input's, from s->b + the quote + 1). Returns 0 with s->i past
+ * the closing quote, or -1 to hand over. */
+static int scan_string(scan_t *s, char *out, size_t room, size_t *dlen,
+                       int *escaped)
 {
-    size_t i = 0;
-    for (; i + 8 <= len; i += 8) {
-        uint64_t v;
-        memcpy(&v, b + i, 8);
-        if ((v & HIGHS) || has_byte(v, '\v') || has_byte(v, '\f'))
-            return 1;
-        if (has_byte(v, '\\'))
-            for (size_t j = i; j < i + 8; j++)
-                if (b[j] == '\\' && j + 1 < len && b[j + 1] == 'u')
-                    return 1;
+    const unsigned char *b = s->b;
+    size_t i = s->i + 1, n = 0;
+    *escaped = 0;
+    for (;;) {
+        size_t j = i;
+        while (j < s->len && plain[b[j]])
+            j++;
+        if (out && n < room)
+            memcpy(out + n, b + i, j - i < room - n ? j - i : room - n);
+        n += j - i;
+        if (j >= s->len)
+            return -1; /* no closing quote */
+        if (b[j] == '"') {
+            s->i = j + 1;
+            *dlen = n;
+            return 0;
+        }
+        if (b[j] != '\\' || j + 1 >= s->len)
+            return -1; /* a control byte, a byte above 0x7f, a '\' last */
+        char e;
+        switch (b[j + 1]) {
+        case '"':
+            e = '"';
+            break;
+        case '\\':
+            e = '\\';
+            break;
+        case '/':
+            e = '/';
+            break;
+        case 'b':
+            e = '\b';
+            break;
+        case 'f':
+            e = '\f';
+            break;
+        case 'n':
+            e = '\n';
+            break;
+        case 'r':
+            e = '\r';
+            break;
+        case 't':
+            e = '\t';
+            break;
+        default:
+            return -1; /* \u, or not an escape */
+        }
+        if (out && n < room)
+            out[n] = e;
+        n++;
+        *escaped = 1;
+        i = j + 2;
     }
-    for (; i < len; i++)
-        if (b[i] >= 0x80 || b[i] == '\v' || b[i] == '\f' ||
-            (b[i] == '\\' && i + 1 < len && b[i + 1] == 'u'))
-            return 1;
+}
+
+/* A number: -?(0|[1-9][0-9]*)(.[0-9]+)?, no exponent, at most NUMBER_MAX
+ * bytes. Returns 0 with its text in *num, *num_len, or -1. */
+static int scan_number(scan_t *s, const char **num, size_t *num_len)
+{
+    const unsigned char *b = s->b;
+    size_t i = s->i;
+    if (i < s->len && b[i] == '-')
+        i++;
+    if (i < s->len && b[i] == '0') {
+        i++;
+    } else if (i < s->len && b[i] >= '1' && b[i] <= '9') {
+        while (i < s->len && b[i] >= '0' && b[i] <= '9')
+            i++;
+    } else {
+        return -1;
+    }
+    if (i < s->len && b[i] == '.') {
+        size_t d = ++i;
+        while (i < s->len && b[i] >= '0' && b[i] <= '9')
+            i++;
+        if (i == d)
+            return -1;
+    }
+    if ((i < s->len && (b[i] == 'e' || b[i] == 'E')) || i - s->i > NUMBER_MAX)
+        return -1;
+    *num = (const char *)b + s->i;
+    *num_len = i - s->i;
+    s->i = i;
+    return 0;
+}
+
+static int literal(scan_t *s, const char *word, size_t len)
+{
+    if (s->len - s->i < len || memcmp(s->b + s->i, word, len))
+        return -1;
+    s->i += len;
+    return 0;
+}
+
+static int scan_value(scan_t *s, idem_envscan_field_t *f);
+
+/* A key's bit in its object's bloom mask: from its length and its first
+ * and last bytes, enough to tell apart the few keys of a typical record. */
+static uint64_t key_bit(const char *key, size_t len)
+{
+    unsigned h = (unsigned)len * 7u;
+    if (len)
+        h += (unsigned char)key[0] * 3u + (unsigned char)key[len - 1];
+    return (uint64_t)1 << (h & 63);
+}
+
+/* The key at s->i, decoded, kept for the duplicate check of its object
+ * (keys [first, nkeys) of s; *bloom has a bit per key). Sets *f to the
+ * field it names when it is a member of the envelope object. Returns 0 or
+ * -1 (a duplicate, or too many keys: hand over). */
+static int scan_key(scan_t *s, size_t first, uint64_t *bloom,
+                    idem_envscan_field_t **f)
+{
+    size_t at = s->i, len;
+    int escaped;
+    if (scan_string(s, NULL, 0, &len, &escaped))
+        return -1;
+    const char *key = (const char *)s->b + at + 1;
+    if (escaped) {
+        size_t room = sizeof(s->keybuf) - s->keybuf_used;
+        if (len > room)
+            return -1;
+        s->i = at;
+        scan_string(s, s->keybuf + s->keybuf_used, room, &len, &escaped);
+        key = s->keybuf + s->keybuf_used;
+        s->keybuf_used += len;
+    }
+    /* Keys before it are compared only when its bloom bit was seen in
+     * this object: a record's distinct keys are not compared pairwise. */
+    uint64_t bit = key_bit(key, len);
+    if (*bloom & bit)
+        for (size_t k = first; k < s->nkeys; k++)
+            if (s->key_len[k] == len && !memcmp(s->key[k], key, len))
+                return -1;
+    if (s->nkeys == KEYS_MAX)
+        return -1;
+    *bloom |= bit;
+    s->key[s->nkeys] = key;
+    s->key_len[s->nkeys++] = len;
+    *f = NULL;
+    if (s->depth == 1)
+        for (size_t k = 0; k < s->n; k++)
+            if (s->name_lens[k] == len && !memcmp(s->names[k], key, len)) {
+                *f = &s->fields[k];
+                break;
+            }
+    return 0;
+}
+
+/* An object or an array at s->i (its bracket). Returns 0 or -1. */
+static int scan_container(scan_t *s)
+{
+    int is_map = s->b[s->i] == '{';
+    char close = is_map ? '}' : ']';
+    if (++s->depth > DEPTH_MAX)
+        return -1;
+    size_t first = s->nkeys, keybuf_used = s->keybuf_used;
+    uint64_t bloom = 0;
+    s->i++;
+    skip_ws(s);
+    if (s->i < s->len && s->b[s->i] == close) {
+        s->i++;
+    } else {
+        for (;;) {
+            idem_envscan_field_t *f = NULL;
+            if (is_map) {
+                if (s->i >= s->len || s->b[s->i] != '"' ||
+                    scan_key(s, first, &bloom, &f))
+                    return -1;
+                skip_ws(s);
+                if (s->i >= s->len || s->b[s->i] != ':')
+                    return -1;
+                s->i++;
+                skip_ws(s);
+            }
+            if (scan_value(s, f))
+                return -1;
+            skip_ws(s);
+            if (s->i >= s->len)
+                return -1;
+            if (s->b[s->i] == close) {
+                s->i++;
+                break;
+            }
+            if (s->b[s->i] != ',')
+                return -1;
+            s->i++;
+            skip_ws(s);
+        }
+    }
+    s->nkeys = first;
+    s->keybuf_used = keybuf_used;
+    s->depth--;
+    return 0;
+}
+
+/* A value at s->i; f: the field it goes to (a wanted member of the
+ * envelope object), or NULL. Returns 0 or -1. */
+static int scan_value(scan_t *s, idem_envscan_field_t *f)
+{
+    if (s->i >= s->len)
+        return -1;
+    idem_envscan_kind_t kind;
+    switch (s->b[s->i]) {
+    case '{':
+    case '[':
+        if (scan_container(s))
+            return -1;
+        kind = IDEM_ENVSCAN_OTHER;
+        break;
+    case '"': {
+        size_t len;
+        int escaped;
+        if (scan_string(s, f ? f->str : NULL, f ? IDEM_ENVSCAN_STRING_MAX : 0,
+                        &len, &escaped))
+            return -1;
+        kind = IDEM_ENVSCAN_OTHER; /* too long to keep */
+        if (f && len <= IDEM_ENVSCAN_STRING_MAX) {
+            f->str[len] = '\0';
+            f->str_len = len;
+            kind = IDEM_ENVSCAN_STRING;
+        }
+        break;
+    }
+    case 't':
+        if (literal(s, "true", 4))
+            return -1;
+        kind = IDEM_ENVSCAN_OTHER;
+        break;
+    case 'f':
+        if (literal(s, "false", 5))
+            return -1;
+        kind = IDEM_ENVSCAN_OTHER;
+        break;
+    case 'n':
+        if (literal(s, "null", 4))
+            return -1;
+        kind = IDEM_ENVSCAN_NULL;
+        break;
+    default: {
+        const char *num;
+        size_t num_len;
+        if (scan_number(s, &num, &num_len))
+            return -1;
+        if (f) {
+            f->num = num;
+            f->num_len = num_len;
+        }
+        kind = IDEM_ENVSCAN_NUMBER;
+        break;
+    }
+    }
+    if (f)
+        f->kind = kind;
     return 0;
 }
 
@@ -257,35 +353,26 @@ int idem_envscan(const void *value, size_t len, const char *const *names,
                  const size_t *name_lens, size_t n,
                  idem_envscan_field_t *fields)
 {
-    if (!value || !len || n > IDEM_ENVSCAN_FIELDS_MAX ||
-        needs_jansson(value, len))
+    if (!value || !len || n > IDEM_ENVSCAN_FIELDS_MAX)
         return -1;
-    if (!arena && !(arena = malloc(sizeof(*arena))))
-        return -1;
-    arena->used = 0;
     static _Thread_local scan_t s;
+    s.b = value;
+    s.len = len;
+    s.i = 0;
     s.names = names;
     s.name_lens = name_lens;
     s.n = n;
     s.fields = fields;
     s.depth = 0;
-    s.cur = -1;
-    s.closed = 0;
     s.nkeys = 0;
     s.keybuf_used = 0;
     for (size_t i = 0; i < n; i++)
         fields[i].kind = IDEM_ENVSCAN_ABSENT;
-    yajl_alloc_funcs afs = {arena_malloc, arena_realloc, arena_free, NULL};
-    yajl_handle h = yajl_alloc(&callbacks, &afs, &s);
-    if (!h)
+    skip_ws(&s);
+    /* Not an object: jansson says which error. */
+    if (s.i >= len || s.b[s.i] != '{' || scan_container(&s))
         return -1;
-    int ok =
-        yajl_parse(h, value, len) == yajl_status_client_canceled && s.closed;
     /* After the object only JSON whitespace (jansson's set) may follow. */
-    const unsigned char *b = value;
-    for (size_t i = ok ? yajl_get_bytes_consumed(h) : len; i < len; i++)
-        if (b[i] != ' ' && b[i] != '\t' && b[i] != '\n' && b[i] != '\r')
-            ok = 0;
-    yajl_free(h);
-    return ok ? 0 : -1;
+    skip_ws(&s);
+    return s.i == len ? 0 : -1;
 }

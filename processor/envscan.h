@@ -1,7 +1,8 @@
-/* envscan: the fast path of reading an envelope: one pass of yajl's SAX
- * parser over a JSON object that picks out a few top-level members, for
- * records jansson would accept; anything it is not sure of is left to the
- * full jansson parse (envelope.c, docs/design.md "Reading a record fast"). */
+/* envscan: the fast path of reading an envelope: one pass over a JSON
+ * object, within a strict subset of JSON, that picks out a few top-level
+ * members, for records jansson would accept; anything it is not sure of is
+ * left to the full jansson parse (envelope.c, docs/design.md "Reading a
+ * record fast"). */
 #ifndef IDEM_ENVSCAN_H
 #define IDEM_ENVSCAN_H
 
@@ -35,8 +36,7 @@ typedef struct {
  * JSON_DECODE_INT_AS_REAL accepts too; -1 when it is not, or when the scan
  * cannot tell cheaply (non-ASCII bytes, \u escapes, exponents, deep
  * nesting, many keys): the caller then parses with jansson, which gives
- * the verdict and the error text. Never allocates from the heap after the
- * first call on a thread. */
+ * the verdict and the error text. Never allocates. */
 int idem_envscan(const void *value, size_t len, const char *const *names,
                  const size_t *name_lens, size_t n,
                  idem_envscan_field_t *fields);

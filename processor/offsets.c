@@ -18,12 +18,28 @@ void idem_offsets_term(idem_offsets_t *o)
     memset(o, 0, sizeof(*o));
 }
 
+/* Whether pt is (topic, partition): the loop passes the partition's own
+ * topic pointer most of the time, so the bytes are compared only when the
+ * pointers differ. */
+static int part_is(const idem_part_t *pt, const char *topic, int32_t partition)
+{
+    return pt->partition == partition &&
+           (pt->topic == topic || !strcmp(pt->topic, topic));
+}
+
 idem_part_t *idem_offsets_find(idem_offsets_t *o, const char *topic,
                                int32_t partition)
 {
+    /* Records come in runs of one partition (a fetch is per partition),
+     * and the loop looks up every record in hand several times a turn:
+     * the partition found last is tried first. */
+    if (o->hint < o->cnt && part_is(&o->v[o->hint], topic, partition))
+        return &o->v[o->hint];
     for (size_t i = 0; i < o->cnt; i++)
-        if (o->v[i].partition == partition && !strcmp(o->v[i].topic, topic))
+        if (part_is(&o->v[i], topic, partition)) {
+            o->hint = i;
             return &o->v[i];
+        }
     return NULL;
 }
 

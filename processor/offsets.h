@@ -34,6 +34,7 @@ typedef struct {
 typedef struct {
     idem_part_t *v;
     size_t cnt, cap;
+    size_t hint; /* where idem_offsets_find found the last one */
 } idem_offsets_t;
 
 void idem_offsets_init(idem_offsets_t *o);

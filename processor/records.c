@@ -43,16 +43,6 @@ void idem_records_push(idem_records_t *r, void *rec)
     r->live++;
 }
 
-void *idem_records_next(const idem_records_t *r, size_t *i)
-{
-    while (*i < r->end) {
-        void *rec = r->v[(*i)++];
-        if (rec)
-            return rec;
-    }
-    return NULL;
-}
-
 size_t idem_records_remove_if(idem_records_t *r,
                               int (*drop)(void *rec, void *ctx), void *ctx)
 {

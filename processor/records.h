@@ -25,8 +25,17 @@ void idem_records_push(idem_records_t *r, void *rec);
 
 /* The first record at slot *i or later, with *i moved past it; NULL at
  * the end. Iterate: `for (size_t i = 0; (x = idem_records_next(r, &i));)`.
- * Records may be removed (idem_records_remove_if) only between loops. */
-void *idem_records_next(const idem_records_t *r, size_t *i);
+ * Records may be removed (idem_records_remove_if) only between loops.
+ * Inline: the loop walks every record in hand several times a turn. */
+static inline void *idem_records_next(const idem_records_t *r, size_t *i)
+{
+    while (*i < r->end) {
+        void *rec = r->v[(*i)++];
+        if (rec)
+            return rec;
+    }
+    return NULL;
+}
 
 /* Removes every record for which drop(rec, ctx) returns 1 (drop may free
  * it); the others keep their order. Returns how many were removed. */

@@ -184,6 +184,8 @@ struct idem_store_s {
     size_t argv_cap;
     char (*nums)[24]; /* amounts as text for the ledger script */
     size_t nums_cap;
+    char *req; /* a request's commands in RESP, reused across calls */
+    size_t req_len, req_cap;
     size_t pending_chunks; /* replies store_recv still has to read */
     size_t pending_n;      /* records in that request */
     int pending_hset;      /* positions appended to it (one HSET reply) */
@@ -237,6 +239,7 @@ void idem_store_destroy(idem_store_t *s)
     free(s->argv);
     free(s->argvlen);
     free(s->nums);
+    free(s->req);
     free(s->fields);
     free(s->offs);
     for (size_t i = 0; i < s->user_cnt; i++)
@@ -523,7 +526,11 @@ static void argv_reserve(idem_store_t *s, size_t n)
 static void result_from_string(idem_store_result_t *res, const char *str,
                                size_t len)
 {
-    memset(res, 0, sizeof(*res));
+    /* Only what a reader looks at is cleared: the result is ~800 bytes,
+     * and this runs for every record. */
+    res->prior_mid[0] = '\0';
+    res->prior_mid_len = 0;
+    res->detail[0] = '\0';
     if (len == 0) {
         res->mark = IDEM_MARK_NEW;
     } else if (len >= 5 && !memcmp(str, "done:", 5)) {
@@ -531,6 +538,7 @@ static void result_from_string(idem_store_result_t *res, const char *str,
         size_t l =
             len - 5 < IDEM_ENVELOPE_ID_MAX ? len - 5 : IDEM_ENVELOPE_ID_MAX;
         memcpy(res->prior_mid, str + 5, l);
+        res->prior_mid[l] = '\0';
         res->prior_mid_len = l;
     } else if (len >= 7 && !memcmp(str, "reject:", 7)) {
         res->mark = IDEM_MARK_REJECT;
@@ -548,11 +556,25 @@ static void result_from_string(idem_store_result_t *res, const char *str,
     }
 }
 
+/* Writes v in decimal at p (no NUL); returns the end. */
+static char *put_u64(char *p, uint64_t v)
+{
+    char t[20];
+    size_t n = 0;
+    do {
+        t[n++] = (char)('0' + v % 10);
+        v /= 10;
+    } while (v);
+    while (n)
+        *p++ = t[--n];
+    return p;
+}
+
 /* Fills the per-record arguments of record `env` for `script` at argv[at];
- * returns the number of arguments written. `numbuf` holds the amount text. */
+ * returns the number of arguments written. `numbuf` (24 bytes) holds the
+ * amount text. */
 static size_t record_args(script_t script, const idem_envelope_t *env,
-                          const char **argv, size_t *argvlen, char *numbuf,
-                          size_t numbuf_size)
+                          const char **argv, size_t *argvlen, char *numbuf)
 {
     argv[0] = env->identity;
     argvlen[0] = env->identity_len; /* byte strings: NULs are data */
@@ -564,10 +586,57 @@ static size_t record_args(script_t script, const idem_envelope_t *env,
     argvlen[2] = strlen(env->currency);
     argv[3] = env->user_id;
     argvlen[3] = strlen(env->user_id);
-    int l = snprintf(numbuf, numbuf_size, "%" PRId64, env->amount_minor);
+    /* As "%" PRId64 would print it, without the cost of printf. */
+    char *e = numbuf;
+    int64_t v = env->amount_minor;
+    if (v < 0)
+        *e++ = '-';
+    e = put_u64(e, v < 0 ? 0 - (uint64_t)v : (uint64_t)v);
     argv[4] = numbuf;
-    argvlen[4] = (size_t)l;
+    argvlen[4] = (size_t)(e - numbuf);
     return 5;
+}
+
+/* Room for `more` bytes after the request's bytes. */
+static void req_reserve(idem_store_t *s, size_t more)
+{
+    if (s->req_len + more <= s->req_cap)
+        return;
+    size_t cap = s->req_cap ? s->req_cap : 65536;
+    while (cap < s->req_len + more)
+        cap *= 2;
+    s->req = idem_xrealloc(s->req, cap);
+    s->req_cap = cap;
+}
+
+/* Appends one command, argv[argc] with their lengths, to the request in
+ * RESP, byte for byte what redisFormatCommandArgv writes: formatted here
+ * into one buffer that is reused, instead of one sds grown argument by
+ * argument with a format string (the request of a 1000-record chunk has
+ * 5000 arguments). */
+static void req_command(idem_store_t *s, size_t argc, const char *const *argv,
+                        const size_t *argvlen)
+{
+    size_t need = 3 + 20 + 2;
+    for (size_t i = 0; i < argc; i++)
+        need += 1 + 20 + 2 + argvlen[i] + 2;
+    req_reserve(s, need);
+    char *p = s->req + s->req_len;
+    *p++ = '*';
+    p = put_u64(p, argc);
+    *p++ = '\r';
+    *p++ = '\n';
+    for (size_t i = 0; i < argc; i++) {
+        *p++ = '$';
+        p = put_u64(p, argvlen[i]);
+        *p++ = '\r';
+        *p++ = '\n';
+        memcpy(p, argv[i], argvlen[i]);
+        p += argvlen[i];
+        *p++ = '\r';
+        *p++ = '\n';
+    }
+    s->req_len = (size_t)(p - s->req);
 }
 
 /* Appends every chunk of the records as an EVALSHA call and writes them
@@ -589,8 +658,8 @@ static void pos_text(idem_store_t *s, const idem_store_pos_t *pos, size_t n)
 }
 
 /* Appends HSET <prefix>pos:<group> <topic>:<partition> <offset>... */
-static int append_positions(idem_store_t *s, const idem_store_pos_t *pos,
-                            size_t n)
+static void append_positions(idem_store_t *s, const idem_store_pos_t *pos,
+                             size_t n)
 {
     pos_text(s, pos, n);
     argv_reserve(s, 2 + 2 * n);
@@ -603,9 +672,7 @@ static int append_positions(idem_store_t *s, const idem_store_pos_t *pos,
     }
     for (size_t i = 0; i < a; i++)
         s->argvlen[i] = strlen(s->argv[i]);
-    return redisAppendCommandArgv(s->c, (int)a, s->argv, s->argvlen) == REDIS_OK
-               ? 0
-               : -1;
+    req_command(s, a, s->argv, s->argvlen);
 }
 
 /* Reads WAIT's reply: 0 when redis.wait.replicas acknowledged in time,
@@ -658,6 +725,7 @@ static int store_send(idem_store_t *s, int script, const char *arg3,
         s->nums_cap = n;
     }
     s->sent_at_us = idem_now_us();
+    s->req_len = 0;
     size_t chunks = 0;
     for (size_t off = 0; off < n; off += CHUNK_RECORDS, chunks++) {
         size_t cnt = n - off < CHUNK_RECORDS ? n - off : CHUNK_RECORDS;
@@ -676,24 +744,27 @@ static int store_send(idem_store_t *s, int script, const char *arg3,
         for (size_t i = 0; i < cnt; i++)
             a += u ? u->args(recs[off + i], s->argv + a, s->argvlen + a,
                              u->opaque)
-                   : record_args(
-                         (script_t)script, env[off + i], s->argv + a,
-                         s->argvlen + a,
-                         script == SCRIPT_LEDGER ? s->nums[off + i] : NULL, 24);
-        if (redisAppendCommandArgv(s->c, (int)a, s->argv, s->argvlen) !=
-            REDIS_OK)
-            return store_io_fail(s, errstr, errstr_size, "EVALSHA");
+                   : record_args((script_t)script, env[off + i], s->argv + a,
+                                 s->argvlen + a,
+                                 script == SCRIPT_LEDGER ? s->nums[off + i]
+                                                         : NULL);
+        req_command(s, a, s->argv, s->argvlen);
     }
     /* Positions go after the scripts of this request, but they only cover
      * records whose replies were read before it was sent. */
-    if (npos && append_positions(s, pos, npos))
-        return store_io_fail(s, errstr, errstr_size, "HSET");
+    if (npos)
+        append_positions(s, pos, npos);
     int wait = script != SCRIPT_CLAIM && s->conf->redis_wait_replicas > 0;
     if (wait) {
         const char *wargv[] = {"WAIT", s->wait_replicas, s->wait_timeout};
-        if (redisAppendCommandArgv(s->c, 3, wargv, NULL) != REDIS_OK)
-            return store_io_fail(s, errstr, errstr_size, "WAIT");
+        const size_t wlen[] = {4, strlen(s->wait_replicas),
+                               strlen(s->wait_timeout)};
+        req_command(s, 3, wargv, wlen);
     }
+    /* hiredis gets the whole request at once (one copy into its output
+     * buffer). */
+    if (redisAppendFormattedCommand(s->c, s->req, s->req_len) != REDIS_OK)
+        return store_io_fail(s, errstr, errstr_size, "EVALSHA");
     int done = 0;
     while (!done)
         if (redisBufferWrite(s->c, &done) != REDIS_OK)
@@ -703,6 +774,86 @@ static int store_send(idem_store_t *s, int script, const char *arg3,
     s->pending_hset = npos > 0;
     s->pending_wait = wait;
     return 0;
+}
+
+/* A script's reply read straight into results: while store_recv reads a
+ * chunk's reply, the reader's object functions are these, so no
+ * redisReply is allocated (nor freed) per record. The reader hands every
+ * task the reader's privdata: this chunk's state. */
+typedef struct {
+    idem_store_result_t *res; /* the chunk's results */
+    size_t cnt;               /* its records */
+    int type;                 /* the reply's type; 0 before it came */
+    long long elements;       /* an array reply's size */
+    char err[256];            /* an error reply's text */
+} chunk_read_t;
+
+static char chunk_obj; /* what the functions return: any non-NULL */
+
+/* The reply itself (no parent), or one of its elements: an element goes
+ * into its record's result, as result_from_string reads it; one that is
+ * not a string (a nil, an integer, an array) reads as "". */
+static void *chunk_value(const redisReadTask *t, const char *str, size_t len)
+{
+    chunk_read_t *c = t->privdata;
+    if (!t->parent) {
+        c->type = t->type;
+        if (t->type == REDIS_REPLY_ERROR)
+            snprintf(c->err, sizeof(c->err), "%.*s", (int)len, str);
+    } else if (!t->parent->parent && c->type == REDIS_REPLY_ARRAY &&
+               c->elements == (long long)c->cnt && t->idx >= 0 &&
+               (size_t)t->idx < c->cnt) {
+        result_from_string(&c->res[t->idx], str, len);
+    }
+    return &chunk_obj;
+}
+
+static void *chunk_string(const redisReadTask *t, char *str, size_t len)
+{
+    return chunk_value(t, str, len);
+}
+
+static void *chunk_array(const redisReadTask *t, int elements)
+{
+    if (!t->parent)
+        ((chunk_read_t *)t->privdata)->elements = elements;
+    return chunk_value(t, "", 0);
+}
+
+static void *chunk_integer(const redisReadTask *t, long long v)
+{
+    (void)v;
+    return chunk_value(t, "", 0);
+}
+
+static void *chunk_nil(const redisReadTask *t)
+{
+    return chunk_value(t, "", 0);
+}
+
+static void chunk_free(void *obj)
+{
+    (void)obj; /* nothing was allocated */
+}
+
+static redisReplyObjectFunctions chunk_fns = {
+    chunk_string, chunk_array, chunk_integer, chunk_nil, chunk_free,
+};
+
+/* Reads one chunk's reply into c (c->res, c->cnt set). Returns 0, or -1
+ * when the connection failed (its error is in s->c). */
+static int chunk_read(idem_store_t *s, chunk_read_t *c)
+{
+    redisReader *rd = s->c->reader;
+    redisReplyObjectFunctions *fn = rd->fn;
+    void *priv = rd->privdata;
+    rd->fn = &chunk_fns;
+    rd->privdata = c;
+    void *r = NULL;
+    int rc = redisGetReply(s->c, &r);
+    rd->fn = fn;
+    rd->privdata = priv;
+    return rc == REDIS_OK && r ? 0 : -1;
 }
 
 /* Reads the replies of the request store_send wrote into results[n].
@@ -721,24 +872,19 @@ static int store_recv(idem_store_t *s, size_t n, idem_store_result_t *results,
     int noscript = 0;
     char err[256] = "";
     for (size_t ch = 0, off = 0; ch < chunks; ch++, off += CHUNK_RECORDS) {
-        redisReply *r = NULL;
-        if (redisGetReply(s->c, (void **)&r) != REDIS_OK || !r)
-            return store_io_fail(s, errstr, errstr_size, "EVALSHA");
         size_t cnt = n - off < CHUNK_RECORDS ? n - off : CHUNK_RECORDS;
-        if (r->type == REDIS_REPLY_ERROR) {
-            if (!strncmp(r->str, "NOSCRIPT", 8))
+        chunk_read_t c = {.res = results + off, .cnt = cnt};
+        if (chunk_read(s, &c))
+            return store_io_fail(s, errstr, errstr_size, "EVALSHA");
+        if (c.type == REDIS_REPLY_ERROR) {
+            if (!strncmp(c.err, "NOSCRIPT", 8))
                 noscript = 1;
             else if (!err[0])
-                snprintf(err, sizeof(err), "%s", r->str);
-        } else if (r->type != REDIS_REPLY_ARRAY || r->elements != cnt) {
+                snprintf(err, sizeof(err), "%s", c.err);
+        } else if (c.type != REDIS_REPLY_ARRAY ||
+                   c.elements != (long long)cnt) {
             snprintf(err, sizeof(err), "unexpected reply to script");
-        } else {
-            for (size_t i = 0; i < cnt; i++)
-                result_from_string(&results[off + i],
-                                   r->element[i]->str ? r->element[i]->str : "",
-                                   r->element[i]->len);
         }
-        freeReplyObject(r);
     }
     if (s->pending_hset) {
         redisReply *r = NULL;
@@ -851,7 +997,9 @@ int idem_store_positions_save(idem_store_t *s, const idem_store_pos_t *pos,
     }
     if (idem_store_connect(s, errstr, errstr_size))
         return -1;
-    if (append_positions(s, pos, n))
+    s->req_len = 0;
+    append_positions(s, pos, n);
+    if (redisAppendFormattedCommand(s->c, s->req, s->req_len) != REDIS_OK)
         return store_io_fail(s, errstr, errstr_size, "HSET");
     redisReply *r = NULL;
     if (redisGetReply(s->c, (void **)&r) != REDIS_OK || !r)

@@ -1,4 +1,4 @@
-/* test_envscan: the fast read of envelopes (yajl) gives exactly what
+/* test_envscan: the fast read of envelopes (envscan.c) gives exactly what
  * jansson's read gives, and leaves to jansson what it cannot be sure of. */
 #include "envelope.h"
 #include "envscan.h"
@@ -36,12 +36,64 @@ Test(envscan, picks_the_top_level_members)
     cr_expect_eq(f[4].kind, IDEM_ENVSCAN_ABSENT);
 }
 
+/* What the scan itself reads (not handed over): escapes in keys and
+ * values, every kind of value, JSON whitespace anywhere. */
+Test(envscan, reads_the_subset_itself)
+{
+    idem_envscan_field_t f[5];
+    cr_assert_eq(
+        scan(" {\r\n\t\"idempotency_key\" : \"a\\\"b\\\\c\\/d\\b\\f\\n"
+             "\\r\\t\" , \"x\\ty\":[ [ ] , { } , -0 , 0.5 , 10 , true ,"
+             " false , null ] , \"amount\" : -0.25 , \"message_id\":"
+             "{\"a\":{\"b\":[{\"c\":\"\"}]}}} \n",
+             f),
+        0);
+    cr_expect_eq(f[0].kind, IDEM_ENVSCAN_STRING);
+    cr_expect_eq(f[0].str_len, 12);
+    cr_expect(!memcmp(f[0].str, "a\"b\\c/d\b\f\n\r\t", 13));
+    cr_expect_eq(f[1].kind, IDEM_ENVSCAN_OTHER);
+    cr_expect_eq(f[3].kind, IDEM_ENVSCAN_NUMBER);
+    cr_expect_eq(f[3].num_len, 5);
+    cr_expect(!memcmp(f[3].num, "-0.25", 5));
+    /* A string longer than the fields keep is "other", not a failure. */
+    char v[600];
+    memset(v, 'x', sizeof(v));
+    memcpy(v, "{\"user_id\":\"", 12);
+    memcpy(v + 12 + 300, "\"}", 3);
+    cr_assert_eq(scan(v, f), 0);
+    cr_expect_eq(f[2].kind, IDEM_ENVSCAN_OTHER);
+}
+
+/* Duplicate keys are found however many keys an object has, keys that
+ * share a bloom bit (same length, first and last byte) are told apart,
+ * and each object has its own keys. */
+Test(envscan, finds_duplicate_keys_among_many)
+{
+    idem_envscan_field_t f[5];
+    char v[4096];
+    size_t n = (size_t)snprintf(v, sizeof(v), "{");
+    for (int i = 0; i < 200; i++)
+        n += (size_t)snprintf(v + n, sizeof(v) - n, "\"k%03d\":%d,", i, i);
+    snprintf(v + n, sizeof(v) - n, "\"amount\":1}");
+    cr_expect_eq(scan(v, f), 0, "200 distinct keys");
+    cr_expect_eq(f[3].kind, IDEM_ENVSCAN_NUMBER);
+    for (int dup = 0; dup < 200; dup += 37) {
+        snprintf(v + n, sizeof(v) - n, "\"k%03d\":1}", dup);
+        cr_expect_eq(scan(v, f), -1, "k%03d twice", dup);
+    }
+    cr_expect_eq(scan("{\"axb\":1,\"ayb\":2,\"azb\":3}", f), 0);
+    cr_expect_eq(scan("{\"axb\":1,\"ayb\":2,\"axb\":3}", f), -1);
+    cr_expect_eq(scan("{\"n\":{\"a\":1},\"m\":{\"a\":1},\"a\":1}", f), 0);
+    cr_expect_eq(scan("{\"a\":1,\"n\":{\"b\":1},\"a\":2}", f), -1);
+    cr_expect_eq(scan("{\"\":1,\"\":2}", f), -1, "the empty key twice");
+}
+
 /* Each of these is either refused by jansson or could be read differently
- * by yajl: the scan must hand it to jansson. */
+ * by a lenient parser: the scan must hand it to jansson. */
 Test(envscan, leaves_what_it_is_not_sure_of_to_jansson)
 {
     const char *cases[] = {
-        "{\"a\":1,\v\"b\":2}",       /* \v: whitespace to yajl */
+        "{\"a\":1,\v\"b\":2}",       /* \v: whitespace to some parsers */
         "{\"a\":1,\f\"b\":2}",       /* \f likewise */
         "{\"a\":\"x\\u0000y\"}",     /* jansson refuses \u0000 */
         "{\"a\":\"\\ud800\"}",       /* a lone surrogate */
@@ -62,8 +114,27 @@ Test(envscan, leaves_what_it_is_not_sure_of_to_jansson)
         "{\"a\":1,}",        /* trailing comma */
         "{\"a\":1 /* c */}", /* a comment */
         "{\"a\":[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[1]]]]]]]]]]]]]]]]]]]]]]]]]]]]"
-        "]]]]]]}",          /* deeper than the scan goes */
-        "{\"a\":\"x\ty\"}", /* a raw control character */
+        "]]]]]]}",           /* deeper than the scan goes */
+        "{\"a\":\"x\ty\"}",  /* a raw control character */
+        "{\"a\":1 \"b\":2}", /* no comma */
+        "{\"a\" 1}",         /* no colon */
+        "{\"a\":[1,]}",      /* trailing comma in an array */
+        "{,}",
+        "{\"a\":1}}",
+        "{\"a\":-}",
+        "{\"a\":1.}",
+        "{\"a\":.5}",
+        "{\"a\":+1}",
+        "{\"a\":tru}",
+        "{\"a\":nul}",
+        "{\"a\":truex}",
+        "{\"a\":\"\\x\"}",             /* not an escape */
+        "{\"a\":\"x\\\"}",             /* an escaped quote, then no end */
+        "{\"a\\n\":1,\"a\\u000a\":2}", /* \u in a key */
+        "{\"a\":[1 2]}",
+        "{\"a\":{\"b\"}}",
+        "{\"a\":1,\"b\":{\"c\":[true,false,null,\"x\",{\"d\":0}],\"c\":1}}",
+        "{\"a\":\"x\"\x00}", /* a NUL after the object */
         "{\"a\"",
         "",
     };
@@ -162,6 +233,16 @@ Test(envscan, same_results_as_jansson)
         "{\"idempotency_key\":",
         "{\"a\":\"\xff\xfe\"}",
         "{}",
+        "{\"idempotency_key\":\"k\",\"a\\\"b\":1,\"a\\\"b\":2" PAY,
+        "{\"idempotency_key\":\"k\",\"a\\tb\":1,\"a\\nb\":2" PAY,
+        "{\"idempotency_key\":\"k\\/\\b\\f\\r\\t\",\"l\":[[],{},[1,-0,0.5,"
+        "-12.250,true,false,null,\"s\"]]" PAY,
+        "{\"idempotency\\u005fkey\":\"k\"" PAY,
+        "{\"idempotency_\\key\":\"k\"" PAY,
+        "{\"idempotency_key\":\"k\",\"user_id\":\"u\",\"amount\":-0.10,"
+        "\"currency\":\"EUR\"}",
+        "{\"idempotency_key\":\"k\",\"user_id\":\"u\",\"amount\":01,"
+        "\"currency\":\"EUR\"}",
     };
     const char *ids[] = {IDEM_ENVELOPE_IDENTITY_DEFAULT, "key",
                          "value:/user_id,header:idempotency_key",

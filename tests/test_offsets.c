@@ -113,3 +113,38 @@ Test(offsets, positions_due_and_commit_list)
     rd_kafka_topic_partition_list_destroy(sub);
     idem_offsets_term(&o);
 }
+
+/* The partition found last is tried first: lookups stay right after
+ * partitions come and go (the remembered slot moved or gone), and a topic
+ * is matched by its bytes, not only by the pointer the table holds. */
+Test(offsets, find_after_add_and_remove)
+{
+    idem_offsets_t o;
+    idem_offsets_init(&o);
+    for (int32_t p = 0; p < 40; p++)
+        idem_offsets_add(&o, p % 2 ? "b" : "a", p);
+    char a[] = "a";
+    cr_expect_eq(idem_offsets_find(&o, a, 38)->partition, 38);
+    cr_expect_null(idem_offsets_find(&o, "b", 38));
+    cr_expect_eq(idem_offsets_find(&o, "b", 39)->partition, 39);
+    idem_offsets_remove(&o, "b", 39); /* the remembered slot is gone */
+    cr_expect_null(idem_offsets_find(&o, "b", 39));
+    cr_expect_eq(idem_offsets_find(&o, "a", 2)->partition, 2);
+    idem_offsets_remove(&o, "a", 2); /* the last one moves into its slot */
+    cr_expect_null(idem_offsets_find(&o, "a", 2));
+    idem_part_t *pt = idem_offsets_find(&o, "a", 38);
+    cr_assert_not_null(pt);
+    cr_expect_str_eq(pt->topic, "a");
+    cr_expect_eq(pt->partition, 38);
+    for (int32_t p = 0; p < 38; p++) {
+        pt = idem_offsets_find(&o, p % 2 ? "b" : "a", p);
+        if (p == 2) {
+            cr_expect_null(pt);
+            continue;
+        }
+        cr_assert_not_null(pt, "%d", p);
+        cr_expect_eq(pt->partition, p);
+        cr_expect_str_eq(pt->topic, p % 2 ? "b" : "a");
+    }
+    idem_offsets_term(&o);
+}

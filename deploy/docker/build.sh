@@ -17,8 +17,8 @@ set -eu
 # Debian bookworm names. The -dev packages mirror the Makefile's PKGS
 # (rdkafka hiredis jansson libmicrohttpd uuid openssl libpq libcurl lua5.1); the runtime list is what the
 # binary links against. check-runtime keeps the second honest.
-BUILD_PKGS="build-essential pkg-config librdkafka-dev libhiredis-dev libjansson-dev libmicrohttpd-dev uuid-dev libssl-dev libpq-dev libcurl4-openssl-dev liblua5.1-0-dev libyajl-dev"
-RUNTIME_PKGS="librdkafka1 libhiredis0.14 libjansson4 libmicrohttpd12 libuuid1 libssl3 libpq5 libcurl4 liblua5.1-0 libyajl2 ca-certificates"
+BUILD_PKGS="build-essential pkg-config librdkafka-dev libhiredis-dev libjansson-dev libmicrohttpd-dev uuid-dev libssl-dev libpq-dev libcurl4-openssl-dev liblua5.1-0-dev"
+RUNTIME_PKGS="librdkafka1 libhiredis0.14 libjansson4 libmicrohttpd12 libuuid1 libssl3 libpq5 libcurl4 liblua5.1-0 ca-certificates"
 
 die() {
     echo "build.sh: $*" >&2
