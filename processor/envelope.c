@@ -444,17 +444,21 @@ struct idem_envelope_rules_s {
     src_t *id, *mid;
     size_t id_cnt, mid_cnt;
     int id_default; /* the default list: today's message when none found */
-    /* The fast read (envscan.c): the top-level members it picks out (the
-     * value: sources, then user_id, amount, currency for the ledger). 0 in
-     * `fast` when a value: source points deeper than the top level. */
-    int fast;
-    const char *scan_names[IDEM_ENVSCAN_FIELDS_MAX];
-    size_t scan_lens[IDEM_ENVSCAN_FIELDS_MAX];
-    size_t scan_cnt;
+    /* The fast read (envscan.c): the steps it follows (the value:
+     * sources, user_id, amount, currency for the ledger, then the tokens of
+     * the fields' pointers), names owned. 0 in `fast` when a value: source
+     * points deeper than the top level, or the steps do not fit; fast_on:
+     * the fast read is wanted at all (idem_envelope_rules_fast). */
+    int fast, fast_on;
+    idem_envscan_step_t steps[IDEM_ENVSCAN_STEPS_MAX];
+    size_t nsteps;
     int f_user, f_amount, f_currency;
     char **fields; /* JSON Pointers extracted into envelopes' fields */
     size_t nfields;
+    int fstep[IDEM_ENVELOPE_FIELDS_MAX]; /* the step of each field's value */
 };
+
+static void scan_plan(idem_envelope_rules_t *r);
 
 /* Why `ptr` is no JSON Pointer (RFC 6901), or NULL when it is one. */
 static const char *pointer_bad(const char *ptr)
@@ -609,6 +613,7 @@ int idem_envelope_rules_fields(idem_envelope_rules_t *r, const char *key,
     idem_envelope_pointers_free(r->fields, r->nfields);
     r->fields = ptrs;
     r->nfields = n;
+    scan_plan(r);
     return 0;
 }
 
@@ -637,27 +642,66 @@ int idem_envelope_sources_check(const char *key, const char *list,
     return 0;
 }
 
-/* The scan field for top-level member `name` (added when new), or -1 when
- * there is no room. */
+/* The step for member `name` (`len` bytes) of step `parent`'s value
+ * (added when new), or -1 when there is no room. */
+static int scan_step(idem_envelope_rules_t *r, int parent, const char *name,
+                     size_t len)
+{
+    for (size_t i = 0; i < r->nsteps; i++)
+        if (r->steps[i].parent == parent && r->steps[i].len == len &&
+            !memcmp(r->steps[i].name, name, len))
+            return (int)i;
+    if (r->nsteps == IDEM_ENVSCAN_STEPS_MAX)
+        return -1;
+    char *copy = idem_xmalloc(len + 1);
+    memcpy(copy, name, len);
+    copy[len] = '\0';
+    r->steps[r->nsteps] = (idem_envscan_step_t){copy, len, parent};
+    return (int)r->nsteps++;
+}
+
 static int scan_field(idem_envelope_rules_t *r, const char *name)
 {
-    for (size_t i = 0; i < r->scan_cnt; i++)
-        if (!strcmp(r->scan_names[i], name))
-            return (int)i;
-    if (r->scan_cnt == IDEM_ENVSCAN_FIELDS_MAX)
-        return -1;
-    r->scan_names[r->scan_cnt] = name;
-    r->scan_lens[r->scan_cnt] = strlen(name);
-    return (int)r->scan_cnt++;
+    return scan_step(r, -1, name, strlen(name));
+}
+
+/* The step of the value at JSON Pointer `ptr` (its tokens decoded, one
+ * step each), or -1 when there is no room or when pointer_get never finds
+ * it (a token longer than its buffer). */
+static int scan_pointer(idem_envelope_rules_t *r, const char *ptr)
+{
+    int step = -1;
+    char tok[512];
+    const char *p = ptr;
+    while (*p == '/') {
+        p++;
+        size_t t = 0;
+        for (; *p && *p != '/'; t++) {
+            if (t + 1 >= sizeof(tok))
+                return -1;
+            if (*p == '~') {
+                tok[t] = p[1] == '1' ? '/' : '~';
+                p += 2;
+            } else {
+                tok[t] = *p++;
+            }
+        }
+        if ((step = scan_step(r, step, tok, t)) < 0)
+            return -1;
+    }
+    return step;
 }
 
 /* Decides whether the fast read can serve these rules: every value: source
- * a plain top-level member ("/name", no '/' or '~' after the first), at
- * most IDEM_ENVSCAN_FIELDS_MAX members in all. */
+ * a plain top-level member ("/name", no '/' or '~' after the first), the
+ * fields' pointers any depth (a step per token, shared prefixes one step),
+ * at most IDEM_ENVSCAN_STEPS_MAX steps in all. */
 static void scan_plan(idem_envelope_rules_t *r)
 {
-    r->scan_cnt = 0;
-    r->fast = r->format == IDEM_ENVELOPE_JSON;
+    for (size_t i = 0; i < r->nsteps; i++)
+        free((char *)r->steps[i].name);
+    r->nsteps = 0;
+    r->fast = r->fast_on && r->format == IDEM_ENVELOPE_JSON;
     src_t *lists[2] = {r->id, r->mid};
     size_t cnts[2] = {r->id_cnt, r->mid_cnt};
     for (int l = 0; l < 2; l++)
@@ -674,6 +718,9 @@ static void scan_plan(idem_envelope_rules_t *r)
                            (r->f_amount = scan_field(r, "amount")) < 0 ||
                            (r->f_currency = scan_field(r, "currency")) < 0))
         r->fast = 0;
+    for (size_t i = 0; i < r->nfields; i++)
+        if ((r->fstep[i] = scan_pointer(r, r->fields[i])) < 0)
+            r->fast = 0;
 }
 
 idem_envelope_rules_t *idem_envelope_rules_new(int format, const char *identity,
@@ -687,6 +734,7 @@ idem_envelope_rules_t *idem_envelope_rules_new(int format, const char *identity,
     r->need_ledger = need_ledger;
     r->max_bytes = max_bytes;
     r->id_default = !strcmp(identity, IDEM_ENVELOPE_IDENTITY_DEFAULT);
+    r->fast_on = 1;
     if (sources_parse("envelope.identity", identity, &r->id, &r->id_cnt, errstr,
                       errstr_size) ||
         sources_parse("envelope.message.id", message_id, &r->mid, &r->mid_cnt,
@@ -706,10 +754,8 @@ idem_envelope_rules_t *idem_envelope_rules_new(int format, const char *identity,
 
 void idem_envelope_rules_fast(idem_envelope_rules_t *r, int on)
 {
-    if (!on)
-        r->fast = 0;
-    else
-        scan_plan(r);
+    r->fast_on = on;
+    scan_plan(r);
 }
 
 void idem_envelope_rules_destroy(idem_envelope_rules_t *r)
@@ -719,6 +765,8 @@ void idem_envelope_rules_destroy(idem_envelope_rules_t *r)
     sources_free(r->id, r->id_cnt);
     sources_free(r->mid, r->mid_cnt);
     idem_envelope_pointers_free(r->fields, r->nfields);
+    for (size_t i = 0; i < r->nsteps; i++)
+        free((char *)r->steps[i].name);
     free(r);
 }
 
@@ -757,6 +805,17 @@ static json_t *pointer_get(json_t *root, const char *ptr)
     return cur;
 }
 
+/* A field's number: d printed with the fewest of 15..17 significant digits
+ * that strtod reads back as d. */
+static void number_text(double d, char out[32])
+{
+    for (int prec = 15; prec <= 17; prec++) {
+        snprintf(out, 32, "%.*g", prec, d);
+        if (strtod(out, NULL) == d)
+            break;
+    }
+}
+
 /* The rules' fields of `root` (NULL: none found) into one new block in
  * out->fields: the array, then each text NUL-terminated. Every value is
  * the one cjson.decode would give for the same bytes: strings decoded,
@@ -782,12 +841,7 @@ static void fields_extract(const idem_envelope_rules_t *rules, json_t *root,
             break;
         case JSON_REAL:
         case JSON_INTEGER: {
-            double d = json_number_value(v[i]);
-            for (int prec = 15; prec <= 17; prec++) {
-                snprintf(num[i], sizeof(num[i]), "%.*g", prec, d);
-                if (strtod(num[i], NULL) == d)
-                    break;
-            }
+            number_text(json_number_value(v[i]), num[i]);
             type[i] = IDEM_FIELD_NUMBER;
             len[i] = strlen(num[i]);
             break;
@@ -931,9 +985,82 @@ static int fast_first(const src_t *list, size_t n,
         if (v->kind != IDEM_ENVSCAN_STRING || v->str_len == 0 ||
             v->str_len >= out_size)
             return -1;
-        memcpy(out, v->str, v->str_len + 1);
+        idem_envscan_string(v, out);
         *out_len = v->str_len;
         return 1;
+    }
+    return 0;
+}
+
+/* The rules' fields from the fast read's f into one new block in
+ * out->fields, exactly as fields_extract makes it from jansson's tree.
+ * Returns 0, or -1 (nothing allocated) when a field is an object or an
+ * array: jansson's read then prints it. */
+static int fields_fast(const idem_envelope_rules_t *rules,
+                       const idem_envscan_field_t *f, idem_envelope_t *out)
+{
+    size_t n = rules->nfields, total = 0;
+    char num[IDEM_ENVELOPE_FIELDS_MAX][32];
+    size_t len[IDEM_ENVELOPE_FIELDS_MAX];
+    idem_field_type_t type[IDEM_ENVELOPE_FIELDS_MAX];
+    for (size_t i = 0; i < n; i++) {
+        const idem_envscan_field_t *v = &f[rules->fstep[i]];
+        len[i] = 0;
+        switch (v->kind) {
+        case IDEM_ENVSCAN_STRING:
+            type[i] = IDEM_FIELD_STRING;
+            len[i] = v->str_len;
+            break;
+        case IDEM_ENVSCAN_NUMBER: {
+            type[i] = IDEM_FIELD_NUMBER;
+            const char *t = v->text;
+            size_t digits = v->text_len - (t[0] == '-');
+            if (digits <= 15 && !memchr(t, '.', v->text_len)) {
+                /* An integer below 1e15: a double holds it exactly and
+                 * %.15g prints its digits as written ("-0" too). */
+                memcpy(num[i], t, v->text_len);
+                num[i][v->text_len] = '\0';
+                len[i] = v->text_len;
+                break;
+            }
+            /* What jansson does with JSON_DECODE_INT_AS_REAL: strtod of
+             * the literal (at most 300 bytes, no exponent: no overflow). */
+            char lit[512];
+            memcpy(lit, t, v->text_len);
+            lit[v->text_len] = '\0';
+            number_text(strtod(lit, NULL), num[i]);
+            len[i] = strlen(num[i]);
+            break;
+        }
+        case IDEM_ENVSCAN_TRUE:
+            type[i] = IDEM_FIELD_TRUE;
+            break;
+        case IDEM_ENVSCAN_FALSE:
+            type[i] = IDEM_FIELD_FALSE;
+            break;
+        case IDEM_ENVSCAN_NULL:
+            type[i] = IDEM_FIELD_NULL;
+            break;
+        case IDEM_ENVSCAN_ABSENT:
+            type[i] = IDEM_FIELD_ABSENT;
+            break;
+        default:
+            return -1; /* an object or an array */
+        }
+        total += len[i] + 1;
+    }
+    out->fields = idem_xmalloc(n * sizeof(*out->fields) + total);
+    out->nfields = n;
+    char *text = (char *)(out->fields + n);
+    for (size_t i = 0; i < n; i++) {
+        if (type[i] == IDEM_FIELD_STRING)
+            idem_envscan_string(&f[rules->fstep[i]], text);
+        else if (type[i] == IDEM_FIELD_NUMBER)
+            memcpy(text, num[i], len[i] + 1);
+        else
+            text[0] = '\0';
+        out->fields[i] = (idem_envelope_field_t){type[i], text, len[i]};
+        text += len[i] + 1;
     }
     return 0;
 }
@@ -947,9 +1074,8 @@ static int read_fast(const idem_envelope_rules_t *rules, const void *value,
                      size_t len, hdrs_t *headers, const void *key,
                      size_t key_len, idem_envelope_t *out)
 {
-    idem_envscan_field_t f[IDEM_ENVSCAN_FIELDS_MAX];
-    if (idem_envscan(value, len, rules->scan_names, rules->scan_lens,
-                     rules->scan_cnt, f))
+    idem_envscan_field_t f[IDEM_ENVSCAN_STEPS_MAX];
+    if (idem_envscan(value, len, rules->steps, rules->nsteps, f))
         return -1;
     int r = fast_first(rules->mid, rules->mid_cnt, f, headers, key, key_len,
                        out->message_id, sizeof(out->message_id),
@@ -968,18 +1094,30 @@ static int read_fast(const idem_envelope_rules_t *rules, const void *value,
         const idem_envscan_field_t *c = &f[rules->f_currency];
         char e[128];
         if (u->kind != IDEM_ENVSCAN_STRING || u->str_len == 0 ||
+            u->str_len > IDEM_ENVELOPE_ID_MAX ||
             a->kind != IDEM_ENVSCAN_NUMBER ||
-            idem_amount_parse(a->num, a->num_len, &out->amount_minor, e,
+            idem_amount_parse(a->text, a->text_len, &out->amount_minor, e,
                               sizeof(e)) ||
-            c->kind != IDEM_ENVSCAN_STRING || c->str_len != 3 ||
-            c->str[0] < 'A' || c->str[0] > 'Z' || c->str[1] < 'A' ||
-            c->str[1] > 'Z' || c->str[2] < 'A' || c->str[2] > 'Z')
+            c->kind != IDEM_ENVSCAN_STRING || c->str_len != 3)
             return -1;
-        memcpy(out->user_id, u->str, u->str_len + 1);
-        memcpy(out->currency, c->str, 4);
+        idem_envscan_string(c, out->currency);
+        if (out->currency[0] < 'A' || out->currency[0] > 'Z' ||
+            out->currency[1] < 'A' || out->currency[1] > 'Z' ||
+            out->currency[2] < 'A' || out->currency[2] > 'Z')
+            return -1;
+        idem_envscan_string(u, out->user_id);
     }
+    if (rules->nfields && fields_fast(rules, f, out))
+        return -1;
     out->json_object = 1;
     return 0;
+}
+
+static _Thread_local unsigned long fast_reads;
+
+unsigned long idem_envelope_fast_reads(void)
+{
+    return fast_reads;
 }
 
 static int read_record(const idem_envelope_rules_t *rules, const void *value,
@@ -988,9 +1126,11 @@ static int read_record(const idem_envelope_rules_t *rules, const void *value,
                        idem_reason_t *reason, char *errstr, size_t errstr_size)
 {
     env_clear(out);
-    if (len <= rules->max_bytes && rules->fast && !rules->nfields &&
-        read_fast(rules, value, len, headers, key, key_len, out) == 0)
+    if (len <= rules->max_bytes && rules->fast &&
+        read_fast(rules, value, len, headers, key, key_len, out) == 0) {
+        fast_reads++;
         return 0;
+    }
     env_clear(out);
     if (len > rules->max_bytes) {
         *reason = IDEM_REASON_TOO_LARGE;

@@ -108,6 +108,11 @@ idem_envelope_rules_t *idem_envelope_rules_new(int format, const char *identity,
                                                size_t errstr_size);
 void idem_envelope_rules_destroy(idem_envelope_rules_t *r); /* NULL ok */
 
+/* How many records this thread's idem_envelope_read and _read_msg calls
+ * took by the fast read (envscan.c), for tests that the fast read serves
+ * the records they mean it to. */
+unsigned long idem_envelope_fast_reads(void);
+
 /* Reads one record by `rules`: value (`len` bytes, NULL for a null value),
  * headers and Kafka key (key_len 0: none), all borrowed. With
  * envelope.format=json the value must be a JSON object; with bytes it is

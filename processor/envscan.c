@@ -1,5 +1,5 @@
-/* envscan: one pass over a JSON object envelope that picks out a few
- * top-level members, or says "ask jansson" (envscan.h). */
+/* envscan: one pass over a JSON object envelope that picks out the values
+ * at a few JSON Pointers, or says "ask jansson" (envscan.h). */
 #include "envscan.h"
 
 #include <stdint.h>
@@ -8,6 +8,7 @@
 #define DEPTH_MAX  32  /* deeper values go to jansson (its limit: 2048) */
 #define KEYS_MAX   256 /* keys of the open objects, for the duplicate check */
 #define NUMBER_MAX 300 /* longer number literals may overflow a double */
+#define NO_STEP    -2  /* a container no step goes into */
 
 /* The scan accepts a strict subset of JSON (RFC 8259) and nothing else:
  * every text it accepts, jansson accepts too and reads the same way. What
@@ -17,15 +18,17 @@
  * surrogates), numbers with an exponent or longer than NUMBER_MAX (jansson
  * refuses a double that overflows), nesting deeper than DEPTH_MAX, more
  * than KEYS_MAX keys in the open objects, and duplicate keys (jansson's
- * JSON_REJECT_DUPLICATES then gives the error). A JSON library's own
+ * JSON_REJECT_DUPLICATES then gives the error). A pointer that goes
+ * through an array is handed over too (jansson's pointer reading decides
+ * what an index is). A JSON library's own
  * parser costs several times more per record (docs/design.md, "Reading a
  * record fast"): this runs on every record. */
 typedef struct {
     const unsigned char *b; /* the value */
     size_t len, i;          /* its length, the next byte */
-    const char *const *names;
-    const size_t *name_lens;
+    const idem_envscan_step_t *steps;
     size_t n;
+    uint64_t parents; /* bit k: some step goes into step k's value */
     idem_envscan_field_t *fields;
     int depth; /* objects and arrays open; the envelope object is 1 */
     const char *key[KEYS_MAX]; /* the keys of the open objects, decoded */
@@ -76,6 +79,32 @@ static const unsigned char plain[256] = {
 #undef P16
 };
 
+/* The byte escape "\\c" stands for, or 0 when the scan does not read it
+ * (\u, or no escape at all). */
+static char unescape(unsigned char c)
+{
+    switch (c) {
+    case '"':
+        return '"';
+    case '\\':
+        return '\\';
+    case '/':
+        return '/';
+    case 'b':
+        return '\b';
+    case 'f':
+        return '\f';
+    case 'n':
+        return '\n';
+    case 'r':
+        return '\r';
+    case 't':
+        return '\t';
+    default:
+        return 0;
+    }
+}
+
 static void skip_ws(scan_t *s)
 {
     while (s->i < s->len && (s->b[s->i] == ' ' || s->b[s->i] == '\n' ||
@@ -110,35 +139,9 @@ static int scan_string(scan_t *s, char *out, size_t room, size_t *dlen,
         }
         if (b[j] != '\\' || j + 1 >= s->len)
             return -1; /* a control byte, a byte above 0x7f, a '\' last */
-        char e;
-        switch (b[j + 1]) {
-        case '"':
-            e = '"';
-            break;
-        case '\\':
-            e = '\\';
-            break;
-        case '/':
-            e = '/';
-            break;
-        case 'b':
-            e = '\b';
-            break;
-        case 'f':
-            e = '\f';
-            break;
-        case 'n':
-            e = '\n';
-            break;
-        case 'r':
-            e = '\r';
-            break;
-        case 't':
-            e = '\t';
-            break;
-        default:
+        char e = unescape(b[j + 1]);
+        if (!e)
             return -1; /* \u, or not an escape */
-        }
         if (out && n < room)
             out[n] = e;
         n++;
@@ -186,7 +189,7 @@ static int literal(scan_t *s, const char *word, size_t len)
     return 0;
 }
 
-static int scan_value(scan_t *s, idem_envscan_field_t *f);
+static int scan_value(scan_t *s, int step);
 
 /* A key's bit in its object's bloom mask: from its length and its first
  * and last bytes, enough to tell apart the few keys of a typical record. */
@@ -199,11 +202,12 @@ static uint64_t key_bit(const char *key, size_t len)
 }
 
 /* The key at s->i, decoded, kept for the duplicate check of its object
- * (keys [first, nkeys) of s; *bloom has a bit per key). Sets *f to the
- * field it names when it is a member of the envelope object. Returns 0 or
- * -1 (a duplicate, or too many keys: hand over). */
-static int scan_key(scan_t *s, size_t first, uint64_t *bloom,
-                    idem_envscan_field_t **f)
+ * (keys [first, nkeys) of s; *bloom has a bit per key). The object is the
+ * value of step `node` (-1: the envelope object; NO_STEP: of none); sets
+ * *step to the step the key names, or -1. Returns 0 or -1 (a duplicate,
+ * or too many keys: hand over). */
+static int scan_key(scan_t *s, int node, size_t first, uint64_t *bloom,
+                    int *step)
 {
     size_t at = s->i, len;
     int escaped;
@@ -231,18 +235,20 @@ static int scan_key(scan_t *s, size_t first, uint64_t *bloom,
     *bloom |= bit;
     s->key[s->nkeys] = key;
     s->key_len[s->nkeys++] = len;
-    *f = NULL;
-    if (s->depth == 1)
+    *step = -1;
+    if (node != NO_STEP)
         for (size_t k = 0; k < s->n; k++)
-            if (s->name_lens[k] == len && !memcmp(s->names[k], key, len)) {
-                *f = &s->fields[k];
+            if (s->steps[k].parent == node && s->steps[k].len == len &&
+                !memcmp(s->steps[k].name, key, len)) {
+                *step = (int)k;
                 break;
             }
     return 0;
 }
 
-/* An object or an array at s->i (its bracket). Returns 0 or -1. */
-static int scan_container(scan_t *s)
+/* An object or an array at s->i (its bracket), the value of step `node`
+ * (see scan_key). Returns 0 or -1. */
+static int scan_container(scan_t *s, int node)
 {
     int is_map = s->b[s->i] == '{';
     char close = is_map ? '}' : ']';
@@ -256,10 +262,10 @@ static int scan_container(scan_t *s)
         s->i++;
     } else {
         for (;;) {
-            idem_envscan_field_t *f = NULL;
+            int step = -1;
             if (is_map) {
                 if (s->i >= s->len || s->b[s->i] != '"' ||
-                    scan_key(s, first, &bloom, &f))
+                    scan_key(s, node, first, &bloom, &step))
                     return -1;
                 skip_ws(s);
                 if (s->i >= s->len || s->b[s->i] != ':')
@@ -267,7 +273,7 @@ static int scan_container(scan_t *s)
                 s->i++;
                 skip_ws(s);
             }
-            if (scan_value(s, f))
+            if (scan_value(s, step))
                 return -1;
             skip_ws(s);
             if (s->i >= s->len)
@@ -288,43 +294,50 @@ static int scan_container(scan_t *s)
     return 0;
 }
 
-/* A value at s->i; f: the field it goes to (a wanted member of the
- * envelope object), or NULL. Returns 0 or -1. */
-static int scan_value(scan_t *s, idem_envscan_field_t *f)
+/* A value at s->i, the value of step `step` (-1: of none). Returns 0 or
+ * -1. */
+static int scan_value(scan_t *s, int step)
 {
     if (s->i >= s->len)
         return -1;
+    idem_envscan_field_t *f = step >= 0 ? &s->fields[step] : NULL;
+    int inner = step >= 0 && (s->parents >> step & 1);
+    size_t at = s->i;
     idem_envscan_kind_t kind;
     switch (s->b[s->i]) {
     case '{':
-    case '[':
-        if (scan_container(s))
+        if (scan_container(s, inner ? step : NO_STEP))
             return -1;
-        kind = IDEM_ENVSCAN_OTHER;
+        kind = IDEM_ENVSCAN_OBJECT;
+        break;
+    case '[':
+        /* A step into an array: jansson's pointer reading decides. */
+        if (inner || scan_container(s, NO_STEP))
+            return -1;
+        kind = IDEM_ENVSCAN_ARRAY;
         break;
     case '"': {
         size_t len;
         int escaped;
-        if (scan_string(s, f ? f->str : NULL, f ? IDEM_ENVSCAN_STRING_MAX : 0,
-                        &len, &escaped))
+        if (scan_string(s, NULL, 0, &len, &escaped))
             return -1;
-        kind = IDEM_ENVSCAN_OTHER; /* too long to keep */
-        if (f && len <= IDEM_ENVSCAN_STRING_MAX) {
-            f->str[len] = '\0';
+        if (f) {
+            f->text = (const char *)s->b + at + 1;
+            f->text_len = s->i - at - 2;
             f->str_len = len;
-            kind = IDEM_ENVSCAN_STRING;
         }
+        kind = IDEM_ENVSCAN_STRING;
         break;
     }
     case 't':
         if (literal(s, "true", 4))
             return -1;
-        kind = IDEM_ENVSCAN_OTHER;
+        kind = IDEM_ENVSCAN_TRUE;
         break;
     case 'f':
         if (literal(s, "false", 5))
             return -1;
-        kind = IDEM_ENVSCAN_OTHER;
+        kind = IDEM_ENVSCAN_FALSE;
         break;
     case 'n':
         if (literal(s, "null", 4))
@@ -337,8 +350,8 @@ static int scan_value(scan_t *s, idem_envscan_field_t *f)
         if (scan_number(s, &num, &num_len))
             return -1;
         if (f) {
-            f->num = num;
-            f->num_len = num_len;
+            f->text = num;
+            f->text_len = num_len;
         }
         kind = IDEM_ENVSCAN_NUMBER;
         break;
@@ -349,30 +362,46 @@ static int scan_value(scan_t *s, idem_envscan_field_t *f)
     return 0;
 }
 
-int idem_envscan(const void *value, size_t len, const char *const *names,
-                 const size_t *name_lens, size_t n,
+int idem_envscan(const void *value, size_t len,
+                 const idem_envscan_step_t *steps, size_t n,
                  idem_envscan_field_t *fields)
 {
-    if (!value || !len || n > IDEM_ENVSCAN_FIELDS_MAX)
+    if (!value || !len || n > IDEM_ENVSCAN_STEPS_MAX)
         return -1;
     static _Thread_local scan_t s;
     s.b = value;
     s.len = len;
     s.i = 0;
-    s.names = names;
-    s.name_lens = name_lens;
+    s.steps = steps;
     s.n = n;
+    s.parents = 0;
     s.fields = fields;
     s.depth = 0;
     s.nkeys = 0;
     s.keybuf_used = 0;
-    for (size_t i = 0; i < n; i++)
+    for (size_t i = 0; i < n; i++) {
         fields[i].kind = IDEM_ENVSCAN_ABSENT;
+        if (steps[i].parent >= 0 && steps[i].parent < (int)n)
+            s.parents |= (uint64_t)1 << steps[i].parent;
+    }
     skip_ws(&s);
     /* Not an object: jansson says which error. */
-    if (s.i >= len || s.b[s.i] != '{' || scan_container(&s))
+    if (s.i >= len || s.b[s.i] != '{' || scan_container(&s, -1))
         return -1;
     /* After the object only JSON whitespace (jansson's set) may follow. */
     skip_ws(&s);
     return s.i == len ? 0 : -1;
+}
+
+void idem_envscan_string(const idem_envscan_field_t *f, char *out)
+{
+    const char *t = f->text;
+    if (f->str_len == f->text_len) {
+        memcpy(out, t, f->text_len);
+    } else {
+        size_t o = 0;
+        for (size_t i = 0; i < f->text_len; i++)
+            out[o++] = t[i] == '\\' ? unescape((unsigned char)t[++i]) : t[i];
+    }
+    out[f->str_len] = '\0';
 }

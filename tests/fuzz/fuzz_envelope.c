@@ -6,7 +6,9 @@
  * A value that parses is also copied the way the forward handler does
  * (idem_envelope_set_member), and the copy must parse to the same. The
  * fast read (envscan) and jansson's must give the same answer, byte for
- * byte, for every input. */
+ * byte, for every input: with the default rules, and with a few sets of
+ * fields (script.fields: JSON Pointers, nested, escaped) whose values
+ * must match in type and bytes. */
 #include "envelope.h"
 
 #include <stdint.h>
@@ -97,6 +99,52 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
               e[0].amount_minor != e[1].amount_minor ||
               e[0].json_object != e[1].json_object)))
             abort();
+    }
+    /* Fields at a few pointer sets, fast read against jansson's. */
+    static const char *const lists[] = {
+        "/user_id,/amount,/currency",
+        "/a,/a/b,/a/b/c,/a~1b,/x~0y,/b,/c,/d,/0,/a/0",
+        "/,//,/a/,/event/id,/idempotency_key,/message_id",
+    };
+    for (size_t l = 0; l < sizeof(lists) / sizeof(lists[0]); l++) {
+        int ledger = l == 0;
+        static idem_envelope_rules_t *frules[3][2];
+        for (int fast = 0; fast < 2 && !frules[l][fast]; fast++) {
+            frules[l][fast] = idem_envelope_rules_new(
+                IDEM_ENVELOPE_JSON, IDEM_ENVELOPE_IDENTITY_DEFAULT,
+                IDEM_ENVELOPE_MESSAGE_ID_DEFAULT, ledger, 1 << 20, err,
+                sizeof(err));
+            idem_envelope_rules_fast(frules[l][fast], fast);
+            if (idem_envelope_rules_fields(frules[l][fast], "script.fields",
+                                           lists[l], err, sizeof(err)))
+                abort();
+        }
+        idem_envelope_t e[2];
+        idem_reason_t rs[2] = {0, 0};
+        char errs[2][256] = {"", ""};
+        int rc[2];
+        for (int fast = 0; fast < 2; fast++)
+            rc[fast] = idem_envelope_read(frules[l][fast], value, vlen, h, NULL,
+                                          0, &e[fast], &rs[fast], errs[fast],
+                                          sizeof(errs[fast]));
+        if (rc[0] != rc[1] ||
+            (rc[0] && (rs[0] != rs[1] || strcmp(errs[0], errs[1]))))
+            abort();
+        if (!rc[0]) {
+            if (e[0].nfields != e[1].nfields ||
+                e[0].identity_len != e[1].identity_len ||
+                memcmp(e[0].identity, e[1].identity, e[0].identity_len))
+                abort();
+            for (size_t i = 0; i < e[0].nfields; i++) {
+                const idem_envelope_field_t *a = &e[0].fields[i],
+                                            *b = &e[1].fields[i];
+                if (a->type != b->type || a->len != b->len ||
+                    memcmp(a->text, b->text, a->len + 1))
+                    abort();
+            }
+            idem_envelope_term(&e[0]);
+            idem_envelope_term(&e[1]);
+        }
     }
     /* The amount rule on the raw value: what it accepts is a number whose
      * double is within rounding of the cents it gave. */
