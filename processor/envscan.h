@@ -8,8 +8,8 @@
 
 #include <stddef.h>
 
-#define IDEM_ENVSCAN_STEPS_MAX 64 /* steps (pointer tokens) one scan follows   \
-                                   */
+/* Steps (pointer tokens) one scan follows. */
+#define IDEM_ENVSCAN_STEPS_MAX 64
 
 typedef enum {
     IDEM_ENVSCAN_ABSENT = 0, /* no such member */
