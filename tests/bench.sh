@@ -72,87 +72,17 @@ for t in classic redisalone; do
     [[ -x $TOOLS/$t ]] || { echo "bench: $TOOLS/$t missing (make bench builds it)" >&2; exit 2; }
 done
 mkdir -p "$OUT"
-DIR=$(mktemp -d "${TMPDIR:-/tmp}/idemproc-bench.XXXXXX")
-PIDS=()
-cleanup() {
-    local rc=$? p
-    set +e
-    for p in "${PIDS[@]}"; do kill -TERM "$p" 2>/dev/null; done
-    for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null; done
-    [[ -n ${BENCH_KEEP:-} ]] && echo "bench: kept $DIR" >&2 || rm -rf "$DIR"
-    exit "$rc"
-}
-trap cleanup EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
-
-die() {
-    echo "bench: $*" >&2
-    exit 1
-}
-say() { echo "bench: $*" >&2; }
-now_us() { local t=${EPOCHREALTIME//[.,]/}; echo "$((10#$t))"; }
-free_port() {
-    local p
-    for _ in $(seq 200); do
-        p=$((20000 + RANDOM % 12000))
-        if ! (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then
-            echo "$p"
-            return
-        fi
-    done
-    die "no free port"
-}
-# metrics PORT: the member's /metrics body, read with bash alone.
-metrics() {
-    { exec 3<>"/dev/tcp/127.0.0.1/$1"; } 2>/dev/null || return 0
-    printf 'GET /metrics HTTP/1.0\r\n\r\n' >&3
-    cat <&3
-    exec 3<&-
-}
-# metric_sum PORT: the sum of idemproc_records_total over outcomes, read
-# with bash alone (no fork per poll: the machine has 2 cores to share).
-metric_sum() {
-    local line sum=0
-    { exec 3<>"/dev/tcp/127.0.0.1/$1"; } 2>/dev/null || { echo 0; return; }
-    printf 'GET /metrics HTTP/1.0\r\n\r\n' >&3
-    while IFS= read -r line <&3; do
-        [[ $line == idemproc_records_total\{* ]] && sum=$((sum + ${line##* }))
-    done
-    exec 3<&-
-    echo "$sum"
-}
-# metric PORT SERIES: one sample's value from the member's /metrics (0).
-metric() {
-    local line
-    { exec 3<>"/dev/tcp/127.0.0.1/$1"; } 2>/dev/null || { echo 0; return; }
-    printf 'GET /metrics HTTP/1.0\r\n\r\n' >&3
-    while IFS= read -r line <&3; do
-        [[ $line == "$2 "* ]] && { echo "${line##* }"; exec 3<&-; return; }
-    done
-    exec 3<&-
-    echo 0
-}
-# cpu_ticks PID: utime + stime of the process (all its threads), in clock
-# ticks, read without a fork. Fields after the ")" of comm: state is 0,
-# utime 11, stime 12.
-cpu_ticks() {
-    local stat
-    read -r stat <"/proc/$1/stat" || { echo 0; return; }
-    local -a f=(${stat##*) })
-    echo "$((f[11] + f[12]))"
-}
+LIB_NAME=bench LIB_SAY_FD=2 LIB_KEEP=${BENCH_KEEP:-} LIB_GRACE=30
+. "$SRC/tests/lib.sh"
+lib_init bench
 TICK_US=$((1000000 / $(getconf CLK_TCK)))
-vm_hwm_kb() { awk '/^VmHWM:/ { print $2 }' "/proc/$1/status"; }
-# expect FILE FIELD: a top-level number of a `produce --expect` file.
-expect() { jq -r ".$2" "$1"; }
 
 # redis_snap: "script_usec used_memory cpu_us" of the private Redis:
 # script_usec sums INFO commandstats usec of EVAL/EVALSHA/FCALL and their
 # _ro forms, which include the commands a script calls (those are counted
 # again under their own names, so they are left out here).
 redis_snap() {
-    redis-cli -p "$RPORT" info all | tr -d '\r' | awk -F'[:,=]' '
+    rcli info all | tr -d '\r' | awk -F'[:,=]' '
         /^cmdstat_(eval|evalsha|eval_ro|evalsha_ro|fcall|fcall_ro):/ { u += $5 }
         /^used_memory:/ { m = $2 }
         /^used_cpu_sys:/ { c += $2 } /^used_cpu_user:/ { c += $2 }
@@ -164,10 +94,10 @@ keys_bytes() {
     local k sum=0 b
     while IFS= read -r k; do
         [[ -n $k ]] || continue
-        b=$(redis-cli -p "$RPORT" memory usage "$k" samples 0)
+        b=$(rcli memory usage "$k" samples 0)
         sum=$((sum + ${b:-0}))
-    done < <(redis-cli -p "$RPORT" --scan --pattern "$1ledger:*"
-        redis-cli -p "$RPORT" --scan --pattern "$1pos:*")
+    done < <(rcli --scan --pattern "$1ledger:*"
+        rcli --scan --pattern "$1pos:*")
     echo "$sum"
 }
 # emit ROW REP key=value...: one repetition's figures (numbers stay numbers).
@@ -194,41 +124,9 @@ LATENCY_TOPICS=()
 for ((rep = 1; rep <= REPS; rep++)); do
     LATENCY_TOPICS+=(--topic "latency$rep:$PARTITIONS" --topic "latency$rep.dlq:4")
 done
-"$BIN" broker --topic "payments:$PARTITIONS" --topic payments.dlq:4 \
-    "${LATENCY_TOPICS[@]}" \
-    --topic p1m:128 --topic p1mk:128 --topic hooks:16 --topic hooks.dlq:1 \
-    >"$DIR/broker.out" 2>"$DIR/broker.log" &
-PIDS+=($!)
-for _ in $(seq 100); do [[ -s $DIR/broker.out ]] && break; sleep 0.05; done
-BOOT=$(head -n 1 "$DIR/broker.out")
-[[ -n $BOOT ]] || die "the broker did not start: $(tail -3 "$DIR/broker.log")"
-RPORT=$(free_port)
-redis-server --port "$RPORT" --bind 127.0.0.1 --dir "$DIR" --save '' \
-    --appendonly no >"$DIR/redis.log" 2>&1 &
-PIDS+=($!)
-for _ in $(seq 100); do
-    redis-cli -p "$RPORT" ping >/dev/null 2>&1 && break
-    sleep 0.05
-done
-
-# props FILE GROUP TOPIC [k=v...]: a member's configuration.
-props() {
-    local file=$1 group=$2 topic=$3
-    shift 3
-    {
-        echo "kafka.bootstrap.servers=$BOOT"
-        echo "group.id=$group"
-        echo "input.topics=$topic"
-        echo "dlq.topic=$topic.dlq"
-        echo "redis.url=redis://127.0.0.1:$RPORT/0"
-        echo "message.max.bytes=4096"
-        echo "kafka.fetch.wait.max.ms=10"
-        echo "kafka.session.timeout.ms=6000"
-        echo "log.level=warn"
-        local kv
-        for kv in "$@"; do echo "$kv"; done
-    } >"$file"
-}
+broker_start --topic "payments:$PARTITIONS" --topic payments.dlq:4 "${LATENCY_TOPICS[@]}" \
+    --topic p1m:128 --topic p1mk:128 --topic hooks:16 --topic hooks.dlq:1
+redis_start
 
 # --- the workload ---------------------------------------------------------
 THROUGHPUT_ROWS=0
@@ -238,8 +136,8 @@ if ((THROUGHPUT_ROWS)); then
     "$BIN" produce -b "$BOOT" -t payments --count "$COUNT" "${WORKLOAD[@]}" \
         --seed 7 --expect "$DIR/expect.json" 2>"$DIR/produce.log" ||
         die "produce failed: $(tail -3 "$DIR/produce.log")"
-    SENT=$(expect "$DIR/expect.json" sent)
-    UNIQUE=$(expect "$DIR/expect.json" unique)
+    SENT=$(expect_num "$DIR/expect.json" sent)
+    UNIQUE=$(expect_num "$DIR/expect.json" unique)
     BYTES=$(kcat -C -b "$BOOT" -t payments -p 0 -o beginning -e -q -f '%S\n' |
         awk '{ s += $1; n++ } END { printf "%d", n ? s / n : 0 }')
     say "workload: $SENT records ($UNIQUE unique payments applied, $((SENT - UNIQUE)) duplicates and poison), $PARTITIONS partitions, ~$BYTES B values, produced in $((($(now_us) - t0) / 1000)) ms"
@@ -276,23 +174,36 @@ wait_members() {
     return 1
 }
 
+# member NAME CONF PORT [ARG...]: `idemproc run -c CONF ARG...` as process
+# NAME, /metrics on 127.0.0.1:PORT, output in DIR/NAME.log; MPIDS += its pid.
+member() {
+    local name=$1 conf=$2 port=$3
+    shift 3
+    spawn "$name" "$DIR/$name.log" "$DIR/$name.log" "$BIN" run -c "$conf" \
+        --set "http.listen=127.0.0.1:$port" "$@"
+    MPIDS+=("${PID[$name]}")
+}
+# members_stop NAME...: SIGTERM to every one at once, then each must exit 0.
+members_stop() {
+    local name
+    for name; do kill -TERM "${PID[$name]}"; done
+    for name; do stop "$name" - 60 || die "$name exited with $? on SIGTERM"; done
+}
+
 # idemproc_run ROW REP MEMBERS: MEMBERS members of a new group process the
 # whole `payments` topic; emits the repetition's figures, fails unless
 # verify says exact.
 idemproc_run() {
-    local row=$1 rep=$2 members=$3 i
+    local row=$1 rep=$2 members=$3 i names
     local conf=$DIR/$row-$rep.properties
-    props "$conf" "bench-$row-$rep" payments
-    redis-cli -p "$RPORT" flushdb >/dev/null
+    member_props "$conf" "bench-$row-$rep" payments
+    rcli flushdb >/dev/null
     read -r u0 m0 c0 < <(redis_snap)
-    MPIDS=() MPORTS=()
+    MPIDS=() MPORTS=() names=()
     for ((i = 0; i < members; i++)); do
-        MPORTS[i]=$(free_port)
-        "$BIN" run -c "$conf" --set "member.id=$row-$rep-$i" \
-            --set "http.listen=127.0.0.1:${MPORTS[i]}" \
-            2>"$DIR/$row-$rep-$i.log" &
-        MPIDS[i]=$!
-        PIDS+=("${MPIDS[i]}")
+        free_port "MPORTS[$i]"
+        names+=("$row-$rep-$i")
+        member "$row-$rep-$i" "$conf" "${MPORTS[i]}" --set "member.id=$row-$rep-$i"
     done
     wait_members "$SENT" "${MPORTS[@]}" || { tail -5 "$DIR/$row-$rep-0.log" >&2; exit 1; }
     local ticks=0 rss=0 revokes=0 h
@@ -302,10 +213,7 @@ idemproc_run() {
         ((h > rss)) && rss=$h
         revokes=$((revokes + $(metric "${MPORTS[i]}" 'idemproc_rebalances_total{event="revoke"}')))
     done
-    for i in "${!MPIDS[@]}"; do kill -TERM "${MPIDS[i]}"; done
-    for i in "${!MPIDS[@]}"; do
-        wait "${MPIDS[i]}" || die "$row run $rep: member $i exited with $? on SIGTERM"
-    done
+    members_stop "${names[@]}"
     read -r u1 m1 c1 < <(redis_snap)
     local other
     other=$(keys_bytes "idemproc:")
@@ -340,10 +248,10 @@ fi
 if want classic; then
     T_ROW=$(now_us)
     for ((rep = 1; rep <= REPS; rep++)); do
-        redis-cli -p "$RPORT" flushdb >/dev/null
+        rcli flushdb >/dev/null
         read -r u0 m0 c0 < <(redis_snap)
         line=$("$TOOLS/classic" -b "$BOOT" -t payments -g "bench-classic-$rep" \
-            -r "127.0.0.1:$RPORT" --seconds "$CLASSIC_SECONDS" \
+            -r "127.0.0.1:$REDIS_PORT" --seconds "$CLASSIC_SECONDS" \
             -X fetch.wait.max.ms=10 -X session.timeout.ms=6000 2>"$DIR/classic-$rep.log") ||
             die "classic failed: $(tail -3 "$DIR/classic-$rep.log")"
         read -r u1 m1 c1 < <(redis_snap)
@@ -360,8 +268,8 @@ if want redis; then
     T_ROW=$(now_us)
     for ((rep = 1; rep <= REPS; rep++)); do
         conf=$DIR/redis-$rep.properties
-        props "$conf" "bench-redis-$rep" payments
-        redis-cli -p "$RPORT" flushdb >/dev/null
+        member_props "$conf" "bench-redis-$rep" payments
+        rcli flushdb >/dev/null
         read -r u0 m0 c0 < <(redis_snap)
         line=$("$TOOLS/redisalone" -c "$conf" --connections 2 2>"$DIR/redis-$rep.log") ||
             die "redisalone failed: $(tail -3 "$DIR/redis-$rep.log")"
@@ -424,13 +332,11 @@ elif want latency; then
     LCOUNT=$((LAT_RATE * LAT_SECONDS * 10 / 11))
     for ((rep = 1; rep <= REPS; rep++)); do
         conf=$DIR/latency-$rep.properties
-        props "$conf" "bench-latency-$rep" "latency$rep"
-        redis-cli -p "$RPORT" flushdb >/dev/null
-        MPORTS=("$(free_port)")
-        "$BIN" run -c "$conf" --set "http.listen=127.0.0.1:${MPORTS[0]}" \
-            2>"$DIR/latency-$rep.log" &
-        MPIDS=($!)
-        PIDS+=("${MPIDS[0]}")
+        member_props "$conf" "bench-latency-$rep" "latency$rep"
+        rcli flushdb >/dev/null
+        free_port "MPORTS[0]"
+        MPIDS=()
+        member "latency-$rep" "$conf" "${MPORTS[0]}"
         # Wait for the partitions, then 1 s without a rebalance.
         settled=0 stable_since=$(now_us) last=''
         deadline=$(($(now_us) + 60000000))
@@ -447,12 +353,11 @@ elif want latency; then
         "$BIN" produce -b "$BOOT" -t "latency$rep" --count "$LCOUNT" "${WORKLOAD[@]}" \
             --seed $((100 + rep)) --rate "$LAT_RATE" --expect "$DIR/latency-$rep.expect.json" \
             2>"$DIR/latency-$rep.produce.log" || die "latency: produce failed"
-        LSENT=$(expect "$DIR/latency-$rep.expect.json" sent)
+        LSENT=$(expect_num "$DIR/latency-$rep.expect.json" sent)
         achieved=$(sed -n 's/.*elapsed [0-9.]*s, \([0-9]*\) msgs\/s.*/\1/p' "$DIR/latency-$rep.produce.log" | tail -1)
         wait_members "$LSENT" "${MPORTS[0]}" || exit 1
         after=$(effect_buckets "${MPORTS[0]}")
-        kill -TERM "${MPIDS[0]}"
-        wait "${MPIDS[0]}" || die "latency: the member exited with $? on SIGTERM"
+        members_stop "latency-$rep"
         "$BIN" verify -c "$conf" --expect "$DIR/latency-$rep.expect.json" --dlq \
             >"$DIR/latency-$rep.verify" 2>&1 ||
             { cat "$DIR/latency-$rep.verify" >&2; die "latency run $rep: verify is not exact"; }
@@ -498,32 +403,25 @@ if want webhook; then
     WCOUNT=${BENCH_WEBHOOK_COUNT:-50000}
     SINK=$(dirname "$BIN")/hooksink
     [[ -x $SINK ]] || die "$SINK missing (make build/hooksink)"
-    "$SINK" --delay-ms 5 --record >"$DIR/sink.out" 2>"$DIR/sink.log" &
-    SINK_PID=$!
-    PIDS+=("$SINK_PID")
-    for _ in $(seq 100); do [[ -s $DIR/sink.out ]] && break; sleep 0.05; done
+    spawn sink "$DIR/sink.out" "$DIR/sink.log" "$SINK" --delay-ms 5 --record
+    wait_for 5 sink test -s "$DIR/sink.out" || true
     URL=$(head -n 1 "$DIR/sink.out")
     "$BIN" produce -b "$BOOT" -t hooks --count "$WCOUNT" --duplicates 0.1 \
         --poison 0 --seed 9 --expect "$DIR/hooks.expect.json" \
         2>"$DIR/hooks.produce.log"
-    WSENT=$(expect "$DIR/hooks.expect.json" sent)
-    WUNIQUE=$(expect "$DIR/hooks.expect.json" unique)
-    WPORT=$(free_port)
-    props "$DIR/hooks.properties" idemproc-bench-webhook hooks "redis.prefix=hooks:" \
-        handler=webhook "webhook.url=$URL" "http.listen=127.0.0.1:$WPORT" \
-        ${BENCH_WEBHOOK_PROPS:-}
-    "$BIN" run -c "$DIR/hooks.properties" 2>"$DIR/hooks.member.log" &
-    WMEMBER=$!
-    PIDS+=("$WMEMBER")
-    MPIDS=("$WMEMBER")
+    WSENT=$(expect_num "$DIR/hooks.expect.json" sent)
+    WUNIQUE=$(expect_num "$DIR/hooks.expect.json" unique)
+    free_port WPORT
+    member_props "$DIR/hooks.properties" idemproc-bench-webhook hooks "redis.prefix=hooks:" \
+        handler=webhook "webhook.url=$URL" ${BENCH_WEBHOOK_PROPS:-}
+    MPIDS=()
+    member hooks.member "$DIR/hooks.properties" "$WPORT"
     wait_members "$WSENT" "$WPORT" || { tail "$DIR/hooks.member.log" >&2; exit 1; }
     W=$((WSENT * 1000000 / (DONE_US - FIRST_US)))
     PROCESSED=$(metric "$WPORT" 'idemproc_records_total{outcome="processed"}')
     DUPS=$(metric "$WPORT" 'idemproc_records_total{outcome="duplicate"}')
-    kill -TERM "$WMEMBER"
-    wait "$WMEMBER" || true
-    kill -TERM "$SINK_PID"
-    wait "$SINK_PID" || true
+    stop hooks.member TERM 60 || true
+    stop sink TERM 10 || true
     ACKED=$(sed -n 's/.*, \([0-9]*\) answered 2xx.*/\1/p' "$DIR/sink.log")
     ((PROCESSED == WUNIQUE)) || die "webhook: processed $PROCESSED, expected $WUNIQUE"
     ((${ACKED:-0} >= WUNIQUE)) || die "webhook: the service acknowledged ${ACKED:-0} < $WUNIQUE"

@@ -23,12 +23,6 @@
 # State it keeps: DIR, PID (name -> pid of every process started with
 # spawn), BOOT (broker_start), REDIS_PORT (redis_start), PGBIN, PGPORT,
 # DSN, PSQL, PG_UP (pg_require, pg_start).
-#
-# For tests/bench.sh and tests/bench_script.sh, which still carry their own
-# copies: now_us, say (LIB_SAY_FD=2), die, free_port, metrics, metric,
-# metric_sum, cpu_ticks, vm_hwm_kb, member_props (bench.sh's props, with
-# REDIS_PORT for RPORT), broker_start and redis_start (their start-up
-# blocks), spawn and lib_init (their PIDS array and cleanup).
 
 LIB_NAME=${LIB_NAME:-${0##*/}}
 LIB_CONTEXT=${LIB_CONTEXT:-}
@@ -230,6 +224,9 @@ redis_start() {
     die "redis-server did not start on port $REDIS_PORT"
 }
 lib_redis_pong() { [[ $(redis-cli -h 127.0.0.1 -p "$REDIS_PORT" ping 2>/dev/null) == PONG ]]; }
+
+# rcli ARG...: redis-cli against the Redis of redis_start.
+rcli() { redis-cli -h 127.0.0.1 -p "$REDIS_PORT" "$@"; }
 
 # member_props FILE GROUP TOPIC [KEY=VALUE...]: an `idemproc run`
 # configuration for the broker BOOT and the Redis REDIS_PORT: TOPIC in,
