@@ -1,6 +1,7 @@
 /* harness: real processes for integration tests: a private redis-server on
  * a free port in a temp dir, the embedded broker, and idemproc commands. */
 #include "harness.h"
+#include "conf.h"
 #include "envelope.h"
 
 #include <arpa/inet.h>
@@ -699,4 +700,19 @@ long th_topic_size(const char *bootstrap, const char *topic)
     rd_kafka_topic_destroy(rkt);
     rd_kafka_destroy(rk);
     return n;
+}
+
+idem_conf_t *th_ledger_conf(const th_redis_t *r)
+{
+    char url[128], err[512] = "";
+    snprintf(url, sizeof(url), "redis.url=%s", r->url);
+    char *sets[] = {url,
+                    "group.id=g",
+                    "handler=ledger",
+                    "kafka.bootstrap.servers=127.0.0.1:1",
+                    "input.topics=t",
+                    "dlq.topic=d"};
+    idem_conf_t *conf = idem_conf_load(NULL, NULL, sets, 6, err, sizeof(err));
+    cr_assert(conf, "%s", err);
+    return conf;
 }

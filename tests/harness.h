@@ -54,6 +54,11 @@ typedef struct {
     const char *extra[24]; /* more redis-server arguments (borrowed) */
 } th_redis_t;
 
+struct idem_conf_s;
+/* A ledger member's configuration against r and no broker, for tests that
+ * drive the store directly (asserts that it loads; idem_conf_destroy it). */
+struct idem_conf_s *th_ledger_conf(const th_redis_t *r);
+
 /* th_redis_start with more redis-server arguments (NULL-terminated, at
  * most 23; borrowed: they must outlive r, restarts use them again). */
 int th_redis_start_args(th_redis_t *r, const char *const extra[]);

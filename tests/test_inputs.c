@@ -50,16 +50,8 @@ Test(inputs, identities_differing_after_a_nul_both_apply, .timeout = 60)
 {
     th_redis_t r;
     cr_assert_eq(th_redis_start(&r), 0);
-    char url[128], err[512] = "";
-    snprintf(url, sizeof(url), "redis.url=%s", r.url);
-    char *sets[] = {url,
-                    "group.id=g",
-                    "handler=ledger",
-                    "kafka.bootstrap.servers=127.0.0.1:1",
-                    "input.topics=t",
-                    "dlq.topic=d"};
-    idem_conf_t *conf = idem_conf_load(NULL, NULL, sets, 6, err, sizeof(err));
-    cr_assert(conf, "%s", err);
+    char err[512] = "";
+    idem_conf_t *conf = th_ledger_conf(&r);
     idem_store_t *s = idem_store_new(conf, NULL);
 
     idem_envelope_t e[4];

@@ -29,14 +29,6 @@ static void store_fini(void)
 
 TestSuite(store, .fini = store_fini);
 
-#define ASSERT_VERIFIED(s, dlq, sets, ms)                                      \
-    do {                                                                       \
-        char *vout_ = NULL;                                                    \
-        int vrc_ = th_stack_wait_verified((s), (dlq), (sets), (ms), &vout_);   \
-        cr_assert_eq(vrc_, 0, "verify never exact:\n%s", vout_);               \
-        free(vout_);                                                           \
-    } while (0)
-
 static const char *const traffic[] = {
     "--count",           "20000", "--duplicates", "0.1", "--poison", "0.01",
     "--too-large-bytes", "5000",  "--seed",       "81",  NULL};
@@ -209,7 +201,7 @@ Test(store, full_memory_pauses_then_resumes_exact, .timeout = 180)
     cr_expect_eq(th_http_get(port, "/healthz", NULL), 200);
     const char *room[] = {"CONFIG", "SET", "maxmemory", "0", NULL};
     redis_ok(&stk.redis, room);
-    ASSERT_VERIFIED(&stk, 1, NULL, 120000);
+    TH_ASSERT_VERIFIED(&stk, 1, NULL, 120000);
     char *log = member_log(&stk, "m1");
     cr_expect(!strstr(log, "handler-rejected"), "dead-lettered for OOM");
     free(log);
@@ -234,7 +226,7 @@ Test(store, read_only_replica_then_promoted_exact, .timeout = 180)
     sleep(2);
     const char *promote[] = {"REPLICAOF", "NO", "ONE", NULL};
     redis_ok(&replicas[0], promote);
-    ASSERT_VERIFIED(&stk, 1, sets, 120000);
+    TH_ASSERT_VERIFIED(&stk, 1, sets, 120000);
     char *log = member_log(&stk, "m1");
     cr_expect(!strstr(log, "handler-rejected"), "dead-lettered for READONLY");
     free(log);
@@ -265,7 +257,7 @@ Test(store, evicting_policy_refused_unless_allowed, .timeout = 120)
 
     const char *allow[] = {"redis.allow.eviction=true", NULL};
     m = th_stack_member(&stk, "m2", allow);
-    ASSERT_VERIFIED(&stk, 1, NULL, 90000);
+    TH_ASSERT_VERIFIED(&stk, 1, NULL, 90000);
     log = member_log(&stk, "m2");
     cr_expect(strstr(log, "redis may evict dedup marks"), "no warning: %s",
               log);
@@ -356,7 +348,7 @@ Test(store, lost_aof_tail_is_read_again_exact, .timeout = 240)
                 cut, after, unique);
     cr_assert_gt(after, 0, "Redis came back empty: the AOF was not loaded");
     cr_expect_lt(after, unique, "Redis lost nothing: the test proves nothing");
-    ASSERT_VERIFIED(&stk, 1, NULL, 150000);
+    TH_ASSERT_VERIFIED(&stk, 1, NULL, 150000);
     char *log = member_log(&stk, "m1");
     cr_expect(strstr(log, "rewound to the position redis holds"),
               "no rewind: %s", log);
@@ -407,11 +399,11 @@ Test(store, wait_for_replicas_before_finishing, .timeout = 180)
         "finished without the replicas");
     free(body);
     replica_start(1, &stk.redis);
-    ASSERT_VERIFIED(&stk, 0, NULL, 120000);
+    TH_ASSERT_VERIFIED(&stk, 0, NULL, 120000);
     char url[96];
     snprintf(url, sizeof(url), "redis.url=%s", replicas[1].url);
     const char *sets[] = {url, NULL};
-    ASSERT_VERIFIED(&stk, 0, sets, 30000);
+    TH_ASSERT_VERIFIED(&stk, 0, sets, 30000);
     cr_expect_eq(th_stop(m, 15000), 0);
     th_redis_stop(&replicas[1]);
     th_redis_stop(&replicas[0]);
@@ -445,7 +437,7 @@ Test(store, stalled_redis_is_a_timeout_then_exact, .timeout = 180)
     cr_expect(!strstr(log, "Resource temporarily unavailable"),
               "system error text instead of the timeout");
     free(log);
-    ASSERT_VERIFIED(&stk, 1, NULL, 120000);
+    TH_ASSERT_VERIFIED(&stk, 1, NULL, 120000);
     cr_expect_eq(th_stop(m, 15000), 0);
     th_stack_stop(&stk);
 }
@@ -488,7 +480,7 @@ Test(store, member_starts_at_the_position_redis_holds, .timeout = 240)
     long sent = (long)json_integer_value(json_object_get(e, "sent"));
     json_decref(e);
     pid_t m = th_stack_member(&stk, "m1", NULL);
-    ASSERT_VERIFIED(&stk, 1, NULL, 120000);
+    TH_ASSERT_VERIFIED(&stk, 1, NULL, 120000);
     cr_expect_eq(th_stop(m, 15000), 0);
     /* Every record finished: Redis holds the end of every partition. */
     cr_expect_eq(positions_sum(&stk), sent);
@@ -506,7 +498,7 @@ Test(store, member_starts_at_the_position_redis_holds, .timeout = 240)
               kept, sent);
 
     m = th_stack_member(&stk, "m2", NULL);
-    ASSERT_VERIFIED(&stk, 1, NULL, 120000);
+    TH_ASSERT_VERIFIED(&stk, 1, NULL, 120000);
     char *log = member_log(&stk, "m2");
     cr_expect(strstr(log, "redis went back in time"), "not detected: %s", log);
     free(log);
@@ -548,7 +540,7 @@ Test(store, busy_redis_pauses_then_exact, .timeout = 180)
         wait_metric(port, "idemproc_redis_errors_total{class=\"busy\"}", 20000);
     cr_expect_eq(th_wait(b, 30000), 0, "the busy script did not end");
     cr_expect_eq(found, 0, "never saw BUSY");
-    ASSERT_VERIFIED(&stk, 1, NULL, 120000);
+    TH_ASSERT_VERIFIED(&stk, 1, NULL, 120000);
     char *log = member_log(&stk, "m1");
     cr_expect(!strstr(log, "handler-rejected"), "dead-lettered for BUSY");
     free(log);

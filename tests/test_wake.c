@@ -127,16 +127,8 @@ Test(wake, a_redis_reply_in_flight_ends_the_wait, .timeout = 60)
 {
     th_redis_t r;
     cr_assert_eq(th_redis_start(&r), 0);
-    char url[128], err[512] = "";
-    snprintf(url, sizeof(url), "redis.url=%s", r.url);
-    char *sets[] = {url,
-                    "group.id=g",
-                    "handler=ledger",
-                    "kafka.bootstrap.servers=127.0.0.1:1",
-                    "input.topics=t",
-                    "dlq.topic=d"};
-    idem_conf_t *conf = idem_conf_load(NULL, NULL, sets, 6, err, sizeof(err));
-    cr_assert(conf, "%s", err);
+    char err[512] = "";
+    idem_conf_t *conf = th_ledger_conf(&r);
     idem_store_t *s = idem_store_new(conf, NULL);
     cr_expect_eq(idem_store_reply_fd(s), -1, "not connected");
     cr_assert_eq(idem_store_connect(s, err, sizeof(err)), 0, "%s", err);
