@@ -399,14 +399,24 @@ static void rebalance_cb(rd_kafka_t *rk, rd_kafka_resp_err_t err,
                 ->retry_tier =
                 idem_retrytopics_tier(p->rt, parts->elems[i].topic);
         idem_loop_assign_positions(p, parts);
-        /* (A failed assign is logged; librdkafka then serves the
-         * partitions to no one, and the coordinator reassigns them.) */
-        idem_rebalance_assign(rk, parts, rerr, sizeof(rerr));
         /* Each new partition paused or fetching as the others are, set
          * explicitly: librdkafka keeps a partition's pause across unassign
          * and assign, so a partition paused before a rebalance took it
-         * away would come back paused for good while we fetch. */
-        idem_rebalance_pause(rk, parts, p->paused);
+         * away would come back paused for good while we fetch. Set before
+         * assign: a pause or resume after it can make librdkafka drop the
+         * partition's fetch start (rebalance.h), one partition never
+         * fetched. */
+        rd_kafka_topic_partition_list_t *late =
+            idem_rebalance_pause_preset(rk, parts, p->paused);
+        /* (A failed assign is logged; librdkafka then serves the
+         * partitions to no one, and the coordinator reassigns them.) */
+        idem_rebalance_assign(rk, parts, rerr, sizeof(rerr));
+        if (late) {
+            /* Not known to librdkafka before assign (a first assignment
+             * during an outage): paused now, the race left open. */
+            idem_rebalance_pause(rk, late, 1);
+            rd_kafka_topic_partition_list_destroy(late);
+        }
         idem_metrics_paused_set(p->m, p->paused ? (int64_t)p->offs.cnt : 0);
         char cnt[16];
         snprintf(cnt, sizeof(cnt), "%d", parts->cnt);

@@ -85,3 +85,26 @@ int idem_rebalance_pause(rd_kafka_t *rk, rd_kafka_topic_partition_list_t *parts,
     }
     return bad;
 }
+
+rd_kafka_topic_partition_list_t *idem_rebalance_pause_preset(
+    rd_kafka_t *rk, const rd_kafka_topic_partition_list_t *parts, int pause)
+{
+    rd_kafka_topic_partition_list_t *l =
+        rd_kafka_topic_partition_list_copy(parts);
+    rd_kafka_resp_err_t err = pause ? rd_kafka_pause_partitions(rk, l)
+                                    : rd_kafka_resume_partitions(rk, l);
+    rd_kafka_topic_partition_list_t *late = NULL;
+    for (int i = 0; i < l->cnt; i++) {
+        if (!err && !l->elems[i].err)
+            continue;
+        /* Unknown to librdkafka yet: it has no pause state to carry. */
+        if (!pause)
+            continue;
+        if (!late)
+            late = rd_kafka_topic_partition_list_new(l->cnt);
+        rd_kafka_topic_partition_list_add(late, l->elems[i].topic,
+                                          l->elems[i].partition);
+    }
+    rd_kafka_topic_partition_list_destroy(l);
+    return late;
+}

@@ -31,4 +31,19 @@ int idem_rebalance_unassign(rd_kafka_t *rk,
 int idem_rebalance_pause(rd_kafka_t *rk, rd_kafka_topic_partition_list_t *parts,
                          int pause);
 
+/* Sets the pause state of `parts` BEFORE they are assigned (pause=1 paused,
+ * 0 fetching). librdkafka keeps a partition's pause across unassign and
+ * assign, so a new assignment must set it; but a pause or resume issued
+ * after assign races with the fetch start librdkafka's main thread issues
+ * once the committed offsets arrive: each takes a version from the
+ * partition's counter, and a start that reaches the partition after a
+ * pause/resume with a newer version is dropped as outdated, leaving the
+ * partition assigned and never fetched (no error, no log). Before assign
+ * no start is pending, so the order is the program's. Returns, when
+ * pausing, the partitions librdkafka does not know yet (they cannot be
+ * paused before assign; the caller pauses them after it), else NULL; the
+ * caller destroys the list. */
+rd_kafka_topic_partition_list_t *idem_rebalance_pause_preset(
+    rd_kafka_t *rk, const rd_kafka_topic_partition_list_t *parts, int pause);
+
 #endif
