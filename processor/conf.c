@@ -1,6 +1,7 @@
 /* conf: the configuration table, its sources (file, environment, --set) and
  * the effective configuration every command reads. */
 #include "conf.h"
+#include "fetchwatch.h"
 #include "envelope.h"
 #include "handler.h"
 #include "kafka.h"
@@ -466,7 +467,33 @@ static const prop_t props[] = {
      {0},
      0,
      0,
-     "librdkafka statistics period (consumer lag); 0 = off"},
+     "librdkafka statistics period (consumer lag, fetch.stall.ms); 0 = "
+     "off"},
+    {"fetch.stall.ms",
+     PROP_INT,
+     F(fetch_stall_ms),
+     "30000",
+     0,
+     3600000,
+     {0},
+     0,
+     0,
+     "an assigned partition, not paused by the member, behind its end and "
+     "not fetched this long is logged, counted and resumed; still stalled "
+     "as long after that, the member is not ready (needs "
+     "stats.interval.ms); 0 = off"},
+    {"fault.fetch.pause",
+     PROP_STR,
+     F(fault_fetch_pause),
+     "",
+     0,
+     0,
+     {0},
+     0,
+     0,
+     "development only: TOPIC:PARTITION[:TIMES] pauses that partition "
+     "inside librdkafka behind the member's back once its fetch started, "
+     "and drops the first TIMES-1 repairs (exercises fetch.stall.ms)"},
     {"progress.interval.ms",
      PROP_INT,
      F(progress_interval_ms),
@@ -1399,6 +1426,19 @@ int idem_conf_finalize(idem_conf_t *conf, char *errstr, size_t errstr_size)
                 conf->redis_prefix);
         return -1;
     }
+    if (conf->fetch_stall_ms > 0 && conf->stats_interval_ms > 0 &&
+        conf->fetch_stall_ms < conf->stats_interval_ms) {
+        err_set(errstr, errstr_size,
+                "fetch.stall.ms: %" PRId64
+                " is below stats.interval.ms %" PRId64
+                " (a stall is judged from statistics: use at least "
+                "stats.interval.ms, or 0 for no watch)",
+                conf->fetch_stall_ms, conf->stats_interval_ms);
+        return -1;
+    }
+    if (idem_fetchwatch_fault_check(conf->fault_fetch_pause, errstr,
+                                    errstr_size))
+        return -1;
     const char *harg;
     const idem_handler_ops_t *handler =
         idem_handler_find(conf->handler, &harg, errstr, errstr_size);

@@ -8,6 +8,7 @@
 
 #include "dlq.h"
 #include "envelope.h"
+#include "fetchwatch.h"
 #include "flow.h"
 #include "handler.h"
 #include "offsets.h"
@@ -95,6 +96,7 @@ struct idem_pipeline_s {
     int in_redis;                   /* hops->effect == IDEM_EFFECT_IN_REDIS */
     idem_envelope_rules_t *rules;   /* how records are read */
     idem_retrytopics_t *rt;         /* retry.topics; NULL: blocking retries */
+    idem_fetchwatch_t *fw;          /* fetch.stall.ms; NULL: no watch */
 
     idem_records_t recs;          /* rec_t *, in poll order */
     rec_t *spares;                /* released records, reused: no allocation

@@ -124,6 +124,13 @@ struct idem_metrics_s {
     lag_entry_t *lags;
     size_t lag_cnt;
     int lag_seen; /* 1 once a statistics document was parsed */
+    /* The fetch watch's gauges (lag_entry_t.lag holds 0 or 1), under
+     * lag_lock too. */
+    lag_entry_t *stalled;
+    size_t stalled_cnt;
+    _Atomic int stall_on; /* 1 once the fetch watch started */
+    _Atomic uint64_t stalls;
+    _Atomic uint64_t stall_repairs;
 
     pthread_mutex_t ready_lock; /* guards ready, ready_reason */
     int ready;
@@ -192,6 +199,9 @@ idem_metrics_t *idem_metrics_new(void)
     atomic_init(&m->assigned, 0);
     atomic_init(&m->paused, 0);
     atomic_init(&m->inflight, 0);
+    atomic_init(&m->stall_on, 0);
+    atomic_init(&m->stalls, 0);
+    atomic_init(&m->stall_repairs, 0);
     atomic_init(&m->heartbeat_mono_ms, idem_now_ms());
     m->start_wall_ms = idem_wall_ms();
 
@@ -239,6 +249,7 @@ void idem_metrics_destroy(idem_metrics_t *m)
     pthread_mutex_destroy(&m->lag_lock);
     pthread_mutex_destroy(&m->ready_lock);
     lags_free(m->lags, m->lag_cnt);
+    lags_free(m->stalled, m->stalled_cnt);
     free(m);
 }
 
@@ -482,10 +493,15 @@ int idem_metrics_stats_json(idem_metrics_t *m, const char *json, size_t len)
 {
     json_error_t jerr;
     json_t *root = json_loadb(json, len, 0, &jerr);
-    if (!root || !json_is_object(root)) {
-        json_decref(root);
+    int rc = idem_metrics_stats_doc(m, root);
+    json_decref(root);
+    return rc;
+}
+
+int idem_metrics_stats_doc(idem_metrics_t *m, const json_t *root)
+{
+    if (!root || !json_is_object(root))
         return -1;
-    }
     lag_entry_t *lags = NULL;
     size_t cnt = 0, cap = 0;
     json_t *topics = json_object_get(root, "topics");
@@ -515,7 +531,6 @@ int idem_metrics_stats_json(idem_metrics_t *m, const char *json, size_t len)
             }
         }
     }
-    json_decref(root);
 
     pthread_mutex_lock(&m->lag_lock);
     lag_entry_t *old = m->lags;
@@ -526,6 +541,38 @@ int idem_metrics_stats_json(idem_metrics_t *m, const char *json, size_t len)
     pthread_mutex_unlock(&m->lag_lock);
     lags_free(old, old_cnt);
     return 0;
+}
+
+void idem_metrics_stalled_set(idem_metrics_t *m, const idem_metrics_stall_t *v,
+                              size_t n)
+{
+    lag_entry_t *copy = NULL;
+    size_t cnt = 0, cap = 0;
+    for (size_t i = 0; i < n; i++)
+        lags_push(&copy, &cnt, &cap, v[i].topic, v[i].partition,
+                  v[i].stalled ? 1 : 0);
+    pthread_mutex_lock(&m->lag_lock);
+    lag_entry_t *old = m->stalled;
+    size_t old_cnt = m->stalled_cnt;
+    m->stalled = copy;
+    m->stalled_cnt = cnt;
+    pthread_mutex_unlock(&m->lag_lock);
+    lags_free(old, old_cnt);
+}
+
+void idem_metrics_stall_enable(idem_metrics_t *m)
+{
+    atomic_store(&m->stall_on, 1);
+}
+
+void idem_metrics_stall_add(idem_metrics_t *m)
+{
+    atomic_fetch_add_explicit(&m->stalls, 1, memory_order_relaxed);
+}
+
+void idem_metrics_stall_repair_add(idem_metrics_t *m)
+{
+    atomic_fetch_add_explicit(&m->stall_repairs, 1, memory_order_relaxed);
 }
 
 uint64_t idem_metrics_outcome_get(idem_metrics_t *m, idem_outcome_t o)
@@ -660,6 +707,31 @@ static void render_lag(FILE *out, idem_metrics_t *m)
     pthread_mutex_unlock(&m->lag_lock);
 }
 
+static void render_stalled(FILE *out, idem_metrics_t *m)
+{
+    put_header(out, "idemproc_partition_stalled", "gauge",
+               "1 while an assigned partition, not paused by the member and "
+               "behind its end, has not been fetched for fetch.stall.ms.");
+    pthread_mutex_lock(&m->lag_lock);
+    for (size_t i = 0; i < m->stalled_cnt; i++) {
+        fputs("idemproc_partition_stalled{topic=\"", out);
+        idem_metrics_escape_label(m->stalled[i].topic, out);
+        fprintf(out, "\",partition=\"%" PRId32 "\"} %" PRId64 "\n",
+                m->stalled[i].partition, m->stalled[i].lag);
+    }
+    pthread_mutex_unlock(&m->lag_lock);
+    put_header(out, "idemproc_partition_stalls_total", "counter",
+               "Stalled partitions found (assigned, not paused by the "
+               "member, not fetched for fetch.stall.ms).");
+    put_u64(out, "idemproc_partition_stalls_total", NULL, NULL,
+            counter_get(&m->stalls));
+    put_header(out, "idemproc_partition_stall_repairs_total", "counter",
+               "Repairs of stalled partitions (resume, then seek to the "
+               "member's position).");
+    put_u64(out, "idemproc_partition_stall_repairs_total", NULL, NULL,
+            counter_get(&m->stall_repairs));
+}
+
 void idem_metrics_set_extra(idem_metrics_t *m, idem_metrics_render_cb *cb,
                             void *opaque)
 {
@@ -783,6 +855,8 @@ void idem_metrics_render(idem_metrics_t *m, FILE *out)
             atomic_load_explicit(&m->inflight, memory_order_relaxed));
 
     render_lag(out, m);
+    if (atomic_load(&m->stall_on))
+        render_stalled(out, m);
 
     put_header(out, "idemproc_ready", "gauge",
                "1 when the processor is ready (see /readyz), else 0.");

@@ -98,6 +98,29 @@ int64_t idem_metrics_heartbeat_age_ms(idem_metrics_t *m);
  * Returns 0, or -1 when the document cannot be parsed. */
 int idem_metrics_stats_json(idem_metrics_t *m, const char *json, size_t len);
 
+/* The fetch watch (fetchwatch.h): idemproc_partition_stalled{topic,
+ * partition} is replaced by v[0..n) (borrowed, copied): 1 for a partition
+ * assigned, not paused by the member and not fetched for fetch.stall.ms,
+ * 0 for the others; idemproc_partition_stalls_total counts the stalls
+ * found, idemproc_partition_stall_repairs_total the repairs made; all
+ * rendered once _stall_enable was called (a relay shows none). */
+typedef struct {
+    const char *topic;
+    int32_t partition;
+    int stalled;
+} idem_metrics_stall_t;
+void idem_metrics_stalled_set(idem_metrics_t *m, const idem_metrics_stall_t *v,
+                              size_t n);
+void idem_metrics_stall_enable(idem_metrics_t *m);
+void idem_metrics_stall_add(idem_metrics_t *m);
+void idem_metrics_stall_repair_add(idem_metrics_t *m);
+
+/* Consumer lag from a parsed statistics document (root, borrowed): what
+ * idem_metrics_stats_json does after parsing. Returns 0, or -1 when root
+ * is not an object. */
+struct json_t;
+int idem_metrics_stats_doc(idem_metrics_t *m, const struct json_t *root);
+
 /* Reads a counter back (tests, progress log, demo summary). */
 uint64_t idem_metrics_outcome_get(idem_metrics_t *m, idem_outcome_t o);
 uint64_t idem_metrics_duplicate_get(idem_metrics_t *m, idem_dup_kind_t k);

@@ -89,6 +89,8 @@ static void set_ready(idem_pipeline_t *p)
 {
     const char *why = idem_flow_not_ready(&p->flow, p->stop_by_ms != 0,
                                           p->joined, p->brokers_down);
+    if (!why)
+        why = idem_fetchwatch_not_ready(p->fw);
     idem_metrics_ready_set(p->m, why == NULL, why);
 }
 
@@ -467,14 +469,33 @@ static void consumer_error_cb(rd_kafka_t *rk, int err, const char *reason,
                 NULL);
 }
 
+/* The fetch watch's view of a partition (fetchwatch.h): held, paused by
+ * us, and where its fetch must go on (after what is in hand). */
+static void fetchwatch_member(void *opaque, const char *topic,
+                              int32_t partition, idem_fetchwatch_member_t *out)
+{
+    idem_pipeline_t *p = opaque;
+    idem_part_t *pt = idem_loop_part_find(p, topic, partition);
+    out->held = pt != NULL;
+    out->paused = p->paused || (pt && pt->hold_until_ms);
+    out->position = !pt                  ? -1
+                    : pt->high_seen >= 0 ? pt->high_seen + 1
+                                         : pt->next_offset;
+}
+
 /* Statistics callback: fires in rd_kafka_consumer_poll every
- * statistics.interval.ms. Returns 0: librdkafka frees json. */
+ * statistics.interval.ms. The document is parsed once, for the lag
+ * gauges and the fetch watch. Returns 0: librdkafka frees json. */
 static int consumer_stats_cb(rd_kafka_t *rk, char *json, size_t len,
                              void *opaque)
 {
     (void)rk;
     idem_pipeline_t *p = opaque;
-    idem_metrics_stats_json(p->m, json, len);
+    json_t *root = json_loadb(json, len, 0, NULL);
+    idem_metrics_stats_doc(p->m, root);
+    if (root && p->fw && idem_fetchwatch_stats(p->fw, root, idem_now_ms()))
+        set_ready(p);
+    json_decref(root);
     /* Brokers back (an idle member sees no message that would say so). */
     if (p->brokers_down && memmem(json, len, "\"state\":\"UP\"", 12)) {
         p->brokers_down = 0;
@@ -617,6 +638,10 @@ idem_pipeline_t *idem_pipeline_new(const idem_conf_t *conf, idem_metrics_t *m,
         goto fail;
     if (!(p->rk = consumer_new(p, errstr, errstr_size)))
         goto fail;
+    if (conf->fetch_stall_ms > 0)
+        p->fw =
+            idem_fetchwatch_new(conf->fetch_stall_ms, p->rk, m,
+                                fetchwatch_member, p, conf->fault_fetch_pause);
     if (idem_wake_init(&p->wake, errstr, errstr_size))
         goto fail;
     p->wake_kafka = idem_wake_add(&p->wake, rd_kafka_queue_get_consumer(p->rk));
@@ -655,6 +680,7 @@ void idem_pipeline_destroy(idem_pipeline_t *p)
         free(r);
     }
     idem_wake_term(&p->wake); /* its queue reference first */
+    idem_fetchwatch_destroy(p->fw);
     if (p->rk)
         rd_kafka_destroy(p->rk);
     idem_envelope_rules_destroy(p->rules);

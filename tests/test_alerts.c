@@ -100,6 +100,10 @@ static void exported_names(names_t *out)
     char *json = slurp_src("tests/data/rdkafka_stats.json");
     cr_assert_eq(idem_metrics_stats_json(m, json, strlen(json)), 0);
     free(json);
+    /* The fetch watch's series, as a member renders them. */
+    idem_metrics_stall_enable(m);
+    idem_metrics_stall_t stall = {"payments", 0, 0};
+    idem_metrics_stalled_set(m, &stall, 1);
     char *buf = NULL;
     size_t len = 0;
     FILE *fp = open_memstream(&buf, &len);

@@ -1,0 +1,465 @@
+/* fetchwatch: statistics parsing on real librdkafka 2.0.2 documents and
+ * the stall judgement over a timeline, without a broker. */
+#include "fetchwatch.h"
+#include "harness.h"
+#include "metrics.h"
+#include "util.h"
+
+#include <criterion/criterion.h>
+#include <criterion/parameterized.h>
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+/* Two statistics documents of one consumer (librdkafka 2.0.2, mock
+ * cluster, statistics.interval.ms=500), 2 s apart, 64 partitions of
+ * payments behind their high watermark (314 each): every partition is
+ * fetched and consumed, except payments/5, which was paused inside
+ * librdkafka after its first record (next_offset stays 1, nothing
+ * queued in b). */
+#define DOC_A "tests/data/fetchwatch/stats-2.0.2-64p-a.json"
+#define DOC_B "tests/data/fetchwatch/stats-2.0.2-64p-b.json"
+
+static json_t *load(const char *rel)
+{
+    char path[1024];
+    snprintf(path, sizeof(path), "%s/%s", th_src(), rel);
+    json_error_t e;
+    json_t *root = json_load_file(path, 0, &e);
+    cr_assert(root, "%s: %s", path, e.text);
+    return root;
+}
+
+typedef struct {
+    int n;
+    idem_fetchwatch_part_t p5;
+    int saw_internal;
+} collect_t;
+
+static void collect(void *opaque, const idem_fetchwatch_part_t *p)
+{
+    collect_t *c = opaque;
+    c->n++;
+    if (p->partition < 0)
+        c->saw_internal = 1;
+    if (!strcmp(p->topic, "payments") && p->partition == 5)
+        c->p5 = *p;
+}
+
+Test(fetchwatch, parses_a_real_statistics_document)
+{
+    json_t *b = load(DOC_B);
+    collect_t c = {0};
+    cr_assert_eq(idem_fetchwatch_parse(b, collect, &c), 64);
+    cr_expect_eq(c.n, 64);
+    cr_expect_not(c.saw_internal, "the internal \"-1\" partition is skipped");
+    cr_expect_str_eq(c.p5.fetch_state, "active");
+    cr_expect_eq(c.p5.next_offset, 1);
+    cr_expect_eq(c.p5.app_offset, 1);
+    cr_expect_eq(c.p5.hi_offset, 314);
+    cr_expect_eq(c.p5.ls_offset, 314);
+    cr_expect_eq(c.p5.fetchq_cnt, 0);
+    cr_expect_eq(c.p5.consumer_lag, -1, "never committed: -1");
+    json_decref(b);
+
+    json_t *bad = json_pack("{s:[]}", "topics");
+    cr_expect_eq(idem_fetchwatch_parse(bad, collect, &c), -1);
+    json_decref(bad);
+}
+
+/* The member's view in the tests: every partition held and fetching
+ * unless listed. */
+typedef struct {
+    int paused_all;
+    int32_t not_held; /* -1: none */
+    int64_t position;
+    int calls;
+} member_t;
+
+static void member(void *opaque, const char *topic, int32_t partition,
+                   idem_fetchwatch_member_t *out)
+{
+    (void)topic;
+    member_t *mb = opaque;
+    mb->calls++;
+    out->held = partition != mb->not_held;
+    out->paused = mb->paused_all;
+    out->position = mb->position;
+}
+
+static char *render(idem_metrics_t *m)
+{
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    idem_metrics_render(m, f);
+    fclose(f);
+    return buf;
+}
+
+Test(fetchwatch, finds_the_partition_a_real_consumer_did_not_fetch)
+{
+    json_t *a = load(DOC_A), *b = load(DOC_B);
+    idem_metrics_t *m = idem_metrics_new();
+    member_t mb = {0, -1, 1, 0};
+    idem_fetchwatch_t *fw =
+        idem_fetchwatch_new(1000, NULL, m, member, &mb, NULL);
+    cr_expect_eq(idem_fetchwatch_stats(fw, a, 0), 0);
+    cr_expect_eq(idem_fetchwatch_stalls(fw), 0);
+    /* 2 s later: 63 partitions moved; payments/5 did not, has nothing
+     * queued and is 313 behind. */
+    idem_fetchwatch_stats(fw, b, 2000);
+    cr_expect_eq(idem_fetchwatch_stalls(fw), 1);
+    cr_expect_eq(idem_fetchwatch_repairs(fw), 1);
+    cr_expect_null(idem_fetchwatch_not_ready(fw), "one repair first");
+    char *t = render(m);
+    cr_expect(strstr(t, "\nidemproc_partition_stalled{topic=\"payments\","
+                        "partition=\"5\"} 1\n"),
+              "%s", t);
+    cr_expect(strstr(t, "\nidemproc_partition_stalled{topic=\"payments\","
+                        "partition=\"6\"} 0\n"),
+              "%s", t);
+    cr_expect(strstr(t, "\nidemproc_partition_stalls_total 1\n"), "%s", t);
+    cr_expect(strstr(t, "\nidemproc_partition_stall_repairs_total 1\n"), "%s",
+              t);
+    free(t);
+    idem_fetchwatch_destroy(fw);
+
+    /* The same documents, but the member paused everything itself (an
+     * outage): nothing is stalled. */
+    mb.paused_all = 1;
+    fw = idem_fetchwatch_new(1000, NULL, NULL, member, &mb, NULL);
+    idem_fetchwatch_stats(fw, a, 0);
+    idem_fetchwatch_stats(fw, b, 2000);
+    cr_expect_eq(idem_fetchwatch_stalls(fw), 0);
+    idem_fetchwatch_destroy(fw);
+
+    /* Or payments/5 is not the member's (revoked meanwhile). */
+    mb.paused_all = 0;
+    mb.not_held = 5;
+    fw = idem_fetchwatch_new(1000, NULL, NULL, member, &mb, NULL);
+    idem_fetchwatch_stats(fw, a, 0);
+    idem_fetchwatch_stats(fw, b, 2000);
+    cr_expect_eq(idem_fetchwatch_stalls(fw), 0);
+    idem_fetchwatch_destroy(fw);
+
+    /* Too early: under fetch.stall.ms nothing is said. */
+    mb.not_held = -1;
+    fw = idem_fetchwatch_new(5000, NULL, NULL, member, &mb, NULL);
+    idem_fetchwatch_stats(fw, a, 0);
+    idem_fetchwatch_stats(fw, b, 2000);
+    cr_expect_eq(idem_fetchwatch_stalls(fw), 0);
+    idem_fetchwatch_destroy(fw);
+    idem_metrics_destroy(m);
+    json_decref(a);
+    json_decref(b);
+}
+
+/* One partition's document. */
+static json_t *doc(const char *state, int64_t next, int64_t hi, int64_t q)
+{
+    return json_pack("{s:{s:{s:{s:{s:b,s:s,s:I,s:I,s:I,s:I,s:I,s:I}}}}}",
+                     "topics", "payments", "partitions", "3", "desired", 1,
+                     "fetch_state", state, "next_offset", (json_int_t)next,
+                     "app_offset", (json_int_t)next, "hi_offset",
+                     (json_int_t)hi, "ls_offset", (json_int_t)hi, "fetchq_cnt",
+                     (json_int_t)q, "consumer_lag", (json_int_t)-1);
+}
+
+static int feed(idem_fetchwatch_t *fw, const char *state, int64_t next,
+                int64_t hi, int64_t q, int64_t now)
+{
+    json_t *d = doc(state, next, hi, q);
+    int rc = idem_fetchwatch_stats(fw, d, now);
+    json_decref(d);
+    return rc;
+}
+
+Test(fetchwatch, repair_then_not_ready_then_ready_again)
+{
+    idem_metrics_t *m = idem_metrics_new();
+    member_t mb = {0, -1, 40, 0};
+    idem_fetchwatch_t *fw =
+        idem_fetchwatch_new(1000, NULL, m, member, &mb, NULL);
+    feed(fw, "active", 40, 100, 0, 0);
+    feed(fw, "active", 40, 100, 0, 500);
+    cr_expect_eq(idem_fetchwatch_stalls(fw), 0);
+    feed(fw, "active", 40, 100, 0, 1000); /* 1 s without a move */
+    cr_expect_eq(idem_fetchwatch_stalls(fw), 1);
+    cr_expect_eq(idem_fetchwatch_repairs(fw), 1);
+    /* The repair is judged only fetch.stall.ms later. */
+    cr_expect_eq(feed(fw, "active", 40, 100, 0, 1500), 0);
+    cr_expect_eq(idem_fetchwatch_repairs(fw), 1);
+    cr_expect_eq(feed(fw, "active", 40, 100, 0, 2000), 1);
+    cr_expect_eq(idem_fetchwatch_repairs(fw), 2);
+    const char *why = idem_fetchwatch_not_ready(fw);
+    cr_assert_not_null(why);
+    cr_expect_str_eq(why, "partition payments/3 not fetched (fetch_state "
+                          "active, lag 60)");
+    cr_expect_eq(idem_fetchwatch_stalls(fw), 1, "one stall, two repairs");
+    /* Repaired again every fetch.stall.ms while it lasts. */
+    feed(fw, "active", 40, 100, 0, 3000);
+    cr_expect_eq(idem_fetchwatch_repairs(fw), 3);
+    cr_expect_eq(idem_fetchwatch_reassigns(fw), 2,
+                 "resume and seek first, then assign again");
+    /* It moves: ready, gauge 0. */
+    cr_expect_eq(feed(fw, "active", 55, 100, 0, 3500), 1);
+    cr_expect_null(idem_fetchwatch_not_ready(fw));
+    char *t = render(m);
+    cr_expect(strstr(t, "partition=\"3\"} 0\n"), "%s", t);
+    free(t);
+    /* Caught up and idle: no lag, no stall however long. */
+    feed(fw, "active", 100, 100, 0, 4000);
+    feed(fw, "active", 100, 100, 0, 60000);
+    cr_expect_eq(idem_fetchwatch_stalls(fw), 1);
+    /* Records queued and handed over as the member takes them: busy,
+     * not starved. */
+    feed(fw, "active", 120, 300, 50, 61000);
+    feed(fw, "active", 150, 300, 50, 90000);
+    cr_expect_eq(idem_fetchwatch_stalls(fw), 1);
+    /* Queued but never handed over: stalled all the same. */
+    feed(fw, "active", 300, 300, 20, 91000);
+    feed(fw, "active", 300, 300, 20, 92000);
+    cr_expect_eq(idem_fetchwatch_stalls(fw), 2);
+    idem_fetchwatch_destroy(fw);
+    idem_metrics_destroy(m);
+}
+
+Test(fetchwatch, a_stale_watermark_is_corrected_by_the_broker_answer)
+{
+    /* Paused before its first fetch: the statistics keep the old high
+     * watermark (40 = next_offset), so it looks caught up however many
+     * records arrive, until the broker says its end is 90. */
+    member_t mb = {0, -1, 40, 0};
+    idem_fetchwatch_t *fw =
+        idem_fetchwatch_new(1000, NULL, NULL, member, &mb, NULL);
+    feed(fw, "active", 40, 40, 0, 0);
+    feed(fw, "active", 40, 40, 0, 5000);
+    cr_expect_eq(idem_fetchwatch_stalls(fw), 0);
+    idem_fetchwatch_end_seen(fw, "payments", 3, 90);
+    feed(fw, "active", 40, 40, 0, 5500);
+    cr_expect_eq(idem_fetchwatch_stalls(fw), 1, "stalled since 0 with lag 50");
+    feed(fw, "active", 40, 40, 0, 6500);
+    cr_expect_str_eq(idem_fetchwatch_not_ready(fw),
+                     "partition payments/3 not fetched (fetch_state active, "
+                     "lag 50)");
+    /* Fetched again: the answer is forgotten with the stall. */
+    feed(fw, "active", 90, 90, 0, 7000);
+    cr_expect_null(idem_fetchwatch_not_ready(fw));
+    feed(fw, "active", 90, 90, 0, 9000);
+    cr_expect_eq(idem_fetchwatch_stalls(fw), 1);
+    idem_fetchwatch_destroy(fw);
+}
+
+Test(fetchwatch, a_fetch_that_never_started_counts_without_a_watermark)
+{
+    /* The lost fetch start: assigned, fetch_state "none", no watermark
+     * known (-1001), so no lag either. */
+    member_t mb = {0, -1, -1, 0};
+    idem_fetchwatch_t *fw =
+        idem_fetchwatch_new(1000, NULL, NULL, member, &mb, NULL);
+    feed(fw, "none", 0, -1001, 0, 0);
+    feed(fw, "none", 0, -1001, 0, 999);
+    cr_expect_eq(idem_fetchwatch_stalls(fw), 0);
+    feed(fw, "none", 0, -1001, 0, 1000);
+    cr_expect_eq(idem_fetchwatch_stalls(fw), 1);
+    cr_expect_eq(idem_fetchwatch_reassigns(fw), 1,
+                 "no seek of a fetch that "
+                 "never started");
+    feed(fw, "none", 0, -1001, 0, 2000);
+    cr_expect_str_eq(idem_fetchwatch_not_ready(fw),
+                     "partition payments/3 not fetched (fetch_state none, "
+                     "lag -1)");
+    /* Gone from the document while the member holds it (assigned again
+     * by the repair): still stalled. */
+    json_t *empty = json_pack("{s:{}}", "topics");
+    idem_fetchwatch_stats(fw, empty, 2500);
+    cr_expect_not_null(idem_fetchwatch_not_ready(fw));
+    /* Revoked: gone from the document and the member, gone from the
+     * watch. */
+    mb.not_held = 3;
+    cr_expect_eq(idem_fetchwatch_stats(fw, empty, 3000), 1);
+    cr_expect_null(idem_fetchwatch_not_ready(fw));
+    json_decref(empty);
+    idem_fetchwatch_destroy(fw);
+}
+
+Test(fetchwatch, fault_values)
+{
+    char e[256];
+    cr_expect_eq(idem_fetchwatch_fault_check("", e, sizeof(e)), 0);
+    cr_expect_eq(idem_fetchwatch_fault_check(NULL, e, sizeof(e)), 0);
+    cr_expect_eq(idem_fetchwatch_fault_check("payments:3", e, sizeof(e)), 0);
+    cr_expect_eq(idem_fetchwatch_fault_check("payments:3:5", e, sizeof(e)), 0);
+    const char *bad[] = {"payments", ":3",   "payments:", "p:x", "p:3:0",
+                         "p:3:101",  "p:-1", "p:3:2:1",   NULL};
+    for (int i = 0; bad[i]; i++) {
+        cr_expect_eq(idem_fetchwatch_fault_check(bad[i], e, sizeof(e)), -1,
+                     "%s", bad[i]);
+        cr_expect(strstr(e, "fault.fetch.pause: "), "%s", e);
+    }
+}
+
+/* What judging one 64-partition document costs (printed, not asserted:
+ * speed belongs to make bench). */
+Test(fetchwatch, parse_cost_of_a_64_partition_document)
+{
+    char path[1024];
+    snprintf(path, sizeof(path), "%s/%s", th_src(), DOC_B);
+    size_t len;
+    char *text = th_slurp(path, &len);
+    cr_assert(text);
+    member_t mb = {0, -1, 1, 0};
+    idem_metrics_t *m = idem_metrics_new();
+    idem_fetchwatch_t *fw =
+        idem_fetchwatch_new(1000, NULL, m, member, &mb, NULL);
+    int rounds = 50;
+    int64_t t0 = idem_now_us();
+    for (int i = 0; i < rounds; i++)
+        json_decref(json_loadb(text, len, 0, NULL));
+    int64_t parse_us = idem_now_us() - t0;
+    t0 = idem_now_us();
+    for (int i = 0; i < rounds; i++) {
+        json_t *root = json_loadb(text, len, 0, NULL);
+        cr_assert(root);
+        idem_metrics_stats_doc(m, root);
+        idem_fetchwatch_stats(fw, root, i * 10);
+        json_decref(root);
+    }
+    int64_t t1 = idem_now_us();
+    cr_log_info("one %zu-byte document: parse %.0f us; parse, lag gauges "
+                "and watch %.0f us",
+                len, (double)parse_us / rounds, (double)(t1 - t0) / rounds);
+    cr_expect_eq(mb.calls, 64 * rounds);
+    idem_fetchwatch_destroy(fw);
+    idem_metrics_destroy(m);
+    free(text);
+}
+
+/* ------------------------------------------------ with a broker and Redis */
+
+#include <pthread.h>
+#include <unistd.h>
+
+static th_stack_t stk;
+
+TestSuite(fetchwatch_run, .fini = th_stack_cleanup);
+
+typedef struct {
+    th_stack_t *s;
+    int rc;
+    volatile int done;
+} produce_job_t;
+
+static void *produce_thread(void *arg)
+{
+    produce_job_t *j = arg;
+    const char *args[] = {"--count", "6000",         "--rate", "1500", "--seed",
+                          "31",      "--duplicates", "0.05",   NULL};
+    j->rc = th_stack_produce(j->s, args);
+    j->done = 1;
+    return NULL;
+}
+
+static double metric_of(int port, const char *series)
+{
+    char *body = NULL;
+    double v = -2;
+    if (th_http_get(port, "/metrics", &body) == 200)
+        v = th_metric(body, series);
+    free(body);
+    return v;
+}
+
+typedef struct {
+    char strategy[32]; /* partition.assignment.strategy */
+    int times;         /* fault.fetch.pause TIMES */
+} stall_case_t;
+
+/* A partition paused inside librdkafka behind the member's back while
+ * records keep arriving (fault.fetch.pause). With TIMES=1 the first
+ * repair (resume, seek) brings it back. With TIMES=3 the first two are
+ * dropped: the member reports not ready after the second, and the third
+ * (resume, assign again: the whole assignment with eager, the partition
+ * alone with cooperative) brings it back. Either way the stall is logged
+ * and counted, the member is ready again, and the ledger ends exact. */
+ParameterizedTestParameters(fetchwatch_run, stalled_partition_is_repaired)
+{
+    static stall_case_t cases[] = {
+        {"range", 1}, {"range", 3}, {"cooperative-sticky", 3}};
+    return cr_make_param_array(stall_case_t, cases, 3);
+}
+
+ParameterizedTest(stall_case_t *c, fetchwatch_run,
+                  stalled_partition_is_repaired, .timeout = 180)
+{
+    char strat[96];
+    snprintf(strat, sizeof(strat), "kafka.partition.assignment.strategy=%s",
+             c->strategy);
+    const char *props[] = {strat, NULL};
+    cr_assert_eq(th_stack_start(&stk, 4, props), 0);
+    int port = th_free_port();
+    char listen[64], fault[64];
+    snprintf(listen, sizeof(listen), "http.listen=127.0.0.1:%d", port);
+    snprintf(fault, sizeof(fault), "fault.fetch.pause=payments:2:%d", c->times);
+    const char *sets[] = {listen, "stats.interval.ms=200",
+                          "fetch.stall.ms=1500", fault, NULL};
+    pid_t m = th_stack_member(&stk, "m", sets);
+    for (int t = 0; t < 600 && th_http_get(port, "/readyz", NULL) != 200; t++)
+        usleep(100000);
+    cr_assert_eq(th_http_get(port, "/readyz", NULL), 200);
+
+    produce_job_t job = {&stk, -1, 0};
+    pthread_t th;
+    cr_assert_eq(pthread_create(&th, NULL, produce_thread, &job), 0);
+    const char *g2 = "idemproc_partition_stalled{topic=\"payments\","
+                     "partition=\"2\"}";
+    int saw_stalled = 0, saw_unready = 0, back = 0;
+    for (int t = 0; t < 900 && !back; t++) {
+        if (metric_of(port, g2) == 1)
+            saw_stalled = 1;
+        int st = th_http_get(port, "/readyz", NULL);
+        if (st == 503)
+            saw_unready = 1;
+        back = job.done && saw_stalled && st == 200 &&
+               metric_of(port, g2) == 0 &&
+               metric_of(port, "idemproc_partition_stall_repairs_total") ==
+                   c->times;
+        usleep(100000);
+    }
+    pthread_join(th, NULL);
+    cr_assert_eq(job.rc, 0, "produce failed");
+    char path[600];
+    snprintf(path, sizeof(path), "%s/m.log", stk.dir);
+    char *log = th_slurp(path, NULL);
+    cr_assert(log);
+    cr_expect(saw_stalled, "idemproc_partition_stalled never showed 1");
+    if (c->times > 1)
+        cr_expect(saw_unready, "/readyz never said 503");
+    cr_assert(back, "never ready again with the partition fetched:\n%s", log);
+    free(log);
+    TH_ASSERT_VERIFIED(&stk, 0, NULL, 60000);
+    cr_expect_eq(metric_of(port, "idemproc_partition_stalls_total"), 1);
+    cr_expect_eq(metric_of(port, "idemproc_partition_stall_repairs_total"),
+                 c->times);
+    cr_expect_eq(th_stop(m, 15000), 0);
+
+    log = th_slurp(path, NULL);
+    cr_assert(log);
+    const char *said[] = {
+        "fault: partition paused behind the member's back",
+        "partition assigned but not fetched: resuming it",
+        c->times > 1 ? "partition still not fetched after a repair: not ready"
+                     : "stalled partition: resumed and sought",
+        c->times > 1 ? "stalled partition: resumed and assigned again"
+                     : "stalled partition fetched again",
+        "stalled partition fetched again",
+        NULL};
+    for (int i = 0; said[i]; i++)
+        cr_expect(strstr(log, said[i]), "not logged: %s\n%s", said[i], log);
+    cr_expect(strstr(log, "\"partition\":\"2\""), "%s", log);
+    free(log);
+    th_stack_stop(&stk);
+}
