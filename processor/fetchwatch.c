@@ -205,7 +205,7 @@ static void fault_pause(idem_fetchwatch_t *fw)
         return;
     rd_kafka_topic_partition_list_t *l = rd_kafka_topic_partition_list_new(1);
     rd_kafka_topic_partition_list_add(l, fw->fault_topic, fw->fault_partition);
-    rd_kafka_pause_partitions(fw->rk, l);
+    idem_rebalance_pause(fw->rk, l, 1);
     rd_kafka_topic_partition_list_destroy(l);
     char part[16];
     snprintf(part, sizeof(part), "%" PRId32, fw->fault_partition);
@@ -341,20 +341,6 @@ static watch_entry_t *entry_get(idem_fetchwatch_t *fw, const char *topic,
     return e;
 }
 
-/* Resumes the partition (a pause behind the member's back ends). Returns
- * 0, or -1 after logging. */
-static int resume_one(idem_fetchwatch_t *fw, rd_kafka_topic_partition_list_t *l,
-                      const char *part)
-{
-    rd_kafka_resp_err_t err = rd_kafka_resume_partitions(fw->rk, l);
-    if (!err && !l->elems[0].err)
-        return 0;
-    idem_log_kv(IDEM_LOG_WARN, "stalled partition: resume failed", "topic",
-                l->elems[0].topic, "partition", part, "error",
-                rd_kafka_err2str(err ? err : l->elems[0].err), NULL);
-    return -1;
-}
-
 /* The light repair: seek a started fetch to position (librdkafka refuses
  * a seek of a fetch that never started). Logs a failure. */
 static void seek_one(idem_fetchwatch_t *fw, rd_kafka_topic_partition_list_t *l,
@@ -450,7 +436,7 @@ static void repair(idem_fetchwatch_t *fw, watch_entry_t *e, int64_t position)
         return;
     rd_kafka_topic_partition_list_t *l = rd_kafka_topic_partition_list_new(1);
     rd_kafka_topic_partition_list_add(l, e->topic, e->partition);
-    resume_one(fw, l, part);
+    idem_rebalance_pause(fw->rk, l, 0); /* logs a failure */
     if (heavy)
         reassign(fw, l, position);
     else
