@@ -638,7 +638,9 @@ idem_pipeline_t *idem_pipeline_new(const idem_conf_t *conf, idem_metrics_t *m,
         goto fail;
     if (!(p->rk = consumer_new(p, errstr, errstr_size)))
         goto fail;
-    if (conf->fetch_stall_ms > 0)
+    if (conf->fetch_stall_ms > 0 &&
+        (conf->stats_interval_ms > 0 ||
+         idem_kafka_user_set(conf, "statistics.interval.ms")))
         p->fw =
             idem_fetchwatch_new(conf->fetch_stall_ms, p->rk, m,
                                 fetchwatch_member, p, conf->fault_fetch_pause);
