@@ -44,6 +44,9 @@ void idem_metrics_latency_observe(idem_metrics_t *m, double seconds);
  * produce-to-effect latency. Negative values (clock skew) land in the
  * first bucket. */
 void idem_metrics_effect_latency_observe(idem_metrics_t *m, double seconds);
+/* The same for the moment the loop polled the record: the producer, the
+ * broker and the fetch, without the member's own time. */
+void idem_metrics_fetch_latency_observe(idem_metrics_t *m, double seconds);
 void idem_metrics_batch_observe(idem_metrics_t *m, double records);
 void idem_metrics_redis_observe(idem_metrics_t *m, double seconds);
 

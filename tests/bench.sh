@@ -15,7 +15,12 @@
 #   latency    produce timestamp -> effect (idemproc_effect_latency_seconds)
 #              with one member while `produce --rate` sends for
 #              BENCH_LATENCY_SECONDS (4) at half of idemproc1's median rate
-#              (BENCH_LATENCY_RATE overrides)
+#              (BENCH_LATENCY_RATE overrides), split into stages (produce's
+#              acknowledgement, CreateTime -> poll, poll -> outcome) with
+#              the CPU of every process; the member fetches with
+#              fetch.wait.max.ms=BENCH_LATENCY_FETCH_WAIT_MS (2: the mock
+#              broker holds an empty fetch that long even when data
+#              arrives); BENCH_LATENCY_PRODUCE_ARGS adds produce options
 #   produce    `idemproc produce` against `kcat -P` for BENCH_PRODUCE_COUNT
 #              (1,000,000) records, the same keys and values
 #   webhook    one member, handler=webhook, a service answering in 5 ms
@@ -314,11 +319,51 @@ quantile() {
             total = c[NR]; if (total == 0) { print "n/a"; exit }
             for (i = 1; i <= NR; i++) if (c[i] >= q * total) { print le[i]; exit } }'
 }
-effect_buckets() {
-    metrics "$1" | sed -n 's/^idemproc_effect_latency_seconds_bucket{le="\([^"]*\)"} \(.*\)/\1 \2/p'
+# child_cpu_ms VAR: VAR = user + system CPU of this shell's finished
+# children, in ms (the builtin `times` must run in this shell, not in a
+# $(...) subshell, whose children are its own).
+child_cpu_ms() {
+    times >"$DIR/times"
+    printf -v "$1" '%s' "$(awk 'NR == 2 { t = 0; for (i = 1; i <= 2; i++) {
+        split($i, a, /[ms]/); t += a[1] * 60000 + a[2] * 1000 } printf "%d", t }' "$DIR/times")"
+}
+# buckets PORT NAME: the "le count" lines of histogram NAME on PORT.
+buckets() {
+    metrics "$1" | sed -n "s/^$2_bucket{le=\"\([^\"]*\)\"} \(.*\)/\1 \2/p"
+}
+# stage_snap PORT: the histograms the latency row splits a record's time
+# with, one after the other, separated by "--" lines: 1 effect (CreateTime
+# -> effect), 2 fetch (CreateTime -> poll), 3 processing (poll -> outcome),
+# 4 Redis round trip, 5 batch size (records).
+stage_snap() {
+    local h
+    for h in idemproc_effect_latency_seconds idemproc_fetch_latency_seconds \
+        idemproc_processing_latency_seconds idemproc_redis_roundtrip_seconds \
+        idemproc_batch_size_records; do
+        buckets "$1" "$h"
+        echo --
+    done
+}
+# stage_ms Q N BEFORE AFTER [SCALE]: quantile Q of histogram N (as in
+# stage_snap) between two snapshots, times SCALE (1000: seconds to ms), as
+# its bucket's upper bound.
+stage_ms() {
+    local b a s
+    b=$(awk -v n="$2" '/^--$/ { i++; next } i + 1 == n' <<<"$3")
+    a=$(awk -v n="$2" '/^--$/ { i++; next } i + 1 == n' <<<"$4")
+    s=$(quantile "$1" "$b" "$a")
+    [[ $s == n/a || $s == +Inf ]] && { echo "$s"; return; }
+    awk -v s="$s" -v k="${5:-1000}" 'BEGIN { printf "%g", s * k }'
 }
 
 LAT_RATE=${BENCH_LATENCY_RATE:-}
+# The member's fetch.wait.max.ms in the latency row: 2 ms, not the 10 ms
+# of the other rows. librdkafka's mock broker answers a fetch that finds no
+# data only after the whole fetch.wait.max.ms, even when data arrives
+# meanwhile, so every record that lands during such a wait waits for the
+# rest of it; a real broker answers as soon as fetch.min.bytes (1) is there.
+# The member's own default (librdkafka's 500 ms) is right on a real broker.
+LAT_FETCH_WAIT=${BENCH_LATENCY_FETCH_WAIT_MS:-2}
 if want latency && [[ -z $LAT_RATE ]]; then
     m=$(median idemproc1 rate)
     [[ -n $m ]] && LAT_RATE=$((m / 2))
@@ -332,7 +377,8 @@ elif want latency; then
     LCOUNT=$((LAT_RATE * LAT_SECONDS * 10 / 11))
     for ((rep = 1; rep <= REPS; rep++)); do
         conf=$DIR/latency-$rep.properties
-        member_props "$conf" "bench-latency-$rep" "latency$rep"
+        member_props "$conf" "bench-latency-$rep" "latency$rep" \
+            "kafka.fetch.wait.max.ms=$LAT_FETCH_WAIT"
         rcli flushdb >/dev/null
         free_port "MPORTS[0]"
         MPIDS=()
@@ -349,24 +395,56 @@ elif want latency; then
             ((assigned == PARTITIONS && $(now_us) - stable_since >= 1000000)) && settled=1
             sleep 0.1
         done
-        before=$(effect_buckets "${MPORTS[0]}")
+        before=$(stage_snap "${MPORTS[0]}")
+        # CPU of every process in the run (is half rate really light?).
+        read -r _ _ rc0 < <(redis_snap)
+        mt0=$(cpu_ticks "${MPIDS[0]}") bt0=$(cpu_ticks "${PID[broker]}")
+        child_cpu_ms pc0
+        lt0=$(now_us)
+        # shellcheck disable=SC2086 # BENCH_LATENCY_PRODUCE_ARGS: words
         "$BIN" produce -b "$BOOT" -t "latency$rep" --count "$LCOUNT" "${WORKLOAD[@]}" \
             --seed $((100 + rep)) --rate "$LAT_RATE" --expect "$DIR/latency-$rep.expect.json" \
-            2>"$DIR/latency-$rep.produce.log" || die "latency: produce failed"
+            ${BENCH_LATENCY_PRODUCE_ARGS:-} 2>"$DIR/latency-$rep.produce.log" ||
+            die "latency: produce failed: $(tail -2 "$DIR/latency-$rep.produce.log")"
+        child_cpu_ms pc1
         LSENT=$(expect_num "$DIR/latency-$rep.expect.json" sent)
-        achieved=$(sed -n 's/.*elapsed [0-9.]*s, \([0-9]*\) msgs\/s.*/\1/p' "$DIR/latency-$rep.produce.log" | tail -1)
+        # The rate produce reached from its first send to its last, and its
+        # acknowledgement latency (CreateTime -> delivery report).
+        read -r achieved ack50 ack99 < <(sed -n 's/^produce: send rate \([0-9]*\) msgs\/s.* p50 \([0-9-]*\) ms, p99 \([0-9-]*\) ms.*/\1 \2 \3/p' \
+            "$DIR/latency-$rep.produce.log" | tail -1)
+        share=$(awk -v a="${achieved:-0}" -v t="$LAT_RATE" 'BEGIN { printf "%.1f", a * 100 / t }')
         wait_members "$LSENT" "${MPORTS[0]}" || exit 1
-        after=$(effect_buckets "${MPORTS[0]}")
+        after=$(stage_snap "${MPORTS[0]}")
+        read -r _ _ rc1 < <(redis_snap)
+        mt1=$(cpu_ticks "${MPIDS[0]}") bt1=$(cpu_ticks "${PID[broker]}")
+        lt1=$(now_us)
+        # µs of CPU per record sent: member, broker, Redis, producer; and
+        # all four as a share of the machine over the run.
+        read -r cm cb cr cp busy < <(awk -v n="$LSENT" -v k="$TICK_US" \
+            -v m="$((mt1 - mt0))" -v b="$((bt1 - bt0))" -v r="$((rc1 - rc0))" \
+            -v p="$(((pc1 - pc0) * 1000))" -v w="$((lt1 - lt0))" -v c="$(nproc)" \
+            'BEGIN { printf "%.2f %.2f %.2f %.2f %.0f\n", m * k / n, b * k / n, r / n, p / n,
+                     (m * k + b * k + r + p) * 100 / (w * c) }')
         members_stop "latency-$rep"
         "$BIN" verify -c "$conf" --expect "$DIR/latency-$rep.expect.json" --dlq \
             >"$DIR/latency-$rep.verify" 2>&1 ||
             { cat "$DIR/latency-$rep.verify" >&2; die "latency run $rep: verify is not exact"; }
-        p50=$(quantile 0.5 "$before" "$after")
-        p99=$(quantile 0.99 "$before" "$after")
+        p50=$(stage_ms 0.5 1 "$before" "$after") p99=$(stage_ms 0.99 1 "$before" "$after")
+        f50=$(stage_ms 0.5 2 "$before" "$after") f99=$(stage_ms 0.99 2 "$before" "$after")
+        m50=$(stage_ms 0.5 3 "$before" "$after") m99=$(stage_ms 0.99 3 "$before" "$after")
+        r50=$(stage_ms 0.5 4 "$before" "$after") r99=$(stage_ms 0.99 4 "$before" "$after")
+        b50=$(stage_ms 0.5 5 "$before" "$after" 1) b99=$(stage_ms 0.99 5 "$before" "$after" 1)
+        reached=yes note=''
+        awk -v s="$share" 'BEGIN { exit !(s < 95) }' && reached=no note=': rate NOT reached'
         emit latency "$rep" target_rate="$LAT_RATE" produced_rate="${achieved:-0}" \
-            p50_ms="$(awk -v s="$p50" 'BEGIN { printf "%g", s * 1000 }')" \
-            p99_ms="$(awk -v s="$p99" 'BEGIN { printf "%g", s * 1000 }')" verify=exact
-        say "latency run $rep: at $LAT_RATE records/s (produce reached ${achieved:-?}): p50 <= ${p50}s, p99 <= ${p99}s"
+            produced_share_pct="$share" rate_reached="$reached" \
+            fetch_wait_ms="$LAT_FETCH_WAIT" \
+            p50_ms="$p50" p99_ms="$p99" ack_p50_ms="${ack50:--}" ack_p99_ms="${ack99:--}" \
+            fetch_p50_ms="$f50" fetch_p99_ms="$f99" member_p50_ms="$m50" member_p99_ms="$m99" \
+            redis_p50_ms="$r50" redis_p99_ms="$r99" batch_p50="$b50" batch_p99="$b99" \
+            cpu_us_member="$cm" cpu_us_broker="$cb" cpu_us_redis="$cr" cpu_us_produce="$cp" \
+            cpu_busy_pct="$busy" verify=exact
+        say "latency run $rep: at $LAT_RATE records/s (produce sent at ${achieved:-?}/s, $share%$note): p50 <= $p50 ms, p99 <= $p99 ms; stages p50/p99: CreateTime -> acknowledged ${ack50:-?}/${ack99:-?} ms, CreateTime -> poll $f50/$f99 ms, poll -> outcome $m50/$m99 ms (Redis round trip $r50/$r99 ms, batches of $b50/$b99 records); CPU us/record: member $cm, broker $cb, Redis $cr, produce $cp ($busy% of the CPUs)"
     done
     row_done latency "$T_ROW"
 fi
@@ -513,11 +591,15 @@ jq -r '
     done <"$DIR/table.tsv"
     jq -r '
         def x: if . == null then "n/a" else "\(.)x" end;
+        def stats3: if type == "object" then "\(.min) / \(.median) / \(.max)"
+                    elif type == "array" then map(tostring) | join(" / ") else tostring end;
         .rows as $r |
         (if $r.produce then "kcat -P, the same \(.workload.produce_records) records: \($r.produce.kcat_rate.min) / \($r.produce.kcat_rate.median) / \($r.produce.kcat_rate.max) records/s (produce / kcat -P = \(.ratios.produce_over_kcat_p | x))" else empty end),
         (if $r.idemproc1 and $r.classic then "idemproc / classic: 1 member \(.ratios.idemproc1_over_classic | x), 2 members \(.ratios.idemproc2_over_classic | x) (goal >= 100x)" else empty end),
         (if $r.idemproc1 and $r.redis then "idemproc / Redis alone: 1 member \(.ratios.idemproc1_over_redis_alone | x), 2 members \(.ratios.idemproc2_over_redis_alone | x) (goal >= 0.8x)" else empty end),
-        (if $r.latency.p99_ms then "latency produce -> effect at \($r.latency.target_rate.median) records/s (produce reached \($r.latency.produced_rate.median)): p50 <= \($r.latency.p50_ms.min) / \($r.latency.p50_ms.median) / \($r.latency.p50_ms.max) ms, p99 <= \($r.latency.p99_ms.min) / \($r.latency.p99_ms.median) / \($r.latency.p99_ms.max) ms (bucket bounds; goal p99 <= 20 ms)" elif $r.latency then "latency: \($r.latency.note)" else empty end),
+        (if $r.latency.p99_ms then "latency produce -> effect at \($r.latency.target_rate.median) records/s (produce sent at \($r.latency.produced_rate.min)-\($r.latency.produced_rate.max)/s; rate reached: \($r.latency.rate_reached | join(" "))): p50 <= \($r.latency.p50_ms | stats3) ms, p99 <= \($r.latency.p99_ms | stats3) ms (bucket bounds; goal p99 <= 20 ms)",
+            "  stages p99 (min / median / max): CreateTime -> produce acknowledged \($r.latency.ack_p99_ms | stats3) ms, CreateTime -> poll \($r.latency.fetch_p99_ms | stats3) ms, poll -> outcome \($r.latency.member_p99_ms | stats3) ms (member fetch.wait.max.ms=\($r.latency.fetch_wait_ms.median): the mock broker holds an empty fetch that long)",
+            "  CPU us/record (median): member \($r.latency.cpu_us_member.median), Redis \($r.latency.cpu_us_redis.median), embedded broker \($r.latency.cpu_us_broker.median), produce \($r.latency.cpu_us_produce.median); all four \($r.latency.cpu_busy_pct.median)% of the CPUs" elif $r.latency then "latency: \($r.latency.note | if type == "array" then .[0] else . end)" else empty end),
         (if $r.outbox then "outbox latency: \($r.outbox.latency[0] // "-")" else empty end),
         "goals (medians): member <= 2.5 us/rec: \($r.idemproc1.member_cpu_us.median // "-"); Redis <= 2.5 us/rec: \($r.idemproc1.redis_us.median // "-"); <= 40 B/mark: \($r.idemproc1.bytes_per_mark.median // "-"); RSS <= 64 MiB: \($r.idemproc1.rss_mib.median // "-")",
         "\(.workload.records) records (\(.workload.unique_payments) applied), \(.workload.partitions) partitions, \(.workload.repetitions) repetitions, \(.seconds) s; \(.machine.cpus) CPUs shared by every process, load \(.machine.load_start) -> \(.machine.load_end); commit \(.commit)"

@@ -518,3 +518,39 @@ Test(produce, sigint_stops_flushes_and_reports)
     free(dir);
     th_broker_stop(&b);
 }
+
+/* --rate adds a line with the rate reached (first to last send) and the
+ * acknowledgement latency; the bench's latency row checks its rate with
+ * it. 300 records at 1000/s: about 0.3 s, the rate reached close to it. */
+Test(produce, rate_reports_the_rate_reached_and_ack_latency)
+{
+    th_broker_t b;
+    const char *extra[] = {"--topic", "paced:4", NULL};
+    cr_assert_eq(th_broker_start(&b, extra), 0);
+    char *argv[] = {
+        (char *)th_bin(), "produce", "-b",     b.bootstrap, "-t", "paced",
+        "--count",        "300",     "--rate", "1000",      NULL};
+    char *out = NULL, *err = NULL;
+    int rc = th_run(argv, &out, &err, 60000);
+    cr_assert_eq(rc, 0, "produce exit %d: %s", rc, err);
+    cr_expect_eq(count_lines(err), 2, "summary and pacing lines: %s", err);
+    const char *line = strstr(err, "produce: send rate ");
+    cr_assert(line, "%s", err);
+    double reached = 0, share = 0, target = 0;
+    long long p50 = -1, p99 = -1, max = -1;
+    int n = sscanf(line,
+                   "produce: send rate %lf msgs/s over %*fs (%lf%% of --rate "
+                   "%lf); acknowledged after p50 %lld ms, p99 %lld ms, max "
+                   "%lld ms",
+                   &reached, &share, &target, &p50, &p99, &max);
+    cr_assert_eq(n, 6, "unparsed: %s", line);
+    cr_expect_eq(target, 1000);
+    /* Paced, not as fast as possible: the bucket's burst is 10 ms. */
+    cr_expect(reached > 0 && reached < 1500, "rate %g", reached);
+    cr_expect(share > 0 && share < 150, "share %g", share);
+    cr_expect(p50 >= 0 && p50 <= p99 && p99 <= max, "%lld %lld %lld", p50, p99,
+              max);
+    free(out);
+    free(err);
+    th_broker_stop(&b);
+}

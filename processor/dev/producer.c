@@ -7,6 +7,7 @@
 #include "util.h"
 
 #include <ctype.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -17,6 +18,10 @@ struct idem_producer_s {
     rd_kafka_topic_t *rkt;
     idem_producer_stats_t stats;
     int64_t dr_failed; /* failures reported by delivery reports */
+    /* Acknowledged messages by whole milliseconds from CreateTime to the
+     * delivery report; the last slot holds everything at or past the
+     * bound (and a clock step backwards counts as 0). */
+    int64_t ack_ms[IDEM_PRODUCER_ACK_MS_MAX + 1];
 };
 
 /* Delivery report callback: fires once per message from rd_kafka_poll() or
@@ -28,6 +33,16 @@ static void producer_dr_cb(rd_kafka_t *rk, const rd_kafka_message_t *msg,
     idem_producer_t *p = opaque;
     if (!msg->err) {
         p->stats.acked++;
+        /* The enqueue time rides in the message's opaque: the timestamp a
+         * delivery report carries is the broker's LogAppendTime when it
+         * returns one (the mock cluster returns a constant 1234). */
+        int64_t ts = (int64_t)(intptr_t)msg->_private;
+        if (ts > 0) {
+            int64_t ms = idem_wall_ms() - ts;
+            p->ack_ms[ms < 0                          ? 0
+                      : ms > IDEM_PRODUCER_ACK_MS_MAX ? IDEM_PRODUCER_ACK_MS_MAX
+                                                      : ms]++;
+        }
         return;
     }
     p->stats.failed++;
@@ -186,12 +201,14 @@ int idem_producer_send(idem_producer_t *p, const void *key, size_t key_len,
                 rd_kafka_header_add(hdrs, "idempotency_key", -1,
                                     hdr_idempotency_key, -1);
         }
-        rd_kafka_resp_err_t err =
-            rd_kafka_producev(p->rk, RD_KAFKA_V_RKT(p->rkt),
-                              RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY),
-                              RD_KAFKA_V_KEY(key, key ? key_len : 0),
-                              RD_KAFKA_V_VALUE((void *)value, value_len),
-                              RD_KAFKA_V_HEADERS(hdrs), RD_KAFKA_V_END);
+        rd_kafka_resp_err_t err = rd_kafka_producev(
+            p->rk, RD_KAFKA_V_RKT(p->rkt),
+            RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY),
+            RD_KAFKA_V_KEY(key, key ? key_len : 0),
+            RD_KAFKA_V_VALUE((void *)value, value_len),
+            RD_KAFKA_V_HEADERS(hdrs),
+            RD_KAFKA_V_OPAQUE((void *)(intptr_t)idem_wall_ms()),
+            RD_KAFKA_V_END);
         if (!err) { /* the headers belong to the message now */
             p->stats.enqueued++;
             return 0;
@@ -235,6 +252,21 @@ int idem_producer_flush(idem_producer_t *p, volatile int *abort)
 void idem_producer_stats(const idem_producer_t *p, idem_producer_stats_t *stats)
 {
     *stats = p->stats;
+}
+
+int64_t idem_producer_ack_quantile_ms(const idem_producer_t *p, double q)
+{
+    int64_t total = 0, cum = 0;
+    for (int i = 0; i <= IDEM_PRODUCER_ACK_MS_MAX; i++)
+        total += p->ack_ms[i];
+    if (total == 0)
+        return -1;
+    for (int i = 0; i <= IDEM_PRODUCER_ACK_MS_MAX; i++) {
+        cum += p->ack_ms[i];
+        if ((double)cum >= q * (double)total)
+            return i;
+    }
+    return IDEM_PRODUCER_ACK_MS_MAX;
 }
 
 int64_t idem_producer_inflight(const idem_producer_t *p)

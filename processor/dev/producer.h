@@ -60,6 +60,16 @@ int idem_producer_flush(idem_producer_t *p, volatile int *abort);
 void idem_producer_stats(const idem_producer_t *p,
                          idem_producer_stats_t *stats);
 
+/* Acknowledgement latency: of the messages acknowledged so far, the
+ * smallest whole millisecond L such that a fraction q (0..1] of them took
+ * at most L ms from being enqueued (their CreateTime) to their delivery
+ * report being served, by this host's wall clock.
+ * That span holds linger.ms, the produce request and the broker's append
+ * and acknowledgement. Values past IDEM_PRODUCER_ACK_MS_MAX count as that
+ * bound. Returns -1 when nothing was acknowledged. */
+#define IDEM_PRODUCER_ACK_MS_MAX 10000
+int64_t idem_producer_ack_quantile_ms(const idem_producer_t *p, double q);
+
 /* Messages enqueued whose delivery report has not been served yet. */
 int64_t idem_producer_inflight(const idem_producer_t *p);
 
