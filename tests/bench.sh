@@ -439,8 +439,13 @@ if want outbox; then
     T_ROW=$(now_us)
     "$SRC/tests/bench_outbox.sh" "$BIN" | tee "$DIR/outbox.out" >&2
     orate=$(sed -n 's/.*publish rate *\([0-9]*\) rows\/s.*/\1/p' "$DIR/outbox.out")
-    olat=$(sed -n 's/^bench: outbox relay  latency //p' "$DIR/outbox.out")
-    emit outbox 1 rate="${orate:-0}" latency="${olat:-}"
+    # Two latency readings: at half the 50,000 rows/s goal and at half the
+    # measured rate; p99 commit -> ack of each in ms (a bucket bound).
+    olat_goal=$(sed -n 's/^bench: outbox relay  latency at half the goal: //p' "$DIR/outbox.out")
+    olat_half=$(sed -n 's/^bench: outbox relay  latency at half the measured rate: //p' "$DIR/outbox.out")
+    p99ms() { sed -n 's/.*commit -> ack p50 <= [^,]*, p99 <= \([0-9.]*\)s.*/\1/p' <<<"$1" | awk '{ print $1 * 1000 }'; }
+    emit outbox 1 rate="${orate:-0}" latency_goal="${olat_goal:-}" latency_half="${olat_half:-}" \
+        p99_ms_goal="$(p99ms "$olat_goal")" p99_ms_half="$(p99ms "$olat_half")"
     row_done outbox "$T_ROW"
 fi
 
@@ -518,7 +523,8 @@ jq -r '
         (if $r.idemproc1 and $r.classic then "idemproc / classic: 1 member \(.ratios.idemproc1_over_classic | x), 2 members \(.ratios.idemproc2_over_classic | x) (goal >= 100x)" else empty end),
         (if $r.idemproc1 and $r.redis then "idemproc / Redis alone: 1 member \(.ratios.idemproc1_over_redis_alone | x), 2 members \(.ratios.idemproc2_over_redis_alone | x) (goal >= 0.8x)" else empty end),
         (if $r.latency.p99_ms then "latency produce -> effect at \($r.latency.target_rate.median) records/s (produce reached \($r.latency.produced_rate.median)): p50 <= \($r.latency.p50_ms.min) / \($r.latency.p50_ms.median) / \($r.latency.p50_ms.max) ms, p99 <= \($r.latency.p99_ms.min) / \($r.latency.p99_ms.median) / \($r.latency.p99_ms.max) ms (bucket bounds; goal p99 <= 20 ms)" elif $r.latency then "latency: \($r.latency.note)" else empty end),
-        (if $r.outbox then "outbox latency: \($r.outbox.latency[0] // "-")" else empty end),
+        (if $r.outbox then "outbox latency at half the goal (issue 13: p99 <= 50 ms): \($r.outbox.latency_goal[0] // "-")" else empty end),
+        (if $r.outbox then "outbox latency at half the measured rate: \($r.outbox.latency_half[0] // "-")" else empty end),
         "goals (medians): member <= 2.5 us/rec: \($r.idemproc1.member_cpu_us.median // "-"); Redis <= 2.5 us/rec: \($r.idemproc1.redis_us.median // "-"); <= 40 B/mark: \($r.idemproc1.bytes_per_mark.median // "-"); RSS <= 64 MiB: \($r.idemproc1.rss_mib.median // "-")",
         "\(.workload.records) records (\(.workload.unique_payments) applied), \(.workload.partitions) partitions, \(.workload.repetitions) repetitions, \(.seconds) s; \(.machine.cpus) CPUs shared by every process, load \(.machine.load_start) -> \(.machine.load_end); commit \(.commit)"
         ' "$OUT/results.json"
