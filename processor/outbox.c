@@ -325,6 +325,54 @@ static void pg_err(PGconn *pg, const PGresult *res, const char *what,
             *c = *(c + 1) ? ' ' : '\0';
 }
 
+/* The claim, one statement. s: the key buckets of the first n
+ * unpublished rows. g: each of them tried once, all before the claim
+ * scan starts (pg_try_advisory_xact_lock: another relay's buckets are
+ * skipped, never waited for). c: the first n unpublished rows of the
+ * buckets now held, locked FOR UPDATE. Rows of a held bucket can be
+ * row-locked only by a transaction that is not a relay (a relay locks
+ * rows only in buckets it holds), so c waits for such a lock instead of
+ * skipping the row: it claims, for every bucket it holds, a prefix in
+ * id order of the bucket's unpublished rows, which is per-key order
+ * by construction. FOR UPDATE also re-reads a row that a relay which
+ * held the bucket before us published after our snapshot (and skips
+ * it). blocked: buckets another relay held (look again soon; its
+ * commit sends no NOTIFY). One row of NULLs after blocked when
+ * nothing was claimed. The bucket test is `<> 0`, not `= 1`: the
+ * planner gives an equality on a function's result a selectivity of
+ * 0.5%, so with the LIMIT known (the first five executions of a
+ * prepared statement are planned for their values) it expected fewer
+ * rows than the LIMIT, chose a sequential scan and sorted the whole
+ * backlog on disk: 0.4-1.3 s a claim over 200,000 rows instead of
+ * 30-40 ms. With `<> 0` it expects 99.5% and walks the index. */
+int idem_outbox_sql_claim(char *buf, size_t size, const char *table,
+                          int value_is_bytea, int commit_ts)
+{
+    int n = snprintf(
+        buf, size,
+        "WITH s AS MATERIALIZED (SELECT DISTINCT hashtext(coalesce(key, "
+        "'')) & %d AS b FROM (SELECT key FROM %s WHERE published_at IS NULL "
+        "AND error IS NULL ORDER BY id LIMIT $1::int4) f), "
+        "g AS MATERIALIZED (SELECT b, pg_try_advisory_xact_lock("
+        "hashtext('%s'), b) AS mine FROM s), "
+        "o AS (SELECT coalesce(bit_or(B'1'::bit(%d) >> b) FILTER (WHERE "
+        "mine), B'0'::bit(%d)) AS bits, count(*) FILTER (WHERE NOT mine) "
+        "AS blocked FROM g) "
+        "SELECT o.blocked, c.* FROM o LEFT JOIN LATERAL (SELECT id, topic, "
+        "key, %s, headers::text, message_id::text, idempotency_key, "
+        "(extract(epoch FROM created_at) * 1e6)::int8, %s FROM %s WHERE "
+        "published_at IS NULL AND error IS NULL AND get_bit(o.bits, "
+        "hashtext(coalesce(key, '')) & %d) <> 0 ORDER BY id LIMIT $1::int4 "
+        "FOR UPDATE) c ON true",
+        KEY_BUCKETS - 1, table, table, KEY_BUCKETS, KEY_BUCKETS,
+        value_is_bytea ? "value" : "value::text",
+        commit_ts ? "(extract(epoch FROM pg_xact_commit_timestamp(xmin)) "
+                    "* 1e6)::int8"
+                  : "NULL::int8",
+        table, KEY_BUCKETS - 1);
+    return n < 0 || (size_t)n >= size ? -1 : 0;
+}
+
 /* Runs sql (no parameters) expecting `want`; 0 or -1 with errstr. */
 static int pg_exec(idem_outbox_t *o, const char *sql, ExecStatusType want,
                    char *errstr, size_t errstr_size)
@@ -420,48 +468,11 @@ static int db_connect(idem_outbox_t *o, char *errstr, size_t errstr_size)
     PQclear(res);
 
     const char *t = c->outbox_table;
-    /* The claim, one statement. s: the key buckets of the first n
-     * unpublished rows. g: each of them tried once, all before the claim
-     * scan starts (pg_try_advisory_xact_lock: another relay's buckets are
-     * skipped, never waited for). c: the first n unpublished rows of the
-     * buckets now held, locked FOR UPDATE. Rows of a held bucket can be
-     * row-locked only by a transaction that is not a relay (a relay locks
-     * rows only in buckets it holds), so c waits for such a lock instead of
-     * skipping the row: it claims, for every bucket it holds, a prefix in
-     * id order of the bucket's unpublished rows, which is per-key order
-     * by construction. FOR UPDATE also re-reads a row that a relay which
-     * held the bucket before us published after our snapshot (and skips
-     * it). blocked: buckets another relay held (look again soon; its
-     * commit sends no NOTIFY). One row of NULLs after blocked when
-     * nothing was claimed. The bucket test is `<> 0`, not `= 1`: the
-     * planner gives an equality on a function's result a selectivity of
-     * 0.5%, so with the LIMIT known (the first five executions of a
-     * prepared statement are planned for their values) it expected fewer
-     * rows than the LIMIT, chose a sequential scan and sorted the whole
-     * backlog on disk: 0.4-1.3 s a claim over 200,000 rows instead of
-     * 30-40 ms. With `<> 0` it expects 99.5% and walks the index. */
-    snprintf(
-        sql, sizeof(sql),
-        "WITH s AS MATERIALIZED (SELECT DISTINCT hashtext(coalesce(key, "
-        "'')) & %d AS b FROM (SELECT key FROM %s WHERE published_at IS NULL "
-        "AND error IS NULL ORDER BY id LIMIT $1::int4) f), "
-        "g AS MATERIALIZED (SELECT b, pg_try_advisory_xact_lock("
-        "hashtext('%s'), b) AS mine FROM s), "
-        "o AS (SELECT coalesce(bit_or(B'1'::bit(%d) >> b) FILTER (WHERE "
-        "mine), B'0'::bit(%d)) AS bits, count(*) FILTER (WHERE NOT mine) "
-        "AS blocked FROM g) "
-        "SELECT o.blocked, c.* FROM o LEFT JOIN LATERAL (SELECT id, topic, "
-        "key, %s, headers::text, message_id::text, idempotency_key, "
-        "(extract(epoch FROM created_at) * 1e6)::int8, %s FROM %s WHERE "
-        "published_at IS NULL AND error IS NULL AND get_bit(o.bits, "
-        "hashtext(coalesce(key, '')) & %d) <> 0 ORDER BY id LIMIT $1::int4 "
-        "FOR UPDATE) c ON true",
-        KEY_BUCKETS - 1, t, t, KEY_BUCKETS, KEY_BUCKETS,
-        o->value_is_bytea ? "value" : "value::text",
-        o->commit_ts ? "(extract(epoch FROM pg_xact_commit_timestamp(xmin)) "
-                       "* 1e6)::int8"
-                     : "NULL::int8",
-        t, KEY_BUCKETS - 1);
+    if (idem_outbox_sql_claim(sql, sizeof(sql), t, o->value_is_bytea,
+                              o->commit_ts)) {
+        snprintf(errstr, errstr_size, "outbox.table: \"%s\" too long", t);
+        goto fail;
+    }
     if (pg_prepare(o, "claim", sql, errstr, errstr_size))
         goto fail;
     /* The writes are not prepared: preparing takes their ROW EXCLUSIVE

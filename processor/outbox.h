@@ -35,6 +35,18 @@ idem_outbox_t *idem_outbox_new(const idem_conf_t *conf, idem_metrics_t *m,
 int idem_outbox_run(idem_outbox_t *o, volatile int *stop, char *errstr,
                     size_t errstr_size);
 
+/* The claim statement for `table` into buf (size bytes), with $1 =
+ * outbox.batch.max: tries the key buckets of the first $1 unpublished rows
+ * (pg_try_advisory_xact_lock) and returns `blocked` (how many another
+ * relay held) followed by the first $1 unpublished rows of the buckets
+ * held, in id order, FOR UPDATE: id, topic, key, value (text, or bytea
+ * when value_is_bytea), headers, message_id, idempotency_key, created_at
+ * and the commit time (NULL unless commit_ts) in microseconds. One row of
+ * NULLs after blocked when nothing was claimed. The relay prepares it;
+ * tests check its plans. 0, or -1 when it does not fit in size. */
+int idem_outbox_sql_claim(char *buf, size_t size, const char *table,
+                          int value_is_bytea, int commit_ts);
+
 /* Flushes and destroys the producer, closes the database. NULL: no-op. */
 void idem_outbox_destroy(idem_outbox_t *o);
 

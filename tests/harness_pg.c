@@ -47,10 +47,9 @@ static void become_pg_user(void)
  * with pdeath the child gets SIGQUIT when the test process dies. */
 static pid_t spawn_as_pg(char *const argv[], const char *log, int pdeath)
 {
+    pid_t parent = getpid();
     pid_t pid = fork();
     if (pid == 0) {
-        if (pdeath)
-            prctl(PR_SET_PDEATHSIG, SIGQUIT);
         setpgid(0, 0); /* a terminal's ^C reaches us, not the server */
         FILE *f = fopen(log, "a");
         if (f) {
@@ -58,6 +57,10 @@ static pid_t spawn_as_pg(char *const argv[], const char *log, int pdeath)
             dup2(fileno(f), 2);
         }
         become_pg_user();
+        /* After the user change: changing the uid clears the death
+         * signal. A parent already gone leaves nobody to stop the server. */
+        if (pdeath && (prctl(PR_SET_PDEATHSIG, SIGQUIT) || getppid() != parent))
+            _exit(125);
         execv(argv[0], argv);
         _exit(127);
     }
