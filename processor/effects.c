@@ -58,8 +58,10 @@ static void rec_duplicate(idem_pipeline_t *p, rec_t *r, const char *prior_mid,
     }
 }
 
-static void rec_poison(rec_t *r, idem_reason_t reason, const char *error)
+static void rec_poison(idem_pipeline_t *p, rec_t *r, idem_reason_t reason,
+                       const char *error)
 {
+    p->dlq_due = 1;
     r->poison = 1;
     r->reason = reason;
     snprintf(r->error, sizeof(r->error), "%s", error);
@@ -80,11 +82,12 @@ static void rec_retry(idem_pipeline_t *p, rec_t *r, const char *error,
                      "gave up after %d attempts (last of retry.topics): "
                      "%.540s",
                      r->prior_attempts + r->attempts, error);
-            rec_poison(r, IDEM_REASON_MAX_RETRIES, e);
+            rec_poison(p, r, IDEM_REASON_MAX_RETRIES, e);
             return;
         }
         idem_metrics_retry_add(p->m, 1);
         r->to_tier = r->tier + 1;
+        p->dlq_due = 1;
         r->retry_after_ms = after_ms;
         snprintf(r->error, sizeof(r->error), "%s", error);
         return;
@@ -93,7 +96,7 @@ static void rec_retry(idem_pipeline_t *p, rec_t *r, const char *error,
         char e[IDEM_RESULT_DETAIL_MAX];
         snprintf(e, sizeof(e), "gave up after %d attempts: %.560s", r->attempts,
                  error);
-        rec_poison(r, IDEM_REASON_MAX_RETRIES, e);
+        rec_poison(p, r, IDEM_REASON_MAX_RETRIES, e);
         return;
     }
     idem_metrics_retry_add(p->m, 1);
@@ -104,6 +107,7 @@ static void rec_retry(idem_pipeline_t *p, rec_t *r, const char *error,
     if (d < after_ms)
         d = after_ms;
     r->retry_at_ms = idem_now_ms() + d;
+    p->retry_waiting = 1;
 }
 
 /* --------------------------------------------------------- the handler */
@@ -257,6 +261,7 @@ static int claim_and_submit(idem_pipeline_t *p, size_t n, char *errstr,
             break;
         default: /* leased elsewhere: wait, the lease expires if dead */
             r->retry_at_ms = now + p->conf->dedup_lease_ms / 4 + 50;
+            p->retry_waiting = 1;
             if (pt)
                 pt->waiting = 1;
             break;
@@ -290,9 +295,10 @@ static int results_apply(idem_pipeline_t *p, size_t n, char *errstr,
             break;
         case IDEM_RESULT_BUSY:
             r->retry_at_ms = now + p->conf->dedup_lease_ms / 4;
+            p->retry_waiting = 1;
             break;
         case IDEM_RESULT_REJECT:
-            rec_poison(r, IDEM_REASON_HANDLER_REJECTED, res->detail);
+            rec_poison(p, r, IDEM_REASON_HANDLER_REJECTED, res->detail);
             break;
         case IDEM_RESULT_RETRY:
             rec_retry(p, r, res->detail, res->retry_after_ms);
@@ -400,7 +406,11 @@ int idem_loop_handler_feed(idem_pipeline_t *p, char *errstr, size_t errstr_size)
 void idem_loop_parse_records(idem_pipeline_t *p)
 {
     rec_t *r;
-    for (size_t i = 0; (r = idem_records_next(&p->recs, &i));) {
+    /* New records are pushed at the end: only the slots from the mark on
+     * hold unparsed ones (the records in hand are not walked again). */
+    size_t i = idem_records_mark(&p->recs);
+    idem_records_set_mark(&p->recs);
+    while ((r = idem_records_next(&p->recs, &i))) {
         if (r->parsed)
             continue;
         r->parsed = 1;
@@ -411,7 +421,7 @@ void idem_loop_parse_records(idem_pipeline_t *p)
         char err[256];
         if (idem_envelope_read_msg(p->rules, r->msg, &h, &r->env, &reason, err,
                                    sizeof(err))) {
-            rec_poison(r, reason, err);
+            rec_poison(p, r, reason, err);
             continue;
         }
         rd_kafka_headers_t *all;
@@ -449,6 +459,9 @@ void idem_loop_dlq_report(void *opaque, rd_kafka_resp_err_t err)
  * queue (infrastructure). */
 int idem_loop_dlq_queue(idem_pipeline_t *p, char *errstr, size_t errstr_size)
 {
+    if (!p->dlq_due)
+        return 0;
+    p->dlq_due = 0;
     rec_t *r;
     for (size_t i = 0; (r = idem_records_next(&p->recs, &i));) {
         if (r->state == REC_DONE || (!r->poison && !r->to_tier) || r->dlq)
@@ -473,9 +486,11 @@ int idem_loop_dlq_queue(idem_pipeline_t *p, char *errstr, size_t errstr_size)
         }
         if (rc) {
             free(t);
+            p->dlq_due = 1; /* this one and the rest: next time */
             return -1;
         }
         r->dlq = t;
+        p->tickets++;
     }
     return 0;
 }
@@ -489,11 +504,13 @@ int idem_loop_dlq_collect(idem_pipeline_t *p, char *errstr, size_t errstr_size)
     p->clock_us = idem_now_us();
     int failed = 0;
     rec_t *r;
-    for (size_t i = 0; (r = idem_records_next(&p->recs, &i));) {
+    for (size_t i = 0; p->tickets && (r = idem_records_next(&p->recs, &i));) {
         if (!r->dlq || r->dlq->state == 0)
             continue;
         ticket_t *t = r->dlq;
         r->dlq = NULL;
+        p->tickets--;
+        p->dlq_due = 1; /* unless finished below: written again */
         if (t->state == 1 && r->to_tier && !r->poison) {
             idem_loop_retry_sent(p, r);
         } else if (r->to_tier && !r->poison &&
@@ -504,7 +521,7 @@ int idem_loop_dlq_collect(idem_pipeline_t *p, char *errstr, size_t errstr_size)
             snprintf(e, sizeof(e),
                      "retry topic refused the record (%s): %.500s",
                      rd_kafka_err2str(t->err), r->error);
-            rec_poison(r, IDEM_REASON_MAX_RETRIES, e);
+            rec_poison(p, r, IDEM_REASON_MAX_RETRIES, e);
         } else if (t->state == 1) {
             idem_metrics_dlq_add(p->m, r->reason, 1);
             rec_finish(p, r, IDEM_OUTCOME_DLQ);
@@ -542,6 +559,8 @@ int idem_loop_dlq_collect(idem_pipeline_t *p, char *errstr, size_t errstr_size)
 int64_t idem_loop_batch_next_retry(idem_pipeline_t *p)
 {
     int64_t t = 0;
+    if (!p->retry_waiting)
+        return 0;
     int64_t soon = p->rt ? idem_now_ms() + RETRY_COPY_RECHECK_MS : 0;
     rec_t *r;
     for (size_t i = 0; (r = idem_records_next(&p->recs, &i));) {
@@ -552,5 +571,7 @@ int64_t idem_loop_batch_next_retry(idem_pipeline_t *p)
         if (t == 0 || at < t)
             t = at;
     }
+    if (t == 0)
+        p->retry_waiting = 0;
     return t;
 }

@@ -79,6 +79,35 @@ static const unsigned char plain[256] = {
 #undef P16
 };
 
+/* Whether any of the 8 bytes in x is not plain: '"', '\\', below 0x20
+ * or above 0x7f. Exact as a yes/no: the has-zero-byte trick per class
+ * (its borrows can only mark bytes above a marked one), and any byte
+ * above 0x7f marks itself. */
+static inline int word_special(uint64_t x)
+{
+    const uint64_t ones = 0x0101010101010101ULL, high = ones * 0x80;
+    uint64_t q = x ^ (ones * '"'), bs = x ^ (ones * '\\');
+    uint64_t m =
+        ((x - ones * 0x20) & ~x) | ((q - ones) & ~q) | ((bs - ones) & ~bs) | x;
+    return (m & high) != 0;
+}
+
+/* The first byte at or after i (below len) that is not plain, or len:
+ * eight bytes a step while they are all plain, then byte by byte. */
+static inline size_t plain_run(const unsigned char *b, size_t i, size_t len)
+{
+    while (len - i >= 8) {
+        uint64_t x;
+        memcpy(&x, b + i, 8);
+        if (word_special(x))
+            break;
+        i += 8;
+    }
+    while (i < len && plain[b[i]])
+        i++;
+    return i;
+}
+
 /* The byte escape "\\c" stands for, or 0 when the scan does not read it
  * (\u, or no escape at all). */
 static char unescape(unsigned char c)
@@ -124,9 +153,7 @@ static int scan_string(scan_t *s, char *out, size_t room, size_t *dlen,
     size_t i = s->i + 1, n = 0;
     *escaped = 0;
     for (;;) {
-        size_t j = i;
-        while (j < s->len && plain[b[j]])
-            j++;
+        size_t j = plain_run(b, i, s->len);
         if (out && n < room)
             memcpy(out + n, b + i, j - i < room - n ? j - i : room - n);
         n += j - i;

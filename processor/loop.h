@@ -107,6 +107,12 @@ struct idem_pipeline_s {
     int64_t wall_offset_us;       /* wall clock minus idem_now_us(), taken
                                      each turn of the loop (effect latency) */
     size_t cnt;                   /* records in hand (recs.live) */
+    int dlq_due;                  /* a record may need a DLQ or retry-topic
+                                     write: idem_loop_dlq_queue walks */
+    size_t tickets;               /* records with a write in flight (r->dlq):
+                                     idem_loop_dlq_collect walks */
+    int retry_waiting;            /* a record may wait for its retry time:
+                                     idem_loop_batch_next_retry walks */
     size_t cap;                   /* BATCHES_IN_HAND batches: scratch size */
     size_t inflight;              /* records with the handler */
     rec_t **rs;                   /* scratch: records handed to a handler */

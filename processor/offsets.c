@@ -91,6 +91,17 @@ void idem_offsets_advance_rec(idem_part_t *pt, int64_t offset, int finished)
         pt->blocked = 1;
 }
 
+int idem_offsets_advance_take(idem_part_t *pt, int64_t offset, int finished)
+{
+    if (!pt)
+        return 0;
+    if (!pt->blocked) {
+        idem_offsets_advance_rec(pt, offset, finished);
+        return finished;
+    }
+    return finished && offset < pt->next_offset;
+}
+
 int idem_offsets_below(const idem_part_t *pt, int64_t offset)
 {
     return pt && offset < pt->next_offset;

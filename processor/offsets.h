@@ -61,6 +61,14 @@ void idem_offsets_remove(idem_offsets_t *o, const char *topic,
 void idem_offsets_advance_begin(idem_offsets_t *o);
 void idem_offsets_advance_rec(idem_part_t *pt, int64_t offset, int finished);
 
+/* _advance_rec and _below in one step, for a walk that lets records go
+ * as it moves the prefixes (between _advance_begin and the walk's end):
+ * returns 1 when the record at `offset` is finished and below its
+ * partition's final prefix. A partition's prefix stops moving at its
+ * first unfinished record, so the answer for the records after it is
+ * final too. */
+int idem_offsets_advance_take(idem_part_t *pt, int64_t offset, int finished);
+
 /* Whether a finished record at `offset` is below its partition's prefix:
  * done with it (the loop lets it go). */
 int idem_offsets_below(const idem_part_t *pt, int64_t offset);

@@ -39,6 +39,7 @@ static void rec_release(idem_pipeline_t *p, rec_t *r)
 {
     idem_envelope_term(&r->env);
     if (r->dlq) {
+        p->tickets--;
         if (r->dlq->state == 0)
             r->dlq->orphan = 1;
         else
@@ -182,24 +183,23 @@ void idem_loop_batch_remove_if(idem_pipeline_t *p,
     p->cnt = p->recs.live;
 }
 
-/* Finished and below its partition's committable offset: done with it. */
+/* Moves its partition's next_offset over the record if the prefix before
+ * it is finished; whether it is finished and below the prefix: done with
+ * it. */
 static int rec_committable(idem_pipeline_t *p, const rec_t *r, const void *ctx)
 {
     (void)ctx;
-    return r->state == REC_DONE &&
-           idem_offsets_below(idem_loop_rec_part(p, r), r->view.offset);
+    return idem_offsets_advance_take(idem_loop_rec_part(p, r), r->view.offset,
+                                     r->state == REC_DONE);
 }
 
 /* Moves each partition's next_offset over the contiguous prefix of
- * finished records, then drops records that are finished and below it. */
+ * finished records and drops the records that are finished and below it,
+ * in one walk over the records in hand (poll order: a partition's offsets
+ * ascend). */
 static void advance_offsets(idem_pipeline_t *p)
 {
     idem_offsets_advance_begin(&p->offs);
-    rec_t *r;
-    for (size_t i = 0; (r = idem_records_next(&p->recs, &i));) {
-        idem_offsets_advance_rec(idem_loop_rec_part(p, r), r->view.offset,
-                                 r->state == REC_DONE);
-    }
     idem_loop_batch_remove_if(p, rec_committable, NULL);
     idem_metrics_inflight_set(p->m, (int64_t)p->cnt);
 }

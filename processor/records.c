@@ -22,10 +22,14 @@ void idem_records_term(idem_records_t *r)
 /* Closes the holes, keeping the order. */
 static void compact(idem_records_t *r)
 {
-    size_t keep = 0;
-    for (size_t i = 0; i < r->end; i++)
+    size_t keep = 0, mark = 0;
+    for (size_t i = 0; i < r->end; i++) {
+        if (i == r->mark)
+            mark = keep;
         if (r->v[i])
             r->v[keep++] = r->v[i];
+    }
+    r->mark = r->mark >= r->end ? keep : mark;
     r->end = keep;
 }
 
@@ -58,6 +62,8 @@ size_t idem_records_remove_if(idem_records_t *r,
      * outnumber the records. */
     while (r->end && !r->v[r->end - 1])
         r->end--;
+    if (r->mark > r->end)
+        r->mark = r->end;
     if (r->end - r->live > r->live)
         compact(r);
     return removed;

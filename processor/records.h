@@ -12,6 +12,8 @@ typedef struct {
     size_t end;  /* slots in use */
     size_t live; /* records (end minus holes) */
     size_t cap;
+    size_t mark; /* a slot the caller remembers (idem_records_set_mark):
+                    moved with its records when holes are closed */
 } idem_records_t;
 
 /* An empty index with room for `cap` records (it grows when needed). */
@@ -35,6 +37,20 @@ static inline void *idem_records_next(const idem_records_t *r, size_t *i)
             return rec;
     }
     return NULL;
+}
+
+/* The slot remembered by idem_records_set_mark (0 at first): every
+ * record pushed since is at it or after it, also after holes were
+ * closed. */
+static inline size_t idem_records_mark(const idem_records_t *r)
+{
+    return r->mark;
+}
+
+/* Remembers the end: the next record pushed is at the mark. */
+static inline void idem_records_set_mark(idem_records_t *r)
+{
+    r->mark = r->end;
 }
 
 /* Removes every record for which drop(rec, ctx) returns 1 (drop may free

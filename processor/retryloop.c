@@ -62,6 +62,7 @@ void idem_loop_retry_arrived(idem_pipeline_t *p, rec_t *r, idem_part_t *pt)
     if (delay > 0 && wait > delay + RETRY_AFTER_MAX_MS)
         wait = delay + RETRY_AFTER_MAX_MS;
     r->retry_at_ms = idem_now_ms() + wait;
+    p->retry_waiting = 1;
     if (!pt->hold_until_ms && !p->paused)
         part_pause(p, pt, 1);
     if (r->retry_at_ms > pt->hold_until_ms)
