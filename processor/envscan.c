@@ -79,30 +79,35 @@ static const unsigned char plain[256] = {
 #undef P16
 };
 
-/* Whether any of the 8 bytes in x is not plain: '"', '\\', below 0x20
- * or above 0x7f. Exact as a yes/no: the has-zero-byte trick per class
- * (its borrows can only mark bytes above a marked one), and any byte
- * above 0x7f marks itself. */
-static inline int word_special(uint64_t x)
+/* The bytes of x that are not plain ('"', '\\', below 0x20, above 0x7f),
+ * each marked by its top bit. The lowest mark is exact (the has-zero-byte
+ * trick per class: its borrows can only mark bytes above a true one; a
+ * byte above 0x7f marks itself), which is all plain_run reads. */
+static inline uint64_t word_special(uint64_t x)
 {
     const uint64_t ones = 0x0101010101010101ULL, high = ones * 0x80;
     uint64_t q = x ^ (ones * '"'), bs = x ^ (ones * '\\');
-    uint64_t m =
-        ((x - ones * 0x20) & ~x) | ((q - ones) & ~q) | ((bs - ones) & ~bs) | x;
-    return (m & high) != 0;
+    return (((x - ones * 0x20) & ~x) | ((q - ones) & ~q) | ((bs - ones) & ~bs) |
+            x) &
+           high;
 }
 
 /* The first byte at or after i (below len) that is not plain, or len:
- * eight bytes a step while they are all plain, then byte by byte. */
+ * eight bytes a step where the byte order lets the lowest mark name the
+ * first of them, byte by byte otherwise and for the last few bytes. */
 static inline size_t plain_run(const unsigned char *b, size_t i, size_t len)
 {
+#if defined(__GNUC__) && defined(__BYTE_ORDER__) &&                            \
+    __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
     while (len - i >= 8) {
         uint64_t x;
         memcpy(&x, b + i, 8);
-        if (word_special(x))
-            break;
+        uint64_t m = word_special(x);
+        if (m)
+            return i + (size_t)(__builtin_ctzll(m) >> 3);
         i += 8;
     }
+#endif
     while (i < len && plain[b[i]])
         i++;
     return i;
@@ -134,11 +139,15 @@ static char unescape(unsigned char c)
     }
 }
 
-static void skip_ws(scan_t *s)
+static inline void skip_ws(scan_t *s)
 {
-    while (s->i < s->len && (s->b[s->i] == ' ' || s->b[s->i] == '\n' ||
-                             s->b[s->i] == '\r' || s->b[s->i] == '\t'))
-        s->i++;
+    /* Most records hold no whitespace: one comparison says so. */
+    size_t i = s->i;
+    while (i < s->len && s->b[i] <= ' ' &&
+           (s->b[i] == ' ' || s->b[i] == '\n' || s->b[i] == '\r' ||
+            s->b[i] == '\t'))
+        i++;
+    s->i = i;
 }
 
 /* The string that starts at s->i (its quote). Its decoded bytes go to
@@ -265,7 +274,8 @@ static int scan_key(scan_t *s, int node, size_t first, uint64_t *bloom,
     *step = -1;
     if (node != NO_STEP)
         for (size_t k = 0; k < s->n; k++)
-            if (s->steps[k].parent == node && s->steps[k].len == len &&
+            if (s->steps[k].len == len && s->steps[k].parent == node &&
+                (!len || s->steps[k].name[0] == key[0]) &&
                 !memcmp(s->steps[k].name, key, len)) {
                 *step = (int)k;
                 break;

@@ -148,3 +148,41 @@ Test(offsets, find_after_add_and_remove)
     }
     idem_offsets_term(&o);
 }
+
+/* The one-walk form (advance_take) lets go of exactly the records the two
+ * walks (advance_rec for all, then below) let go of, and leaves the same
+ * prefixes, for every mix of finished records over two partitions. */
+Test(offsets, advance_take_matches_advance_then_below)
+{
+    /* Poll order: t/0 and t/1 interleaved, offsets ascending each. */
+    const int part[] = {0, 1, 0, 0, 1, 1, 0, 1};
+    const int64_t off[] = {3, 10, 4, 6, 11, 14, 7, 15};
+    const size_t n = sizeof(off) / sizeof(off[0]);
+    for (unsigned mask = 0; mask < 1u << n; mask++) {
+        idem_offsets_t a, b;
+        idem_offsets_init(&a);
+        idem_offsets_init(&b);
+        idem_part_t *pa[2] = {idem_offsets_add(&a, "t", 0),
+                              idem_offsets_add(&a, "t", 1)};
+        idem_part_t *pb[2] = {idem_offsets_add(&b, "t", 0),
+                              idem_offsets_add(&b, "t", 1)};
+        /* An earlier prefix above some records in hand. */
+        pa[0]->next_offset = pb[0]->next_offset = 5;
+        idem_offsets_advance_begin(&a);
+        for (size_t i = 0; i < n; i++)
+            idem_offsets_advance_rec(pa[part[i]], off[i], mask >> i & 1);
+        idem_offsets_advance_begin(&b);
+        for (size_t i = 0; i < n; i++) {
+            int fin = mask >> i & 1;
+            int two = fin && idem_offsets_below(pa[part[i]], off[i]);
+            int one = idem_offsets_advance_take(pb[part[i]], off[i], fin);
+            cr_assert_eq(one, two, "mask %x record %zu", mask, i);
+        }
+        for (int k = 0; k < 2; k++)
+            cr_assert_eq(pa[k]->next_offset, pb[k]->next_offset, "mask %x",
+                         mask);
+        cr_assert(!idem_offsets_advance_take(NULL, 1, 1), "not held");
+        idem_offsets_term(&a);
+        idem_offsets_term(&b);
+    }
+}

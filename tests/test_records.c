@@ -64,3 +64,40 @@ Test(records, order_kept_holes_skipped_and_closed_lazily)
     cr_expect_null(idem_records_next(&r, &i));
     idem_records_term(&r);
 }
+
+/* The mark stays in front of the records pushed after it, also when holes
+ * before or after it are closed. */
+Test(records, mark_follows_closed_holes)
+{
+    int vals[64];
+    idem_records_t r;
+    idem_records_init(&r, 8);
+    for (int i = 0; i < 8; i++) {
+        vals[i] = i;
+        idem_records_push(&r, &vals[i]);
+    }
+    cr_expect_eq(idem_records_mark(&r), 0);
+    idem_records_set_mark(&r);
+    /* Holes before the mark, closed when a push finds the index full. */
+    int max = 6;
+    cr_expect_eq(idem_records_remove_if(&r, drop_listed, &max), 6);
+    for (int i = 8; i < 12; i++) {
+        vals[i] = i;
+        idem_records_push(&r, &vals[i]);
+    }
+    int *x, expect = 8;
+    for (size_t i = idem_records_mark(&r); (x = idem_records_next(&r, &i));)
+        cr_expect_eq(*x, expect++, "from the mark: only the new ones");
+    cr_expect_eq(expect, 12);
+    /* Everything removed: the mark is at the (empty) end. */
+    idem_records_set_mark(&r);
+    max = 100;
+    idem_records_remove_if(&r, drop_listed, &max);
+    cr_expect_eq(r.live, 0);
+    cr_expect_eq(idem_records_mark(&r), r.end);
+    vals[12] = 12;
+    idem_records_push(&r, &vals[12]);
+    size_t i = idem_records_mark(&r);
+    cr_expect_eq(idem_records_next(&r, &i), &vals[12]);
+    idem_records_term(&r);
+}
