@@ -705,18 +705,25 @@ static void render_histogram(FILE *out, histogram_t *h)
     fprintf(out, "\n%s_count %" PRIu64 "\n", h->name, count);
 }
 
+/* One sample per partition of a gauge: name{topic,partition} value. */
+static void render_parts(FILE *out, const char *name, const lag_entry_t *e,
+                         size_t cnt)
+{
+    for (size_t i = 0; i < cnt; i++) {
+        fprintf(out, "%s{topic=\"", name);
+        idem_metrics_escape_label(e[i].topic, out);
+        fprintf(out, "\",partition=\"%" PRId32 "\"} %" PRId64 "\n",
+                e[i].partition, e[i].lag);
+    }
+}
+
 static void render_lag(FILE *out, idem_metrics_t *m)
 {
     put_header(out, "idemproc_consumer_lag_records", "gauge",
                "Records behind the partition high watermark, from the last "
                "committed offset (librdkafka statistics consumer_lag).");
     pthread_mutex_lock(&m->lag_lock);
-    for (size_t i = 0; i < m->lag_cnt; i++) {
-        fputs("idemproc_consumer_lag_records{topic=\"", out);
-        idem_metrics_escape_label(m->lags[i].topic, out);
-        fprintf(out, "\",partition=\"%" PRId32 "\"} %" PRId64 "\n",
-                m->lags[i].partition, m->lags[i].lag);
-    }
+    render_parts(out, "idemproc_consumer_lag_records", m->lags, m->lag_cnt);
     pthread_mutex_unlock(&m->lag_lock);
 }
 
@@ -726,12 +733,7 @@ static void render_stalled(FILE *out, idem_metrics_t *m)
                "1 while an assigned partition, not paused by the member and "
                "behind its end, has not been fetched for fetch.stall.ms.");
     pthread_mutex_lock(&m->lag_lock);
-    for (size_t i = 0; i < m->stalled_cnt; i++) {
-        fputs("idemproc_partition_stalled{topic=\"", out);
-        idem_metrics_escape_label(m->stalled[i].topic, out);
-        fprintf(out, "\",partition=\"%" PRId32 "\"} %" PRId64 "\n",
-                m->stalled[i].partition, m->stalled[i].lag);
-    }
+    render_parts(out, "idemproc_partition_stalled", m->stalled, m->stalled_cnt);
     pthread_mutex_unlock(&m->lag_lock);
     put_header(out, "idemproc_partition_stalls_total", "counter",
                "Stalled partitions found (assigned, not paused by the "
