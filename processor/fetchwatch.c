@@ -87,15 +87,32 @@ static int64_t int_field(const json_t *obj, const char *name)
     return x < 0 ? -1 : (int64_t)x; /* -1001: librdkafka's "invalid" */
 }
 
-/* "0".."2147483647"; -1 for anything else (librdkafka's "-1" UA). */
-static int32_t partition_id(const char *s)
+typedef struct {
+    void (*fn)(void *opaque, const idem_fetchwatch_part_t *part);
+    void *opaque;
+    int n;
+} parse_ctx_t;
+
+/* One partition object, if librdkafka fetches it for us ("desired"). */
+static void parse_part(void *opaque, const char *topic, int32_t partition,
+                       const json_t *part)
 {
-    char *end;
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    if (errno || end == s || *end || v < 0 || v > INT32_MAX)
-        return -1;
-    return (int32_t)v;
+    parse_ctx_t *c = opaque;
+    if (!json_is_true(json_object_get(part, "desired")))
+        return;
+    idem_fetchwatch_part_t p;
+    p.partition = partition;
+    p.topic = topic;
+    const char *st = json_string_value(json_object_get(part, "fetch_state"));
+    snprintf(p.fetch_state, sizeof(p.fetch_state), "%s", st ? st : "?");
+    p.fetchq_cnt = int_field(part, "fetchq_cnt");
+    p.next_offset = int_field(part, "next_offset");
+    p.app_offset = int_field(part, "app_offset");
+    p.hi_offset = int_field(part, "hi_offset");
+    p.ls_offset = int_field(part, "ls_offset");
+    p.consumer_lag = int_field(part, "consumer_lag");
+    c->fn(c->opaque, &p);
+    c->n++;
 }
 
 int idem_fetchwatch_parse(const json_t *root,
@@ -103,41 +120,10 @@ int idem_fetchwatch_parse(const json_t *root,
                                      const idem_fetchwatch_part_t *part),
                           void *opaque)
 {
-    json_t *topics = json_object_get(root, "topics");
-    if (!json_is_object(topics))
+    parse_ctx_t c = {fn, opaque, 0};
+    if (idem_stats_partitions(root, parse_part, &c) < 0)
         return -1;
-    int n = 0;
-    const char *tname;
-    json_t *topic;
-    json_object_foreach(topics, tname, topic)
-    {
-        json_t *parts = json_object_get(topic, "partitions");
-        if (!json_is_object(parts))
-            continue;
-        const char *pname;
-        json_t *part;
-        json_object_foreach(parts, pname, part)
-        {
-            idem_fetchwatch_part_t p;
-            p.partition = partition_id(pname);
-            if (p.partition < 0 ||
-                !json_is_true(json_object_get(part, "desired")))
-                continue;
-            p.topic = tname;
-            const char *st =
-                json_string_value(json_object_get(part, "fetch_state"));
-            snprintf(p.fetch_state, sizeof(p.fetch_state), "%s", st ? st : "?");
-            p.fetchq_cnt = int_field(part, "fetchq_cnt");
-            p.next_offset = int_field(part, "next_offset");
-            p.app_offset = int_field(part, "app_offset");
-            p.hi_offset = int_field(part, "hi_offset");
-            p.ls_offset = int_field(part, "ls_offset");
-            p.consumer_lag = int_field(part, "consumer_lag");
-            fn(opaque, &p);
-            n++;
-        }
-    }
-    return n;
+    return c.n;
 }
 
 /* ------------------------------------------------------------- faults */

@@ -511,39 +511,64 @@ int idem_metrics_stats_json(idem_metrics_t *m, const char *json, size_t len)
     return rc;
 }
 
+int idem_stats_partitions(const json_t *root,
+                          void (*fn)(void *opaque, const char *topic,
+                                     int32_t partition, const json_t *part),
+                          void *opaque)
+{
+    json_t *topics = json_object_get(root, "topics");
+    if (!json_is_object(topics))
+        return -1;
+    int n = 0;
+    const char *tname;
+    json_t *topic;
+    json_object_foreach(topics, tname, topic)
+    {
+        json_t *parts = json_object_get(topic, "partitions");
+        if (!json_is_object(parts))
+            continue;
+        const char *pname;
+        json_t *part;
+        json_object_foreach(parts, pname, part)
+        {
+            int32_t partition = partition_parse(pname);
+            if (partition < 0)
+                continue;
+            fn(opaque, tname, partition, part);
+            n++;
+        }
+    }
+    return n;
+}
+
+typedef struct {
+    lag_entry_t *lags;
+    size_t cnt, cap;
+} lag_list_t;
+
+/* A partition's consumer_lag into the list (idem_stats_partitions' fn). */
+static void lag_collect(void *opaque, const char *topic, int32_t partition,
+                        const json_t *part)
+{
+    lag_list_t *l = opaque;
+    json_t *desired = json_object_get(part, "desired");
+    if (desired && json_is_false(desired))
+        return;
+    json_t *lag = json_object_get(part, "consumer_lag");
+    if (!json_is_integer(lag) || json_integer_value(lag) < 0)
+        return;
+    lags_push(&l->lags, &l->cnt, &l->cap, topic, partition,
+              (int64_t)json_integer_value(lag));
+}
+
 int idem_metrics_stats_doc(idem_metrics_t *m, const json_t *root)
 {
     if (!root || !json_is_object(root))
         return -1;
-    lag_entry_t *lags = NULL;
-    size_t cnt = 0, cap = 0;
-    json_t *topics = json_object_get(root, "topics");
-    const char *tname;
-    json_t *topic;
-    if (json_is_object(topics)) {
-        json_object_foreach(topics, tname, topic)
-        {
-            json_t *parts = json_object_get(topic, "partitions");
-            if (!json_is_object(parts))
-                continue;
-            const char *pname;
-            json_t *part;
-            json_object_foreach(parts, pname, part)
-            {
-                int32_t partition = partition_parse(pname);
-                if (partition < 0)
-                    continue;
-                json_t *desired = json_object_get(part, "desired");
-                if (desired && json_is_false(desired))
-                    continue;
-                json_t *lag = json_object_get(part, "consumer_lag");
-                if (!json_is_integer(lag) || json_integer_value(lag) < 0)
-                    continue;
-                lags_push(&lags, &cnt, &cap, tname, partition,
-                          (int64_t)json_integer_value(lag));
-            }
-        }
-    }
+    lag_list_t l = {NULL, 0, 0};
+    idem_stats_partitions(root, lag_collect, &l);
+    lag_entry_t *lags = l.lags;
+    size_t cnt = l.cnt;
 
     pthread_mutex_lock(&m->lag_lock);
     lag_entry_t *old = m->lags;

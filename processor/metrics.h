@@ -124,6 +124,16 @@ void idem_metrics_stall_repair_add(idem_metrics_t *m);
 struct json_t;
 int idem_metrics_stats_doc(idem_metrics_t *m, const struct json_t *root);
 
+/* Calls fn for each partition object of a statistics document (root,
+ * borrowed) whose name is a partition id (librdkafka's "-1", the
+ * unassigned partition, is skipped), with its topic's name. Returns the
+ * number of calls, or -1 when root has no "topics" object. */
+int idem_stats_partitions(const struct json_t *root,
+                          void (*fn)(void *opaque, const char *topic,
+                                     int32_t partition,
+                                     const struct json_t *part),
+                          void *opaque);
+
 /* Reads a counter back (tests, progress log, demo summary). */
 uint64_t idem_metrics_outcome_get(idem_metrics_t *m, idem_outcome_t o);
 uint64_t idem_metrics_duplicate_get(idem_metrics_t *m, idem_dup_kind_t k);
