@@ -28,21 +28,26 @@ typedef struct {
 typedef struct {
     char *topic; /* owned */
     int32_t partition;
-    uint64_t seen;        /* generation of the last document naming it */
-    int64_t ok_since_ms;  /* last time it was fetching, or not ours to fetch */
-    int64_t last_next;    /* next_offset in the previous document */
-    int stalled;          /* found stalled and repaired once */
-    int64_t repaired_ms;  /* when the last repair was made */
-    int unready;          /* still stalled after a repair */
-    int repairs_tried;    /* repairs in this stall */
-    int64_t asked_ms;     /* when its end was last asked of the broker */
-    int64_t end_pending;  /* the broker's answer, trusted from the next
-                             document on (the fetcher had time to act) */
-    int64_t end_queried;  /* the broker's end, trusted; -1: none */
-    char fetch_state[16]; /* as last seen, for the reason */
-    int64_t lag;          /* end minus next_offset, as last seen */
-    int64_t last_app;     /* app_offset in the previous document */
-    int64_t fetchq;       /* fetchq_cnt, as last seen */
+    uint64_t seen;          /* generation of the last document naming it */
+    int64_t ok_since_ms;    /* last time it was fetching, caught up, or not
+                               ours to fetch */
+    int64_t quiet_since_ms; /* since when it is caught up and idle (the
+                               broker is asked after fetch.stall.ms); 0:
+                               not quiet */
+    int eager_said;         /* "restart the member" logged in this stall */
+    int64_t last_next;      /* next_offset in the previous document */
+    int stalled;            /* found stalled and repaired once */
+    int64_t repaired_ms;    /* when the last repair was made */
+    int unready;            /* still stalled after a repair */
+    int repairs_tried;      /* repairs in this stall */
+    int64_t asked_ms;       /* when its end was last asked of the broker */
+    int64_t end_pending;    /* the broker's answer, trusted from the next
+                               document on (the fetcher had time to act) */
+    int64_t end_queried;    /* the broker's end, trusted; -1: none */
+    char fetch_state[16];   /* as last seen, for the reason */
+    int64_t lag;            /* end minus next_offset, as last seen */
+    int64_t last_app;       /* app_offset in the previous document */
+    int64_t fetchq;         /* fetchq_cnt, as last seen */
 } watch_entry_t;
 
 struct idem_fetchwatch_s {
@@ -67,6 +72,7 @@ struct idem_fetchwatch_s {
     query_t *asks, *answers;
     size_t ask_cnt, answer_cnt, answer_cap;
     int was_unready;
+    int closing; /* the member is leaving: judge and repair nothing */
     char reason[300];
     /* fault.fetch.pause: the partition paused behind the member's back
      * (once), and how many of the repairs that follow are dropped. */
@@ -111,6 +117,9 @@ static void parse_part(void *opaque, const char *topic, int32_t partition,
     p.hi_offset = int_field(part, "hi_offset");
     p.ls_offset = int_field(part, "ls_offset");
     p.consumer_lag = int_field(part, "consumer_lag");
+    json_t *leader = json_object_get(part, "leader");
+    p.leader = json_is_integer(leader) ? (int32_t)json_integer_value(leader)
+                                       : 0; /* absent: not known lost */
     c->fn(c->opaque, &p);
     c->n++;
 }
@@ -280,17 +289,32 @@ idem_fetchwatch_t *idem_fetchwatch_new(int64_t stall_ms, rd_kafka_t *rk,
     return fw;
 }
 
-void idem_fetchwatch_destroy(idem_fetchwatch_t *fw)
+void idem_fetchwatch_stop(idem_fetchwatch_t *fw)
 {
     if (!fw)
         return;
+    fw->closing = 1;
     if (fw->thread_on) {
         pthread_mutex_lock(&fw->lock);
         fw->stop = 1;
         pthread_cond_signal(&fw->cond);
         pthread_mutex_unlock(&fw->lock);
         pthread_join(fw->thread, NULL); /* at most QUERY_TIMEOUT_MS */
+        fw->thread_on = 0;
     }
+}
+
+void idem_fetchwatch_closing(idem_fetchwatch_t *fw)
+{
+    if (fw)
+        fw->closing = 1;
+}
+
+void idem_fetchwatch_destroy(idem_fetchwatch_t *fw)
+{
+    if (!fw)
+        return;
+    idem_fetchwatch_stop(fw);
     pthread_mutex_destroy(&fw->lock);
     pthread_cond_destroy(&fw->cond);
     for (size_t i = 0; i < fw->ask_cnt; i++)
@@ -351,65 +375,71 @@ static void seek_one(idem_fetchwatch_t *fw, rd_kafka_topic_partition_list_t *l,
 
 /* The heavy repair: the partition leaves the assignment and comes back at
  * the member's position, so librdkafka stops its fetcher and starts it
- * again (what a lost fetch start needs). Cooperative: this partition
- * alone; eager: the whole assignment again (eager allows no other
- * change), each partition at the member's position, or at the committed
- * offset where the member knows none (as at its assignment). Pause states
- * are kept by librdkafka across it; the resume came first, before
- * assign, the order that keeps a resume from racing the fetch start. The
- * member's own view (offsets, records in hand) does not change: no
- * rebalance callback fires. */
-static void reassign(idem_fetchwatch_t *fw, rd_kafka_topic_partition_list_t *l,
-                     int64_t position)
+ * again (what a lost fetch start needs). Cooperative only: this partition
+ * alone (an eager assignment changes only whole, which the watch does not
+ * do behind the member's back: see repair). Position: the member's, or,
+ * where it knows none, RD_KAFKA_OFFSET_INVALID (the committed offset, as
+ * the member assigned it). Pause states are kept by librdkafka across it;
+ * the resume came first, before assign, the order that keeps a resume
+ * from racing the fetch start. The member's own view (offsets, records in
+ * hand) does not change: no rebalance callback fires. Returns 0, or -1
+ * when the partition left the assignment and did not come back (the
+ * member must report not ready). */
+static int reassign(idem_fetchwatch_t *fw, rd_kafka_topic_partition_list_t *l,
+                    int64_t position)
 {
     char errstr[512];
     l->elems[0].offset = position >= 0 ? position : RD_KAFKA_OFFSET_INVALID;
-    if (idem_rebalance_cooperative(fw->rk)) {
-        if (idem_rebalance_unassign(fw->rk, l, errstr, sizeof(errstr)) == 0)
-            idem_rebalance_assign(fw->rk, l, errstr, sizeof(errstr));
-        return; /* failures are logged (rebalance.c) */
-    }
-    rd_kafka_topic_partition_list_t *all = NULL;
-    rd_kafka_resp_err_t err = rd_kafka_assignment(fw->rk, &all);
-    if (err) {
-        idem_log_kv(IDEM_LOG_WARN, "stalled partition: assignment unknown",
-                    "error", rd_kafka_err2str(err), NULL);
-        return;
-    }
-    for (int i = 0; i < all->cnt; i++) {
-        idem_fetchwatch_member_t mem = {0, 0, -1};
-        if (fw->member)
-            fw->member(fw->opaque, all->elems[i].topic, all->elems[i].partition,
-                       &mem);
-        all->elems[i].offset =
-            mem.position >= 0 ? mem.position : RD_KAFKA_OFFSET_INVALID;
-    }
-    idem_rebalance_assign(fw->rk, all, errstr, sizeof(errstr));
-    rd_kafka_topic_partition_list_destroy(all);
+    if (idem_rebalance_unassign(fw->rk, l, errstr, sizeof(errstr)))
+        return 0; /* still assigned as it was; logged (rebalance.c) */
+    if (idem_rebalance_assign(fw->rk, l, errstr, sizeof(errstr)))
+        return -1; /* logged (rebalance.c) */
+    return 0;
+}
+
+/* Whether a repair may be made now: not while the member is leaving
+ * (rd_kafka_consumer_close serves this callback too) nor when librdkafka
+ * says the assignment is lost (a rebalance callback is due that takes the
+ * partitions away; an assign now would race it). */
+static int repair_allowed(const idem_fetchwatch_t *fw)
+{
+    return !fw->closing && !(fw->rk && rd_kafka_assignment_lost(fw->rk));
 }
 
 /* Repairs a stalled partition so that its fetch goes on at `position` (the
- * offset after what the member holds; -1: unknown): nothing is skipped,
- * and what the member already holds is dropped again by the loop if
- * fetched twice. The first repair of a started fetch resumes and seeks;
- * a fetch that never started (or stopped), and every later repair, is
- * resumed and assigned again. Failures are logged: the next document
- * judges again. */
-static void repair(idem_fetchwatch_t *fw, watch_entry_t *e, int64_t position)
+ * offset after what the member holds, else the position the member
+ * assigned it at; -1: the committed offset): nothing is skipped, and what
+ * the member already holds is dropped again by the loop if fetched twice.
+ * The first repair of a started fetch resumes and seeks; a fetch that
+ * never started (or stopped), and every later repair, is resumed and
+ * assigned again (cooperative), or, with an eager assignment, not
+ * repaired: the member reports not ready and says to restart it. A
+ * partition whose position Redis has not been read yet (mem->checked 0)
+ * gets no heavy repair: it would start at a position not known to be
+ * right. Failures are logged: the next document judges again. */
+static void repair(idem_fetchwatch_t *fw, watch_entry_t *e,
+                   const idem_fetchwatch_member_t *mem)
 {
-    fw->repairs++;
-    if (fw->m)
-        idem_metrics_stall_repair_add(fw->m);
     int started = !strcmp(e->fetch_state, "active") ||
                   !strcmp(e->fetch_state, "offset-query") ||
                   !strcmp(e->fetch_state, "offset-wait");
     int heavy = !started || e->repairs_tried > 0;
+    char part[16], pos[24];
+    snprintf(part, sizeof(part), "%" PRId32, e->partition);
+    snprintf(pos, sizeof(pos), "%" PRId64, mem->position);
+    if (heavy && !mem->checked) {
+        idem_log_kv(IDEM_LOG_INFO,
+                    "stalled partition: its redis position is not read yet, "
+                    "no repair",
+                    "topic", e->topic, "partition", part, NULL);
+        return;
+    }
+    fw->repairs++;
+    if (fw->m)
+        idem_metrics_stall_repair_add(fw->m);
     e->repairs_tried++;
     if (heavy)
         fw->reassigns++;
-    char part[16], pos[24];
-    snprintf(part, sizeof(part), "%" PRId32, e->partition);
-    snprintf(pos, sizeof(pos), "%" PRId64, position);
     if (fw->fault_started && fw->fault_left > 0 &&
         fault_partition(fw, e->topic, e->partition)) {
         fw->fault_left--;
@@ -420,14 +450,31 @@ static void repair(idem_fetchwatch_t *fw, watch_entry_t *e, int64_t position)
     }
     if (!fw->rk)
         return;
+    if (heavy && !idem_rebalance_cooperative(fw->rk)) {
+        /* Eager: only the whole assignment could be given again, which
+         * would race the rebalances the member handles. Not ready. */
+        e->unready = 1;
+        if (!e->eager_said)
+            idem_log_kv(IDEM_LOG_ERROR,
+                        "stalled partition: eager assignment, not repaired "
+                        "in place: restart the member",
+                        "topic", e->topic, "partition", part, NULL);
+        e->eager_said = 1;
+        return;
+    }
     rd_kafka_topic_partition_list_t *l = rd_kafka_topic_partition_list_new(1);
     rd_kafka_topic_partition_list_add(l, e->topic, e->partition);
     idem_rebalance_pause(fw->rk, l, 0); /* logs a failure */
+    int lost = 0;
     if (heavy)
-        reassign(fw, l, position);
+        lost = reassign(fw, l, mem->position) < 0;
     else
-        seek_one(fw, l, part, position, pos);
+        seek_one(fw, l, part, mem->position, pos);
     rd_kafka_topic_partition_list_destroy(l);
+    if (lost) {
+        e->unready = 1; /* unassigned and not assigned again */
+        return;
+    }
     idem_log_kv(IDEM_LOG_INFO,
                 heavy ? "stalled partition: resumed and assigned again"
                       : "stalled partition: resumed and sought",
@@ -456,7 +503,7 @@ static void judge(void *opaque, const idem_fetchwatch_part_t *p)
     int64_t now = fw->now_ms;
     watch_entry_t *e = entry_get(fw, p->topic, p->partition);
     e->seen = fw->gen;
-    idem_fetchwatch_member_t mem = {0, 0, -1};
+    idem_fetchwatch_member_t mem = {0, 0, -1, 0};
     if (fw->member)
         fw->member(fw->opaque, p->topic, p->partition, &mem);
 
@@ -481,40 +528,53 @@ static void judge(void *opaque, const idem_fetchwatch_part_t *p)
     e->last_app = p->app_offset;
     e->fetchq = p->fetchq_cnt;
     int active = !strcmp(p->fetch_state, "active");
+    /* Fetched but not handed over: the fetcher is ahead of what the member
+     * got, and (not moved) the member got nothing since the last
+     * document. fetchq_cnt says nothing here: librdkafka forwards every
+     * partition's fetch queue to the consumer's one queue and reports
+     * that queue's count on each partition. */
+    int held_back = p->app_offset >= 0 && p->next_offset >= 0 &&
+                    p->app_offset < p->next_offset;
     /* Not ours to fetch, or fetching: the fetcher or the member moved
-     * since the last document. (Records queued are no sign of health on
-     * their own: a partition paused behind the member's back showed some
-     * for a while without handing them over.) */
-    if (!mem.held || mem.paused || moved) {
+     * since the last document; or its leader is unknown (librdkafka
+     * waits for the metadata; nothing to repair here). */
+    if (!mem.held || mem.paused || moved || p->leader < 0) {
         if (e->stalled)
             stall_log(IDEM_LOG_INFO, "stalled partition fetched again", e,
                       now - e->ok_since_ms);
         e->stalled = 0;
         e->unready = 0;
         e->repairs_tried = 0;
+        e->eager_said = 0;
         e->ok_since_ms = now;
+        e->quiet_since_ms = 0;
         e->end_queried = -1;
         return;
     }
-    int64_t for_ms = now - e->ok_since_ms;
-    if (active && e->lag <= 0 && p->fetchq_cnt <= 0) {
+    if (active && e->lag <= 0 && !held_back) {
         /* Quiet and caught up, as far as the statistics know: ask the
          * broker now and then whether there is more. */
-        if (for_ms >= fw->stall_ms && fw->thread_on &&
+        if (!e->quiet_since_ms)
+            e->quiet_since_ms = now;
+        if (now - e->quiet_since_ms >= fw->stall_ms && fw->thread_on &&
             now - e->asked_ms >= fw->stall_ms) {
             e->asked_ms = now;
             query_ask(fw, e->topic, e->partition);
         }
         if (e->stalled)
             stall_log(IDEM_LOG_INFO, "stalled partition fetched again", e,
-                      for_ms);
+                      now - e->ok_since_ms);
         e->stalled = 0;
         e->unready = 0;
         e->repairs_tried = 0;
+        e->eager_said = 0;
+        e->ok_since_ms = now;
         return;
     }
-    if (for_ms < fw->stall_ms)
-        return;
+    e->quiet_since_ms = 0;
+    int64_t for_ms = now - e->ok_since_ms;
+    if (for_ms < fw->stall_ms || !repair_allowed(fw))
+        return; /* too early, or judged again with the next document */
     if (!e->stalled) {
         e->stalled = 1;
         fw->stalls++;
@@ -532,12 +592,14 @@ static void judge(void *opaque, const idem_fetchwatch_part_t *p)
         return; /* the last repair's effect is not judged yet */
     }
     e->repaired_ms = now;
-    repair(fw, e, mem.position);
+    repair(fw, e, &mem);
 }
 
 int idem_fetchwatch_stats(idem_fetchwatch_t *fw, const json_t *root,
                           int64_t now_ms)
 {
+    if (fw->closing)
+        return 0; /* leaving: nothing judged, nothing repaired */
     fw->gen++;
     fw->now_ms = now_ms;
     if (idem_fetchwatch_parse(root, judge, fw) < 0)
@@ -548,7 +610,7 @@ int idem_fetchwatch_stats(idem_fetchwatch_t *fw, const json_t *root,
     size_t keep = 0;
     for (size_t i = 0; i < fw->cnt; i++) {
         watch_entry_t *e = &fw->v[i];
-        idem_fetchwatch_member_t mem = {0, 0, -1};
+        idem_fetchwatch_member_t mem = {0, 0, -1, 0};
         if (e->seen != fw->gen && e->stalled && fw->member)
             fw->member(fw->opaque, e->topic, e->partition, &mem);
         if (e->seen != fw->gen && !mem.held) {

@@ -26,6 +26,8 @@ typedef struct {
     int64_t hi_offset;    /* high watermark */
     int64_t ls_offset;    /* last stable offset */
     int64_t consumer_lag; /* end minus the committed offset */
+    int32_t leader;       /* broker id of the leader; -1: unknown (0 when
+                             the document does not say) */
 } idem_fetchwatch_part_t;
 
 /* Calls fn(opaque, part) for each partition the consumer wants (desired,
@@ -43,7 +45,11 @@ typedef struct {
     int paused;       /* paused by the member: outage, full hands, a retry
                          partition waiting for its head record */
     int64_t position; /* the next offset the member expects: what a repair
-                         seeks to (-1: unknown, no seek) */
+                         seeks or assigns to (-1: unknown; no seek, and an
+                         assign at the committed offset) */
+    int checked;      /* the member read the partition's position in Redis
+                         since it was assigned: 0 rules out a repair that
+                         assigns it again */
 } idem_fetchwatch_member_t;
 
 /* Fills *out for topic/partition; fires inside idem_fetchwatch_stats. */
@@ -66,22 +72,35 @@ idem_fetchwatch_t *idem_fetchwatch_new(int64_t stall_ms, rd_kafka_t *rk,
                                        void *opaque, const char *fault);
 void idem_fetchwatch_destroy(idem_fetchwatch_t *fw); /* NULL is a no-op */
 
+/* The member is leaving (rd_kafka_consumer_close serves the statistics
+ * callback too): from now on documents are not judged and nothing is
+ * repaired. NULL is a no-op. */
+void idem_fetchwatch_closing(idem_fetchwatch_t *fw);
+
+/* As idem_fetchwatch_closing, and the watch's query thread (which uses
+ * the consumer) is stopped and joined: call it before rd_kafka_destroy,
+ * and free the watch after. NULL is a no-op. */
+void idem_fetchwatch_stop(idem_fetchwatch_t *fw);
+
 /* Judges one statistics document (root, borrowed) taken at now_ms
- * (idem_now_ms clock): a partition held and not paused by the member,
- * with nothing queued and a next offset that did not move for stall_ms,
- * whose fetch_state is not "active" or that is behind its end (last
- * stable offset, else high watermark; the statistics' value is only as
- * fresh as the last fetch response, so a partition that looks caught up
- * for stall_ms has its high watermark asked of the broker by the watch's
- * thread, when it has a consumer), is stalled: logged
- * (warn), counted and repaired: resumed and sought to the member's
- * position the first time, resumed and assigned again at that position
- * when its fetch never started and every later time; still stalled
- * stall_ms after a repair, it makes the member not ready and is repaired
- * again every stall_ms. A partition that moves
- * again is logged and clears it all. Returns 1 when readiness or its
- * reason may have changed (the caller asks idem_fetchwatch_not_ready
- * again), else 0. */
+ * (idem_now_ms clock). A partition held and not paused by the member,
+ * whose leader is known, whose next and app offsets did not move for
+ * stall_ms, and that is either not caught up (fetch_state not "active",
+ * or behind its end: last stable offset, else high watermark; the
+ * statistics' value is only as fresh as the last fetch response, so a
+ * partition caught up and idle for stall_ms has its high watermark asked
+ * of the broker by the watch's thread, when it has a consumer) or holds
+ * fetched records back (app_offset below next_offset), is stalled:
+ * logged (warn), counted and repaired: resumed and sought to the
+ * member's position the first time; when its fetch never started and
+ * every later time, resumed and assigned again at that position
+ * (cooperative assignment; with eager, not repaired: not ready, restart
+ * the member). Still stalled stall_ms after a repair, it makes the member
+ * not ready and is repaired again every stall_ms. No repair while the
+ * member is closing or librdkafka says the assignment is lost. A
+ * partition that moves again is logged and clears it all. Returns 1 when
+ * readiness or its reason may have changed (the caller asks
+ * idem_fetchwatch_not_ready again), else 0. */
 int idem_fetchwatch_stats(idem_fetchwatch_t *fw, const json_t *root,
                           int64_t now_ms);
 

@@ -470,7 +470,9 @@ static void consumer_error_cb(rd_kafka_t *rk, int err, const char *reason,
 }
 
 /* The fetch watch's view of a partition (fetchwatch.h): held, paused by
- * us, and where its fetch must go on (after what is in hand). */
+ * us, and where its fetch must go on: after what is in hand, else after
+ * what is finished, else at the Redis position it was assigned at
+ * (positions.c; -1 when Redis had none: the committed offset). */
 static void fetchwatch_member(void *opaque, const char *topic,
                               int32_t partition, idem_fetchwatch_member_t *out)
 {
@@ -478,9 +480,11 @@ static void fetchwatch_member(void *opaque, const char *topic,
     idem_part_t *pt = idem_loop_part_find(p, topic, partition);
     out->held = pt != NULL;
     out->paused = p->paused || (pt && pt->hold_until_ms);
-    out->position = !pt                  ? -1
-                    : pt->high_seen >= 0 ? pt->high_seen + 1
-                                         : pt->next_offset;
+    out->position = !pt                    ? -1
+                    : pt->high_seen >= 0   ? pt->high_seen + 1
+                    : pt->next_offset >= 0 ? pt->next_offset
+                                           : pt->saved;
+    out->checked = pt && pt->checked;
 }
 
 /* Statistics callback: fires in rd_kafka_consumer_poll every
@@ -682,9 +686,15 @@ void idem_pipeline_destroy(idem_pipeline_t *p)
         free(r);
     }
     idem_wake_term(&p->wake); /* its queue reference first */
-    idem_fetchwatch_destroy(p->fw);
+    /* The watch's thread stops before the consumer goes; the watch itself
+     * after, as rd_kafka_destroy may still serve a statistics callback
+     * (which skips a NULL watch). */
+    idem_fetchwatch_t *fw = p->fw;
+    idem_fetchwatch_stop(fw);
+    p->fw = NULL;
     if (p->rk)
         rd_kafka_destroy(p->rk);
+    idem_fetchwatch_destroy(fw);
     idem_envelope_rules_destroy(p->rules);
     idem_retrytopics_destroy(p->rt);
     idem_dlq_destroy(p->dlq); /* reports of orphaned tickets free them */
@@ -847,6 +857,7 @@ int idem_pipeline_run(idem_pipeline_t *p, volatile int *stop, char *errstr,
         check_refused(p);
         if (p->refused) {
             snprintf(errstr, errstr_size, "%s", p->fatal);
+            idem_fetchwatch_closing(p->fw);
             rd_kafka_consumer_close(p->rk);
             return IDEM_PIPELINE_REFUSED;
         }
@@ -931,6 +942,7 @@ int idem_pipeline_run(idem_pipeline_t *p, volatile int *stop, char *errstr,
      * group (the watchdog in cmd_run.c ends it all at the full timeout). */
     int64_t t = p->conf->shutdown_timeout_ms;
     p->stop_by_ms = idem_now_ms() + t * 3 / 4 - (t / 4 < 1000 ? t / 4 : 1000);
+    idem_fetchwatch_closing(p->fw); /* no repair from here on */
     set_ready(p);
     if (!p->flow.down && !p->fatal[0])
         drain(p, p->stop_by_ms);

@@ -76,6 +76,7 @@ typedef struct {
     int32_t not_held; /* -1: none */
     int64_t position;
     int calls;
+    int unchecked; /* Redis's positions not read yet */
 } member_t;
 
 static void member(void *opaque, const char *topic, int32_t partition,
@@ -87,6 +88,7 @@ static void member(void *opaque, const char *topic, int32_t partition,
     out->held = partition != mb->not_held;
     out->paused = mb->paused_all;
     out->position = mb->position;
+    out->checked = !mb->unchecked;
 }
 
 static char *render(idem_metrics_t *m)
@@ -103,7 +105,7 @@ Test(fetchwatch, finds_the_partition_a_real_consumer_did_not_fetch)
 {
     json_t *a = load(DOC_A), *b = load(DOC_B);
     idem_metrics_t *m = idem_metrics_new();
-    member_t mb = {0, -1, 1, 0};
+    member_t mb = {0, -1, 1, 0, 0};
     idem_fetchwatch_t *fw =
         idem_fetchwatch_new(1000, NULL, m, member, &mb, NULL);
     cr_expect_eq(idem_fetchwatch_stats(fw, a, 0), 0);
@@ -157,30 +159,40 @@ Test(fetchwatch, finds_the_partition_a_real_consumer_did_not_fetch)
     json_decref(b);
 }
 
-/* One partition's document. */
-static json_t *doc(const char *state, int64_t next, int64_t hi, int64_t q)
+/* One partition object. */
+static json_t *part_obj(const char *state, int64_t next, int64_t app,
+                        int64_t hi, int64_t q, int leader)
 {
-    return json_pack("{s:{s:{s:{s:{s:b,s:s,s:I,s:I,s:I,s:I,s:I,s:I}}}}}",
-                     "topics", "payments", "partitions", "3", "desired", 1,
+    return json_pack("{s:b,s:s,s:I,s:I,s:I,s:I,s:I,s:I,s:i}", "desired", 1,
                      "fetch_state", state, "next_offset", (json_int_t)next,
-                     "app_offset", (json_int_t)next, "hi_offset",
-                     (json_int_t)hi, "ls_offset", (json_int_t)hi, "fetchq_cnt",
-                     (json_int_t)q, "consumer_lag", (json_int_t)-1);
+                     "app_offset", (json_int_t)app, "hi_offset", (json_int_t)hi,
+                     "ls_offset", (json_int_t)hi, "fetchq_cnt", (json_int_t)q,
+                     "consumer_lag", (json_int_t)-1, "leader", leader);
 }
 
-static int feed(idem_fetchwatch_t *fw, const char *state, int64_t next,
-                int64_t hi, int64_t q, int64_t now)
+/* payments/3 alone, app_offset and leader given. */
+static int feed_app(idem_fetchwatch_t *fw, const char *state, int64_t next,
+                    int64_t app, int64_t hi, int64_t q, int leader, int64_t now)
 {
-    json_t *d = doc(state, next, hi, q);
+    json_t *d =
+        json_pack("{s:{s:{s:{s:o}}}}", "topics", "payments", "partitions", "3",
+                  part_obj(state, next, app, hi, q, leader));
     int rc = idem_fetchwatch_stats(fw, d, now);
     json_decref(d);
     return rc;
 }
 
+/* payments/3 alone, everything fetched handed over (app = next). */
+static int feed(idem_fetchwatch_t *fw, const char *state, int64_t next,
+                int64_t hi, int64_t q, int64_t now)
+{
+    return feed_app(fw, state, next, next, hi, q, 1, now);
+}
+
 Test(fetchwatch, repair_then_not_ready_then_ready_again)
 {
     idem_metrics_t *m = idem_metrics_new();
-    member_t mb = {0, -1, 40, 0};
+    member_t mb = {0, -1, 40, 0, 0};
     idem_fetchwatch_t *fw =
         idem_fetchwatch_new(1000, NULL, m, member, &mb, NULL);
     feed(fw, "active", 40, 100, 0, 0);
@@ -219,9 +231,17 @@ Test(fetchwatch, repair_then_not_ready_then_ready_again)
     feed(fw, "active", 120, 300, 50, 61000);
     feed(fw, "active", 150, 300, 50, 90000);
     cr_expect_eq(idem_fetchwatch_stalls(fw), 1);
-    /* Queued but never handed over: stalled all the same. */
+    /* Caught up with records queued (fetchq_cnt is the consumer's one
+     * queue, on every partition): not a stall however long. */
     feed(fw, "active", 300, 300, 20, 91000);
-    feed(fw, "active", 300, 300, 20, 92000);
+    feed(fw, "active", 300, 300, 20, 120000);
+    cr_expect_eq(idem_fetchwatch_stalls(fw), 1);
+    /* Fetched up to 400 but never handed over past 350: stalled, also
+     * when caught up with the watermark. */
+    feed_app(fw, "active", 400, 350, 400, 50, 1, 121000);
+    feed_app(fw, "active", 400, 350, 400, 50, 1, 121500);
+    cr_expect_eq(idem_fetchwatch_stalls(fw), 1);
+    feed_app(fw, "active", 400, 350, 400, 50, 1, 122000);
     cr_expect_eq(idem_fetchwatch_stalls(fw), 2);
     idem_fetchwatch_destroy(fw);
     idem_metrics_destroy(m);
@@ -232,23 +252,26 @@ Test(fetchwatch, a_stale_watermark_is_corrected_by_the_broker_answer)
     /* Paused before its first fetch: the statistics keep the old high
      * watermark (40 = next_offset), so it looks caught up however many
      * records arrive, until the broker says its end is 90. */
-    member_t mb = {0, -1, 40, 0};
+    member_t mb = {0, -1, 40, 0, 0};
     idem_fetchwatch_t *fw =
         idem_fetchwatch_new(1000, NULL, NULL, member, &mb, NULL);
     feed(fw, "active", 40, 40, 0, 0);
     feed(fw, "active", 40, 40, 0, 5000);
     cr_expect_eq(idem_fetchwatch_stalls(fw), 0);
     idem_fetchwatch_end_seen(fw, "payments", 3, 90);
+    /* Caught up until 5000: the stall is counted from there. */
     feed(fw, "active", 40, 40, 0, 5500);
-    cr_expect_eq(idem_fetchwatch_stalls(fw), 1, "stalled since 0 with lag 50");
-    feed(fw, "active", 40, 40, 0, 6500);
+    cr_expect_eq(idem_fetchwatch_stalls(fw), 0, "lag 50 for 0.5 s only");
+    feed(fw, "active", 40, 40, 0, 6000);
+    cr_expect_eq(idem_fetchwatch_stalls(fw), 1, "lag 50 for 1 s");
+    feed(fw, "active", 40, 40, 0, 7000);
     cr_expect_str_eq(idem_fetchwatch_not_ready(fw),
                      "partition payments/3 not fetched (fetch_state active, "
                      "lag 50)");
     /* Fetched again: the answer is forgotten with the stall. */
-    feed(fw, "active", 90, 90, 0, 7000);
+    feed(fw, "active", 90, 90, 0, 7500);
     cr_expect_null(idem_fetchwatch_not_ready(fw));
-    feed(fw, "active", 90, 90, 0, 9000);
+    feed(fw, "active", 90, 90, 0, 9500);
     cr_expect_eq(idem_fetchwatch_stalls(fw), 1);
     idem_fetchwatch_destroy(fw);
 }
@@ -257,7 +280,7 @@ Test(fetchwatch, a_fetch_that_never_started_counts_without_a_watermark)
 {
     /* The lost fetch start: assigned, fetch_state "none", no watermark
      * known (-1001), so no lag either. */
-    member_t mb = {0, -1, -1, 0};
+    member_t mb = {0, -1, -1, 0, 0};
     idem_fetchwatch_t *fw =
         idem_fetchwatch_new(1000, NULL, NULL, member, &mb, NULL);
     feed(fw, "none", 0, -1001, 0, 0);
@@ -286,6 +309,80 @@ Test(fetchwatch, a_fetch_that_never_started_counts_without_a_watermark)
     idem_fetchwatch_destroy(fw);
 }
 
+Test(fetchwatch, records_queued_on_every_caught_up_partition_are_no_stall)
+{
+    /* A busy member: librdkafka reports the consumer queue's count (81)
+     * as every partition's fetchq_cnt; four partitions caught up and
+     * idle for a minute are not stalled. */
+    member_t mb = {0, -1, 40, 0, 0};
+    idem_fetchwatch_t *fw =
+        idem_fetchwatch_new(1000, NULL, NULL, member, &mb, NULL);
+    for (int64_t now = 0; now <= 60000; now += 500) {
+        json_t *parts = json_object();
+        for (int i = 0; i < 4; i++) {
+            char id[8];
+            snprintf(id, sizeof(id), "%d", i);
+            json_object_set_new(parts, id,
+                                part_obj("active", 40, 40, 40, 81, 1));
+        }
+        json_t *d = json_pack("{s:{s:{s:o}}}", "topics", "payments",
+                              "partitions", parts);
+        idem_fetchwatch_stats(fw, d, now);
+        json_decref(d);
+    }
+    cr_expect_eq(idem_fetchwatch_stalls(fw), 0);
+    cr_expect_eq(idem_fetchwatch_repairs(fw), 0);
+    cr_expect_null(idem_fetchwatch_not_ready(fw));
+    idem_fetchwatch_destroy(fw);
+}
+
+Test(fetchwatch, no_reassign_before_the_redis_position_is_read)
+{
+    /* A fetch that never started needs the heavy repair (assign again),
+     * which would start it at a position not known yet: none is made
+     * until the member read its Redis position. */
+    member_t mb = {0, -1, -1, 0, 1};
+    idem_fetchwatch_t *fw =
+        idem_fetchwatch_new(1000, NULL, NULL, member, &mb, NULL);
+    feed(fw, "none", 0, -1001, 0, 0);
+    feed(fw, "none", 0, -1001, 0, 1000);
+    cr_expect_eq(idem_fetchwatch_stalls(fw), 1);
+    cr_expect_eq(idem_fetchwatch_repairs(fw), 0);
+    cr_expect_eq(idem_fetchwatch_reassigns(fw), 0);
+    /* Read: repaired at the next turn. */
+    mb.unchecked = 0;
+    feed(fw, "none", 0, -1001, 0, 2000);
+    cr_expect_eq(idem_fetchwatch_repairs(fw), 1);
+    cr_expect_eq(idem_fetchwatch_reassigns(fw), 1);
+    idem_fetchwatch_destroy(fw);
+}
+
+Test(fetchwatch, nothing_judged_while_closing_or_without_a_leader)
+{
+    member_t mb = {0, -1, 40, 0, 0};
+    idem_fetchwatch_t *fw =
+        idem_fetchwatch_new(1000, NULL, NULL, member, &mb, NULL);
+    /* Leader unknown (-1): librdkafka waits for metadata; no stall. */
+    feed_app(fw, "active", 40, 40, 100, 0, -1, 0);
+    feed_app(fw, "active", 40, 40, 100, 0, -1, 5000);
+    cr_expect_eq(idem_fetchwatch_stalls(fw), 0);
+    /* Leader known again: counted from there. */
+    feed_app(fw, "active", 40, 40, 100, 0, 1, 5500);
+    cr_expect_eq(idem_fetchwatch_stalls(fw), 0);
+    feed_app(fw, "active", 40, 40, 100, 0, 1, 6500);
+    cr_expect_eq(idem_fetchwatch_stalls(fw), 1);
+    cr_expect_eq(idem_fetchwatch_repairs(fw), 1);
+    /* Closing: no document is judged, no repair made. */
+    idem_fetchwatch_closing(fw);
+    cr_expect_eq(feed(fw, "active", 40, 100, 0, 8000), 0);
+    cr_expect_eq(feed(fw, "active", 40, 100, 0, 20000), 0);
+    cr_expect_eq(idem_fetchwatch_repairs(fw), 1);
+    cr_expect_null(idem_fetchwatch_not_ready(fw));
+    idem_fetchwatch_stop(fw);
+    idem_fetchwatch_stop(fw); /* twice is fine */
+    idem_fetchwatch_destroy(fw);
+}
+
 Test(fetchwatch, fault_values)
 {
     char e[256];
@@ -311,7 +408,7 @@ Test(fetchwatch, parse_cost_of_a_64_partition_document)
     size_t len;
     char *text = th_slurp(path, &len);
     cr_assert(text);
-    member_t mb = {0, -1, 1, 0};
+    member_t mb = {0, -1, 1, 0, 0};
     idem_metrics_t *m = idem_metrics_new();
     idem_fetchwatch_t *fw =
         idem_fetchwatch_new(1000, NULL, m, member, &mb, NULL);
@@ -381,10 +478,13 @@ typedef struct {
 /* A partition paused inside librdkafka behind the member's back while
  * records keep arriving (fault.fetch.pause). With TIMES=1 the first
  * repair (resume, seek) brings it back. With TIMES=3 the first two are
- * dropped: the member reports not ready after the second, and the third
- * (resume, assign again: the whole assignment with eager, the partition
- * alone with cooperative) brings it back. Either way the stall is logged
- * and counted, the member is ready again, and the ledger ends exact. */
+ * dropped: the member reports not ready after the second; with
+ * cooperative assignment the third (resume, assign the partition again)
+ * brings it back; with eager assignment the watch does not assign again
+ * (only the whole assignment could be): the member stays not ready and
+ * says to restart it, and a restarted member fetches the partition.
+ * Either way the stall is logged and counted, and the ledger ends
+ * exact. */
 ParameterizedTestParameters(fetchwatch_run, stalled_partition_is_repaired)
 {
     static stall_case_t cases[] = {
@@ -395,6 +495,8 @@ ParameterizedTestParameters(fetchwatch_run, stalled_partition_is_repaired)
 ParameterizedTest(stall_case_t *c, fetchwatch_run,
                   stalled_partition_is_repaired, .timeout = 180)
 {
+    int eager_restart = c->times > 1 && strcmp(c->strategy, "range") == 0;
+    int repairs = eager_restart ? c->times - 1 : c->times;
     char strat[96];
     snprintf(strat, sizeof(strat), "kafka.partition.assignment.strategy=%s",
              c->strategy);
@@ -416,6 +518,8 @@ ParameterizedTest(stall_case_t *c, fetchwatch_run,
     cr_assert_eq(pthread_create(&th, NULL, produce_thread, &job), 0);
     const char *g2 = "idemproc_partition_stalled{topic=\"payments\","
                      "partition=\"2\"}";
+    char path[600];
+    snprintf(path, sizeof(path), "%s/m.log", stk.dir);
     int saw_stalled = 0, saw_unready = 0, back = 0;
     for (int t = 0; t < 900 && !back; t++) {
         if (metric_of(port, g2) == 1)
@@ -423,31 +527,62 @@ ParameterizedTest(stall_case_t *c, fetchwatch_run,
         int st = th_http_get(port, "/readyz", NULL);
         if (st == 503)
             saw_unready = 1;
-        back = job.done && saw_stalled && st == 200 &&
-               metric_of(port, g2) == 0 &&
-               metric_of(port, "idemproc_partition_stall_repairs_total") ==
-                   c->times;
+        if (eager_restart) {
+            /* Stays stalled and not ready: what the operator sees. */
+            char *l = th_slurp(path, NULL);
+            back = job.done && saw_stalled && st == 503 && l &&
+                   strstr(l, "eager assignment, not repaired in place") &&
+                   metric_of(port, g2) == 1;
+            free(l);
+        } else {
+            back = job.done && saw_stalled && st == 200 &&
+                   metric_of(port, g2) == 0 &&
+                   metric_of(port, "idemproc_partition_stall_repairs_total") ==
+                       repairs;
+        }
         usleep(100000);
     }
     pthread_join(th, NULL);
     cr_assert_eq(job.rc, 0, "produce failed");
-    char path[600];
-    snprintf(path, sizeof(path), "%s/m.log", stk.dir);
     char *log = th_slurp(path, NULL);
     cr_assert(log);
     cr_expect(saw_stalled, "idemproc_partition_stalled never showed 1");
     if (c->times > 1)
         cr_expect(saw_unready, "/readyz never said 503");
-    cr_assert(back, "never ready again with the partition fetched:\n%s", log);
+    cr_assert(back, "never %s:\n%s",
+              eager_restart ? "not ready with the partition stalled"
+                            : "ready again with the partition fetched",
+              log);
     free(log);
-    TH_ASSERT_VERIFIED(&stk, 0, NULL, 60000);
     cr_expect_eq(metric_of(port, "idemproc_partition_stalls_total"), 1);
     cr_expect_eq(metric_of(port, "idemproc_partition_stall_repairs_total"),
-                 c->times);
-    cr_expect_eq(th_stop(m, 15000), 0);
+                 repairs);
+    pid_t m2 = -1;
+    if (eager_restart) {
+        /* The operator restarts the member (no fault this time). */
+        cr_expect_eq(th_stop(m, 15000), 0);
+        int port2 = th_free_port();
+        char listen2[64];
+        snprintf(listen2, sizeof(listen2), "http.listen=127.0.0.1:%d", port2);
+        const char *sets2[] = {listen2, "stats.interval.ms=200",
+                               "fetch.stall.ms=1500", NULL};
+        m2 = th_stack_member(&stk, "m2", sets2);
+    }
+    TH_ASSERT_VERIFIED(&stk, 0, NULL, 60000);
+    if (eager_restart)
+        cr_expect_eq(th_stop(m2, 15000), 0);
+    else
+        cr_expect_eq(th_stop(m, 15000), 0);
 
     log = th_slurp(path, NULL);
     cr_assert(log);
+    const char *said_eager[] = {
+        "fault: partition paused behind the member's back",
+        "partition assigned but not fetched: resuming it",
+        "partition still not fetched after a repair: not ready",
+        "stalled partition: eager assignment, not repaired in place: "
+        "restart the member",
+        NULL};
     const char *said[] = {
         "fault: partition paused behind the member's back",
         "partition assigned but not fetched: resuming it",
@@ -457,8 +592,11 @@ ParameterizedTest(stall_case_t *c, fetchwatch_run,
                      : "stalled partition fetched again",
         "stalled partition fetched again",
         NULL};
-    for (int i = 0; said[i]; i++)
-        cr_expect(strstr(log, said[i]), "not logged: %s\n%s", said[i], log);
+    const char **want = eager_restart ? said_eager : said;
+    for (int i = 0; want[i]; i++)
+        cr_expect(strstr(log, want[i]), "not logged: %s\n%s", want[i], log);
+    if (eager_restart)
+        cr_expect_not(strstr(log, "resumed and assigned again"), "%s", log);
     cr_expect(strstr(log, "\"partition\":\"2\""), "%s", log);
     free(log);
     th_stack_stop(&stk);
