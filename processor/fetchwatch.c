@@ -382,18 +382,19 @@ static void seek_one(idem_fetchwatch_t *fw, rd_kafka_topic_partition_list_t *l,
  * the member assigned it). Pause states are kept by librdkafka across it;
  * the resume came first, before assign, the order that keeps a resume
  * from racing the fetch start. The member's own view (offsets, records in
- * hand) does not change: no rebalance callback fires. Returns 0, or -1
- * when the partition left the assignment and did not come back (the
- * member must report not ready). */
+ * hand) does not change: no rebalance callback fires. Returns 0; 1 when
+ * the unassign failed (still assigned as it was); -1 when the partition
+ * left the assignment and did not come back (the member must report not
+ * ready). Failures are logged (rebalance.c). */
 static int reassign(idem_fetchwatch_t *fw, rd_kafka_topic_partition_list_t *l,
                     int64_t position)
 {
     char errstr[512];
     l->elems[0].offset = position >= 0 ? position : RD_KAFKA_OFFSET_INVALID;
     if (idem_rebalance_unassign(fw->rk, l, errstr, sizeof(errstr)))
-        return 0; /* still assigned as it was; logged (rebalance.c) */
+        return 1;
     if (idem_rebalance_assign(fw->rk, l, errstr, sizeof(errstr)))
-        return -1; /* logged (rebalance.c) */
+        return -1;
     return 0;
 }
 
@@ -434,25 +435,12 @@ static void repair(idem_fetchwatch_t *fw, watch_entry_t *e,
                     "topic", e->topic, "partition", part, NULL);
         return;
     }
-    fw->repairs++;
-    if (fw->m)
-        idem_metrics_stall_repair_add(fw->m);
-    e->repairs_tried++;
-    if (heavy)
-        fw->reassigns++;
-    if (fw->fault_started && fw->fault_left > 0 &&
-        fault_partition(fw, e->topic, e->partition)) {
-        fw->fault_left--;
-        idem_log_kv(IDEM_LOG_WARN, "fault: repair dropped", "topic", e->topic,
-                    "partition", part, "repair",
-                    heavy ? "resume, assign again" : "resume, seek", NULL);
-        return;
-    }
-    if (!fw->rk)
-        return;
-    if (heavy && !idem_rebalance_cooperative(fw->rk)) {
+    int dropped = fw->fault_started && fw->fault_left > 0 &&
+                  fault_partition(fw, e->topic, e->partition);
+    if (heavy && !dropped && fw->rk && !idem_rebalance_cooperative(fw->rk)) {
         /* Eager: only the whole assignment could be given again, which
-         * would race the rebalances the member handles. Not ready. */
+         * would race the rebalances the member handles. Not ready; not
+         * counted as a repair. */
         e->unready = 1;
         if (!e->eager_said)
             idem_log_kv(IDEM_LOG_ERROR,
@@ -462,19 +450,34 @@ static void repair(idem_fetchwatch_t *fw, watch_entry_t *e,
         e->eager_said = 1;
         return;
     }
+    fw->repairs++;
+    if (fw->m)
+        idem_metrics_stall_repair_add(fw->m);
+    e->repairs_tried++;
+    if (heavy)
+        fw->reassigns++;
+    if (dropped) {
+        fw->fault_left--;
+        idem_log_kv(IDEM_LOG_WARN, "fault: repair dropped", "topic", e->topic,
+                    "partition", part, "repair",
+                    heavy ? "resume, assign again" : "resume, seek", NULL);
+        return;
+    }
+    if (!fw->rk)
+        return;
     rd_kafka_topic_partition_list_t *l = rd_kafka_topic_partition_list_new(1);
     rd_kafka_topic_partition_list_add(l, e->topic, e->partition);
     idem_rebalance_pause(fw->rk, l, 0); /* logs a failure */
-    int lost = 0;
+    int rc = 0;
     if (heavy)
-        lost = reassign(fw, l, mem->position) < 0;
+        rc = reassign(fw, l, mem->position);
     else
         seek_one(fw, l, part, mem->position, pos);
     rd_kafka_topic_partition_list_destroy(l);
-    if (lost) {
+    if (rc < 0)
         e->unready = 1; /* unassigned and not assigned again */
+    if (rc)
         return;
-    }
     idem_log_kv(IDEM_LOG_INFO,
                 heavy ? "stalled partition: resumed and assigned again"
                       : "stalled partition: resumed and sought",
