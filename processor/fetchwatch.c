@@ -499,6 +499,20 @@ static void stall_log(idem_log_level_t level, const char *msg,
                 next, "app_offset", app, "fetchq_cnt", q, NULL);
 }
 
+/* The partition fetches (or is not ours to fetch) at now: a stall it was
+ * in is over, and its repairs start again from the light one. */
+static void healthy(watch_entry_t *e, int64_t now)
+{
+    if (e->stalled)
+        stall_log(IDEM_LOG_INFO, "stalled partition fetched again", e,
+                  now - e->ok_since_ms);
+    e->stalled = 0;
+    e->unready = 0;
+    e->repairs_tried = 0;
+    e->eager_said = 0;
+    e->ok_since_ms = now;
+}
+
 /* Judges one partition of the document (idem_fetchwatch_parse's fn). */
 static void judge(void *opaque, const idem_fetchwatch_part_t *p)
 {
@@ -542,14 +556,7 @@ static void judge(void *opaque, const idem_fetchwatch_part_t *p)
      * since the last document; or its leader is unknown (librdkafka
      * waits for the metadata; nothing to repair here). */
     if (!mem.held || mem.paused || moved || p->leader < 0) {
-        if (e->stalled)
-            stall_log(IDEM_LOG_INFO, "stalled partition fetched again", e,
-                      now - e->ok_since_ms);
-        e->stalled = 0;
-        e->unready = 0;
-        e->repairs_tried = 0;
-        e->eager_said = 0;
-        e->ok_since_ms = now;
+        healthy(e, now);
         e->quiet_since_ms = 0;
         e->end_queried = -1;
         return;
@@ -564,14 +571,7 @@ static void judge(void *opaque, const idem_fetchwatch_part_t *p)
             e->asked_ms = now;
             query_ask(fw, e->topic, e->partition);
         }
-        if (e->stalled)
-            stall_log(IDEM_LOG_INFO, "stalled partition fetched again", e,
-                      now - e->ok_since_ms);
-        e->stalled = 0;
-        e->unready = 0;
-        e->repairs_tried = 0;
-        e->eager_said = 0;
-        e->ok_since_ms = now;
+        healthy(e, now);
         return;
     }
     e->quiet_since_ms = 0;
