@@ -191,11 +191,20 @@ check-format: | deps-check-test
 format: | deps-check-test
 	clang-format -i $(FORMAT_SRCS)
 
+# The suite's logs are long; a TAP report is written next to the build and,
+# when something fails, the failed tests and their assertions are printed
+# again at the very end, where a CI log's tail shows them.
+TEST_REPORT = $(BUILD)/test-report.tap
+
 test: check-format $(BIN) $(TEST_BIN) $(PLUGINS) $(TEST_PLUGINS)
-	IDEMPROC_BIN=$(abspath $(BIN)) IDEMPROC_SRC=$(abspath .) \
+	@rc=0; IDEMPROC_BIN=$(abspath $(BIN)) IDEMPROC_SRC=$(abspath .) \
 	  PG_BINDIR=$(PG_BINDIR) \
 	  LSAN_OPTIONS=suppressions=$(abspath tests/lsan.supp) \
-	  $(TEST_BIN) --jobs=$(TEST_JOBS) $(TEST_ARGS)
+	  $(TEST_BIN) --jobs=$(TEST_JOBS) --tap=$(TEST_REPORT) $(TEST_ARGS) || rc=$$?; \
+	if [ $$rc -ne 0 ]; then \
+	  echo "test: failed (exit $$rc); from $(TEST_REPORT):"; \
+	  awk '/^not ok/ {p=1; print; next} /^(ok|# )/ {p=0} p' $(TEST_REPORT); \
+	fi; exit $$rc
 
 demo: $(BIN) | deps-check-test
 	@tests/demo.sh $(BIN)
