@@ -153,15 +153,22 @@ static void histogram_init(histogram_t *h, const char *name, const char *help,
     pthread_mutex_init(&h->lock, NULL);
 }
 
-/* Adds one observation: it lands in the first bucket whose bound is >= v
- * (Prometheus "le" semantics). NaN is dropped: it would poison _sum. */
+/* The bucket of v: the first whose bound is >= v (Prometheus "le"
+ * semantics), nbounds for +Inf. */
+static size_t histogram_bucket(const histogram_t *h, double v)
+{
+    size_t i = 0;
+    while (i < h->nbounds && v > h->bounds[i])
+        i++;
+    return i;
+}
+
+/* Adds one observation. NaN is dropped: it would poison _sum. */
 static void histogram_observe(histogram_t *h, double v)
 {
     if (isnan(v))
         return;
-    size_t i = 0;
-    while (i < h->nbounds && v > h->bounds[i])
-        i++;
+    size_t i = histogram_bucket(h, v);
     pthread_mutex_lock(&h->lock);
     h->buckets[i]++;
     h->count++;
@@ -359,6 +366,112 @@ void idem_metrics_batch_observe(idem_metrics_t *m, double records)
 void idem_metrics_redis_observe(idem_metrics_t *m, double seconds)
 {
     histogram_observe(&m->redis, seconds);
+}
+
+/* ---- accumulators (one thread's, merged now and then) ----------------- */
+
+/* One histogram's observations since the last merge, buckets as in
+ * histogram_t. */
+typedef struct {
+    histogram_t *into; /* borrowed: the shared histogram, and its bounds */
+    uint64_t buckets[HIST_MAX_BOUNDS + 1];
+    uint64_t count;
+    double sum;
+} hist_acc_t;
+
+struct idem_metrics_acc_s {
+    idem_metrics_t *m; /* borrowed */
+    uint64_t outcomes[IDEM_OUTCOME_CNT];
+    int held; /* 1: something to merge */
+    hist_acc_t latency;
+    hist_acc_t effect_latency;
+    hist_acc_t fetch_latency;
+};
+
+idem_metrics_acc_t *idem_metrics_acc_new(idem_metrics_t *m)
+{
+    idem_metrics_acc_t *a = idem_xcalloc(1, sizeof(*a));
+    a->m = m;
+    a->latency.into = &m->latency;
+    a->effect_latency.into = &m->effect_latency;
+    a->fetch_latency.into = &m->fetch_latency;
+    return a;
+}
+
+void idem_metrics_acc_destroy(idem_metrics_acc_t *a)
+{
+    if (!a)
+        return;
+    idem_metrics_acc_merge(a);
+    free(a);
+}
+
+static void hist_acc_observe(idem_metrics_acc_t *a, hist_acc_t *h, double v)
+{
+    if (isnan(v))
+        return;
+    h->buckets[histogram_bucket(h->into, v)]++;
+    h->count++;
+    h->sum += v;
+    a->held = 1;
+}
+
+/* All of h into its histogram under one lock, then h is empty. */
+static void hist_acc_merge(hist_acc_t *h)
+{
+    if (!h->count)
+        return;
+    histogram_t *into = h->into;
+    pthread_mutex_lock(&into->lock);
+    for (size_t i = 0; i <= into->nbounds; i++)
+        into->buckets[i] += h->buckets[i];
+    into->count += h->count;
+    into->sum += h->sum;
+    pthread_mutex_unlock(&into->lock);
+    memset(h->buckets, 0, sizeof(h->buckets));
+    h->count = 0;
+    h->sum = 0;
+}
+
+void idem_metrics_acc_outcome_add(idem_metrics_acc_t *a, idem_outcome_t o,
+                                  uint64_t n)
+{
+    if ((unsigned)o < IDEM_OUTCOME_CNT) {
+        a->outcomes[o] += n;
+        a->held = 1;
+    }
+}
+
+void idem_metrics_acc_latency_observe(idem_metrics_acc_t *a, double seconds)
+{
+    hist_acc_observe(a, &a->latency, seconds);
+}
+
+void idem_metrics_acc_effect_latency_observe(idem_metrics_acc_t *a,
+                                             double seconds)
+{
+    hist_acc_observe(a, &a->effect_latency, seconds);
+}
+
+void idem_metrics_acc_fetch_latency_observe(idem_metrics_acc_t *a,
+                                            double seconds)
+{
+    hist_acc_observe(a, &a->fetch_latency, seconds);
+}
+
+void idem_metrics_acc_merge(idem_metrics_acc_t *a)
+{
+    if (!a->held)
+        return;
+    for (int i = 0; i < IDEM_OUTCOME_CNT; i++)
+        if (a->outcomes[i]) {
+            counter_add(&a->m->outcomes[i], a->outcomes[i]);
+            a->outcomes[i] = 0;
+        }
+    hist_acc_merge(&a->latency);
+    hist_acc_merge(&a->effect_latency);
+    hist_acc_merge(&a->fetch_latency);
+    a->held = 0;
 }
 
 void idem_metrics_webhook_enable(idem_metrics_t *m)

@@ -1,5 +1,6 @@
 /* metrics: the process's Prometheus metrics; updated by the processing
- * thread, rendered by the HTTP thread. Every function is thread-safe. */
+ * thread, rendered by the HTTP thread. Every function is thread-safe but
+ * those of an accumulator (idem_metrics_acc_t), which is one thread's. */
 #ifndef IDEM_METRICS_H
 #define IDEM_METRICS_H
 
@@ -49,6 +50,35 @@ void idem_metrics_effect_latency_observe(idem_metrics_t *m, double seconds);
 void idem_metrics_fetch_latency_observe(idem_metrics_t *m, double seconds);
 void idem_metrics_batch_observe(idem_metrics_t *m, double records);
 void idem_metrics_redis_observe(idem_metrics_t *m, double seconds);
+
+/* The per-record figures of one thread, without locks or atomics: the
+ * processing loop counts each finished record here and merges once per
+ * turn of the loop, so a record costs no lock. An accumulator belongs to
+ * the thread that uses it; only _merge touches m. What is not merged yet
+ * is invisible to every reader of m (/metrics, the _get functions): merge
+ * before anything must see it complete. */
+typedef struct idem_metrics_acc_s idem_metrics_acc_t;
+
+/* m is borrowed and must outlive the accumulator. Never fails (aborts
+ * when out of memory, as idem_metrics_new does). */
+idem_metrics_acc_t *idem_metrics_acc_new(idem_metrics_t *m);
+/* Merges what is left, then frees a. NULL is a no-op. */
+void idem_metrics_acc_destroy(idem_metrics_acc_t *a);
+/* The same meaning as idem_metrics_outcome_add and the _observe functions
+ * of the same names (NaN dropped, unknown outcomes ignored), held in a
+ * until the next merge. */
+void idem_metrics_acc_outcome_add(idem_metrics_acc_t *a, idem_outcome_t o,
+                                  uint64_t n);
+void idem_metrics_acc_latency_observe(idem_metrics_acc_t *a, double seconds);
+void idem_metrics_acc_effect_latency_observe(idem_metrics_acc_t *a,
+                                             double seconds);
+void idem_metrics_acc_fetch_latency_observe(idem_metrics_acc_t *a,
+                                            double seconds);
+/* Adds what a holds to m and empties a: each histogram under its lock in
+ * one step (a scrape sees all of it or none, _count always equal to the
+ * +Inf bucket), each outcome with one atomic add. Nothing held: nothing
+ * is touched. */
+void idem_metrics_acc_merge(idem_metrics_acc_t *a);
 
 /* Gauges. */
 void idem_metrics_assigned_set(idem_metrics_t *m, int64_t partitions);
