@@ -17,17 +17,17 @@
 static void rec_finish(idem_pipeline_t *p, rec_t *r, idem_outcome_t o)
 {
     r->state = REC_DONE;
-    idem_metrics_outcome_add(p->m, o, 1);
-    idem_metrics_latency_observe(p->m,
-                                 (double)(p->clock_us - r->polled_us) / 1e6);
+    idem_metrics_acc_outcome_add(p->acc, o, 1);
+    idem_metrics_acc_latency_observe(
+        p->acc, (double)(p->clock_us - r->polled_us) / 1e6);
     /* Produce-to-effect (the bench's latency): the record's CreateTime has
      * millisecond resolution, so this overstates by up to 1 ms. */
     if (o == IDEM_OUTCOME_PROCESSED && r->view.timestamp > 0) {
         int64_t created_us = r->view.timestamp * 1000 - p->wall_offset_us;
-        idem_metrics_effect_latency_observe(
-            p->m, (double)(p->clock_us - created_us) / 1e6);
-        idem_metrics_fetch_latency_observe(
-            p->m, (double)(r->polled_us - created_us) / 1e6);
+        idem_metrics_acc_effect_latency_observe(
+            p->acc, (double)(p->clock_us - created_us) / 1e6);
+        idem_metrics_acc_fetch_latency_observe(
+            p->acc, (double)(r->polled_us - created_us) / 1e6);
     }
     p->progress_records++;
 }

@@ -85,6 +85,9 @@ typedef struct rec_s {
 struct idem_pipeline_s {
     const idem_conf_t *conf;
     idem_metrics_t *m;
+    idem_metrics_acc_t *acc; /* the finished records' figures, merged into
+                                m once per turn of the loop (and before
+                                anything reads m that must be complete) */
     idem_store_t *store;
     idem_dlq_t *dlq;
     rd_kafka_t *rk;                 /* consumer */

@@ -111,6 +111,8 @@ static void commit_offsets(idem_pipeline_t *p,
                            const rd_kafka_topic_partition_list_t *subset,
                            int sync)
 {
+    /* A committed record is counted: its figures are shown first. */
+    idem_metrics_acc_merge(p->acc);
     idem_loop_positions_save(p, subset);
     rd_kafka_topic_partition_list_t *l =
         idem_offsets_commit_list(&p->offs, subset, p->recommit);
@@ -349,7 +351,9 @@ static void drain(idem_pipeline_t *p, int64_t deadline_ms)
 {
     char errstr[512];
     for (int i = 0; i < 64 && idem_now_ms() < deadline_ms; i++) {
-        if (work(p, errstr, sizeof(errstr)))
+        int rc = work(p, errstr, sizeof(errstr));
+        idem_metrics_acc_merge(p->acc); /* a long drain stays visible */
+        if (rc)
             break;
         if (p->inflight) {
             int64_t left = deadline_ms - idem_now_ms();
@@ -367,6 +371,7 @@ static void drain(idem_pipeline_t *p, int64_t deadline_ms)
     idem_dlq_flush(p->dlq, left > 0 ? (int)left : 0);
     idem_loop_dlq_collect(p, errstr, sizeof(errstr));
     advance_offsets(p);
+    idem_metrics_acc_merge(p->acc);
 }
 
 /* Rebalance callback: fires inside rd_kafka_consumer_poll (or close) on the
@@ -595,6 +600,7 @@ idem_pipeline_t *idem_pipeline_new(const idem_conf_t *conf, idem_metrics_t *m,
     idem_flow_init(&p->flow, conf->retry_backoff_initial_ms,
                    conf->retry_backoff_max_ms);
     p->m = m;
+    p->acc = idem_metrics_acc_new(m);
     owner_update(p);
     /* Retry jitter must differ between members, or they retry in step. */
     srand((unsigned)(getpid() ^ idem_wall_ms()));
@@ -707,6 +713,7 @@ void idem_pipeline_destroy(idem_pipeline_t *p)
     free(p->envs);
     free(p->res);
     free(p->pos);
+    idem_metrics_acc_destroy(p->acc); /* merges what is left */
     free(p);
 }
 
@@ -918,6 +925,8 @@ int idem_pipeline_run(idem_pipeline_t *p, volatile int *stop, char *errstr,
             set_ready(p);
             pause_all(p, 1);
         }
+        /* The turn's finished records, in one step: no lock per record. */
+        idem_metrics_acc_merge(p->acc);
         progress_log(p, now);
         if (!p->fatal[0] &&
             !idem_dlq_fatal(p->dlq, p->fatal, sizeof(p->fatal)) &&
@@ -950,6 +959,7 @@ int idem_pipeline_run(idem_pipeline_t *p, volatile int *stop, char *errstr,
         idem_loop_handler_settle(p, idem_now_ms());
     commit_offsets(p, NULL, 1);
     rd_kafka_resp_err_t err = rd_kafka_consumer_close(p->rk);
+    idem_metrics_acc_merge(p->acc); /* the final figures are complete */
     if (p->fatal[0]) {
         snprintf(errstr, errstr_size, "%s", p->fatal);
         return p->refused ? IDEM_PIPELINE_REFUSED : -1;
