@@ -25,20 +25,27 @@ typedef struct {
     long rounds;     /* how many rounds the loop ran */
 } loop_t;
 
-/* What the processing loop does to the metrics, many times over. */
+/* What the processing loop does to the metrics, many times over: the
+ * records' figures into its accumulator, merged every few rounds (a turn
+ * of the loop). */
 static void *loop_thread(void *arg)
 {
     loop_t *l = arg;
     static const char stats[] =
         "{\"topics\":{\"payments\":{\"partitions\":{\"0\":{\"partition\":0,"
         "\"consumer_lag\":7},\"1\":{\"partition\":1,\"consumer_lag\":3}}}}}";
+    idem_metrics_acc_t *acc = idem_metrics_acc_new(l->m);
     long i;
     for (i = 0; !atomic_load(&l->stop); i++) {
-        idem_metrics_outcome_add(l->m, IDEM_OUTCOME_PROCESSED, 1);
+        idem_metrics_acc_outcome_add(acc, IDEM_OUTCOME_PROCESSED, 1);
         idem_metrics_duplicate_add(
             l->m, i % 2 ? IDEM_DUP_RESEND : IDEM_DUP_REDELIVERY, 1);
         idem_metrics_dlq_add(l->m, (idem_reason_t)(i % IDEM_REASON_CNT), 1);
-        idem_metrics_latency_observe(l->m, (double)(i % 100) / 1000.0);
+        idem_metrics_acc_latency_observe(acc, (double)(i % 100) / 1000.0);
+        idem_metrics_acc_effect_latency_observe(acc, (double)(i % 30) / 1000.0);
+        idem_metrics_acc_fetch_latency_observe(acc, (double)(i % 20) / 1000.0);
+        if (i % 50 == 0)
+            idem_metrics_acc_merge(acc);
         idem_metrics_batch_observe(l->m, (double)(i % 500));
         idem_metrics_redis_observe(l->m, 0.001);
         idem_metrics_heartbeat(l->m);
@@ -52,6 +59,7 @@ static void *loop_thread(void *arg)
             idem_metrics_stats_json(l->m, stats, sizeof(stats) - 1);
         }
     }
+    idem_metrics_acc_destroy(acc); /* merges the last rounds */
     idem_metrics_ready_set(l->m, 1, NULL);
     l->rounds = i;
     return NULL;
@@ -98,6 +106,37 @@ static int http_get(int port, const char *path, char **body)
     return status;
 }
 
+/* The value of the sample named exactly series in a page; -1 if absent. */
+static long page_sample(const char *page, const char *series)
+{
+    size_t l = strlen(series);
+    for (const char *p = page; (p = strstr(p, series)); p++)
+        if ((p == page || p[-1] == '\n') && p[l] == ' ')
+            return strtol(p + l + 1, NULL, 10);
+    return -1;
+}
+
+/* 1 when each merged histogram's +Inf bucket equals its _count: a scrape
+ * sees a merge whole or not at all. */
+static int merge_whole(const char *page)
+{
+    static const char *const names[] = {"idemproc_processing_latency_seconds",
+                                        "idemproc_effect_latency_seconds",
+                                        "idemproc_fetch_latency_seconds"};
+    for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
+        char inf[128], count[128];
+        snprintf(inf, sizeof(inf), "%s_bucket{le=\"+Inf\"}", names[i]);
+        snprintf(count, sizeof(count), "%s_count", names[i]);
+        long a = page_sample(page, inf), b = page_sample(page, count);
+        if (a < 0 || a != b) {
+            fprintf(stderr, "http_loop: %s: +Inf %ld, _count %ld\n", names[i],
+                    a, b);
+            return 0;
+        }
+    }
+    return 1;
+}
+
 int main(void)
 {
     char err[256];
@@ -114,11 +153,15 @@ int main(void)
     const char *paths[] = {"/metrics", "/readyz", "/healthz"};
     int bad = 0;
     for (int i = 0; i < SCRAPES; i++) {
-        int st = http_get(port, paths[i % 3], NULL);
+        char *page = NULL;
+        int st = http_get(port, paths[i % 3], i % 3 ? NULL : &page);
         if (st != 200 && st != 503) {
             fprintf(stderr, "http_loop: %s: status %d\n", paths[i % 3], st);
             bad = 1;
         }
+        if (page && !merge_whole(page))
+            bad = 1;
+        free(page);
     }
     atomic_store(&l.stop, 1);
     pthread_join(th, NULL);
