@@ -383,6 +383,65 @@ Test(fetchwatch, nothing_judged_while_closing_or_without_a_leader)
     idem_fetchwatch_destroy(fw);
 }
 
+Test(fetchwatch, a_refused_assign_is_assigned_again_until_taken)
+{
+    /* A fetch that never started gets the heavy repair: out of the
+     * assignment and back in. The assign back is refused twice
+     * (fault.fetch.assign.fail=2): the member is not ready at once, and
+     * the partition, out of the assignment and so in no document (it is
+     * not "desired" any more), is assigned again every fetch.stall.ms
+     * until librdkafka takes it; never unassigned again on the way. */
+    member_t mb = {0, -1, 40, 0, 0};
+    idem_fetchwatch_t *fw =
+        idem_fetchwatch_new(1000, NULL, NULL, member, &mb, NULL);
+    idem_fetchwatch_fault_assign(fw, 2);
+    feed(fw, "none", 0, -1001, 0, 0);
+    cr_expect_eq(feed(fw, "none", 0, -1001, 0, 1000), 1);
+    cr_expect_eq(idem_fetchwatch_reassigns(fw), 1);
+    cr_expect_str_eq(idem_fetchwatch_not_ready(fw),
+                     "partition payments/3 not fetched (fetch_state none, "
+                     "lag -1)",
+                     "not ready at once: the partition left the assignment");
+    json_t *empty = json_pack("{s:{}}", "topics");
+    idem_fetchwatch_stats(fw, empty, 1500);
+    cr_expect_eq(idem_fetchwatch_repairs(fw), 1, "again only after 1 s");
+    idem_fetchwatch_stats(fw, empty, 2000);
+    cr_expect_eq(idem_fetchwatch_repairs(fw), 2, "assigned again, refused");
+    cr_expect_not_null(idem_fetchwatch_not_ready(fw));
+    idem_fetchwatch_stats(fw, empty, 3000);
+    cr_expect_eq(idem_fetchwatch_repairs(fw), 3, "assigned again, taken");
+    cr_expect_eq(idem_fetchwatch_reassigns(fw), 3);
+    /* Taken: no more assigns while it is away, and ready once it moves. */
+    idem_fetchwatch_stats(fw, empty, 4000);
+    idem_fetchwatch_stats(fw, empty, 5000);
+    cr_expect_eq(idem_fetchwatch_repairs(fw), 3);
+    cr_expect_eq(feed(fw, "active", 40, 100, 0, 5500), 1);
+    cr_expect_null(idem_fetchwatch_not_ready(fw));
+    cr_expect_eq(idem_fetchwatch_stalls(fw), 1);
+
+    /* Refused again, and the partition still in the documents: judged
+     * there, it is assigned again the same way. */
+    idem_fetchwatch_fault_assign(fw, 1);
+    feed(fw, "none", 0, -1001, 0, 6000);
+    feed(fw, "none", 0, -1001, 0, 7000);
+    cr_expect_eq(idem_fetchwatch_repairs(fw), 4);
+    cr_expect_not_null(idem_fetchwatch_not_ready(fw));
+    feed(fw, "none", 0, -1001, 0, 8000);
+    cr_expect_eq(idem_fetchwatch_repairs(fw), 5);
+    cr_expect_eq(idem_fetchwatch_reassigns(fw), 5);
+    /* Revoked while out: gone from the watch, nothing assigned. */
+    idem_fetchwatch_fault_assign(fw, 1);
+    feed(fw, "none", 0, -1001, 0, 9000);
+    cr_expect_eq(idem_fetchwatch_repairs(fw), 6);
+    mb.not_held = 3;
+    idem_fetchwatch_stats(fw, empty, 10000);
+    idem_fetchwatch_stats(fw, empty, 11000);
+    cr_expect_eq(idem_fetchwatch_repairs(fw), 6);
+    cr_expect_null(idem_fetchwatch_not_ready(fw));
+    json_decref(empty);
+    idem_fetchwatch_destroy(fw);
+}
+
 Test(fetchwatch, fault_values)
 {
     char e[256];
@@ -433,6 +492,124 @@ Test(fetchwatch, parse_cost_of_a_64_partition_document)
     idem_fetchwatch_destroy(fw);
     idem_metrics_destroy(m);
     free(text);
+}
+
+/* ------------------------------------- with a real consumer, in-process */
+
+#include "broker.h"
+
+#include <unistd.h>
+
+#define HEARTBEAT_API 12 /* Kafka protocol ApiKey of Heartbeat */
+
+/* What the test consumer's rebalance callback saw. */
+typedef struct {
+    volatile int assigned; /* partitions held */
+    int lost;              /* revocations of a lost assignment */
+} rebalance_seen_t;
+
+/* Rebalance callback of the test consumer (eager): fires in
+ * rd_kafka_consumer_poll and rd_kafka_consumer_close. */
+static void test_rebalance(rd_kafka_t *rk, rd_kafka_resp_err_t err,
+                           rd_kafka_topic_partition_list_t *parts, void *opaque)
+{
+    rebalance_seen_t *seen = opaque;
+    if (err == RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS) {
+        rd_kafka_assign(rk, parts);
+        seen->assigned = parts->cnt;
+        return;
+    }
+    if (rd_kafka_assignment_lost(rk))
+        seen->lost++;
+    rd_kafka_assign(rk, NULL);
+    seen->assigned = 0;
+}
+
+/* A consumer of payments in group `group` on broker b, polled until it
+ * holds its partitions (heartbeats every 100 ms). Caller closes and
+ * destroys it. */
+static rd_kafka_t *test_consumer(idem_broker_t *b, const char *group,
+                                 rebalance_seen_t *seen)
+{
+    char err[512];
+    rd_kafka_conf_t *kc = rd_kafka_conf_new();
+    const char *props[][2] = {
+        {"bootstrap.servers", idem_broker_bootstraps(b)},
+        {"group.id", group},
+        {"heartbeat.interval.ms", "100"},
+        {"enable.auto.commit", "false"},
+        {"log_level", "3"},
+    };
+    for (size_t i = 0; i < sizeof(props) / sizeof(props[0]); i++)
+        cr_assert_eq(
+            rd_kafka_conf_set(kc, props[i][0], props[i][1], err, sizeof(err)),
+            RD_KAFKA_CONF_OK, "%s", err);
+    rd_kafka_conf_set_rebalance_cb(kc, test_rebalance);
+    rd_kafka_conf_set_opaque(kc, seen);
+    rd_kafka_t *rk = rd_kafka_new(RD_KAFKA_CONSUMER, kc, err, sizeof(err));
+    cr_assert(rk, "%s", err);
+    rd_kafka_poll_set_consumer(rk);
+    rd_kafka_topic_partition_list_t *l = rd_kafka_topic_partition_list_new(1);
+    rd_kafka_topic_partition_list_add(l, "payments", RD_KAFKA_PARTITION_UA);
+    cr_assert_eq(rd_kafka_subscribe(rk, l), 0);
+    rd_kafka_topic_partition_list_destroy(l);
+    for (int t = 0; t < 300 && !seen->assigned; t++) {
+        rd_kafka_message_t *msg = rd_kafka_consumer_poll(rk, 100);
+        if (msg)
+            rd_kafka_message_destroy(msg);
+    }
+    cr_assert_gt(seen->assigned, 0, "never assigned");
+    return rk;
+}
+
+TestSuite(fetchwatch_rk, .timeout = 90);
+
+Test(fetchwatch_rk, no_repair_while_the_assignment_is_lost)
+{
+    char err[256];
+    idem_broker_t *b = idem_broker_new(1, err, sizeof(err));
+    cr_assert(b, "%s", err);
+    cr_assert_eq(idem_broker_topic_create(b, "payments", 4, err, sizeof(err)),
+                 0, "%s", err);
+    rebalance_seen_t seen = {0, 0};
+    rd_kafka_t *rk = test_consumer(b, "fetchwatch-lost", &seen);
+    member_t mb = {0, -1, -1, 0, 0}; /* position unknown: resume, no seek */
+
+    /* Control: with the assignment in place the stall is repaired. */
+    idem_fetchwatch_t *fw =
+        idem_fetchwatch_new(1000, rk, NULL, member, &mb, NULL);
+    feed(fw, "active", 40, 100, 0, 0);
+    feed(fw, "active", 40, 100, 0, 1000);
+    cr_expect_eq(idem_fetchwatch_repairs(fw), 1);
+    idem_fetchwatch_destroy(fw);
+
+    /* The coordinator forgets the member: the next heartbeat says so,
+     * librdkafka marks the assignment lost and queues the rebalance that
+     * takes it away, which waits for the next poll. No poll until the
+     * watch judged. */
+    rd_kafka_mock_push_request_errors(idem_broker_mock(b), HEARTBEAT_API, 1,
+                                      RD_KAFKA_RESP_ERR_UNKNOWN_MEMBER_ID);
+    for (int t = 0; t < 1500 && !rd_kafka_assignment_lost(rk); t++)
+        usleep(10000);
+    cr_assert(rd_kafka_assignment_lost(rk), "assignment never lost");
+    fw = idem_fetchwatch_new(1000, rk, NULL, member, &mb, NULL);
+    for (int64_t now = 0; now <= 5000; now += 500)
+        feed(fw, "active", 40, 100, 0, now);
+    cr_expect(rd_kafka_assignment_lost(rk), "still lost while judged");
+    cr_expect_eq(idem_fetchwatch_repairs(fw), 0, "repaired a lost partition");
+    cr_expect_null(idem_fetchwatch_not_ready(fw));
+
+    /* The rebalance callback takes the partitions away. */
+    for (int t = 0; t < 300 && !seen.lost; t++) {
+        rd_kafka_message_t *msg = rd_kafka_consumer_poll(rk, 100);
+        if (msg)
+            rd_kafka_message_destroy(msg);
+    }
+    cr_expect_eq(seen.lost, 1);
+    idem_fetchwatch_destroy(fw);
+    rd_kafka_consumer_close(rk);
+    rd_kafka_destroy(rk);
+    idem_broker_destroy(b);
 }
 
 /* ------------------------------------------------ with a broker and Redis */
