@@ -74,6 +74,7 @@ struct idem_fetchwatch_s {
     int thread_on, stop;
     query_t *asks, *answers;
     size_t ask_cnt, answer_cnt, answer_cap;
+    uint64_t queries_started, queries_done; /* for tests */
     int was_unready;
     int closing; /* the member is leaving: judge and repair nothing */
     char reason[300];
@@ -227,11 +228,13 @@ static void *query_main(void *arg)
         if (fw->stop)
             break;
         query_t q = fw->asks[--fw->ask_cnt];
+        fw->queries_started++;
         pthread_mutex_unlock(&fw->lock);
         int64_t lo = -1, hi = -1;
         rd_kafka_resp_err_t err = rd_kafka_query_watermark_offsets(
             fw->rk, q.topic, q.partition, &lo, &hi, QUERY_TIMEOUT_MS);
         pthread_mutex_lock(&fw->lock);
+        fw->queries_done++;
         if (err || hi < 0) {
             free(q.topic);
             continue;
@@ -716,6 +719,15 @@ const char *idem_fetchwatch_not_ready(const idem_fetchwatch_t *fw)
 void idem_fetchwatch_fault_assign(idem_fetchwatch_t *fw, int times)
 {
     fw->fault_assign_left = times > 0 ? times : 0;
+}
+
+void idem_fetchwatch_queries(idem_fetchwatch_t *fw, uint64_t *started,
+                             uint64_t *done)
+{
+    pthread_mutex_lock(&fw->lock);
+    *started = fw->queries_started;
+    *done = fw->queries_done;
+    pthread_mutex_unlock(&fw->lock);
 }
 
 uint64_t idem_fetchwatch_stalls(const idem_fetchwatch_t *fw)

@@ -128,6 +128,12 @@ uint64_t idem_fetchwatch_stalls(const idem_fetchwatch_t *fw);
 uint64_t idem_fetchwatch_repairs(const idem_fetchwatch_t *fw);
 uint64_t idem_fetchwatch_reassigns(const idem_fetchwatch_t *fw);
 
+/* Watermark queries the watch's thread started and finished (answered,
+ * failed or timed out), for tests: after idem_fetchwatch_stop both are
+ * equal, the consumer is no longer used. */
+void idem_fetchwatch_queries(idem_fetchwatch_t *fw, uint64_t *started,
+                             uint64_t *done);
+
 /* fault.fetch.assign.fail (development only): the next `times` assigns
  * of the heavy repair (after the partition left the assignment) are
  * refused as librdkafka may refuse one, logged and not made; also without
