@@ -408,7 +408,7 @@ static int assign_back(idem_fetchwatch_t *fw,
  * the member assigned it). Pause states are kept by librdkafka across it;
  * the resume came first, before assign, the order that keeps a resume
  * from racing the fetch start. The member's own view (offsets, records in
- * hand) does not change: no rebalance callback fires. A partition a
+ * hand) does not change: no rebalance callback fires. A partition an
  * earlier repair left out (e->out: unassigned, the assign refused) is only
  * assigned: an unassign of it would fail as "not assigned", forever.
  * Returns 0; 1 when the unassign failed (still assigned as it was); -1
