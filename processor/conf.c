@@ -494,6 +494,18 @@ static const prop_t props[] = {
      "development only: TOPIC:PARTITION[:TIMES] pauses that partition "
      "inside librdkafka behind the member's back once its fetch started, "
      "and drops the first TIMES-1 repairs (exercises fetch.stall.ms)"},
+    {"fault.fetch.assign.fail",
+     PROP_INT,
+     F(fault_fetch_assign_fail),
+     "0",
+     0,
+     100,
+     {0},
+     0,
+     0,
+     "development only: the fetch watch's next N assigns of a stalled "
+     "partition it took out of the assignment are refused, as librdkafka "
+     "may refuse one (exercises fetch.stall.ms); 0 = off"},
     {"progress.interval.ms",
      PROP_INT,
      F(progress_interval_ms),

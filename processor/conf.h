@@ -106,6 +106,7 @@ typedef struct idem_conf_s {
     int64_t stats_interval_ms;
     int64_t fetch_stall_ms;  /* 0: no fetch watch (fetchwatch.h) */
     char *fault_fetch_pause; /* development fault: TOPIC:PARTITION[:N] */
+    int64_t fault_fetch_assign_fail; /* development fault: assigns refused */
     int64_t progress_interval_ms;
     int log_level;  /* idem_log_level_t */
     int log_format; /* idem_log_format_t */

@@ -48,6 +48,9 @@ typedef struct {
     int64_t lag;            /* end minus next_offset, as last seen */
     int64_t last_app;       /* app_offset in the previous document */
     int64_t fetchq;         /* fetchq_cnt, as last seen */
+    int out;                /* a repair took it out of the assignment and
+                               the assign back failed: assigned again every
+                               stall_ms until librdkafka takes it */
 } watch_entry_t;
 
 struct idem_fetchwatch_s {
@@ -71,6 +74,7 @@ struct idem_fetchwatch_s {
     int thread_on, stop;
     query_t *asks, *answers;
     size_t ask_cnt, answer_cnt, answer_cap;
+    uint64_t queries_started, queries_done; /* for tests */
     int was_unready;
     int closing; /* the member is leaving: judge and repair nothing */
     char reason[300];
@@ -80,6 +84,7 @@ struct idem_fetchwatch_s {
     int32_t fault_partition;
     int fault_left;
     int fault_started;
+    int fault_assign_left; /* fault.fetch.assign.fail: assigns refused */
 };
 
 /* ------------------------------------------------------------ parsing */
@@ -223,11 +228,13 @@ static void *query_main(void *arg)
         if (fw->stop)
             break;
         query_t q = fw->asks[--fw->ask_cnt];
+        fw->queries_started++;
         pthread_mutex_unlock(&fw->lock);
         int64_t lo = -1, hi = -1;
         rd_kafka_resp_err_t err = rd_kafka_query_watermark_offsets(
             fw->rk, q.topic, q.partition, &lo, &hi, QUERY_TIMEOUT_MS);
         pthread_mutex_lock(&fw->lock);
+        fw->queries_done++;
         if (err || hi < 0) {
             free(q.topic);
             continue;
@@ -373,6 +380,25 @@ static void seek_one(idem_fetchwatch_t *fw, rd_kafka_topic_partition_list_t *l,
     rd_kafka_error_destroy(ke);
 }
 
+/* The assign half of the heavy repair (l borrowed; one partition).
+ * fault.fetch.assign.fail refuses it, also without a consumer. Returns 0,
+ * or -1 (logged here or by rebalance.c). */
+static int assign_back(idem_fetchwatch_t *fw,
+                       const rd_kafka_topic_partition_list_t *l,
+                       const char *part)
+{
+    if (fw->fault_assign_left > 0) {
+        fw->fault_assign_left--;
+        idem_log_kv(IDEM_LOG_WARN, "fault: assign refused", "topic",
+                    l->elems[0].topic, "partition", part, NULL);
+        return -1;
+    }
+    char errstr[512];
+    return fw->rk && idem_rebalance_assign(fw->rk, l, errstr, sizeof(errstr))
+               ? -1
+               : 0;
+}
+
 /* The heavy repair: the partition leaves the assignment and comes back at
  * the member's position, so librdkafka stops its fetcher and starts it
  * again (what a lost fetch start needs). Cooperative only: this partition
@@ -382,19 +408,27 @@ static void seek_one(idem_fetchwatch_t *fw, rd_kafka_topic_partition_list_t *l,
  * the member assigned it). Pause states are kept by librdkafka across it;
  * the resume came first, before assign, the order that keeps a resume
  * from racing the fetch start. The member's own view (offsets, records in
- * hand) does not change: no rebalance callback fires. Returns 0; 1 when
- * the unassign failed (still assigned as it was); -1 when the partition
- * left the assignment and did not come back (the member must report not
- * ready). Failures are logged (rebalance.c). */
-static int reassign(idem_fetchwatch_t *fw, rd_kafka_topic_partition_list_t *l,
-                    int64_t position)
+ * hand) does not change: no rebalance callback fires. A partition an
+ * earlier repair left out (e->out: unassigned, the assign refused) is only
+ * assigned: an unassign of it would fail as "not assigned", forever.
+ * Returns 0; 1 when the unassign failed (still assigned as it was); -1
+ * when the partition is out of the assignment (e->out set: the member
+ * must report not ready, and the next turn assigns it again). Failures
+ * are logged (rebalance.c). Without a consumer (unit tests) only the
+ * fault acts. */
+static int reassign(idem_fetchwatch_t *fw, watch_entry_t *e,
+                    rd_kafka_topic_partition_list_t *l, int64_t position,
+                    const char *part)
 {
     char errstr[512];
     l->elems[0].offset = position >= 0 ? position : RD_KAFKA_OFFSET_INVALID;
-    if (idem_rebalance_unassign(fw->rk, l, errstr, sizeof(errstr)))
+    if (!e->out && fw->rk &&
+        idem_rebalance_unassign(fw->rk, l, errstr, sizeof(errstr)))
         return 1;
-    if (idem_rebalance_assign(fw->rk, l, errstr, sizeof(errstr)))
+    e->out = 1;
+    if (assign_back(fw, l, part))
         return -1;
+    e->out = 0;
     return 0;
 }
 
@@ -463,20 +497,21 @@ static void repair(idem_fetchwatch_t *fw, watch_entry_t *e,
                     heavy ? "resume, assign again" : "resume, seek", NULL);
         return;
     }
-    if (!fw->rk)
+    if (!fw->rk && !heavy)
         return;
     rd_kafka_topic_partition_list_t *l = rd_kafka_topic_partition_list_new(1);
     rd_kafka_topic_partition_list_add(l, e->topic, e->partition);
-    idem_rebalance_pause(fw->rk, l, 0); /* logs a failure */
+    if (fw->rk)
+        idem_rebalance_pause(fw->rk, l, 0); /* logs a failure */
     int rc = 0;
     if (heavy)
-        rc = reassign(fw, l, mem->position);
+        rc = reassign(fw, e, l, mem->position, part);
     else
         seek_one(fw, l, part, mem->position, pos);
     rd_kafka_topic_partition_list_destroy(l);
     if (rc < 0)
-        e->unready = 1; /* unassigned and not assigned again */
-    if (rc)
+        e->unready = 1; /* unassigned and not assigned again (yet) */
+    if (rc || !fw->rk)
         return;
     idem_log_kv(IDEM_LOG_INFO,
                 heavy ? "stalled partition: resumed and assigned again"
@@ -510,6 +545,7 @@ static void healthy(watch_entry_t *e, int64_t now)
     e->unready = 0;
     e->repairs_tried = 0;
     e->eager_said = 0;
+    e->out = 0; /* fetched: librdkafka has it */
     e->ok_since_ms = now;
 }
 
@@ -620,6 +656,15 @@ int idem_fetchwatch_stats(idem_fetchwatch_t *fw, const json_t *root,
             free(e->topic);
             continue;
         }
+        /* Out of the assignment after a refused assign, the partition is
+         * in no document (librdkafka no longer wants it): judge cannot
+         * repair it, so it is assigned again here, as often as a stalled
+         * one is repaired. */
+        if (e->seen != fw->gen && e->out && !mem.paused &&
+            now_ms - e->repaired_ms >= fw->stall_ms && repair_allowed(fw)) {
+            e->repaired_ms = now_ms;
+            repair(fw, e, &mem);
+        }
         fw->v[keep++] = *e;
     }
     fw->cnt = keep;
@@ -669,6 +714,20 @@ void idem_fetchwatch_end_seen(idem_fetchwatch_t *fw, const char *topic,
 const char *idem_fetchwatch_not_ready(const idem_fetchwatch_t *fw)
 {
     return fw && fw->was_unready ? fw->reason : NULL;
+}
+
+void idem_fetchwatch_fault_assign(idem_fetchwatch_t *fw, int times)
+{
+    fw->fault_assign_left = times > 0 ? times : 0;
+}
+
+void idem_fetchwatch_queries(idem_fetchwatch_t *fw, uint64_t *started,
+                             uint64_t *done)
+{
+    pthread_mutex_lock(&fw->lock);
+    *started = fw->queries_started;
+    *done = fw->queries_done;
+    pthread_mutex_unlock(&fw->lock);
 }
 
 uint64_t idem_fetchwatch_stalls(const idem_fetchwatch_t *fw)

@@ -95,8 +95,12 @@ void idem_fetchwatch_stop(idem_fetchwatch_t *fw);
  * member's position the first time; when its fetch never started and
  * every later time, resumed and assigned again at that position
  * (cooperative assignment; with eager, not repaired: not ready, restart
- * the member). Still stalled stall_ms after a repair, it makes the member
- * not ready and is repaired again every stall_ms. No repair while the
+ * the member). A partition that left the assignment in such a repair and
+ * was refused the assign back makes the member not ready at once and is
+ * assigned again every stall_ms (present in the document or not) until
+ * librdkafka takes it or the member lets it go. Still stalled stall_ms
+ * after a repair, it makes the member not ready and is repaired again
+ * every stall_ms. No repair while the
  * member is closing or librdkafka says the assignment is lost. A
  * partition that moves again is logged and clears it all. Returns 1 when
  * readiness or its reason may have changed (the caller asks
@@ -123,6 +127,18 @@ const char *idem_fetchwatch_not_ready(const idem_fetchwatch_t *fw);
 uint64_t idem_fetchwatch_stalls(const idem_fetchwatch_t *fw);
 uint64_t idem_fetchwatch_repairs(const idem_fetchwatch_t *fw);
 uint64_t idem_fetchwatch_reassigns(const idem_fetchwatch_t *fw);
+
+/* Watermark queries the watch's thread started and finished (answered,
+ * failed or timed out), for tests: after idem_fetchwatch_stop both are
+ * equal, the consumer is no longer used. */
+void idem_fetchwatch_queries(idem_fetchwatch_t *fw, uint64_t *started,
+                             uint64_t *done);
+
+/* fault.fetch.assign.fail (development only): the next `times` assigns
+ * of the heavy repair (after the partition left the assignment) are
+ * refused as librdkafka may refuse one, logged and not made; also without
+ * a consumer (unit tests). */
+void idem_fetchwatch_fault_assign(idem_fetchwatch_t *fw, int times);
 
 /* Checks a fault.fetch.pause value: "TOPIC:PARTITION" or
  * "TOPIC:PARTITION:TIMES" (TIMES 1..100). The fault pauses that partition

@@ -650,10 +650,12 @@ idem_pipeline_t *idem_pipeline_new(const idem_conf_t *conf, idem_metrics_t *m,
         goto fail;
     if (conf->fetch_stall_ms > 0 &&
         (conf->stats_interval_ms > 0 ||
-         idem_kafka_user_set(conf, "statistics.interval.ms")))
+         idem_kafka_user_set(conf, "statistics.interval.ms"))) {
         p->fw =
             idem_fetchwatch_new(conf->fetch_stall_ms, p->rk, m,
                                 fetchwatch_member, p, conf->fault_fetch_pause);
+        idem_fetchwatch_fault_assign(p->fw, (int)conf->fault_fetch_assign_fail);
+    }
     if (idem_wake_init(&p->wake, errstr, errstr_size))
         goto fail;
     p->wake_kafka = idem_wake_add(&p->wake, rd_kafka_queue_get_consumer(p->rk));

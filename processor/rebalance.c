@@ -42,12 +42,49 @@ int idem_rebalance_assign(rd_kafka_t *rk,
                : 0;
 }
 
+/* The partitions of parts (borrowed) that librdkafka holds, in a new list
+ * the caller destroys; NULL when its assignment cannot be read (parts are
+ * then used as they are). One the fetch watch took out of the assignment
+ * and could not assign back is still the member's, but librdkafka refuses
+ * an incremental unassign that names it: the whole call, so the others
+ * would stay assigned. Such a partition is logged and left out. */
+static rd_kafka_topic_partition_list_t *
+held_only(rd_kafka_t *rk, const rd_kafka_topic_partition_list_t *parts)
+{
+    rd_kafka_topic_partition_list_t *now = NULL;
+    if (rd_kafka_assignment(rk, &now))
+        return NULL;
+    rd_kafka_topic_partition_list_t *l =
+        rd_kafka_topic_partition_list_new(parts->cnt);
+    for (int i = 0; i < parts->cnt; i++) {
+        const rd_kafka_topic_partition_t *p = &parts->elems[i];
+        if (rd_kafka_topic_partition_list_find(now, p->topic, p->partition)) {
+            rd_kafka_topic_partition_list_add(l, p->topic, p->partition)
+                ->offset = p->offset;
+            continue;
+        }
+        char part[16];
+        snprintf(part, sizeof(part), "%" PRId32, p->partition);
+        idem_log_kv(IDEM_LOG_INFO,
+                    "unassign: partition not in the assignment, left out",
+                    "topic", p->topic, "partition", part, NULL);
+    }
+    rd_kafka_topic_partition_list_destroy(now);
+    return l;
+}
+
 int idem_rebalance_unassign(rd_kafka_t *rk,
                             const rd_kafka_topic_partition_list_t *parts,
                             char *errstr, size_t errstr_size)
 {
     if (idem_rebalance_cooperative(rk)) {
-        rd_kafka_error_t *e = rd_kafka_incremental_unassign(rk, parts);
+        rd_kafka_topic_partition_list_t *held = held_only(rk, parts);
+        /* Called also with an empty list: in a rebalance callback
+         * librdkafka waits for the call. */
+        rd_kafka_error_t *e =
+            rd_kafka_incremental_unassign(rk, held ? held : parts);
+        if (held)
+            rd_kafka_topic_partition_list_destroy(held);
         if (e) {
             failed("incremental_unassign", rd_kafka_error_string(e), errstr,
                    errstr_size);

@@ -21,7 +21,10 @@ int idem_rebalance_assign(rd_kafka_t *rk,
                           char *errstr, size_t errstr_size);
 
 /* Gives `parts` up (revoked or lost): incrementally, or the whole
- * assignment. Returns 0, or -1 with errstr (logged). */
+ * assignment. Incrementally, a partition librdkafka does not hold (the
+ * fetch watch took it out and could not assign it back) is logged and
+ * left out, as librdkafka would refuse the whole call for it. Returns 0,
+ * or -1 with errstr (logged). */
 int idem_rebalance_unassign(rd_kafka_t *rk,
                             const rd_kafka_topic_partition_list_t *parts,
                             char *errstr, size_t errstr_size);

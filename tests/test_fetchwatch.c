@@ -1,17 +1,23 @@
 /* fetchwatch: statistics parsing on real librdkafka 2.0.2 documents and
  * the stall judgement over a timeline, without a broker. */
+#include "broker.h"
+#include "conf.h"
 #include "fetchwatch.h"
 #include "harness.h"
 #include "metrics.h"
+#include "pipeline.h"
+#include "rebalance.h"
 #include "util.h"
 
 #include <criterion/criterion.h>
 #include <criterion/parameterized.h>
 #include <jansson.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 /* Two statistics documents of one consumer (librdkafka 2.0.2, mock
  * cluster, statistics.interval.ms=500), 2 s apart, 64 partitions of
@@ -383,6 +389,65 @@ Test(fetchwatch, nothing_judged_while_closing_or_without_a_leader)
     idem_fetchwatch_destroy(fw);
 }
 
+Test(fetchwatch, a_refused_assign_is_assigned_again_until_taken)
+{
+    /* A fetch that never started gets the heavy repair: out of the
+     * assignment and back in. The assign back is refused twice
+     * (fault.fetch.assign.fail=2): the member is not ready at once, and
+     * the partition, out of the assignment and so in no document (it is
+     * not "desired" any more), is assigned again every fetch.stall.ms
+     * until librdkafka takes it; never unassigned again on the way. */
+    member_t mb = {0, -1, 40, 0, 0};
+    idem_fetchwatch_t *fw =
+        idem_fetchwatch_new(1000, NULL, NULL, member, &mb, NULL);
+    idem_fetchwatch_fault_assign(fw, 2);
+    feed(fw, "none", 0, -1001, 0, 0);
+    cr_expect_eq(feed(fw, "none", 0, -1001, 0, 1000), 1);
+    cr_expect_eq(idem_fetchwatch_reassigns(fw), 1);
+    cr_expect_str_eq(idem_fetchwatch_not_ready(fw),
+                     "partition payments/3 not fetched (fetch_state none, "
+                     "lag -1)",
+                     "not ready at once: the partition left the assignment");
+    json_t *empty = json_pack("{s:{}}", "topics");
+    idem_fetchwatch_stats(fw, empty, 1500);
+    cr_expect_eq(idem_fetchwatch_repairs(fw), 1, "again only after 1 s");
+    idem_fetchwatch_stats(fw, empty, 2000);
+    cr_expect_eq(idem_fetchwatch_repairs(fw), 2, "assigned again, refused");
+    cr_expect_not_null(idem_fetchwatch_not_ready(fw));
+    idem_fetchwatch_stats(fw, empty, 3000);
+    cr_expect_eq(idem_fetchwatch_repairs(fw), 3, "assigned again, taken");
+    cr_expect_eq(idem_fetchwatch_reassigns(fw), 3);
+    /* Taken: no more assigns while it is away, and ready once it moves. */
+    idem_fetchwatch_stats(fw, empty, 4000);
+    idem_fetchwatch_stats(fw, empty, 5000);
+    cr_expect_eq(idem_fetchwatch_repairs(fw), 3);
+    cr_expect_eq(feed(fw, "active", 40, 100, 0, 5500), 1);
+    cr_expect_null(idem_fetchwatch_not_ready(fw));
+    cr_expect_eq(idem_fetchwatch_stalls(fw), 1);
+
+    /* Refused again, and the partition still in the documents: judged
+     * there, it is assigned again the same way. */
+    idem_fetchwatch_fault_assign(fw, 1);
+    feed(fw, "none", 0, -1001, 0, 6000);
+    feed(fw, "none", 0, -1001, 0, 7000);
+    cr_expect_eq(idem_fetchwatch_repairs(fw), 4);
+    cr_expect_not_null(idem_fetchwatch_not_ready(fw));
+    feed(fw, "none", 0, -1001, 0, 8000);
+    cr_expect_eq(idem_fetchwatch_repairs(fw), 5);
+    cr_expect_eq(idem_fetchwatch_reassigns(fw), 5);
+    /* Revoked while out: gone from the watch, nothing assigned. */
+    idem_fetchwatch_fault_assign(fw, 1);
+    feed(fw, "none", 0, -1001, 0, 9000);
+    cr_expect_eq(idem_fetchwatch_repairs(fw), 6);
+    mb.not_held = 3;
+    idem_fetchwatch_stats(fw, empty, 10000);
+    idem_fetchwatch_stats(fw, empty, 11000);
+    cr_expect_eq(idem_fetchwatch_repairs(fw), 6);
+    cr_expect_null(idem_fetchwatch_not_ready(fw));
+    json_decref(empty);
+    idem_fetchwatch_destroy(fw);
+}
+
 Test(fetchwatch, fault_values)
 {
     char e[256];
@@ -435,14 +500,235 @@ Test(fetchwatch, parse_cost_of_a_64_partition_document)
     free(text);
 }
 
-/* ------------------------------------------------ with a broker and Redis */
+/* ------------------------------------- with a real consumer, in-process */
 
-#include <pthread.h>
-#include <unistd.h>
+#define HEARTBEAT_API 12 /* Kafka protocol ApiKey of Heartbeat */
+
+/* What the test consumer's rebalance callback saw. */
+typedef struct {
+    volatile int assigned; /* partitions held */
+    int lost;              /* revocations of a lost assignment */
+} rebalance_seen_t;
+
+/* Rebalance callback of the test consumer (either protocol, as the
+ * member applies them): fires in rd_kafka_consumer_poll and
+ * rd_kafka_consumer_close. */
+static void test_rebalance(rd_kafka_t *rk, rd_kafka_resp_err_t err,
+                           rd_kafka_topic_partition_list_t *parts, void *opaque)
+{
+    rebalance_seen_t *seen = opaque;
+    char e[512];
+    if (err == RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS) {
+        idem_rebalance_assign(rk, parts, e, sizeof(e));
+        seen->assigned += parts->cnt;
+        return;
+    }
+    if (rd_kafka_assignment_lost(rk))
+        seen->lost++;
+    idem_rebalance_unassign(rk, parts, e, sizeof(e));
+    seen->assigned -= parts->cnt;
+}
+
+/* A consumer of payments in group `group` on broker b with the given
+ * partition.assignment.strategy, polled until it holds its partitions
+ * (heartbeats every 100 ms). Caller closes and destroys it. */
+static rd_kafka_t *test_consumer(idem_broker_t *b, const char *group,
+                                 const char *strategy, rebalance_seen_t *seen)
+{
+    char err[512];
+    rd_kafka_conf_t *kc = rd_kafka_conf_new();
+    const char *props[][2] = {
+        {"bootstrap.servers", idem_broker_bootstraps(b)},
+        {"group.id", group},
+        {"partition.assignment.strategy", strategy},
+        {"heartbeat.interval.ms", "100"},
+        {"enable.auto.commit", "false"},
+        {"log_level", "3"},
+    };
+    for (size_t i = 0; i < sizeof(props) / sizeof(props[0]); i++)
+        cr_assert_eq(
+            rd_kafka_conf_set(kc, props[i][0], props[i][1], err, sizeof(err)),
+            RD_KAFKA_CONF_OK, "%s", err);
+    rd_kafka_conf_set_rebalance_cb(kc, test_rebalance);
+    rd_kafka_conf_set_opaque(kc, seen);
+    rd_kafka_t *rk = rd_kafka_new(RD_KAFKA_CONSUMER, kc, err, sizeof(err));
+    cr_assert(rk, "%s", err);
+    rd_kafka_poll_set_consumer(rk);
+    rd_kafka_topic_partition_list_t *l = rd_kafka_topic_partition_list_new(1);
+    rd_kafka_topic_partition_list_add(l, "payments", RD_KAFKA_PARTITION_UA);
+    cr_assert_eq(rd_kafka_subscribe(rk, l), 0);
+    rd_kafka_topic_partition_list_destroy(l);
+    for (int t = 0; t < 300 && !seen->assigned; t++) {
+        rd_kafka_message_t *msg = rd_kafka_consumer_poll(rk, 100);
+        if (msg)
+            rd_kafka_message_destroy(msg);
+    }
+    cr_assert_gt(seen->assigned, 0, "never assigned");
+    return rk;
+}
+
+TestSuite(fetchwatch_rk, .timeout = 90);
+
+Test(fetchwatch_rk, no_repair_while_the_assignment_is_lost)
+{
+    char err[256];
+    idem_broker_t *b = idem_broker_new(1, err, sizeof(err));
+    cr_assert(b, "%s", err);
+    cr_assert_eq(idem_broker_topic_create(b, "payments", 4, err, sizeof(err)),
+                 0, "%s", err);
+    rebalance_seen_t seen = {0, 0};
+    rd_kafka_t *rk = test_consumer(b, "fetchwatch-lost", "range", &seen);
+    member_t mb = {0, -1, -1, 0, 0}; /* position unknown: resume, no seek */
+
+    /* Control: with the assignment in place the stall is repaired. */
+    idem_fetchwatch_t *fw =
+        idem_fetchwatch_new(1000, rk, NULL, member, &mb, NULL);
+    feed(fw, "active", 40, 100, 0, 0);
+    feed(fw, "active", 40, 100, 0, 1000);
+    cr_expect_eq(idem_fetchwatch_repairs(fw), 1);
+    idem_fetchwatch_destroy(fw);
+
+    /* The coordinator forgets the member: the next heartbeat says so,
+     * librdkafka marks the assignment lost and queues the rebalance that
+     * takes it away, which waits for the next poll. No poll until the
+     * watch judged. */
+    rd_kafka_mock_push_request_errors(idem_broker_mock(b), HEARTBEAT_API, 1,
+                                      RD_KAFKA_RESP_ERR_UNKNOWN_MEMBER_ID);
+    for (int t = 0; t < 1500 && !rd_kafka_assignment_lost(rk); t++)
+        usleep(10000);
+    cr_assert(rd_kafka_assignment_lost(rk), "assignment never lost");
+    fw = idem_fetchwatch_new(1000, rk, NULL, member, &mb, NULL);
+    for (int64_t now = 0; now <= 5000; now += 500)
+        feed(fw, "active", 40, 100, 0, now);
+    cr_expect(rd_kafka_assignment_lost(rk), "still lost while judged");
+    cr_expect_eq(idem_fetchwatch_repairs(fw), 0, "repaired a lost partition");
+    cr_expect_null(idem_fetchwatch_not_ready(fw));
+
+    /* The rebalance callback takes the partitions away. */
+    for (int t = 0; t < 300 && !seen.lost; t++) {
+        rd_kafka_message_t *msg = rd_kafka_consumer_poll(rk, 100);
+        if (msg)
+            rd_kafka_message_destroy(msg);
+    }
+    cr_expect_eq(seen.lost, 1);
+    idem_fetchwatch_destroy(fw);
+    rd_kafka_consumer_close(rk);
+    rd_kafka_destroy(rk);
+    idem_broker_destroy(b);
+}
+
+Test(fetchwatch_rk, stop_waits_for_a_watermark_query_in_flight)
+{
+    /* The pipeline stops the watch before rd_kafka_destroy because the
+     * watch's thread may be inside rd_kafka_query_watermark_offsets on
+     * that consumer: stop must return only when it is out. A broker that
+     * answers every request after 3 s keeps a query in flight (it times
+     * out after 2 s). */
+    char err[256];
+    idem_broker_t *b = idem_broker_new(1, err, sizeof(err));
+    cr_assert(b, "%s", err);
+    cr_assert_eq(idem_broker_topic_create(b, "payments", 4, err, sizeof(err)),
+                 0, "%s", err);
+    rebalance_seen_t seen = {0, 0};
+    rd_kafka_t *rk = test_consumer(b, "fetchwatch-stop", "range", &seen);
+    member_t mb = {0, -1, 40, 0, 0};
+    idem_fetchwatch_t *fw =
+        idem_fetchwatch_new(1000, rk, NULL, member, &mb, NULL);
+    rd_kafka_mock_broker_set_rtt(idem_broker_mock(b), 1, 3000);
+    /* Caught up and quiet for fetch.stall.ms: its end is asked. */
+    feed(fw, "active", 40, 40, 0, 1000);
+    feed(fw, "active", 40, 40, 0, 2000);
+    feed(fw, "active", 40, 40, 0, 3000);
+    uint64_t started = 0, done = 0;
+    for (int t = 0; t < 1000 && !started; t++) {
+        usleep(10000);
+        idem_fetchwatch_queries(fw, &started, &done);
+    }
+    cr_assert_eq(started, 1, "no watermark query started");
+    cr_assert_eq(done, 0, "the query did not wait for the slow broker");
+    idem_fetchwatch_stop(fw);
+    idem_fetchwatch_queries(fw, &started, &done);
+    cr_expect_eq(done, started, "stop returned with a query in flight");
+    rd_kafka_mock_broker_set_rtt(idem_broker_mock(b), 1, 0);
+    rd_kafka_consumer_close(rk);
+    rd_kafka_destroy(rk); /* what the pipeline does next */
+    idem_fetchwatch_destroy(fw);
+    idem_broker_destroy(b);
+}
+
+Test(fetchwatch_rk, a_revoke_gives_up_what_is_held_when_one_partition_is_out)
+{
+    /* A repair whose assign back was refused leaves a partition out of
+     * librdkafka's assignment that the member still holds. The member's
+     * next revoke names it, and librdkafka refuses an incremental unassign
+     * naming a partition it does not hold, the whole call: the other
+     * partitions would stay assigned behind the member's back. */
+    char err[512];
+    idem_broker_t *b = idem_broker_new(1, err, sizeof(err));
+    cr_assert(b, "%s", err);
+    cr_assert_eq(idem_broker_topic_create(b, "payments", 4, err, sizeof(err)),
+                 0, "%s", err);
+    rebalance_seen_t seen = {0, 0};
+    rd_kafka_t *rk =
+        test_consumer(b, "fetchwatch-out", "cooperative-sticky", &seen);
+    cr_assert_eq(seen.assigned, 4);
+    rd_kafka_topic_partition_list_t *out = rd_kafka_topic_partition_list_new(1);
+    rd_kafka_topic_partition_list_add(out, "payments", 3);
+    rd_kafka_error_t *ke = rd_kafka_incremental_unassign(rk, out);
+    cr_assert_null(ke, "%s", ke ? rd_kafka_error_string(ke) : "");
+    rd_kafka_topic_partition_list_destroy(out);
+
+    rd_kafka_topic_partition_list_t *all = rd_kafka_topic_partition_list_new(4);
+    for (int32_t i = 0; i < 4; i++)
+        rd_kafka_topic_partition_list_add(all, "payments", i);
+    cr_expect_eq(idem_rebalance_unassign(rk, all, err, sizeof(err)), 0, "%s",
+                 err);
+    rd_kafka_topic_partition_list_destroy(all);
+    rd_kafka_topic_partition_list_t *now = NULL;
+    cr_assert_eq(rd_kafka_assignment(rk, &now), 0);
+    cr_expect_eq(now->cnt, 0, "%d partitions still assigned", now->cnt);
+    rd_kafka_topic_partition_list_destroy(now);
+    rd_kafka_consumer_close(rk);
+    rd_kafka_destroy(rk);
+    idem_broker_destroy(b);
+}
+
+/* ------------------------------------------------ with a broker and Redis */
 
 static th_stack_t stk;
 
 TestSuite(fetchwatch_run, .fini = th_stack_cleanup);
+
+/* rd_kafka_destroy of a consumer that was not closed closes it, and the
+ * close serves what waits in the consumer queue, statistics included
+ * (design.md, "When not to repair"). A pipeline made and destroyed
+ * without a poll in between has statistics waiting, so its destroy serves
+ * a statistics callback: the lag gauges prove it was served, and the
+ * watch it would judge with must not be freed yet or must no longer be
+ * reachable (AddressSanitizer reports the use otherwise; run this under
+ * make SAN=address). */
+Test(fetchwatch_run, statistics_served_by_destroy_skip_the_watch, .timeout = 60)
+{
+    cr_assert_eq(th_stack_start(&stk, 2, NULL), 0);
+    char *sets[] = {"stats.interval.ms=10", "fetch.stall.ms=1000",
+                    "http.listen=", NULL};
+    char err[512];
+    idem_conf_t *conf =
+        idem_conf_load(stk.conf, NULL, sets, 3, err, sizeof(err));
+    cr_assert(conf, "%s", err);
+    idem_metrics_t *m = idem_metrics_new();
+    idem_pipeline_t *p = idem_pipeline_new(conf, m, err, sizeof(err));
+    cr_assert(p, "%s", err);
+    /* 50 statistics periods: documents are queued (nothing polls). */
+    usleep(500000);
+    cr_assert_eq(idem_metrics_lag_total(m), -1, "served before destroy");
+    idem_pipeline_destroy(p);
+    cr_expect_geq(idem_metrics_lag_total(m), 0,
+                  "no statistics callback was served by the destroy");
+    idem_metrics_destroy(m);
+    idem_conf_destroy(conf);
+    th_stack_stop(&stk);
+}
 
 typedef struct {
     th_stack_t *s;
@@ -470,9 +756,34 @@ static double metric_of(int port, const char *series)
     return v;
 }
 
+/* Starts member `name` of stk with metrics and probes on a free port
+ * (*port), statistics every 200 ms, fetch.stall.ms=1500 and `fault`
+ * (--set values, NULL-terminated, may be NULL), and waits until it is
+ * ready. Returns its pid. */
+static pid_t watched_member(const char *name, const char *const fault[],
+                            int *port)
+{
+    *port = th_free_port();
+    char listen[64];
+    snprintf(listen, sizeof(listen), "http.listen=127.0.0.1:%d", *port);
+    const char *sets[8] = {listen, "stats.interval.ms=200",
+                           "fetch.stall.ms=1500"};
+    size_t n = 3;
+    for (size_t i = 0; fault && fault[i] && n < 7; i++)
+        sets[n++] = fault[i];
+    sets[n] = NULL;
+    pid_t pid = th_stack_member(&stk, name, sets);
+    for (int t = 0; t < 600 && th_http_get(*port, "/readyz", NULL) != 200; t++)
+        usleep(100000);
+    cr_assert_eq(th_http_get(*port, "/readyz", NULL), 200, "%s never ready",
+                 name);
+    return pid;
+}
+
 typedef struct {
     char strategy[32]; /* partition.assignment.strategy */
     int times;         /* fault.fetch.pause TIMES */
+    int assign_fail;   /* fault.fetch.assign.fail */
 } stall_case_t;
 
 /* A partition paused inside librdkafka behind the member's back while
@@ -483,35 +794,37 @@ typedef struct {
  * brings it back; with eager assignment the watch does not assign again
  * (only the whole assignment could be): the member stays not ready and
  * says to restart it, and a restarted member fetches the partition.
- * Either way the stall is logged and counted, and the ledger ends
- * exact. */
+ * With TIMES=2 and cooperative assignment, the second repair takes the
+ * partition out of the assignment and its assign back is refused
+ * (fault.fetch.assign.fail=1): not ready at once, and the third repair
+ * assigns it again. Either way the stall is logged and counted, and the
+ * ledger ends exact. */
 ParameterizedTestParameters(fetchwatch_run, stalled_partition_is_repaired)
 {
-    static stall_case_t cases[] = {
-        {"range", 1}, {"range", 3}, {"cooperative-sticky", 3}};
-    return cr_make_param_array(stall_case_t, cases, 3);
+    static stall_case_t cases[] = {{"range", 1, 0},
+                                   {"range", 3, 0},
+                                   {"cooperative-sticky", 3, 0},
+                                   {"cooperative-sticky", 2, 1}};
+    return cr_make_param_array(stall_case_t, cases, 4);
 }
 
 ParameterizedTest(stall_case_t *c, fetchwatch_run,
                   stalled_partition_is_repaired, .timeout = 180)
 {
     int eager_restart = c->times > 1 && strcmp(c->strategy, "range") == 0;
-    int repairs = eager_restart ? c->times - 1 : c->times;
+    int repairs = eager_restart ? c->times - 1 : c->times + c->assign_fail;
     char strat[96];
     snprintf(strat, sizeof(strat), "kafka.partition.assignment.strategy=%s",
              c->strategy);
     const char *props[] = {strat, NULL};
     cr_assert_eq(th_stack_start(&stk, 4, props), 0);
-    int port = th_free_port();
-    char listen[64], fault[64];
-    snprintf(listen, sizeof(listen), "http.listen=127.0.0.1:%d", port);
-    snprintf(fault, sizeof(fault), "fault.fetch.pause=payments:2:%d", c->times);
-    const char *sets[] = {listen, "stats.interval.ms=200",
-                          "fetch.stall.ms=1500", fault, NULL};
-    pid_t m = th_stack_member(&stk, "m", sets);
-    for (int t = 0; t < 600 && th_http_get(port, "/readyz", NULL) != 200; t++)
-        usleep(100000);
-    cr_assert_eq(th_http_get(port, "/readyz", NULL), 200);
+    char pause[64], refuse[64];
+    snprintf(pause, sizeof(pause), "fault.fetch.pause=payments:2:%d", c->times);
+    snprintf(refuse, sizeof(refuse), "fault.fetch.assign.fail=%d",
+             c->assign_fail);
+    const char *fault[] = {pause, refuse, NULL};
+    int port;
+    pid_t m = watched_member("m", fault, &port);
 
     produce_job_t job = {&stk, -1, 0};
     pthread_t th;
@@ -561,12 +874,8 @@ ParameterizedTest(stall_case_t *c, fetchwatch_run,
     if (eager_restart) {
         /* The operator restarts the member (no fault this time). */
         cr_expect_eq(th_stop(m, 15000), 0);
-        int port2 = th_free_port();
-        char listen2[64];
-        snprintf(listen2, sizeof(listen2), "http.listen=127.0.0.1:%d", port2);
-        const char *sets2[] = {listen2, "stats.interval.ms=200",
-                               "fetch.stall.ms=1500", NULL};
-        m2 = th_stack_member(&stk, "m2", sets2);
+        int port2;
+        m2 = watched_member("m2", NULL, &port2);
     }
     TH_ASSERT_VERIFIED(&stk, 0, NULL, 60000);
     if (eager_restart)
@@ -592,7 +901,17 @@ ParameterizedTest(stall_case_t *c, fetchwatch_run,
                      : "stalled partition fetched again",
         "stalled partition fetched again",
         NULL};
-    const char **want = eager_restart ? said_eager : said;
+    const char *said_refused[] = {
+        "fault: partition paused behind the member's back",
+        "fault: repair dropped",
+        "partition still not fetched after a repair: not ready",
+        "fault: assign refused",
+        "stalled partition: resumed and assigned again",
+        "stalled partition fetched again",
+        NULL};
+    const char **want = eager_restart    ? said_eager
+                        : c->assign_fail ? said_refused
+                                         : said;
     for (int i = 0; want[i]; i++)
         cr_expect(strstr(log, want[i]), "not logged: %s\n%s", want[i], log);
     if (eager_restart)
