@@ -11,6 +11,7 @@
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -55,21 +56,68 @@ void th_rmrf(const char *dir)
         waitpid(pid, NULL, 0);
 }
 
-int th_free_port(void)
+/* The first port of the kernel's ephemeral range: the ports it hands to
+ * outgoing connections (every client in a test makes some) and to bind(0). */
+static int ephemeral_low(void)
+{
+    int lo = 32768, hi = 0;
+    FILE *f = fopen("/proc/sys/net/ipv4/ip_local_port_range", "r");
+    if (f) {
+        if (fscanf(f, "%d %d", &lo, &hi) != 2)
+            lo = 32768;
+        fclose(f);
+    }
+    return lo;
+}
+
+/* Whether a listener could bind 127.0.0.1:port now. */
+static int port_bindable(int port)
 {
     int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET,
-                            .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    socklen_t l = sizeof(a);
     if (fd < 0)
-        return -1;
-    if (bind(fd, (struct sockaddr *)&a, sizeof(a)) ||
-        getsockname(fd, (struct sockaddr *)&a, &l)) {
-        close(fd);
-        return -1;
-    }
+        return 0;
+    struct sockaddr_in a = {.sin_family = AF_INET,
+                            .sin_port = htons((uint16_t)port),
+                            .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    int ok = bind(fd, (struct sockaddr *)&a, sizeof(a)) == 0;
     close(fd);
-    return ntohs(a.sin_port);
+    return ok;
+}
+
+/* A port for a server a test starts. Not from the ephemeral range: a port
+ * the kernel gave us with bind(0) and we closed could be handed to some
+ * client's outgoing connection before the server binds it (the suite makes
+ * thousands). Random below that range, so the suite's parallel jobs rarely
+ * pick the same one, and never one this process handed out recently (a
+ * test asks for several before starting their servers). */
+int th_free_port(void)
+{
+    static int recent[64];
+    static unsigned nrecent;
+    static uint64_t x;
+    if (!x) {
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        x = ((uint64_t)ts.tv_nsec << 20) ^ (uint64_t)ts.tv_sec ^
+            ((uint64_t)getpid() << 40) ^ 0x9e3779b97f4a7c15ull;
+    }
+    int lo = 10000, hi = ephemeral_low();
+    if (hi - lo < 1000)
+        lo = 1024;
+    for (int tries = 0; tries < 1000; tries++) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        int port = lo + (int)(x % (uint64_t)(hi - lo));
+        int used = 0;
+        for (unsigned i = 0; i < nrecent && i < 64; i++)
+            used |= recent[i] == port;
+        if (used || !port_bindable(port))
+            continue;
+        recent[nrecent++ % 64] = port;
+        return port;
+    }
+    return -1;
 }
 
 static void redirect(int fd, const char *path)

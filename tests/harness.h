@@ -19,7 +19,9 @@ const char *th_src(void);
 char *th_tmpdir(void);
 void th_rmrf(const char *dir);
 
-/* A TCP port on 127.0.0.1 that was free a moment ago. */
+/* A TCP port on 127.0.0.1 that was free a moment ago, below the kernel's
+ * ephemeral range (so no outgoing connection takes it before the server
+ * binds it); -1 when none is found. */
 int th_free_port(void);
 
 /* Starts argv (argv[0] a path) with stdout/stderr redirected to the given
