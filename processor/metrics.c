@@ -960,9 +960,9 @@ void idem_metrics_render(idem_metrics_t *m, FILE *out)
                 idem_metrics_redis_classes[i],
                 counter_get(&m->redis_errors[i]));
     put_header(out, "idemproc_redis_position_behind_total", "counter",
-               "Partitions whose position in Redis was behind Kafka's "
-               "committed offset (Redis lost writes); the member rewound "
-               "them.");
+               "Partitions whose position in Redis was behind the one it "
+               "acknowledged or Kafka's committed offset (Redis lost "
+               "writes); the member rewound them.");
     put_u64(out, "idemproc_redis_position_behind_total", NULL, NULL,
             counter_get(&m->redis_behind));
     put_header(out, "idemproc_redis_eviction_allowed", "gauge",

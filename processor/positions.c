@@ -109,25 +109,28 @@ static int partition_rewind(idem_pipeline_t *p, idem_part_t *pt, int64_t offset,
 }
 
 /* Logs (once per partition and assignment) and counts a position in Redis
- * behind Kafka's committed offset: Redis went back in time. */
-static void position_behind(idem_pipeline_t *p, idem_part_t *pt, int64_t redis,
-                            int64_t kafka)
+ * behind the one it acknowledged, or behind Kafka's committed offset:
+ * Redis went back in time (it lost acknowledged writes). redis is -1 when
+ * the position is gone altogether. */
+static void position_behind(idem_pipeline_t *p, idem_part_t *pt, int64_t redis)
 {
     if (pt->behind_logged)
         return;
     pt->behind_logged = 1;
     idem_metrics_redis_behind_add(p->m, 1);
-    char part[16], r[24], k[24];
+    char part[16], r[24], k[24], a[24];
     snprintf(part, sizeof(part), "%" PRId32, pt->partition);
     snprintf(r, sizeof(r), "%" PRId64, redis);
-    snprintf(k, sizeof(k), "%" PRId64, kafka);
+    snprintf(k, sizeof(k), "%" PRId64, pt->committed);
+    snprintf(a, sizeof(a), "%" PRId64, pt->saved);
     idem_log_kv(IDEM_LOG_WARN,
                 redis < 0 ? "redis lost the position of a partition (it "
                             "lost its data: persistence off?)"
                           : "redis went back in time: its position is behind "
-                            "kafka's committed offset; reading again from it",
+                            "what it acknowledged or kafka's committed "
+                            "offset; reading again from it",
                 "topic", pt->topic, "partition", part, "redis_offset", r,
-                "kafka_offset", k, NULL);
+                "acknowledged_offset", a, "kafka_offset", k, NULL);
 }
 
 /* The lowest offset pt holds in hand (or has finished up to); -1 when it
@@ -181,12 +184,16 @@ int idem_loop_positions_sync(idem_pipeline_t *p, char *errstr,
         int64_t r = pos[i].offset;
         if (r < 0) {
             if (other_server && pt->saved >= 0)
-                position_behind(p, pt, -1, pt->saved);
+                position_behind(p, pt, -1);
             pt->checked = 1;
             continue;
         }
-        if (pt->committed >= 0 && r < pt->committed)
-            position_behind(p, pt, r, pt->committed);
+        /* Lost writes: what Redis acknowledged (the writes after a host
+         * crash's last fsync, a lagging replica), and perhaps also what
+         * Kafka had committed after them. */
+        if ((pt->committed >= 0 && r < pt->committed) ||
+            (pt->saved >= 0 && r < pt->saved))
+            position_behind(p, pt, r);
         int64_t hold = part_hold(p, pt);
         int rewind = pt->checked ? (other_server || r < pt->saved) &&
                                        hold >= 0 && r < hold
@@ -244,7 +251,7 @@ void idem_loop_assign_positions(idem_pipeline_t *p,
             parts->elems[i].offset = pos[i].offset;
             pt->saved = pos[i].offset;
             if (kafka >= 0 && pos[i].offset < kafka)
-                position_behind(p, pt, pos[i].offset, kafka);
+                position_behind(p, pt, pos[i].offset);
         }
         pt->checked = 1;
     }
