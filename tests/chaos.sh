@@ -16,6 +16,8 @@
 #   CHAOS_SECONDS  how long the chaos lasts (default 300)
 #   CHAOS_SETTLE   seconds allowed afterwards to verify exact (default 600)
 #   CHAOS_KEEP     keep the temp dir (logs, schedule) when set
+#   CHAOS_PROPS    extra member properties, one per line (e.g.
+#                  kafka.partition.assignment.strategy=cooperative-sticky)
 #
 # The same seed gives the same traffic, fault schedule and kill sequence
 # (the exact instants still depend on the machine). Exit 0 only when exact;
@@ -147,6 +149,7 @@ commit.interval.ms=200
 log.format=text
 log.level=warn
 EOF
+if [[ -n ${CHAOS_PROPS:-} ]]; then printf '%s\n' "$CHAOS_PROPS" >>"$CONF"; fi
 declare -A HTTP_PORT=()
 for m in "${MEMBERS[@]}"; do free_port "HTTP_PORT[$m]"; done
 member_start() {
