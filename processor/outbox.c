@@ -109,6 +109,10 @@ int idem_outbox_err_is_permanent(int err)
     case RD_KAFKA_RESP_ERR_TOPIC_EXCEPTION:
     case RD_KAFKA_RESP_ERR_TOPIC_AUTHORIZATION_FAILED:
     case RD_KAFKA_RESP_ERR__INVALID_ARG:
+    /* librdkafka learned from the broker's metadata that the topic does
+     * not exist (and the broker did not create it): waiting would stall
+     * the rows behind it until someone creates the topic. */
+    case RD_KAFKA_RESP_ERR__UNKNOWN_TOPIC:
         return 1;
     default:
         return 0;
@@ -183,6 +187,19 @@ static void outbox_render(void *opaque, FILE *out)
                 &commit);
 }
 
+/* Sets row's state and error for a produce or delivery error on topic. */
+static void row_fail(row_t *row, rd_kafka_resp_err_t err, const char *topic)
+{
+    row->state = idem_outbox_err_is_permanent(err) ? ROW_FAILED : ROW_RETRY;
+    if (err == RD_KAFKA_RESP_ERR__UNKNOWN_TOPIC)
+        snprintf(row->error, sizeof(row->error),
+                 "topic \"%.60s\" does not exist on the broker (create it, "
+                 "then set error = NULL to publish the row)",
+                 topic);
+    else
+        snprintf(row->error, sizeof(row->error), "%s", rd_kafka_err2str(err));
+}
+
 /* dr_msg_cb: fires on the relay's thread inside rd_kafka_poll/flush, once
  * per produced record; the opaque is the record's row. */
 static void on_delivery(rd_kafka_t *rk, const rd_kafka_message_t *msg,
@@ -197,9 +214,7 @@ static void on_delivery(rd_kafka_t *rk, const rd_kafka_message_t *msg,
         row->state = ROW_DELIVERED;
         return;
     }
-    row->state =
-        idem_outbox_err_is_permanent(msg->err) ? ROW_FAILED : ROW_RETRY;
-    snprintf(row->error, sizeof(row->error), "%s", rd_kafka_err2str(msg->err));
+    row_fail(row, msg->err, rd_kafka_topic_name(msg->rkt));
 }
 
 /* error_cb: fires on the relay's thread inside rd_kafka_poll. With no
@@ -400,9 +415,96 @@ static int pg_prepare(idem_outbox_t *o, const char *name, const char *sql,
     return r;
 }
 
-/* Connects, LISTENs on the table's channel, learns the value column's type
- * and prepares the statements. The DSN is never logged (it may hold the
- * password); the host and database are. 0 or -1 with errstr. */
+/* The columns the relay reads and writes, with their definition in
+ * config/sql/outbox.sql (for the fix an error suggests). */
+static const struct {
+    const char *name;
+    const char *ddl;
+} table_columns[] = {
+    {"id", "bigserial PRIMARY KEY"},
+    {"created_at", "timestamptz NOT NULL DEFAULT clock_timestamp()"},
+    {"topic", "text"},
+    {"key", "text"},
+    {"value", "jsonb"},
+    {"headers", "jsonb"},
+    {"message_id", "uuid NOT NULL DEFAULT gen_random_uuid()"},
+    {"idempotency_key", "text"},
+    {"published_at", "timestamptz"},
+    {"error", "text"},
+};
+
+/* Checks that outbox.table exists with every column the relay uses and
+ * learns the value column's type. A table that is not there or lacks a
+ * column (an older schema) does not mend itself while the relay waits:
+ * -2 with errstr naming what is missing and the fix (the relay stops).
+ * -1 with errstr for a database error (retried); 0 when it is fine. */
+static int table_check(idem_outbox_t *o, char *errstr, size_t errstr_size)
+{
+    const char *t = o->conf->outbox_table;
+    const char *param[] = {t};
+    PGresult *res = PQexecParams(
+        o->pg,
+        "SELECT a.attname::text, format_type(a.atttypid, a.atttypmod) FROM "
+        "pg_attribute a WHERE a.attrelid = to_regclass($1) AND a.attnum > 0 "
+        "AND NOT a.attisdropped",
+        1, NULL, param, NULL, NULL, 0);
+    if (PQresultStatus(res) != PGRES_TUPLES_OK) {
+        pg_err(o->pg, res, "outbox.table", errstr, errstr_size);
+        PQclear(res);
+        return -1;
+    }
+    int n = PQntuples(res);
+    if (n == 0) {
+        snprintf(errstr, errstr_size,
+                 "outbox.table: \"%s\" does not exist (create it with "
+                 "config/sql/outbox.sql, or name the table you have)",
+                 t);
+        PQclear(res);
+        return -2;
+    }
+    const char *value_type = NULL, *key_type = NULL;
+    for (size_t c = 0; c < sizeof(table_columns) / sizeof(table_columns[0]);
+         c++) {
+        int found = -1;
+        for (int i = 0; i < n && found < 0; i++)
+            if (!strcmp(PQgetvalue(res, i, 0), table_columns[c].name))
+                found = i;
+        if (found < 0) {
+            snprintf(errstr, errstr_size,
+                     "outbox.table: \"%s\" has no column %s (an older "
+                     "schema? ALTER TABLE %s ADD COLUMN %s %s; see "
+                     "config/sql/outbox.sql)",
+                     t, table_columns[c].name, t, table_columns[c].name,
+                     table_columns[c].ddl);
+            PQclear(res);
+            return -2;
+        }
+        if (!strcmp(table_columns[c].name, "value"))
+            value_type = PQgetvalue(res, found, 1);
+        else if (!strcmp(table_columns[c].name, "key"))
+            key_type = PQgetvalue(res, found, 1);
+    }
+    /* The key is hashed as text for its bucket and sent as text; a bytea
+     * key would be sent as its escaped text. */
+    if (!strcmp(key_type, "bytea")) {
+        snprintf(errstr, errstr_size,
+                 "outbox.table: \"%s\": column key is bytea; the relay "
+                 "takes a text key (ALTER TABLE %s ALTER COLUMN key TYPE "
+                 "text USING encode(key, 'escape'))",
+                 t, t);
+        PQclear(res);
+        return -2;
+    }
+    o->value_is_bytea = !strcmp(value_type, "bytea");
+    PQclear(res);
+    return 0;
+}
+
+/* Connects, LISTENs on the table's channel, checks the table's columns,
+ * learns the value column's type and prepares the statements. The DSN is
+ * never logged (it may hold the password); the host and database are. 0,
+ * -1 with errstr (retried), or -2 when the table can never work (see
+ * table_check). */
 static int db_connect(idem_outbox_t *o, char *errstr, size_t errstr_size)
 {
     const idem_conf_t *c = o->conf;
@@ -433,32 +535,19 @@ static int db_connect(idem_outbox_t *o, char *errstr, size_t errstr_size)
     if (pg_exec(o, sql, PGRES_COMMAND_OK, errstr, errstr_size))
         goto fail;
 
-    const char *param[] = {c->outbox_table};
-    PGresult *res = PQexecParams(
-        o->pg,
-        "SELECT format_type(a.atttypid, a.atttypmod) FROM pg_attribute a "
-        "WHERE a.attrelid = to_regclass($1) AND a.attname = 'value' AND NOT "
-        "a.attisdropped",
-        1, NULL, param, NULL, NULL, 0);
-    if (PQresultStatus(res) != PGRES_TUPLES_OK || PQntuples(res) != 1) {
-        if (PQresultStatus(res) == PGRES_TUPLES_OK)
-            snprintf(errstr, errstr_size,
-                     "outbox.table: \"%s\" does not exist or has no value "
-                     "column (create it with config/sql/outbox.sql)",
-                     c->outbox_table);
-        else
-            pg_err(o->pg, res, "outbox.table", errstr, errstr_size);
-        PQclear(res);
-        goto fail;
+    int r = table_check(o, errstr, errstr_size);
+    if (r) {
+        PQfinish(o->pg);
+        o->pg = NULL;
+        return r;
     }
-    o->value_is_bytea = !strcmp(PQgetvalue(res, 0, 0), "bytea");
-    PQclear(res);
 
     /* The commit -> acknowledgement latency needs the commit time of each
      * row's transaction (track_commit_timestamp, a server setting). */
-    res = PQexec(o->pg, "SELECT current_setting('track_commit_timestamp') = "
-                        "'on' AND has_function_privilege("
-                        "'pg_xact_commit_timestamp(xid)', 'execute')");
+    PGresult *res =
+        PQexec(o->pg, "SELECT current_setting('track_commit_timestamp') = "
+                      "'on' AND has_function_privilege("
+                      "'pg_xact_commit_timestamp(xid)', 'execute')");
     if (PQresultStatus(res) != PGRES_TUPLES_OK || PQntuples(res) != 1) {
         pg_err(o->pg, res, "track_commit_timestamp", errstr, errstr_size);
         PQclear(res);
@@ -515,44 +604,171 @@ fail:
 
 /* ---- one batch ---------------------------------------------------------- */
 
+/* Kafka's rule for a topic name (what its brokers accept): 1 to 249 of
+ * [a-zA-Z0-9._-], and neither "." nor "..". Checked before producing, so
+ * a bad name is the row's error on any broker, not a metadata error that
+ * some brokers answer and others time out on. 0, or -1 with errstr. */
+static int topic_check(const char *topic, char *errstr, size_t errstr_size)
+{
+    size_t len = strlen(topic);
+    if (len == 0) {
+        snprintf(errstr, errstr_size, "topic: empty (NULL means outbox.topic)");
+        return -1;
+    }
+    if (len > 249) {
+        snprintf(errstr, errstr_size,
+                 "topic: %zu characters, Kafka allows at most 249", len);
+        return -1;
+    }
+    if (!strcmp(topic, ".") || !strcmp(topic, "..")) {
+        snprintf(errstr, errstr_size, "topic: \"%.2s\" is not a valid name",
+                 topic);
+        return -1;
+    }
+    for (const char *c = topic; *c; c++)
+        if (!isalnum((unsigned char)*c) && *c != '.' && *c != '_' &&
+            *c != '-') {
+            snprintf(errstr, errstr_size,
+                     "topic: \"%.60s\" has a character Kafka does not allow "
+                     "(only a-z A-Z 0-9 . _ -)",
+                     topic);
+            return -1;
+        }
+    return 0;
+}
+
+/* A header of the row's headers column named like an identity column
+ * (message_id, idempotency_key): the column says what the identity is,
+ * so the header may only repeat it, or stand in for a NULL column. *col
+ * is the column's value (borrowed, NULL when the column is NULL) and
+ * becomes the header's when it was NULL; the header itself is then sent
+ * once, with the columns. 0, or -1 with errstr when they differ or the
+ * header is not a string. */
+static int identity_header_merge(const char *name, json_t *v, const char **col,
+                                 char *errstr, size_t errstr_size)
+{
+    if (!json_is_string(v)) {
+        snprintf(errstr, errstr_size,
+                 "headers: %s must be a string, like the column", name);
+        return -1;
+    }
+    const char *h = json_string_value(v);
+    if (strlen(h) != json_string_length(v)) {
+        snprintf(errstr, errstr_size, "headers: %s has a NUL byte", name);
+        return -1;
+    }
+    if (!*col) {
+        *col = h;
+        return 0;
+    }
+    if (strcmp(*col, h)) {
+        snprintf(errstr, errstr_size,
+                 "headers: %s \"%.40s\" differs from the %s column "
+                 "\"%.40s\" (drop the header or make them equal)",
+                 name, h, name, *col);
+        return -1;
+    }
+    return 0;
+}
+
+static const char *json_type2str(const json_t *v)
+{
+    switch (json_typeof(v)) {
+    case JSON_ARRAY:
+        return "an array";
+    case JSON_STRING:
+        return "a string";
+    case JSON_INTEGER:
+    case JSON_REAL:
+        return "a number";
+    case JSON_TRUE:
+    case JSON_FALSE:
+        return "a boolean";
+    default:
+        return "not an object";
+    }
+}
+
 /* Builds the headers of a row: its own (a JSON object; string values as
- * they are, other values as JSON text), then message_id and
- * idempotency_key. Returns NULL with errstr when the headers column is
- * not an object. Caller owns the result. */
+ * they are, null as a header without a value, other values as JSON text),
+ * then message_id and idempotency_key, each once (see
+ * identity_header_merge). JSON null for the whole column is no headers,
+ * like SQL NULL. Returns NULL with errstr when the headers column is not
+ * an object, when a header conflicts with an identity column, when the
+ * row has no message_id or an empty idempotency_key. Caller owns the
+ * result. */
 static rd_kafka_headers_t *row_headers(const char *json, const char *mid,
                                        const char *ikey, char *errstr,
                                        size_t errstr_size)
 {
-    rd_kafka_headers_t *h = rd_kafka_headers_new(4);
+    json_t *root = NULL;
     if (json) {
         json_error_t jerr;
-        json_t *root = json_loads(json, 0, &jerr);
-        if (!json_is_object(root)) {
-            snprintf(errstr, errstr_size,
-                     "headers: not a JSON object of name: value");
-            json_decref(root);
-            rd_kafka_headers_destroy(h);
+        root = json_loads(json, JSON_DECODE_ANY | JSON_ALLOW_NUL, &jerr);
+        if (!root) {
+            snprintf(errstr, errstr_size, "headers: not JSON: %s", jerr.text);
             return NULL;
         }
-        const char *name;
-        json_t *v;
-        json_object_foreach(root, name, v)
-        {
-            if (json_is_string(v)) {
-                rd_kafka_header_add(h, name, -1, json_string_value(v),
-                                    (ssize_t)json_string_length(v));
-            } else {
-                char *text = json_dumps(v, JSON_COMPACT | JSON_ENCODE_ANY);
-                rd_kafka_header_add(h, name, -1, text, -1);
-                free(text);
-            }
+        if (json_is_null(root)) {
+            json_decref(root);
+            root = NULL;
+        } else if (!json_is_object(root)) {
+            snprintf(errstr, errstr_size,
+                     "headers: %s, not a JSON object of name: value",
+                     json_type2str(root));
+            json_decref(root);
+            return NULL;
         }
-        json_decref(root);
     }
-    if (mid)
-        rd_kafka_header_add(h, "message_id", -1, mid, -1);
+    const char *name;
+    json_t *v;
+    json_object_foreach(root, name, v)
+    {
+        if ((!strcmp(name, "message_id") &&
+             identity_header_merge(name, v, &mid, errstr, errstr_size)) ||
+            (!strcmp(name, "idempotency_key") &&
+             identity_header_merge(name, v, &ikey, errstr, errstr_size))) {
+            json_decref(root);
+            return NULL;
+        }
+    }
+    if (!mid || !*mid) {
+        snprintf(errstr, errstr_size,
+                 "message_id: %s (the column needs DEFAULT "
+                 "gen_random_uuid(), see config/sql/outbox.sql)",
+                 mid ? "empty" : "NULL");
+        json_decref(root);
+        return NULL;
+    }
+    if (ikey && !*ikey) {
+        snprintf(errstr, errstr_size,
+                 "idempotency_key: empty (NULL means none: the identity is "
+                 "then message_id)");
+        json_decref(root);
+        return NULL;
+    }
+    rd_kafka_headers_t *h = rd_kafka_headers_new(4);
+    size_t name_len;
+    json_object_keylen_foreach(root, name, name_len, v)
+    {
+        if (!strcmp(name, "message_id") || !strcmp(name, "idempotency_key"))
+            continue; /* sent once, below */
+        if (json_is_string(v)) {
+            rd_kafka_header_add(h, name, (ssize_t)name_len,
+                                json_string_value(v),
+                                (ssize_t)json_string_length(v));
+        } else if (json_is_null(v)) {
+            rd_kafka_header_add(h, name, (ssize_t)name_len, NULL, 0);
+        } else {
+            char *text = json_dumps(v, JSON_COMPACT | JSON_ENCODE_ANY);
+            rd_kafka_header_add(h, name, (ssize_t)name_len, text, -1);
+            free(text);
+        }
+    }
+    rd_kafka_header_add(h, "message_id", -1, mid, -1);
     if (ikey)
         rd_kafka_header_add(h, "idempotency_key", -1, ikey, -1);
+    json_decref(root); /* after the adds: mid and ikey may be its strings */
     return h;
 }
 
@@ -570,11 +786,15 @@ static void row_produce(idem_outbox_t *o, PGresult *res, int i)
         row->commit_us = strtoll(PQgetvalue(res, i, 9), NULL, 10);
     const char *topic =
         PQgetisnull(res, i, 2) ? o->conf->outbox_topic : PQgetvalue(res, i, 2);
-    if (!topic || !*topic) {
+    if (!topic || (!*topic && PQgetisnull(res, i, 2))) {
         row->state = ROW_FAILED;
         snprintf(row->error, sizeof(row->error),
                  "no topic: the row's topic is NULL and outbox.topic is not "
                  "set");
+        return;
+    }
+    if (topic_check(topic, row->error, sizeof(row->error))) {
+        row->state = ROW_FAILED;
         return;
     }
     rd_kafka_headers_t *h =
@@ -613,8 +833,7 @@ static void row_produce(idem_outbox_t *o, PGresult *res, int i)
         PQfreemem(unescaped);
     if (err) {
         rd_kafka_headers_destroy(h); /* not taken on failure */
-        row->state = idem_outbox_err_is_permanent(err) ? ROW_FAILED : ROW_RETRY;
-        snprintf(row->error, sizeof(row->error), "%s", rd_kafka_err2str(err));
+        row_fail(row, err, topic);
         return;
     }
     row->state = ROW_PENDING;
@@ -1028,7 +1247,13 @@ int idem_outbox_run(idem_outbox_t *o, volatile int *stop, char *errstr,
         }
         kafka_probe(o);
         if (!o->pg) {
-            if (db_connect(o, err, sizeof(err))) {
+            int c = db_connect(o, err, sizeof(err));
+            if (c == -2) {
+                snprintf(errstr, errstr_size, "%s", err);
+                set_not_ready(o, err);
+                return -1;
+            }
+            if (c) {
                 atomic_fetch_add(&o->db_errors, 1);
                 set_not_ready(o, err);
                 if (last_failed != 1)
