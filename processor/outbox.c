@@ -3,6 +3,7 @@
  * marks (or deletes) them in the transaction that claimed them. */
 #include "outbox.h"
 #include "kafka.h"
+#include "outboxrow.h"
 #include "log.h"
 #include "util.h"
 
@@ -604,174 +605,6 @@ fail:
 
 /* ---- one batch ---------------------------------------------------------- */
 
-/* Kafka's rule for a topic name (what its brokers accept): 1 to 249 of
- * [a-zA-Z0-9._-], and neither "." nor "..". Checked before producing, so
- * a bad name is the row's error on any broker, not a metadata error that
- * some brokers answer and others time out on. 0, or -1 with errstr. */
-static int topic_check(const char *topic, char *errstr, size_t errstr_size)
-{
-    size_t len = strlen(topic);
-    if (len == 0) {
-        snprintf(errstr, errstr_size, "topic: empty (NULL means outbox.topic)");
-        return -1;
-    }
-    if (len > 249) {
-        snprintf(errstr, errstr_size,
-                 "topic: %zu characters, Kafka allows at most 249", len);
-        return -1;
-    }
-    if (!strcmp(topic, ".") || !strcmp(topic, "..")) {
-        snprintf(errstr, errstr_size, "topic: \"%.2s\" is not a valid name",
-                 topic);
-        return -1;
-    }
-    for (const char *c = topic; *c; c++)
-        if (!isalnum((unsigned char)*c) && *c != '.' && *c != '_' &&
-            *c != '-') {
-            snprintf(errstr, errstr_size,
-                     "topic: \"%.60s\" has a character Kafka does not allow "
-                     "(only a-z A-Z 0-9 . _ -)",
-                     topic);
-            return -1;
-        }
-    return 0;
-}
-
-/* A header of the row's headers column named like an identity column
- * (message_id, idempotency_key): the column says what the identity is,
- * so the header may only repeat it, or stand in for a NULL column. *col
- * is the column's value (borrowed, NULL when the column is NULL) and
- * becomes the header's when it was NULL; the header itself is then sent
- * once, with the columns. 0, or -1 with errstr when they differ or the
- * header is not a string. */
-static int identity_header_merge(const char *name, json_t *v, const char **col,
-                                 char *errstr, size_t errstr_size)
-{
-    if (!json_is_string(v)) {
-        snprintf(errstr, errstr_size,
-                 "headers: %s must be a string, like the column", name);
-        return -1;
-    }
-    const char *h = json_string_value(v);
-    if (strlen(h) != json_string_length(v)) {
-        snprintf(errstr, errstr_size, "headers: %s has a NUL byte", name);
-        return -1;
-    }
-    if (!*col) {
-        *col = h;
-        return 0;
-    }
-    if (strcmp(*col, h)) {
-        snprintf(errstr, errstr_size,
-                 "headers: %s \"%.40s\" differs from the %s column "
-                 "\"%.40s\" (drop the header or make them equal)",
-                 name, h, name, *col);
-        return -1;
-    }
-    return 0;
-}
-
-static const char *json_type2str(const json_t *v)
-{
-    switch (json_typeof(v)) {
-    case JSON_ARRAY:
-        return "an array";
-    case JSON_STRING:
-        return "a string";
-    case JSON_INTEGER:
-    case JSON_REAL:
-        return "a number";
-    case JSON_TRUE:
-    case JSON_FALSE:
-        return "a boolean";
-    default:
-        return "not an object";
-    }
-}
-
-/* Builds the headers of a row: its own (a JSON object; string values as
- * they are, null as a header without a value, other values as JSON text),
- * then message_id and idempotency_key, each once (see
- * identity_header_merge). JSON null for the whole column is no headers,
- * like SQL NULL. Returns NULL with errstr when the headers column is not
- * an object, when a header conflicts with an identity column, when the
- * row has no message_id or an empty idempotency_key. Caller owns the
- * result. */
-static rd_kafka_headers_t *row_headers(const char *json, const char *mid,
-                                       const char *ikey, char *errstr,
-                                       size_t errstr_size)
-{
-    json_t *root = NULL;
-    if (json) {
-        json_error_t jerr;
-        root = json_loads(json, JSON_DECODE_ANY | JSON_ALLOW_NUL, &jerr);
-        if (!root) {
-            snprintf(errstr, errstr_size, "headers: not JSON: %s", jerr.text);
-            return NULL;
-        }
-        if (json_is_null(root)) {
-            json_decref(root);
-            root = NULL;
-        } else if (!json_is_object(root)) {
-            snprintf(errstr, errstr_size,
-                     "headers: %s, not a JSON object of name: value",
-                     json_type2str(root));
-            json_decref(root);
-            return NULL;
-        }
-    }
-    const char *name;
-    json_t *v;
-    json_object_foreach(root, name, v)
-    {
-        if ((!strcmp(name, "message_id") &&
-             identity_header_merge(name, v, &mid, errstr, errstr_size)) ||
-            (!strcmp(name, "idempotency_key") &&
-             identity_header_merge(name, v, &ikey, errstr, errstr_size))) {
-            json_decref(root);
-            return NULL;
-        }
-    }
-    if (!mid || !*mid) {
-        snprintf(errstr, errstr_size,
-                 "message_id: %s (the column needs DEFAULT "
-                 "gen_random_uuid(), see config/sql/outbox.sql)",
-                 mid ? "empty" : "NULL");
-        json_decref(root);
-        return NULL;
-    }
-    if (ikey && !*ikey) {
-        snprintf(errstr, errstr_size,
-                 "idempotency_key: empty (NULL means none: the identity is "
-                 "then message_id)");
-        json_decref(root);
-        return NULL;
-    }
-    rd_kafka_headers_t *h = rd_kafka_headers_new(4);
-    size_t name_len;
-    json_object_keylen_foreach(root, name, name_len, v)
-    {
-        if (!strcmp(name, "message_id") || !strcmp(name, "idempotency_key"))
-            continue; /* sent once, below */
-        if (json_is_string(v)) {
-            rd_kafka_header_add(h, name, (ssize_t)name_len,
-                                json_string_value(v),
-                                (ssize_t)json_string_length(v));
-        } else if (json_is_null(v)) {
-            rd_kafka_header_add(h, name, (ssize_t)name_len, NULL, 0);
-        } else {
-            char *text = json_dumps(v, JSON_COMPACT | JSON_ENCODE_ANY);
-            rd_kafka_header_add(h, name, (ssize_t)name_len, text, -1);
-            free(text);
-        }
-    }
-    rd_kafka_header_add(h, "message_id", -1, mid, -1);
-    if (ikey)
-        rd_kafka_header_add(h, "idempotency_key", -1, ikey, -1);
-    json_decref(root); /* after the adds: mid and ikey may be its strings */
-    return h;
-}
-
 /* Produces row i of res (the claim's columns: blocked, id, topic, key,
  * value, headers, message_id, idempotency_key, created and commit in µs)
  * into o->rows[i]; a row that can never be published is set ROW_FAILED
@@ -793,15 +626,15 @@ static void row_produce(idem_outbox_t *o, PGresult *res, int i)
                  "set");
         return;
     }
-    if (topic_check(topic, row->error, sizeof(row->error))) {
+    if (idem_outboxrow_topic_check(topic, row->error, sizeof(row->error))) {
         row->state = ROW_FAILED;
         return;
     }
-    rd_kafka_headers_t *h =
-        row_headers(PQgetisnull(res, i, 5) ? NULL : PQgetvalue(res, i, 5),
-                    PQgetisnull(res, i, 6) ? NULL : PQgetvalue(res, i, 6),
-                    PQgetisnull(res, i, 7) ? NULL : PQgetvalue(res, i, 7),
-                    row->error, sizeof(row->error));
+    rd_kafka_headers_t *h = idem_outboxrow_headers(
+        PQgetisnull(res, i, 5) ? NULL : PQgetvalue(res, i, 5),
+        PQgetisnull(res, i, 6) ? NULL : PQgetvalue(res, i, 6),
+        PQgetisnull(res, i, 7) ? NULL : PQgetvalue(res, i, 7), row->error,
+        sizeof(row->error));
     if (!h) {
         row->state = ROW_FAILED;
         return;
