@@ -72,9 +72,10 @@ struct idem_outbox_s {
     PGconn *pg; /* NULL while disconnected */
     char channel[128];
     char sql_done[256]; /* mark or delete the delivered rows */
-    char sql_fail[256]; /* set a row's error */
+    char sql_fail[320]; /* set a row's error */
     int value_is_bytea;
-    int commit_ts; /* the server tracks commit timestamps */
+    char error_type[64]; /* the error column's type, for the fail's cast */
+    int commit_ts;       /* the server tracks commit timestamps */
     int64_t backoff_ms;
     int64_t next_lag_ms; /* idem_now_ms() of the next lag query */
     int kafka_down;      /* all brokers down: not ready until a probe works */
@@ -484,6 +485,9 @@ static int table_check(idem_outbox_t *o, char *errstr, size_t errstr_size)
             value_type = PQgetvalue(res, found, 1);
         else if (!strcmp(table_columns[c].name, "key"))
             key_type = PQgetvalue(res, found, 1);
+        else if (!strcmp(table_columns[c].name, "error"))
+            snprintf(o->error_type, sizeof(o->error_type), "%s",
+                     PQgetvalue(res, found, 1));
     }
     /* The key is hashed as text for its bucket and sent as text; a bytea
      * key would be sent as its escaped text. */
@@ -576,8 +580,12 @@ static int db_connect(idem_outbox_t *o, char *errstr, size_t errstr_size)
                  "UPDATE %s SET published_at = now() WHERE id = "
                  "ANY($1::int8[])",
                  t);
+    /* An explicit cast cuts a text longer than a varchar(n) error column
+     * (an older schema of the user's); a plain assignment would fail, and
+     * with it the batch, for good. */
     snprintf(o->sql_fail, sizeof(o->sql_fail),
-             "UPDATE %s SET error = $2 WHERE id = $1::int8", t);
+             "UPDATE %s SET error = $2::%s WHERE id = $1::int8", t,
+             o->error_type);
     snprintf(sql, sizeof(sql),
              "SELECT count(*), coalesce((extract(epoch FROM now() - "
              "min(created_at)) * 1000)::int8, 0) FROM %s WHERE published_at "
@@ -758,7 +766,7 @@ static int send_finish(idem_outbox_t *o, size_t *delivered, size_t *failed,
             continue;
         char id[24];
         snprintf(id, sizeof(id), "%" PRId64, o->rows[i].id);
-        const char *fp[2] = {id, o->rows[i].error};
+        const char *fp[2] = {id, idem_outboxrow_utf8_clean(o->rows[i].error)};
         if (!PQsendQueryParams(o->pg, o->sql_fail, 2, NULL, fp, NULL, NULL,
                                0)) {
             pg_err(o->pg, NULL, "mark failed row", errstr, errstr_size);

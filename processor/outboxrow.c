@@ -169,3 +169,50 @@ rd_kafka_headers_t *idem_outboxrow_headers(const char *json, const char *mid,
     json_decref(root); /* after the adds: mid and ikey may be its strings */
     return h;
 }
+
+/* The length of the well-formed UTF-8 sequence at p (RFC 3629: no
+ * overlong forms, no surrogates, at most U+10FFFF), 0 when there is none. */
+static size_t utf8_seq_len(const unsigned char *p)
+{
+    if (p[0] < 0x80)
+        return 1;
+    size_t n;
+    unsigned char lo = 0x80, hi = 0xbf; /* allowed range of p[1] */
+    if (p[0] >= 0xc2 && p[0] <= 0xdf) {
+        n = 2;
+    } else if (p[0] >= 0xe0 && p[0] <= 0xef) {
+        n = 3;
+        if (p[0] == 0xe0)
+            lo = 0xa0; /* overlong */
+        else if (p[0] == 0xed)
+            hi = 0x9f; /* surrogates */
+    } else if (p[0] >= 0xf0 && p[0] <= 0xf4) {
+        n = 4;
+        if (p[0] == 0xf0)
+            lo = 0x90; /* overlong */
+        else if (p[0] == 0xf4)
+            hi = 0x8f; /* above U+10FFFF */
+    } else {
+        return 0;
+    }
+    if (p[1] < lo || p[1] > hi)
+        return 0;
+    for (size_t i = 2; i < n; i++)
+        if (p[i] < 0x80 || p[i] > 0xbf)
+            return 0; /* the NUL that ends s stops here too */
+    return n;
+}
+
+char *idem_outboxrow_utf8_clean(char *s)
+{
+    unsigned char *p = (unsigned char *)s;
+    while (*p) {
+        size_t n = utf8_seq_len(p);
+        if (n == 0) {
+            *p++ = '?';
+            continue;
+        }
+        p += n;
+    }
+    return s;
+}

@@ -29,4 +29,11 @@ rd_kafka_headers_t *idem_outboxrow_headers(const char *json, const char *mid,
                                            const char *ikey, char *errstr,
                                            size_t errstr_size);
 
+/* Replaces, in place, every byte of s that is not part of a well-formed
+ * UTF-8 sequence with '?'. An error text that quotes a row's data cut at
+ * a byte count may end inside a character, and PostgreSQL refuses such
+ * text: the row's error could never be written and its batch would be
+ * retried forever. Returns s. */
+char *idem_outboxrow_utf8_clean(char *s);
+
 #endif

@@ -132,3 +132,29 @@ Test(outboxrow, topic_names_kafka_allows)
         cr_expect(strstr(err, bad[i].want), "%s: %s", bad[i].topic, err);
     }
 }
+
+/* An error text cut inside a character (or quoting bytes that never were
+ * UTF-8) must still be text PostgreSQL takes. */
+Test(outboxrow, error_text_is_made_valid_utf8)
+{
+    const struct {
+        const char *in, *want;
+    } cases[] = {
+        {"plain", "plain"},
+        {"caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x94\x91",
+         "caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x94\x91"},
+        {"cut \xc3", "cut ?"},
+        {"cut \xe2\x82\"", "cut ??\""},
+        {"\xff\xfe", "??"},
+        {"\xc0\xaf", "??"},           /* overlong '/' */
+        {"\xed\xa0\x80", "???"},      /* a surrogate */
+        {"\xf4\x90\x80\x80", "????"}, /* above U+10FFFF */
+        {"\x80x", "?x"},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        char buf[64];
+        snprintf(buf, sizeof(buf), "%s", cases[i].in);
+        cr_expect_str_eq(idem_outboxrow_utf8_clean(buf), cases[i].want,
+                         "case %zu", i);
+    }
+}
