@@ -3,6 +3,7 @@
  * marks (or deletes) them in the transaction that claimed them. */
 #include "outbox.h"
 #include "kafka.h"
+#include "outboxrow.h"
 #include "log.h"
 #include "util.h"
 
@@ -71,9 +72,10 @@ struct idem_outbox_s {
     PGconn *pg; /* NULL while disconnected */
     char channel[128];
     char sql_done[256]; /* mark or delete the delivered rows */
-    char sql_fail[256]; /* set a row's error */
+    char sql_fail[320]; /* set a row's error */
     int value_is_bytea;
-    int commit_ts; /* the server tracks commit timestamps */
+    char error_type[64]; /* the error column's type, for the fail's cast */
+    int commit_ts;       /* the server tracks commit timestamps */
     int64_t backoff_ms;
     int64_t next_lag_ms; /* idem_now_ms() of the next lag query */
     int kafka_down;      /* all brokers down: not ready until a probe works */
@@ -109,6 +111,10 @@ int idem_outbox_err_is_permanent(int err)
     case RD_KAFKA_RESP_ERR_TOPIC_EXCEPTION:
     case RD_KAFKA_RESP_ERR_TOPIC_AUTHORIZATION_FAILED:
     case RD_KAFKA_RESP_ERR__INVALID_ARG:
+    /* librdkafka learned from the broker's metadata that the topic does
+     * not exist (and the broker did not create it): waiting would stall
+     * the rows behind it until someone creates the topic. */
+    case RD_KAFKA_RESP_ERR__UNKNOWN_TOPIC:
         return 1;
     default:
         return 0;
@@ -183,6 +189,19 @@ static void outbox_render(void *opaque, FILE *out)
                 &commit);
 }
 
+/* Sets row's state and error for a produce or delivery error on topic. */
+static void row_fail(row_t *row, rd_kafka_resp_err_t err, const char *topic)
+{
+    row->state = idem_outbox_err_is_permanent(err) ? ROW_FAILED : ROW_RETRY;
+    if (err == RD_KAFKA_RESP_ERR__UNKNOWN_TOPIC)
+        snprintf(row->error, sizeof(row->error),
+                 "topic \"%.60s\" does not exist on the broker (create it, "
+                 "then set error = NULL to publish the row)",
+                 topic);
+    else
+        snprintf(row->error, sizeof(row->error), "%s", rd_kafka_err2str(err));
+}
+
 /* dr_msg_cb: fires on the relay's thread inside rd_kafka_poll/flush, once
  * per produced record; the opaque is the record's row. */
 static void on_delivery(rd_kafka_t *rk, const rd_kafka_message_t *msg,
@@ -197,9 +216,7 @@ static void on_delivery(rd_kafka_t *rk, const rd_kafka_message_t *msg,
         row->state = ROW_DELIVERED;
         return;
     }
-    row->state =
-        idem_outbox_err_is_permanent(msg->err) ? ROW_FAILED : ROW_RETRY;
-    snprintf(row->error, sizeof(row->error), "%s", rd_kafka_err2str(msg->err));
+    row_fail(row, msg->err, rd_kafka_topic_name(msg->rkt));
 }
 
 /* error_cb: fires on the relay's thread inside rd_kafka_poll. With no
@@ -400,9 +417,99 @@ static int pg_prepare(idem_outbox_t *o, const char *name, const char *sql,
     return r;
 }
 
-/* Connects, LISTENs on the table's channel, learns the value column's type
- * and prepares the statements. The DSN is never logged (it may hold the
- * password); the host and database are. 0 or -1 with errstr. */
+/* The columns the relay reads and writes, with their definition in
+ * config/sql/outbox.sql (for the fix an error suggests). */
+static const struct {
+    const char *name;
+    const char *ddl;
+} table_columns[] = {
+    {"id", "bigserial PRIMARY KEY"},
+    {"created_at", "timestamptz NOT NULL DEFAULT clock_timestamp()"},
+    {"topic", "text"},
+    {"key", "text"},
+    {"value", "jsonb"},
+    {"headers", "jsonb"},
+    {"message_id", "uuid NOT NULL DEFAULT gen_random_uuid()"},
+    {"idempotency_key", "text"},
+    {"published_at", "timestamptz"},
+    {"error", "text"},
+};
+
+/* Checks that outbox.table exists with every column the relay uses and
+ * learns the value column's type. A table that is not there or lacks a
+ * column (an older schema) does not mend itself while the relay waits:
+ * -2 with errstr naming what is missing and the fix (the relay stops).
+ * -1 with errstr for a database error (retried); 0 when it is fine. */
+static int table_check(idem_outbox_t *o, char *errstr, size_t errstr_size)
+{
+    const char *t = o->conf->outbox_table;
+    const char *param[] = {t};
+    PGresult *res = PQexecParams(
+        o->pg,
+        "SELECT a.attname::text, format_type(a.atttypid, a.atttypmod) FROM "
+        "pg_attribute a WHERE a.attrelid = to_regclass($1) AND a.attnum > 0 "
+        "AND NOT a.attisdropped",
+        1, NULL, param, NULL, NULL, 0);
+    if (PQresultStatus(res) != PGRES_TUPLES_OK) {
+        pg_err(o->pg, res, "outbox.table", errstr, errstr_size);
+        PQclear(res);
+        return -1;
+    }
+    int n = PQntuples(res);
+    if (n == 0) {
+        snprintf(errstr, errstr_size,
+                 "outbox.table: \"%s\" does not exist (create it with "
+                 "config/sql/outbox.sql, or name the table you have)",
+                 t);
+        PQclear(res);
+        return -2;
+    }
+    const char *value_type = NULL, *key_type = NULL;
+    for (size_t c = 0; c < sizeof(table_columns) / sizeof(table_columns[0]);
+         c++) {
+        int found = -1;
+        for (int i = 0; i < n && found < 0; i++)
+            if (!strcmp(PQgetvalue(res, i, 0), table_columns[c].name))
+                found = i;
+        if (found < 0) {
+            snprintf(errstr, errstr_size,
+                     "outbox.table: \"%s\" has no column %s (an older "
+                     "schema? ALTER TABLE %s ADD COLUMN %s %s; see "
+                     "config/sql/outbox.sql)",
+                     t, table_columns[c].name, t, table_columns[c].name,
+                     table_columns[c].ddl);
+            PQclear(res);
+            return -2;
+        }
+        if (!strcmp(table_columns[c].name, "value"))
+            value_type = PQgetvalue(res, found, 1);
+        else if (!strcmp(table_columns[c].name, "key"))
+            key_type = PQgetvalue(res, found, 1);
+        else if (!strcmp(table_columns[c].name, "error"))
+            snprintf(o->error_type, sizeof(o->error_type), "%s",
+                     PQgetvalue(res, found, 1));
+    }
+    /* The key is hashed as text for its bucket and sent as text; a bytea
+     * key would be sent as its escaped text. */
+    if (!strcmp(key_type, "bytea")) {
+        snprintf(errstr, errstr_size,
+                 "outbox.table: \"%s\": column key is bytea; the relay "
+                 "takes a text key (ALTER TABLE %s ALTER COLUMN key TYPE "
+                 "text USING encode(key, 'escape'))",
+                 t, t);
+        PQclear(res);
+        return -2;
+    }
+    o->value_is_bytea = !strcmp(value_type, "bytea");
+    PQclear(res);
+    return 0;
+}
+
+/* Connects, LISTENs on the table's channel, checks the table's columns,
+ * learns the value column's type and prepares the statements. The DSN is
+ * never logged (it may hold the password); the host and database are. 0,
+ * -1 with errstr (retried), or -2 when the table can never work (see
+ * table_check). */
 static int db_connect(idem_outbox_t *o, char *errstr, size_t errstr_size)
 {
     const idem_conf_t *c = o->conf;
@@ -433,32 +540,19 @@ static int db_connect(idem_outbox_t *o, char *errstr, size_t errstr_size)
     if (pg_exec(o, sql, PGRES_COMMAND_OK, errstr, errstr_size))
         goto fail;
 
-    const char *param[] = {c->outbox_table};
-    PGresult *res = PQexecParams(
-        o->pg,
-        "SELECT format_type(a.atttypid, a.atttypmod) FROM pg_attribute a "
-        "WHERE a.attrelid = to_regclass($1) AND a.attname = 'value' AND NOT "
-        "a.attisdropped",
-        1, NULL, param, NULL, NULL, 0);
-    if (PQresultStatus(res) != PGRES_TUPLES_OK || PQntuples(res) != 1) {
-        if (PQresultStatus(res) == PGRES_TUPLES_OK)
-            snprintf(errstr, errstr_size,
-                     "outbox.table: \"%s\" does not exist or has no value "
-                     "column (create it with config/sql/outbox.sql)",
-                     c->outbox_table);
-        else
-            pg_err(o->pg, res, "outbox.table", errstr, errstr_size);
-        PQclear(res);
-        goto fail;
+    int r = table_check(o, errstr, errstr_size);
+    if (r) {
+        PQfinish(o->pg);
+        o->pg = NULL;
+        return r;
     }
-    o->value_is_bytea = !strcmp(PQgetvalue(res, 0, 0), "bytea");
-    PQclear(res);
 
     /* The commit -> acknowledgement latency needs the commit time of each
      * row's transaction (track_commit_timestamp, a server setting). */
-    res = PQexec(o->pg, "SELECT current_setting('track_commit_timestamp') = "
-                        "'on' AND has_function_privilege("
-                        "'pg_xact_commit_timestamp(xid)', 'execute')");
+    PGresult *res =
+        PQexec(o->pg, "SELECT current_setting('track_commit_timestamp') = "
+                      "'on' AND has_function_privilege("
+                      "'pg_xact_commit_timestamp(xid)', 'execute')");
     if (PQresultStatus(res) != PGRES_TUPLES_OK || PQntuples(res) != 1) {
         pg_err(o->pg, res, "track_commit_timestamp", errstr, errstr_size);
         PQclear(res);
@@ -486,8 +580,12 @@ static int db_connect(idem_outbox_t *o, char *errstr, size_t errstr_size)
                  "UPDATE %s SET published_at = now() WHERE id = "
                  "ANY($1::int8[])",
                  t);
+    /* An explicit cast cuts a text longer than a varchar(n) error column
+     * (an older schema of the user's); a plain assignment would fail, and
+     * with it the batch, for good. */
     snprintf(o->sql_fail, sizeof(o->sql_fail),
-             "UPDATE %s SET error = $2 WHERE id = $1::int8", t);
+             "UPDATE %s SET error = $2::%s WHERE id = $1::int8", t,
+             o->error_type);
     snprintf(sql, sizeof(sql),
              "SELECT count(*), coalesce((extract(epoch FROM now() - "
              "min(created_at)) * 1000)::int8, 0) FROM %s WHERE published_at "
@@ -515,47 +613,6 @@ fail:
 
 /* ---- one batch ---------------------------------------------------------- */
 
-/* Builds the headers of a row: its own (a JSON object; string values as
- * they are, other values as JSON text), then message_id and
- * idempotency_key. Returns NULL with errstr when the headers column is
- * not an object. Caller owns the result. */
-static rd_kafka_headers_t *row_headers(const char *json, const char *mid,
-                                       const char *ikey, char *errstr,
-                                       size_t errstr_size)
-{
-    rd_kafka_headers_t *h = rd_kafka_headers_new(4);
-    if (json) {
-        json_error_t jerr;
-        json_t *root = json_loads(json, 0, &jerr);
-        if (!json_is_object(root)) {
-            snprintf(errstr, errstr_size,
-                     "headers: not a JSON object of name: value");
-            json_decref(root);
-            rd_kafka_headers_destroy(h);
-            return NULL;
-        }
-        const char *name;
-        json_t *v;
-        json_object_foreach(root, name, v)
-        {
-            if (json_is_string(v)) {
-                rd_kafka_header_add(h, name, -1, json_string_value(v),
-                                    (ssize_t)json_string_length(v));
-            } else {
-                char *text = json_dumps(v, JSON_COMPACT | JSON_ENCODE_ANY);
-                rd_kafka_header_add(h, name, -1, text, -1);
-                free(text);
-            }
-        }
-        json_decref(root);
-    }
-    if (mid)
-        rd_kafka_header_add(h, "message_id", -1, mid, -1);
-    if (ikey)
-        rd_kafka_header_add(h, "idempotency_key", -1, ikey, -1);
-    return h;
-}
-
 /* Produces row i of res (the claim's columns: blocked, id, topic, key,
  * value, headers, message_id, idempotency_key, created and commit in µs)
  * into o->rows[i]; a row that can never be published is set ROW_FAILED
@@ -570,18 +627,22 @@ static void row_produce(idem_outbox_t *o, PGresult *res, int i)
         row->commit_us = strtoll(PQgetvalue(res, i, 9), NULL, 10);
     const char *topic =
         PQgetisnull(res, i, 2) ? o->conf->outbox_topic : PQgetvalue(res, i, 2);
-    if (!topic || !*topic) {
+    if (!topic || (!*topic && PQgetisnull(res, i, 2))) {
         row->state = ROW_FAILED;
         snprintf(row->error, sizeof(row->error),
                  "no topic: the row's topic is NULL and outbox.topic is not "
                  "set");
         return;
     }
-    rd_kafka_headers_t *h =
-        row_headers(PQgetisnull(res, i, 5) ? NULL : PQgetvalue(res, i, 5),
-                    PQgetisnull(res, i, 6) ? NULL : PQgetvalue(res, i, 6),
-                    PQgetisnull(res, i, 7) ? NULL : PQgetvalue(res, i, 7),
-                    row->error, sizeof(row->error));
+    if (idem_outboxrow_topic_check(topic, row->error, sizeof(row->error))) {
+        row->state = ROW_FAILED;
+        return;
+    }
+    rd_kafka_headers_t *h = idem_outboxrow_headers(
+        PQgetisnull(res, i, 5) ? NULL : PQgetvalue(res, i, 5),
+        PQgetisnull(res, i, 6) ? NULL : PQgetvalue(res, i, 6),
+        PQgetisnull(res, i, 7) ? NULL : PQgetvalue(res, i, 7), row->error,
+        sizeof(row->error));
     if (!h) {
         row->state = ROW_FAILED;
         return;
@@ -613,8 +674,7 @@ static void row_produce(idem_outbox_t *o, PGresult *res, int i)
         PQfreemem(unescaped);
     if (err) {
         rd_kafka_headers_destroy(h); /* not taken on failure */
-        row->state = idem_outbox_err_is_permanent(err) ? ROW_FAILED : ROW_RETRY;
-        snprintf(row->error, sizeof(row->error), "%s", rd_kafka_err2str(err));
+        row_fail(row, err, topic);
         return;
     }
     row->state = ROW_PENDING;
@@ -706,7 +766,7 @@ static int send_finish(idem_outbox_t *o, size_t *delivered, size_t *failed,
             continue;
         char id[24];
         snprintf(id, sizeof(id), "%" PRId64, o->rows[i].id);
-        const char *fp[2] = {id, o->rows[i].error};
+        const char *fp[2] = {id, idem_outboxrow_utf8_clean(o->rows[i].error)};
         if (!PQsendQueryParams(o->pg, o->sql_fail, 2, NULL, fp, NULL, NULL,
                                0)) {
             pg_err(o->pg, NULL, "mark failed row", errstr, errstr_size);
@@ -1028,7 +1088,13 @@ int idem_outbox_run(idem_outbox_t *o, volatile int *stop, char *errstr,
         }
         kafka_probe(o);
         if (!o->pg) {
-            if (db_connect(o, err, sizeof(err))) {
+            int c = db_connect(o, err, sizeof(err));
+            if (c == -2) {
+                snprintf(errstr, errstr_size, "%s", err);
+                set_not_ready(o, err);
+                return -1;
+            }
+            if (c) {
                 atomic_fetch_add(&o->db_errors, 1);
                 set_not_ready(o, err);
                 if (last_failed != 1)

@@ -703,18 +703,22 @@ th_recs_t th_topic_read(const char *bootstrap, const char *topic)
             r->offset = m->offset;
             r->key = rec_memdup0(m->key, m->key_len);
             r->key_len = m->key_len;
+            r->key_null = !m->key;
             r->value = rec_memdup0(m->payload, m->len);
             r->len = m->len;
+            r->value_null = !m->payload;
             r->headers = json_object();
+            r->nheaders = 0;
             rd_kafka_headers_t *h = NULL;
             if (rd_kafka_message_headers(m, &h) == 0) {
                 const char *name;
                 const void *v;
                 size_t sz;
                 for (size_t i = 0;
-                     rd_kafka_header_get_all(h, i, &name, &v, &sz) == 0; i++)
+                     rd_kafka_header_get_all(h, i, &name, &v, &sz) == 0;
+                     i++, r->nheaders++)
                     json_object_set_new(r->headers, name,
-                                        json_stringn(v ? v : "", sz));
+                                        v ? json_stringn(v, sz) : json_null());
             }
         }
         rd_kafka_message_destroy(m);

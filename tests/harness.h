@@ -178,9 +178,12 @@ typedef struct {
     int64_t offset;
     char *key;
     size_t key_len;
+    int key_null; /* no key at all (key is then "") */
     char *value;
     size_t len;
-    json_t *headers; /* {name: last value} */
+    int value_null;  /* a tombstone (value is then "") */
+    json_t *headers; /* {name: last value}, null for a header without one */
+    size_t nheaders; /* headers in the record, repeated names included */
 } th_rec_t;
 
 typedef struct {

@@ -714,6 +714,9 @@ Test(outbox, configuration_scope_and_error_classes)
     cr_expect(
         idem_outbox_err_is_permanent(RD_KAFKA_RESP_ERR_MSG_SIZE_TOO_LARGE));
     cr_expect(idem_outbox_err_is_permanent(RD_KAFKA_RESP_ERR_INVALID_RECORD));
+    /* librdkafka learned that the topic does not exist: waiting would
+     * hold every row behind it back until someone creates the topic. */
+    cr_expect(idem_outbox_err_is_permanent(RD_KAFKA_RESP_ERR__UNKNOWN_TOPIC));
     cr_expect_not(
         idem_outbox_err_is_permanent(RD_KAFKA_RESP_ERR__MSG_TIMED_OUT));
     cr_expect_not(idem_outbox_err_is_permanent(RD_KAFKA_RESP_ERR__TRANSPORT));
@@ -948,4 +951,345 @@ Test(outbox, claim_walks_the_pending_index_over_a_backlog, .timeout = 120)
     }
     cr_expect_eq(plans, 6, "%d plans: %s", plans, out);
     free(out);
+}
+
+/* One odd row of odd_rows_each_get_a_clear_outcome: its label, the SQL
+ * of its topic, key, value, headers and idempotency_key, and the
+ * outcome: NULL published, else a piece of the text its error column
+ * must hold. */
+typedef struct {
+    const char *label;
+    const char *cols;
+    const char *error;
+} odd_row_t;
+
+/* payments the ledger applies (amount in cents: a distinct power of 2). */
+#define PAY(cents)                                                             \
+    "'{\"event_type\": \"payment\", \"order_id\": \"O-" #cents                 \
+    "\", \"user_id\": \"u-1\", \"amount\": " #cents                            \
+    "e-2, \"currency\": \"EUR\"}'"
+
+static const odd_row_t odd_rows[] = {
+    /* To payments, consumed by `run` below. */
+    {"null_key", "NULL, NULL, " PAY(1) ", NULL, 'ik-1'", NULL},
+    {"empty_key", "NULL, '', " PAY(2) ", NULL, 'ik-2'", NULL},
+    {"utf8_key",
+     "NULL, E'\\u043a\\u043b\\u044e\\u0447 \\U0001F511 \\001', " PAY(
+         4) ", NULL, NULL",
+     NULL},
+    {"header_values",
+     "NULL, 'k4', " PAY(
+         8) ", '{\"n\": 7, \"b\": true, "
+            "\"z\": null, \"o\": {\"a\": [1]}, \"idempotency_key\": "
+            "\"ik-4\"}', 'ik-4'",
+     NULL},
+    {"header_ikey_only",
+     "NULL, 'k5', " PAY(16) ", '{\"idempotency_key\": \"ik-5\"}', NULL", NULL},
+    /* the same idempotency_key as null_key, after it in its partition */
+    {"same_ikey", "NULL, NULL, " PAY(32) ", NULL, 'ik-1'", NULL},
+    {"200_headers",
+     "NULL, 'k6', " PAY(64) ", (SELECT jsonb_object_agg('h' || "
+                            "n, 'v') FROM generate_series(1, 200) n), 'ik-6'",
+     NULL},
+    {"headers_json_null", "NULL, 'k7', " PAY(128) ", 'null', 'ik-7'", NULL},
+    {"headers_empty", "NULL, 'k8', " PAY(256) ", '{}', 'ik-8'", NULL},
+    /* To the topic odd: values as they are. */
+    {"value_null", "'odd', 'v', NULL, NULL, NULL", NULL},
+    {"value_number", "'odd', 'v', '42', NULL, NULL", NULL},
+    {"value_string", "'odd', 'v', '\"s\"', NULL, NULL", NULL},
+    {"value_json_null", "'odd', 'v', 'null', NULL, NULL", NULL},
+    {"value_array", "'odd', 'v', '[1,2]', NULL, NULL", NULL},
+    {"5000_headers",
+     "'odd', 'v', '{}', (SELECT jsonb_object_agg('h' || n, n) "
+     "FROM generate_series(1, 5000) n), NULL",
+     NULL},
+    /* Marked failed, with the reason. */
+    {"headers_array", "NULL, 'f', " PAY(1) ", '[1]', NULL",
+     "headers: an array, not a JSON object"},
+    {"headers_scalar", "NULL, 'f', " PAY(1) ", '\"x\"', NULL",
+     "headers: a string, not a JSON object"},
+    {"header_mid_conflict",
+     "NULL, 'f', " PAY(1) ", '{\"message_id\": "
+                          "\"other\"}', NULL",
+     "headers: message_id \"other\" differs from the message_id column"},
+    /* its error quotes the header cut at 40 bytes: inside an ä */
+    {"header_mid_utf8",
+     "NULL, 'f', " PAY(1) ", jsonb_build_object("
+                          "'message_id', 'x' || repeat('\u00e4', 30)), NULL",
+     "differs from the message_id column"},
+    {"header_ikey_conflict",
+     "NULL, 'f', " PAY(1) ", '{\"idempotency_key\": "
+                          "\"b\"}', 'a'",
+     "headers: idempotency_key \"b\" differs from the idempotency_key "
+     "column \"a\""},
+    {"header_ikey_number",
+     "NULL, 'f', " PAY(1) ", '{\"idempotency_key\": 5}', "
+                          "NULL",
+     "headers: idempotency_key must be a string"},
+    {"ikey_empty", "NULL, 'f', " PAY(1) ", NULL, ''", "idempotency_key: empty"},
+    {"header_huge",
+     "NULL, 'f', " PAY(1) ", jsonb_build_object('big', "
+                          "repeat('x', 1100000)), NULL",
+     "too large"},
+    {"value_huge",
+     "NULL, 'f', jsonb_build_object('pad', repeat('x', "
+     "1100000)), NULL, NULL",
+     "too large"},
+    {"topic_empty", "'', 'f', " PAY(1) ", NULL, NULL", "topic: empty"},
+    {"topic_space", "'a b', 'f', " PAY(1) ", NULL, NULL",
+     "topic: \"a b\" has a character Kafka does not allow"},
+    {"topic_300", "repeat('t', 300), 'f', " PAY(1) ", NULL, NULL",
+     "topic: 300 characters"},
+    {"topic_dotdot", "'..', 'f', " PAY(1) ", NULL, NULL",
+     "topic: \"..\" is not a valid name"},
+    /* The embedded broker creates a topic on demand (like Kafka with
+     * auto.create.topics.enable); a broker that does not makes librdkafka
+     * fail the record with _UNKNOWN_TOPIC: see
+     * configuration_scope_and_error_classes. */
+    {"topic_missing", "'no-such-topic', 'f', " PAY(1) ", NULL, NULL", NULL},
+    {"message_id_null", "NULL, 'f', " PAY(1) ", NULL, NULL",
+     "message_id: NULL"},
+};
+
+/* The message_id odd row i gets (NULL for message_id_null). */
+static void odd_mid(char *buf, size_t size, size_t i)
+{
+    snprintf(buf, size, "00000000-0000-4000-8000-%012zu", i);
+}
+
+/* The odd row labelled label, or NULL. */
+static const odd_row_t *odd_find(const th_rec_t *r, size_t *idx)
+{
+    const char *mid = rec_mid(r);
+    for (size_t i = 0; mid && i < sizeof(odd_rows) / sizeof(odd_rows[0]); i++) {
+        char want[40];
+        odd_mid(want, sizeof(want), i);
+        if (!strcmp(mid, want)) {
+            *idx = i;
+            return &odd_rows[i];
+        }
+    }
+    return NULL;
+}
+
+/* Rows no test of ours would write, as a user's service might: each is
+ * published faithfully or marked failed with a clear reason and counted;
+ * the relay goes on with the rows behind them, and `run` applies what
+ * reached the payments topic with the identity the row's columns say. */
+Test(outbox, odd_rows_each_get_a_clear_outcome, .timeout = 240)
+{
+    const char *topics[] = {"odd:1", NULL};
+    cr_assert_eq(th_stack_start_topics(&stk, 2, topics, NULL), 0);
+    setup_pg();
+    cr_assert_eq(th_pg_sql(&pg,
+                           "ALTER TABLE idemproc_outbox ADD COLUMN label text, "
+                           "ALTER COLUMN message_id DROP NOT NULL",
+                           NULL),
+                 0);
+    size_t nrows = sizeof(odd_rows) / sizeof(odd_rows[0]);
+    size_t nfail = 0;
+    for (size_t i = 0; i < nrows; i++) {
+        char mid[40], sql[1024];
+        odd_mid(mid, sizeof(mid), i);
+        int null_mid = !strcmp(odd_rows[i].label, "message_id_null");
+        snprintf(sql, sizeof(sql),
+                 "INSERT INTO idemproc_outbox (label, message_id, topic, key, "
+                 "value, headers, idempotency_key) VALUES ('%s', %s%s%s, %s)",
+                 odd_rows[i].label, null_mid ? "" : "'",
+                 null_mid ? "NULL" : mid, null_mid ? "" : "'",
+                 odd_rows[i].cols);
+        cr_assert_eq(th_pg_sql(&pg, sql, NULL), 0, "%s", sql);
+        nfail += odd_rows[i].error != NULL;
+    }
+    int hp = th_free_port();
+    pid_t r = relay_start("relay1", stk.broker.bootstrap, hp, NULL);
+    int stalled = wait_count(UNPUBLISHED, 0, 90000);
+    if (stalled) {
+        char lp[600];
+        snprintf(lp, sizeof(lp), "%s/relay1.log", workdir);
+        char *txt = th_slurp(lp, NULL);
+        cr_log_warn("relay log: %.3000s", txt ? txt : "");
+        free(txt);
+    }
+    cr_assert_eq(stalled, 0, "every odd row gets an outcome");
+    for (size_t i = 0; i < nrows; i++) {
+        char sql[256], *got = NULL;
+        snprintf(sql, sizeof(sql),
+                 "SELECT coalesce(error, '') || CASE WHEN published_at IS "
+                 "NULL THEN '|f' ELSE '|t' END FROM idemproc_outbox WHERE "
+                 "label = '%s'",
+                 odd_rows[i].label);
+        cr_assert_eq(th_pg_sql(&pg, sql, &got), 0);
+        if (odd_rows[i].error)
+            cr_expect(got && strstr(got, odd_rows[i].error) &&
+                          strstr(got, "|f"),
+                      "%s: want error \"%s\", got \"%s\"", odd_rows[i].label,
+                      odd_rows[i].error, got);
+        else
+            cr_expect(got && !strcmp(got, "|t"), "%s: not published: \"%s\"",
+                      odd_rows[i].label, got);
+        free(got);
+    }
+    /* The relay goes on after them. */
+    cr_assert_eq(th_pg_sql(&pg,
+                           "INSERT INTO idemproc_outbox (topic, key, value) "
+                           "VALUES ('odd', 'after', '{}')",
+                           NULL),
+                 0);
+    cr_expect_eq(wait_count(UNPUBLISHED, 0, 30000), 0);
+    for (int t = 0;
+         t < 50 && metric(hp, "idemproc_outbox_failed_total") != (double)nfail;
+         t++)
+        usleep(100000);
+    cr_expect_eq(metric(hp, "idemproc_outbox_failed_total"), (double)nfail);
+
+    /* What reached the topics is what the rows said. */
+    th_recs_t odd = th_topic_read(stk.broker.bootstrap, "odd");
+    th_recs_t pay = th_topic_read(stk.broker.bootstrap, "payments");
+    cr_expect_eq(odd.n, 7);
+    cr_expect_eq(pay.n, 9);
+    size_t seen = 0;
+    for (int t = 0; t < 2; t++) {
+        th_recs_t *recs = t ? &pay : &odd;
+        for (size_t i = 0; i < recs->n; i++) {
+            const th_rec_t *rec = &recs->v[i];
+            size_t idx;
+            const odd_row_t *row = odd_find(rec, &idx);
+            if (!row)
+                continue; /* the row after them */
+            seen++;
+            const char *l = row->label;
+            json_t *hs = rec->headers;
+            const char *ik =
+                json_string_value(json_object_get(hs, "idempotency_key"));
+            if (!strcmp(l, "null_key")) {
+                cr_expect(rec->key_null, "%s: a NULL key is no key", l);
+            } else if (!strcmp(l, "empty_key")) {
+                cr_expect(!rec->key_null && rec->key_len == 0, "%s", l);
+            } else if (!strcmp(l, "utf8_key")) {
+                cr_expect_str_eq(rec->key, "\xd0\xba\xd0\xbb\xd1\x8e\xd1\x87 "
+                                           "\xf0\x9f\x94\x91 \x01");
+                cr_expect_null(ik, "%s: no idempotency_key header", l);
+            } else if (!strcmp(l, "header_values")) {
+                cr_expect_str_eq(json_string_value(json_object_get(hs, "n")),
+                                 "7");
+                cr_expect_str_eq(json_string_value(json_object_get(hs, "b")),
+                                 "true");
+                cr_expect(json_is_null(json_object_get(hs, "z")),
+                          "a null header has no value");
+                cr_expect_str_eq(json_string_value(json_object_get(hs, "o")),
+                                 "{\"a\":[1]}");
+                cr_expect_eq(rec->nheaders, 6, "idempotency_key once: %zu",
+                             rec->nheaders);
+            } else if (!strcmp(l, "header_ikey_only")) {
+                cr_expect_str_eq(ik, "ik-5");
+                cr_expect_eq(rec->nheaders, 2);
+            } else if (!strcmp(l, "200_headers")) {
+                cr_expect_eq(rec->nheaders, 202);
+            } else if (!strcmp(l, "headers_json_null") ||
+                       !strcmp(l, "headers_empty")) {
+                cr_expect_eq(rec->nheaders, 2, "%s", l);
+            } else if (!strcmp(l, "value_null")) {
+                cr_expect(rec->value_null, "%s: a tombstone", l);
+            } else if (!strcmp(l, "value_number")) {
+                cr_expect_str_eq(rec->value, "42");
+            } else if (!strcmp(l, "value_string")) {
+                cr_expect_str_eq(rec->value, "\"s\"");
+            } else if (!strcmp(l, "value_json_null")) {
+                cr_expect(!rec->value_null && !strcmp(rec->value, "null"),
+                          "%s: JSON null is the text null", l);
+            } else if (!strcmp(l, "value_array")) {
+                cr_expect_str_eq(rec->value, "[1, 2]");
+            } else if (!strcmp(l, "5000_headers")) {
+                cr_expect_eq(rec->nheaders, 5001);
+                cr_expect_str_eq(
+                    json_string_value(json_object_get(hs, "h4999")), "4999");
+            }
+            if (ik && strcmp(l, "header_ikey_only") && strcmp(l, "utf8_key")) {
+                char sql[160], *want = NULL;
+                snprintf(sql, sizeof(sql),
+                         "SELECT idempotency_key FROM idemproc_outbox WHERE "
+                         "label = '%s'",
+                         l);
+                cr_assert_eq(th_pg_sql(&pg, sql, &want), 0);
+                cr_expect_str_eq(ik, want, "%s", l);
+                free(want);
+            }
+        }
+    }
+    cr_expect_eq(seen, 15);
+    cr_expect_eq(th_topic_size(stk.broker.bootstrap, "no-such-topic"), 1,
+                 "created on demand and published");
+    th_recs_free(&odd);
+    th_recs_free(&pay);
+    cr_expect_eq(th_stop(r, 20000), 0);
+
+    /* run applies each payment once by its identity: same_ikey repeats
+     * null_key's idempotency_key (a resend), everything else is new. */
+    pid_t m = th_stack_member(&stk, "m1", NULL);
+    for (int t = 0; t < 300 && th_stack_applied(&stk) < 8; t++)
+        usleep(100000);
+    usleep(500000); /* time for a wrong ninth */
+    cr_expect_eq(th_stack_applied(&stk), 8, "applied %ld",
+                 th_stack_applied(&stk));
+    const char *args[] = {"HGET", "idemproc:ledger:EUR", "u-1", NULL};
+    char *cents = th_redis_cli(&stk.redis, args);
+    cr_expect_str_eq(cents, "479", "all but same_ikey, in cents: %s", cents);
+    free(cents);
+    cr_expect_eq(th_stop(m, 15000), 0);
+}
+
+/* A table the relay cannot use stops it at once with the fix in the
+ * message, instead of retrying forever: missing, or an older schema that
+ * lacks a column, schema-qualified too. */
+Test(outbox, a_table_without_a_column_is_a_clear_startup_error, .timeout = 120)
+{
+    setup_pg();
+    cr_assert_eq(th_pg_sql(&pg,
+                           "CREATE SCHEMA app; CREATE TABLE app.old (LIKE "
+                           "idemproc_outbox INCLUDING ALL); ALTER TABLE "
+                           "app.old DROP COLUMN error; CREATE TABLE kb (LIKE "
+                           "idemproc_outbox); ALTER TABLE kb ALTER COLUMN key "
+                           "TYPE bytea USING key::bytea",
+                           NULL),
+                 0);
+    const struct {
+        const char *table, *want;
+    } cases[] = {
+        /* (the log is JSON: the quotes around the name are escaped) */
+        {"app.old", "has no column error (an older schema? ALTER TABLE "
+                    "app.old ADD COLUMN error text;"},
+        {"app.nope", "app.nope\\\" does not exist"},
+        {"kb", "column key is bytea"},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        char set[128];
+        snprintf(set, sizeof(set), "outbox.table=%s", cases[i].table);
+        const char *extra[] = {set, NULL};
+        const char *conf = relay_conf("relay1", "127.0.0.1:1", 0, extra);
+        char *argv[] = {(char *)th_bin(), "outbox", "-c", (char *)conf, NULL};
+        char *err = NULL;
+        cr_expect_eq(th_run(argv, NULL, &err, 20000), 1, "%s", cases[i].table);
+        cr_expect(err && strstr(err, cases[i].want), "%s: %s", cases[i].table,
+                  err);
+        free(err);
+    }
+
+    /* An older error column, varchar(20): the reason is cut to fit, not
+     * refused (which would roll the batch back, again and again). The
+     * row fails before any broker is asked. */
+    cr_assert_eq(th_pg_sql(&pg,
+                           "CREATE TABLE short (LIKE idemproc_outbox "
+                           "INCLUDING ALL); ALTER TABLE short ALTER COLUMN "
+                           "error TYPE varchar(20); INSERT INTO short (topic, "
+                           "key, value) VALUES ('a b', 'k', '{}')",
+                           NULL),
+                 0);
+    const char *extra[] = {"outbox.table=short", NULL};
+    pid_t r = relay_start("relay2", "127.0.0.1:1", 0, extra);
+    cr_expect_eq(wait_count("SELECT count(*) FROM short WHERE error = "
+                            "'topic: \"a b\" has a c'",
+                            1, 20000),
+                 0);
+    cr_expect_eq(th_stop(r, 20000), 0);
 }
