@@ -111,11 +111,12 @@ int idem_outbox_err_is_permanent(int err)
     case RD_KAFKA_RESP_ERR_TOPIC_EXCEPTION:
     case RD_KAFKA_RESP_ERR_TOPIC_AUTHORIZATION_FAILED:
     case RD_KAFKA_RESP_ERR__INVALID_ARG:
-    /* librdkafka learned from the broker's metadata that the topic does
-     * not exist (and the broker did not create it): waiting would stall
-     * the rows behind it until someone creates the topic. */
-    case RD_KAFKA_RESP_ERR__UNKNOWN_TOPIC:
         return 1;
+    /* Not _UNKNOWN_TOPIC: librdkafka concludes it from one metadata answer
+     * that lacks the topic, which a restarting broker also gives, and a
+     * topic being created gives for a while. An outage is never a reason
+     * to fail a row: the relay turns not ready naming the topic and
+     * retries, and goes on by itself once the topic is there. */
     default:
         return 0;
     }
@@ -195,8 +196,8 @@ static void row_fail(row_t *row, rd_kafka_resp_err_t err, const char *topic)
     row->state = idem_outbox_err_is_permanent(err) ? ROW_FAILED : ROW_RETRY;
     if (err == RD_KAFKA_RESP_ERR__UNKNOWN_TOPIC)
         snprintf(row->error, sizeof(row->error),
-                 "topic \"%.60s\" does not exist on the broker (create it, "
-                 "then set error = NULL to publish the row)",
+                 "topic \"%.60s\" is unknown to the broker (create it; "
+                 "the relay retries until it can publish)",
                  topic);
     else
         snprintf(row->error, sizeof(row->error), "%s", rd_kafka_err2str(err));
@@ -1068,6 +1069,7 @@ int idem_outbox_run(idem_outbox_t *o, volatile int *stop, char *errstr,
 {
     char err[512];
     int last_failed = 0; /* to log a failure once, not every retry */
+    int connected_once = 0;
     size_t claimed;
     int64_t blocked;
     for (;;) {
@@ -1089,7 +1091,10 @@ int idem_outbox_run(idem_outbox_t *o, volatile int *stop, char *errstr,
         kafka_probe(o);
         if (!o->pg) {
             int c = db_connect(o, err, sizeof(err));
-            if (c == -2) {
+            /* A table that does not fit stops a relay that starts (the
+             * operator is there to read why); after that, a migration
+             * may be under way: wait, not ready, as for an outage. */
+            if (c == -2 && !connected_once) {
                 snprintf(errstr, errstr_size, "%s", err);
                 set_not_ready(o, err);
                 return -1;
@@ -1104,6 +1109,7 @@ int idem_outbox_run(idem_outbox_t *o, volatile int *stop, char *errstr,
                 backoff(o, stop);
                 continue;
             }
+            connected_once = 1;
         }
         batch_result_t br =
             batch_turn(o, 1, &claimed, &blocked, err, sizeof(err));
