@@ -716,6 +716,23 @@ const char *idem_fetchwatch_not_ready(const idem_fetchwatch_t *fw)
     return fw && fw->was_unready ? fw->reason : NULL;
 }
 
+void idem_fetchwatch_forget(idem_fetchwatch_t *fw,
+                            const rd_kafka_topic_partition_list_t *parts)
+{
+    if (!fw)
+        return;
+    size_t keep = 0;
+    for (size_t i = 0; i < fw->cnt; i++) {
+        watch_entry_t *e = &fw->v[i];
+        if (rd_kafka_topic_partition_list_find(parts, e->topic, e->partition)) {
+            free(e->topic);
+            continue;
+        }
+        fw->v[keep++] = *e;
+    }
+    fw->cnt = keep;
+}
+
 void idem_fetchwatch_fault_assign(idem_fetchwatch_t *fw, int times)
 {
     fw->fault_assign_left = times > 0 ? times : 0;

@@ -138,6 +138,13 @@ void idem_fetchwatch_queries(idem_fetchwatch_t *fw, uint64_t *started,
  * of the heavy repair (after the partition left the assignment) are
  * refused as librdkafka may refuse one, logged and not made; also without
  * a consumer (unit tests). */
+/* The group moved parts (assigned, revoked or lost; borrowed): what the
+ * watch knew of them (a stall, a partition a repair left out of the
+ * assignment) belongs to the old assignment and is forgotten. Loop
+ * thread, like the statistics. NULL fw is a no-op. */
+void idem_fetchwatch_forget(idem_fetchwatch_t *fw,
+                            const rd_kafka_topic_partition_list_t *parts);
+
 void idem_fetchwatch_fault_assign(idem_fetchwatch_t *fw, int times);
 
 /* Checks a fault.fetch.pause value: "TOPIC:PARTITION" or

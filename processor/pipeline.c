@@ -395,6 +395,9 @@ static void rebalance_cb(rd_kafka_t *rk, rd_kafka_resp_err_t err,
                            : idem_now_ms() + p->conf->shutdown_timeout_ms / 2);
     p->epoch++;
     owner_update(p);
+    /* A stall or a partition left out by a repair was the old assignment's
+     * (a partition revoked and given back at once must not inherit it). */
+    idem_fetchwatch_forget(p->fw, parts);
     if (err == RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS) {
         idem_metrics_rebalance_add(p->m, "assign");
         p->joined = 1;

@@ -448,6 +448,41 @@ Test(fetchwatch, a_refused_assign_is_assigned_again_until_taken)
     idem_fetchwatch_destroy(fw);
 }
 
+/* A partition out of the assignment after a refused assign, revoked and
+ * given back to this member at once (before a statistics document showed
+ * it gone): the rebalance makes the watch forget it, so it is judged like
+ * any new partition (stall_ms from its first document), not assigned
+ * again on an old "out" that librdkafka would refuse. */
+Test(fetchwatch, a_rebalance_forgets_what_the_old_assignment_left)
+{
+    member_t mb = {0, -1, 40, 0, 0};
+    idem_fetchwatch_t *fw =
+        idem_fetchwatch_new(1000, NULL, NULL, member, &mb, NULL);
+    idem_fetchwatch_fault_assign(fw, 1);
+    feed(fw, "none", 0, -1001, 0, 0);
+    cr_expect_eq(feed(fw, "none", 0, -1001, 0, 1000), 1);
+    cr_expect_eq(idem_fetchwatch_repairs(fw), 1);
+    cr_expect_not_null(idem_fetchwatch_not_ready(fw), "out: not ready");
+
+    rd_kafka_topic_partition_list_t *l = rd_kafka_topic_partition_list_new(1);
+    rd_kafka_topic_partition_list_add(l, "payments", 3);
+    idem_fetchwatch_forget(fw, l); /* revoked */
+    idem_fetchwatch_forget(fw, l); /* and assigned again */
+    rd_kafka_topic_partition_list_destroy(l);
+    json_t *empty = json_pack("{s:{}}", "topics");
+    idem_fetchwatch_stats(fw, empty, 2500);
+    cr_expect_eq(idem_fetchwatch_repairs(fw), 1, "no assign on an old out");
+    cr_expect_null(idem_fetchwatch_not_ready(fw), "the old stall is gone");
+    /* The new assignment's first document starts its own clock. */
+    cr_expect_eq(feed(fw, "none", 0, -1001, 0, 3000), 0);
+    cr_expect_eq(idem_fetchwatch_repairs(fw), 1);
+    cr_expect_eq(feed(fw, "active", 40, 100, 0, 3500), 0);
+    cr_expect_null(idem_fetchwatch_not_ready(fw));
+    idem_fetchwatch_forget(NULL, NULL); /* no watch: a no-op */
+    json_decref(empty);
+    idem_fetchwatch_destroy(fw);
+}
+
 Test(fetchwatch, fault_values)
 {
     char e[256];
