@@ -66,6 +66,18 @@ static int rec_in_part(idem_pipeline_t *p, const rec_t *r, const void *pt)
     return idem_loop_rec_part(p, r) == pt;
 }
 
+/* Whether librdkafka's assignment holds pt (also when it cannot say). */
+static int held_by_librdkafka(rd_kafka_t *rk, const idem_part_t *pt)
+{
+    rd_kafka_topic_partition_list_t *now = NULL;
+    if (rd_kafka_assignment(rk, &now))
+        return 1;
+    int held = rd_kafka_topic_partition_list_find(now, pt->topic,
+                                                  pt->partition) != NULL;
+    rd_kafka_topic_partition_list_destroy(now);
+    return held;
+}
+
 /* Drops what is in hand for pt and seeks it back to `offset`, the position
  * Redis holds: the records from there are read and applied again (their
  * marks, where Redis kept them, make them duplicates). No request may be
@@ -79,7 +91,12 @@ static int partition_rewind(idem_pipeline_t *p, idem_part_t *pt, int64_t offset,
     rd_kafka_topic_partition_list_t *l = rd_kafka_topic_partition_list_new(1);
     rd_kafka_topic_partition_list_add(l, pt->topic, pt->partition)->offset =
         offset;
-    rd_kafka_error_t *e = rd_kafka_seek_partitions(p->rk, l, 5000);
+    /* A partition the fetch watch took out of the assignment (its assign
+     * back refused) cannot be sought: librdkafka refuses, for good. Its
+     * assign back starts where the member's position says, set below. */
+    rd_kafka_error_t *e = held_by_librdkafka(p->rk, pt)
+                              ? rd_kafka_seek_partitions(p->rk, l, 5000)
+                              : NULL;
     char part[16], off[24], held[24];
     snprintf(part, sizeof(part), "%" PRId32, pt->partition);
     snprintf(off, sizeof(off), "%" PRId64, offset);
