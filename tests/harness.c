@@ -70,6 +70,21 @@ static int ephemeral_low(void)
     return lo;
 }
 
+/* A port the kernel picks from its ephemeral range, free a moment ago. */
+static int ephemeral_port(void)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET,
+                            .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t l = sizeof(a);
+    if (fd < 0)
+        return -1;
+    int ok = !bind(fd, (struct sockaddr *)&a, sizeof(a)) &&
+             !getsockname(fd, (struct sockaddr *)&a, &l);
+    close(fd);
+    return ok ? ntohs(a.sin_port) : -1;
+}
+
 /* Whether a listener could bind 127.0.0.1:port now. */
 static int port_bindable(int port)
 {
@@ -104,6 +119,8 @@ int th_free_port(void)
     int lo = 10000, hi = ephemeral_low();
     if (hi - lo < 1000)
         lo = 1024;
+    if (hi - lo < 1000) /* the ephemeral range starts low: only it is left */
+        return ephemeral_port();
     for (int tries = 0; tries < 1000; tries++) {
         x ^= x << 13;
         x ^= x >> 7;
