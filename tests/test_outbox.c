@@ -986,8 +986,10 @@ static const odd_row_t odd_rows[] = {
      NULL},
     {"header_ikey_only",
      "NULL, 'k5', " PAY(16) ", '{\"idempotency_key\": \"ik-5\"}', NULL", NULL},
-    /* the same idempotency_key as null_key, after it in its partition */
-    {"same_ikey", "NULL, NULL, " PAY(32) ", NULL, 'ik-1'", NULL},
+    /* the same idempotency_key and amount as null_key: a NULL key lands on
+     * any partition, so which of the two comes first is not known; one of
+     * them is applied, the other is its duplicate */
+    {"same_ikey", "NULL, NULL, " PAY(1) ", NULL, 'ik-1'", NULL},
     {"200_headers",
      "NULL, 'k6', " PAY(64) ", (SELECT jsonb_object_agg('h' || "
                             "n, 'v') FROM generate_series(1, 200) n), 'ik-6'",
@@ -1226,7 +1228,8 @@ Test(outbox, odd_rows_each_get_a_clear_outcome, .timeout = 240)
     cr_expect_eq(th_stop(r, 20000), 0);
 
     /* run applies each payment once by its identity: same_ikey repeats
-     * null_key's idempotency_key (a resend), everything else is new. */
+     * null_key's idempotency_key (a resend: 480 cents if both applied),
+     * everything else is new. */
     pid_t m = th_stack_member(&stk, "m1", NULL);
     for (int t = 0; t < 300 && th_stack_applied(&stk) < 8; t++)
         usleep(100000);
@@ -1235,7 +1238,8 @@ Test(outbox, odd_rows_each_get_a_clear_outcome, .timeout = 240)
                  th_stack_applied(&stk));
     const char *args[] = {"HGET", "idemproc:ledger:EUR", "u-1", NULL};
     char *cents = th_redis_cli(&stk.redis, args);
-    cr_expect_str_eq(cents, "479", "all but same_ikey, in cents: %s", cents);
+    cr_expect_str_eq(cents, "479",
+                     "one of null_key and same_ikey, in cents: %s", cents);
     free(cents);
     cr_expect_eq(th_stop(m, 15000), 0);
 }
