@@ -5,6 +5,7 @@
 #include "envelope.h"
 #include "handler.h"
 #include "kafka.h"
+#include "outboxrow.h"
 #include "redisconn.h"
 #include "retrytopic.h"
 #include "util.h"
@@ -1311,6 +1312,15 @@ static int finalize_outbox(idem_conf_t *conf, char *errstr, size_t errstr_size)
                 "outbox.table: \"%s\" is not a [schema.]name of letters, "
                 "digits and _",
                 conf->outbox_table ? conf->outbox_table : "");
+        return -1;
+    }
+    /* Checked here, not row by row: a bad default would fail every row
+     * whose topic column is NULL. */
+    if (conf->outbox_topic && *conf->outbox_topic &&
+        idem_outboxrow_topic_check(conf->outbox_topic, errstr, errstr_size)) {
+        char why[256];
+        snprintf(why, sizeof(why), "%s", errstr);
+        err_set(errstr, errstr_size, "outbox.%s", why);
         return -1;
     }
     if (!conf->member_id || !*conf->member_id) {

@@ -706,6 +706,24 @@ Test(outbox, configuration_scope_and_error_classes)
         cr_expect(strstr(err, "outbox.table"), "%s", err);
         idem_conf_destroy(c);
     }
+    /* The default topic follows Kafka's rule for a name, checked once. */
+    const char *badtopic[] = {"a b", "..", "t/x"};
+    for (size_t i = 0; i < sizeof(badtopic) / sizeof(badtopic[0]); i++) {
+        char set[64];
+        snprintf(set, sizeof(set), "outbox.topic=%s", badtopic[i]);
+        char *s2[] = {sets[0], sets[1], set};
+        c = idem_conf_load_scope(NULL, NULL, s2, 3, IDEM_CONF_SCOPE_OUTBOX, err,
+                                 sizeof(err));
+        cr_expect_null(c, "outbox.topic=%s accepted", badtopic[i]);
+        cr_expect(!strncmp(err, "outbox.topic: ", 14), "%s", err);
+        idem_conf_destroy(c);
+    }
+    char okset[] = "outbox.topic=pay-ments_1.v2";
+    char *s3[] = {sets[0], sets[1], okset};
+    c = idem_conf_load_scope(NULL, NULL, s3, 3, IDEM_CONF_SCOPE_OUTBOX, err,
+                             sizeof(err));
+    cr_expect_not_null(c, "%s", err);
+    idem_conf_destroy(c);
     char *nodsn[] = {sets[0]};
     cr_expect_null(idem_conf_load_scope(
         NULL, NULL, nodsn, 1, IDEM_CONF_SCOPE_OUTBOX, err, sizeof(err)));
