@@ -602,15 +602,23 @@ static rd_kafka_t *test_consumer(idem_broker_t *b, const char *group,
     return rk;
 }
 
-TestSuite(fetchwatch_rk, .timeout = 90);
-
-Test(fetchwatch_rk, no_repair_while_the_assignment_is_lost)
+/* An in-process broker with payments:4, for the real-consumer tests.
+ * Caller destroys it. */
+static idem_broker_t *test_broker(void)
 {
     char err[256];
     idem_broker_t *b = idem_broker_new(1, err, sizeof(err));
     cr_assert(b, "%s", err);
     cr_assert_eq(idem_broker_topic_create(b, "payments", 4, err, sizeof(err)),
                  0, "%s", err);
+    return b;
+}
+
+TestSuite(fetchwatch_rk, .timeout = 90);
+
+Test(fetchwatch_rk, no_repair_while_the_assignment_is_lost)
+{
+    idem_broker_t *b = test_broker();
     rebalance_seen_t seen = {0, 0};
     rd_kafka_t *rk = test_consumer(b, "fetchwatch-lost", "range", &seen);
     member_t mb = {0, -1, -1, 0, 0}; /* position unknown: resume, no seek */
@@ -659,11 +667,7 @@ Test(fetchwatch_rk, stop_waits_for_a_watermark_query_in_flight)
      * that consumer: stop must return only when it is out. A broker that
      * answers every request after 3 s keeps a query in flight (it times
      * out after 2 s). */
-    char err[256];
-    idem_broker_t *b = idem_broker_new(1, err, sizeof(err));
-    cr_assert(b, "%s", err);
-    cr_assert_eq(idem_broker_topic_create(b, "payments", 4, err, sizeof(err)),
-                 0, "%s", err);
+    idem_broker_t *b = test_broker();
     rebalance_seen_t seen = {0, 0};
     rd_kafka_t *rk = test_consumer(b, "fetchwatch-stop", "range", &seen);
     member_t mb = {0, -1, 40, 0, 0};
@@ -699,10 +703,7 @@ Test(fetchwatch_rk, a_revoke_gives_up_what_is_held_when_one_partition_is_out)
      * naming a partition it does not hold, the whole call: the other
      * partitions would stay assigned behind the member's back. */
     char err[512];
-    idem_broker_t *b = idem_broker_new(1, err, sizeof(err));
-    cr_assert(b, "%s", err);
-    cr_assert_eq(idem_broker_topic_create(b, "payments", 4, err, sizeof(err)),
-                 0, "%s", err);
+    idem_broker_t *b = test_broker();
     rebalance_seen_t seen = {0, 0};
     rd_kafka_t *rk =
         test_consumer(b, "fetchwatch-out", "cooperative-sticky", &seen);
