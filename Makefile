@@ -36,11 +36,12 @@ DEB_PKGS       := $(BUILD_DEB_PKGS) $(TEST_DEB_PKGS) $(FUZZ_DEB_PKGS) \
 
 WARN    := -Wall -Wextra -Wshadow -Wstrict-prototypes -Wwrite-strings -Werror
 CFLAGS  ?= -O2 -g
-# The sources: the runtime in processor/, the effects in processor/handlers/,
-# the development tools (generator, embedded broker, verifier) in
-# processor/dev/, the public plugin header in processor/include/.
-SRC_DIRS := processor processor/handlers processor/dev
-INCLUDES := $(SRC_DIRS:%=-I%) -Iprocessor/include
+# The sources: processor/main.c and one folder per job under processor/
+# (docs/design.md, "The map"); the public plugin header in
+# processor/include/. Includes name the folder: #include "redis/store.h".
+SRC_DIRS := processor $(addprefix processor/,cmd base conf loop effect \
+              handlers input redis kafka outbox obs dev)
+INCLUDES := -Iprocessor -Iprocessor/include
 ALL_CFLAGS = -std=c11 -D_GNU_SOURCE $(WARN) $(CFLAGS) -MMD -MP \
              -DIDEM_VERSION='"$(VERSION)"' $(INCLUDES) $(PKG_CFLAGS)
 LDLIBS_ALL = $(PKG_LIBS) -lpthread -lm -ldl

@@ -1,12 +1,12 @@
 /* main: idemproc's entry point; dispatches to the subcommands. */
-#include "cmd.h"
-#include "cmdline.h"
-#include "conf.h"
-#include "kafka.h"
-#include "redisconn.h"
-#include "retrytopic.h"
-#include "store.h"
-#include "util.h"
+#include "cmd/cmd.h"
+#include "cmd/cmdline.h"
+#include "conf/conf.h"
+#include "kafka/kafka.h"
+#include "redis/redisconn.h"
+#include "kafka/retrytopic.h"
+#include "redis/store.h"
+#include "base/util.h"
 
 #include <stdio.h>
 #include <stdlib.h>

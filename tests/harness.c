@@ -1,8 +1,8 @@
 /* harness: real processes for integration tests: a private redis-server on
  * a free port in a temp dir, the embedded broker, and idemproc commands. */
 #include "harness.h"
-#include "conf.h"
-#include "envelope.h"
+#include "conf/conf.h"
+#include "input/envelope.h"
 
 #include <arpa/inet.h>
 #include <criterion/criterion.h>

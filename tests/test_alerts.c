@@ -2,7 +2,7 @@
  * firing and a non-firing unit test, and the rules and the Grafana dashboard
  * only use metrics the processor really exports. */
 #include "harness.h"
-#include "metrics.h"
+#include "obs/metrics.h"
 
 #include <criterion/criterion.h>
 #include <ctype.h>

@@ -1,6 +1,6 @@
 /* test_broker: the embedded development Kafka, in-process and as the
  * `idemproc broker` command. */
-#include "broker.h"
+#include "dev/broker.h"
 #include "harness.h"
 
 #include <criterion/criterion.h>

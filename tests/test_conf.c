@@ -1,5 +1,5 @@
 /* test_conf: the configuration table, its sources and every error path. */
-#include "conf.h"
+#include "conf/conf.h"
 #include "harness.h"
 
 #include <criterion/criterion.h>

@@ -2,7 +2,7 @@
  * dlq stats|inspect|replay` against the embedded broker and a real Redis:
  * every reason and a retention gap, replay after a fix with the ledger
  * exact, replays counted across trips and refused past dlq.replay.max. */
-#include "dlq.h"
+#include "kafka/dlq.h"
 #include "harness.h"
 
 #include <criterion/criterion.h>

@@ -1,8 +1,8 @@
 /* test_dlqrec: decoding dead letters (ours and Spring's headers), the
  * filters and times of `idemproc dlq`, its output lines, stats, and the
  * headers and refusals of a replay. No broker needed. */
-#include "dlq.h"
-#include "dlqrec.h"
+#include "kafka/dlq.h"
+#include "kafka/dlqrec.h"
 
 #include <criterion/criterion.h>
 #include <jansson.h>

@@ -1,5 +1,5 @@
 /* test_envelope: record validation, dedup identity and exact amounts. */
-#include "envelope.h"
+#include "input/envelope.h"
 
 #include <criterion/criterion.h>
 #include <stdio.h>

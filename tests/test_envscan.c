@@ -1,7 +1,7 @@
 /* test_envscan: the fast read of envelopes (envscan.c) gives exactly what
  * jansson's read gives, and leaves to jansson what it cannot be sure of. */
-#include "envelope.h"
-#include "envscan.h"
+#include "input/envelope.h"
+#include "input/envscan.h"
 
 #include <criterion/criterion.h>
 #include <stdio.h>

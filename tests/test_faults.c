@@ -1,8 +1,8 @@
 /* test_faults: the fault schedule parser, and that `broker --faults`
  * applies a fault to the running cluster. */
-#include "faults.h"
+#include "dev/faults.h"
 #include "harness.h"
-#include "util.h"
+#include "base/util.h"
 
 #include <criterion/criterion.h>
 #include <stdio.h>

@@ -1,13 +1,13 @@
 /* fetchwatch: statistics parsing on real librdkafka 2.0.2 documents and
  * the stall judgement over a timeline, without a broker. */
-#include "broker.h"
-#include "conf.h"
-#include "fetchwatch.h"
+#include "dev/broker.h"
+#include "conf/conf.h"
+#include "loop/fetchwatch.h"
 #include "harness.h"
-#include "metrics.h"
-#include "pipeline.h"
-#include "rebalance.h"
-#include "util.h"
+#include "obs/metrics.h"
+#include "loop/pipeline.h"
+#include "loop/rebalance.h"
+#include "base/util.h"
 
 #include <criterion/criterion.h>
 #include <criterion/parameterized.h>

@@ -1,6 +1,6 @@
 /* test_flow: backoff bounds, the outage state machine, readiness and the
  * pause decision, without a broker or Redis. */
-#include "flow.h"
+#include "loop/flow.h"
 
 #include <criterion/criterion.h>
 #include <string.h>

@@ -1,10 +1,10 @@
 /* test_gen: the traffic generator: determinism, poison of every reason,
  * duplicates of both kinds and placements, and its expectations. */
-#include "conf.h"
-#include "envelope.h"
-#include "gen.h"
+#include "conf/conf.h"
+#include "input/envelope.h"
+#include "dev/gen.h"
 #include "harness.h"
-#include "outcome.h"
+#include "base/outcome.h"
 
 #include <criterion/criterion.h>
 #include <jansson.h>

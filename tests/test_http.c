@@ -1,7 +1,7 @@
 /* test_http: the /metrics, /healthz and /readyz endpoints over a real
  * socket, with a minimal HTTP/1.0 client of our own. */
 #include "harness.h"
-#include "http.h"
+#include "obs/http.h"
 
 #include <arpa/inet.h>
 #include <criterion/criterion.h>
@@ -13,7 +13,7 @@
 #include <sys/time.h>
 #include <unistd.h>
 
-#include "util.h"
+#include "base/util.h"
 
 typedef struct {
     int status;    /* -1 when the request failed */

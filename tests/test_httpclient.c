@@ -4,14 +4,14 @@
  * and the verdict of every status class. */
 #include "harness.h"
 #include "hooksrv.h"
-#include "httpclient.h"
+#include "handlers/httpclient.h"
 
 #include <criterion/criterion.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "util.h"
+#include "base/util.h"
 
 static th_hook_t *srv;
 

@@ -1,10 +1,10 @@
 /* test_inputs: regressions for input bugs an adversarial run found: NUL
  * bytes in header identities, duplicate JSON keys, amounts decided from the
  * literal text, and one secret list for every command. */
-#include "conf.h"
-#include "envelope.h"
+#include "conf/conf.h"
+#include "input/envelope.h"
 #include "harness.h"
-#include "store.h"
+#include "redis/store.h"
 
 #include <criterion/criterion.h>
 #include <stdio.h>

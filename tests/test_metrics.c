@@ -1,7 +1,7 @@
 /* test_metrics: counters, histograms, lag from librdkafka statistics,
  * readiness and the exact Prometheus text the metrics module renders. */
 #include "harness.h"
-#include "metrics.h"
+#include "obs/metrics.h"
 
 #include <criterion/criterion.h>
 #include <inttypes.h>
@@ -11,7 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "util.h"
+#include "base/util.h"
 
 static char *render(idem_metrics_t *m)
 {

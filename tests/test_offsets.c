@@ -1,6 +1,6 @@
 /* test_offsets: finished prefixes with gaps, commit lists and positions
  * due, without a broker. */
-#include "offsets.h"
+#include "loop/offsets.h"
 
 #include <criterion/criterion.h>
 #include <string.h>

@@ -3,10 +3,10 @@
  * rolled-back rows never; a relay killed between publish and mark; the
  * broker and the database down and back; end to end through `run` to an
  * exact ledger. */
-#include "conf.h"
+#include "conf/conf.h"
 #include "harness.h"
 #include "harness_pg.h"
-#include "outbox.h"
+#include "outbox/outbox.h"
 
 #include <criterion/criterion.h>
 #include <jansson.h>

@@ -1,6 +1,6 @@
 /* test_outboxrow: an outbox row's topic and headers, without a database
  * or a broker: what each odd column gives, or the error it fails with. */
-#include "outboxrow.h"
+#include "outbox/outboxrow.h"
 
 #include <criterion/criterion.h>
 #include <string.h>

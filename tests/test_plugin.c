@@ -2,10 +2,10 @@
  * clear errors), the adapter between the public plugin interface and the
  * loop's handler interface driven directly with records (no broker), and
  * the example plugin config/examples/filesink.c as built by the Makefile. */
-#include "conf.h"
-#include "handler.h"
+#include "conf/conf.h"
+#include "effect/handler.h"
 #include "harness.h"
-#include "plugin.h"
+#include "effect/plugin.h"
 
 #include <criterion/criterion.h>
 #include <criterion/parameterized.h>

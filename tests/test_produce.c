@@ -1,10 +1,10 @@
 /* test_produce: `idemproc produce` against `idemproc broker`, read back with
  * kcat (an independent client) and compared with the generator and with
  * --expect. */
-#include "gen.h"
-#include "envelope.h"
+#include "dev/gen.h"
+#include "input/envelope.h"
 #include "harness.h"
-#include "util.h"
+#include "base/util.h"
 
 #include <criterion/criterion.h>
 #include <jansson.h>

@@ -20,7 +20,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "util.h"
+#include "base/util.h"
 
 TestSuite(property, .fini = th_stack_cleanup);
 

@@ -1,6 +1,6 @@
 /* test_records: the index of records in hand keeps poll order, never
  * moves a record, and closes holes lazily. */
-#include "records.h"
+#include "loop/records.h"
 
 #include <criterion/criterion.h>
 

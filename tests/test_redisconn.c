@@ -1,10 +1,10 @@
 /* test_redisconn: redis.url parsing and redaction, AUTH with an ACL user,
  * TLS (a test CA made here with openssl), the ROLE check and Sentinel
  * failover, against real redis-server processes. */
-#include "conf.h"
+#include "conf/conf.h"
 #include "harness.h"
-#include "log.h"
-#include "redisconn.h"
+#include "base/log.h"
+#include "redis/redisconn.h"
 
 #include <criterion/criterion.h>
 #include <jansson.h>

@@ -4,11 +4,11 @@
  * effect once, the partition never blocked, the last tier dead-lettered
  * as max-retries, and a member killed while records wait in a retry
  * topic. */
-#include "conf.h"
+#include "conf/conf.h"
 #include "harness.h"
 #include "hooksrv.h"
-#include "retrytopic.h"
-#include "util.h"
+#include "kafka/retrytopic.h"
+#include "base/util.h"
 
 #include <criterion/criterion.h>
 #include <criterion/parameterized.h>

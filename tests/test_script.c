@@ -4,7 +4,7 @@
  * together, duplicates, rejections, runtime errors, Redis's refusals as
  * outages, and every field of `rec`. */
 #include "harness.h"
-#include "luascript.h"
+#include "handlers/luascript.h"
 
 #include <criterion/criterion.h>
 #include <hiredis.h>

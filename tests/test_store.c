@@ -3,7 +3,7 @@
  * memory policy, an AOF that lost its tail, WAIT for replicas. Every fault
  * ends with the ledger exact and no dead letter for it. */
 #include "harness.h"
-#include "store.h"
+#include "redis/store.h"
 
 #include <criterion/criterion.h>
 #include <dirent.h>

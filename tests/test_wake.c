@@ -2,11 +2,11 @@
  * librdkafka queue that got something, nothing at all; and the descriptor
  * of a real Redis request in flight (idem_store_reply_fd), which is what
  * ends the loop's wait for more records. */
-#include "conf.h"
-#include "envelope.h"
+#include "conf/conf.h"
+#include "input/envelope.h"
 #include "harness.h"
-#include "store.h"
-#include "wake.h"
+#include "redis/store.h"
+#include "loop/wake.h"
 
 #include <criterion/criterion.h>
 #include <fcntl.h>

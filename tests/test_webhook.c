@@ -2,7 +2,7 @@
  * 127.0.0.1 (tests/hooksrv.c): what is sent, the result of every status
  * class, Retry-After, back-pressure, drain; then whole members through
  * the loop (see the integration tests further down). */
-#include "handler.h"
+#include "effect/handler.h"
 #include "harness.h"
 #include "hooksrv.h"
 
@@ -15,7 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "util.h"
+#include "base/util.h"
 
 static th_hook_t *srv;
 

@@ -1,10 +1,10 @@
 /* broker: an in-memory development Kafka (librdkafka's mock cluster) that
  * tests and `idemproc broker` start in-process. */
-#include "broker.h"
-#include "tcpnodelay.h"
+#include "dev/broker.h"
+#include "dev/tcpnodelay.h"
 
-#include "log.h"
-#include "util.h"
+#include "base/log.h"
+#include "base/util.h"
 
 #include <errno.h>
 #include <inttypes.h>

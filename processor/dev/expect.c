@@ -1,10 +1,10 @@
 /* expect: what the processor will make of records that `produce --input`
  * sends, judged by the processor's own envelope parser: the expectation
  * file `verify` compares with (README, "The expectation file"). */
-#include "expect.h"
-#include "envelope.h"
-#include "outcome.h"
-#include "util.h"
+#include "dev/expect.h"
+#include "input/envelope.h"
+#include "base/outcome.h"
+#include "base/util.h"
 
 #include <stdio.h>
 #include <stdlib.h>

@@ -1,8 +1,8 @@
 /* faults: parses a fault schedule for the embedded cluster and applies its
  * faults through librdkafka's mock-cluster API. */
-#include "faults.h"
+#include "dev/faults.h"
 
-#include "util.h"
+#include "base/util.h"
 
 #include <errno.h>
 #include <stdlib.h>

@@ -8,7 +8,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#include "broker.h"
+#include "dev/broker.h"
 
 typedef enum {
     IDEM_FAULT_BROKER_DOWN, /* broker ID down */

@@ -1,10 +1,10 @@
 /* gen: deterministic payment test traffic (valid payments, duplicates of
  * both kinds, poison of every reason) and the expectations it implies. */
-#include "gen.h"
+#include "dev/gen.h"
 
-#include "conf.h"
-#include "outcome.h"
-#include "util.h"
+#include "conf/conf.h"
+#include "base/outcome.h"
+#include "base/util.h"
 
 #include <inttypes.h>
 #include <math.h>

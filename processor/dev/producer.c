@@ -1,10 +1,10 @@
 /* producer: an idempotent librdkafka producer (acks=all,
  * enable.idempotence=true) that counts delivery reports. */
-#include "producer.h"
+#include "dev/producer.h"
 
-#include "conf.h"
-#include "log.h"
-#include "util.h"
+#include "conf/conf.h"
+#include "base/log.h"
+#include "base/util.h"
 
 #include <ctype.h>
 #include <stdint.h>

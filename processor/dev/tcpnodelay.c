@@ -1,6 +1,6 @@
 /* tcpnodelay: TCP_NODELAY on the connections the embedded broker accepts
  * (see tcpnodelay.h for why). */
-#include "tcpnodelay.h"
+#include "dev/tcpnodelay.h"
 
 #include <dlfcn.h>
 #include <netinet/in.h>

@@ -1,11 +1,11 @@
 /* verify: compares what the processor left in Redis (and the DLQ) with the
  * expectations `produce --expect` wrote. */
-#include "verify.h"
-#include "envelope.h"
-#include "kafka.h"
-#include "outcome.h"
-#include "store.h"
-#include "util.h"
+#include "dev/verify.h"
+#include "input/envelope.h"
+#include "kafka/kafka.h"
+#include "base/outcome.h"
+#include "redis/store.h"
+#include "base/util.h"
 
 #include <inttypes.h>
 #include <jansson.h>

@@ -8,7 +8,7 @@
 
 #include <jansson.h>
 
-#include "conf.h"
+#include "conf/conf.h"
 
 /* Reads and checks an expectation file (the format `produce --expect`
  * writes; README, "The expectation file"): a JSON object with a "ledger"

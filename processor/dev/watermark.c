@@ -1,8 +1,8 @@
 /* watermark: notices records a broker dropped from the start of a
  * partition (retention, or the embedded broker's size limit) by watching
  * each partition's low watermark through a client of its own. */
-#include "watermark.h"
-#include "util.h"
+#include "dev/watermark.h"
+#include "base/util.h"
 
 #include <inttypes.h>
 #include <stdio.h>

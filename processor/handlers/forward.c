@@ -3,11 +3,11 @@
  * object when forward.processed.at is true). The loop holds the lease
  * while the write is in flight and marks the record done once the broker
  * acknowledged it (handler.h, IDEM_EFFECT_EXTERNAL). */
-#include "envelope.h"
-#include "handler.h"
-#include "kafka.h"
-#include "log.h"
-#include "util.h"
+#include "input/envelope.h"
+#include "effect/handler.h"
+#include "kafka/kafka.h"
+#include "base/log.h"
+#include "base/util.h"
 
 #include <stdio.h>
 #include <stdlib.h>

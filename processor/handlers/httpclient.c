@@ -1,6 +1,6 @@
 /* httpclient: many HTTP POSTs in flight at once from one thread (libcurl's
  * multi interface), for the webhook handler: submit, drive, collect. */
-#include "httpclient.h"
+#include "handlers/httpclient.h"
 
 #include <curl/curl.h>
 #include <errno.h>
@@ -10,7 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "util.h"
+#include "base/util.h"
 
 /* One request slot: an easy handle kept for reuse (its connection stays
  * in the multi handle's cache), the request's header list, and what the

@@ -1,8 +1,8 @@
 /* ledger: handler=ledger, payments applied in Redis. The effect (HINCRBY
  * of the user's balance) and the dedup mark are one Lua script (store.c),
  * so no crash can separate them; one pipelined request in flight. */
-#include "handler.h"
-#include "util.h"
+#include "effect/handler.h"
+#include "base/util.h"
 
 #include <stdio.h>
 #include <stdlib.h>

@@ -1,10 +1,10 @@
 /* luascript: the user's Lua effect of handler=script: reading and
  * checking script.file, composing it into the dedup script, and one
  * record's arguments (docs/design.md, "The script handler"). */
-#include "luascript.h"
+#include "handlers/luascript.h"
 
-#include "envelope.h"
-#include "util.h"
+#include "input/envelope.h"
+#include "base/util.h"
 
 #include <errno.h>
 #include <inttypes.h>

@@ -9,7 +9,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "handler.h"
+#include "effect/handler.h"
 
 typedef struct idem_luascript_s idem_luascript_t;
 

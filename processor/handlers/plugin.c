@@ -2,10 +2,10 @@
  * adapting the public plugin interface (idemproc/plugin.h) to the loop's
  * handler interface (handler.h). The loop claims, the plugin effects, the
  * loop marks: an external effect, at least once. */
-#include "handler.h"
-#include "log.h"
-#include "plugin.h"
-#include "util.h"
+#include "effect/handler.h"
+#include "base/log.h"
+#include "effect/plugin.h"
+#include "base/util.h"
 
 #include <stdint.h>
 #include <stdio.h>

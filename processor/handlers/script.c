@@ -2,10 +2,10 @@
  * (script.file), run inside the dedup script in Redis so the user's writes
  * and the dedup mark commit together, as the ledger's do (handler.h,
  * IDEM_EFFECT_IN_REDIS; docs/design.md, "The script handler"). */
-#include "handler.h"
-#include "log.h"
-#include "luascript.h"
-#include "util.h"
+#include "effect/handler.h"
+#include "base/log.h"
+#include "handlers/luascript.h"
+#include "base/util.h"
 
 #include <inttypes.h>
 #include <stdio.h>

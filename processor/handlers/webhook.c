@@ -4,10 +4,10 @@
  * each record with a lease first and marks it done after a 2xx, so a
  * crash repeats a request at worst; the key lets the service drop that
  * repeat. */
-#include "handler.h"
-#include "httpclient.h"
-#include "log.h"
-#include "util.h"
+#include "effect/handler.h"
+#include "handlers/httpclient.h"
+#include "base/log.h"
+#include "base/util.h"
 
 #include <stdint.h>
 #include <stdio.h>

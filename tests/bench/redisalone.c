@@ -23,10 +23,10 @@
  * `idemproc verify` (without --dlq) can check it.
  *
  * Links idemproc's library objects; not part of the product binary. */
-#include "conf.h"
-#include "envelope.h"
-#include "store.h"
-#include "util.h"
+#include "conf/conf.h"
+#include "input/envelope.h"
+#include "redis/store.h"
+#include "base/util.h"
 
 #include <getopt.h>
 #include <inttypes.h>

@@ -1,6 +1,6 @@
 /* fuzz_conf_file: the properties-file parser (idem_conf_load_file) and
  * finalize, on a file holding the input. */
-#include "conf.h"
+#include "conf/conf.h"
 
 #include <stdint.h>
 #include <stdio.h>

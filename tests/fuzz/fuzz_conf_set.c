@@ -1,7 +1,7 @@
 /* fuzz_conf_set: `--set key=value` and IDEMPROC_<KEY> environment parsing
  * (idem_conf_load): each input line is one --set, and also, prefixed with
  * IDEMPROC_, one environment variable. */
-#include "conf.h"
+#include "conf/conf.h"
 
 #include <stdint.h>
 #include <stdio.h>

@@ -4,8 +4,8 @@
  * for each header a 1-byte name length, a 1-byte value length (0xff = a
  * NULL value) and the bytes; the rest is the error text (up to a NUL) and
  * then the topic/group text. */
-#include "dlq.h"
-#include "retrytopic.h"
+#include "kafka/dlq.h"
+#include "kafka/retrytopic.h"
 
 #include <stdint.h>
 #include <stdlib.h>

@@ -9,7 +9,7 @@
  * byte, for every input: with the default rules, and with a few sets of
  * fields (script.fields: JSON Pointers, nested, escaped) whose values
  * must match in type and bytes. */
-#include "envelope.h"
+#include "input/envelope.h"
 
 #include <stdint.h>
 #include <stdlib.h>

@@ -1,7 +1,7 @@
 /* fuzz_redis_url: the Redis URL parser (processor/redisconn.c) and its
  * redaction: every parse ends in NUL-terminated fields, and neither
  * overruns its buffers. */
-#include "redisconn.h"
+#include "redis/redisconn.h"
 
 #include <stdint.h>
 #include <stdlib.h>

@@ -3,8 +3,8 @@
  * a program of its own for the ThreadSanitizer build (`make tsan`; Criterion
  * cannot run under TSan). Any data race fails it (TSan exits 66), and so
  * does a lost update. Exit 0 when clean. */
-#include "http.h"
-#include "metrics.h"
+#include "obs/http.h"
+#include "obs/metrics.h"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>

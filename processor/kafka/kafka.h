@@ -1,0 +1,58 @@
+/* kafka: what the processor's librdkafka clients share: setting
+ * properties with our error text, creating a client, the settings of its
+ * idempotent writers (DLQ, forward output), the kafka.* properties it
+ * manages, their fatal errors, and check-config's reachability check. */
+#ifndef IDEM_KAFKA_H
+#define IDEM_KAFKA_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include <librdkafka/rdkafka.h>
+
+#include "conf/conf.h"
+
+/* Sets one property; returns 0, or -1 with "kafka.<name>: <librdkafka's
+ * text>" in errstr. kc is borrowed. */
+int idem_kafka_set(rd_kafka_conf_t *kc, const char *name, const char *value,
+                   char *errstr, size_t errstr_size);
+
+/* When librdkafka property `name` is one idemproc always sets itself
+ * (group.id, enable.auto.commit, acks, ...), what the user should do
+ * instead, as a short phrase (static); NULL for every other property. */
+const char *idem_kafka_managed(const char *name);
+
+/* Whether the user passed kafka.<name> (so our default must not win). */
+int idem_kafka_user_set(const idem_conf_t *conf, const char *name);
+
+/* A configuration for one of the processor's writers: message.max.bytes
+ * max_bytes unless kafka.message.max.bytes is set, then every kafka.*
+ * property, then what exactly-once needs and the user may not change
+ * (enable.idempotence, acks=all, linger.ms 5, message.timeout.ms 15 s),
+ * and the log callback. No error callback: librdkafka then logs errors
+ * itself, and a fatal one is read with idem_kafka_fatal. Returns a conf
+ * the caller hands to idem_kafka_new, or NULL with errstr. */
+rd_kafka_conf_t *idem_kafka_writer_conf(const idem_conf_t *conf,
+                                        int64_t max_bytes, char *errstr,
+                                        size_t errstr_size);
+
+/* rd_kafka_new that takes kc in every case (librdkafka gives it back on
+ * failure). Returns NULL with "<who>: <reason>" in errstr. */
+rd_kafka_t *idem_kafka_new(rd_kafka_type_t type, rd_kafka_conf_t *kc,
+                           const char *who, char *errstr, size_t errstr_size);
+
+/* Returns 1 and "<who>: <reason>" in buf when the idempotent producer rk
+ * hit a fatal error (it can no longer guarantee order and no duplicates:
+ * the process must stop), 0 while healthy. */
+int idem_kafka_fatal(rd_kafka_t *rk, const char *who, char *buf, size_t size);
+
+/* check-config --connect: asks conf's brokers (with every kafka.*
+ * setting, security included) for metadata within timeout_ms, and prints
+ * to out how many brokers answered and whether the input, DLQ and (forward)
+ * output topics exist; a missing topic is reported, not an error. Returns
+ * 0, or -1 with errstr naming the bootstrap servers when none answered. */
+int idem_kafka_check(const idem_conf_t *conf, int timeout_ms, FILE *out,
+                     char *errstr, size_t errstr_size);
+
+#endif

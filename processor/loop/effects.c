@@ -1,0 +1,577 @@
+/* effects: the records in hand on their way to the handler and back:
+ * reading them (envelope), what is due, claiming and submitting, results
+ * into outcomes (marking external effects done), retries, and dead
+ * letters. Part of the loop (loop.h). */
+#include "loop/loop.h"
+#include "base/log.h"
+#include "base/util.h"
+
+#include <inttypes.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ------------------------------------------------------------ outcomes */
+
+static void rec_finish(idem_pipeline_t *p, rec_t *r, idem_outcome_t o)
+{
+    r->state = REC_DONE;
+    idem_metrics_acc_outcome_add(p->acc, o, 1);
+    idem_metrics_acc_latency_observe(
+        p->acc, (double)(p->clock_us - r->polled_us) / 1e6);
+    /* Produce-to-effect (the bench's latency): the record's CreateTime has
+     * millisecond resolution, so this overstates by up to 1 ms. */
+    if (o == IDEM_OUTCOME_PROCESSED && r->view.timestamp > 0) {
+        int64_t created_us = r->view.timestamp * 1000 - p->wall_offset_us;
+        idem_metrics_acc_effect_latency_observe(
+            p->acc, (double)(p->clock_us - created_us) / 1e6);
+        idem_metrics_acc_fetch_latency_observe(
+            p->acc, (double)(r->polled_us - created_us) / 1e6);
+    }
+    p->progress_records++;
+}
+
+/* A done mark existed. The same message_id means Kafka (or the producer)
+ * delivered the very same message again; a new message_id (or none) with a
+ * known identity is a client that sent the operation again. A record whose
+ * earlier store call failed after it may have run counts as processed. */
+static void rec_duplicate(idem_pipeline_t *p, rec_t *r, const char *prior_mid,
+                          size_t prior_mid_len)
+{
+    int same = r->env.message_id_len > 0 &&
+               prior_mid_len == r->env.message_id_len &&
+               !memcmp(prior_mid, r->env.message_id, prior_mid_len);
+    if (same && r->store_sent) {
+        rec_finish(p, r, IDEM_OUTCOME_PROCESSED);
+        return;
+    }
+    idem_metrics_duplicate_add(p->m,
+                               same ? IDEM_DUP_REDELIVERY : IDEM_DUP_RESEND, 1);
+    rec_finish(p, r, IDEM_OUTCOME_DUPLICATE);
+    if (idem_log_enabled(IDEM_LOG_DEBUG)) {
+        char off[24];
+        snprintf(off, sizeof(off), "%" PRId64, r->view.offset);
+        idem_log_kv(IDEM_LOG_DEBUG, "duplicate", "topic", r->view.topic,
+                    "offset", off, "message_id", r->env.message_id, "kind",
+                    same ? "redelivery" : "resend", NULL);
+    }
+}
+
+static void rec_poison(idem_pipeline_t *p, rec_t *r, idem_reason_t reason,
+                       const char *error)
+{
+    p->dlq_due = 1;
+    r->poison = 1;
+    r->reason = reason;
+    snprintf(r->error, sizeof(r->error), "%s", error);
+}
+
+/* A retriable handler error: back off with jitter (at least `after_ms`),
+ * or give up. */
+static void rec_retry(idem_pipeline_t *p, rec_t *r, const char *error,
+                      int64_t after_ms)
+{
+    r->attempts++;
+    if (p->rt) {
+        /* Retry topics: no waiting here; the next tier's copy is retried
+         * later (retryloop.c), after the last tier it is dead. */
+        if (!idem_retrytopics_next(p->rt, r->view.topic)) {
+            char e[IDEM_RESULT_DETAIL_MAX];
+            snprintf(e, sizeof(e),
+                     "gave up after %d attempts (last of retry.topics): "
+                     "%.540s",
+                     r->prior_attempts + r->attempts, error);
+            rec_poison(p, r, IDEM_REASON_MAX_RETRIES, e);
+            return;
+        }
+        idem_metrics_retry_add(p->m, 1);
+        r->to_tier = r->tier + 1;
+        p->dlq_due = 1;
+        r->retry_after_ms = after_ms;
+        snprintf(r->error, sizeof(r->error), "%s", error);
+        return;
+    }
+    if (r->attempts >= p->conf->retry_max_attempts) {
+        char e[IDEM_RESULT_DETAIL_MAX];
+        snprintf(e, sizeof(e), "gave up after %d attempts: %.560s", r->attempts,
+                 error);
+        rec_poison(p, r, IDEM_REASON_MAX_RETRIES, e);
+        return;
+    }
+    idem_metrics_retry_add(p->m, 1);
+    int64_t d = idem_backoff_jitter(
+        idem_backoff_ms(r->attempts, p->conf->retry_backoff_initial_ms,
+                        p->conf->retry_backoff_max_ms),
+        rand());
+    if (d < after_ms)
+        d = after_ms;
+    r->retry_at_ms = idem_now_ms() + d;
+    p->retry_waiting = 1;
+}
+
+/* --------------------------------------------------------- the handler */
+
+static void scratch_reserve(idem_pipeline_t *p)
+{
+    if (p->scratch_cap >= p->cnt)
+        return;
+    /* Kept across batches: a fresh allocation per batch would be an mmap
+     * and page faults every time. */
+    p->scratch_cap = p->cnt > p->cap ? p->cnt : p->cap;
+    p->rs = idem_xrealloc(p->rs, p->scratch_cap * sizeof(*p->rs));
+    p->views = idem_xrealloc(p->views, p->scratch_cap * sizeof(*p->views));
+    p->envs = idem_xrealloc(p->envs, p->scratch_cap * sizeof(*p->envs));
+    p->res = idem_xrealloc(p->res, p->scratch_cap * sizeof(*p->res));
+    p->hres = idem_xrealloc(p->hres, p->scratch_cap * sizeof(*p->hres));
+}
+
+/* FNV-1a of an identity, for the in-flight identity set. */
+static uint64_t id_hash(const char *id, size_t len)
+{
+    uint64_t h = 1469598103934665603ULL;
+    for (size_t i = 0; i < len; i++)
+        h = (h ^ (unsigned char)id[i]) * 1099511628211ULL;
+    return h;
+}
+
+/* The identities with an external handler or picked for it: an external
+ * effect may run only once at a time per identity, since the claim script
+ * re-claims this member's own leases (also across the chunks of one claim
+ * call, whose `seen` table covers one chunk only). An open-addressing
+ * table of `size` slots (a power of two). */
+typedef struct {
+    rec_t **slot;
+    size_t size;
+} id_set_t;
+
+static void id_set_init(id_set_t *s, size_t n)
+{
+    for (s->size = 16; s->size < n * 2; s->size *= 2)
+        ;
+    s->slot = idem_xcalloc(s->size, sizeof(*s->slot));
+}
+
+/* Adds r's identity; returns 0 when it was new, 1 when it was there. */
+static int id_set_add(id_set_t *s, rec_t *r)
+{
+    size_t i =
+        (size_t)id_hash(r->env.identity, r->env.identity_len) & (s->size - 1);
+    for (; s->slot[i]; i = (i + 1) & (s->size - 1))
+        if (s->slot[i]->env.identity_len == r->env.identity_len &&
+            !memcmp(s->slot[i]->env.identity, r->env.identity,
+                    r->env.identity_len))
+            return 1;
+    s->slot[i] = r;
+    return 0;
+}
+
+/* Collects the valid, unfinished records that may go to the handler now,
+ * in poll order, into p->rs. A record waiting for its retry time holds
+ * back the later records of its partition, so effects keep the
+ * partition's order; for an external effect, so does a record whose
+ * identity is with the handler or already picked. */
+size_t idem_loop_due_records(idem_pipeline_t *p, int64_t now)
+{
+    scratch_reserve(p);
+    for (size_t i = 0; i < p->offs.cnt; i++)
+        p->offs.v[i].waiting = 0;
+    id_set_t ids = {NULL, 0};
+    rec_t *r;
+    if (!p->in_redis) {
+        id_set_init(&ids, p->cnt);
+        for (size_t i = 0; (r = idem_records_next(&p->recs, &i));)
+            if (r->sent)
+                id_set_add(&ids, r);
+    }
+    size_t n = 0;
+    for (size_t i = 0; (r = idem_records_next(&p->recs, &i));) {
+        if (r->state == REC_DONE || r->poison || r->sent || r->to_tier)
+            continue;
+        idem_part_t *pt = idem_loop_rec_part(p, r);
+        if (pt && pt->waiting)
+            continue;
+        if (r->retry_at_ms > now || (ids.slot && id_set_add(&ids, r))) {
+            if (pt)
+                pt->waiting = 1;
+            continue;
+        }
+        p->rs[n++] = r;
+    }
+    free(ids.slot);
+    return n;
+}
+
+/* Hands rs[n] to the handler (with the positions due, for an in-Redis
+ * effect). Returns 0, or -1 (outage, errstr). */
+static int handler_submit(idem_pipeline_t *p, size_t n, char *errstr,
+                          size_t errstr_size)
+{
+    size_t npos = p->in_redis ? idem_loop_positions_due(p, NULL) : 0;
+    for (size_t i = 0; i < n; i++)
+        p->views[i] = &p->rs[i]->view;
+    if (p->hops->submit(p->h, p->views, n, p->pos, npos, errstr, errstr_size)) {
+        if (p->in_redis)
+            for (size_t i = 0; i < n; i++)
+                p->rs[i]->store_sent = 1;
+        return -1;
+    }
+    for (size_t i = 0; i < npos; i++)
+        idem_loop_part_find(p, p->pos[i].topic, p->pos[i].partition)->saving =
+            p->pos[i].offset;
+    for (size_t i = 0; i < n; i++)
+        p->rs[i]->sent = 1;
+    p->inflight += n;
+    idem_metrics_batch_observe(p->m, (double)n);
+    return 0;
+}
+
+/* External effect: claims the due records with a lease, then submits the
+ * new ones. Records behind a deferred one of the same partition are not
+ * submitted in this pass (their claim is ours and is taken again next
+ * time), so effects keep each partition's order. Returns 0 or -1. */
+static int claim_and_submit(idem_pipeline_t *p, size_t n, char *errstr,
+                            size_t errstr_size)
+{
+    for (size_t i = 0; i < n; i++)
+        p->envs[i] = &p->rs[i]->env;
+    p->clock_us = idem_now_us();
+    if (idem_store_claim(p->store, p->owner, p->envs, n, p->res, errstr,
+                         errstr_size))
+        return -1;
+    size_t claimed = 0;
+    int64_t now = idem_now_ms();
+    for (size_t i = 0; i < p->offs.cnt; i++)
+        p->offs.v[i].waiting = 0;
+    for (size_t i = 0; i < n; i++) {
+        rec_t *r = p->rs[i];
+        idem_part_t *pt = idem_loop_rec_part(p, r);
+        if (pt && pt->waiting)
+            continue; /* behind a deferred record: next pass */
+        switch (p->res[i].mark) {
+        case IDEM_MARK_NEW:
+            p->rs[claimed++] = r;
+            break;
+        case IDEM_MARK_DONE:
+            rec_duplicate(p, r, p->res[i].prior_mid, p->res[i].prior_mid_len);
+            break;
+        case IDEM_MARK_AGAIN: /* due again once the first one is done */
+            if (pt)
+                pt->waiting = 1;
+            break;
+        default: /* leased elsewhere: wait, the lease expires if dead */
+            r->retry_at_ms = now + p->conf->dedup_lease_ms / 4 + 50;
+            p->retry_waiting = 1;
+            if (pt)
+                pt->waiting = 1;
+            break;
+        }
+    }
+    return claimed ? handler_submit(p, claimed, errstr, errstr_size) : 0;
+}
+
+/* Turns the handler's results hres[n] into outcomes; an external effect's
+ * DONE records are marked done first. Returns 0, or -1 (outage: errstr). */
+static int results_apply(idem_pipeline_t *p, size_t n, char *errstr,
+                         size_t errstr_size)
+{
+    int rc = 0;
+    size_t done = 0;
+    int64_t now = idem_now_ms();
+    for (size_t i = 0; i < n; i++) {
+        idem_result_t *res = &p->hres[i];
+        rec_t *r = res->rec->loop;
+        r->sent = 0;
+        p->inflight--;
+        switch (res->kind) {
+        case IDEM_RESULT_DONE:
+            if (p->in_redis)
+                rec_finish(p, r, IDEM_OUTCOME_PROCESSED);
+            else
+                p->rs[done++] = r;
+            break;
+        case IDEM_RESULT_DUPLICATE:
+            rec_duplicate(p, r, res->prior_mid, res->prior_mid_len);
+            break;
+        case IDEM_RESULT_BUSY:
+            r->retry_at_ms = now + p->conf->dedup_lease_ms / 4;
+            p->retry_waiting = 1;
+            break;
+        case IDEM_RESULT_REJECT:
+            rec_poison(p, r, IDEM_REASON_HANDLER_REJECTED, res->detail);
+            break;
+        case IDEM_RESULT_RETRY:
+            rec_retry(p, r, res->detail, res->retry_after_ms);
+            break;
+        case IDEM_RESULT_OUTAGE:
+            if (p->in_redis)
+                r->store_sent = 1; /* its chunk may have run: marks say */
+            if (!rc)
+                snprintf(errstr, errstr_size, "%.500s", res->detail);
+            rc = -1;
+            break;
+        }
+    }
+    if (p->in_redis && n) {
+        /* The request is answered: its positions are stored unless it
+         * failed. */
+        for (size_t i = 0; i < p->offs.cnt; i++) {
+            idem_part_t *pt = &p->offs.v[i];
+            if (rc == 0 && pt->saving >= 0)
+                pt->saved = pt->saving;
+            pt->saving = -1;
+        }
+        p->answered = rc == 0;
+    }
+    if (!done)
+        return rc;
+    for (size_t i = 0; i < done; i++)
+        p->envs[i] = &p->rs[i]->env;
+    char e[512];
+    if (idem_store_mark_done(p->store, p->owner, p->envs, done, p->res, e,
+                             sizeof(e))) {
+        /* Not marked: the lease expires and the effect is done again
+         * (at least once); nothing is lost. */
+        if (!rc)
+            snprintf(errstr, errstr_size, "%s", e);
+        return -1;
+    }
+    for (size_t i = 0; i < done; i++) {
+        if (p->res[i].mark == IDEM_MARK_LOST)
+            idem_log_kv(IDEM_LOG_WARN,
+                        "lease taken over before mark; effect may be "
+                        "duplicated",
+                        "message_id", p->rs[i]->env.message_id, "holder",
+                        p->res[i].detail, NULL);
+        rec_finish(p, p->rs[i], IDEM_OUTCOME_PROCESSED);
+    }
+    return rc;
+}
+
+/* Collects what the handler finished (waiting up to timeout_ms for the
+ * first) and applies it. Returns 0 or -1 (outage: errstr). */
+int idem_loop_handler_collect(idem_pipeline_t *p, int timeout_ms, char *errstr,
+                              size_t errstr_size)
+{
+    if (!p->inflight)
+        return 0;
+    scratch_reserve(p);
+    size_t n = p->hops->collect(p->h, p->hres, p->scratch_cap, timeout_ms);
+    p->clock_us = idem_now_us();
+    return results_apply(p, n, errstr, errstr_size);
+}
+
+/* Finishes or abandons everything with the handler until deadline_ms:
+ * afterwards no record is with it. */
+void idem_loop_handler_settle(idem_pipeline_t *p, int64_t deadline_ms)
+{
+    char errstr[512];
+    if (!p->inflight)
+        return;
+    p->hops->drain(p->h, deadline_ms);
+    idem_loop_handler_collect(p, 0, errstr, sizeof(errstr));
+    if (p->inflight) { /* a handler that broke its contract */
+        idem_log_kv(IDEM_LOG_ERROR, "handler kept records after drain",
+                    "handler", p->hops->name, NULL);
+        rec_t *r;
+        for (size_t i = 0; (r = idem_records_next(&p->recs, &i));)
+            r->sent = 0;
+        p->inflight = 0;
+    }
+}
+
+/* Gives the handler what is due. Returns 0 or -1 (outage: errstr). */
+int idem_loop_handler_feed(idem_pipeline_t *p, char *errstr, size_t errstr_size)
+{
+    if (p->in_redis) {
+        if (p->inflight)
+            return 0; /* one request at a time */
+        size_t n = idem_loop_due_records(p, idem_now_ms());
+        return n ? handler_submit(p, n, errstr, errstr_size) : 0;
+    }
+    /* Claim no more than the handler can start: a lease must not run out
+     * while its record waits in the handler's queue. */
+    size_t room = p->hops->room ? p->hops->room(p->h) : SIZE_MAX;
+    if (!room)
+        return 0;
+    size_t n = idem_loop_due_records(p, idem_now_ms());
+    if (n > room)
+        n = room; /* the first in poll order: partitions keep their order */
+    return n ? claim_and_submit(p, n, errstr, errstr_size) : 0;
+}
+
+/* ------------------------------------------------------ the batch cycle */
+
+/* Reads new records by the envelope rules and fills their views. */
+void idem_loop_parse_records(idem_pipeline_t *p)
+{
+    rec_t *r;
+    /* New records are pushed at the end: only the slots from the mark on
+     * hold unparsed ones (the records in hand are not walked again). */
+    size_t i = idem_records_mark(&p->recs);
+    idem_records_set_mark(&p->recs);
+    while ((r = idem_records_next(&p->recs, &i))) {
+        if (r->parsed)
+            continue;
+        r->parsed = 1;
+        /* The headers are parsed only when the envelope or the handler
+         * reads them (most records carry their identity in the value). */
+        const rd_kafka_headers_t *h = NULL;
+        idem_reason_t reason;
+        char err[256];
+        if (idem_envelope_read_msg(p->rules, r->msg, &h, &r->env, &reason, err,
+                                   sizeof(err))) {
+            rec_poison(p, r, reason, err);
+            continue;
+        }
+        rd_kafka_headers_t *all;
+        if (!h && !p->hops->ignores_headers &&
+            !rd_kafka_message_headers(r->msg, &all))
+            h = all;
+        idem_record_t *v = &r->view;
+        v->identity = r->env.identity;
+        v->identity_len = r->env.identity_len;
+        v->message_id = r->env.message_id;
+        v->message_id_len = r->env.message_id_len;
+        v->value_is_object = r->env.json_object;
+        v->headers = h;
+        v->env = &r->env;
+    }
+}
+
+/* DLQ delivery report (see idem_dlq_report_cb): fires in idem_dlq_poll or
+ * idem_dlq_flush on the processing thread. */
+void idem_loop_dlq_report(void *opaque, rd_kafka_resp_err_t err)
+{
+    ticket_t *t = opaque;
+    if (t->orphan) {
+        free(t);
+        return;
+    }
+    t->err = err;
+    t->state = err ? -1 : 1;
+}
+
+/* Queues every poison record that has no DLQ write yet, and every record
+ * bound for a retry topic that has no write yet. A dead letter of a
+ * record out of a retry topic says where the first input record was and
+ * counts every attempt. Returns 0, or -1 when the producer refused to
+ * queue (infrastructure). */
+int idem_loop_dlq_queue(idem_pipeline_t *p, char *errstr, size_t errstr_size)
+{
+    if (!p->dlq_due)
+        return 0;
+    p->dlq_due = 0;
+    rec_t *r;
+    for (size_t i = 0; (r = idem_records_next(&p->recs, &i));) {
+        if (r->state == REC_DONE || (!r->poison && !r->to_tier) || r->dlq)
+            continue;
+        ticket_t *t = idem_xcalloc(1, sizeof(*t));
+        int rc;
+        if (r->poison) {
+            idem_retry_info_t from, *fromp = NULL;
+            if (r->tier > 0) {
+                rd_kafka_headers_t *h;
+                if (rd_kafka_message_headers(r->msg, &h))
+                    h = NULL;
+                if (idem_retrytopic_info_read(h, &from) == 0)
+                    fromp = &from;
+            }
+            rc = idem_dlq_send(p->dlq, r->msg, fromp, r->reason, r->error,
+                               r->prior_attempts +
+                                   (r->attempts ? r->attempts : 1),
+                               r->dlq_drop_value, t, errstr, errstr_size);
+        } else {
+            rc = idem_loop_retry_send(p, r, t, errstr, errstr_size);
+        }
+        if (rc) {
+            free(t);
+            p->dlq_due = 1; /* this one and the rest: next time */
+            return -1;
+        }
+        r->dlq = t;
+        p->tickets++;
+    }
+    return 0;
+}
+
+/* Finishes poison records whose DLQ write was acknowledged; a failed write
+ * is queued again later (the DLQ is at-least-once: verify counts distinct
+ * originals). Returns -1 when a write failed (infrastructure). */
+int idem_loop_dlq_collect(idem_pipeline_t *p, char *errstr, size_t errstr_size)
+{
+    idem_dlq_poll(p->dlq);
+    p->clock_us = idem_now_us();
+    int failed = 0;
+    rec_t *r;
+    for (size_t i = 0; p->tickets && (r = idem_records_next(&p->recs, &i));) {
+        if (!r->dlq || r->dlq->state == 0)
+            continue;
+        ticket_t *t = r->dlq;
+        r->dlq = NULL;
+        p->tickets--;
+        p->dlq_due = 1; /* unless finished below: written again */
+        if (t->state == 1 && r->to_tier && !r->poison) {
+            idem_loop_retry_sent(p, r);
+        } else if (r->to_tier && !r->poison &&
+                   (t->err == RD_KAFKA_RESP_ERR_MSG_SIZE_TOO_LARGE ||
+                    t->err == RD_KAFKA_RESP_ERR_RECORD_LIST_TOO_LARGE)) {
+            /* The retry topic will never take it: dead instead. */
+            char e[IDEM_RESULT_DETAIL_MAX];
+            snprintf(e, sizeof(e),
+                     "retry topic refused the record (%s): %.500s",
+                     rd_kafka_err2str(t->err), r->error);
+            rec_poison(p, r, IDEM_REASON_MAX_RETRIES, e);
+        } else if (t->state == 1) {
+            idem_metrics_dlq_add(p->m, r->reason, 1);
+            rec_finish(p, r, IDEM_OUTCOME_DLQ);
+            if (idem_log_enabled(IDEM_LOG_INFO)) {
+                char part[16], off[24];
+                snprintf(part, sizeof(part), "%" PRId32, r->msg->partition);
+                snprintf(off, sizeof(off), "%" PRId64, r->msg->offset);
+                idem_log_kv(IDEM_LOG_INFO, "dead-lettered", "topic",
+                            rd_kafka_topic_name(r->msg->rkt), "partition", part,
+                            "offset", off, "reason", idem_reason2str(r->reason),
+                            "error", r->error, NULL);
+            }
+        } else if (t->err == RD_KAFKA_RESP_ERR_MSG_SIZE_TOO_LARGE ||
+                   t->err == RD_KAFKA_RESP_ERR_RECORD_LIST_TOO_LARGE) {
+            /* The broker will never take this value: send the dead letter
+             * without it rather than hold the partition forever. */
+            r->dlq_drop_value = 1;
+        } else if (!failed) {
+            failed = 1;
+            snprintf(errstr, errstr_size, "%s: write to %s failed: %s",
+                     r->poison ? "dlq" : "retry",
+                     r->poison ? p->conf->dlq_topic
+                               : idem_retrytopics_next(p->rt, r->view.topic),
+                     rd_kafka_err2str(t->err));
+        }
+        free(t);
+    }
+    return failed ? -1 : 0;
+}
+
+/* Earliest retry time of a waiting record, or 0 when none waits. A copy
+ * from a retry topic may wait minutes: for it this says "soon" at the
+ * latest, so the loop (paused with full hands) keeps working on the rest
+ * of its hands meanwhile. */
+int64_t idem_loop_batch_next_retry(idem_pipeline_t *p)
+{
+    int64_t t = 0;
+    if (!p->retry_waiting)
+        return 0;
+    int64_t soon = p->rt ? idem_now_ms() + RETRY_COPY_RECHECK_MS : 0;
+    rec_t *r;
+    for (size_t i = 0; (r = idem_records_next(&p->recs, &i));) {
+        if (r->state == REC_DONE || !r->retry_at_ms)
+            continue;
+        int64_t at =
+            r->tier > 0 && r->retry_at_ms > soon ? soon : r->retry_at_ms;
+        if (t == 0 || at < t)
+            t = at;
+    }
+    if (t == 0)
+        p->retry_waiting = 0;
+    return t;
+}

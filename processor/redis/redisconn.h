@@ -1,0 +1,70 @@
+/* redisconn: opening a connection to the Redis primary: redis.url parsing,
+ * TLS (OpenSSL underneath the hiredis context), AUTH with an ACL user,
+ * SELECT, Sentinel discovery and the ROLE check. */
+#ifndef IDEM_REDISCONN_H
+#define IDEM_REDISCONN_H
+
+#include <stddef.h>
+
+#include <hiredis.h>
+
+#include "conf/conf.h"
+
+typedef enum {
+    IDEM_REDIS_TCP = 0, /* redis:// */
+    IDEM_REDIS_TLS,     /* rediss:// */
+    IDEM_REDIS_UNIX,    /* unix:// */
+} idem_redis_scheme_t;
+
+typedef struct {
+    int scheme; /* idem_redis_scheme_t */
+    char host[256];
+    int port;
+    char path[256];     /* unix socket */
+    char username[256]; /* empty when none */
+    char password[256]; /* empty when none */
+    int db;
+} idem_redisconn_url_t;
+
+/* Parses redis://[user[:password]@]host[:port][/db], the same with
+ * rediss:// (TLS), or unix:///path[?db=N]. A user without ':' is a user
+ * name. Returns 0, or -1 with errstr naming redis.url; errstr never holds
+ * the password (nor the URL, which may carry it). */
+int idem_redisconn_url_parse(const char *url, idem_redisconn_url_t *out,
+                             char *errstr, size_t errstr_size);
+
+/* Copies url into buf with any password replaced by "***" (the user name
+ * stays). Returns buf. */
+const char *idem_redisconn_url_redact(const char *url, char *buf, size_t size);
+
+/* Cross-key checks of the redis.* keys for idem_conf_finalize: the URL,
+ * user and password, TLS files readable, sentinels and master together.
+ * Returns 0 or -1 with errstr naming the key. Connects to nothing. */
+int idem_redisconn_conf_check(const idem_conf_t *conf, char *errstr,
+                              size_t errstr_size);
+
+typedef struct idem_redisconn_s idem_redisconn_t;
+
+/* Opens a connection to the primary: asks the sentinels for its address
+ * when redis.sentinels is set, connects (TLS for rediss://), sends AUTH
+ * (user and password), SELECT, and checks with ROLE that the server is a
+ * primary. Every call does all of it again, so calling it after a lost
+ * connection follows a failover. Returns a handle (caller closes with
+ * idem_redisconn_close), or NULL with errstr; every failure is an outage
+ * (retriable), never a password in errstr. conf is borrowed. With
+ * replica_ok (readers such as verify) a replica is accepted. */
+idem_redisconn_t *idem_redisconn_open(const idem_conf_t *conf, int replica_ok,
+                                      char *errstr, size_t errstr_size);
+
+/* The blocking hiredis context of the connection (borrowed: valid until
+ * idem_redisconn_close). Timeouts are set to redis.timeout.ms. */
+redisContext *idem_redisconn_context(idem_redisconn_t *rc);
+
+/* "host:port" (or the socket path) the connection went to (borrowed). */
+const char *idem_redisconn_addr(const idem_redisconn_t *rc);
+
+/* Closes the connection: frees the hiredis context and, for TLS, stops
+ * the thread that carries its bytes. NULL is a no-op. */
+void idem_redisconn_close(idem_redisconn_t *rc);
+
+#endif

@@ -1,0 +1,1143 @@
+/* store: the Redis side of exactly-once: connection, the dedup/ledger/lease
+ * Lua scripts (loaded once, called with EVALSHA, pipelined per batch) and
+ * the reads verify needs. A redisReply never leaves this module. */
+#include "redis/store.h"
+#include "base/log.h"
+#include "redis/redisconn.h"
+#include "base/util.h"
+
+#include <errno.h>
+#include <hiredis.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Records per EVALSHA: big enough to amortise the round trip, small enough
+ * that one script never blocks Redis for long (~1 ms per 1000 records). */
+#define CHUNK_RECORDS 1000
+
+/* Ledger: for each record (identity, message_id, currency, user_id, minor):
+ * a done or lease mark means "not applied" (the mark is returned); else the
+ * increment and the done mark happen together inside this script, so no
+ * crash can separate effect from mark. To keep Redis's work per record
+ * small, the marks are read with one MGET, the increments are summed per
+ * (currency, user) and applied with one HINCRBY each, and only new records
+ * get a SET. An increment Redis refuses because of the record (an overflow,
+ * a field or key that holds no integer) leaves its records unmarked and
+ * returns "reject:<error>" for them, and for the repeats of their identity
+ * later in the chunk. Any other refusal (OOM, READONLY, MISCONF,
+ * NOREPLICAS, ...) is the server's state, not the record's: the script
+ * returns that error as its reply and the caller treats it as an outage.
+ * Redis checks those states only before a script's first write, so a
+ * script that meets one has written nothing. */
+static const char ledger_lua[] =
+    "local prefix, group, ttl = ARGV[1], ARGV[2], ARGV[3]\n"
+    "local n = (#ARGV - 3) / 5\n"
+    "local keys = {}\n"
+    "for j = 1, n do\n"
+    "  keys[j] = prefix .. 'dedup:' .. group .. ':' .. ARGV[3 + (j - 1) * 5 + "
+    "1]\n"
+    "end\n"
+    "local marks = redis.call('MGET', unpack(keys))\n"
+    "local out, seen, sums, new, dups = {}, {}, {}, {}, {}\n"
+    "for j = 1, n do\n"
+    "  local b = 3 + (j - 1) * 5\n"
+    "  local first = seen[ARGV[b + 1]]\n"
+    "  if first then\n"
+    "    dups[#dups + 1] = {j, first}\n"
+    "  elseif marks[j] then\n"
+    "    out[j] = marks[j]\n"
+    "  else\n"
+    "    local h = prefix .. 'ledger:' .. ARGV[b + 3]\n"
+    "    local f = ARGV[b + 4]\n"
+    "    sums[h] = sums[h] or {}\n"
+    "    sums[h][f] = (sums[h][f] or 0) + tonumber(ARGV[b + 5])\n"
+    "    seen[ARGV[b + 1]] = j\n"
+    "    new[#new + 1] = j\n"
+    "    out[j] = ''\n"
+    "  end\n"
+    "end\n"
+    "local refused = {}\n"
+    "for h, fields in pairs(sums) do\n"
+    "  for f, x in pairs(fields) do\n"
+    "    local r = redis.pcall('HINCRBY', h, f, string.format('%.0f', x))\n"
+    "    if type(r) == 'table' and r.err then\n"
+    "      local e = r.err\n"
+    "      if string.find(e, '^ERR increment or decrement would overflow') or\n"
+    "         string.find(e, '^ERR hash value is not an integer') or\n"
+    "         string.find(e, '^WRONGTYPE') then\n"
+    "        refused[h .. '\\0' .. f] = e\n"
+    "      else\n"
+    "        return redis.error_reply(e)\n"
+    "      end\n"
+    "    end\n"
+    "  end\n"
+    "end\n"
+    "local applied = 0\n"
+    "for _, j in ipairs(new) do\n"
+    "  local b = 3 + (j - 1) * 5\n"
+    "  local err = refused[prefix .. 'ledger:' .. ARGV[b + 3] .. '\\0' .. "
+    "ARGV[b + 4]]\n"
+    "  if err then\n"
+    "    out[j] = 'reject:' .. err\n"
+    "  else\n"
+    "    redis.call('SET', keys[j], 'done:' .. ARGV[b + 2], 'EX', ttl)\n"
+    "    applied = applied + 1\n"
+    "  end\n"
+    "end\n"
+    "if applied > 0 then\n"
+    "  redis.call('INCRBY', prefix .. 'ledger:applied', applied)\n"
+    "end\n"
+    "for _, d in ipairs(dups) do\n"
+    "  local j, first = d[1], d[2]\n"
+    "  if out[first] == '' then\n"
+    "    out[j] = 'done:' .. ARGV[3 + (first - 1) * 5 + 2]\n"
+    "  else\n"
+    "    out[j] = out[first]\n"
+    "  end\n"
+    "end\n"
+    "return out\n";
+
+/* Claim: (identity, message_id) pairs. Free, or a lease of this member
+ * from any rebalance epoch (records it still holds on partitions it kept)
+ * -> lease for ARGV[3] ms under the current owner "lease:<member>:<epoch>";
+ * a second record with an identity already claimed in this call is
+ * "again": it is classified once the first one is finished. The mark
+ * script still requires the exact current owner: a claim, its write and
+ * its mark happen in one pass, without a rebalance in between. */
+static const char claim_lua[] =
+    "local prefix, group, ms, owner = ARGV[1], ARGV[2], ARGV[3], ARGV[4]\n"
+    "local mine = owner .. ':'\n"
+    "local member = string.match(owner, '^(.*:)[^:]*$')\n"
+    "local out, seen = {}, {}\n"
+    "for i = 5, #ARGV, 2 do\n"
+    "  local id = ARGV[i]\n"
+    "  local k = prefix .. 'dedup:' .. group .. ':' .. id\n"
+    "  if seen[id] then\n"
+    "    out[#out + 1] = 'again'\n"
+    "  else\n"
+    "    local v = redis.call('GET', k)\n"
+    "    local ours = v and string.sub(v, 1, #member) == member and\n"
+    "                 string.match(string.sub(v, #member + 1), '^%d+:')\n"
+    "    if (not v) or ours then\n"
+    "      redis.call('SET', k, mine .. ARGV[i + 1], 'PX', ms)\n"
+    "      seen[id] = true\n"
+    "      out[#out + 1] = ''\n"
+    "    else\n"
+    "      out[#out + 1] = v\n"
+    "    end\n"
+    "  end\n"
+    "end\n"
+    "return out\n";
+
+/* Mark done: our lease (or an expired, unclaimed one) becomes the done mark;
+ * an existing done mark stays; another owner's lease means we were fenced
+ * ("lost"). */
+static const char mark_lua[] =
+    "local prefix, group, ttl, owner = ARGV[1], ARGV[2], ARGV[3], ARGV[4]\n"
+    "local out = {}\n"
+    "for i = 5, #ARGV, 2 do\n"
+    "  local k = prefix .. 'dedup:' .. group .. ':' .. ARGV[i]\n"
+    "  local v = redis.call('GET', k)\n"
+    "  if (not v) or v == owner .. ':' .. ARGV[i + 1] then\n"
+    "    redis.call('SET', k, 'done:' .. ARGV[i + 1], 'EX', ttl)\n"
+    "    out[#out + 1] = ''\n"
+    "  elseif string.sub(v, 1, 5) == 'done:' then\n"
+    "    out[#out + 1] = ''\n"
+    "  else\n"
+    "    out[#out + 1] = 'lost:' .. v\n"
+    "  end\n"
+    "end\n"
+    "return out\n";
+
+typedef enum { SCRIPT_LEDGER, SCRIPT_CLAIM, SCRIPT_MARK, SCRIPT_CNT } script_t;
+
+static const char *const script_src[SCRIPT_CNT] = {ledger_lua, claim_lua,
+                                                   mark_lua};
+
+/* A dedup script a handler registered (idem_store_script_register). */
+#define USER_SCRIPTS_MAX 4
+
+typedef struct {
+    char *src;
+    size_t len;
+    size_t per_record;
+    idem_store_args_fn args;
+    void *opaque;
+    char sha[41];
+} user_script_t;
+
+struct idem_store_s {
+    const idem_conf_t *conf;
+    user_script_t user[USER_SCRIPTS_MAX];
+    size_t user_cnt;
+    idem_metrics_t *metrics;
+    idem_redisconn_t *conn; /* owns c */
+    redisContext *c;
+    char sha[SCRIPT_CNT][41];
+    char ttl[24];      /* dedup.ttl.seconds as text */
+    char lease_ms[24]; /* dedup.lease.ms as text */
+    /* argv scratch, reused across calls */
+    const char **argv;
+    size_t *argvlen;
+    size_t argv_cap;
+    char (*nums)[24]; /* amounts as text for the ledger script */
+    size_t nums_cap;
+    char *req; /* a request's commands in RESP, reused across calls */
+    size_t req_len, req_cap;
+    size_t pending_chunks; /* replies store_recv still has to read */
+    size_t pending_n;      /* records in that request */
+    int pending_hset;      /* positions appended to it (one HSET reply) */
+    int pending_wait;      /* WAIT appended to it (one reply) */
+    int64_t sent_at_us;
+    char pos_key[512];   /* <prefix>pos:<group.id> */
+    char (*fields)[320]; /* "<topic>:<partition>" scratch */
+    char (*offs)[24];    /* offsets as text scratch */
+    size_t fields_cap;
+    char wait_replicas[24]; /* redis.wait.replicas as text */
+    char wait_timeout[24];  /* redis.wait.timeout.ms as text */
+    char run_id[48];        /* the server's, from INFO at connect */
+    uint64_t connections;   /* successful connects so far */
+    int64_t checked_ms;     /* last maxmemory-policy check */
+    char policy[64];        /* maxmemory-policy seen last */
+    char refused[512];      /* the server's configuration is unsafe */
+    int guard;              /* refuse an evicting maxmemory-policy */
+    int replica_ok;         /* a reader: a replica will do */
+};
+
+idem_store_t *idem_store_new(const idem_conf_t *conf, idem_metrics_t *m)
+{
+    idem_store_t *s = idem_xcalloc(1, sizeof(*s));
+    s->conf = conf;
+    s->metrics = m;
+    snprintf(s->ttl, sizeof(s->ttl), "%" PRId64, conf->dedup_ttl_seconds);
+    snprintf(s->lease_ms, sizeof(s->lease_ms), "%" PRId64,
+             conf->dedup_lease_ms);
+    snprintf(s->pos_key, sizeof(s->pos_key), "%spos:%s", conf->redis_prefix,
+             conf->group_id ? conf->group_id : "");
+    snprintf(s->wait_replicas, sizeof(s->wait_replicas), "%" PRId64,
+             conf->redis_wait_replicas);
+    snprintf(s->wait_timeout, sizeof(s->wait_timeout), "%" PRId64,
+             conf->redis_wait_timeout_ms);
+    return s;
+}
+
+void idem_store_disconnect(idem_store_t *s)
+{
+    idem_redisconn_close(s->conn);
+    s->conn = NULL;
+    s->c = NULL;
+    s->pending_chunks = 0; /* their replies died with the connection */
+}
+
+void idem_store_destroy(idem_store_t *s)
+{
+    if (!s)
+        return;
+    idem_store_disconnect(s);
+    free(s->argv);
+    free(s->argvlen);
+    free(s->nums);
+    free(s->req);
+    free(s->fields);
+    free(s->offs);
+    for (size_t i = 0; i < s->user_cnt; i++)
+        free(s->user[i].src);
+    free(s);
+}
+
+/* The class of a Redis error reply (docs/design.md, "Error classes"): its
+ * first word, as Redis sends it. Every class is an outage of the store;
+ * the errors a record owns never get here (the ledger script turns them
+ * into "reject:"). */
+static const char *reply_class(const char *err)
+{
+    static const struct {
+        const char *code, *cls;
+    } map[] = {{"OOM", "oom"},
+               {"READONLY", "readonly"},
+               {"MISCONF", "misconf"},
+               {"NOREPLICAS", "noreplicas"},
+               {"LOADING", "loading"},
+               {"BUSY", "busy"},
+               {"MASTERDOWN", "masterdown"},
+               {"NOAUTH", "auth"},
+               {"WRONGPASS", "auth"},
+               {"NOPERM", "auth"},
+               {"NOSCRIPT", "noscript"}};
+    size_t len = strcspn(err, " ");
+    for (size_t i = 0; i < sizeof(map) / sizeof(map[0]); i++)
+        if (strlen(map[i].code) == len && !strncmp(err, map[i].code, len))
+            return map[i].cls;
+    return "other";
+}
+
+const char *idem_store_error_class(const char *redis_error)
+{
+    return reply_class(redis_error ? redis_error : "");
+}
+
+/* The class of a failed connect, from idem_redisconn_open's text: a
+ * timeout, an error reply it quotes (WRONGPASS, LOADING, ...), a replica
+ * that ROLE refused, else the connection itself. */
+static const char *connect_class(const char *errstr)
+{
+    if (strstr(errstr, "timeout after"))
+        return "timeout";
+    if (strstr(errstr, "is not the primary"))
+        return "readonly";
+    for (const char *w = errstr; *w; w++) {
+        if (w != errstr && w[-1] != ' ' && w[-1] != '(')
+            continue;
+        const char *cls = reply_class(w);
+        if (strcmp(cls, "other"))
+            return cls;
+    }
+    return "connection";
+}
+
+/* Records an infrastructure error of class cls: counts it, drops the
+ * connection. */
+static int store_fail_class(idem_store_t *s, char *errstr, size_t errstr_size,
+                            const char *what, const char *detail,
+                            const char *cls)
+{
+    snprintf(errstr, errstr_size, "redis: %s: %s", what,
+             detail ? detail : "unknown error");
+    if (s->metrics)
+        idem_metrics_redis_error_add(s->metrics, cls, 1);
+    idem_store_disconnect(s);
+    return -1;
+}
+
+/* An error reply: classified by its code. */
+static int store_fail(idem_store_t *s, char *errstr, size_t errstr_size,
+                      const char *what, const char *detail)
+{
+    return store_fail_class(s, errstr, errstr_size, what, detail,
+                            reply_class(detail ? detail : ""));
+}
+
+/* The context failed (I/O, protocol, a closed connection): a read or
+ * connect that ran into redis.timeout.ms is reported as such, not as the
+ * system's "Resource temporarily unavailable". */
+static int store_io_fail(idem_store_t *s, char *errstr, size_t errstr_size,
+                         const char *what)
+{
+    const char *e = s->c ? s->c->errstr : "out of memory";
+    if (s->c && s->c->err == REDIS_ERR_IO &&
+        (!strcmp(e, strerror(EAGAIN)) || !strcmp(e, strerror(EWOULDBLOCK)) ||
+         !strcmp(e, strerror(ETIMEDOUT)) ||
+         !strcmp(e, strerror(EINPROGRESS)))) {
+        char d[64];
+        snprintf(d, sizeof(d), "timeout after %" PRId64 " ms",
+                 s->conf->redis_timeout_ms);
+        return store_fail_class(s, errstr, errstr_size, what, d, "timeout");
+    }
+    char d[256];
+    snprintf(d, sizeof(d), "%s", e);
+    return store_fail_class(s, errstr, errstr_size, what, d, "connection");
+}
+
+/* Runs one command; returns the reply (caller frees) or NULL with errstr. */
+static redisReply *store_command(idem_store_t *s, char *errstr,
+                                 size_t errstr_size, int argc,
+                                 const char **argv, const size_t *argvlen)
+{
+    redisReply *r = redisCommandArgv(s->c, argc, argv, argvlen);
+    if (!r) {
+        store_io_fail(s, errstr, errstr_size, argv[0]);
+        return NULL;
+    }
+    if (r->type == REDIS_REPLY_ERROR) {
+        char msg[256];
+        snprintf(msg, sizeof(msg), "%s", r->str);
+        freeReplyObject(r);
+        store_fail(s, errstr, errstr_size, argv[0], msg);
+        return NULL;
+    }
+    return r;
+}
+
+/* Copies the value of "name:" in an INFO reply into out ("" if absent). */
+static void info_field(const char *info, const char *name, char *out,
+                       size_t out_size)
+{
+    out[0] = '\0';
+    size_t nl = strlen(name);
+    for (const char *l = info; l && *l; l = strchr(l, '\n'), l = l ? l + 1 : l)
+        if (!strncmp(l, name, nl) && l[nl] == ':') {
+            size_t vl = strcspn(l + nl + 1, "\r\n");
+            snprintf(out, out_size, "%.*s", (int)vl, l + nl + 1);
+            return;
+        }
+}
+
+/* Reads INFO (it works where CONFIG is disabled): the server's run_id, and
+ * its maxmemory-policy, which must be noeviction: an evicting policy drops
+ * dedup marks (every volatile-* policy evicts exactly the marks, the only
+ * keys with a TTL) and their records are then applied twice. Refuses such
+ * a server (s->refused, -1) unless redis.allow.eviction=true. */
+static int store_check_server(idem_store_t *s, char *errstr, size_t errstr_size)
+{
+    const char *argv[] = {"INFO"};
+    redisReply *r = store_command(s, errstr, errstr_size, 1, argv, NULL);
+    if (!r)
+        return -1;
+    if (r->type != REDIS_REPLY_STRING && r->type != REDIS_REPLY_STATUS) {
+        freeReplyObject(r);
+        return store_fail(s, errstr, errstr_size, "INFO", "unexpected reply");
+    }
+    char policy[64];
+    info_field(r->str, "run_id", s->run_id, sizeof(s->run_id));
+    info_field(r->str, "maxmemory_policy", policy, sizeof(policy));
+    freeReplyObject(r);
+    s->checked_ms = idem_now_ms();
+    int unsafe = s->guard && policy[0] && strcmp(policy, "noeviction");
+    if (unsafe && !s->conf->redis_allow_eviction) {
+        snprintf(s->refused, sizeof(s->refused),
+                 "redis: maxmemory-policy is %s: evicting keys drops dedup "
+                 "marks and their records are applied twice. Fix: set "
+                 "maxmemory-policy noeviction on the Redis server (redis.conf, "
+                 "or CONFIG SET maxmemory-policy noeviction), or set "
+                 "redis.allow.eviction=true to accept double effects",
+                 policy);
+        snprintf(errstr, errstr_size, "%s", s->refused);
+        idem_store_disconnect(s);
+        return -1;
+    }
+    if (unsafe && strcmp(policy, s->policy))
+        idem_log_kv(IDEM_LOG_WARN,
+                    "redis may evict dedup marks (redis.allow.eviction=true): "
+                    "records can be applied twice",
+                    "maxmemory_policy", policy, NULL);
+    snprintf(s->policy, sizeof(s->policy), "%s", policy);
+    if (s->metrics)
+        idem_metrics_redis_eviction_set(s->metrics, unsafe);
+    return 0;
+}
+
+void idem_store_guard_eviction(idem_store_t *s)
+{
+    s->guard = 1;
+}
+
+int idem_store_refused(const idem_store_t *s, char *errstr, size_t errstr_size)
+{
+    if (!s->refused[0])
+        return 0;
+    snprintf(errstr, errstr_size, "%s", s->refused);
+    return 1;
+}
+
+int idem_store_check(idem_store_t *s, int64_t interval_ms, char *errstr,
+                     size_t errstr_size)
+{
+    if (!s->c || s->pending_chunks ||
+        idem_now_ms() - s->checked_ms < interval_ms)
+        return 0;
+    return store_check_server(s, errstr, errstr_size);
+}
+
+void idem_store_allow_replica(idem_store_t *s)
+{
+    s->replica_ok = 1;
+}
+
+uint64_t idem_store_connections(const idem_store_t *s)
+{
+    return s->connections;
+}
+
+const char *idem_store_run_id(const idem_store_t *s)
+{
+    return s->run_id;
+}
+
+static int store_load_scripts(idem_store_t *s, char *errstr, size_t errstr_size)
+{
+    for (int i = 0; i < SCRIPT_CNT; i++) {
+        const char *argv[] = {"SCRIPT", "LOAD", script_src[i]};
+        redisReply *r = store_command(s, errstr, errstr_size, 3, argv, NULL);
+        if (!r)
+            return -1;
+        if (r->type != REDIS_REPLY_STRING || r->len != 40) {
+            freeReplyObject(r);
+            return store_fail(s, errstr, errstr_size, "SCRIPT LOAD",
+                              "unexpected reply");
+        }
+        memcpy(s->sha[i], r->str, 41);
+        freeReplyObject(r);
+    }
+    for (size_t i = 0; i < s->user_cnt; i++) {
+        const char *argv[] = {"SCRIPT", "LOAD", s->user[i].src};
+        size_t argvlen[] = {6, 4, s->user[i].len};
+        redisReply *r = store_command(s, errstr, errstr_size, 3, argv, argvlen);
+        if (!r)
+            return -1;
+        if (r->type != REDIS_REPLY_STRING || r->len != 40) {
+            freeReplyObject(r);
+            return store_fail(s, errstr, errstr_size, "SCRIPT LOAD",
+                              "unexpected reply (handler script)");
+        }
+        memcpy(s->user[i].sha, r->str, 41);
+        freeReplyObject(r);
+    }
+    return 0;
+}
+
+/* What every new connection does once it is authenticated: load the
+ * scripts and check the server. */
+static int store_after_connect(idem_store_t *s, char *errstr,
+                               size_t errstr_size)
+{
+    if (store_load_scripts(s, errstr, errstr_size) ||
+        store_check_server(s, errstr, errstr_size))
+        return -1;
+    s->connections++;
+    return 0;
+}
+
+int idem_store_connect(idem_store_t *s, char *errstr, size_t errstr_size)
+{
+    if (s->c)
+        return 0;
+    s->conn = idem_redisconn_open(s->conf, s->replica_ok, errstr, errstr_size);
+    if (!s->conn) {
+        if (s->metrics)
+            idem_metrics_redis_error_add(s->metrics, connect_class(errstr), 1);
+        return -1;
+    }
+    s->c = idem_redisconn_context(s->conn);
+    return store_after_connect(s, errstr, errstr_size);
+}
+
+static void argv_reserve(idem_store_t *s, size_t n)
+{
+    if (n <= s->argv_cap)
+        return;
+    s->argv = idem_xrealloc(s->argv, n * sizeof(*s->argv));
+    s->argvlen = idem_xrealloc(s->argvlen, n * sizeof(*s->argvlen));
+    s->argv_cap = n;
+}
+
+/* Turns one returned mark string into a result. */
+static void result_from_string(idem_store_result_t *res, const char *str,
+                               size_t len)
+{
+    /* Only what a reader looks at is cleared: the result is ~800 bytes,
+     * and this runs for every record. */
+    res->prior_mid[0] = '\0';
+    res->prior_mid_len = 0;
+    res->detail[0] = '\0';
+    if (len == 0) {
+        res->mark = IDEM_MARK_NEW;
+    } else if (len >= 5 && !memcmp(str, "done:", 5)) {
+        res->mark = IDEM_MARK_DONE;
+        size_t l =
+            len - 5 < IDEM_ENVELOPE_ID_MAX ? len - 5 : IDEM_ENVELOPE_ID_MAX;
+        memcpy(res->prior_mid, str + 5, l);
+        res->prior_mid[l] = '\0';
+        res->prior_mid_len = l;
+    } else if (len >= 7 && !memcmp(str, "reject:", 7)) {
+        res->mark = IDEM_MARK_REJECT;
+        snprintf(res->detail, sizeof(res->detail), "%.*s", (int)(len - 7),
+                 str + 7);
+    } else if (len == 5 && !memcmp(str, "again", 5)) {
+        res->mark = IDEM_MARK_AGAIN;
+    } else if (len >= 5 && !memcmp(str, "lost:", 5)) {
+        res->mark = IDEM_MARK_LOST;
+        snprintf(res->detail, sizeof(res->detail), "%.*s", (int)(len - 5),
+                 str + 5);
+    } else {
+        res->mark = IDEM_MARK_BUSY; /* a lease, ours earlier or another's */
+        snprintf(res->detail, sizeof(res->detail), "%.*s", (int)len, str);
+    }
+}
+
+/* Writes v in decimal at p (no NUL); returns the end. */
+static char *put_u64(char *p, uint64_t v)
+{
+    char t[20];
+    size_t n = 0;
+    do {
+        t[n++] = (char)('0' + v % 10);
+        v /= 10;
+    } while (v);
+    while (n)
+        *p++ = t[--n];
+    return p;
+}
+
+/* Fills the per-record arguments of record `env` for `script` at argv[at];
+ * returns the number of arguments written. `numbuf` (24 bytes) holds the
+ * amount text. */
+static size_t record_args(script_t script, const idem_envelope_t *env,
+                          const char **argv, size_t *argvlen, char *numbuf)
+{
+    argv[0] = env->identity;
+    argvlen[0] = env->identity_len; /* byte strings: NULs are data */
+    argv[1] = env->message_id;
+    argvlen[1] = env->message_id_len;
+    if (script != SCRIPT_LEDGER)
+        return 2;
+    argv[2] = env->currency;
+    argvlen[2] = strlen(env->currency);
+    argv[3] = env->user_id;
+    argvlen[3] = strlen(env->user_id);
+    /* As "%" PRId64 would print it, without the cost of printf. */
+    char *e = numbuf;
+    int64_t v = env->amount_minor;
+    if (v < 0)
+        *e++ = '-';
+    e = put_u64(e, v < 0 ? 0 - (uint64_t)v : (uint64_t)v);
+    argv[4] = numbuf;
+    argvlen[4] = (size_t)(e - numbuf);
+    return 5;
+}
+
+/* Room for `more` bytes after the request's bytes. */
+static void req_reserve(idem_store_t *s, size_t more)
+{
+    if (s->req_len + more <= s->req_cap)
+        return;
+    size_t cap = s->req_cap ? s->req_cap : 65536;
+    while (cap < s->req_len + more)
+        cap *= 2;
+    s->req = idem_xrealloc(s->req, cap);
+    s->req_cap = cap;
+}
+
+/* Appends one command, argv[argc] with their lengths, to the request in
+ * RESP, byte for byte what redisFormatCommandArgv writes: formatted here
+ * into one buffer that is reused, instead of one sds grown argument by
+ * argument with a format string (the request of a 1000-record chunk has
+ * 5000 arguments). */
+static void req_command(idem_store_t *s, size_t argc, const char *const *argv,
+                        const size_t *argvlen)
+{
+    size_t need = 3 + 20 + 2;
+    for (size_t i = 0; i < argc; i++)
+        need += 1 + 20 + 2 + argvlen[i] + 2;
+    req_reserve(s, need);
+    char *p = s->req + s->req_len;
+    *p++ = '*';
+    p = put_u64(p, argc);
+    *p++ = '\r';
+    *p++ = '\n';
+    for (size_t i = 0; i < argc; i++) {
+        *p++ = '$';
+        p = put_u64(p, argvlen[i]);
+        *p++ = '\r';
+        *p++ = '\n';
+        memcpy(p, argv[i], argvlen[i]);
+        p += argvlen[i];
+        *p++ = '\r';
+        *p++ = '\n';
+    }
+    s->req_len = (size_t)(p - s->req);
+}
+
+/* Appends every chunk of the records as an EVALSHA call and writes them
+ * all out (one pipeline, one round trip); the replies are read by
+ * store_recv. Returns 0, or -1 (the connection is dropped). */
+/* Fills the scratch fields and offsets of pos[n] (offsets as text). */
+static void pos_text(idem_store_t *s, const idem_store_pos_t *pos, size_t n)
+{
+    if (s->fields_cap < n) {
+        s->fields = idem_xrealloc(s->fields, n * sizeof(*s->fields));
+        s->offs = idem_xrealloc(s->offs, n * sizeof(*s->offs));
+        s->fields_cap = n;
+    }
+    for (size_t i = 0; i < n; i++) {
+        snprintf(s->fields[i], sizeof(s->fields[i]), "%s:%" PRId32,
+                 pos[i].topic, pos[i].partition);
+        snprintf(s->offs[i], sizeof(s->offs[i]), "%" PRId64, pos[i].offset);
+    }
+}
+
+/* Appends HSET <prefix>pos:<group> <topic>:<partition> <offset>... */
+static void append_positions(idem_store_t *s, const idem_store_pos_t *pos,
+                             size_t n)
+{
+    pos_text(s, pos, n);
+    argv_reserve(s, 2 + 2 * n);
+    size_t a = 0;
+    s->argv[a++] = "HSET";
+    s->argv[a++] = s->pos_key;
+    for (size_t i = 0; i < n; i++) {
+        s->argv[a++] = s->fields[i];
+        s->argv[a++] = s->offs[i];
+    }
+    for (size_t i = 0; i < a; i++)
+        s->argvlen[i] = strlen(s->argv[i]);
+    req_command(s, a, s->argv, s->argvlen);
+}
+
+/* Reads WAIT's reply: 0 when redis.wait.replicas acknowledged in time,
+ * else -1 with a "wait" class error (the connection is dropped). */
+static int read_wait_reply(idem_store_t *s, char *errstr, size_t errstr_size)
+{
+    redisReply *r = NULL;
+    if (redisGetReply(s->c, (void **)&r) != REDIS_OK || !r)
+        return store_io_fail(s, errstr, errstr_size, "WAIT");
+    char d[160] = "";
+    if (r->type == REDIS_REPLY_ERROR)
+        snprintf(d, sizeof(d), "%s", r->str);
+    else if (r->type != REDIS_REPLY_INTEGER)
+        snprintf(d, sizeof(d), "unexpected reply");
+    else if (r->integer < s->conf->redis_wait_replicas)
+        snprintf(d, sizeof(d),
+                 "%lld of %" PRId64 " replicas acknowledged within %" PRId64
+                 " ms (redis.wait.replicas)",
+                 r->integer, s->conf->redis_wait_replicas,
+                 s->conf->redis_wait_timeout_ms);
+    int is_error = r->type == REDIS_REPLY_ERROR;
+    freeReplyObject(r);
+    if (!d[0])
+        return 0;
+    return is_error
+               ? store_fail(s, errstr, errstr_size, "WAIT", d)
+               : store_fail_class(s, errstr, errstr_size, "WAIT", d, "wait");
+}
+
+/* script: a script_t, or SCRIPT_CNT + i for user script i (its records
+ * in recs, env unused). */
+static int store_send(idem_store_t *s, int script, const char *arg3,
+                      const char *owner, const idem_envelope_t *const *env,
+                      const void *const *recs, size_t n,
+                      const idem_store_pos_t *pos, size_t npos, char *errstr,
+                      size_t errstr_size)
+{
+    const user_script_t *u =
+        script >= SCRIPT_CNT ? &s->user[script - SCRIPT_CNT] : NULL;
+    size_t per = u ? u->per_record : script == SCRIPT_LEDGER ? 5 : 2;
+    size_t fixed = 3 /* EVALSHA sha numkeys */ + 3 + (owner ? 1 : 0);
+    if (s->pending_chunks) {
+        snprintf(errstr, errstr_size, "redis: a request is still in flight");
+        return -1;
+    }
+    if (idem_store_connect(s, errstr, errstr_size))
+        return -1;
+    if (script == SCRIPT_LEDGER && s->nums_cap < n) {
+        s->nums = idem_xrealloc(s->nums, n * sizeof(*s->nums));
+        s->nums_cap = n;
+    }
+    s->sent_at_us = idem_now_us();
+    s->req_len = 0;
+    size_t chunks = 0;
+    for (size_t off = 0; off < n; off += CHUNK_RECORDS, chunks++) {
+        size_t cnt = n - off < CHUNK_RECORDS ? n - off : CHUNK_RECORDS;
+        argv_reserve(s, fixed + cnt * per);
+        size_t a = 0;
+        s->argv[a++] = "EVALSHA";
+        s->argv[a++] = u ? u->sha : s->sha[script];
+        s->argv[a++] = "0";
+        s->argv[a++] = s->conf->redis_prefix;
+        s->argv[a++] = s->conf->group_id;
+        s->argv[a++] = arg3;
+        if (owner)
+            s->argv[a++] = owner;
+        for (size_t i = 0; i < a; i++)
+            s->argvlen[i] = strlen(s->argv[i]);
+        for (size_t i = 0; i < cnt; i++)
+            a += u ? u->args(recs[off + i], s->argv + a, s->argvlen + a,
+                             u->opaque)
+                   : record_args((script_t)script, env[off + i], s->argv + a,
+                                 s->argvlen + a,
+                                 script == SCRIPT_LEDGER ? s->nums[off + i]
+                                                         : NULL);
+        req_command(s, a, s->argv, s->argvlen);
+    }
+    /* Positions go after the scripts of this request, but they only cover
+     * records whose replies were read before it was sent. */
+    if (npos)
+        append_positions(s, pos, npos);
+    int wait = script != SCRIPT_CLAIM && s->conf->redis_wait_replicas > 0;
+    if (wait) {
+        const char *wargv[] = {"WAIT", s->wait_replicas, s->wait_timeout};
+        const size_t wlen[] = {4, strlen(s->wait_replicas),
+                               strlen(s->wait_timeout)};
+        req_command(s, 3, wargv, wlen);
+    }
+    /* hiredis gets the whole request at once (one copy into its output
+     * buffer). */
+    if (redisAppendFormattedCommand(s->c, s->req, s->req_len) != REDIS_OK)
+        return store_io_fail(s, errstr, errstr_size, "EVALSHA");
+    int done = 0;
+    while (!done)
+        if (redisBufferWrite(s->c, &done) != REDIS_OK)
+            return store_io_fail(s, errstr, errstr_size, "EVALSHA");
+    s->pending_chunks = chunks;
+    s->pending_n = n;
+    s->pending_hset = npos > 0;
+    s->pending_wait = wait;
+    return 0;
+}
+
+/* A script's reply read straight into results: while store_recv reads a
+ * chunk's reply, the reader's object functions are these, so no
+ * redisReply is allocated (nor freed) per record. The reader hands every
+ * task the reader's privdata: this chunk's state. */
+typedef struct {
+    idem_store_result_t *res; /* the chunk's results */
+    size_t cnt;               /* its records */
+    int type;                 /* the reply's type; 0 before it came */
+    long long elements;       /* an array reply's size */
+    char err[256];            /* an error reply's text */
+} chunk_read_t;
+
+static char chunk_obj; /* what the functions return: any non-NULL */
+
+/* The reply itself (no parent), or one of its elements: an element goes
+ * into its record's result, as result_from_string reads it; one that is
+ * not a string (a nil, an integer, an array) reads as "". */
+static void *chunk_value(const redisReadTask *t, const char *str, size_t len)
+{
+    chunk_read_t *c = t->privdata;
+    if (!t->parent) {
+        c->type = t->type;
+        if (t->type == REDIS_REPLY_ERROR)
+            snprintf(c->err, sizeof(c->err), "%.*s", (int)len, str);
+    } else if (!t->parent->parent && c->type == REDIS_REPLY_ARRAY &&
+               c->elements == (long long)c->cnt && t->idx >= 0 &&
+               (size_t)t->idx < c->cnt) {
+        result_from_string(&c->res[t->idx], str, len);
+    }
+    return &chunk_obj;
+}
+
+static void *chunk_string(const redisReadTask *t, char *str, size_t len)
+{
+    return chunk_value(t, str, len);
+}
+
+static void *chunk_array(const redisReadTask *t, int elements)
+{
+    if (!t->parent)
+        ((chunk_read_t *)t->privdata)->elements = elements;
+    return chunk_value(t, "", 0);
+}
+
+static void *chunk_integer(const redisReadTask *t, long long v)
+{
+    (void)v;
+    return chunk_value(t, "", 0);
+}
+
+static void *chunk_nil(const redisReadTask *t)
+{
+    return chunk_value(t, "", 0);
+}
+
+static void chunk_free(void *obj)
+{
+    (void)obj; /* nothing was allocated */
+}
+
+static redisReplyObjectFunctions chunk_fns = {
+    chunk_string, chunk_array, chunk_integer, chunk_nil, chunk_free,
+};
+
+/* Reads one chunk's reply into c (c->res, c->cnt set). Returns 0, or -1
+ * when the connection failed (its error is in s->c). */
+static int chunk_read(idem_store_t *s, chunk_read_t *c)
+{
+    redisReader *rd = s->c->reader;
+    redisReplyObjectFunctions *fn = rd->fn;
+    void *priv = rd->privdata;
+    rd->fn = &chunk_fns;
+    rd->privdata = c;
+    void *r = NULL;
+    int rc = redisGetReply(s->c, &r);
+    rd->fn = fn;
+    rd->privdata = priv;
+    return rc == REDIS_OK && r ? 0 : -1;
+}
+
+/* Reads the replies of the request store_send wrote into results[n].
+ * NOSCRIPT (an operator flushed the script cache) reloads the scripts and
+ * fails this request: the caller retries it, which the marks make safe.
+ * Returns 0, or -1 (the connection is dropped). */
+static int store_recv(idem_store_t *s, size_t n, idem_store_result_t *results,
+                      char *errstr, size_t errstr_size)
+{
+    size_t chunks = s->pending_chunks;
+    if (!chunks || n != s->pending_n) {
+        snprintf(errstr, errstr_size, "redis: no request in flight for %zu", n);
+        return -1;
+    }
+    s->pending_chunks = 0;
+    int noscript = 0;
+    char err[256] = "";
+    for (size_t ch = 0, off = 0; ch < chunks; ch++, off += CHUNK_RECORDS) {
+        size_t cnt = n - off < CHUNK_RECORDS ? n - off : CHUNK_RECORDS;
+        chunk_read_t c = {.res = results + off, .cnt = cnt};
+        if (chunk_read(s, &c))
+            return store_io_fail(s, errstr, errstr_size, "EVALSHA");
+        if (c.type == REDIS_REPLY_ERROR) {
+            if (!strncmp(c.err, "NOSCRIPT", 8))
+                noscript = 1;
+            else if (!err[0])
+                snprintf(err, sizeof(err), "%s", c.err);
+        } else if (c.type != REDIS_REPLY_ARRAY ||
+                   c.elements != (long long)cnt) {
+            snprintf(err, sizeof(err), "unexpected reply to script");
+        }
+    }
+    if (s->pending_hset) {
+        redisReply *r = NULL;
+        if (redisGetReply(s->c, (void **)&r) != REDIS_OK || !r)
+            return store_io_fail(s, errstr, errstr_size, "HSET");
+        if (r->type == REDIS_REPLY_ERROR && !err[0])
+            snprintf(err, sizeof(err), "%s", r->str);
+        freeReplyObject(r);
+    }
+    if (s->pending_wait && read_wait_reply(s, errstr, errstr_size))
+        return -1;
+    if (s->metrics)
+        idem_metrics_redis_observe(
+            s->metrics, (double)(idem_now_us() - s->sent_at_us) / 1e6);
+    if (noscript) {
+        idem_log(IDEM_LOG_WARN, "redis lost its scripts; reloading");
+        if (store_load_scripts(s, errstr, errstr_size) == 0)
+            snprintf(errstr, errstr_size,
+                     "redis: scripts were flushed; reloaded, will retry");
+        if (s->metrics)
+            idem_metrics_redis_error_add(s->metrics, "noscript", 1);
+        return -1;
+    }
+    if (err[0])
+        return store_fail(s, errstr, errstr_size, "EVALSHA", err);
+    return 0;
+}
+
+static int store_eval_batch(idem_store_t *s, script_t script, const char *arg3,
+                            const char *owner,
+                            const idem_envelope_t *const *env, size_t n,
+                            idem_store_result_t *results, char *errstr,
+                            size_t errstr_size)
+{
+    if (store_send(s, script, arg3, owner, env, NULL, n, NULL, 0, errstr,
+                   errstr_size))
+        return -1;
+    return store_recv(s, n, results, errstr, errstr_size);
+}
+
+int idem_store_ledger_send(idem_store_t *s, const idem_envelope_t *const *env,
+                           size_t n, const idem_store_pos_t *pos, size_t npos,
+                           char *errstr, size_t errstr_size)
+{
+    return store_send(s, SCRIPT_LEDGER, s->ttl, NULL, env, NULL, n, pos, npos,
+                      errstr, errstr_size);
+}
+
+int idem_store_reply_fd(const idem_store_t *s)
+{
+    if (!s->c || !s->pending_chunks || s->c->fd < 0)
+        return -1;
+    const redisReader *r = s->c->reader;
+    if (r && r->pos < r->len)
+        return -1; /* a reply (part) is buffered already */
+    return s->c->fd;
+}
+
+int idem_store_script_register(idem_store_t *s, const char *lua, size_t len,
+                               size_t per_record, idem_store_args_fn args,
+                               void *opaque, char *errstr, size_t errstr_size)
+{
+    if (s->user_cnt == USER_SCRIPTS_MAX) {
+        snprintf(errstr, errstr_size, "redis: too many handler scripts");
+        return -1;
+    }
+    if (s->c) {
+        snprintf(errstr, errstr_size,
+                 "redis: handler scripts are registered before connecting");
+        return -1;
+    }
+    user_script_t *u = &s->user[s->user_cnt];
+    u->src = idem_xmalloc(len + 1);
+    memcpy(u->src, lua, len);
+    u->src[len] = '\0';
+    u->len = len;
+    u->per_record = per_record;
+    u->args = args;
+    u->opaque = opaque;
+    return SCRIPT_CNT + (int)s->user_cnt++;
+}
+
+int idem_store_script_send(idem_store_t *s, int script, const void *const *recs,
+                           size_t n, const idem_store_pos_t *pos, size_t npos,
+                           char *errstr, size_t errstr_size)
+{
+    if (script < SCRIPT_CNT || script >= SCRIPT_CNT + (int)s->user_cnt) {
+        snprintf(errstr, errstr_size, "redis: no handler script %d", script);
+        return -1;
+    }
+    return store_send(s, script, s->ttl, NULL, NULL, recs, n, pos, npos, errstr,
+                      errstr_size);
+}
+
+int idem_store_script_recv(idem_store_t *s, size_t n,
+                           idem_store_result_t *results, char *errstr,
+                           size_t errstr_size)
+{
+    return store_recv(s, n, results, errstr, errstr_size);
+}
+
+int idem_store_positions_save(idem_store_t *s, const idem_store_pos_t *pos,
+                              size_t n, char *errstr, size_t errstr_size)
+{
+    if (!n)
+        return 0;
+    if (s->pending_chunks) {
+        snprintf(errstr, errstr_size, "redis: a request is still in flight");
+        return -1;
+    }
+    if (idem_store_connect(s, errstr, errstr_size))
+        return -1;
+    s->req_len = 0;
+    append_positions(s, pos, n);
+    if (redisAppendFormattedCommand(s->c, s->req, s->req_len) != REDIS_OK)
+        return store_io_fail(s, errstr, errstr_size, "HSET");
+    redisReply *r = NULL;
+    if (redisGetReply(s->c, (void **)&r) != REDIS_OK || !r)
+        return store_io_fail(s, errstr, errstr_size, "HSET");
+    if (r->type == REDIS_REPLY_ERROR) {
+        char msg[256];
+        snprintf(msg, sizeof(msg), "%s", r->str);
+        freeReplyObject(r);
+        return store_fail(s, errstr, errstr_size, "HSET", msg);
+    }
+    freeReplyObject(r);
+    return 0;
+}
+
+int idem_store_positions_load(idem_store_t *s, idem_store_pos_t *pos, size_t n,
+                              char *errstr, size_t errstr_size)
+{
+    if (!n)
+        return 0;
+    if (s->pending_chunks) {
+        snprintf(errstr, errstr_size, "redis: a request is still in flight");
+        return -1;
+    }
+    if (idem_store_connect(s, errstr, errstr_size))
+        return -1;
+    pos_text(s, pos, n);
+    argv_reserve(s, 2 + n);
+    s->argv[0] = "HMGET";
+    s->argv[1] = s->pos_key;
+    for (size_t i = 0; i < n; i++)
+        s->argv[2 + i] = s->fields[i];
+    redisReply *r =
+        store_command(s, errstr, errstr_size, (int)(2 + n), s->argv, NULL);
+    if (!r)
+        return -1;
+    if (r->type != REDIS_REPLY_ARRAY || r->elements != n) {
+        freeReplyObject(r);
+        return store_fail(s, errstr, errstr_size, "HMGET", "unexpected reply");
+    }
+    for (size_t i = 0; i < n; i++) {
+        redisReply *e = r->element[i];
+        pos[i].offset =
+            e->type == REDIS_REPLY_STRING ? strtoll(e->str, NULL, 10) : -1;
+    }
+    freeReplyObject(r);
+    return 0;
+}
+
+int idem_store_ledger_recv(idem_store_t *s, size_t n,
+                           idem_store_result_t *results, char *errstr,
+                           size_t errstr_size)
+{
+    return store_recv(s, n, results, errstr, errstr_size);
+}
+
+int idem_store_ledger_apply(idem_store_t *s, const idem_envelope_t *const *env,
+                            size_t n, idem_store_result_t *results,
+                            char *errstr, size_t errstr_size)
+{
+    return store_eval_batch(s, SCRIPT_LEDGER, s->ttl, NULL, env, n, results,
+                            errstr, errstr_size);
+}
+
+int idem_store_claim(idem_store_t *s, const char *owner,
+                     const idem_envelope_t *const *env, size_t n,
+                     idem_store_result_t *results, char *errstr,
+                     size_t errstr_size)
+{
+    return store_eval_batch(s, SCRIPT_CLAIM, s->lease_ms, owner, env, n,
+                            results, errstr, errstr_size);
+}
+
+int idem_store_mark_done(idem_store_t *s, const char *owner,
+                         const idem_envelope_t *const *env, size_t n,
+                         idem_store_result_t *results, char *errstr,
+                         size_t errstr_size)
+{
+    return store_eval_batch(s, SCRIPT_MARK, s->ttl, owner, env, n, results,
+                            errstr, errstr_size);
+}
+
+int idem_store_ledger_scan(idem_store_t *s,
+                           void (*cb)(const char *currency, const char *user_id,
+                                      int64_t minor, void *opaque),
+                           void *opaque, char *errstr, size_t errstr_size)
+{
+    if (idem_store_connect(s, errstr, errstr_size))
+        return -1;
+    char pattern[512];
+    snprintf(pattern, sizeof(pattern), "%sledger:*", s->conf->redis_prefix);
+    size_t plen = strlen(s->conf->redis_prefix) + strlen("ledger:");
+    char cursor[32] = "0";
+    do {
+        const char *argv[] = {"SCAN",  cursor,  "MATCH",
+                              pattern, "COUNT", "1000"};
+        redisReply *r = store_command(s, errstr, errstr_size, 6, argv, NULL);
+        if (!r)
+            return -1;
+        if (r->type != REDIS_REPLY_ARRAY || r->elements != 2) {
+            freeReplyObject(r);
+            return store_fail(s, errstr, errstr_size, "SCAN",
+                              "unexpected reply");
+        }
+        snprintf(cursor, sizeof(cursor), "%s", r->element[0]->str);
+        redisReply *keys = r->element[1];
+        for (size_t i = 0; i < keys->elements; i++) {
+            const char *key = keys->element[i]->str;
+            if (!strcmp(key + plen, "applied"))
+                continue;
+            const char *hargv[] = {"HGETALL", key};
+            redisReply *h =
+                store_command(s, errstr, errstr_size, 2, hargv, NULL);
+            if (!h) {
+                freeReplyObject(r);
+                return -1;
+            }
+            for (size_t j = 0; j + 1 < h->elements; j += 2)
+                cb(key + plen, h->element[j]->str,
+                   strtoll(h->element[j + 1]->str, NULL, 10), opaque);
+            freeReplyObject(h);
+        }
+        freeReplyObject(r);
+    } while (strcmp(cursor, "0"));
+    return 0;
+}
+
+int idem_store_applied_get(idem_store_t *s, int64_t *applied, char *errstr,
+                           size_t errstr_size)
+{
+    if (idem_store_connect(s, errstr, errstr_size))
+        return -1;
+    char key[512];
+    snprintf(key, sizeof(key), "%sledger:applied", s->conf->redis_prefix);
+    const char *argv[] = {"GET", key};
+    redisReply *r = store_command(s, errstr, errstr_size, 2, argv, NULL);
+    if (!r)
+        return -1;
+    *applied = r->type == REDIS_REPLY_STRING ? strtoll(r->str, NULL, 10) : 0;
+    freeReplyObject(r);
+    return 0;
+}

@@ -1,0 +1,200 @@
+/* store: the Redis side of exactly-once: connection, the dedup/ledger/lease
+ * Lua scripts (loaded once, called with EVALSHA, pipelined per batch) and
+ * the reads verify needs. A redisReply never leaves this module. */
+#ifndef IDEM_STORE_H
+#define IDEM_STORE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "conf/conf.h"
+#include "input/envelope.h"
+#include "obs/metrics.h"
+
+typedef struct idem_store_s idem_store_t;
+
+/* What a script said about one record. */
+typedef enum {
+    IDEM_MARK_NEW = 0, /* applied (ledger), claimed (claim), marked (mark) */
+    IDEM_MARK_DONE,    /* already done: a duplicate; prior_mid filled */
+    IDEM_MARK_BUSY,    /* leased by someone else (or earlier in the batch) */
+    IDEM_MARK_REJECT,  /* the effect was refused (error in `detail`) */
+    IDEM_MARK_LOST,    /* mark: our lease was taken over by another owner */
+    IDEM_MARK_AGAIN,   /* claim: same identity as an earlier record of this
+                          call; ask again once that one is finished */
+} idem_mark_t;
+
+typedef struct {
+    idem_mark_t mark;
+    char prior_mid[IDEM_ENVELOPE_ID_MAX + 1]; /* message_id of the done mark */
+    size_t prior_mid_len;                     /* its bytes (NULs are data) */
+    char detail[512];                         /* reject reason, lease holder */
+} idem_store_result_t;
+
+/* One partition's position: the next offset to read, everything below it
+ * finished. Kept in the hash <prefix>pos:<group.id>, field
+ * "<topic>:<partition>" (docs/design.md, "Positions in Redis"). */
+typedef struct {
+    const char *topic; /* borrowed */
+    int32_t partition;
+    int64_t offset; /* -1: Redis holds none (positions_load) */
+} idem_store_pos_t;
+
+/* A new store for conf (borrowed; must outlive the store). m may be NULL.
+ * Does not connect: the first call connects. Never NULL. */
+idem_store_t *idem_store_new(const idem_conf_t *conf, idem_metrics_t *m);
+void idem_store_destroy(idem_store_t *s); /* NULL is a no-op */
+
+/* Connects if not connected: idem_redisconn_open (Sentinel discovery, TLS,
+ * AUTH, SELECT, ROLE check), then SCRIPT LOAD and INFO. Returns 0, or -1
+ * with errstr; every error here is retriable (infrastructure), except an
+ * unsafe server, which idem_store_refused then reports. */
+int idem_store_connect(idem_store_t *s, char *errstr, size_t errstr_size);
+
+/* Drops the connection (after an error); the next call reconnects. */
+void idem_store_disconnect(idem_store_t *s);
+
+/* Makes every connect check the server's maxmemory-policy (`run` does;
+ * readers such as verify do not need to). */
+void idem_store_guard_eviction(idem_store_t *s);
+
+/* 1 (and the reason in errstr) once a server was refused because its
+ * maxmemory-policy may evict keys and redis.allow.eviction is false: fatal,
+ * `run` exits 2. Else 0. */
+int idem_store_refused(const idem_store_t *s, char *errstr, size_t errstr_size);
+
+/* Checks the server's maxmemory-policy again when the last check is at
+ * least interval_ms old (and the connection is idle). Returns 0, or -1
+ * (refused or a failed INFO, as idem_store_connect). */
+int idem_store_check(idem_store_t *s, int64_t interval_ms, char *errstr,
+                     size_t errstr_size);
+
+/* Successful connects so far: the caller notices a reconnect by a change. */
+uint64_t idem_store_connections(const idem_store_t *s);
+
+/* For readers that never write (verify): accept a replica, so a ledger can
+ * be read from one. Call before the first connect. */
+void idem_store_allow_replica(idem_store_t *s);
+
+/* The server's run_id seen at the last connect ("" before): a different
+ * one means another server, or the same one restarted, which may have lost
+ * its last writes. Borrowed. */
+const char *idem_store_run_id(const idem_store_t *s);
+
+/* The class label of a Redis error reply ("oom", "readonly", "misconf",
+ * "noreplicas", "loading", "busy", "masterdown", "auth", "noscript",
+ * "other"): the first word of the reply. Static string. */
+const char *idem_store_error_class(const char *redis_error);
+
+/* Writes pos[n] (borrowed) in one HSET. Returns 0, or -1 (retriable). */
+int idem_store_positions_save(idem_store_t *s, const idem_store_pos_t *pos,
+                              size_t n, char *errstr, size_t errstr_size);
+
+/* Reads the positions of pos[n] (topic and partition set by the caller)
+ * into pos[i].offset, -1 where Redis holds none. 0, or -1 (retriable). */
+int idem_store_positions_load(idem_store_t *s, idem_store_pos_t *pos, size_t n,
+                              char *errstr, size_t errstr_size);
+
+/* Ledger handler: for each of the n envelopes (borrowed), atomically
+ * check the dedup mark, apply the ledger increment and set the done mark
+ * (one script per chunk, chunks pipelined in one round trip). Fills
+ * results[n]. Returns 0, or -1 (retriable; nothing about the batch is
+ * known, but every record is either fully applied or untouched). */
+int idem_store_ledger_apply(idem_store_t *s, const idem_envelope_t *const *env,
+                            size_t n, idem_store_result_t *results,
+                            char *errstr, size_t errstr_size);
+
+/* The ledger call in two halves, so the caller can work while Redis runs
+ * the script: _send writes the whole pipelined request, _recv reads its
+ * replies into results[n] (n as sent). One request in flight at a time.
+ * Same results and failures as idem_store_ledger_apply; after a failed
+ * _recv some chunks may have been applied, which their marks reveal when
+ * the caller sends them again. pos[npos] (borrowed, may be empty) are
+ * positions written after the chunks in the same request; they are stored
+ * when _recv returns 0. With redis.wait.replicas, a WAIT ends the request
+ * and _recv fails (class "wait") unless enough replicas acknowledged it;
+ * the same holds for idem_store_mark_done. */
+int idem_store_ledger_send(idem_store_t *s, const idem_envelope_t *const *env,
+                           size_t n, const idem_store_pos_t *pos, size_t npos,
+                           char *errstr, size_t errstr_size);
+int idem_store_ledger_recv(idem_store_t *s, size_t n,
+                           idem_store_result_t *results, char *errstr,
+                           size_t errstr_size);
+
+/* The descriptor to poll (POLLIN) for the reply of the request in flight
+ * (any _send above): readable once its first bytes arrive. Returns -1 when
+ * there is nothing to wait for: no request in flight, no connection, or
+ * reply bytes already read into the context (call _recv now). Borrowed:
+ * valid until the next store call. */
+int idem_store_reply_fd(const idem_store_t *s);
+
+/* Forward handler, step 1: claim each record with a lease
+ * "lease:<owner>:<message_id>" for dedup.lease.ms, unless already done
+ * (IDEM_MARK_DONE), leased by another owner (IDEM_MARK_BUSY) or claimed
+ * by an earlier record of this call (IDEM_MARK_AGAIN). A lease of the same
+ * owner is re-claimed. */
+int idem_store_claim(idem_store_t *s, const char *owner,
+                     const idem_envelope_t *const *env, size_t n,
+                     idem_store_result_t *results, char *errstr,
+                     size_t errstr_size);
+
+/* Forward handler, step 3 (after the effect was acknowledged): turns our
+ * lease into the done mark. IDEM_MARK_NEW when marked (or the lease had
+ * expired unclaimed, or it was already done), IDEM_MARK_LOST when another
+ * owner holds the lease now (fenced). */
+int idem_store_mark_done(idem_store_t *s, const char *owner,
+                         const idem_envelope_t *const *env, size_t n,
+                         idem_store_result_t *results, char *errstr,
+                         size_t errstr_size);
+
+/* In-Redis effects (handler.h, IDEM_EFFECT_IN_REDIS: ledger, script).
+ *
+ * A handler registers its dedup script once (before the first connect, in
+ * its start op); the store loads it with SCRIPT LOAD at every connect and
+ * reloads it after NOSCRIPT. The script is called with EVALSHA, no KEYS,
+ * and ARGV = prefix, group.id, dedup.ttl.seconds, then `per_record`
+ * arguments for each record of the chunk (what `args` produces), for at
+ * most 1000 records per call (chunks pipelined in one request). It returns
+ * an array with one string per record:
+ *   ""                  applied now: effect and done mark written together
+ *   "done:<message_id>" a done mark existed: a duplicate, nothing written
+ *   "lease:<owner>..."  an external handler's lease: busy, nothing written
+ *   "reject:<reason>"   the record's effect is refused (dead letter)
+ * The done mark is the key <prefix>dedup:<group.id>:<identity>, value
+ * "done:<message_id>", EX ttl (the ledger script is the model). An error
+ * reply is the server's state (OOM, READONLY, ...): an outage.
+ *
+ * Returns a script number for idem_store_script_send, or -1 with errstr. */
+typedef size_t (*idem_store_args_fn)(const void *rec, const char **argv,
+                                     size_t *argvlen, void *opaque);
+int idem_store_script_register(idem_store_t *s, const char *lua, size_t len,
+                               size_t per_record, idem_store_args_fn args,
+                               void *opaque, char *errstr, size_t errstr_size);
+
+/* Sends script `script` for recs[n] (borrowed, e.g. idem_record_t; the
+ * registered `args` is called once per record with recs[i] and must point
+ * argv[0..per_record) at bytes (argvlen) that stay valid until _send
+ * returns), then
+ * pos[npos] (HSET) and WAIT, as idem_store_ledger_send does; _recv reads
+ * the replies into results[n] with the meanings above (IDEM_MARK_NEW,
+ * _DONE with prior_mid, _BUSY, _REJECT with detail). Same failures as
+ * idem_store_ledger_send/_recv. */
+int idem_store_script_send(idem_store_t *s, int script, const void *const *recs,
+                           size_t n, const idem_store_pos_t *pos, size_t npos,
+                           char *errstr, size_t errstr_size);
+int idem_store_script_recv(idem_store_t *s, size_t n,
+                           idem_store_result_t *results, char *errstr,
+                           size_t errstr_size);
+
+/* verify: calls cb(currency, user_id, minor, opaque) for every ledger
+ * field of every currency hash under the prefix. Returns 0 or -1. */
+int idem_store_ledger_scan(idem_store_t *s,
+                           void (*cb)(const char *currency, const char *user_id,
+                                      int64_t minor, void *opaque),
+                           void *opaque, char *errstr, size_t errstr_size);
+
+/* verify: the value of <prefix>ledger:applied (0 when absent). */
+int idem_store_applied_get(idem_store_t *s, int64_t *applied, char *errstr,
+                           size_t errstr_size);
+
+#endif
