@@ -53,10 +53,26 @@ endif
 SRCS      := $(wildcard $(SRC_DIRS:%=%/*.c))
 OBJS      := $(SRCS:processor/%.c=$(BUILD)/obj/%.o)
 LIB_OBJS  := $(filter-out $(BUILD)/obj/main.o,$(OBJS))
-TEST_SRCS := $(wildcard tests/*.c)
-TEST_OBJS := $(TEST_SRCS:tests/%.c=$(BUILD)/tobj/%.o)
+# Tests in three tiers, one Criterion binary each (docs/testing.md):
+#   unit  tests/unit: no server, no child process; built without the
+#         harness's include path and linked without it, so it cannot
+#         start one (make check);
+#   it    tests/it: one private redis-server, an in-process server or
+#         mock cluster, or a tool (promtool); no idemproc process;
+#   e2e   tests/e2e: idemproc processes (members, the stack, the CLI,
+#         chaos, the outbox, the README's commands).
+# tests/lib (files, parsers) is linked into every tier, tests/harness
+# (processes and servers) into it and e2e.
+TIERS        := unit it e2e
+TESTLIB_SRCS := $(wildcard tests/lib/*.c)
+HARNESS_SRCS := $(wildcard tests/harness/*.c)
+TIER_SRCS_unit := $(wildcard tests/unit/*.c) $(TESTLIB_SRCS)
+TIER_SRCS_it   := $(wildcard tests/it/*.c) $(TESTLIB_SRCS) $(HARNESS_SRCS)
+TIER_SRCS_e2e  := $(wildcard tests/e2e/*.c) $(TESTLIB_SRCS) $(HARNESS_SRCS)
+tobjs = $(patsubst tests/%.c,$(BUILD)/tobj/%.o,$(1))
+TEST_OBJS := $(sort $(foreach t,$(TIERS),$(call tobjs,$(TIER_SRCS_$(t)))))
+TIER_BINS := $(TIERS:%=$(BUILD)/idemproc-%)
 BIN       := $(BUILD)/idemproc
-TEST_BIN  := $(BUILD)/idemproc-tests
 # The benchmark's webhook service: the tests' scripted HTTP server.
 HOOKSINK  := $(BUILD)/hooksink
 
@@ -91,7 +107,7 @@ TEST_ARGS ?=
 
 # The test objects need Criterion, which only deps-check-test installs.
 .PHONY: all deps deps-check deps-check-test deps-check-fuzz deps-check-bench \
-        test check-format \
+        test check check-includes check-format \
         format demo demo-outbox bench chaos fuzz fuzz-build tsan memcheck clean \
         install help
 
@@ -99,7 +115,8 @@ all: $(BIN) $(PLUGINS)
 
 help:
 	@echo "make [all]      build $(BIN) (installs missing Debian packages first)"
-	@echo "make test       format check, unit and integration tests"
+	@echo "make check      format and include checks, the unit tier (under a minute)"
+	@echo "make test       everything: check, then the it and e2e tiers"
 	@echo "make demo       whole pipeline on the embedded broker and a private redis"
 	@echo "make demo-outbox  PostgreSQL outbox -> relay -> processor -> verify"
 	@echo "make bench      throughput side by side (kcat, the classic per-message design,"
@@ -160,8 +177,14 @@ $(BUILD)/obj/%.o: processor/%.c | deps-check $(BUILD)/obj
 	@mkdir -p $(@D)
 	$(CC) $(ALL_CFLAGS) -c -o $@ $<
 
-$(BUILD)/tobj/%.o: tests/%.c | deps-check-test $(BUILD)/tobj
-	$(CC) $(ALL_CFLAGS) -Wno-write-strings $(TEST_CFLAGS) -Iprocessor -c -o $@ $<
+TEST_CFLAGS_ALL = $(ALL_CFLAGS) -Wno-write-strings $(TEST_CFLAGS) -Itests/lib
+$(BUILD)/tobj/unit/%.o: tests/unit/%.c | deps-check-test
+	@mkdir -p $(@D)
+	$(CC) $(TEST_CFLAGS_ALL) -c -o $@ $<
+
+$(BUILD)/tobj/%.o: tests/%.c | deps-check-test
+	@mkdir -p $(@D)
+	$(CC) $(TEST_CFLAGS_ALL) -Itests/harness -c -o $@ $<
 
 $(BUILD)/plugins/%.so: config/examples/%.c | deps-check $(BUILD)/plugins
 	$(CC) $(PLUGIN_CFLAGS) $(PLUGIN_LDFLAGS) -o $@ $<
@@ -176,12 +199,17 @@ $(ABI_PLUGINS): $(BUILD)/tplugins/%.so: $(ABI_PLUGIN_SRC) | deps-check $(BUILD)/
 $(BIN): $(OBJS)
 	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS_ALL)
 
-$(TEST_BIN): $(TEST_OBJS) $(LIB_OBJS)
+$(BUILD)/idemproc-unit: $(call tobjs,$(TIER_SRCS_unit)) $(LIB_OBJS)
+	$(CC) $(LDFLAGS) -o $@ $^ $(TEST_LIBS) $(LDLIBS_ALL)
+
+$(BUILD)/idemproc-it: $(call tobjs,$(TIER_SRCS_it)) $(LIB_OBJS)
+	$(CC) $(LDFLAGS) -o $@ $^ $(TEST_LIBS) $(LDLIBS_ALL)
+
+$(BUILD)/idemproc-e2e: $(call tobjs,$(TIER_SRCS_e2e)) $(LIB_OBJS)
 	$(CC) $(LDFLAGS) -o $@ $^ $(TEST_LIBS) $(LDLIBS_ALL)
 
 FORMAT_SRCS = $(wildcard $(SRC_DIRS:%=%/*.[ch]) processor/include/*/*.h) \
-              tests/*.[ch] tests/fuzz/*.c tests/tsan/*.c \
-              tests/hooksink/*.c tests/bench/*.c \
+              $(wildcard tests/*/*.[ch]) \
               $(PLUGIN_SRCS) $(TEST_PLUGIN_SRCS) $(ABI_PLUGIN_SRC)
 
 check-format: | deps-check-test
@@ -192,20 +220,39 @@ check-format: | deps-check-test
 format: | deps-check-test
 	clang-format -i $(FORMAT_SRCS)
 
-# The suite's logs are long; a TAP report is written next to the build and,
-# when something fails, the failed tests and their assertions are printed
-# again at the very end, where a CI log's tail shows them.
-TEST_REPORT = $(BUILD)/test-report.tap
-
-test: check-format $(BIN) $(TEST_BIN) $(PLUGINS) $(TEST_PLUGINS)
-	@rc=0; IDEMPROC_BIN=$(abspath $(BIN)) IDEMPROC_SRC=$(abspath .) \
-	  PG_BINDIR=$(PG_BINDIR) \
-	  LSAN_OPTIONS=suppressions=$(abspath tests/lsan.supp) \
-	  $(TEST_BIN) --jobs=$(TEST_JOBS) --tap=$(TEST_REPORT) $(TEST_ARGS) || rc=$$?; \
+# The suite's logs are long; each tier writes a TAP report next to the
+# build and, when something fails, the failed tests and their assertions
+# are printed again at the very end, where a CI log's tail shows them.
+# Every tier runs even when an earlier one failed.
+TEST_ENV = IDEMPROC_BIN=$(abspath $(BIN)) IDEMPROC_SRC=$(abspath .) \
+           PG_BINDIR=$(PG_BINDIR) \
+           LSAN_OPTIONS=suppressions=$(abspath tests/lsan.supp)
+# $(call run_tiers,TIER ...): runs each tier's binary, then reports.
+define run_tiers
+	@rc=0; failed=""; for t in $(1); do \
+	  echo "test: --- tier $$t"; \
+	  $(TEST_ENV) $(BUILD)/idemproc-$$t --jobs=$(TEST_JOBS) \
+	    --tap=$(BUILD)/test-$$t.tap $(TEST_ARGS) || { rc=1; failed="$$failed $$t"; }; \
+	done; \
 	if [ $$rc -ne 0 ]; then \
-	  echo "test: failed (exit $$rc); from $(TEST_REPORT):"; \
-	  awk '/^not ok/ {p=1; print; next} /^(ok|# )/ {p=0} p' $(TEST_REPORT); \
+	  for t in $$failed; do \
+	    echo "test: tier $$t failed; from $(BUILD)/test-$$t.tap:"; \
+	    awk '/^not ok/ {p=1; print; next} /^(ok|# )/ {p=0} p' $(BUILD)/test-$$t.tap; \
+	  done; \
 	fi; exit $$rc
+endef
+
+# make check: the unit tier (under a minute), after every change.
+check: check-format check-includes $(BUILD)/idemproc-unit
+	$(call run_tiers,unit)
+
+# make test: every tier, the README's test command.
+test: check-format check-includes $(BIN) $(TIER_BINS) $(PLUGINS) $(TEST_PLUGINS)
+	$(call run_tiers,$(TIERS))
+
+# Include directions between processor/'s folders (docs/design.md).
+check-includes:
+	@tests/check_includes.sh
 
 demo: $(BIN) | deps-check-test
 	@tests/demo.sh $(BIN)
@@ -213,9 +260,9 @@ demo: $(BIN) | deps-check-test
 demo-outbox: $(BIN) | deps-check-test
 	@PG_BINDIR=$(PG_BINDIR) tests/demo_outbox.sh $(BIN)
 
-$(HOOKSINK): tests/hooksink/hooksink.c tests/hooksrv.c tests/hooksrv.h | deps-check $(BUILD)/obj
+$(HOOKSINK): tests/hooksink/hooksink.c tests/harness/hooksrv.c tests/harness/hooksrv.h | deps-check $(BUILD)/obj
 	$(CC) -std=c11 -D_GNU_SOURCE $(WARN) $(CFLAGS) $(PKG_CFLAGS) -o $@ \
-	  tests/hooksink/hooksink.c tests/hooksrv.c $(LDFLAGS) $(LDLIBS_ALL)
+	  tests/hooksink/hooksink.c tests/harness/hooksrv.c $(LDFLAGS) $(LDLIBS_ALL)
 
 # The benchmark's own programs (tests/bench/, not part of the product):
 # the classic per-message design (hiredis + librdkafka + jansson only) and

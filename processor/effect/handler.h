@@ -247,7 +247,7 @@ typedef struct idem_handler_ops_s {
 
 /* The handlers this build knows. The registry is the array in handler.c:
  * one line per handler; each handler's file is processor/handlers/<name>.c
- * with its tests in tests/test_<name>.c. */
+ * with its tests in tests/<tier>/test_<name>.c. */
 extern const idem_handler_ops_t idem_handler_ledger;
 extern const idem_handler_ops_t idem_handler_forward;
 extern const idem_handler_ops_t idem_handler_script;

@@ -3,7 +3,7 @@
  * retry.* headers a copy carries and reading them back, and which topic
  * of a member's subscription is which tier. No broker and no Redis here:
  * the loop (effects.c, pipeline.c) writes and reads the records
- * (tests/test_retrytopic.c). */
+ * (tests/unit/test_retrytopic.c). */
 #ifndef IDEM_RETRYTOPIC_H
 #define IDEM_RETRYTOPIC_H
 

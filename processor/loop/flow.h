@@ -2,7 +2,7 @@
  * the infrastructure and for a record's retries), the infrastructure-down
  * state machine, readiness, and the pause decision. No broker and no
  * Redis here: the loop reports what happened and asks what to do
- * (tests/test_flow.c). */
+ * (tests/unit/test_flow.c). */
 #ifndef IDEM_FLOW_H
 #define IDEM_FLOW_H
 

@@ -1,7 +1,7 @@
 /* offsets: the partitions a member holds and their positions: the
  * contiguous finished prefix (what may be committed), what was committed,
  * what Redis holds. No broker and no Redis here: the loop feeds it and
- * acts on what it says (tests/test_offsets.c). */
+ * acts on what it says (tests/unit/test_offsets.c). */
 #ifndef IDEM_OFFSETS_H
 #define IDEM_OFFSETS_H
 

@@ -1,7 +1,7 @@
 /* records: the records in hand, in the order they were polled. An index of
  * pointers (the records themselves never move: a handler may hold them);
  * a removed record leaves a hole, and holes are closed only when they
- * outnumber the records, not on every turn (tests/test_records.c). */
+ * outnumber the records, not on every turn (tests/unit/test_records.c). */
 #ifndef IDEM_RECORDS_H
 #define IDEM_RECORDS_H
 

@@ -1,4 +1,4 @@
-/* fuzz_redis_url: the Redis URL parser (processor/redisconn.c) and its
+/* fuzz_redis_url: the Redis URL parser (processor/redis/redisconn.c) and its
  * redaction: every parse ends in NUL-terminated fields, and neither
  * overruns its buffers. */
 #include "redis/redisconn.h"

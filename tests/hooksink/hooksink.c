@@ -1,9 +1,9 @@
-/* hooksink: the scripted HTTP server of the tests (tests/hooksrv.c) as a
+/* hooksink: the scripted HTTP server of the tests (tests/harness/hooksrv.c) as a
  * program, for the benchmark: answers every POST with one status after a
  * fixed delay, prints its URL on the first line of stdout, and on SIGTERM
  * or SIGINT prints how many requests it answered (with --record, also how
  * many distinct Idempotency-Keys, and the first keys answered 2xx twice). */
-#include "../hooksrv.h"
+#include "../harness/hooksrv.h"
 
 #include <signal.h>
 #include <stdio.h>

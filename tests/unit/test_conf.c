@@ -1,0 +1,372 @@
+/* test_conf (unit): the configuration table, its sources and every error
+ * path, loaded in-process. */
+#include "conf/conf.h"
+#include "testlib.h"
+
+#include <criterion/criterion.h>
+#include <criterion/parameterized.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static char *base_sets[] = {"kafka.bootstrap.servers=127.0.0.1:9092",
+                            "group.id=g", "input.topics=payments",
+                            "dlq.topic=payments.dlq"};
+
+static idem_conf_t *load(const char *path, char **envp, char **extra,
+                         size_t extra_cnt, char *errstr, size_t size)
+{
+    char *sets[32];
+    size_t n = 0;
+    for (size_t i = 0; i < 4; i++)
+        sets[n++] = base_sets[i];
+    for (size_t i = 0; i < extra_cnt; i++)
+        sets[n++] = extra[i];
+    return idem_conf_load(path, envp, sets, n, errstr, size);
+}
+
+static char *write_tmp(const char *dir, const char *name, const char *text)
+{
+    char *path = malloc(512);
+    snprintf(path, 512, "%s/%s", dir, name);
+    FILE *fp = fopen(path, "w");
+    fputs(text, fp);
+    fclose(fp);
+    return path;
+}
+
+static char *dump(const idem_conf_t *conf)
+{
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *fp = open_memstream(&buf, &len);
+    idem_conf_dump(conf, fp);
+    fclose(fp);
+    return buf;
+}
+
+Test(conf, defaults_are_documented_values)
+{
+    idem_conf_t *c = idem_conf_new();
+    cr_assert_str_eq(c->redis_prefix, "idemproc:");
+    cr_assert_eq(c->dedup_ttl_seconds, 86400);
+    cr_assert_str_eq(c->handler, "ledger");
+    idem_conf_destroy(c);
+    idem_conf_destroy(NULL);
+}
+
+Test(conf, precedence_file_env_set)
+{
+    char *dir = th_tmpdir();
+    char *path = write_tmp(dir, "p.properties",
+                           "# comment\n! also a comment\n\n"
+                           "batch.max.messages = 10\n"
+                           "batch.max.wait.ms=11\n"
+                           "commit.interval.ms=12\n");
+    char *envp[] = {"IDEMPROC_BATCH_MAX_WAIT_MS=21",
+                    "IDEMPROC_COMMIT_INTERVAL_MS=22", "PATH=/bin", NULL};
+    char *extra[] = {"commit.interval.ms=33"};
+    char err[512];
+    idem_conf_t *c = load(path, envp, extra, 1, err, sizeof(err));
+    cr_assert(c, "%s", err);
+    cr_expect_eq(c->batch_max_messages, 10); /* file */
+    cr_expect_eq(c->batch_max_wait_ms, 21);  /* env beats file */
+    cr_expect_eq(c->commit_interval_ms, 33); /* --set beats env */
+    idem_conf_destroy(c);
+    th_rmrf(dir);
+    free(dir);
+    free(path);
+}
+
+Test(conf, kafka_passthrough_and_env_mapping)
+{
+    char *envp[] = {"IDEMPROC_KAFKA_SESSION_TIMEOUT_MS=6000", NULL};
+    char *extra[] = {"kafka.fetch.wait.max.ms=10"};
+    char err[512];
+    idem_conf_t *c = load(NULL, envp, extra, 1, err, sizeof(err));
+    cr_assert(c, "%s", err);
+    char *d = dump(c);
+    cr_expect(strstr(d, "kafka.session.timeout.ms=6000\n"), "%s", d);
+    cr_expect(strstr(d, "kafka.fetch.wait.max.ms=10\n"), "%s", d);
+    free(d);
+    idem_conf_destroy(c);
+}
+
+Test(conf, secrets_from_files_are_never_printed)
+{
+    char *dir = th_tmpdir();
+    char *pw = write_tmp(dir, "pw", "s3cr3t-redis\n");
+    char *kpw = write_tmp(dir, "kpw", "s3cr3t-kafka");
+    char set1[600], set2[600];
+    snprintf(set1, sizeof(set1), "redis.password.file=%s", pw);
+    snprintf(set2, sizeof(set2), "kafka.sasl.password.file=%s", kpw);
+    char *extra[] = {set1, set2, "redis.url=redis://:inline-pw@127.0.0.1:1/0",
+                     "kafka.sasl.username=user"};
+    char err[512];
+    idem_conf_t *c = load(NULL, NULL, extra, 4, err, sizeof(err));
+    cr_assert(c, "%s", err);
+    cr_expect_str_eq(c->redis_password, "s3cr3t-redis");
+    char *d = dump(c);
+    cr_expect_null(strstr(d, "s3cr3t"), "%s", d);
+    cr_expect_null(strstr(d, "inline-pw"), "%s", d);
+    cr_expect(strstr(d, "redis.password=[redacted]"), "%s", d);
+    cr_expect(strstr(d, "kafka.sasl.password=[redacted]"), "%s", d);
+    cr_expect(strstr(d, "kafka.sasl.username=user"), "%s", d);
+    free(d);
+    idem_conf_destroy(c);
+    th_rmrf(dir);
+    free(dir);
+    free(pw);
+    free(kpw);
+}
+
+/* A key whose own name ends in ".file" (a table key such as
+ * redis.tls.ca.file, or one a handler declares: script.file,
+ * webhook.ca.file) is that key, its value a path; for every other key,
+ * <key>.file=PATH reads <key>'s value from PATH: table keys, handler keys
+ * (webhook.headers, script.fields) and plugin.<key> alike, from the
+ * environment too. */
+Test(conf, declared_file_keys_win_over_the_file_rule)
+{
+    char *dir = th_tmpdir();
+    char *fields = write_tmp(dir, "fields", "/sku,/qty\n");
+    char *hdrs = write_tmp(dir, "hdrs", "Authorization: Bearer t0ken\n");
+    char *tok = write_tmp(dir, "tok", "plugin-secret\n");
+    char set_fields[600], set_hdrs[600], set_tok[600], env_file[600];
+    snprintf(set_fields, sizeof(set_fields), "script.fields.file=%s", fields);
+    snprintf(set_hdrs, sizeof(set_hdrs), "webhook.headers.file=%s", hdrs);
+    snprintf(set_tok, sizeof(set_tok), "plugin.token.file=%s", tok);
+    snprintf(env_file, sizeof(env_file), "IDEMPROC_SCRIPT_FILE=%s/x.lua", dir);
+    char *envp[] = {env_file, NULL};
+    char *extra[] = {"webhook.ca.file=/nonexistent/ca.pem", set_fields,
+                     set_hdrs, set_tok};
+    char err[512];
+    idem_conf_t *c = load(NULL, envp, extra, 4, err, sizeof(err));
+    cr_assert(c, "%s", err);
+    /* Paths, not file contents (the files do not even exist). */
+    char want[600];
+    snprintf(want, sizeof(want), "%s/x.lua", dir);
+    cr_expect_str_eq(idem_conf_str(c, "script.file"), want);
+    cr_expect_str_eq(idem_conf_str(c, "webhook.ca.file"),
+                     "/nonexistent/ca.pem");
+    /* Read from the files, trailing newline removed. */
+    cr_expect_str_eq(idem_conf_str(c, "script.fields"), "/sku,/qty");
+    cr_expect_str_eq(idem_conf_str(c, "webhook.headers"),
+                     "Authorization: Bearer t0ken");
+    cr_expect_str_eq(idem_conf_str(c, "plugin.token"), "plugin-secret");
+    idem_conf_destroy(c);
+    /* A key that is neither: the file rule names the file's problem. */
+    char *bad[] = {"script.fields.file=/nonexistent/f"};
+    cr_expect_null(load(NULL, NULL, bad, 1, err, sizeof(err)));
+    cr_expect(strstr(err, "script.fields.file"), "%s", err);
+    th_rmrf(dir);
+    free(dir);
+    free(fields);
+    free(hdrs);
+    free(tok);
+}
+
+/* Data-driven error cases: each line of tests/data/conf_errors.txt is
+ * "--set argument<TAB>substring the error must contain". */
+Test(conf, every_error_names_key_and_problem)
+{
+    char path[1024];
+    snprintf(path, sizeof(path), "%s/tests/data/conf_errors.txt", th_src());
+    FILE *fp = fopen(path, "r");
+    cr_assert(fp, "cannot open %s", path);
+    char line[1024];
+    int cases = 0;
+    while (fgets(line, sizeof(line), fp)) {
+        line[strcspn(line, "\n")] = '\0';
+        if (!line[0] || line[0] == '#')
+            continue;
+        char *tab = strchr(line, '\t');
+        cr_assert(tab, "bad line in %s: %s", path, line);
+        *tab = '\0';
+        char *extra[] = {line};
+        char err[512] = "";
+        idem_conf_t *c = load(NULL, NULL, extra, 1, err, sizeof(err));
+        cr_expect_null(c, "accepted: %s", line);
+        cr_expect(strstr(err, tab + 1), "for %s: got \"%s\", want \"%s\"", line,
+                  err, tab + 1);
+        idem_conf_destroy(c);
+        cases++;
+    }
+    fclose(fp);
+    cr_expect_gt(cases, 10);
+}
+
+Test(conf, missing_required_key)
+{
+    char err[512];
+    char *sets[] = {"group.id=g"};
+    idem_conf_t *c = idem_conf_load(NULL, NULL, sets, 1, err, sizeof(err));
+    cr_assert_null(c);
+    cr_expect(strstr(err, "kafka.bootstrap.servers: required"), "%s", err);
+}
+
+Test(conf, file_errors_name_file_and_line)
+{
+    char *dir = th_tmpdir();
+    char *path = write_tmp(dir, "bad.properties", "group.id=g\nnot a pair\n");
+    char err[512];
+    idem_conf_t *c = load(path, NULL, NULL, 0, err, sizeof(err));
+    cr_assert_null(c);
+    cr_expect(strstr(err, "bad.properties:2: expected key=value"), "%s", err);
+    free(path);
+    /* librdkafka's verdict on a kafka.* key carries the file and line. */
+    path = write_tmp(dir, "k.properties",
+                     "group.id=g\n# comment\nkafka.socket.timeout.ms=abc\n");
+    c = load(path, NULL, NULL, 0, err, sizeof(err));
+    cr_assert_null(c);
+    cr_expect(strstr(err, "k.properties:3: kafka.socket.timeout.ms: "), "%s",
+              err);
+    free(path);
+    path = write_tmp(dir, "g.properties", "kafka.group.id=zzz\n");
+    c = load(path, NULL, NULL, 0, err, sizeof(err));
+    cr_assert_null(c);
+    cr_expect(strstr(err, "g.properties:1: kafka.group.id: set by idemproc "
+                          "itself, not configurable (use group.id)"),
+              "%s", err);
+    c = load("/nonexistent/x.properties", NULL, NULL, 0, err, sizeof(err));
+    cr_assert_null(c);
+    cr_expect(strstr(err, "/nonexistent/x.properties: cannot open"), "%s", err);
+    th_rmrf(dir);
+    free(dir);
+    free(path);
+}
+
+Test(conf, unknown_environment_variable_is_an_error)
+{
+    char *envp[] = {"IDEMPROC_GROUPID=x", NULL};
+    char err[512];
+    idem_conf_t *c = load(NULL, envp, NULL, 0, err, sizeof(err));
+    cr_assert_null(c);
+    cr_expect(strstr(err, "IDEMPROC_GROUPID: environment variable names no "
+                          "configuration key (did you mean "
+                          "IDEMPROC_GROUP_ID?)"),
+              "%s", err);
+    char *far[] = {"IDEMPROC_XYZZY=1", NULL};
+    c = load(NULL, far, NULL, 0, err, sizeof(err));
+    cr_assert_null(c);
+    cr_expect(strstr(err, "IDEMPROC_XYZZY: environment variable names no "
+                          "configuration key (IDEMPROC_<KEY>"),
+              "%s", err);
+}
+
+/* The README's configuration section must be what the table prints. */
+Test(conf, readme_table_is_current)
+{
+    char path[1024];
+    snprintf(path, sizeof(path), "%s/README.md", th_src());
+    char *readme = th_slurp(path, NULL);
+    cr_assert(readme, "cannot read %s", path);
+    const char *begin_mark = "<!-- config-table:begin -->\n";
+    char *b = strstr(readme, begin_mark);
+    char *e = strstr(readme, "<!-- config-table:end -->");
+    cr_assert(b && e && e > b, "README.md lacks the config-table markers");
+    b += strlen(begin_mark);
+    char *want = NULL;
+    size_t len = 0;
+    FILE *fp = open_memstream(&want, &len);
+    idem_conf_print_markdown(fp);
+    fclose(fp);
+    cr_expect(len == (size_t)(e - b) && !memcmp(b, want, len),
+              "README.md configuration table is stale: regenerate it with "
+              "'build/idemproc help config-markdown'");
+    free(want);
+    free(readme);
+}
+
+/* The Kubernetes way: a mounted Secret named by IDEMPROC_<KEY>_FILE. */
+Test(conf, secret_file_from_the_environment)
+{
+    char *dir = th_tmpdir();
+    char *pw = write_tmp(dir, "pw", "from-a-secret\n");
+    char var[600];
+    snprintf(var, sizeof(var), "IDEMPROC_REDIS_PASSWORD_FILE=%s", pw);
+    char *envp[] = {var, NULL};
+    char err[512];
+    idem_conf_t *c = load(NULL, envp, NULL, 0, err, sizeof(err));
+    cr_assert(c, "%s", err);
+    cr_expect_str_eq(c->redis_password, "from-a-secret");
+    idem_conf_destroy(c);
+    th_rmrf(dir);
+    free(dir);
+    free(pw);
+}
+
+/* A handler's keys come from its registry entry: set, validated, read,
+ * dumped, listed by help, and suggested on a typo. */
+Test(conf, handler_keys_come_from_the_registry)
+{
+    char err[512] = "";
+    char *fwd[] = {"handler=forward", "output.topic=out"};
+    idem_conf_t *c = load(NULL, NULL, fwd, 2, err, sizeof(err));
+    cr_assert(c, "%s", err);
+    cr_expect_eq(idem_conf_int(c, "forward.processed.at"), 1); /* default */
+    char *d = dump(c);
+    cr_expect(strstr(d, "forward.processed.at=true\n"), "%s", d);
+    free(d);
+    idem_conf_destroy(c);
+
+    char *off[] = {"handler=forward", "output.topic=out",
+                   "forward.processed.at=false"};
+    c = load(NULL, NULL, off, 3, err, sizeof(err));
+    cr_assert(c, "%s", err);
+    cr_expect_eq(idem_conf_int(c, "forward.processed.at"), 0);
+    cr_expect_str_eq(idem_conf_str(c, "forward.processed.at"), "false");
+    idem_conf_destroy(c);
+
+    /* From the environment, like the table's keys. */
+    char *env[] = {"IDEMPROC_FORWARD_PROCESSED_AT=false", NULL};
+    c = load(NULL, env, fwd, 2, err, sizeof(err));
+    cr_assert(c, "%s", err);
+    cr_expect_eq(idem_conf_int(c, "forward.processed.at"), 0);
+    idem_conf_destroy(c);
+
+    char *typo[] = {"forward.processed.att=true"};
+    c = load(NULL, NULL, typo, 1, err, sizeof(err));
+    cr_expect_null(c);
+    cr_expect(strstr(err, "did you mean \"forward.processed.at\""), "%s", err);
+
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *out = open_memstream(&buf, &len);
+    idem_conf_print_help(out);
+    fclose(out);
+    cr_expect(strstr(buf, "handler=forward: "), "%s", buf);
+    cr_expect(strstr(buf, "  forward.processed.at"), "%s", buf);
+    free(buf);
+    out = open_memstream(&buf, &len);
+    idem_conf_print_markdown(out);
+    fclose(out);
+    cr_expect(strstr(buf, "| `forward.processed.at` | one of: false, true | "
+                          "`true` | with `handler=forward`: "),
+              "%s", buf);
+    free(buf);
+}
+
+/* The envelope keys: defaults as documented, bytes refused for the ledger
+ * (it reads payment fields from JSON). */
+Test(conf, envelope_keys)
+{
+    char err[512] = "";
+    idem_conf_t *c = load(NULL, NULL, NULL, 0, err, sizeof(err));
+    cr_assert(c, "%s", err);
+    cr_expect_str_eq(c->envelope_identity,
+                     "value:/idempotency_key,header:idempotency_key,"
+                     "value:/message_id,header:message_id");
+    cr_expect_str_eq(c->envelope_message_id,
+                     "value:/message_id,header:message_id");
+    idem_conf_destroy(c);
+    char *bytes[] = {"envelope.format=bytes"};
+    c = load(NULL, NULL, bytes, 1, err, sizeof(err));
+    cr_expect_null(c);
+    cr_expect(strstr(err, "envelope.format: handler=ledger"), "%s", err);
+    char *fwd[] = {"envelope.format=bytes", "handler=forward",
+                   "output.topic=out", "envelope.identity=key,header:id"};
+    c = load(NULL, NULL, fwd, 4, err, sizeof(err));
+    cr_expect(c, "%s", err);
+    idem_conf_destroy(c);
+}
