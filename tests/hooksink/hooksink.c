@@ -1,5 +1,5 @@
-/* hooksink: the scripted HTTP server of the tests (tests/harness/hooksrv.c) as a
- * program, for the benchmark: answers every POST with one status after a
+/* hooksink: the scripted HTTP server of the tests (tests/harness/hooksrv.c) as
+ * a program, for the benchmark: answers every POST with one status after a
  * fixed delay, prints its URL on the first line of stdout, and on SIGTERM
  * or SIGINT prints how many requests it answered (with --record, also how
  * many distinct Idempotency-Keys, and the first keys answered 2xx twice). */
