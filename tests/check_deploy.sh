@@ -608,7 +608,7 @@ check_networkpolicy_allows_only_needed_traffic() {
 check_prometheusrule_matches_alerts() {
     local rules=$root/config/alerts/idemproc.rules.yml
     if ! sh "$k8s/gen-prometheusrule.sh" --check >"$work/gen.out" 2>&1; then
-        echo "deploy/k8s/components/monitoring/prometheusrule.yaml is stale: run deploy/k8s/gen-prometheusrule.sh"
+        echo "deploy/k8s/components/monitoring/prometheusrule.yaml is stale: run deploy/k8s/gen-prometheusrule.sh ($(grep -v '^\(---\|+++\) ' "$work/gen.out" | head -n 6 | paste -sd '|' | sed 's/|/ | /g'))"
     fi
     # Independently of the generator: the rule file is one YAML mapping, so
     # a header turns it into an object kubectl reads.
