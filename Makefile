@@ -107,7 +107,7 @@ TEST_ARGS ?=
 
 # The test objects need Criterion, which only deps-check-test installs.
 .PHONY: all deps deps-check deps-check-test deps-check-fuzz deps-check-bench \
-        test check check-includes check-format \
+        test check check-includes check-format check-deploy \
         format demo demo-outbox bench chaos fuzz fuzz-build tsan memcheck clean \
         install help
 
@@ -116,7 +116,9 @@ all: $(BIN) $(PLUGINS)
 help:
 	@echo "make [all]      build $(BIN) (installs missing Debian packages first)"
 	@echo "make check      format and include checks, the unit tier (under a minute)"
-	@echo "make test       everything: check, then the it and e2e tiers"
+	@echo "make test       everything: check, check-deploy, then the it and e2e tiers"
+	@echo "make check-deploy  lint the deploy files (rendered overlays, Dockerfile,"
+	@echo "                PrometheusRule; needs kubectl) and prove each check can fail"
 	@echo "make demo       whole pipeline on the embedded broker and a private redis"
 	@echo "make demo-outbox  PostgreSQL outbox -> relay -> processor -> verify"
 	@echo "make bench      throughput side by side (kcat, the classic per-message design,"
@@ -247,8 +249,19 @@ check: check-format check-includes $(BUILD)/idemproc-unit
 	$(call run_tiers,unit)
 
 # make test: every tier, the README's test command.
-test: check-format check-includes $(BIN) $(TIER_BINS) $(PLUGINS) $(TEST_PLUGINS)
+test: check-format check-includes check-deploy $(BIN) $(TIER_BINS) $(PLUGINS) \
+      $(TEST_PLUGINS)
 	$(call run_tiers,$(TIERS))
+
+# The lint of the deploy files (tests/check_deploy.sh): the kustomize
+# overlays rendered and checked with jq, the Dockerfile, the PrometheusRule;
+# it asks the binary only for its configuration keys. Then its self-test:
+# one defect per check on a copy of deploy/ and config/, and that check
+# alone must fail. kubectl is not a Debian package here; these machines
+# ship it.
+check-deploy: $(BIN) | deps-check-test
+	@tests/check_deploy.sh $(BIN)
+	@tests/check_deploy.sh --self-test $(BIN)
 
 # Include directions between processor/'s folders (docs/design.md).
 check-includes:

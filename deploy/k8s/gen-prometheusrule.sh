@@ -7,7 +7,7 @@
 #   deploy/k8s/gen-prometheusrule.sh --stdout  print it
 #   deploy/k8s/gen-prometheusrule.sh --check   exit 1 (with a diff) if stale
 #
-# Run it after every change to the rules file; tests/e2e/test_deploy.c fails
+# Run it after every change to the rules file; tests/check_deploy.sh fails
 # while the committed PrometheusRule differs from what this prints.
 #
 # The rule file's only top-level key must be `groups:`; the PrometheusRule's

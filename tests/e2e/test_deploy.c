@@ -1,7 +1,9 @@
 /* test_deploy: the container build (deploy/docker) and the Kubernetes
- * manifests (deploy/k8s), checked against the binary itself: kustomize
- * renders every overlay, and the rendered configuration and environment
- * must pass `idemproc check-config` as the pod would run it. */
+ * manifests (deploy/k8s), run for real: build.sh builds and checks the
+ * binary, the rendered configuration and environment pass `idemproc
+ * check-config` as the pod would run it, and a pod is rehearsed against a
+ * broker and Redis. What is only a lint of the files (structure, ports,
+ * probes, policies) is tests/check_deploy.sh (make check-deploy). */
 #include "harness.h"
 
 #include <criterion/criterion.h>
@@ -90,11 +92,6 @@ static const char *jstr(json_t *o)
     return json_is_string(o) ? json_string_value(o) : NULL;
 }
 
-static int jtrue(json_t *o)
-{
-    return json_is_true(o);
-}
-
 /* Integer of a JSON number or of a numeric string (annotations). */
 static long long jint(json_t *o)
 {
@@ -178,29 +175,6 @@ static json_t *render_overlay(const char *overlay)
     return objs;
 }
 
-/* The dev overlay with the optional KEDA component, through a throwaway
- * kustomization (kustomize refuses absolute paths, hence ../..). */
-static json_t *render_dev_with_keda(void)
-{
-    char *tmp = th_tmpdir();
-    char *dev = src_path("deploy/k8s/overlays/dev");
-    char *keda = src_path("deploy/k8s/components/keda");
-    cr_assert(!strncmp(tmp, "/tmp/", 5) && !strchr(tmp + 5, '/'));
-    char text[3 * PATH_MAX];
-    snprintf(text, sizeof(text),
-             "apiVersion: kustomize.config.k8s.io/v1beta1\n"
-             "kind: Kustomization\n"
-             "resources:\n  - ../..%s\ncomponents:\n  - ../..%s\n",
-             dev, keda);
-    free(write_file(tmp, "kustomization.yaml", text));
-    json_t *objs = render_dir(tmp);
-    th_rmrf(tmp);
-    free(tmp);
-    free(dev);
-    free(keda);
-    return objs;
-}
-
 /* First object of `kind` whose name is `name` (or starts with it when
  * prefix is set; any name when NULL). Borrowed. */
 static json_t *find_obj(json_t *objs, const char *kind, const char *name,
@@ -219,19 +193,6 @@ static json_t *find_obj(json_t *objs, const char *kind, const char *name,
             return o;
     }
     return NULL;
-}
-
-static size_t count_kind(json_t *objs, const char *kind)
-{
-    size_t i, n = 0;
-    json_t *o;
-    json_array_foreach(objs, i, o)
-    {
-        const char *k = jstr(JGET(o, "kind"));
-        if (k && !strcmp(k, kind))
-            n++;
-    }
-    return n;
 }
 
 static json_t *processor(json_t *objs)
@@ -555,152 +516,6 @@ static void processor_conf(json_t *objs, const char *overlay, pod_conf_t *pc)
 
 /* ---- the image ------------------------------------------------------ */
 
-/* A Dockerfile instruction: continuation lines joined, comments dropped. */
-typedef struct {
-    char op[16];
-    char *arg;
-    int stage; /* 0-based index of the FROM it belongs to */
-} insn_t;
-
-static size_t dockerfile_parse(insn_t *out, size_t max)
-{
-    char *path = src_path("deploy/docker/Dockerfile");
-    char *text = th_slurp(path, NULL);
-    cr_assert(text, "cannot read %s", path);
-    free(path);
-    size_t n = 0;
-    int stage = -1;
-    char *logical = NULL;
-    size_t ll = 0;
-    for (char *line = strtok(text, "\n"); line; line = strtok(NULL, "\n")) {
-        char *s = line;
-        while (isspace((unsigned char)*s))
-            s++;
-        if (*s == '#' || !*s)
-            continue;
-        size_t l = strlen(s);
-        int cont = l && s[l - 1] == '\\';
-        if (cont)
-            s[--l] = '\0';
-        logical = realloc(logical, ll + l + 2);
-        memcpy(logical + ll, s, l);
-        ll += l;
-        logical[ll++] = ' ';
-        logical[ll] = '\0';
-        if (cont)
-            continue;
-        cr_assert_lt(n, max);
-        insn_t *in = &out[n++];
-        size_t ol = strcspn(logical, " \t");
-        snprintf(in->op, sizeof(in->op), "%.*s", (int)ol, logical);
-        for (char *c = in->op; *c; c++)
-            *c = (char)toupper((unsigned char)*c);
-        char *a = logical + ol;
-        while (isspace((unsigned char)*a))
-            a++;
-        in->arg = strdup(a);
-        size_t al = strlen(in->arg);
-        while (al && isspace((unsigned char)in->arg[al - 1]))
-            in->arg[--al] = '\0';
-        if (!strcmp(in->op, "FROM"))
-            stage++;
-        in->stage = stage;
-        ll = 0;
-    }
-    free(logical);
-    free(text);
-    return n;
-}
-
-/* Removes all whitespace (JSON-form instructions compare that way). */
-static void squeeze(char *s)
-{
-    char *w = s;
-    for (; *s; s++)
-        if (!isspace((unsigned char)*s))
-            *w++ = *s;
-    *w = '\0';
-}
-
-Test(deploy, dockerfile_structure)
-{
-    insn_t in[128];
-    size_t n = dockerfile_parse(in, 128);
-    int last = in[n - 1].stage;
-    int from = 0, user = 0, entry = 0, cmd = 0, expose = 0;
-    int run_deps = 0, run_build = 0, run_check = 0, run_runtime = 0;
-    const char *labels[] = {"org.opencontainers.image.title",
-                            "org.opencontainers.image.description",
-                            "org.opencontainers.image.version",
-                            "org.opencontainers.image.source", NULL};
-    int label_seen[4] = {0};
-    for (size_t i = 0; i < n; i++) {
-        const char *op = in[i].op;
-        char *a = in[i].arg;
-        if (!strcmp(op, "FROM")) {
-            if (in[i].stage == 0)
-                cr_expect(!strcasecmp(a, "debian:bookworm AS build"),
-                          "first stage must be FROM debian:bookworm AS build, "
-                          "got %s",
-                          a);
-            if (in[i].stage == last)
-                cr_expect_str_eq(a, "debian:bookworm-slim");
-            from++;
-        } else if (!strcmp(op, "RUN")) {
-            /* Packages and the build go through build.sh, the part of
-             * the image this machine can test. */
-            if (strstr(a, "apt-get") || strstr(a, "make "))
-                cr_expect(strstr(a, "build.sh") && !strstr(a, "apt-get") &&
-                              !strstr(a, "make "),
-                          "RUN installs or builds without build.sh: %s", a);
-            if (in[i].stage == 0) {
-                run_deps |= strstr(a, "build.sh deps") != NULL;
-                run_build |= strstr(a, "build.sh build") != NULL;
-                run_check |= strstr(a, "build.sh check-runtime") != NULL;
-            } else if (in[i].stage == last) {
-                run_runtime |= strstr(a, "build.sh runtime-deps") != NULL;
-            }
-        } else if (!strcmp(op, "USER") && in[i].stage == last) {
-            char *end;
-            long uid = strtol(a, &end, 10);
-            cr_expect(end != a && (*end == '\0' || *end == ':'),
-                      "USER must be numeric (runAsNonRoot can only verify "
-                      "a number): %s",
-                      a);
-            cr_expect_eq(uid, 10001, "USER %s, want 10001", a);
-            user = 1;
-        } else if (!strcmp(op, "ENTRYPOINT") && in[i].stage == last) {
-            squeeze(a);
-            cr_expect_str_eq(a, "[\"idemproc\"]");
-            entry = 1;
-        } else if (!strcmp(op, "CMD") && in[i].stage == last) {
-            squeeze(a);
-            cr_expect_str_eq(
-                a, "[\"run\",\"-c\",\"/etc/idemproc/idemproc.properties\"]");
-            cmd = 1;
-        } else if (!strcmp(op, "EXPOSE") && in[i].stage == last) {
-            expose |= strstr(a, "9464") != NULL;
-        } else if (!strcmp(op, "LABEL") && in[i].stage == last) {
-            for (int l = 0; labels[l]; l++)
-                label_seen[l] |= strstr(a, labels[l]) != NULL;
-        } else if (!strcmp(op, "ENV")) {
-            /* The processor rejects unknown IDEMPROC_* variables. */
-            cr_expect_null(strstr(a, "IDEMPROC_"), "ENV %s", a);
-        }
-    }
-    cr_expect_geq(from, 2, "multi-stage build expected");
-    cr_expect(user, "final stage has no USER");
-    cr_expect(entry && cmd, "final stage needs ENTRYPOINT and CMD");
-    cr_expect(expose, "EXPOSE 9464 missing");
-    cr_expect(run_deps && run_build && run_check,
-              "build stage must RUN build.sh deps, build and check-runtime");
-    cr_expect(run_runtime, "runtime stage must RUN build.sh runtime-deps");
-    for (int l = 0; labels[l]; l++)
-        cr_expect(label_seen[l], "LABEL %s missing", labels[l]);
-    for (size_t i = 0; i < n; i++)
-        free(in[i].arg);
-}
-
 /* The runtime stage installs exactly what the binary links: each NEEDED
  * library's Debian package (dpkg -S) must be in build.sh's list. */
 Test(deploy, runtime_packages_cover_linked_libraries)
@@ -767,250 +582,16 @@ Test(deploy, build_script_installs_runnable_binary, .timeout = 600)
 
 /* ---- the manifests -------------------------------------------------- */
 
-Test(deploy, overlays_render, .timeout = 120)
-{
-    for (int i = 0; overlays[i]; i++) {
-        json_t *objs = render_overlay(overlays[i]);
-        const char *ov = overlays[i];
-        cr_expect(find_obj(objs, "Deployment", "idemproc", 0), "%s", ov);
-        cr_expect(find_obj(objs, "ConfigMap", "idemproc-config-", 1), "%s", ov);
-        cr_expect(find_obj(objs, "Service", "idemproc-metrics", 0), "%s", ov);
-        cr_expect(find_obj(objs, "NetworkPolicy", "idemproc", 0), "%s", ov);
-        cr_expect(find_obj(objs, "ServiceMonitor", "idemproc", 0), "%s", ov);
-        cr_expect(find_obj(objs, "PrometheusRule", "idemproc", 0), "%s", ov);
-        cr_expect(find_obj(objs, "HorizontalPodAutoscaler", "idemproc", 0),
-                  "%s", ov);
-        json_t *pdb = find_obj(objs, "PodDisruptionBudget", "idemproc", 0);
-        cr_expect_eq(jint(JGET(pdb, "spec", "maxUnavailable")), 1, "%s", ov);
-        if (!strcmp(ov, "dev")) {
-            cr_expect_geq(count_kind(objs, "KafkaTopic"), 2);
-            cr_expect(find_obj(objs, "Deployment", "idemproc-redis", 0));
-            cr_expect(find_obj(objs, "Service", "idemproc-redis", 0));
-            cr_expect(find_obj(objs, "Job", "idemproc-traffic", 0));
-        } else {
-            /* Test traffic and a throwaway Redis never reach production. */
-            cr_expect_eq(count_kind(objs, "Job"), 0);
-            cr_expect_null(find_obj(objs, "Deployment", "idemproc-redis", 0));
-            cr_expect_eq(count_kind(objs, "Secret"), 0,
-                         "production Secrets are created out of band");
-        }
-        json_decref(objs);
-    }
-    json_t *keda = render_dev_with_keda();
-    cr_expect(find_obj(keda, "ScaledObject", "idemproc", 0));
-    cr_expect_eq(count_kind(keda, "HorizontalPodAutoscaler"), 0,
-                 "KEDA owns the HPA; the base one must be removed");
-    json_decref(keda);
-}
-
+/* Every container that runs the processor (args starting with run, in a
+ * Deployment or a Job) passes check-config with its pod's configuration
+ * and environment: the processor exits 2 on an IDEMPROC_* variable that
+ * names no key, or on a value it rejects. */
 Test(deploy, configmap_passes_check_config, .timeout = 120)
 {
     for (int i = 0; overlays[i]; i++) {
-        json_t *objs = render_overlay(overlays[i]);
-        pod_conf_t pc;
-        processor_conf(objs, overlays[i], &pc);
-        cr_expect(strstr(pc.conf, "member.id=" POD_NAME "\n"),
-                  "%s: member.id is not the pod name:\n%s", overlays[i],
-                  pc.conf);
-        for (size_t k = 0; k < 2; k++)
-            cr_expect_null(strstr(pc.conf, secret_dummy[k]),
-                           "%s: secret printed:\n%s", overlays[i], pc.conf);
-        pod_conf_free(&pc);
-        json_decref(objs);
-    }
-}
-
-/* Production reads its credentials from the mounted Secret: every *.file
- * key names a key of the Secret under the credentials mount, and the
- * values really arrive (check-config shows the non-secret username). */
-Test(deploy, production_credentials_from_secret_files, .timeout = 120)
-{
-    json_t *objs = render_overlay("production");
-    pod_conf_t pc;
-    processor_conf(objs, "production", &pc);
-    const char *want[] = {"redis.password.file", "kafka.sasl.password.file",
-                          "kafka.sasl.username.file", NULL};
-    json_t *c = container_named(processor(objs), "idemproc");
-    const char *mount = mount_path(c, "credentials");
-    cr_assert(mount);
-    for (int k = 0; want[k]; k++) {
-        char *v = prop_get(pc.props, want[k]);
-        cr_expect(v && !strncmp(v, mount, strlen(mount)),
-                  "%s=%s is not under the Secret mount %s", want[k], v, mount);
-        free(v);
-    }
-    json_t *vol = volume_named(processor(objs), "credentials");
-    cr_expect_str_eq(jstr(JGET(vol, "secret", "secretName")),
-                     "idemproc-credentials");
-    cr_expect(json_is_false(JGET(vol, "secret", "optional")),
-              "production must not start without its credentials");
-    cr_expect(strstr(pc.conf, "kafka.security.protocol=SASL_SSL\n"), "%s",
-              pc.conf);
-    cr_expect(strstr(pc.conf, "kafka.sasl.username=test-secret-"), "%s",
-              pc.conf);
-    cr_expect(strstr(pc.conf, "redis.password=[redacted]\n"), "%s", pc.conf);
-    cr_expect(strstr(pc.conf, "kafka.sasl.password=[redacted]\n"), "%s",
-              pc.conf);
-    /* Redis: TLS with verification, an ACL user, the CA from the Secret. */
-    cr_expect(strstr(pc.conf, "redis.url=rediss://"), "%s", pc.conf);
-    cr_expect(strstr(pc.conf, "redis.tls.verify=true\n"), "%s", pc.conf);
-    cr_expect(strstr(pc.conf, "redis.username=idemproc\n"), "%s", pc.conf);
-    char *ca = prop_get(pc.props, "redis.tls.ca.file");
-    cr_expect(ca && !strncmp(ca, mount, strlen(mount)),
-              "redis.tls.ca.file=%s is not under the Secret mount %s", ca,
-              mount);
-    free(ca);
-    pod_conf_free(&pc);
-    json_decref(objs);
-}
-
-/* Every IDEMPROC_* variable a pod gets must be a configuration key: the
- * processor exits 2 on unknown ones. That includes the Service link
- * variables Kubernetes injects for Services named idemproc-*, unless the
- * pod turns them off. */
-Test(deploy, pod_environment_is_known_keys, .timeout = 120)
-{
-    for (int i = 0; overlays[i]; i++) {
-        json_t *objs = render_overlay(overlays[i]);
-        size_t k;
-        json_t *o;
-        json_array_foreach(objs, k, o)
-        {
-            const char *kind = jstr(JGET(o, "kind"));
-            if (strcmp(kind, "Deployment") && strcmp(kind, "Job"))
-                continue;
-            json_t *pod = JGET(o, "spec", "template", "spec");
-            size_t j;
-            json_t *c;
-            json_array_foreach(JGET(pod, "containers"), j, c)
-            {
-                const char *image = jstr(JGET(c, "image"));
-                if (!strstr(image, "idemproc"))
-                    continue;
-                cr_expect(json_is_false(JGET(pod, "enableServiceLinks")),
-                          "%s %s: enableServiceLinks must be false",
-                          overlays[i], jstr(JGET(o, "metadata", "name")));
-                const char *cmd = jstr(JGET(c, "args", "#0"));
-                if (!cmd || strcmp(cmd, "run"))
-                    continue; /* produce: no configuration file */
-                pod_conf_t pc;
-                pod_conf_load(objs, o, jstr(JGET(c, "name")), &pc);
-                cr_expect_eq(pc.rc, 0, "%s %s: %s", overlays[i],
-                             jstr(JGET(o, "metadata", "name")), pc.err);
-                pod_conf_free(&pc);
-            }
-        }
-        json_decref(objs);
-    }
-}
-
-Test(deploy, member_id_from_pod_name)
-{
-    json_t *objs = render_overlay("dev");
-    json_t *c = container_named(processor(objs), "idemproc");
-    size_t i;
-    json_t *e;
-    int found = 0;
-    json_array_foreach(JGET(c, "env"), i, e)
-    {
-        if (!strcmp(jstr(JGET(e, "name")), "IDEMPROC_MEMBER_ID")) {
-            cr_expect_str_eq(
-                jstr(JGET(e, "valueFrom", "fieldRef", "fieldPath")),
-                "metadata.name");
-            found = 1;
-        }
-    }
-    cr_expect(found, "IDEMPROC_MEMBER_ID not set from the Downward API");
-    json_decref(objs);
-}
-
-/* Resolves a probe's or Service's port (a name or a number) against the
- * container's ports. */
-static long long container_port(json_t *c, json_t *port)
-{
-    if (json_is_integer(port))
-        return json_integer_value(port);
-    size_t i;
-    json_t *p;
-    json_array_foreach(JGET(c, "ports"), i, p)
-    {
-        if (jstr(port) && !strcmp(jstr(JGET(p, "name")), jstr(port)))
-            return jint(JGET(p, "containerPort"));
-    }
-    return -1;
-}
-
-static long long listen_port(const char *conf, char **host)
-{
-    char *listen = prop_get(conf, "http.listen");
-    cr_assert(listen && *listen, "http.listen is empty: no probes possible");
-    char *colon = strrchr(listen, ':');
-    cr_assert(colon, "http.listen=%s has no port", listen);
-    *colon = '\0';
-    long long port = atoll(colon + 1);
-    *host = listen;
-    return port;
-}
-
-Test(deploy, probes_match_http_listen, .timeout = 120)
-{
-    for (int i = 0; overlays[i]; i++) {
         const char *ov = overlays[i];
         json_t *objs = render_overlay(ov);
-        pod_conf_t pc;
-        processor_conf(objs, ov, &pc);
-        char *host;
-        long long port = listen_port(pc.conf, &host);
-        cr_expect(!strcmp(host, "0.0.0.0") || !strcmp(host, "[::]") || !*host,
-                  "%s: http.listen host %s: the kubelet probes the pod IP", ov,
-                  host);
-        free(host);
-        json_t *c = container_named(processor(objs), "idemproc");
-        struct {
-            const char *probe, *path;
-        } probes[] = {{"startupProbe", "/healthz"},
-                      {"livenessProbe", "/healthz"},
-                      {"readinessProbe", "/readyz"}};
-        for (int p = 0; p < 3; p++) {
-            json_t *g = JGET(c, probes[p].probe, "httpGet");
-            cr_expect(g, "%s: no %s.httpGet", ov, probes[p].probe);
-            cr_expect_str_eq(jstr(JGET(g, "path")), probes[p].path, "%s %s", ov,
-                             probes[p].probe);
-            cr_expect_eq(container_port(c, JGET(g, "port")), port,
-                         "%s %s: port is not http.listen's %lld", ov,
-                         probes[p].probe, port);
-        }
-        json_t *svc = find_obj(objs, "Service", "idemproc-metrics", 0);
-        json_t *sp = JGET(svc, "spec", "ports", "#0");
-        cr_expect_eq(container_port(c, JGET(sp, "targetPort")), port, "%s", ov);
-        json_t *sm = find_obj(objs, "ServiceMonitor", "idemproc", 0);
-        cr_expect_str_eq(jstr(JGET(sm, "spec", "endpoints", "#0", "port")),
-                         jstr(JGET(sp, "name")), "%s", ov);
-        cr_expect_str_eq(jstr(JGET(sm, "spec", "endpoints", "#0", "path")),
-                         "/metrics");
-        /* The ServiceMonitor and Service select the processor's pods. */
-        json_t *labels =
-            JGET(processor(objs), "spec", "template", "metadata", "labels");
-        const char *lk;
-        json_t *lv;
-        json_object_foreach(JGET(svc, "spec", "selector"), lk, lv)
-            cr_expect_str_eq(jstr(json_object_get(labels, lk)), jstr(lv),
-                             "%s: Service selector %s", ov, lk);
-        json_object_foreach(JGET(sm, "spec", "selector", "matchLabels"), lk, lv)
-            cr_expect_str_eq(
-                jstr(JGET(svc, "metadata", "labels", lk)), jstr(lv),
-                "%s: ServiceMonitor selector %s does not match the Service", ov,
-                lk);
-        pod_conf_free(&pc);
-        json_decref(objs);
-    }
-}
-
-Test(deploy, pod_security_and_limits, .timeout = 120)
-{
-    for (int i = 0; overlays[i]; i++) {
-        const char *ov = overlays[i];
-        json_t *objs = render_overlay(ov);
+        int runs = 0;
         size_t k;
         json_t *o;
         json_array_foreach(objs, k, o)
@@ -1019,363 +600,56 @@ Test(deploy, pod_security_and_limits, .timeout = 120)
             if (strcmp(kind, "Deployment") && strcmp(kind, "Job"))
                 continue;
             const char *name = jstr(JGET(o, "metadata", "name"));
-            json_t *pod = JGET(o, "spec", "template", "spec");
-            json_t *psc = JGET(pod, "securityContext");
-            cr_expect(json_is_false(JGET(pod, "automountServiceAccountToken")),
-                      "%s %s: no API access needed", ov, name);
             size_t j;
             json_t *c;
-            json_array_foreach(JGET(pod, "containers"), j, c)
+            json_array_foreach(
+                JGET(o, "spec", "template", "spec", "containers"), j, c)
             {
-                json_t *sc = JGET(c, "securityContext");
-                cr_expect(jtrue(JGET(sc, "runAsNonRoot")) ||
-                              jtrue(JGET(psc, "runAsNonRoot")),
-                          "%s %s: runAsNonRoot", ov, name);
-                const char *sp = jstr(JGET(sc, "seccompProfile", "type"));
-                if (!sp)
-                    sp = jstr(JGET(psc, "seccompProfile", "type"));
-                cr_expect(sp && !strcmp(sp, "RuntimeDefault"),
-                          "%s %s: seccompProfile RuntimeDefault", ov, name);
-                cr_expect(json_is_false(JGET(sc, "allowPrivilegeEscalation")),
-                          "%s %s: allowPrivilegeEscalation false", ov, name);
-                cr_expect(jtrue(JGET(sc, "readOnlyRootFilesystem")),
-                          "%s %s: readOnlyRootFilesystem", ov, name);
-                cr_expect_str_eq(jstr(JGET(sc, "capabilities", "drop", "#0")),
-                                 "ALL", "%s %s: capabilities drop ALL", ov,
-                                 name);
-                const char *res[] = {"requests", "limits"};
-                const char *kinds[] = {"cpu", "memory"};
-                for (int r = 0; r < 2; r++)
-                    for (int m = 0; m < 2; m++)
-                        cr_expect(JGET(c, "resources", res[r], kinds[m]),
-                                  "%s %s: resources.%s.%s", ov, name, res[r],
-                                  kinds[m]);
-                if (!strstr(jstr(JGET(c, "image")), "idemproc"))
+                const char *cmd = jstr(JGET(c, "args", "#0"));
+                if (!cmd || strcmp(cmd, "run"))
                     continue;
-                long long uid = jint(JGET(sc, "runAsUser"));
-                if (uid < 0)
-                    uid = jint(JGET(psc, "runAsUser"));
-                cr_expect_eq(uid, 10001, "%s %s: runAsUser", ov, name);
-                /* A read-only root needs a writable /tmp. */
-                size_t m;
-                json_t *vm;
-                int tmp_ok = 0;
-                json_array_foreach(JGET(c, "volumeMounts"), m, vm)
-                {
-                    if (strcmp(jstr(JGET(vm, "mountPath")), "/tmp"))
-                        continue;
-                    json_t *v = volume_named(o, jstr(JGET(vm, "name")));
-                    tmp_ok = JGET(v, "emptyDir") != NULL;
-                }
-                cr_expect(tmp_ok, "%s %s: /tmp must be an emptyDir", ov, name);
+                runs++;
+                pod_conf_t pc;
+                pod_conf_load(objs, o, jstr(JGET(c, "name")), &pc);
+                cr_expect_eq(pc.rc, 0,
+                             "%s %s: check-config rejects the pod's config: %s",
+                             ov, name, pc.err);
+                cr_expect(strstr(pc.conf, "member.id=" POD_NAME "\n"),
+                          "%s %s: member.id is not the pod name:\n%s", ov, name,
+                          pc.conf);
+                for (size_t s = 0; s < 2; s++)
+                    cr_expect_null(strstr(pc.conf, secret_dummy[s]),
+                                   "%s %s: secret printed:\n%s", ov, name,
+                                   pc.conf);
+                pod_conf_free(&pc);
             }
         }
-        json_t *d = processor(objs);
-        cr_expect(JGET(d, "spec", "template", "spec",
-                       "topologySpreadConstraints", "#0"),
-                  "%s: topologySpreadConstraints", ov);
-        cr_expect(JGET(container_named(d, "idemproc"), "lifecycle", "preStop"),
-                  "%s: preStop hook", ov);
-        cr_expect_null(JGET(d, "spec", "replicas"),
-                       "%s: replicas belong to the autoscaler", ov);
+        cr_expect_gt(runs, 0, "%s: no container runs the processor", ov);
         json_decref(objs);
     }
 }
 
-/* The pod must get the time to run preStop and then shut down cleanly:
- * terminationGracePeriodSeconds covers both, or the kubelet SIGKILLs the
- * processor mid-commit (safe, but the records are re-read). */
-Test(deploy, grace_period_covers_shutdown, .timeout = 120)
+/* Production reads its credentials from the mounted Secret (that every
+ * *.file key points into it is check_deploy.sh's part): the values really
+ * arrive, check-config shows the non-secret username and masks the rest. */
+Test(deploy, production_credentials_from_secret_files, .timeout = 120)
 {
-    for (int i = 0; overlays[i]; i++) {
-        json_t *objs = render_overlay(overlays[i]);
-        pod_conf_t pc;
-        processor_conf(objs, overlays[i], &pc);
-        char *st = prop_get(pc.conf, "shutdown.timeout.ms");
-        long long shutdown_ms = atoll(st);
-        free(st);
-        json_t *d = processor(objs);
-        long long grace = jint(JGET(d, "spec", "template", "spec",
-                                    "terminationGracePeriodSeconds"));
-        json_t *pre =
-            JGET(container_named(d, "idemproc"), "lifecycle", "preStop");
-        long long pre_ms = 0;
-        if (JGET(pre, "sleep", "seconds"))
-            pre_ms = jint(JGET(pre, "sleep", "seconds")) * 1000;
-        else if (jstr(JGET(pre, "exec", "command", "#0")) &&
-                 !strcmp(jstr(JGET(pre, "exec", "command", "#0")), "sleep"))
-            pre_ms = atoll(jstr(JGET(pre, "exec", "command", "#1"))) * 1000;
-        cr_expect_gt(grace * 1000, shutdown_ms,
-                     "%s: terminationGracePeriodSeconds %lld <= "
-                     "shutdown.timeout.ms %lld",
-                     overlays[i], grace, shutdown_ms);
-        cr_expect_gt(grace * 1000, shutdown_ms + pre_ms,
-                     "%s: grace %lld s does not cover preStop %lld ms + "
-                     "shutdown %lld ms",
-                     overlays[i], grace, pre_ms, shutdown_ms);
-        pod_conf_free(&pc);
-        json_decref(objs);
-    }
-}
-
-static json_t *kafka_topic(json_t *objs, const char *topic)
-{
-    size_t i;
-    json_t *o;
-    json_array_foreach(objs, i, o)
-    {
-        if (strcmp(jstr(JGET(o, "kind")), "KafkaTopic"))
-            continue;
-        const char *name = jstr(JGET(o, "spec", "topicName"));
-        if (!name)
-            name = jstr(JGET(o, "metadata", "name"));
-        if (!strcmp(name, topic))
-            return o;
-    }
-    return NULL;
-}
-
-/* Replicas beyond the input topic's partition count have nothing to
- * consume. */
-Test(deploy, replicas_bounded_by_partitions, .timeout = 120)
-{
-    for (int i = 0; overlays[i]; i++) {
-        const char *ov = overlays[i];
-        json_t *objs = render_overlay(ov);
-        json_t *hpa = find_obj(objs, "HorizontalPodAutoscaler", "idemproc", 0);
-        long long max = jint(JGET(hpa, "spec", "maxReplicas"));
-        long long min = jint(JGET(hpa, "spec", "minReplicas"));
-        long long parts = jint(JGET(hpa, "metadata", "annotations",
-                                    "idemproc.io/input-partitions"));
-        cr_expect_gt(parts, 0, "%s: HPA lacks idemproc.io/input-partitions",
-                     ov);
-        cr_expect_leq(max, parts, "%s: maxReplicas %lld > partitions %lld", ov,
-                      max, parts);
-        cr_expect(min >= 1 && min <= max, "%s: minReplicas %lld", ov, min);
-        if (!strcmp(ov, "dev")) {
-            pod_conf_t pc;
-            processor_conf(objs, ov, &pc);
-            char *topic = prop_get(pc.conf, "input.topics");
-            json_t *kt = kafka_topic(objs, topic);
-            cr_assert(kt, "dev: no KafkaTopic for input.topics=%s", topic);
-            long long kparts = jint(JGET(kt, "spec", "partitions"));
-            cr_expect_leq(max, kparts, "dev: maxReplicas %lld > %s has %lld",
-                          max, topic, kparts);
-            cr_expect_eq(parts, kparts,
-                         "dev: the HPA annotation says %lld partitions, the "
-                         "KafkaTopic %lld",
-                         parts, kparts);
-            free(topic);
-            pod_conf_free(&pc);
-        }
-        json_decref(objs);
-    }
-
-    json_t *objs = render_dev_with_keda();
+    json_t *objs = render_overlay("production");
     pod_conf_t pc;
-    processor_conf(objs, "dev+keda", &pc);
-    json_t *so = find_obj(objs, "ScaledObject", "idemproc", 0);
-    char *topic = prop_get(pc.conf, "input.topics");
-    char *group = prop_get(pc.conf, "group.id");
-    char *bootstrap = prop_get(pc.conf, "kafka.bootstrap.servers");
-    json_t *kt = kafka_topic(objs, topic);
-    cr_expect_leq(jint(JGET(so, "spec", "maxReplicaCount")),
-                  jint(JGET(kt, "spec", "partitions")));
-    json_t *md = JGET(so, "spec", "triggers", "#0", "metadata");
-    cr_expect_str_eq(jstr(JGET(so, "spec", "triggers", "#0", "type")), "kafka");
-    cr_expect_str_eq(jstr(JGET(md, "topic")), topic);
-    cr_expect_str_eq(jstr(JGET(md, "consumerGroup")), group);
-    cr_expect_str_eq(jstr(JGET(md, "bootstrapServers")), bootstrap);
-    free(topic);
-    free(group);
-    free(bootstrap);
+    processor_conf(objs, "production", &pc);
+    cr_expect(strstr(pc.conf, "kafka.security.protocol=SASL_SSL\n"), "%s",
+              pc.conf);
+    cr_expect(strstr(pc.conf, "kafka.sasl.username=test-secret-"), "%s",
+              pc.conf);
+    cr_expect(strstr(pc.conf, "redis.password=[redacted]\n"), "%s", pc.conf);
+    cr_expect(strstr(pc.conf, "kafka.sasl.password=[redacted]\n"), "%s",
+              pc.conf);
+    /* Redis: TLS with verification, an ACL user. */
+    cr_expect(strstr(pc.conf, "redis.url=rediss://"), "%s", pc.conf);
+    cr_expect(strstr(pc.conf, "redis.tls.verify=true\n"), "%s", pc.conf);
+    cr_expect(strstr(pc.conf, "redis.username=idemproc\n"), "%s", pc.conf);
     pod_conf_free(&pc);
     json_decref(objs);
-}
-
-/* dev is self-contained: its topics (the DLQ too) exist in its Strimzi
- * cluster, the processor and the traffic Job reach that cluster. */
-Test(deploy, dev_topics_and_traffic_match_config, .timeout = 120)
-{
-    json_t *objs = render_overlay("dev");
-    pod_conf_t pc;
-    processor_conf(objs, "dev", &pc);
-    char *topic = prop_get(pc.conf, "input.topics");
-    char *dlq = prop_get(pc.conf, "dlq.topic");
-    char *bootstrap = prop_get(pc.conf, "kafka.bootstrap.servers");
-    json_t *kafka = find_obj(objs, "Kafka", NULL, 0);
-    cr_assert(kafka, "dev: no Strimzi Kafka");
-    const char *cluster = jstr(JGET(kafka, "metadata", "name"));
-    char want[256];
-    snprintf(want, sizeof(want), "%s-kafka-bootstrap:%lld", cluster,
-             jint(JGET(kafka, "spec", "kafka", "listeners", "#0", "port")));
-    cr_expect_str_eq(bootstrap, want);
-    const char *topics[] = {topic, dlq};
-    for (int t = 0; t < 2; t++) {
-        json_t *kt = kafka_topic(objs, topics[t]);
-        cr_expect(kt, "dev: no KafkaTopic %s", topics[t]);
-        cr_expect_str_eq(
-            jstr(JGET(kt, "metadata", "labels", "strimzi.io/cluster")),
-            cluster);
-    }
-    json_t *job = find_obj(objs, "Job", "idemproc-traffic", 0);
-    json_t *args =
-        JGET(job, "spec", "template", "spec", "containers", "#0", "args");
-    cr_expect_str_eq(jstr(JGET(args, "#0")), "produce");
-    for (size_t a = 1; a + 1 < json_array_size(args); a++) {
-        const char *flag = jstr(json_array_get(args, a));
-        const char *v = jstr(json_array_get(args, a + 1));
-        if (!strcmp(flag, "-b"))
-            cr_expect_str_eq(v, bootstrap);
-        if (!strcmp(flag, "-t"))
-            cr_expect_str_eq(v, topic);
-    }
-    char *redis = prop_get(pc.conf, "redis.url");
-    cr_expect(strstr(redis, "//idemproc-redis:"),
-              "dev: redis.url %s is not the dev Redis Service", redis);
-    free(redis);
-    free(topic);
-    free(dlq);
-    free(bootstrap);
-    pod_conf_free(&pc);
-    json_decref(objs);
-}
-
-static int port_listed(long long *ports, size_t n, long long p)
-{
-    for (size_t i = 0; i < n; i++)
-        if (ports[i] == p)
-            return 1;
-    return 0;
-}
-
-/* Egress: DNS, the Kafka ports of kafka.bootstrap.servers and the Redis
- * port of redis.url, nothing else; ingress: the metrics port only. */
-Test(deploy, networkpolicy_allows_only_needed_traffic, .timeout = 120)
-{
-    for (int i = 0; overlays[i]; i++) {
-        const char *ov = overlays[i];
-        json_t *objs = render_overlay(ov);
-        pod_conf_t pc;
-        processor_conf(objs, ov, &pc);
-        long long need[32];
-        size_t nn = 0;
-        need[nn++] = 53;
-        char *bs = prop_get(pc.conf, "kafka.bootstrap.servers");
-        for (char *s = bs, *t; (t = strsep(&s, ","));) {
-            char *colon = strrchr(t, ':');
-            cr_assert(colon, "%s: bootstrap %s without port", ov, t);
-            if (!port_listed(need, nn, atoll(colon + 1)))
-                need[nn++] = atoll(colon + 1);
-        }
-        free(bs);
-        char *redis = prop_get(pc.conf, "redis.url");
-        long long redis_port = 6379;
-        const char *at = strrchr(redis, '@');
-        const char *hp = at ? at + 1 : strstr(redis, "//") + 2;
-        const char *colon = strchr(hp, ':');
-        if (colon)
-            redis_port = atoll(colon + 1);
-        need[nn++] = redis_port;
-        free(redis);
-
-        json_t *np = find_obj(objs, "NetworkPolicy", "idemproc", 0);
-        long long allowed[64];
-        size_t na = 0;
-        size_t r;
-        json_t *rule;
-        json_array_foreach(JGET(np, "spec", "egress"), r, rule)
-        {
-            json_t *ports = JGET(rule, "ports");
-            cr_expect_gt(json_array_size(ports), 0,
-                         "%s: an egress rule without ports allows all", ov);
-            size_t p;
-            json_t *port;
-            json_array_foreach(ports, p, port)
-            {
-                long long n = jint(JGET(port, "port"));
-                if (na < 64)
-                    allowed[na++] = n;
-                cr_expect(port_listed(need, nn, n),
-                          "%s: egress port %lld is not Kafka, Redis or DNS", ov,
-                          n);
-            }
-        }
-        for (size_t k = 0; k < nn; k++)
-            cr_expect(port_listed(allowed, na, need[k]),
-                      "%s: egress to port %lld is needed", ov, need[k]);
-        char *host;
-        long long metrics = listen_port(pc.conf, &host);
-        free(host);
-        json_array_foreach(JGET(np, "spec", "ingress"), r, rule)
-        {
-            json_t *ports = JGET(rule, "ports");
-            cr_expect_eq(json_array_size(ports), 1, "%s: ingress", ov);
-            cr_expect_eq(jint(JGET(ports, "#0", "port")), metrics,
-                         "%s: ingress only to the metrics port", ov);
-        }
-        const char *types[] = {"Ingress", "Egress"};
-        for (int t = 0; t < 2; t++) {
-            int seen = 0;
-            json_t *pt;
-            json_array_foreach(JGET(np, "spec", "policyTypes"), r, pt) seen |=
-                !strcmp(jstr(pt), types[t]);
-            cr_expect(seen, "%s: policyTypes lacks %s", ov, types[t]);
-        }
-        pod_conf_free(&pc);
-        json_decref(objs);
-    }
-}
-
-/* The PrometheusRule is generated from config/alerts/idemproc.rules.yml;
- * the committed copy must be what the generator prints now, and what the
- * overlays deploy must carry exactly the rule file's groups. */
-Test(deploy, prometheusrule_matches_alerts, .timeout = 120)
-{
-    char *script = src_path("deploy/k8s/gen-prometheusrule.sh");
-    char *argv[] = {"/bin/sh", script, "--check", NULL};
-    char *out = NULL, *err = NULL;
-    int rc = th_run(argv, &out, &err, 30000);
-    cr_expect_eq(rc, 0,
-                 "deploy/k8s/components/monitoring/prometheusrule.yaml is "
-                 "stale: run deploy/k8s/gen-prometheusrule.sh\n%s%s",
-                 out, err);
-    free(out);
-    free(err);
-    free(script);
-
-    /* Independently of the generator: the rule file's groups as JSON (it is
-     * one YAML mapping, so a header turns it into an object kubectl reads),
-     * compared with the rendered PrometheusRule's spec.groups. */
-    char *rules_path = src_path("config/alerts/idemproc.rules.yml");
-    char *rules = th_slurp(rules_path, NULL);
-    cr_assert(rules, "cannot read %s", rules_path);
-    size_t rl = strlen(rules);
-    char *doc = malloc(rl + 256);
-    snprintf(doc, rl + 256,
-             "apiVersion: test.idemproc.io/v1\nkind: Rules\n"
-             "metadata:\n  name: rules\n%s",
-             rules);
-    char *tmp = th_tmpdir();
-    char *path = write_file(tmp, "rules.yaml", doc);
-    json_t *parsed = yaml_file_to_json(path);
-    json_t *groups = JGET(parsed, "#0", "groups");
-    cr_assert(json_array_size(groups) > 0, "%s has no groups", rules_path);
-    for (int i = 0; overlays[i]; i++) {
-        json_t *objs = render_overlay(overlays[i]);
-        json_t *pr = find_obj(objs, "PrometheusRule", "idemproc", 0);
-        cr_expect(json_equal(JGET(pr, "spec", "groups"), groups),
-                  "%s: the deployed PrometheusRule differs from %s",
-                  overlays[i], rules_path);
-        json_decref(objs);
-    }
-    json_decref(parsed);
-    th_rmrf(tmp);
-    free(tmp);
-    free(path);
-    free(doc);
-    free(rules);
-    free(rules_path);
 }
 
 /* The rehearsal's stack, at file scope so the suite's .fini can stop it
@@ -1508,68 +782,35 @@ static json_t *render_dev_with_outbox(void)
     return objs;
 }
 
-/* The relay's Deployment runs `outbox -c` on its mounted ConfigMap, whose
- * configuration (with the DSN from the example Secret at the mounted path)
- * passes `check-config --for outbox` without printing the DSN; its probes
- * use http.listen's port, and the NetworkPolicy lets it reach PostgreSQL. */
-Test(deploy, outbox_component_renders_and_its_config_passes, .timeout = 120)
+/* The relay's configuration (the mounted ConfigMap, with the DSN from the
+ * example Secret at the mounted path) passes `check-config --for outbox`
+ * without printing the DSN. (How the component is put together is
+ * check_deploy.sh's part.) */
+Test(deploy, outbox_config_passes_check_config, .timeout = 120)
 {
     json_t *objs = render_dev_with_outbox();
-    cr_expect(find_obj(objs, "Deployment", "idemproc", 0),
-              "the processor is still there");
     json_t *d = find_obj(objs, "Deployment", "idemproc-outbox", 0);
     cr_assert(d, "no idemproc-outbox Deployment");
     json_t *c = container_named(d, "outbox");
-    cr_assert(c);
-    json_t *args = JGET(c, "args");
-    cr_assert_eq(json_array_size(args), 3);
-    cr_expect_str_eq(jstr(JGET(args, "#0")), "outbox");
-    cr_expect_str_eq(jstr(JGET(args, "#1")), "-c");
-    const char *cm_mount = mount_path(c, "config");
-    cr_assert(cm_mount);
-    char want[PATH_MAX];
-    snprintf(want, sizeof(want), "%s/outbox.properties", cm_mount);
-    cr_expect_str_eq(jstr(JGET(args, "#2")), want);
-    json_t *pod = JGET(d, "spec", "template", "spec");
-    cr_expect(json_is_true(JGET(pod, "securityContext", "runAsNonRoot")));
-    cr_expect(json_is_false(JGET(pod, "enableServiceLinks")));
-    cr_expect(
-        json_is_true(JGET(c, "securityContext", "readOnlyRootFilesystem")));
-    cr_expect_str_eq(jstr(JGET(c, "readinessProbe", "httpGet", "path")),
-                     "/readyz");
-    cr_expect_str_eq(jstr(JGET(c, "livenessProbe", "httpGet", "path")),
-                     "/healthz");
-
-    /* The configuration, with the Secret's files where the pod mounts
-     * them. */
     json_t *cv = volume_named(d, "config");
     json_t *cm =
         find_obj(objs, "ConfigMap", jstr(JGET(cv, "configMap", "name")), 0);
     cr_assert(cm, "the mounted ConfigMap is not rendered");
     const char *props = jstr(JGET(cm, "data", "outbox.properties"));
     cr_assert(props);
-    cr_expect(strstr(props, "http.listen=0.0.0.0:9464"), "%s", props);
-    cr_expect_eq(jint(JGET(c, "ports", "#0", "containerPort")), 9464);
-    json_t *sv = volume_named(d, "dsn");
-    cr_assert(sv, "no dsn volume");
-    const char *secret_name = jstr(JGET(sv, "secret", "secretName"));
-    cr_expect_null(JGET(sv, "secret", "optional"),
-                   "the DSN Secret is required");
-    cr_expect_eq(count_kind(objs, "Secret"), 0,
-                 "the DSN Secret is created out of band");
+    const char *dsn_mount = mount_path(c, "dsn");
+    cr_assert(dsn_mount, "no dsn volume mounted");
     char *example =
         src_path("deploy/k8s/components/outbox/secret.example.yaml");
     json_t *ex = yaml_file_to_json(example);
     free(example);
-    cr_expect_str_eq(jstr(JGET(ex, "#0", "metadata", "name")), secret_name);
     const char *dsn = jstr(JGET(ex, "#0", "stringData", "dsn"));
     cr_assert(dsn && strstr(dsn, "password="), "the example has a dsn");
     char *dir = th_tmpdir();
     free(write_file(dir, "dsn", dsn));
     char from[PATH_MAX], to[PATH_MAX];
-    snprintf(from, sizeof(from), "%s/", mount_path(c, "dsn"));
+    snprintf(from, sizeof(from), "%s/", dsn_mount);
     snprintf(to, sizeof(to), "%s/", dir);
-    cr_expect(strstr(props, from), "outbox.dsn.file is not in the mount");
     char *rewritten = replace_all(props, from, to);
     char *conf = write_file(dir, "outbox.properties", rewritten);
     free(rewritten);
@@ -1587,19 +828,5 @@ Test(deploy, outbox_component_renders_and_its_config_passes, .timeout = 120)
     th_rmrf(dir);
     free(dir);
     json_decref(ex);
-
-    json_t *np = find_obj(objs, "NetworkPolicy", "idemproc-outbox", 0);
-    cr_assert(np);
-    cr_expect_str_eq(jstr(JGET(np, "spec", "podSelector", "matchLabels",
-                               "app.kubernetes.io/component")),
-                     jstr(JGET(d, "spec", "template", "metadata", "labels",
-                               "app.kubernetes.io/component")));
-    int pg = 0;
-    size_t i, j;
-    json_t *rule, *port;
-    json_array_foreach(JGET(np, "spec", "egress"), i, rule)
-        json_array_foreach(JGET(rule, "ports"), j, port) pg |=
-        jint(JGET(port, "port")) == 5432;
-    cr_expect(pg, "egress to PostgreSQL (5432) is not allowed");
     json_decref(objs);
 }
