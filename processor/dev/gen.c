@@ -95,17 +95,32 @@ static uint64_t rng_state(const idem_gen_t *g, int domain, int64_t n)
     return s;
 }
 
+/* Writes the n low nibbles of v as lower-case hex, most significant
+ * first. */
+static char *hex_put(char *out, uint64_t v, int n)
+{
+    static const char digit[] = "0123456789abcdef";
+    for (int i = n - 1; i >= 0; i--)
+        out[i] = digit[(v >> (4 * (n - 1 - i))) & 0xF];
+    return out + n;
+}
+
 /* A UUIDv4-formatted string from the stream s. */
 static void rng_uuid(uint64_t *s, char out[37])
 {
     uint64_t hi = splitmix64(s), lo = splitmix64(s);
     hi = (hi & ~UINT64_C(0xF000)) | UINT64_C(0x4000);       /* version 4 */
     lo = (lo & ~(UINT64_C(3) << 62)) | (UINT64_C(2) << 62); /* variant 10 */
-    snprintf(out, 37,
-             "%08" PRIx64 "-%04" PRIx64 "-%04" PRIx64 "-%04" PRIx64
-             "-%012" PRIx64,
-             hi >> 32, (hi >> 16) & 0xFFFF, hi & 0xFFFF, lo >> 48,
-             lo & UINT64_C(0xFFFFFFFFFFFF));
+    char *o = hex_put(out, hi >> 32, 8);
+    *o++ = '-';
+    o = hex_put(o, hi >> 16, 4);
+    *o++ = '-';
+    o = hex_put(o, hi, 4);
+    *o++ = '-';
+    o = hex_put(o, lo >> 48, 4);
+    *o++ = '-';
+    o = hex_put(o, lo, 12);
+    *o = '\0';
 }
 
 static void sbuf_reset(sbuf_t *b)
@@ -131,15 +146,48 @@ static void sbuf_printf(sbuf_t *b, const char *fmt, ...)
 
 static void sbuf_printf(sbuf_t *b, const char *fmt, ...)
 {
+    /* Formats once into the room there is; only a text that does not fit
+     * is formatted a second time. */
     va_list ap;
     va_start(ap, fmt);
-    int n = vsnprintf(NULL, 0, fmt, ap);
+    int n = vsnprintf(b->buf + b->len, b->cap - b->len, fmt, ap);
     va_end(ap);
-    sbuf_reserve(b, (size_t)n);
-    va_start(ap, fmt);
-    vsnprintf(b->buf + b->len, (size_t)n + 1, fmt, ap);
-    va_end(ap);
+    if ((size_t)n >= b->cap - b->len) {
+        sbuf_reserve(b, (size_t)n);
+        va_start(ap, fmt);
+        vsnprintf(b->buf + b->len, (size_t)n + 1, fmt, ap);
+        va_end(ap);
+    }
     b->len += (size_t)n;
+}
+
+/* Appends s; the payment's fields are built from these two and not with
+ * printf, whose parsing of the format was the larger part of generating a
+ * record. */
+static void sbuf_puts(sbuf_t *b, const char *s)
+{
+    size_t n = strlen(s);
+    sbuf_reserve(b, n);
+    memcpy(b->buf + b->len, s, n + 1);
+    b->len += n;
+}
+
+/* Appends v in decimal, at least `digits` digits (zero-padded). */
+static void sbuf_putint(sbuf_t *b, int64_t v, int digits)
+{
+    char t[24];
+    int n = 0;
+    uint64_t u = v < 0 ? (uint64_t)0 - (uint64_t)v : (uint64_t)v;
+    do {
+        t[n++] = (char)('0' + u % 10);
+        u /= 10;
+    } while (u || n < digits);
+    sbuf_reserve(b, (size_t)n + 1);
+    if (v < 0)
+        b->buf[b->len++] = '-';
+    while (n)
+        b->buf[b->len++] = t[--n];
+    b->buf[b->len] = '\0';
 }
 
 static void sbuf_putn(sbuf_t *b, char c, size_t n)
@@ -354,29 +402,41 @@ static void payment_json_open(sbuf_t *b, const payment_t *p,
                               const char *message_id, int flags,
                               const char *amount, const char *currency)
 {
-    sbuf_printf(b, "{");
-    if (!(flags & PAY_NO_IDENTITY))
-        sbuf_printf(b,
-                    "\"message_id\":\"%s\",\"idempotency_key\":\"payment-%s\",",
-                    message_id, p->order_id);
-    sbuf_printf(b,
-                "\"event_type\":\"payment.captured\",\"created_at\":\"%s\","
-                "\"version\":1,\"order_id\":\"%s\",",
-                p->created_at, p->order_id);
-    if (!(flags & PAY_NO_USER))
-        sbuf_printf(b, "\"user_id\":\"user-%" PRId64 "\",", p->user);
-    if (flags & PAY_AMOUNT_RAW)
-        sbuf_printf(b, "\"amount\":%s,", amount);
-    else
-        sbuf_printf(b, "\"amount\":%" PRId64 ".%02" PRId64 ",", p->cents / 100,
-                    p->cents % 100);
-    sbuf_printf(b, "\"currency\":\"%s\"", currency ? currency : p->currency);
+    sbuf_puts(b, "{");
+    if (!(flags & PAY_NO_IDENTITY)) {
+        sbuf_puts(b, "\"message_id\":\"");
+        sbuf_puts(b, message_id);
+        sbuf_puts(b, "\",\"idempotency_key\":\"payment-");
+        sbuf_puts(b, p->order_id);
+        sbuf_puts(b, "\",");
+    }
+    sbuf_puts(b, "\"event_type\":\"payment.captured\",\"created_at\":\"");
+    sbuf_puts(b, p->created_at);
+    sbuf_puts(b, "\",\"version\":1,\"order_id\":\"");
+    sbuf_puts(b, p->order_id);
+    sbuf_puts(b, "\",");
+    if (!(flags & PAY_NO_USER)) {
+        sbuf_puts(b, "\"user_id\":\"user-");
+        sbuf_putint(b, p->user, 1);
+        sbuf_puts(b, "\",");
+    }
+    sbuf_puts(b, "\"amount\":");
+    if (flags & PAY_AMOUNT_RAW) {
+        sbuf_puts(b, amount);
+    } else {
+        sbuf_putint(b, p->cents / 100, 1);
+        sbuf_puts(b, ".");
+        sbuf_putint(b, p->cents % 100, 2);
+    }
+    sbuf_puts(b, ",\"currency\":\"");
+    sbuf_puts(b, currency ? currency : p->currency);
+    sbuf_puts(b, "\"");
 }
 
 static void payment_json(sbuf_t *b, const payment_t *p, const char *message_id)
 {
     payment_json_open(b, p, message_id, 0, NULL, NULL);
-    sbuf_printf(b, "}");
+    sbuf_puts(b, "}");
 }
 
 static void record_headers(idem_gen_t *g, idem_gen_record_t *rec,
