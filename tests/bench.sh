@@ -130,7 +130,7 @@ for ((rep = 1; rep <= REPS; rep++)); do
     LATENCY_TOPICS+=(--topic "latency$rep:$PARTITIONS" --topic "latency$rep.dlq:4")
 done
 broker_start --topic "payments:$PARTITIONS" --topic payments.dlq:4 "${LATENCY_TOPICS[@]}" \
-    --topic p1m:128 --topic p1mk:128 --topic hooks:16 --topic hooks.dlq:1
+    --topic p1m:128 --topic p1mi:128 --topic p1mk:128 --topic hooks:16 --topic hooks.dlq:1
 redis_start
 
 # --- the workload ---------------------------------------------------------
@@ -451,26 +451,63 @@ fi
 
 if want produce; then
     T_ROW=$(now_us)
-    # Same keys and values for both: the first `produce` run's records,
-    # read back with kcat (no poison here: its values may hold newlines).
+    # Three producers of the same keys and values, each to its own topic:
+    # `produce` generating them; `produce --input` and `kcat -P` sending
+    # the very same file, the first repetition's records read back with
+    # kcat as KEY<TAB>VALUE lines (no poison here: its values may hold
+    # newlines). Each is timed as a whole process; its CPU (this shell's
+    # `times`) and the broker's (/proc) over the records give the CPU per
+    # record. The order turns from one repetition to the next, so no
+    # producer always runs first or last.
+    # produce_one WHAT: runs producer WHAT, sets P_US, P_CPU_MS, P_BROKER_TICKS.
+    produce_one() {
+        local what=$1 t0 c0 c1 b0
+        child_cpu_ms c0
+        b0=$(cpu_ticks "${PID[broker]}")
+        t0=$(now_us)
+        case $what in
+        gen)
+            "$BIN" produce -b "$BOOT" -t p1m --count "$PRODUCE_COUNT" --duplicates 0 \
+                --poison 0 --currencies EUR,USD,TRY --users 3000 --seed 11 \
+                2>"$DIR/p1m-$rep.log" || die "produce of $PRODUCE_COUNT failed: $(tail -2 "$DIR/p1m-$rep.log")"
+            ;;
+        input)
+            "$BIN" produce -b "$BOOT" -t p1mi --input "$DIR/p1m.lines" --key-delimiter '\t' \
+                2>"$DIR/p1mi-$rep.log" || die "produce --input failed: $(tail -2 "$DIR/p1mi-$rep.log")"
+            ;;
+        kcat)
+            kcat -P -b "$BOOT" -t p1mk -K '\t' -X enable.idempotence=true -X acks=all \
+                -l "$DIR/p1m.lines" 2>"$DIR/kcatp-$rep.log" || die "kcat -P failed"
+            ;;
+        esac
+        P_US=$(($(now_us) - t0))
+        P_BROKER_TICKS=$(($(cpu_ticks "${PID[broker]}") - b0))
+        child_cpu_ms c1
+        P_CPU_MS=$((c1 - c0))
+    }
+    # per_rec MS_OR_US FACTOR: µs per produced record.
+    per_rec() { awk -v v="$1" -v f="$2" -v n="$PRODUCE_COUNT" 'BEGIN { printf "%.2f", v * f / n }'; }
+    ORDERS=("gen input kcat" "kcat input gen" "input kcat gen")
     for ((rep = 1; rep <= REPS; rep++)); do
-        t0=$(now_us)
-        "$BIN" produce -b "$BOOT" -t p1m --count "$PRODUCE_COUNT" --duplicates 0 \
-            --poison 0 --currencies EUR,USD,TRY --users 3000 --seed 11 \
-            2>"$DIR/p1m-$rep.log" || die "produce of $PRODUCE_COUNT failed: $(tail -2 "$DIR/p1m-$rep.log")"
-        us=$(($(now_us) - t0))
-        if ((rep == 1)); then
-            kcat -C -b "$BOOT" -t p1m -o beginning -e -q -f '%k\t%s\n' >"$DIR/p1m.lines"
-            LINES=$(wc -l <"$DIR/p1m.lines")
-            ((LINES == PRODUCE_COUNT)) || die "read back $LINES of $PRODUCE_COUNT records"
-        fi
-        t0=$(now_us)
-        kcat -P -b "$BOOT" -t p1mk -K '\t' -X enable.idempotence=true -X acks=all \
-            -l "$DIR/p1m.lines" 2>"$DIR/kcatp-$rep.log" || die "kcat -P failed"
-        kus=$(($(now_us) - t0))
-        emit produce "$rep" rate=$((PRODUCE_COUNT * 1000000 / us)) \
-            kcat_rate=$((PRODUCE_COUNT * 1000000 / kus))
-        say "produce run $rep: idemproc produce $((PRODUCE_COUNT * 1000000 / us))/s, kcat -P $((PRODUCE_COUNT * 1000000 / kus))/s"
+        declare -A RATE=() CPU=() BCPU=()
+        for what in ${ORDERS[(rep - 1) % 3]}; do
+            produce_one "$what"
+            RATE[$what]=$((PRODUCE_COUNT * 1000000 / P_US))
+            CPU[$what]=$(per_rec "$P_CPU_MS" 1000)
+            BCPU[$what]=$(per_rec "$P_BROKER_TICKS" "$TICK_US")
+            if [[ $what == gen && ! -s $DIR/p1m.lines ]]; then
+                kcat -C -b "$BOOT" -t p1m -o beginning -e -q -f '%k\t%s\n' >"$DIR/p1m.lines"
+                LINES=$(wc -l <"$DIR/p1m.lines")
+                ((LINES == PRODUCE_COUNT)) || die "read back $LINES of $PRODUCE_COUNT records"
+            fi
+        done
+        load=$(cut -d' ' -f1 /proc/loadavg)
+        emit produce "$rep" rate="${RATE[gen]}" kcat_rate="${RATE[kcat]}" \
+            cpu_us="${CPU[gen]}" broker_cpu_us="${BCPU[gen]}" \
+            kcat_cpu_us="${CPU[kcat]}" kcat_broker_cpu_us="${BCPU[kcat]}" load="$load"
+        emit produce_input "$rep" rate="${RATE[input]}" \
+            cpu_us="${CPU[input]}" broker_cpu_us="${BCPU[input]}" load="$load"
+        say "produce run $rep (${ORDERS[(rep - 1) % 3]}; load $load): produce ${RATE[gen]}/s, produce --input ${RATE[input]}/s, kcat -P ${RATE[kcat]}/s; CPU us/record producer ${CPU[gen]} / ${CPU[input]} / ${CPU[kcat]}, broker ${BCPU[gen]} / ${BCPU[input]} / ${BCPU[kcat]}"
     done
     rm -f "$DIR/p1m.lines"
     row_done produce "$T_ROW"
@@ -561,7 +598,8 @@ jq -s --arg commit "$(git -C "$SRC" rev-parse --short HEAD 2>/dev/null || echo u
                 idemproc1_over_redis_alone: ratio($rows.idemproc1.rate.median; $rows.redis.rate.median),
                 idemproc2_over_redis_alone: ratio($rows.idemproc2.rate.median; $rows.redis.rate.median),
                 idemproc1_over_kcat: ratio($rows.idemproc1.rate.median; $rows.kcat.rate.median),
-                produce_over_kcat_p: ratio($rows.produce.rate.median; $rows.produce.kcat_rate.median)},
+                produce_over_kcat_p: ratio($rows.produce.rate.median; $rows.produce.kcat_rate.median),
+                produce_input_over_kcat_p: ratio($rows.produce_input.rate.median; $rows.produce.kcat_rate.median)},
        goals: {over_classic: 100, over_redis_alone: 0.8, member_cpu_us: 2.5,
                redis_us: 2.5, bytes_per_mark: 40, rss_mib: 64, p99_ms: 20}}
     ' "$DIR/rows.jsonl" >"$OUT/results.json"
@@ -579,10 +617,11 @@ jq -r '
                 idemproc1: "idemproc, 1 member",
                 idemproc2: "idemproc, 2 members",
                 produce: "idemproc produce (vs kcat -P)",
+                produce_input: "idemproc produce --input (same file)",
                 webhook: "idemproc webhook (5 ms service)",
                 outbox: "outbox relay (PostgreSQL)"}[.] // .;
     .rows as $rows
-    | ["kcat", "classic", "redis", "idemproc1", "idemproc2", "produce", "webhook", "outbox"][]
+    | ["kcat", "classic", "redis", "idemproc1", "idemproc2", "produce", "produce_input", "webhook", "outbox"][]
     | select($rows[.] != null) as $k | $rows[$k] as $r
     | [($k | title), "\($r.rate.min | n) / \($r.rate.median | n) / \($r.rate.max | n)",
        m($r; "member_cpu_us"), m($r; "redis_us"), m($r; "redis_cpu_us"),
@@ -599,7 +638,8 @@ jq -r '
         def stats3: if type == "object" then "\(.min) / \(.median) / \(.max)"
                     elif type == "array" then map(tostring) | join(" / ") else tostring end;
         .rows as $r |
-        (if $r.produce then "kcat -P, the same \(.workload.produce_records) records: \($r.produce.kcat_rate.min) / \($r.produce.kcat_rate.median) / \($r.produce.kcat_rate.max) records/s (produce / kcat -P = \(.ratios.produce_over_kcat_p | x))" else empty end),
+        (if $r.produce then "kcat -P, the same \(.workload.produce_records) records: \($r.produce.kcat_rate.min) / \($r.produce.kcat_rate.median) / \($r.produce.kcat_rate.max) records/s (produce / kcat -P = \(.ratios.produce_over_kcat_p | x); produce --input / kcat -P = \(.ratios.produce_input_over_kcat_p | x), goal >= 0.8x)",
+            "  CPU us/record (median), producer / embedded broker: produce \($r.produce.cpu_us.median) / \($r.produce.broker_cpu_us.median), produce --input \($r.produce_input.cpu_us.median) / \($r.produce_input.broker_cpu_us.median), kcat -P \($r.produce.kcat_cpu_us.median) / \($r.produce.kcat_broker_cpu_us.median)" else empty end),
         (if $r.idemproc1 and $r.classic then "idemproc / classic: 1 member \(.ratios.idemproc1_over_classic | x), 2 members \(.ratios.idemproc2_over_classic | x) (goal >= 100x)" else empty end),
         (if $r.idemproc1 and $r.redis then "idemproc / Redis alone: 1 member \(.ratios.idemproc1_over_redis_alone | x), 2 members \(.ratios.idemproc2_over_redis_alone | x) (goal >= 0.8x)" else empty end),
         (if $r.latency.p99_ms then "latency produce -> effect at \($r.latency.target_rate.median) records/s (produce sent at \($r.latency.produced_rate.min)-\($r.latency.produced_rate.max)/s; rate reached: \($r.latency.rate_reached | join(" "))): p50 <= \($r.latency.p50_ms | stats3) ms, p99 <= \($r.latency.p99_ms | stats3) ms (bucket bounds; goal p99 <= 20 ms)",
@@ -613,10 +653,11 @@ jq -r '
 } | tee "$OUT/table.txt" | sed 's/^/bench: /'
 
 # The chart: records/s per row (median, min-max bars), log scale.
-jq -r '.rows as $r | ["kcat", "classic", "redis", "idemproc1", "idemproc2", "produce", "webhook", "outbox"][]
+jq -r '.rows as $r | ["kcat", "classic", "redis", "idemproc1", "idemproc2", "produce", "produce_input", "webhook", "outbox"][]
     | select($r[.].rate != null) as $k
     | {kcat: "kcat -C", classic: "classic", redis: "Redis alone", idemproc1: "idemproc x1",
-       idemproc2: "idemproc x2", produce: "produce", webhook: "webhook", outbox: "outbox"}[$k] as $t
+       idemproc2: "idemproc x2", produce: "produce", produce_input: "produce --input",
+       webhook: "webhook", outbox: "outbox"}[$k] as $t
     | "\"\($t)\" \($r[$k].rate.median) \($r[$k].rate.min) \($r[$k].rate.max)",
       (if $k == "produce" then "\"kcat -P\" \($r[$k].kcat_rate.median) \($r[$k].kcat_rate.min) \($r[$k].kcat_rate.max)" else empty end)' \
     "$OUT/results.json" >"$DIR/chart.dat"

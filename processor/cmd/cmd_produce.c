@@ -4,6 +4,7 @@
 #include "conf/conf.h"
 #include "dev/expect.h"
 #include "dev/gen.h"
+#include "dev/inputline.h"
 #include "base/log.h"
 #include "base/outcome.h"
 #include "dev/producer.h"
@@ -110,6 +111,12 @@ void idem_cmd_produce_usage(FILE *out)
         "                           skipped and counted\n"
         "  --key-field NAME         field used as key (default order_id, then "
         "message_id)\n"
+        "  --key-delimiter DELIM    a line KEY<DELIM>VALUE sends KEY as the "
+        "key "
+        "and VALUE\n"
+        "                           (kcat -P -K's format; \\t is a tab); a "
+        "line without\n"
+        "                           DELIM is all value, keyed by --key-field\n"
         "  --add-message-id[=random|stable]\n"
         "                           add a message_id to objects that lack "
         "one: random, or\n"
@@ -134,6 +141,7 @@ enum {
     OPT_EXPECT,
     OPT_INPUT,
     OPT_KEY_FIELD,
+    OPT_KEY_DELIMITER,
     OPT_ADD_MESSAGE_ID,
     OPT_TIMEOUT,
 };
@@ -151,6 +159,9 @@ typedef struct {
     const char *expect_path;
     const char *input_path;
     const char *key_field;
+    char key_delim_buf[16]; /* --key-delimiter, escapes read */
+    const char *key_delim;  /* key_delim_buf, or NULL */
+    size_t key_delim_len;
     int add_message_id; /* MID_* */
     const char *config_path;
     int64_t timeout_s;
@@ -194,6 +205,35 @@ static int parse_double(const char *flag, const char *s, double min, double max,
     return 0;
 }
 
+/* Reads --key-delimiter's value into a->key_delim: its bytes, with \\t
+ * for a tab and \\\\ for a backslash (as kcat -K takes it). Returns 0, or
+ * -1 after one line on stderr. */
+static int key_delim_parse(const char *s, produce_args_t *a)
+{
+    size_t n = 0;
+    for (; *s; s++) {
+        char c = *s;
+        if (c == '\\' && (s[1] == 't' || s[1] == '\\'))
+            c = *++s == 't' ? '\t' : '\\';
+        if (n + 1 >= sizeof(a->key_delim_buf)) {
+            fprintf(stderr,
+                    "idemproc produce: --key-delimiter: longer than "
+                    "%zu bytes\n",
+                    sizeof(a->key_delim_buf) - 1);
+            return -1;
+        }
+        a->key_delim_buf[n++] = c;
+    }
+    if (n == 0) {
+        fprintf(stderr, "idemproc produce: --key-delimiter: empty\n");
+        return -1;
+    }
+    a->key_delim_buf[n] = '\0';
+    a->key_delim = a->key_delim_buf;
+    a->key_delim_len = n;
+    return 0;
+}
+
 /* Parses argv into *a. Returns 0, 1 after --help, or -1 after printing one
  * line naming the bad flag. a->props is allocated; the caller frees it. */
 static int args_parse(int argc, char **argv, produce_args_t *a)
@@ -214,6 +254,7 @@ static int args_parse(int argc, char **argv, produce_args_t *a)
         {"expect", required_argument, 0, OPT_EXPECT},
         {"input", required_argument, 0, OPT_INPUT},
         {"key-field", required_argument, 0, OPT_KEY_FIELD},
+        {"key-delimiter", required_argument, 0, OPT_KEY_DELIMITER},
         {"add-message-id", optional_argument, 0, OPT_ADD_MESSAGE_ID},
         {"config", required_argument, 0, 'c'},
         {"timeout", required_argument, 0, OPT_TIMEOUT},
@@ -333,6 +374,10 @@ static int args_parse(int argc, char **argv, produce_args_t *a)
             }
             a->key_field = optarg;
             break;
+        case OPT_KEY_DELIMITER:
+            if (key_delim_parse(optarg, a))
+                return -1;
+            break;
         case OPT_ADD_MESSAGE_ID:
             if (!optarg || !strcmp(optarg, "random")) {
                 a->add_message_id = MID_RANDOM;
@@ -370,9 +415,11 @@ static int args_parse(int argc, char **argv, produce_args_t *a)
                 a->gen_flag);
         return -1;
     }
-    if (!a->input_path && (a->key_field || a->add_message_id)) {
+    if (!a->input_path && (a->key_field || a->add_message_id || a->key_delim)) {
         fprintf(stderr, "idemproc produce: %s: only with --input\n",
-                a->key_field ? "--key-field" : "--add-message-id");
+                a->key_field   ? "--key-field"
+                : a->key_delim ? "--key-delimiter"
+                               : "--add-message-id");
         return -1;
     }
     return 0;
@@ -524,12 +571,16 @@ typedef struct {
     int64_t empty;    /* --input lines skipped because they are empty */
 } counts_t;
 
-/* Counts one message about to be handed to the producer. */
-static void counts_send(counts_t *cnt)
+/* Counts one message about to be handed to the producer; with --rate (a
+ * rate > 0) also the time of the first and the last send. */
+static void counts_send(counts_t *cnt, double rate)
 {
-    cnt->last_us = idem_now_us();
-    if (cnt->sent++ == 0)
-        cnt->first_us = cnt->last_us;
+    if (rate > 0) {
+        cnt->last_us = idem_now_us();
+        if (cnt->sent == 0)
+            cnt->first_us = cnt->last_us;
+    }
+    cnt->sent++;
 }
 
 static void produce_generated(produce_args_t *a, idem_gen_t *gen,
@@ -542,7 +593,7 @@ static void produce_generated(produce_args_t *a, idem_gen_t *gen,
     bucket_init(&bucket, a->rate);
     while (!produce_stop && idem_gen_next(gen, &rec)) {
         bucket_take(&bucket, p);
-        counts_send(cnt);
+        counts_send(cnt, a->rate);
         idem_producer_send(p, rec.key, rec.key_len, rec.value, rec.value_len,
                            rec.hdr_message_id, rec.hdr_idempotency_key, errstr,
                            sizeof(errstr));
@@ -551,19 +602,23 @@ static void produce_generated(produce_args_t *a, idem_gen_t *gen,
     }
 }
 
-/* Returns the string value of field `name` of obj, or NULL. Integers are
- * formatted into buf. */
-static const char *field_text(json_t *obj, const char *name, char *buf,
-                              size_t size)
+/* The line's key when it starts with one and a->key_delim: *key and
+ * *key_len, and the value after the delimiter in *value and *value_len.
+ * Returns 0 when the line holds no delimiter (all of it is the value). */
+static int split_key(const produce_args_t *a, const char *line, size_t len,
+                     const char **key, size_t *key_len, const char **value,
+                     size_t *value_len)
 {
-    json_t *v = json_object_get(obj, name);
-    if (json_is_string(v))
-        return json_string_value(v);
-    if (json_is_integer(v)) {
-        snprintf(buf, size, "%" JSON_INTEGER_FORMAT, json_integer_value(v));
-        return buf;
-    }
-    return NULL;
+    if (!a->key_delim)
+        return 0;
+    const char *d = memmem(line, len, a->key_delim, a->key_delim_len);
+    if (!d)
+        return 0;
+    *key = line;
+    *key_len = (size_t)(d - line);
+    *value = d + a->key_delim_len;
+    *value_len = len - *key_len - a->key_delim_len;
+    return 1;
 }
 
 /* Sends every non-empty line of fp (borrowed); each value sent is also
@@ -576,9 +631,12 @@ static int produce_input(produce_args_t *a, FILE *fp, idem_producer_t *p,
     bucket_t bucket;
     bucket_init(&bucket, a->rate);
     char *line = NULL, *edited = NULL;
-    size_t cap = 0;
+    size_t cap = 0, edited_cap = 0;
     ssize_t len;
     char serr[256];
+    idem_inputline_t il;
+    idem_inputline_init(&il);
+    const char *field = a->key_field ? a->key_field : "order_id";
     while (!produce_stop && (len = getline(&line, &cap, fp)) >= 0) {
         while (len > 0 && (line[len - 1] == '\n' || line[len - 1] == '\r'))
             line[--len] = '\0';
@@ -586,64 +644,45 @@ static int produce_input(produce_args_t *a, FILE *fp, idem_producer_t *p,
             cnt->empty++;
             continue;
         }
-        const char *value = line, *key = NULL, *mid = NULL, *ikey = NULL;
-        size_t value_len = (size_t)len;
-        char keybuf[64], midbuf[64], newmid[37];
-        json_error_t jerr;
-        json_t *doc = json_loadb(line, (size_t)len, JSON_DECODE_ANY, &jerr);
-        if (!doc)
+        const char *value = line, *key = NULL;
+        size_t value_len = (size_t)len, key_len = 0;
+        int prefixed =
+            split_key(a, line, (size_t)len, &key, &key_len, &value, &value_len);
+        idem_inputline_read(&il, value, value_len, prefixed ? NULL : field);
+        if (!il.json)
             cnt->not_json++;
-        if (json_is_object(doc)) {
-            mid = field_text(doc, "message_id", midbuf, sizeof(midbuf));
-            ikey = field_text(doc, "idempotency_key", keybuf, 0);
-            if (a->add_message_id && !json_object_get(doc, "message_id")) {
-                /* Insert the field textually after '{': re-serializing would
-                 * change the bytes (e.g. 12.30 would become 12.3). */
-                if (a->add_message_id == MID_STABLE)
-                    idem_uuid_stable(line, (size_t)len, newmid);
-                else
-                    idem_uuid(newmid);
-                const char *brace = strchr(line, '{');
-                size_t pre = (size_t)(brace - line) + 1;
-                free(edited);
-                edited = idem_xmalloc((size_t)len + 64);
-                int n = snprintf(edited, (size_t)len + 64,
-                                 "%.*s\"message_id\":\"%s\"%s%s", (int)pre,
-                                 line, newmid, json_object_size(doc) ? "," : "",
-                                 line + pre);
-                value = edited;
-                value_len = (size_t)n;
-                mid = newmid;
+        const char *mid = il.message_id;
+        char newmid[37];
+        if (il.object && a->add_message_id && !il.has_message_id) {
+            /* Insert the field textually after '{': re-serializing would
+             * change the bytes (e.g. 12.30 would become 12.3). */
+            if (a->add_message_id == MID_STABLE)
+                idem_uuid_stable(value, value_len, newmid);
+            else
+                idem_uuid(newmid);
+            const char *brace = memchr(value, '{', value_len);
+            size_t pre = (size_t)(brace - value) + 1;
+            if (value_len + 64 > edited_cap) {
+                edited_cap = 2 * (value_len + 64);
+                edited = idem_xrealloc(edited, edited_cap);
             }
-            char kb[64];
-            const char *field = a->key_field ? a->key_field : "order_id";
-            key = field_text(doc, field, kb, sizeof(kb));
-            if (!key)
-                key = mid;
-            if (key) { /* keep a copy: doc goes away before the send */
-                snprintf(keybuf, sizeof(keybuf), "%s", key);
-                if (strlen(key) >= sizeof(keybuf))
-                    key = NULL;
-            }
-        }
-        char ikeybuf[256];
-        if (ikey) {
-            snprintf(ikeybuf, sizeof(ikeybuf), "%s", ikey);
-            ikey = ikeybuf;
-        }
-        if (mid && mid != newmid) {
-            snprintf(newmid, sizeof(newmid), "%.36s", mid);
+            int n = snprintf(edited, edited_cap, "%.*s\"message_id\":\"%s\"%s",
+                             (int)pre, value, newmid, il.members ? "," : "");
+            memcpy(edited + n, value + pre, value_len - pre);
+            value = edited;
+            value_len = (size_t)n + (value_len - pre);
             mid = newmid;
         }
-        if (key)
-            key = keybuf;
-        json_decref(doc);
+        if (!prefixed) {
+            key = il.key ? il.key : mid;
+            key_len = il.key ? il.key_len : mid ? strlen(mid) : 0;
+        }
         bucket_take(&bucket, p);
-        counts_send(cnt);
+        counts_send(cnt, a->rate);
         if (expect)
             idem_expect_add(expect, value, value_len);
-        idem_producer_send(p, key, key ? strlen(key) : 0, value, value_len, mid,
-                           ikey, serr, sizeof(serr));
+        idem_producer_send(p, key, key_len, value, value_len, mid,
+                           il.idempotency_key, serr, sizeof(serr));
         idem_producer_poll(p, 0);
         progress_show(pg, cnt->sent, 0, 0);
     }
@@ -651,6 +690,7 @@ static int produce_input(produce_args_t *a, FILE *fp, idem_producer_t *p,
     if (failed)
         snprintf(errstr, errstr_size, "--input %s: read error: %m",
                  a->input_path);
+    idem_inputline_term(&il);
     free(line);
     free(edited);
     return failed ? -1 : 0;
@@ -795,6 +835,9 @@ int idem_cmd_produce(int argc, char **argv, char **envp)
         args_free(&a);
         return IDEM_EXIT_FAIL;
     }
+
+    if (a.rate > 0) /* pacing_print reports it */
+        idem_producer_ack_latency_on(p);
 
     struct sigaction sa;
     memset(&sa, 0, sizeof(sa));

@@ -18,6 +18,9 @@
 #define GEN_FAR_MIN          300  /* far duplicates: primaries later, min */
 #define GEN_FAR_SPAN         2700 /* ... plus up to this many */
 #define GEN_MAX_AMOUNT_CENTS INT64_C(100000000)
+/* Up to this many (currency, user) pairs the ledger is an array of sums;
+ * beyond, a jansson object (a lookup a record: a tenth of generating). */
+#define GEN_SUMS_MAX INT64_C(4000000)
 
 /* Domains keep the random streams of different uses independent. */
 enum { RNG_PAYMENT = 1, RNG_RESEND_ID, RNG_FAR, RNG_SEEDTAG };
@@ -46,6 +49,7 @@ typedef struct {
     int64_t user;
     int64_t cents;
     const char *currency;
+    int currency_idx; /* currency's index in currencies */
 } payment_t;
 
 struct idem_gen_s {
@@ -68,7 +72,8 @@ struct idem_gen_s {
 
     /* what was emitted: the expectations */
     int64_t st_unique, st_dup[IDEM_DUP_CNT], st_poison[IDEM_REASON_CNT];
-    json_t *ledger; /* {CUR: {user: cents}} */
+    json_t *ledger; /* {CUR: {user: cents}}, when sums is NULL */
+    int64_t *sums;  /* [currency_idx * users + user - 1]: cents, or NULL */
 
     sbuf_t value;
     char key[64];
@@ -95,17 +100,32 @@ static uint64_t rng_state(const idem_gen_t *g, int domain, int64_t n)
     return s;
 }
 
+/* Writes the n low nibbles of v as lower-case hex, most significant
+ * first. */
+static char *hex_put(char *out, uint64_t v, int n)
+{
+    static const char digit[] = "0123456789abcdef";
+    for (int i = n - 1; i >= 0; i--)
+        out[i] = digit[(v >> (4 * (n - 1 - i))) & 0xF];
+    return out + n;
+}
+
 /* A UUIDv4-formatted string from the stream s. */
 static void rng_uuid(uint64_t *s, char out[37])
 {
     uint64_t hi = splitmix64(s), lo = splitmix64(s);
     hi = (hi & ~UINT64_C(0xF000)) | UINT64_C(0x4000);       /* version 4 */
     lo = (lo & ~(UINT64_C(3) << 62)) | (UINT64_C(2) << 62); /* variant 10 */
-    snprintf(out, 37,
-             "%08" PRIx64 "-%04" PRIx64 "-%04" PRIx64 "-%04" PRIx64
-             "-%012" PRIx64,
-             hi >> 32, (hi >> 16) & 0xFFFF, hi & 0xFFFF, lo >> 48,
-             lo & UINT64_C(0xFFFFFFFFFFFF));
+    char *o = hex_put(out, hi >> 32, 8);
+    *o++ = '-';
+    o = hex_put(o, hi >> 16, 4);
+    *o++ = '-';
+    o = hex_put(o, hi, 4);
+    *o++ = '-';
+    o = hex_put(o, lo >> 48, 4);
+    *o++ = '-';
+    o = hex_put(o, lo, 12);
+    *o = '\0';
 }
 
 static void sbuf_reset(sbuf_t *b)
@@ -131,15 +151,48 @@ static void sbuf_printf(sbuf_t *b, const char *fmt, ...)
 
 static void sbuf_printf(sbuf_t *b, const char *fmt, ...)
 {
+    /* Formats once into the room there is; only a text that does not fit
+     * is formatted a second time. */
     va_list ap;
     va_start(ap, fmt);
-    int n = vsnprintf(NULL, 0, fmt, ap);
+    int n = vsnprintf(b->buf + b->len, b->cap - b->len, fmt, ap);
     va_end(ap);
-    sbuf_reserve(b, (size_t)n);
-    va_start(ap, fmt);
-    vsnprintf(b->buf + b->len, (size_t)n + 1, fmt, ap);
-    va_end(ap);
+    if ((size_t)n >= b->cap - b->len) {
+        sbuf_reserve(b, (size_t)n);
+        va_start(ap, fmt);
+        vsnprintf(b->buf + b->len, (size_t)n + 1, fmt, ap);
+        va_end(ap);
+    }
     b->len += (size_t)n;
+}
+
+/* Appends s; the payment's fields are built from these two and not with
+ * printf, whose parsing of the format was the larger part of generating a
+ * record. */
+static void sbuf_puts(sbuf_t *b, const char *s)
+{
+    size_t n = strlen(s);
+    sbuf_reserve(b, n);
+    memcpy(b->buf + b->len, s, n + 1);
+    b->len += n;
+}
+
+/* Appends v in decimal, at least `digits` digits (zero-padded). */
+static void sbuf_putint(sbuf_t *b, int64_t v, int digits)
+{
+    char t[24];
+    int n = 0;
+    uint64_t u = v < 0 ? (uint64_t)0 - (uint64_t)v : (uint64_t)v;
+    do {
+        t[n++] = (char)('0' + u % 10);
+        u /= 10;
+    } while (u || n < digits);
+    sbuf_reserve(b, (size_t)n + 1);
+    if (v < 0)
+        b->buf[b->len++] = '-';
+    while (n)
+        b->buf[b->len++] = t[--n];
+    b->buf[b->len] = '\0';
 }
 
 static void sbuf_putn(sbuf_t *b, char c, size_t n)
@@ -257,7 +310,11 @@ idem_gen_t *idem_gen_new(const idem_gen_opts_t *opts, char *errstr,
     g->n_poison = llround((double)opts->count * opts->poison);
     g->n_valid = g->n_primary - g->n_poison;
     g->n_dup = g->n_valid ? llround((double)opts->count * opts->duplicates) : 0;
-    g->ledger = json_object();
+    if (opts->users * g->currency_cnt <= GEN_SUMS_MAX)
+        g->sums = idem_xcalloc((size_t)(opts->users * g->currency_cnt),
+                               sizeof(*g->sums));
+    else
+        g->ledger = json_object();
     return g;
 }
 
@@ -339,7 +396,8 @@ static void payment_make(const idem_gen_t *g, int64_t primary, payment_t *p)
         p->cents = 1 + (int64_t)((r >> 3) % (uint64_t)GEN_MAX_AMOUNT_CENTS);
     else
         p->cents = 1 + (int64_t)((r >> 3) % 100000);
-    p->currency = g->currencies[splitmix64(&s) % (uint64_t)g->currency_cnt];
+    p->currency_idx = (int)(splitmix64(&s) % (uint64_t)g->currency_cnt);
+    p->currency = g->currencies[p->currency_idx];
 }
 
 /* Appends the payment's JSON object without its closing brace; fields can
@@ -354,29 +412,41 @@ static void payment_json_open(sbuf_t *b, const payment_t *p,
                               const char *message_id, int flags,
                               const char *amount, const char *currency)
 {
-    sbuf_printf(b, "{");
-    if (!(flags & PAY_NO_IDENTITY))
-        sbuf_printf(b,
-                    "\"message_id\":\"%s\",\"idempotency_key\":\"payment-%s\",",
-                    message_id, p->order_id);
-    sbuf_printf(b,
-                "\"event_type\":\"payment.captured\",\"created_at\":\"%s\","
-                "\"version\":1,\"order_id\":\"%s\",",
-                p->created_at, p->order_id);
-    if (!(flags & PAY_NO_USER))
-        sbuf_printf(b, "\"user_id\":\"user-%" PRId64 "\",", p->user);
-    if (flags & PAY_AMOUNT_RAW)
-        sbuf_printf(b, "\"amount\":%s,", amount);
-    else
-        sbuf_printf(b, "\"amount\":%" PRId64 ".%02" PRId64 ",", p->cents / 100,
-                    p->cents % 100);
-    sbuf_printf(b, "\"currency\":\"%s\"", currency ? currency : p->currency);
+    sbuf_puts(b, "{");
+    if (!(flags & PAY_NO_IDENTITY)) {
+        sbuf_puts(b, "\"message_id\":\"");
+        sbuf_puts(b, message_id);
+        sbuf_puts(b, "\",\"idempotency_key\":\"payment-");
+        sbuf_puts(b, p->order_id);
+        sbuf_puts(b, "\",");
+    }
+    sbuf_puts(b, "\"event_type\":\"payment.captured\",\"created_at\":\"");
+    sbuf_puts(b, p->created_at);
+    sbuf_puts(b, "\",\"version\":1,\"order_id\":\"");
+    sbuf_puts(b, p->order_id);
+    sbuf_puts(b, "\",");
+    if (!(flags & PAY_NO_USER)) {
+        sbuf_puts(b, "\"user_id\":\"user-");
+        sbuf_putint(b, p->user, 1);
+        sbuf_puts(b, "\",");
+    }
+    sbuf_puts(b, "\"amount\":");
+    if (flags & PAY_AMOUNT_RAW) {
+        sbuf_puts(b, amount);
+    } else {
+        sbuf_putint(b, p->cents / 100, 1);
+        sbuf_puts(b, ".");
+        sbuf_putint(b, p->cents % 100, 2);
+    }
+    sbuf_puts(b, ",\"currency\":\"");
+    sbuf_puts(b, currency ? currency : p->currency);
+    sbuf_puts(b, "\"");
 }
 
 static void payment_json(sbuf_t *b, const payment_t *p, const char *message_id)
 {
     payment_json_open(b, p, message_id, 0, NULL, NULL);
-    sbuf_printf(b, "}");
+    sbuf_puts(b, "}");
 }
 
 static void record_headers(idem_gen_t *g, idem_gen_record_t *rec,
@@ -488,6 +558,10 @@ static void poison_make(idem_gen_t *g, const payment_t *p, int64_t k,
 
 static void ledger_add(idem_gen_t *g, const payment_t *p)
 {
+    if (g->sums) {
+        g->sums[p->currency_idx * g->opts.users + p->user - 1] += p->cents;
+        return;
+    }
     json_t *cur = json_object_get(g->ledger, p->currency);
     if (!cur) {
         cur = json_object();
@@ -586,6 +660,31 @@ int idem_gen_next(idem_gen_t *gen, idem_gen_record_t *rec)
     return 1;
 }
 
+/* The ledger as {CUR: {user: cents}} (a new reference): every user with a
+ * payment (cents are at least 1, so a sum of 0 means none). */
+static json_t *ledger_json(const idem_gen_t *gen)
+{
+    if (!gen->sums)
+        return json_incref(gen->ledger);
+    json_t *ledger = json_object();
+    for (int c = 0; c < gen->currency_cnt; c++) {
+        const int64_t *sum = gen->sums + c * gen->opts.users;
+        json_t *cur = NULL;
+        for (int64_t u = 0; u < gen->opts.users; u++) {
+            if (!sum[u])
+                continue;
+            if (!cur) {
+                cur = json_object();
+                json_object_set_new(ledger, gen->currencies[c], cur);
+            }
+            char user[32];
+            snprintf(user, sizeof(user), "user-%" PRId64, u + 1);
+            json_object_set_new(cur, user, json_integer(sum[u]));
+        }
+    }
+    return ledger;
+}
+
 json_t *idem_gen_expect(const idem_gen_t *gen)
 {
     json_t *dups = json_object();
@@ -596,9 +695,9 @@ json_t *idem_gen_expect(const idem_gen_t *gen)
     for (int r = 0; r < IDEM_REASON_CNT; r++)
         json_object_set_new(poison, idem_reason2str(r),
                             json_integer(gen->st_poison[r]));
-    return json_pack("{sI sI so so sO sI}", "sent", (json_int_t)gen->index,
+    return json_pack("{sI sI so so so sI}", "sent", (json_int_t)gen->index,
                      "unique", (json_int_t)gen->st_unique, "duplicates", dups,
-                     "poison", poison, "ledger", gen->ledger, "applied",
+                     "poison", poison, "ledger", ledger_json(gen), "applied",
                      (json_int_t)gen->st_unique);
 }
 
@@ -640,6 +739,7 @@ void idem_gen_destroy(idem_gen_t *gen)
     if (!gen)
         return;
     json_decref(gen->ledger);
+    free(gen->sums);
     free(gen->heap);
     free(gen->value.buf);
     free(gen->currencies_buf);

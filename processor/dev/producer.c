@@ -18,6 +18,7 @@ struct idem_producer_s {
     rd_kafka_topic_t *rkt;
     idem_producer_stats_t stats;
     int64_t dr_failed; /* failures reported by delivery reports */
+    int ack_latency;   /* idem_producer_ack_latency_on() was called */
     /* Acknowledged messages by whole milliseconds from CreateTime to the
      * delivery report; the last slot holds everything at or past the
      * bound (and a clock step backwards counts as 0). */
@@ -207,7 +208,8 @@ int idem_producer_send(idem_producer_t *p, const void *key, size_t key_len,
             RD_KAFKA_V_KEY(key, key ? key_len : 0),
             RD_KAFKA_V_VALUE((void *)value, value_len),
             RD_KAFKA_V_HEADERS(hdrs),
-            RD_KAFKA_V_OPAQUE((void *)(intptr_t)idem_wall_ms()),
+            RD_KAFKA_V_OPAQUE(
+                (void *)(intptr_t)(p->ack_latency ? idem_wall_ms() : 0)),
             RD_KAFKA_V_END);
         if (!err) { /* the headers belong to the message now */
             p->stats.enqueued++;
@@ -227,6 +229,11 @@ int idem_producer_send(idem_producer_t *p, const void *key, size_t key_len,
                      rd_kafka_err2str(err));
         return -1;
     }
+}
+
+void idem_producer_ack_latency_on(idem_producer_t *p)
+{
+    p->ack_latency = 1;
 }
 
 void idem_producer_poll(idem_producer_t *p, int timeout_ms)

@@ -48,6 +48,11 @@ int idem_producer_send(idem_producer_t *p, const void *key, size_t key_len,
                        const char *hdr_idempotency_key, char *errstr,
                        size_t errstr_size);
 
+/* From now on, takes the time of each send and of its delivery report for
+ * idem_producer_ack_quantile_ms(). Off by default: two clock reads a
+ * message are a noticeable share of sending at full speed. */
+void idem_producer_ack_latency_on(idem_producer_t *p);
+
 /* Serves delivery reports and logs for up to timeout_ms. */
 void idem_producer_poll(idem_producer_t *p, int timeout_ms);
 
@@ -60,7 +65,8 @@ int idem_producer_flush(idem_producer_t *p, volatile int *abort);
 void idem_producer_stats(const idem_producer_t *p,
                          idem_producer_stats_t *stats);
 
-/* Acknowledgement latency: of the messages acknowledged so far, the
+/* Acknowledgement latency: of the messages acknowledged so far (sent after
+ * idem_producer_ack_latency_on()), the
  * smallest whole millisecond L such that a fraction q (0..1] of them took
  * at most L ms from being enqueued (their CreateTime) to their delivery
  * report being served, by this host's wall clock.

@@ -287,6 +287,55 @@ Test(produce, input_lines_with_added_message_id)
     th_broker_stop(&b);
 }
 
+/* --key-delimiter reads kcat -P -K's format: the key before the
+ * delimiter, the value after it (with its ids as headers); a line without
+ * the delimiter is keyed from its JSON. */
+Test(produce, input_key_delimiter_as_kcat)
+{
+    th_broker_t b;
+    cr_assert_eq(th_broker_start(&b, NULL), 0);
+    char *dir = th_tmpdir();
+    char path[512];
+    snprintf(path, sizeof(path), "%s/in.tsv", dir);
+    cr_assert_eq(
+        th_write_file(path,
+                      "K-1\t{\"message_id\":\"m-1\",\"order_id\":\"O-1\"}\n"
+                      "{\"message_id\":\"m-2\",\"order_id\":\"O-2\"}\n"
+                      "K-3\tnot json\n"),
+        0);
+    char *argv[] = {(char *)th_bin(),
+                    "produce",
+                    "-b",
+                    b.bootstrap,
+                    "-t",
+                    "kd",
+                    "--input",
+                    path,
+                    "--key-delimiter",
+                    "\\t",
+                    NULL};
+    char *err = NULL;
+    int rc = th_run(argv, NULL, &err, 60000);
+    cr_assert_eq(rc, 0, "%s", err);
+    cr_expect(strstr(err, "sent 3, acked 3"), "%s", err);
+    cr_expect(strstr(err, "not-json lines 1"), "%s", err);
+    char *got = kcat_read(b.bootstrap, "kd");
+    size_t n;
+    char **l = lines_sorted(got, &n);
+    cr_assert_eq(n, 3, "%s", got);
+    cr_expect_str_eq(l[0], "K-1\tmessage_id=m-1\t{\"message_id\":\"m-1\","
+                           "\"order_id\":\"O-1\"}");
+    cr_expect_str_eq(l[1], "K-3\t\tnot json");
+    cr_expect_str_eq(l[2], "O-2\tmessage_id=m-2\t{\"message_id\":\"m-2\","
+                           "\"order_id\":\"O-2\"}");
+    free(l);
+    free(got);
+    free(err);
+    th_rmrf(dir);
+    free(dir);
+    th_broker_stop(&b);
+}
+
 Test(produce, bad_flags_exit_2_with_one_line)
 {
     const char *cases[][5] = {

@@ -1,0 +1,171 @@
+/* inputline: reading one line of `produce --input` (inputline.h): the
+ * envelope scan first, jansson for what the scan leaves. */
+#include "dev/inputline.h"
+
+#include "base/util.h"
+#include "input/envscan.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <string.h>
+
+#include <jansson.h>
+
+enum { F_MID, F_IKEY, F_KEY, F_MAX };
+
+void idem_inputline_init(idem_inputline_t *il)
+{
+    memset(il, 0, sizeof(*il));
+}
+
+void idem_inputline_term(idem_inputline_t *il)
+{
+    free(il->buf);
+    memset(il, 0, sizeof(*il));
+}
+
+/* Room for three strings of at most len bytes each, integers as text and
+ * their NULs: no string decodes longer than its line. */
+static void reserve(idem_inputline_t *il, size_t len)
+{
+    size_t need = 3 * (len + 32);
+    if (need > il->cap) {
+        free(il->buf);
+        il->buf = idem_xmalloc(need);
+        il->cap = need;
+    }
+}
+
+/* An integer literal jansson reads as a json_int_t and prints back the
+ * same: no fraction, no "-0", at most 18 digits. */
+static int plain_integer(const char *s, size_t n)
+{
+    size_t i = s[0] == '-';
+    if (n == i || n - i > 18 || (n - i > 1 && s[i] == '0') ||
+        (i && n == 2 && s[1] == '0'))
+        return 0;
+    for (; i < n; i++)
+        if (s[i] < '0' || s[i] > '9')
+            return 0;
+    return 1;
+}
+
+/* The envelope scan's reading; 0, or -1 when jansson must decide. out[i]
+ * gets steps[i]'s member as NUL-terminated text written at *at (NULL when
+ * it is neither a string nor an integer); steps are message_id,
+ * idempotency_key, then the key's member if any. */
+static int read_scan(idem_inputline_t *il, const char *line, size_t len,
+                     const idem_envscan_step_t *steps, size_t nsteps,
+                     const char **out, char **at)
+{
+    idem_envscan_field_t f[F_MAX];
+    if (idem_envscan(line, len, steps, nsteps, f))
+        return -1;
+    for (size_t i = 0; i < nsteps; i++) {
+        if (f[i].kind == IDEM_ENVSCAN_NUMBER) {
+            if (memchr(f[i].text, '.', f[i].text_len))
+                continue; /* a real: jansson gives no text either */
+            if (!plain_integer(f[i].text, f[i].text_len))
+                return -1;
+            memcpy(*at, f[i].text, f[i].text_len);
+            (*at)[f[i].text_len] = '\0';
+        } else if (f[i].kind == IDEM_ENVSCAN_STRING) {
+            idem_envscan_string(&f[i], *at);
+        } else {
+            continue;
+        }
+        out[i] = *at;
+        *at += strlen(*at) + 1;
+    }
+    il->has_message_id = f[0].kind != IDEM_ENVSCAN_ABSENT;
+    il->json = il->object = 1;
+    return 0;
+}
+
+/* Member `name` of obj as text at *at, or NULL. */
+static const char *member_text(json_t *obj, const char *name, char **at)
+{
+    json_t *v = json_object_get(obj, name);
+    const char *s = *at;
+    if (json_is_string(v))
+        memcpy(*at, json_string_value(v), json_string_length(v) + 1);
+    else if (json_is_integer(v))
+        sprintf(*at, "%" JSON_INTEGER_FORMAT, json_integer_value(v));
+    else
+        return NULL;
+    *at += strlen(s) + 1;
+    return s;
+}
+
+static void read_jansson(idem_inputline_t *il, const char *line, size_t len,
+                         const char *key_field, const char **out, char **at)
+{
+    json_error_t jerr;
+    json_t *doc = json_loadb(line, len, JSON_DECODE_ANY, &jerr);
+    if (!doc && json_error_code(&jerr) == json_error_numeric_overflow)
+        doc = json_loadb(line, len, JSON_DECODE_ANY | JSON_DECODE_INT_AS_REAL,
+                         &jerr);
+    if (!doc)
+        return;
+    il->json = 1;
+    if (json_is_object(doc)) {
+        il->object = 1;
+        il->has_message_id = json_object_get(doc, "message_id") != NULL;
+        out[F_MID] = member_text(doc, "message_id", at);
+        out[F_IKEY] = member_text(doc, "idempotency_key", at);
+        if (key_field)
+            out[F_KEY] = member_text(doc, key_field, at);
+    }
+    json_decref(doc);
+}
+
+void idem_inputline_read(idem_inputline_t *il, const char *line, size_t len,
+                         const char *key_field)
+{
+    char *buf = il->buf;
+    size_t cap = il->cap;
+    memset(il, 0, sizeof(*il));
+    il->buf = buf;
+    il->cap = cap;
+    reserve(il, len);
+
+    idem_envscan_step_t steps[F_MAX] = {{"message_id", 10, -1},
+                                        {"idempotency_key", 15, -1}};
+    size_t nsteps = 2;
+    const char *out[F_MAX] = {NULL, NULL, NULL};
+    /* A key_field that names message_id or idempotency_key is that step
+     * (a scan takes each member once): copied below. */
+    int key_is_mid = key_field && !strcmp(key_field, "message_id");
+    int key_is_ikey = key_field && !strcmp(key_field, "idempotency_key");
+    if (key_field && !key_is_mid && !key_is_ikey) {
+        steps[nsteps].name = key_field;
+        steps[nsteps].len = strlen(key_field);
+        steps[nsteps].parent = -1;
+        nsteps++;
+    }
+    char *at = il->buf;
+    if (read_scan(il, line, len, steps, nsteps, out, &at) == 0) {
+        il->scanned = 1;
+        if (key_is_mid)
+            out[F_KEY] = out[F_MID];
+        else if (key_is_ikey)
+            out[F_KEY] = out[F_IKEY];
+    } else {
+        out[F_MID] = out[F_IKEY] = out[F_KEY] = NULL;
+        at = il->buf;
+        read_jansson(il, line, len, key_field, out, &at);
+    }
+    if (il->object) {
+        /* An object's first byte other than JSON whitespace is its '{'. */
+        const char *brace = memchr(line, '{', len);
+        size_t i = (size_t)(brace - line) + 1;
+        while (i < len && (line[i] == ' ' || line[i] == '\t' ||
+                           line[i] == '\n' || line[i] == '\r'))
+            i++;
+        il->members = i < len && line[i] != '}';
+    }
+    il->message_id = out[F_MID];
+    il->idempotency_key = out[F_IKEY];
+    il->key = out[F_KEY] ? out[F_KEY] : out[F_MID];
+    il->key_len = il->key ? strlen(il->key) : 0;
+}

@@ -1,0 +1,125 @@
+/* test_inputline: `produce --input`'s reading of a line (inputline.c)
+ * gives the same key, ids and verdict whether the envelope scan or jansson
+ * reads it. */
+#include "dev/inputline.h"
+
+#include <criterion/criterion.h>
+#include <criterion/parameterized.h>
+#include <stdio.h>
+#include <string.h>
+
+typedef struct {
+    const char *line;
+    const char *key_field;
+    int json, object, members, has_mid;
+    const char *key, *mid, *ikey; /* NULL: none */
+    int scanned;                  /* -1: either */
+} line_case_t;
+
+static void expect_str(const char *got, const char *want, const char *what,
+                       const char *line)
+{
+    if (!want)
+        cr_expect_null(got, "%s of %s: %s", what, line, got);
+    else if (!got)
+        cr_expect_fail("%s of %s: none, want %s", what, line, want);
+    else
+        cr_expect_str_eq(got, want, "%s of %s", what, line);
+}
+
+static line_case_t cases[] = {
+    {"{\"message_id\":\"m-1\",\"idempotency_key\":\"k-1\",\"order_id\":\"O1\"}",
+     "order_id", 1, 1, 1, 1, "O1", "m-1", "k-1", 1},
+    /* no key field: message_id is the key */
+    {"{\"message_id\":\"m-2\",\"amount\":12.30}", "order_id", 1, 1, 1, 1, "m-2",
+     "m-2", NULL, 1},
+    /* integers are text as jansson prints them; reals are no key */
+    {"{\"message_id\":42,\"idempotency_key\":-7,\"order_id\":1.5}", "order_id",
+     1, 1, 1, 1, "42", "42", "-7", 1},
+    /* escapes are decoded */
+    {"{\"order_id\":\"a\\\"b\\\\c\\/d\"}", "order_id", 1, 1, 1, 0, "a\"b\\c/d",
+     NULL, NULL, 1},
+    /* \u escapes and non-ASCII bytes are jansson's */
+    {"{\"order_id\":\"\\u00e9\",\"message_id\":\"m\"}", "order_id", 1, 1, 1, 1,
+     "\xc3\xa9", "m", NULL, 0},
+    {"{\"order_id\":\"\xc3\xa9\"}", "order_id", 1, 1, 1, 0, "\xc3\xa9", NULL,
+     NULL, 0},
+    /* duplicate keys: jansson's reading, the last one */
+    {"{\"order_id\":\"a\",\"order_id\":\"b\"}", "order_id", 1, 1, 1, 0, "b",
+     NULL, NULL, 0},
+    /* "-0" and long integers: jansson's text */
+    {"{\"order_id\":-0}", "order_id", 1, 1, 1, 0, "0", NULL, NULL, 0},
+    {"{\"order_id\":1234567890123456789}", "order_id", 1, 1, 1, 0,
+     "1234567890123456789", NULL, NULL, 0},
+    /* an integer beyond 64 bits is JSON, but no key */
+    {"{\"order_id\":123456789012345678901234567890,\"message_id\":\"m\"}",
+     "order_id", 1, 1, 1, 1, "m", "m", NULL, 0},
+    /* a message_id that is null: present, but no id */
+    {"{\"message_id\":null,\"order_id\":\"O\"}", "order_id", 1, 1, 1, 1, "O",
+     NULL, NULL, 1},
+    {" { } ", "order_id", 1, 1, 0, 0, NULL, NULL, NULL, -1},
+    {"[1,2]", "order_id", 1, 0, 0, 0, NULL, NULL, NULL, 0},
+    {"\"just a string\"", "order_id", 1, 0, 0, 0, NULL, NULL, NULL, 0},
+    {"this is not json", "order_id", 0, 0, 0, 0, NULL, NULL, NULL, 0},
+    {"{\"order_id\":\"O\"} trailing", "order_id", 0, 0, 0, 0, NULL, NULL, NULL,
+     0},
+    /* the key field may be one of the ids, or none */
+    {"{\"idempotency_key\":\"k\",\"message_id\":\"m\"}", "idempotency_key", 1,
+     1, 1, 1, "k", "m", "k", 1},
+    {"{\"idempotency_key\":\"k\",\"message_id\":\"m\",\"order_id\":\"O\"}",
+     NULL, 1, 1, 1, 1, "m", "m", "k", 1},
+};
+
+/* The parameters are indexes: Criterion copies a parameter's bytes into
+ * the test's process, where the case table's pointers would not hold. */
+ParameterizedTestParameters(inputline, reads_like_jansson)
+{
+    static size_t idx[sizeof(cases) / sizeof(cases[0])];
+    for (size_t i = 0; i < sizeof(idx) / sizeof(idx[0]); i++)
+        idx[i] = i;
+    return cr_make_param_array(size_t, idx, sizeof(idx) / sizeof(idx[0]));
+}
+
+ParameterizedTest(size_t *i, inputline, reads_like_jansson)
+{
+    const line_case_t *c = &cases[*i];
+    idem_inputline_t il;
+    idem_inputline_init(&il);
+    idem_inputline_read(&il, c->line, strlen(c->line), c->key_field);
+    cr_expect_eq(il.json, c->json, "json of %s", c->line);
+    cr_expect_eq(il.object, c->object, "object of %s", c->line);
+    cr_expect_eq(il.members, c->members, "members of %s", c->line);
+    cr_expect_eq(il.has_message_id, c->has_mid, "has message_id of %s",
+                 c->line);
+    expect_str(il.key, c->key, "key", c->line);
+    cr_expect_eq(il.key_len, c->key ? strlen(c->key) : 0, "key length of %s",
+                 c->line);
+    expect_str(il.message_id, c->mid, "message_id", c->line);
+    expect_str(il.idempotency_key, c->ikey, "idempotency_key", c->line);
+    if (c->scanned >= 0)
+        cr_expect_eq(il.scanned, c->scanned, "scanned %s", c->line);
+    idem_inputline_term(&il);
+}
+
+/* One reader serves lines of any length one after another; a line's
+ * strings stay whole however long they are. */
+Test(inputline, long_lines_after_short_ones)
+{
+    idem_inputline_t il;
+    idem_inputline_init(&il);
+    idem_inputline_read(&il, "{\"order_id\":\"a\"}", 16, "order_id");
+    cr_expect_str_eq(il.key, "a");
+    static char line[20000], id[6000];
+    memset(id, 'x', sizeof(id) - 1);
+    snprintf(line, sizeof(line),
+             "{\"message_id\":\"%s\",\"idempotency_key\":\"%s\",\"order_id\":"
+             "\"%s\"}",
+             id, id, id);
+    idem_inputline_read(&il, line, strlen(line), "order_id");
+    cr_assert(il.scanned);
+    cr_expect_str_eq(il.key, id);
+    cr_expect_str_eq(il.message_id, id);
+    cr_expect_str_eq(il.idempotency_key, id);
+    idem_inputline_term(&il);
+    idem_inputline_term(&il); /* twice: a no-op */
+}
