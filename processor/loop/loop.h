@@ -135,6 +135,8 @@ struct idem_pipeline_s {
     int recommit;        /* an async commit failed: send all again */
     int collect_wait_ms; /* how long the next collect may wait (external
                             effect in flight, nothing fetched) */
+    int draining;        /* revoke or shutdown: no new effect starts, only
+                            what is with the handler finishes */
 
     int64_t stop_by_ms;        /* shutting down: every wait ends by then */
     char fatal[512];           /* a producer's fatal error: stop */

@@ -484,3 +484,60 @@ Test(webhook_run, room_keeps_leases_from_running_out_in_the_queue)
     free(log);
     th_stack_stop(&stk);
 }
+
+/* Scaling up and down with a slow service (every answer takes 500 ms): a
+ * drain (revoke, then shutdown) starts no new request, it only lets those
+ * in flight finish, so no key is POSTed twice and no drain says the
+ * handler kept records (a drain that kept starting requests until its
+ * deadline aborted the last ones, and the next owner sent them again). */
+Test(webhook_run, rebalance_with_a_slow_service_posts_nothing_twice)
+{
+    srv = th_hook_start((th_hook_reply_t){.status = 200, .delay_ms = 500}, 1);
+    cr_assert(srv);
+    cr_assert_eq(th_stack_start(&stk, 4, NULL), 0);
+    char path[600];
+    snprintf(path, sizeof(path), "%s/in.jsonl", stk.dir);
+    FILE *fp = fopen(path, "w");
+    cr_assert(fp);
+    const size_t keys = 240;
+    for (size_t i = 0; i < keys; i++)
+        LINE(fp, "{\"idempotency_key\":\"r-%zu\",\"message_id\":\"m-%zu\"}", i,
+             i);
+    fclose(fp);
+    const char *pargs[] = {"--input", path, NULL};
+    cr_assert_eq(th_stack_produce(&stk, pargs), 0);
+    char url[128];
+    snprintf(url, sizeof(url), "webhook.url=%s", th_hook_url(srv));
+    const char *sets[] = {"handler=webhook",          url,
+                          "webhook.max.inflight=16",  "dedup.lease.ms=10000",
+                          "shutdown.timeout.ms=4000", NULL};
+    pid_t m1 = th_stack_member(&stk, "d1", sets);
+    cr_assert_eq(wait_acked("r-", 30, 60000), 0);
+    pid_t m2 = th_stack_member(&stk, "d2", sets); /* a rebalance */
+    cr_assert_eq(wait_acked("r-", 140, 60000), 0);
+    cr_assert_eq(th_stop(m2, 15000), 0); /* and back */
+    cr_assert_eq(wait_acked("r-", keys, 60000), 0, "%zu of %zu acknowledged",
+                 th_hook_keys_acked(srv, "r-", NULL), keys);
+    cr_assert_eq(th_stop(m1, 15000), 0);
+    size_t twice = 0;
+    char first[32] = "";
+    for (size_t i = 0; i < keys; i++) {
+        char key[32];
+        snprintf(key, sizeof(key), "r-%zu", i);
+        if (th_hook_count_key(srv, key, 0) != 1 && !twice++)
+            snprintf(first, sizeof(first), "%s", key);
+    }
+    cr_expect_eq(twice, 0, "%zu keys POSTed more than once (first: %s)", twice,
+                 first);
+    const char *names[] = {"d1", "d2"};
+    for (size_t i = 0; i < 2; i++) {
+        char lpath[600];
+        snprintf(lpath, sizeof(lpath), "%s/%s.log", stk.dir, names[i]);
+        char *log = th_slurp(lpath, NULL);
+        cr_expect(log && !strstr(log, "kept records after drain") &&
+                      !strstr(log, "abandoned"),
+                  "%s: %s", names[i], log);
+        free(log);
+    }
+    th_stack_stop(&stk);
+}
