@@ -37,6 +37,10 @@ typedef struct {
     long status;            /* HTTP status when kind == RESPONSE, else 0 */
     int64_t retry_after_ms; /* Retry-After (seconds or date), -1 if none */
     double seconds;         /* submit to completion */
+    int resent;             /* attempts libcurl made before the last one
+                               (a reused connection that died without an
+                               answer is tried again on a fresh one): the
+                               service may have seen each */
     size_t body_len;        /* bytes kept in body (at most _BODY_MAX) */
     char body[IDEM_HTTPCLIENT_BODY_MAX + 1]; /* start of the response body,
                                                 NUL-terminated */

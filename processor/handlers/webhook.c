@@ -195,6 +195,9 @@ static void result_of(webhook_t *w, const idem_http_result_t *hr,
 {
     idem_record_t *r = (idem_record_t *)(uintptr_t)hr->tag;
     if (w->metrics) {
+        /* Every attempt the service may have seen is counted. */
+        for (int i = 0; i < hr->resent; i++)
+            idem_metrics_webhook_request_add(w->metrics, "resent");
         idem_metrics_webhook_request_add(w->metrics, idem_httpclient_class(hr));
         idem_metrics_webhook_latency_observe(w->metrics, hr->seconds);
     }

@@ -173,6 +173,12 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn,
         while (nanosleep(&ts, &ts))
             ;
     }
+    if (r.status == 0) { /* close the connection without an answer */
+        record(h, conn, url, method, up, 0);
+        atomic_fetch_add(&h->count, 1);
+        reply_free(&r);
+        return MHD_NO;
+    }
     const char *body = r.body ? r.body : "";
     struct MHD_Response *resp = MHD_create_response_from_buffer(
         strlen(body), (void *)body, MHD_RESPMEM_MUST_COPY);

@@ -9,7 +9,9 @@
 typedef struct th_hook_s th_hook_t;
 
 typedef struct {
-    int status;              /* HTTP status to answer */
+    int status;              /* HTTP status to answer; 0: close the
+                                connection without an answer (counted and
+                                recorded with status 0) */
     int delay_ms;            /* wait this long before answering */
     const char *retry_after; /* Retry-After value, or NULL (copied) */
     const char *body;        /* response body, or NULL (copied) */
