@@ -564,6 +564,9 @@ static void harvest(idem_httpclient_t *c)
                 r->retry_after_ms = (int64_t)ra * 1000;
             r->error[0] = '\0';
         } else {
+            long status = 0; /* a response cut short, or none */
+            curl_easy_getinfo(e, CURLINFO_RESPONSE_CODE, &status);
+            r->status = status;
             snprintf(r->error, sizeof(r->error), "%s",
                      s->error[0] ? s->error : curl_easy_strerror(rc));
         }
@@ -653,6 +656,12 @@ idem_http_verdict_t idem_httpclient_classify(const idem_http_result_t *r,
     if (r->kind != IDEM_HTTP_RESPONSE) {
         snprintf(reason, reason_size, "%s: %s", idem_httpclient_class(r),
                  r->error);
+        /* Nothing reached a service that answers: the service is down,
+         * not this record's fault. A reset or an empty reply came from a
+         * service that took the request: that request failed. */
+        if (r->kind == IDEM_HTTP_CONNECT || r->kind == IDEM_HTTP_TLS ||
+            (r->kind == IDEM_HTTP_TIMEOUT && r->status == 0))
+            return IDEM_HTTP_OUTAGE;
         return IDEM_HTTP_RETRY;
     }
     long s = r->status;

@@ -283,6 +283,8 @@ static int results_apply(idem_pipeline_t *p, size_t n, char *errstr,
         rec_t *r = res->rec->loop;
         r->sent = 0;
         p->inflight--;
+        if (!p->in_redis && res->kind != IDEM_RESULT_OUTAGE)
+            p->answered = 1; /* the effect's service answers */
         switch (res->kind) {
         case IDEM_RESULT_DONE:
             if (p->in_redis)

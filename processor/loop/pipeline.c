@@ -330,9 +330,12 @@ static void attempt(idem_pipeline_t *p)
     int64_t now = idem_now_ms();
     if (rc) {
         infra_failed(p, errstr, now);
-    } else if (p->flow.down && idem_loop_store_busy(p) && !p->answered) {
+    } else if (p->flow.down && p->inflight && !p->answered) {
         /* Only sent: an error reply (OOM, READONLY, a short WAIT) comes
-         * with the answer, so the outage is over once Redis answered. */
+         * with the answer, so the outage is over once Redis answered; an
+         * external effect's outage (a webhook service down) is over once
+         * one of its results is not an outage. Until then the member stays
+         * paused and not ready, and looks again at once. */
         p->flow.next_attempt_ms = now;
     } else if (idem_flow_ok(&p->flow, idem_loop_batch_next_retry(p))) {
         idem_log_kv(IDEM_LOG_INFO, "infrastructure back: resuming", NULL);

@@ -41,6 +41,13 @@ void th_hook_stop(th_hook_t *h); /* NULL is a no-op */
 th_hook_t *th_hook_start_tls(th_hook_reply_t dflt, int record,
                              const char *cert_pem, const char *key_pem);
 
+/* Plain HTTP only: down closes the listening socket (a connection is
+ * refused, as for a service being deployed); up listens on the same port
+ * again. Scripts, rules and what was recorded stay. up: 0, or -1 when the
+ * port could not be bound again within 5 s. */
+void th_hook_down(th_hook_t *h);
+int th_hook_up(th_hook_t *h);
+
 int th_hook_port(const th_hook_t *h);
 /* "http://127.0.0.1:PORT/hook" (borrowed, lives as long as h). */
 const char *th_hook_url(const th_hook_t *h);
