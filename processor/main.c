@@ -30,8 +30,11 @@ static void check_config_usage(FILE *out)
             "30000)\n"
             "  --for outbox     check it as `idemproc outbox` reads it (no "
             "group, topics or\n"
-            "                   Redis needed; outbox.dsn required); the "
-            "default is run\n"
+            "                   Redis needed; outbox.dsn required); with "
+            "--connect it\n"
+            "                   reaches Kafka (outbox.topic), PostgreSQL and "
+            "outbox.table;\n"
+            "                   the default is run\n"
             "  Exit 0 valid (and reachable), 1 not reachable, 2 invalid.\n");
 }
 
@@ -113,7 +116,10 @@ static int cmd_check_config(int argc, char **argv, char **envp)
     }
     rc = IDEM_EXIT_OK;
     char errstr[512];
-    if (o.connect) {
+    if (o.connect && scope == IDEM_CONF_SCOPE_OUTBOX) {
+        fflush(stdout);
+        rc = idem_cmd_outbox_check(conf, o.timeout_ms, stdout);
+    } else if (o.connect) {
         fflush(stdout);
         if (idem_kafka_check(conf, o.timeout_ms, stdout, errstr,
                              sizeof(errstr))) {

@@ -6,6 +6,8 @@
 
 #include <stdio.h>
 
+#include "conf/conf.h"
+
 #define IDEM_EXIT_OK    0
 #define IDEM_EXIT_FAIL  1
 #define IDEM_EXIT_USAGE 2
@@ -24,5 +26,10 @@ void idem_cmd_broker_usage(FILE *out);
 void idem_cmd_verify_usage(FILE *out);
 void idem_cmd_dlq_usage(FILE *out);
 void idem_cmd_outbox_usage(FILE *out);
+
+/* check-config --for outbox --connect: what the relay needs, printed to
+ * out: the brokers and outbox.topic, PostgreSQL and outbox.table. 0 when
+ * all are there, 1 (IDEM_EXIT_FAIL) with the first problem on stderr. */
+int idem_cmd_outbox_check(const idem_conf_t *conf, int timeout_ms, FILE *out);
 
 #endif

@@ -4,6 +4,7 @@
 #include "cmd/cmd.h"
 #include "cmd/cmdline.h"
 #include "conf/conf.h"
+#include "kafka/kafka.h"
 #include "obs/http.h"
 #include "base/log.h"
 #include "obs/metrics.h"
@@ -15,9 +16,9 @@
 #include <string.h>
 #include <unistd.h>
 
-/* The run flag: set by the first SIGTERM/SIGINT (finish the batch in hand,
- * mark, commit, exit 0); a second signal exits at once. Rows published but
- * not marked are published again by the next relay, with the same
+/* The run flag: set by the first SIGTERM/SIGINT/SIGHUP (finish the batch in
+ * hand, mark, commit, exit 0); a second signal exits at once. Rows published
+ * but not marked are published again by the next relay, with the same
  * message_id. */
 static volatile int outbox_stop;
 static unsigned outbox_watchdog_s; /* shutdown.timeout.ms, rounded up */
@@ -57,9 +58,9 @@ void idem_cmd_outbox_usage(FILE *out)
             "outbox.dsn and\n"
             "  kafka.bootstrap.servers; see 'idemproc help config' "
             "(outbox.*).\n"
-            "  SIGTERM/SIGINT: finish the batch in hand, commit, exit 0; a "
-            "second signal\n"
-            "  exits at once.\n");
+            "  SIGTERM/SIGINT/SIGHUP: finish the batch in hand, commit, "
+            "exit 0; a second\n"
+            "  signal exits at once. SIGUSR1/SIGUSR2: ignored.\n");
 }
 
 int idem_cmd_outbox(int argc, char **argv, char **envp)
@@ -81,6 +82,13 @@ int idem_cmd_outbox(int argc, char **argv, char **envp)
     sigemptyset(&sa.sa_mask);
     sigaction(SIGTERM, &sa, NULL);
     sigaction(SIGINT, &sa, NULL);
+    /* A hang-up (a closed terminal, a supervisor's reload) stops cleanly
+     * too: there is no configuration reload, and the default action would
+     * kill without a commit. The user signals have no job here: ignored,
+     * so a stray one cannot kill the member. */
+    sigaction(SIGHUP, &sa, NULL);
+    signal(SIGUSR1, SIG_IGN);
+    signal(SIGUSR2, SIG_IGN);
     sa.sa_handler = on_watchdog;
     sigaction(SIGALRM, &sa, NULL);
     signal(SIGPIPE, SIG_IGN);
@@ -125,5 +133,21 @@ out:
     idem_outbox_destroy(o);
     idem_metrics_destroy(m);
     idem_conf_destroy(conf);
+    return rc;
+}
+
+int idem_cmd_outbox_check(const idem_conf_t *conf, int timeout_ms, FILE *out)
+{
+    char errstr[512];
+    int rc = IDEM_EXIT_OK;
+    if (idem_kafka_check(conf, timeout_ms, out, errstr, sizeof(errstr))) {
+        fprintf(stderr, "idemproc check-config: %s\n", errstr);
+        rc = IDEM_EXIT_FAIL;
+    }
+    fflush(out);
+    if (idem_outbox_check(conf, timeout_ms, out, errstr, sizeof(errstr))) {
+        fprintf(stderr, "idemproc check-config: %s\n", errstr);
+        rc = IDEM_EXIT_FAIL;
+    }
     return rc;
 }

@@ -13,8 +13,8 @@
 #include <string.h>
 #include <unistd.h>
 
-/* The run flag: set by the first SIGTERM/SIGINT; a second one exits at once
- * without committing (the records in hand are read again by whoever owns
+/* The run flag: set by the first SIGTERM/SIGINT/SIGHUP; a second one exits at
+ * once without committing (the records in hand are read again by whoever owns
  * the partition next, and the dedup marks absorb what was applied). */
 static volatile int run_stop;
 static unsigned shutdown_watchdog_s; /* shutdown.timeout.ms, rounded up */
@@ -59,9 +59,11 @@ void idem_cmd_run_usage(FILE *out)
                  "  commits finished offsets. Configuration: file < "
                  "IDEMPROC_<KEY> environment\n"
                  "  < --set (see 'idemproc help config').\n"
-                 "  SIGTERM/SIGINT: finish the batch, flush, commit, leave the "
-                 "group, exit 0;\n"
-                 "  a second signal exits at once without committing.\n");
+                 "  SIGTERM/SIGINT/SIGHUP: finish the effects in flight, "
+                 "flush, commit, leave\n"
+                 "  the group, exit 0; a second signal exits at once without "
+                 "committing.\n"
+                 "  SIGUSR1/SIGUSR2: ignored.\n");
 }
 
 int idem_cmd_run(int argc, char **argv, char **envp)
@@ -82,6 +84,13 @@ int idem_cmd_run(int argc, char **argv, char **envp)
     sigemptyset(&sa.sa_mask);
     sigaction(SIGTERM, &sa, NULL);
     sigaction(SIGINT, &sa, NULL);
+    /* A hang-up (a closed terminal, a supervisor's reload) stops cleanly
+     * too: there is no configuration reload, and the default action would
+     * kill without a commit. The user signals have no job here: ignored,
+     * so a stray one cannot kill the member. */
+    sigaction(SIGHUP, &sa, NULL);
+    signal(SIGUSR1, SIG_IGN);
+    signal(SIGUSR2, SIG_IGN);
     sa.sa_handler = on_watchdog;
     sigaction(SIGALRM, &sa, NULL);
     signal(SIGPIPE, SIG_IGN);

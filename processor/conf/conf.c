@@ -799,6 +799,15 @@ static char *read_secret_file(const char *key, const char *path, char *errstr,
     }
     while (n > 0 && (buf[n - 1] == '\n' || buf[n - 1] == '\r'))
         n--;
+    if (memchr(buf, '\0', n)) {
+        /* The secret would be cut at it without a word. */
+        memset(buf, 0, n);
+        free(buf);
+        err_set(errstr, errstr_size,
+                "%s: \"%s\" holds a NUL byte (a secret must be text)", key,
+                path);
+        return NULL;
+    }
     buf[n] = '\0';
     return buf;
 }
@@ -1028,11 +1037,23 @@ int idem_conf_load_file(idem_conf_t *conf, const char *path, char *errstr,
                 strerror(errno));
         return -1;
     }
-    char line[8192];
+    char *line = NULL;
+    size_t line_cap = 0;
+    ssize_t len;
     int lineno = 0;
     int r = 0;
-    while (fgets(line, sizeof(line), fp)) {
+    while ((len = getline(&line, &line_cap, fp)) >= 0) {
         lineno++;
+        /* A NUL byte would end the value early, silently: a key, a URL or
+         * a password cut short is worse than a refusal. */
+        if (memchr(line, '\0', (size_t)len)) {
+            err_set(errstr, errstr_size,
+                    "%s:%d: a NUL byte in the line (a binary file, or a "
+                    "value that cannot be a C string)",
+                    path, lineno);
+            r = -1;
+            break;
+        }
         char *s = trim(line);
         if (!*s || *s == '#' || *s == '!')
             continue;
@@ -1052,6 +1073,7 @@ int idem_conf_load_file(idem_conf_t *conf, const char *path, char *errstr,
             break;
         }
     }
+    free(line);
     fclose(fp);
     return r;
 }

@@ -21,6 +21,7 @@ typedef struct {
     uint64_t tag;
     int busy; /* submitted and not yet finished */
     int64_t start_us;
+    int attempts;    /* requests sent for this one (libcurl may resend) */
     size_t body_len; /* response bytes kept in body */
     char body[IDEM_HTTPCLIENT_BODY_MAX + 1];
     char error[CURL_ERROR_SIZE];
@@ -401,6 +402,21 @@ size_t idem_httpclient_key_encode(const void *key, size_t key_len, char *out,
     return o;
 }
 
+/* libcurl's pre-request callback: fires on the processing thread (inside
+ * curl_multi_perform) each time the request is about to go out on a
+ * connection, a resend on a fresh connection included. */
+static int prereq_cb(void *clientp, char *conn_primary_ip, char *conn_local_ip,
+                     int conn_primary_port, int conn_local_port)
+{
+    (void)conn_primary_ip;
+    (void)conn_local_ip;
+    (void)conn_primary_port;
+    (void)conn_local_port;
+    slot_t *s = clientp;
+    s->attempts++;
+    return CURL_PREREQFUNC_OK;
+}
+
 /* Sets every option of one request on s->easy (reset first, so nothing of
  * the previous request survives). */
 static int slot_prepare(idem_httpclient_t *c, slot_t *s, const void *body,
@@ -427,6 +443,8 @@ static int slot_prepare(idem_httpclient_t *c, slot_t *s, const void *body,
     SET(CURLOPT_WRITEDATA, s);
     SET(CURLOPT_ERRORBUFFER, s->error);
     SET(CURLOPT_PRIVATE, s);
+    SET(CURLOPT_PREREQFUNCTION, prereq_cb);
+    SET(CURLOPT_PREREQDATA, s);
     SET(CURLOPT_FOLLOWLOCATION, 0L);
     SET(CURLOPT_SSL_VERIFYPEER, c->tls_verify ? 1L : 0L);
     SET(CURLOPT_SSL_VERIFYHOST, c->tls_verify ? 2L : 0L);
@@ -483,6 +501,7 @@ int idem_httpclient_submit(idem_httpclient_t *c, uint64_t tag, const void *key,
         return -1;
     }
     s->tag = tag;
+    s->attempts = 0;
     s->busy = 1;
     s->start_us = idem_now_us();
     c->free_cnt--;
@@ -534,6 +553,7 @@ static void harvest(idem_httpclient_t *c)
         r->kind = kind_of(rc);
         r->retry_after_ms = -1;
         r->seconds = (double)(idem_now_us() - s->start_us) / 1e6;
+        r->resent = s->attempts > 1 ? s->attempts - 1 : 0;
         if (r->kind == IDEM_HTTP_RESPONSE) {
             long status = 0;
             curl_easy_getinfo(e, CURLINFO_RESPONSE_CODE, &status);
@@ -544,6 +564,9 @@ static void harvest(idem_httpclient_t *c)
                 r->retry_after_ms = (int64_t)ra * 1000;
             r->error[0] = '\0';
         } else {
+            long status = 0; /* a response cut short, or none */
+            curl_easy_getinfo(e, CURLINFO_RESPONSE_CODE, &status);
+            r->status = status;
             snprintf(r->error, sizeof(r->error), "%s",
                      s->error[0] ? s->error : curl_easy_strerror(rc));
         }
@@ -633,6 +656,12 @@ idem_http_verdict_t idem_httpclient_classify(const idem_http_result_t *r,
     if (r->kind != IDEM_HTTP_RESPONSE) {
         snprintf(reason, reason_size, "%s: %s", idem_httpclient_class(r),
                  r->error);
+        /* Nothing reached a service that answers: the service is down,
+         * not this record's fault. A reset or an empty reply came from a
+         * service that took the request: that request failed. */
+        if (r->kind == IDEM_HTTP_CONNECT || r->kind == IDEM_HTTP_TLS ||
+            (r->kind == IDEM_HTTP_TIMEOUT && r->status == 0))
+            return IDEM_HTTP_OUTAGE;
         return IDEM_HTTP_RETRY;
     }
     long s = r->status;

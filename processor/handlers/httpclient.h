@@ -34,9 +34,15 @@ typedef enum {
 typedef struct {
     uint64_t tag; /* as given to _submit */
     idem_http_result_kind_t kind;
-    long status;            /* HTTP status when kind == RESPONSE, else 0 */
+    long status;            /* HTTP status when kind == RESPONSE; else the
+                               status of a response cut short, 0 when no
+                               response began */
     int64_t retry_after_ms; /* Retry-After (seconds or date), -1 if none */
     double seconds;         /* submit to completion */
+    int resent;             /* attempts libcurl made before the last one
+                               (a reused connection that died without an
+                               answer is tried again on a fresh one): the
+                               service may have seen each */
     size_t body_len;        /* bytes kept in body (at most _BODY_MAX) */
     char body[IDEM_HTTPCLIENT_BODY_MAX + 1]; /* start of the response body,
                                                 NUL-terminated */
@@ -91,13 +97,19 @@ size_t idem_httpclient_collect(idem_httpclient_t *c, idem_http_result_t *out,
 /* What the webhook makes of a result. */
 typedef enum {
     IDEM_HTTP_DONE = 0, /* 2xx: the effect happened */
-    IDEM_HTTP_RETRY,    /* 408, 429, 5xx, connect/timeout/TLS/other errors */
-    IDEM_HTTP_REJECT    /* any other status: this record never succeeds */
+    IDEM_HTTP_RETRY,    /* 408, 429, 5xx, an exchange broken after it began
+                           (reset, empty reply, a timeout after the status
+                           line): the service failed this request */
+    IDEM_HTTP_REJECT,   /* any other status: this record never succeeds */
+    IDEM_HTTP_OUTAGE    /* the service cannot be reached: connection
+                           refused, DNS, TLS handshake or certificate, no
+                           response before webhook.timeout.ms */
 } idem_http_verdict_t;
 
-/* Classifies r; for RETRY and REJECT writes a one-line reason (status and
- * the start of the body, or the error) to reason. *delay_ms gets the
- * server's Retry-After for 429 and 503 (-1 when none or not honoured). */
+/* Classifies r; for RETRY, REJECT and OUTAGE writes a one-line reason
+ * (status and the start of the body, or the error) to reason. *delay_ms
+ * gets the server's Retry-After for 429 and 503 (-1 when none or not
+ * honoured). */
 idem_http_verdict_t idem_httpclient_classify(const idem_http_result_t *r,
                                              char *reason, size_t reason_size,
                                              int64_t *delay_ms);

@@ -6,8 +6,10 @@
 #include "base/log.h"
 #include "handlers/luascript.h"
 #include "base/util.h"
+#include "redis/scriptkill.h"
 
 #include <inttypes.h>
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -24,8 +26,21 @@ static const idem_conf_key_t script_keys[] = {
          "comma list of JSON Pointers (e.g. /sku,/qty) whose values idemproc "
          "takes from the JSON it already parsed: the effect reads "
          "rec.fields['/sku'] instead of decoding rec.value"},
+    {.name = "script.timeout.ms",
+     .type = IDEM_KEY_INT,
+     .def = "4000",
+     .min = 0,
+     .max = 600000,
+     .doc = "a request whose effects run longer is ended with SCRIPT KILL "
+            "(Redis reads it at its busy threshold, 5 s by default: keep "
+            "this below) and narrowed down to the record that hangs, which "
+            "is dead-lettered; 0: never"},
     {.name = NULL},
 };
+
+/* How long SCRIPT KILL may wait for Redis's answer beyond script.timeout.ms
+ * (Redis reads it only once the script passed its busy threshold). */
+#define KILL_WAIT_MS 10000
 
 typedef struct {
     idem_store_t *store;
@@ -40,6 +55,19 @@ typedef struct {
     idem_store_result_t *res;
     idem_result_t *ready;
     size_t ready_n;
+    /* A request that does not finish (script.timeout.ms). */
+    int64_t timeout_ms;        /* 0: no limit */
+    idem_scriptkill_t *killer; /* its own connection; NULL without a limit */
+    int64_t sent_at_ms;
+    int killed;         /* the request in flight was ended with SCRIPT KILL */
+    int unkillable;     /* Redis refused to end it (it wrote): said once */
+    size_t limit;       /* 1: one record a request (its own script), so
+                           the record that hangs is found and can be ended */
+    size_t narrow_left; /* records of the hung request not yet through */
+    size_t cur;         /* one a request: the index of the record in flight
+                           (its replies go to res[0]) */
+    int draining;       /* one a request: start no further record */
+    int one;            /* the request in flight goes one record a request */
 } script_t;
 
 /* The store's `args` callback: one record's arguments, in scratch that
@@ -96,20 +124,20 @@ static void *script_start(const idem_handler_ctx_t *ctx, char *errstr,
         script_stop(h);
         return NULL;
     }
+    h->timeout_ms = idem_conf_int(ctx->conf, "script.timeout.ms");
+    if (h->timeout_ms > 0)
+        h->killer = idem_scriptkill_new(ctx->conf);
     idem_log_kv(IDEM_LOG_INFO, "script handler ready", "script.file",
                 idem_luascript_path(h->lua), NULL);
     return h;
 }
 
-static int script_submit(void *hp, idem_record_t *const *recs, size_t n,
-                         const idem_store_pos_t *pos, size_t npos, char *errstr,
-                         size_t errstr_size)
+/* Sends recs[0..n) (with the positions, if any) as one request, the
+ * replies to come in order; on a refusal errstr names the file's line. */
+static int send_request(script_t *h, idem_record_t *const *recs, size_t n,
+                        const idem_store_pos_t *pos, size_t npos, char *errstr,
+                        size_t errstr_size)
 {
-    script_t *h = hp;
-    if (h->sent || h->ready_n) {
-        snprintf(errstr, errstr_size, "script: a request is still in flight");
-        return -1;
-    }
     idem_luascript_scratch_reset(&h->scratch);
     if (idem_store_script_send(h->store, h->script, (const void *const *)recs,
                                n, pos, npos, errstr, errstr_size)) {
@@ -121,15 +149,38 @@ static int script_submit(void *hp, idem_record_t *const *recs, size_t n,
         snprintf(errstr, errstr_size, "%s", where);
         return -1;
     }
+    h->sent = n;
+    h->sent_at_ms = idem_now_ms();
+    h->killed = 0;
+    h->unkillable = 0;
+    return 0;
+}
+
+static int script_submit(void *hp, idem_record_t *const *recs, size_t n,
+                         const idem_store_pos_t *pos, size_t npos, char *errstr,
+                         size_t errstr_size)
+{
+    script_t *h = hp;
+    if (h->sent || h->ready_n) {
+        snprintf(errstr, errstr_size, "script: a request is still in flight");
+        return -1;
+    }
     if (h->cap < n) {
         h->cap = n;
         h->recs = idem_xrealloc(h->recs, n * sizeof(*h->recs));
         h->res = idem_xrealloc(h->res, n * sizeof(*h->res));
         h->ready = idem_xrealloc(h->ready, n * sizeof(*h->ready));
     }
+    /* After a request hung, its records go one a request (each its own
+     * script), so the one that hangs is found and, if it wrote nothing
+     * yet, ended alone; the loop sees one long request. */
+    h->cur = 0;
+    h->draining = 0;
+    h->one = h->limit != 0;
+    if (send_request(h, recs, h->one ? 1 : n, pos, npos, errstr, errstr_size))
+        return -1;
     memcpy(h->recs, recs, n * sizeof(*recs));
     h->n = n;
-    h->sent = 1;
     return 0;
 }
 
@@ -150,52 +201,188 @@ static void reject(idem_result_t *out, idem_record_t *rec, const char *detail)
                 off, NULL);
 }
 
+/* "topic/partition@offset" of rec into buf. */
+static const char *rec_name(const idem_record_t *rec, char *buf, size_t size)
+{
+    snprintf(buf, size, "%s/%" PRId32 "@%" PRId64, rec->topic, rec->partition,
+             rec->offset);
+    return buf;
+}
+
+/* The result of one record from its store reply. */
+static void result_of(idem_result_t *out, idem_record_t *rec,
+                      const idem_store_result_t *r)
+{
+    switch (r->mark) {
+    case IDEM_MARK_NEW:
+        idem_result_set(out, rec, IDEM_RESULT_DONE, NULL);
+        break;
+    case IDEM_MARK_DONE:
+        idem_result_set(out, rec, IDEM_RESULT_DUPLICATE, NULL);
+        out->prior_mid_len = strlen(r->prior_mid);
+        memcpy(out->prior_mid, r->prior_mid, out->prior_mid_len + 1);
+        break;
+    case IDEM_MARK_REJECT:
+        reject(out, rec, r->detail);
+        break;
+    default: /* another handler's lease on this identity */
+        idem_result_set(out, rec, IDEM_RESULT_BUSY, "%s", r->detail);
+        break;
+    }
+}
+
+/* One a request: reads the reply of record h->cur and starts the next
+ * record, or ends the request (h->ready_n = h->n). A record that hung is
+ * dead-lettered; an outage ends the request with the rest as outages. */
+static void finish_one(script_t *h)
+{
+    char err[512];
+    size_t i = h->cur;
+    idem_record_t *rec = h->recs[i];
+    int rc = idem_store_script_recv(h->store, 1, h->res, err, sizeof(err));
+    int hung = rc && (h->killed || h->unkillable);
+    h->sent = 0;
+    if (hung) {
+        char name[300];
+        idem_result_set(&h->ready[i], rec, IDEM_RESULT_REJECT,
+                        "script.timeout.ms: the effect did not finish within "
+                        "%lld ms; %s",
+                        (long long)h->timeout_ms,
+                        h->killed ? "ended with SCRIPT KILL, nothing it wrote "
+                                    "stays"
+                                  : "it wrote first, so Redis could not end "
+                                    "it until it was restarted");
+        idem_log_kv(IDEM_LOG_ERROR,
+                    "script effect did not finish: the record is "
+                    "dead-lettered",
+                    "record", rec_name(rec, name, sizeof(name)), NULL);
+    } else if (rc) {
+        for (size_t k = i; k < h->n; k++)
+            idem_result_set(&h->ready[k], h->recs[k], IDEM_RESULT_OUTAGE, "%s",
+                            err);
+        h->ready_n = h->n;
+        return;
+    } else {
+        result_of(&h->ready[i], rec, &h->res[0]);
+    }
+    h->narrow_left = h->narrow_left ? h->narrow_left - 1 : 0;
+    if (!h->narrow_left)
+        h->limit = 0;
+    if (++h->cur < h->n && !h->draining &&
+        send_request(h, &h->recs[h->cur], 1, NULL, 0, err, sizeof(err)) == 0)
+        return;
+    for (size_t k = h->cur; k < h->n; k++) /* draining, or Redis refused */
+        idem_result_set(&h->ready[k], h->recs[k], IDEM_RESULT_OUTAGE,
+                        "script: %s", h->draining ? "shutting down" : err);
+    h->ready_n = h->n;
+}
+
 /* Reads the replies of the request in flight into h->ready. */
 static void script_finish(script_t *h)
 {
-    char err[512];
-    int rc = idem_store_script_recv(h->store, h->n, h->res, err, sizeof(err));
-    for (size_t i = 0; i < h->n; i++) {
-        idem_result_t *out = &h->ready[i];
-        idem_record_t *rec = h->recs[i];
-        const idem_store_result_t *r = &h->res[i];
-        if (rc) {
-            idem_result_set(out, rec, IDEM_RESULT_OUTAGE, "%s", err);
-            continue;
-        }
-        switch (r->mark) {
-        case IDEM_MARK_NEW:
-            idem_result_set(out, rec, IDEM_RESULT_DONE, NULL);
-            break;
-        case IDEM_MARK_DONE:
-            idem_result_set(out, rec, IDEM_RESULT_DUPLICATE, NULL);
-            out->prior_mid_len = strlen(r->prior_mid);
-            memcpy(out->prior_mid, r->prior_mid, out->prior_mid_len + 1);
-            break;
-        case IDEM_MARK_REJECT:
-            reject(out, rec, r->detail);
-            break;
-        default: /* another handler's lease on this identity */
-            idem_result_set(out, rec, IDEM_RESULT_BUSY, "%s", r->detail);
-            break;
-        }
+    if (h->one) {
+        finish_one(h);
+        return;
     }
-    h->ready_n = h->n;
+    char err[512];
+    size_t sent = h->sent;
+    int rc = idem_store_script_recv(h->store, sent, h->res, err, sizeof(err));
     h->sent = 0;
+    h->ready_n = h->n;
+    if (rc && (h->killed || h->unkillable)) {
+        /* A request of many hung: its records go again, one a request
+         * (an outage now, not counted; the marks tell what ran). */
+        h->limit = 1;
+        h->narrow_left = sent;
+        char cnt[24];
+        snprintf(cnt, sizeof(cnt), "%zu", sent);
+        idem_log_kv(IDEM_LOG_WARN,
+                    "script effects did not finish: trying the request's "
+                    "records one a request",
+                    "records", cnt, "error", err, NULL);
+        for (size_t i = 0; i < h->n; i++)
+            idem_result_set(&h->ready[i], h->recs[i], IDEM_RESULT_OUTAGE,
+                            "script: an effect did not finish within "
+                            "script.timeout.ms; its record is being found");
+        return;
+    }
+    for (size_t i = 0; i < h->n; i++) {
+        if (rc)
+            idem_result_set(&h->ready[i], h->recs[i], IDEM_RESULT_OUTAGE, "%s",
+                            err);
+        else
+            result_of(&h->ready[i], h->recs[i], &h->res[i]);
+    }
+}
+
+/* Whether the request in flight may be read without waiting past
+ * script.timeout.ms; ends it with SCRIPT KILL once that passed. Returns 1
+ * when its replies can be read now. */
+static int reply_due(script_t *h, int timeout_ms)
+{
+    if (!h->killer || h->killed)
+        return 1;
+    int fd = idem_store_reply_fd(h->store);
+    if (fd < 0)
+        return 1;
+    int64_t left = h->sent_at_ms + h->timeout_ms - idem_now_ms();
+    struct pollfd pfd = {.fd = fd, .events = POLLIN};
+    int wait = left <= 0 ? 0 : left < timeout_ms ? (int)left : timeout_ms;
+    if (poll(&pfd, 1, wait < 0 ? 0 : wait) != 0)
+        return 1; /* readable (or an error: recv says which) */
+    if (idem_now_ms() - h->sent_at_ms < h->timeout_ms)
+        return 0;
+    if (h->unkillable)
+        return 0; /* nothing to do but wait (or an operator) */
+    char err[512], first[300], last[300];
+    idem_scriptkill_result_t k =
+        idem_scriptkill_run(h->killer, KILL_WAIT_MS, err, sizeof(err));
+    rec_name(h->recs[h->cur], first, sizeof(first));
+    rec_name(h->recs[h->cur + h->sent - 1], last, sizeof(last));
+    switch (k) {
+    case IDEM_SCRIPTKILL_KILLED:
+        h->killed = 1;
+        return 1;
+    case IDEM_SCRIPTKILL_UNKILLABLE:
+        /* The request wrote before it hung (an earlier record of its
+         * chunk, or the record itself): Redis ends it only with the
+         * server (SHUTDOWN NOSAVE), so every client waits until an
+         * operator acts. Named here so they know which record; once Redis
+         * is back its records go one a request (script_finish). */
+        h->unkillable = 1;
+        idem_log_kv(IDEM_LOG_ERROR,
+                    h->sent == 1
+                        ? "script effect did not finish and Redis cannot end "
+                          "it (it wrote): Redis is blocked until SHUTDOWN "
+                          "NOSAVE, then the record is dead-lettered"
+                        : "script effect did not finish and Redis cannot end "
+                          "it (it wrote): Redis is blocked until SHUTDOWN "
+                          "NOSAVE; the record is among these",
+                    "first", first, "last", last, "error", err, NULL);
+        return 0;
+    case IDEM_SCRIPTKILL_NOT_BUSY:
+        return 1; /* it just ended */
+    default:
+        idem_log_kv(IDEM_LOG_WARN, "script did not finish; SCRIPT KILL failed",
+                    "first", first, "error", err, NULL);
+        h->sent_at_ms = idem_now_ms(); /* try again after another limit */
+        return 0;
+    }
 }
 
 static size_t script_collect(void *hp, idem_result_t *out, size_t max,
                              int timeout_ms)
 {
-    (void)timeout_ms; /* the replies come in one read */
     script_t *h = hp;
+    if (h->sent && !reply_due(h, timeout_ms))
+        return 0;
     if (h->sent)
         script_finish(h);
     size_t n = h->ready_n < max ? h->ready_n : max;
     memcpy(out, h->ready, n * sizeof(*out));
     memmove(h->ready, h->ready + n, (h->ready_n - n) * sizeof(*out));
     h->ready_n -= n;
-    if (!h->ready_n)
+    if (!h->ready_n && !h->sent)
         h->n = 0;
     return n;
 }
@@ -212,7 +399,8 @@ static void script_drain(void *hp, int64_t deadline_ms)
 {
     (void)deadline_ms;
     script_t *h = hp;
-    if (h->sent)
+    h->draining = 1; /* one a request: no further record */
+    while (h->sent)
         script_finish(h);
 }
 
@@ -222,6 +410,7 @@ static void script_stop(void *hp)
     if (!h)
         return;
     idem_luascript_destroy(h->lua);
+    idem_scriptkill_destroy(h->killer);
     idem_luascript_scratch_term(&h->scratch);
     free(h->recs);
     free(h->res);

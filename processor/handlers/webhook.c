@@ -3,8 +3,11 @@
  * requests in flight at once (httpclient, libcurl multi). The loop claims
  * each record with a lease first and marks it done after a 2xx, so a
  * crash repeats a request at worst; the key lets the service drop that
- * repeat. */
+ * repeat. A service that cannot be reached, or fails most requests, is an
+ * outage (the member pauses, nothing is dead-lettered); only a record it
+ * keeps refusing while others pass spends its retries (breaker.h). */
 #include "effect/handler.h"
+#include "handlers/breaker.h"
 #include "handlers/httpclient.h"
 #include "base/log.h"
 #include "base/util.h"
@@ -67,7 +70,8 @@ typedef struct {
     size_t ready_cnt, ready_cap;
     idem_http_result_t *scratch; /* collect's buffer, max.inflight long */
     size_t scratch_cap;
-    uint64_t *aborted; /* tags of aborted requests, max.inflight long */
+    uint64_t *aborted;      /* tags of aborted requests, max.inflight long */
+    idem_breaker_t breaker; /* the service as a whole: outage or not */
 } webhook_t;
 
 static void conf_from(const idem_conf_t *conf, idem_httpclient_conf_t *c)
@@ -104,6 +108,7 @@ static void *webhook_start(const idem_handler_ctx_t *ctx, char *errstr,
     w->scratch_cap = (size_t)c.max_inflight;
     w->scratch = idem_xcalloc(w->scratch_cap, sizeof(*w->scratch));
     w->aborted = idem_xcalloc(w->scratch_cap, sizeof(*w->aborted));
+    idem_breaker_init(&w->breaker);
     if (w->metrics)
         idem_metrics_webhook_enable(w->metrics);
     if (!c.tls_verify)
@@ -139,20 +144,37 @@ static idem_result_t *ready_add(webhook_t *w)
     return &w->ready[w->ready_cnt++];
 }
 
-/* Starts queued records while there are free slots, in submit order (so
- * a partition's requests leave in offset order). A request libcurl
- * refuses gets a RETRY result. */
+/* Starts queued records while there are free slots and the breaker lets
+ * them go, in submit order (so a partition's requests leave in offset
+ * order). A request libcurl refuses gets a RETRY result; while the breaker
+ * is open, every queued record gets an OUTAGE result at once (the loop
+ * pauses and offers it again after its backoff). */
 static void pump(webhook_t *w)
 {
     char err[256];
-    while (w->qcnt && idem_httpclient_room(w->http)) {
+    int64_t now = idem_now_ms();
+    size_t allowed = idem_breaker_room(&w->breaker, now);
+    while (w->qcnt && (!allowed || idem_httpclient_room(w->http))) {
         idem_record_t *r = w->queue[w->qhead];
         w->qhead = (w->qhead + 1) % w->qcap;
         w->qcnt--;
+        if (!allowed) {
+            idem_result_set(ready_add(w), r, IDEM_RESULT_OUTAGE,
+                            "webhook: service unavailable, retrying in %lld "
+                            "ms: %.500s",
+                            (long long)(w->breaker.open_until_ms - now),
+                            idem_breaker_reason(&w->breaker));
+            continue;
+        }
         if (idem_httpclient_submit(
                 w->http, (uint64_t)(uintptr_t)r, r->identity, r->identity_len,
-                r->value, r->value ? r->value_len : 0, err, sizeof(err)))
+                r->value, r->value ? r->value_len : 0, err, sizeof(err))) {
             idem_result_set(ready_add(w), r, IDEM_RESULT_RETRY, "%s", err);
+            continue;
+        }
+        idem_breaker_started(&w->breaker);
+        if (allowed != SIZE_MAX && !--allowed)
+            break; /* the probes are out */
     }
 }
 
@@ -195,19 +217,37 @@ static void result_of(webhook_t *w, const idem_http_result_t *hr,
 {
     idem_record_t *r = (idem_record_t *)(uintptr_t)hr->tag;
     if (w->metrics) {
+        /* Every attempt the service may have seen is counted. */
+        for (int i = 0; i < hr->resent; i++)
+            idem_metrics_webhook_request_add(w->metrics, "resent");
         idem_metrics_webhook_request_add(w->metrics, idem_httpclient_class(hr));
         idem_metrics_webhook_latency_observe(w->metrics, hr->seconds);
     }
-    char why[IDEM_RESULT_DETAIL_MAX];
+    char why[IDEM_RESULT_DETAIL_MAX - 64];
     int64_t delay = -1;
+    int64_t now = idem_now_ms();
     switch (idem_httpclient_classify(hr, why, sizeof(why), &delay)) {
     case IDEM_HTTP_DONE:
+        idem_breaker_result(&w->breaker, hr->tag, 0, NULL, -1, now);
         idem_result_set(out, r, IDEM_RESULT_DONE, NULL);
         break;
-    case IDEM_HTTP_REJECT:
+    case IDEM_HTTP_REJECT: /* the service meant it: it works */
+        idem_breaker_result(&w->breaker, hr->tag, 0, NULL, -1, now);
         idem_result_set(out, r, IDEM_RESULT_REJECT, "%s", why);
         break;
+    case IDEM_HTTP_OUTAGE:
+        idem_breaker_trip(&w->breaker, why, -1, now);
+        idem_result_set(out, r, IDEM_RESULT_OUTAGE,
+                        "webhook: service unreachable: %s", why);
+        break;
     case IDEM_HTTP_RETRY:
+        if (idem_breaker_result(&w->breaker, hr->tag, 1, why, delay, now)) {
+            /* Most requests fail: the service, not this record. */
+            idem_result_set(out, r, IDEM_RESULT_OUTAGE,
+                            "webhook: service failing: %s",
+                            idem_breaker_reason(&w->breaker));
+            break;
+        }
         idem_result_set(out, r, IDEM_RESULT_RETRY, "%s", why);
         if (delay > RETRY_AFTER_MAX_MS)
             delay = RETRY_AFTER_MAX_MS;
@@ -251,13 +291,20 @@ static size_t webhook_inflight(void *h)
     return w->qcnt + idem_httpclient_pending(w->http) + w->ready_cnt;
 }
 
-/* Free request slots not yet promised to a queued record: what the loop
- * may claim and submit now (handler.h, room). */
+/* Free request slots not yet promised to a queued record, as many as the
+ * breaker lets go (its probes while half-open): what the loop may claim
+ * and submit now (handler.h, room). While the breaker is open, one: its
+ * OUTAGE result keeps the loop paused and not ready until the service is
+ * probed again. */
 static size_t webhook_room(void *h)
 {
     webhook_t *w = h;
     size_t free_slots = idem_httpclient_room(w->http);
-    return free_slots > w->qcnt ? free_slots - w->qcnt : 0;
+    size_t room = free_slots > w->qcnt ? free_slots - w->qcnt : 0;
+    size_t allowed = idem_breaker_room(&w->breaker, idem_now_ms());
+    if (!allowed)
+        return room && !w->ready_cnt ? 1 : 0;
+    return room < allowed ? room : allowed;
 }
 
 static void webhook_drain(void *h, int64_t deadline_ms)

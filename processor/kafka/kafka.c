@@ -160,7 +160,16 @@ int idem_kafka_check(const idem_conf_t *conf, int timeout_ms, FILE *out,
     fprintf(out, "check-config: kafka: %d broker%s reachable at %s\n",
             md->broker_cnt, md->broker_cnt == 1 ? "" : "s",
             conf->bootstrap_servers);
-    char *topics = idem_xstrdup(conf->input_topics);
+    if (conf->scope == IDEM_CONF_SCOPE_OUTBOX) {
+        /* The relay reads no input and writes no dead letter: only the
+         * topic of rows without one. */
+        if (conf->outbox_topic && *conf->outbox_topic)
+            check_topic(md, "outbox", conf->outbox_topic, out);
+        rd_kafka_metadata_destroy(md);
+        rd_kafka_destroy(rk);
+        return 0;
+    }
+    char *topics = idem_xstrdup(conf->input_topics ? conf->input_topics : "");
     char *rest = topics;
     for (char *t = strsep(&rest, ","); t; t = strsep(&rest, ",")) {
         while (*t == ' ')
@@ -169,7 +178,8 @@ int idem_kafka_check(const idem_conf_t *conf, int timeout_ms, FILE *out,
             check_topic(md, "input", t, out);
     }
     free(topics);
-    check_topic(md, "dlq", conf->dlq_topic, out);
+    if (conf->dlq_topic)
+        check_topic(md, "dlq", conf->dlq_topic, out);
     if (conf->retry_tiers) {
         idem_retrytopics_t *rt = idem_retrytopics_new(
             conf->input_topics, conf->retry_delays_ms, conf->retry_tiers);

@@ -50,7 +50,8 @@ int idem_kafka_fatal(rd_kafka_t *rk, const char *who, char *buf, size_t size);
 /* check-config --connect: asks conf's brokers (with every kafka.*
  * setting, security included) for metadata within timeout_ms, and prints
  * to out how many brokers answered and whether the input, DLQ and (forward)
- * output topics exist; a missing topic is reported, not an error. Returns
+ * output topics exist (the outbox scope: outbox.topic, if set); a missing
+ * topic is reported, not an error. Returns
  * 0, or -1 with errstr naming the bootstrap servers when none answered. */
 int idem_kafka_check(const idem_conf_t *conf, int timeout_ms, FILE *out,
                      char *errstr, size_t errstr_size);

@@ -283,6 +283,8 @@ static int results_apply(idem_pipeline_t *p, size_t n, char *errstr,
         rec_t *r = res->rec->loop;
         r->sent = 0;
         p->inflight--;
+        if (!p->in_redis && res->kind != IDEM_RESULT_OUTAGE)
+            p->answered = 1; /* the effect's service answers */
         switch (res->kind) {
         case IDEM_RESULT_DONE:
             if (p->in_redis)
@@ -370,9 +372,21 @@ void idem_loop_handler_settle(idem_pipeline_t *p, int64_t deadline_ms)
         return;
     p->hops->drain(p->h, deadline_ms);
     idem_loop_handler_collect(p, 0, errstr, sizeof(errstr));
-    if (p->inflight) { /* a handler that broke its contract */
-        idem_log_kv(IDEM_LOG_ERROR, "handler kept records after drain",
-                    "handler", p->hops->name, NULL);
+    if (p->inflight) {
+        /* Abandoned by the drain (their leases expire unmarked), as the
+         * contract allows; only a handler that still counts records in
+         * flight broke it. */
+        size_t kept = p->hops->inflight(p->h);
+        char n[24];
+        snprintf(n, sizeof(n), "%zu", kept ? kept : p->inflight);
+        if (kept)
+            idem_log_kv(IDEM_LOG_ERROR, "handler kept records after drain",
+                        "handler", p->hops->name, "records", n, NULL);
+        else
+            idem_log_kv(IDEM_LOG_WARN,
+                        "drain deadline: effects abandoned, their records "
+                        "are repeated by the partition's next owner",
+                        "handler", p->hops->name, "records", n, NULL);
         rec_t *r;
         for (size_t i = 0; (r = idem_records_next(&p->recs, &i));)
             r->sent = 0;
@@ -380,9 +394,14 @@ void idem_loop_handler_settle(idem_pipeline_t *p, int64_t deadline_ms)
     }
 }
 
-/* Gives the handler what is due. Returns 0 or -1 (outage: errstr). */
+/* Gives the handler what is due; nothing while draining (a drain starts
+ * no new effect: what it would start is abandoned at the deadline, and
+ * the partition's next owner repeats it). Returns 0 or -1 (outage:
+ * errstr). */
 int idem_loop_handler_feed(idem_pipeline_t *p, char *errstr, size_t errstr_size)
 {
+    if (p->draining)
+        return 0;
     if (p->in_redis) {
         if (p->inflight)
             return 0; /* one request at a time */

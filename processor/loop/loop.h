@@ -135,6 +135,8 @@ struct idem_pipeline_s {
     int recommit;        /* an async commit failed: send all again */
     int collect_wait_ms; /* how long the next collect may wait (external
                             effect in flight, nothing fetched) */
+    int draining;        /* revoke or shutdown: no new effect starts, only
+                            what is with the handler finishes */
 
     int64_t stop_by_ms;        /* shutting down: every wait ends by then */
     char fatal[512];           /* a producer's fatal error: stop */
@@ -143,7 +145,8 @@ struct idem_pipeline_s {
     int64_t last_progress_ms;
     uint64_t progress_records;
     int refused;           /* the Redis server was refused: exit 2 */
-    int answered;          /* work() read a Redis reply without error */
+    int answered;          /* work() read a Redis reply without error, or an
+                              external effect result that is no outage */
     uint64_t store_conns;  /* store connections when positions were read */
     char run_id[48];       /* the Redis server's run_id at that time */
     idem_store_pos_t *pos; /* scratch: positions to save or load */

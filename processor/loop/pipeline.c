@@ -330,9 +330,12 @@ static void attempt(idem_pipeline_t *p)
     int64_t now = idem_now_ms();
     if (rc) {
         infra_failed(p, errstr, now);
-    } else if (p->flow.down && idem_loop_store_busy(p) && !p->answered) {
+    } else if (p->flow.down && p->inflight && !p->answered) {
         /* Only sent: an error reply (OOM, READONLY, a short WAIT) comes
-         * with the answer, so the outage is over once Redis answered. */
+         * with the answer, so the outage is over once Redis answered; an
+         * external effect's outage (a webhook service down) is over once
+         * one of its results is not an outage. Until then the member stays
+         * paused and not ready, and looks again at once. */
         p->flow.next_attempt_ms = now;
     } else if (idem_flow_ok(&p->flow, idem_loop_batch_next_retry(p))) {
         idem_log_kv(IDEM_LOG_INFO, "infrastructure back: resuming", NULL);
@@ -344,29 +347,30 @@ static void attempt(idem_pipeline_t *p)
     pause_all(p, idem_flow_should_pause(&p->flow, batch_full(p), now));
 }
 
-/* Finishes as much of what is in hand as the infrastructure allows before
- * `deadline_ms` (revoke, shutdown): what is with the handler, what is due,
- * and the DLQ acknowledgements. Afterwards nothing is with the handler. */
+/* Revoke and shutdown: lets what is with the handler finish before
+ * `deadline_ms`, starting no new effect (a record not yet with the handler
+ * stays unfinished: whoever owns its partition next reads it again), and
+ * collects the DLQ acknowledgements. Afterwards nothing is with the
+ * handler. */
 static void drain(idem_pipeline_t *p, int64_t deadline_ms)
 {
     char errstr[512];
-    for (int i = 0; i < 64 && idem_now_ms() < deadline_ms; i++) {
+    p->draining = 1;
+    while (idem_now_ms() < deadline_ms) {
         int rc = work(p, errstr, sizeof(errstr));
         idem_metrics_acc_merge(p->acc); /* a long drain stays visible */
-        if (rc)
+        if (rc || !p->inflight)
             break;
-        if (p->inflight) {
-            int64_t left = deadline_ms - idem_now_ms();
-            if (idem_loop_handler_collect(
-                    p, left > 100 ? 100 : (int)(left > 0 ? left : 0), errstr,
-                    sizeof(errstr)))
-                break;
-            continue;
-        }
-        if (idem_loop_due_records(p, idem_now_ms()) == 0)
+        int64_t left = deadline_ms - idem_now_ms();
+        if (idem_loop_handler_collect(
+                p, left > 100 ? 100 : (int)(left > 0 ? left : 0), errstr,
+                sizeof(errstr)))
             break;
     }
+    p->draining = 0;
     idem_loop_handler_settle(p, deadline_ms);
+    /* Rejections found last go out too (dead letters are no effect). */
+    idem_loop_dlq_queue(p, errstr, sizeof(errstr));
     int64_t left = deadline_ms - idem_now_ms();
     idem_dlq_flush(p->dlq, left > 0 ? (int)left : 0);
     idem_loop_dlq_collect(p, errstr, sizeof(errstr));

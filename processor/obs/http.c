@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 
 #include "base/log.h"
@@ -18,6 +19,17 @@
 
 #define CT_METRICS "text/plain; version=0.0.4; charset=utf-8"
 #define CT_TEXT    "text/plain; charset=utf-8"
+
+/* Connections served at once. libmicrohttpd's default is FD_SETSIZE - 4
+ * (1,020): about a thousand idle connections (a scanner, a client that
+ * leaks them) then kept the probes out, and a liveness probe would have
+ * restarted a healthy member. Idle connections close after
+ * IDLE_TIMEOUT_S. */
+#define CONNECTIONS_MAX 4096
+/* Descriptors kept for the rest of the process (Kafka, Redis, webhook
+ * connections) when the descriptor limit bounds the connections. */
+#define FDS_KEPT       256
+#define IDLE_TIMEOUT_S 10
 
 struct idem_http_s {
     struct MHD_Daemon *daemon;
@@ -200,6 +212,22 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *conn,
                       reason[0] ? reason : "unknown");
 }
 
+/* How many connections the server takes at once: CONNECTIONS_MAX, less
+ * when the descriptor limit (RLIMIT_NOFILE) leaves fewer than that beyond
+ * FDS_KEPT. */
+static unsigned int connection_limit(void)
+{
+    struct rlimit rl;
+    rlim_t limit = CONNECTIONS_MAX;
+    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY) {
+        rlim_t spare = rl.rlim_cur > 2 * FDS_KEPT ? rl.rlim_cur - FDS_KEPT
+                                                  : rl.rlim_cur / 2;
+        if (spare < limit)
+            limit = spare;
+    }
+    return (unsigned int)limit;
+}
+
 idem_http_t *idem_http_start(const char *listen, idem_metrics_t *m,
                              int64_t stall_ms, char *errstr, size_t errstr_size)
 {
@@ -214,7 +242,8 @@ idem_http_t *idem_http_start(const char *listen, idem_metrics_t *m,
         ntohs(sa.sin_port), /* only used in messages: SOCK_ADDR wins */
         NULL, NULL, handle, h, MHD_OPTION_EXTERNAL_LOGGER, http_log, h,
         MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&sa,
-        MHD_OPTION_CONNECTION_TIMEOUT, (unsigned int)10, MHD_OPTION_END);
+        MHD_OPTION_CONNECTION_TIMEOUT, (unsigned int)IDLE_TIMEOUT_S,
+        MHD_OPTION_CONNECTION_LIMIT, connection_limit(), MHD_OPTION_END);
     if (!h->daemon) {
         snprintf(errstr, errstr_size, "http.listen: cannot listen on %s: %s",
                  listen, h->last_error[0] ? h->last_error : "unknown error");

@@ -78,11 +78,12 @@ const char *const idem_metrics_redis_classes[] = {
 #define REDIS_CLASS_CNT 13
 
 /* Webhook request classes: by status class, or what kept a response from
- * arriving; "error" last (the catch-all). */
+ * arriving ("resent": an attempt libcurl sent again itself after a reused
+ * connection died unanswered); "error" last (the catch-all). */
 const char *const idem_metrics_webhook_classes[] = {
-    "1xx",     "2xx",     "3xx", "4xx",   "5xx",
-    "connect", "timeout", "tls", "error", NULL};
-#define WEBHOOK_CLASS_CNT 9
+    "1xx",     "2xx", "3xx",    "4xx",   "5xx", "connect",
+    "timeout", "tls", "resent", "error", NULL};
+#define WEBHOOK_CLASS_CNT 10
 
 #define RETRY_TIERS_MAX 8
 
@@ -943,8 +944,10 @@ void idem_metrics_render(idem_metrics_t *m, FILE *out)
 
     if (atomic_load(&m->webhook_on)) {
         put_header(out, "idemproc_webhook_requests_total", "counter",
-                   "Webhook requests by result: the status class of the "
-                   "response, or connect, timeout, tls, error.");
+                   "Webhook requests sent, by result: the status class "
+                   "of the response, or connect, timeout, tls, resent "
+                   "(sent again by libcurl on a fresh connection), "
+                   "error.");
         for (int i = 0; i < WEBHOOK_CLASS_CNT; i++)
             put_u64(out, "idemproc_webhook_requests_total", "class",
                     idem_metrics_webhook_classes[i],

@@ -506,6 +506,35 @@ static int table_check(idem_outbox_t *o, char *errstr, size_t errstr_size)
     return 0;
 }
 
+int idem_outbox_check(const idem_conf_t *conf, int timeout_ms, FILE *out,
+                      char *errstr, size_t errstr_size)
+{
+    char tmo[16];
+    snprintf(tmo, sizeof(tmo), "%d", (timeout_ms + 999) / 1000);
+    const char *keys[] = {"connect_timeout", "application_name", "dbname",
+                          NULL};
+    const char *vals[] = {tmo, "idemproc-check-config", conf->outbox_dsn, NULL};
+    idem_outbox_t o = {.conf = conf};
+    o.pg = PQconnectdbParams(keys, vals, 1);
+    int rc = -1;
+    if (PQstatus(o.pg) != CONNECTION_OK) {
+        pg_err(o.pg, NULL, "outbox.dsn: cannot connect", errstr, errstr_size);
+        goto out;
+    }
+    fprintf(out, "check-config: postgresql: connected to %s, database %s\n",
+            PQhost(o.pg), PQdb(o.pg));
+    if (table_check(&o, errstr, errstr_size))
+        goto out;
+    fprintf(out,
+            "check-config: postgresql: table %s has the outbox columns "
+            "(value %s)\n",
+            conf->outbox_table, o.value_is_bytea ? "bytea" : "text");
+    rc = 0;
+out:
+    PQfinish(o.pg);
+    return rc;
+}
+
 /* Connects, LISTENs on the table's channel, checks the table's columns,
  * learns the value column's type and prepares the statements. The DSN is
  * never logged (it may hold the password); the host and database are. 0,

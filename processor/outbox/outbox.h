@@ -5,6 +5,7 @@
 #define IDEM_OUTBOX_H
 
 #include <stddef.h>
+#include <stdio.h>
 #include <stdint.h>
 
 #include "conf/conf.h"
@@ -34,6 +35,13 @@ idem_outbox_t *idem_outbox_new(const idem_conf_t *conf, idem_metrics_t *m,
  * (the idempotent producer failed). */
 int idem_outbox_run(idem_outbox_t *o, volatile int *stop, char *errstr,
                     size_t errstr_size);
+
+/* check-config --for outbox --connect: connects to outbox.dsn (within
+ * timeout_ms, rounded up to seconds) and checks outbox.table as the relay
+ * does at start (it exists, has every column, a text key), printing what
+ * it found to out. 0, or -1 with errstr (the DSN is never in it). */
+int idem_outbox_check(const idem_conf_t *conf, int timeout_ms, FILE *out,
+                      char *errstr, size_t errstr_size);
 
 /* The claim statement for `table` into buf (size bytes), with $1 =
  * outbox.batch.max: tries the key buckets of the first $1 unpublished rows

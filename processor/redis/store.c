@@ -270,6 +270,11 @@ static const char *reply_class(const char *err)
     for (size_t i = 0; i < sizeof(map) / sizeof(map[0]); i++)
         if (strlen(map[i].code) == len && !strncmp(err, map[i].code, len))
             return map[i].cls;
+    /* An ACL refusal met inside a script comes as ERR (Redis 7), with no
+     * code of its own: the text is all there is. */
+    if (!strncmp(err, "ERR ", 4) &&
+        strstr(err, "The user executing the script can't"))
+        return "auth";
     return "other";
 }
 

@@ -1249,3 +1249,43 @@ Test(outbox, a_table_without_a_column_is_a_clear_startup_error, .timeout = 120)
                  0);
     cr_expect_eq(th_stop(r, 20000), 0);
 }
+
+/* check-config --for outbox --connect checks what the relay needs: the
+ * brokers and outbox.topic, PostgreSQL and the table (it crashed on the
+ * input topics, which the relay does not have). */
+Test(outbox, check_config_connect_checks_what_the_relay_needs, .timeout = 120)
+{
+    setup_pg();
+    th_broker_t b;
+    const char *topics[] = {"--topic", "payments:2", NULL};
+    cr_assert_eq(th_broker_start(&b, topics), 0);
+    const char *conf = relay_conf("cc", b.bootstrap, 0, NULL);
+    char *argv[] = {
+        (char *)th_bin(), "check-config", "-c",           (char *)conf, "--for",
+        "outbox",         "--connect",    "--timeout-ms", "10000",      NULL};
+    char *out = NULL, *err = NULL;
+    int rc = th_run(argv, &out, &err, 60000);
+    cr_expect_eq(rc, 0, "exit %d: %s%s", rc, out, err);
+    cr_expect(out && strstr(out, "check-config: kafka: 1 broker"), "%s", out);
+    cr_expect(out && strstr(out, "outbox topic payments: 2 partitions"), "%s",
+              out);
+    cr_expect(out && strstr(out, "postgresql: connected"), "%s", out);
+    cr_expect(out && strstr(out, "table idemproc_outbox has the outbox "
+                                 "columns"),
+              "%s", out);
+    cr_expect(out && !strstr(out, "check-config: redis"), "%s", out);
+    free(out);
+    free(err);
+    /* A table that is not there: exit 1, naming it. */
+    const char *extra[] = {"outbox.table=no_such_table", NULL};
+    conf = relay_conf("cc", b.bootstrap, 0, extra);
+    argv[3] = (char *)conf;
+    out = err = NULL;
+    rc = th_run(argv, &out, &err, 60000);
+    cr_expect_eq(rc, 1, "exit %d: %s%s", rc, out, err);
+    cr_expect(err && strstr(err, "\"no_such_table\" does not exist"), "%s",
+              err);
+    free(out);
+    free(err);
+    th_broker_stop(&b);
+}

@@ -953,3 +953,26 @@ Test(forward, duplicates_in_another_claim_chunk_are_forwarded_once,
     free(log);
     th_stack_stop(&stk);
 }
+
+/* SIGUSR1 and SIGUSR2 are ignored (they killed the member at once, no
+ * commit, no leaving the group); SIGHUP stops it like SIGTERM: exit 0
+ * after the final commit. */
+Test(pipeline, sighup_stops_cleanly_and_user_signals_are_ignored,
+     .timeout = 120)
+{
+    cr_assert_eq(th_stack_start(&stk, 2, NULL), 0);
+    const char *few[] = {"--count", "50", "--seed", "22", NULL};
+    cr_assert_eq(th_stack_produce(&stk, few), 0);
+    pid_t m = th_stack_member(&stk, "m1", NULL);
+    TH_ASSERT_VERIFIED(&stk, 0, NULL, 60000);
+    kill(m, SIGUSR1);
+    kill(m, SIGUSR2);
+    usleep(500000);
+    cr_assert_eq(th_wait(m, 0), -1, "a user signal ended the member");
+    kill(m, SIGHUP);
+    cr_expect_eq(th_wait(m, 15000), 0, "SIGHUP: exit 0");
+    char *log = member_log(&stk, "m1");
+    cr_expect(strstr(log, "stopped cleanly"), "%s", log);
+    free(log);
+    th_stack_stop(&stk);
+}

@@ -509,3 +509,156 @@ Test(script, idem_acl_refusal_mid_chunk_applies_every_write_once,
     acl_refusal_mid_chunk(run_acl_idem_lua,
                           "script.fields=/event/id,/sku,/qty");
 }
+
+/* ---- an effect that does not finish (script.timeout.ms) ---- */
+
+/* hang:"loop" loops before any write; hang:"write" writes, then loops. */
+static const char hang_lua[] =
+    "function effect(rec)\n"
+    "  local ev = cjson.decode(rec.value)\n"
+    "  if ev.hang then\n"
+    "    if ev.hang == 'write' then redis.call('INCR', 'test:before') end\n"
+    "    while true do end\n"
+    "  end\n"
+    "  redis.call('INCR', 'test:applied')\n"
+    "end\n";
+
+/* Cuts Redis's busy threshold to 1 s (SCRIPT KILL is read only after
+ * it), again after a restart. */
+static void busy_threshold_1s(void)
+{
+    const char *cfg[] = {"CONFIG", "SET", "busy-reply-threshold", "1000", NULL};
+    free(th_redis_cli(&stk.redis, cfg));
+}
+
+/* A stack on `partitions` partitions with n events, the one at index `at`
+ * with "hang":"<how>". */
+static void hang_stack(int partitions, size_t n, size_t at, const char *how)
+{
+    if (!dir)
+        dir = th_tmpdir();
+    static char file[600];
+    snprintf(file, sizeof(file), "script.file=%s",
+             th_file_in(&dir, "hang.lua", hang_lua));
+    const char *props[] = {"handler=script",
+                           file,
+                           "envelope.identity=value:/event/id",
+                           "batch.max.messages=16",
+                           "script.timeout.ms=500",
+                           "retry.backoff.max.ms=500",
+                           NULL};
+    cr_assert_eq(th_stack_start(&stk, partitions, props), 0);
+    busy_threshold_1s();
+    char path[600];
+    snprintf(path, sizeof(path), "%s/hang.jsonl", stk.dir);
+    FILE *fp = fopen(path, "w");
+    cr_assert(fp);
+    for (size_t i = 0; i < n; i++)
+        fprintf(
+            fp,
+            "{\"event\":{\"id\":\"h-%zu\"},\"sku\":\"s%zu\",\"qty\":1%s%s%s}"
+            "\n",
+            i, i % 4, i == at ? ",\"hang\":\"" : "", i == at ? how : "",
+            i == at ? "\"" : "");
+    fclose(fp);
+    produce_file(path);
+}
+
+/* Waits until the member's log holds text; returns the log (caller
+ * frees) or NULL. */
+static char *wait_member_log(const char *name, const char *text, int ms)
+{
+    char lp[600];
+    snprintf(lp, sizeof(lp), "%s/%s.log", stk.dir, name);
+    for (int t = 0; t < ms; t += 100) {
+        char *log = th_slurp(lp, NULL);
+        if (log && strstr(log, text))
+            return log;
+        free(log);
+        usleep(100000);
+    }
+    return NULL;
+}
+
+/* Waits for `want` distinct handler-rejected dead letters; their dlq.error
+ * lines go to *errors (caller frees). */
+static long wait_rejected(long want, char **errors, int ms)
+{
+    long rej = 0, nj = 0, ni = 0;
+    *errors = NULL;
+    for (int t = 0; t < ms; t += 500) {
+        free(*errors);
+        *errors = NULL;
+        dlq_distinct(&rej, &nj, &ni, errors);
+        if (rej >= want)
+            break;
+        usleep(500000);
+    }
+    return rej;
+}
+
+/* The first of 200 effects loops before it writes: the member ends it
+ * with SCRIPT KILL after script.timeout.ms, tries the request's records
+ * one a request, ends the looping one alone and dead-letters it with the
+ * reason; every other record is applied exactly once. (Before, each
+ * SCRIPT KILL was followed by the same chunk again: nothing was
+ * processed.) One partition, so the looping effect is the first of its
+ * request: any write before it would make Redis refuse SCRIPT KILL (the
+ * next test). */
+Test(script, a_looping_effect_is_killed_and_its_record_dead_lettered,
+     .timeout = 240)
+{
+    hang_stack(1, 200, 0, "loop");
+    pid_t m = th_stack_member(&stk, "m1", NULL);
+    const char *ga[] = {"GET", "test:applied", NULL};
+    cr_assert_eq(wait_run_applied(199, 120000), 0, "applied %ld of 199",
+                 redis_long(&stk.redis, ga));
+    char *errors;
+    cr_expect_eq(wait_rejected(1, &errors, 30000), 1);
+    cr_expect(errors && strstr(errors, "script.timeout.ms: the effect did not "
+                                       "finish within 500 ms; ended with "
+                                       "SCRIPT KILL"),
+              "%s", errors);
+    free(errors);
+    usleep(500000);
+    cr_expect_eq(redis_long(&stk.redis, ga), 199, "exactly once");
+    cr_expect_eq(th_stop(m, 15000), 0);
+    char *log = wait_member_log("m1", "\"record\":\"payments/0@0\"", 1000);
+    cr_expect(log && strstr(log, "the record is dead-lettered"), "%s", log);
+    free(log);
+    th_stack_stop(&stk);
+}
+
+/* The effect writes before it loops: Redis refuses SCRIPT KILL
+ * (UNKILLABLE) and serves nobody until SHUTDOWN NOSAVE. The member says so
+ * in an error naming the request's records (the looping one among them)
+ * and waits, dead-letters nothing meanwhile; once Redis is back it tries
+ * them one a request, so the second error names the record itself, and
+ * after the second restart that record is dead-lettered. (Redis runs
+ * without persistence here: what it held is gone after each restart, so
+ * only the dead letter is checked.) */
+Test(script, a_looping_effect_that_wrote_cannot_be_killed_and_is_named,
+     .timeout = 180)
+{
+    hang_stack(4, 40, 5, "write");
+    pid_t m = th_stack_member(&stk, "m1", NULL);
+    char *log = wait_member_log("m1", "the record is among these", 60000);
+    cr_assert(log, "no error naming the request's records");
+    cr_expect(strstr(log, "UNKILLABLE"), "%s", log);
+    free(log);
+    const char *sd[] = {"SHUTDOWN", "NOSAVE", NULL};
+    free(th_redis_cli(&stk.redis, sd));
+    cr_assert_eq(th_redis_restart(&stk.redis), 0);
+    busy_threshold_1s();
+    log = wait_member_log("m1", "then the record is dead-lettered", 60000);
+    cr_assert(log, "no error naming the record");
+    free(log);
+    free(th_redis_cli(&stk.redis, sd));
+    cr_assert_eq(th_redis_restart(&stk.redis), 0);
+    char *errors;
+    cr_expect_eq(wait_rejected(1, &errors, 60000), 1);
+    cr_expect(errors && strstr(errors, "Redis could not end it"), "%s", errors);
+    free(errors);
+    cr_expect_eq(th_stop(m, 15000), 0);
+    th_stack_stop(&stk);
+}

@@ -484,3 +484,144 @@ Test(webhook_run, room_keeps_leases_from_running_out_in_the_queue)
     free(log);
     th_stack_stop(&stk);
 }
+
+/* Scaling up and down with a slow service (every answer takes 500 ms): a
+ * drain (revoke, then shutdown) starts no new request, it only lets those
+ * in flight finish, so no key is POSTed twice and no drain says the
+ * handler kept records (a drain that kept starting requests until its
+ * deadline aborted the last ones, and the next owner sent them again). */
+Test(webhook_run, rebalance_with_a_slow_service_posts_nothing_twice)
+{
+    srv = th_hook_start((th_hook_reply_t){.status = 200, .delay_ms = 500}, 1);
+    cr_assert(srv);
+    cr_assert_eq(th_stack_start(&stk, 4, NULL), 0);
+    char path[600];
+    snprintf(path, sizeof(path), "%s/in.jsonl", stk.dir);
+    FILE *fp = fopen(path, "w");
+    cr_assert(fp);
+    const size_t keys = 240;
+    for (size_t i = 0; i < keys; i++)
+        LINE(fp, "{\"idempotency_key\":\"r-%zu\",\"message_id\":\"m-%zu\"}", i,
+             i);
+    fclose(fp);
+    const char *pargs[] = {"--input", path, NULL};
+    cr_assert_eq(th_stack_produce(&stk, pargs), 0);
+    char url[128];
+    snprintf(url, sizeof(url), "webhook.url=%s", th_hook_url(srv));
+    const char *sets[] = {"handler=webhook",          url,
+                          "webhook.max.inflight=16",  "dedup.lease.ms=10000",
+                          "shutdown.timeout.ms=4000", NULL};
+    pid_t m1 = th_stack_member(&stk, "d1", sets);
+    cr_assert_eq(wait_acked("r-", 30, 60000), 0);
+    pid_t m2 = th_stack_member(&stk, "d2", sets); /* a rebalance */
+    cr_assert_eq(wait_acked("r-", 140, 60000), 0);
+    cr_assert_eq(th_stop(m2, 15000), 0); /* and back */
+    cr_assert_eq(wait_acked("r-", keys, 60000), 0, "%zu of %zu acknowledged",
+                 th_hook_keys_acked(srv, "r-", NULL), keys);
+    cr_assert_eq(th_stop(m1, 15000), 0);
+    size_t twice = 0;
+    char first[32] = "";
+    for (size_t i = 0; i < keys; i++) {
+        char key[32];
+        snprintf(key, sizeof(key), "r-%zu", i);
+        if (th_hook_count_key(srv, key, 0) != 1 && !twice++)
+            snprintf(first, sizeof(first), "%s", key);
+    }
+    cr_expect_eq(twice, 0, "%zu keys POSTed more than once (first: %s)", twice,
+                 first);
+    const char *names[] = {"d1", "d2"};
+    for (size_t i = 0; i < 2; i++) {
+        char lpath[600];
+        snprintf(lpath, sizeof(lpath), "%s/%s.log", stk.dir, names[i]);
+        char *log = th_slurp(lpath, NULL);
+        cr_expect(log && !strstr(log, "kept records after drain") &&
+                      !strstr(log, "abandoned"),
+                  "%s: %s", names[i], log);
+        free(log);
+    }
+    th_stack_stop(&stk);
+}
+
+/* Waits until /readyz answers 503 with `needle` in its reason. */
+static int wait_not_ready(int port, const char *needle, int timeout_ms)
+{
+    int64_t end = idem_now_ms() + timeout_ms;
+    while (idem_now_ms() < end) {
+        char *body = NULL;
+        int st = th_http_get(port, "/readyz", &body);
+        int hit = st == 503 && body && strstr(body, needle);
+        free(body);
+        if (hit)
+            return 0;
+        usleep(100 * 1000);
+    }
+    return -1;
+}
+
+/* The service goes away mid-stream (connections refused) for
+ * OUTAGE_PHASE_S, then answers 503 with Retry-After for as long: an
+ * outage, never a dead letter. The member turns not ready with the
+ * reason, sends little while the breaker is open, and afterwards every
+ * identity is delivered; only the record the service always refuses
+ * (500, while the others pass) spends its retries and is dead-lettered.
+ * Before, every record in flight went to the DLQ as max-retries within
+ * about a second of the service going away. */
+#define OUTAGE_PHASE_S 30
+Test(webhook_run, service_down_then_failing_mid_stream_dead_letters_nothing,
+     .timeout = 300)
+{
+    srv = th_hook_start((th_hook_reply_t){.status = 200, .delay_ms = 20}, 1);
+    cr_assert(srv);
+    th_hook_rule_body(srv, "\"bad\":true",
+                      (th_hook_reply_t){500, 0, NULL, "never"});
+    cr_assert_eq(th_stack_start(&stk, 4, NULL), 0);
+    char path[600];
+    snprintf(path, sizeof(path), "%s/in.jsonl", stk.dir);
+    FILE *fp = fopen(path, "w");
+    cr_assert(fp);
+    const size_t keys = 2000;
+    for (size_t i = 0; i < keys; i++) {
+        LINE(fp, "{\"idempotency_key\":\"o-%zu\",\"message_id\":\"m-%zu\"}", i,
+             i);
+        if (i == keys / 2)
+            LINE(fp, "{\"idempotency_key\":\"bad-1\",\"bad\":true}");
+    }
+    fclose(fp);
+    const char *pargs[] = {"--input", path, NULL};
+    cr_assert_eq(th_stack_produce(&stk, pargs), 0);
+    int port = th_free_port();
+    pid_t m = start_member(&stk, "o1", port, "4");
+    cr_assert_eq(wait_acked("o-", keys / 6, 60000), 0);
+
+    th_hook_down(srv); /* a deploy: connections refused */
+    cr_expect_eq(wait_not_ready(port, "webhook: service unreachable", 10000), 0,
+                 "not ready with the reason while the service is down");
+    size_t seen = th_hook_count(srv);
+    sleep(OUTAGE_PHASE_S);
+    cr_assert_eq(th_hook_up(srv), 0);
+    th_hook_set_default(srv, (th_hook_reply_t){503, 0, "1", "maintenance"});
+    cr_expect_eq(wait_not_ready(port, "webhook: service", 10000), 0);
+    sleep(OUTAGE_PHASE_S);
+    size_t during = th_hook_count(srv) - seen;
+    th_hook_set_default(srv, (th_hook_reply_t){.status = 200, .delay_ms = 20});
+
+    cr_assert_eq(wait_acked("o-", keys, 120000), 0, "%zu of %zu acknowledged",
+                 th_hook_keys_acked(srv, "o-", NULL), keys);
+    cr_assert_eq(wait_outcomes(port, (double)keys + 1, 60000), 0);
+    cr_expect_eq(dlq_count(&stk, "max-retries", NULL), 1);
+    char *why = NULL;
+    dlq_scan(&stk, "max-retries", NULL, &why);
+    cr_expect(why && strstr(why, "HTTP 500: never"), "dlq.error: %s",
+              why ? why : "(none)");
+    free(why);
+    cr_expect_eq(dlq_count(&stk, "handler-rejected", NULL), 0);
+    cr_expect_eq(member_metric(port, "idemproc_records_total{outcome="
+                                     "\"processed\"}"),
+                 (double)keys);
+    /* While the breaker was open the member probed, it did not hammer:
+     * a few requests a second at most over the 503 phase. */
+    cr_expect_lt(during, (size_t)(OUTAGE_PHASE_S * 10),
+                 "%zu requests during the 503 phase", during);
+    cr_assert_eq(th_stop(m, 15000), 0);
+    th_stack_stop(&stk);
+}

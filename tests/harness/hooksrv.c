@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 typedef struct {
     int status;
@@ -173,6 +174,12 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn,
         while (nanosleep(&ts, &ts))
             ;
     }
+    if (r.status == 0) { /* close the connection without an answer */
+        record(h, conn, url, method, up, 0);
+        atomic_fetch_add(&h->count, 1);
+        reply_free(&r);
+        return MHD_NO;
+    }
     const char *body = r.body ? r.body : "";
     struct MHD_Response *resp = MHD_create_response_from_buffer(
         strlen(body), (void *)body, MHD_RESPMEM_MUST_COPY);
@@ -209,6 +216,8 @@ void th_hook_on_arrival(th_hook_t *h, void (*fn)(const char *key, void *opaque),
     h->on_arrival = fn;
 }
 
+static struct MHD_Daemon *plain_daemon(th_hook_t *h, int port);
+
 th_hook_t *th_hook_start(th_hook_reply_t dflt, int rec)
 {
     return th_hook_start_tls(dflt, rec, NULL, NULL);
@@ -237,11 +246,7 @@ th_hook_t *th_hook_start_tls(th_hook_reply_t dflt, int rec,
                              MHD_OPTION_HTTPS_MEM_CERT, cert_pem,
                              MHD_OPTION_HTTPS_MEM_KEY, key_pem, MHD_OPTION_END);
     else
-        h->daemon = MHD_start_daemon(
-            flags, 0, NULL, NULL, on_request, h, MHD_OPTION_SOCK_ADDR,
-            (struct sockaddr *)&sa, MHD_OPTION_NOTIFY_COMPLETED, on_completed,
-            NULL, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned int)30,
-            MHD_OPTION_LISTEN_BACKLOG_SIZE, (unsigned int)1024, MHD_OPTION_END);
+        h->daemon = plain_daemon(h, 0);
     if (!h->daemon) {
         reply_free(&h->dflt);
         free(h);
@@ -255,11 +260,47 @@ th_hook_t *th_hook_start_tls(th_hook_reply_t dflt, int rec,
     return h;
 }
 
+/* The plain-HTTP daemon on 127.0.0.1:port (0: any free port), reusing the
+ * address (th_hook_up binds the port it had). */
+static struct MHD_Daemon *plain_daemon(th_hook_t *h, int port)
+{
+    struct sockaddr_in sa;
+    memset(&sa, 0, sizeof(sa));
+    sa.sin_family = AF_INET;
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    sa.sin_port = htons((uint16_t)port);
+    return MHD_start_daemon(
+        MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION, 0,
+        NULL, NULL, on_request, h, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&sa,
+        MHD_OPTION_NOTIFY_COMPLETED, on_completed, NULL,
+        MHD_OPTION_CONNECTION_TIMEOUT, (unsigned int)30,
+        MHD_OPTION_LISTENING_ADDRESS_REUSE, (unsigned int)1,
+        MHD_OPTION_LISTEN_BACKLOG_SIZE, (unsigned int)1024, MHD_OPTION_END);
+}
+
+void th_hook_down(th_hook_t *h)
+{
+    if (h->daemon)
+        MHD_stop_daemon(h->daemon);
+    h->daemon = NULL;
+}
+
+int th_hook_up(th_hook_t *h)
+{
+    if (h->daemon)
+        return 0;
+    for (int i = 0; i < 50 && !h->daemon; i++)
+        if (!(h->daemon = plain_daemon(h, h->port)))
+            usleep(100 * 1000);
+    return h->daemon ? 0 : -1;
+}
+
 void th_hook_stop(th_hook_t *h)
 {
     if (!h)
         return;
-    MHD_stop_daemon(h->daemon);
+    if (h->daemon)
+        MHD_stop_daemon(h->daemon);
     reply_free(&h->dflt);
     while (h->scripts) {
         script_t *s = h->scripts;

@@ -9,7 +9,9 @@
 typedef struct th_hook_s th_hook_t;
 
 typedef struct {
-    int status;              /* HTTP status to answer */
+    int status;              /* HTTP status to answer; 0: close the
+                                connection without an answer (counted and
+                                recorded with status 0) */
     int delay_ms;            /* wait this long before answering */
     const char *retry_after; /* Retry-After value, or NULL (copied) */
     const char *body;        /* response body, or NULL (copied) */
@@ -38,6 +40,13 @@ void th_hook_stop(th_hook_t *h); /* NULL is a no-op */
  * be freed after the call); the URL then starts https://. */
 th_hook_t *th_hook_start_tls(th_hook_reply_t dflt, int record,
                              const char *cert_pem, const char *key_pem);
+
+/* Plain HTTP only: down closes the listening socket (a connection is
+ * refused, as for a service being deployed); up listens on the same port
+ * again. Scripts, rules and what was recorded stay. up: 0, or -1 when the
+ * port could not be bound again within 5 s. */
+void th_hook_down(th_hook_t *h);
+int th_hook_up(th_hook_t *h);
 
 int th_hook_port(const th_hook_t *h);
 /* "http://127.0.0.1:PORT/hook" (borrowed, lives as long as h). */

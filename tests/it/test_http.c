@@ -265,3 +265,39 @@ Test(http, bad_listen_addresses)
     cr_expect(!strncmp(err, "http.listen: cannot listen on ", 30), "%s", err);
     idem_http_stop(h);
 }
+
+/* 1,100 idle connections (a scanner, a leaking client) leave the probes
+ * answered: libmicrohttpd's own limit was FD_SETSIZE - 4 = 1,020
+ * connections, after which /healthz and /readyz were refused and a
+ * liveness probe would have restarted a healthy member. */
+Test(http, probes_answered_under_a_flood_of_idle_connections, .timeout = 60)
+{
+    enum { IDLE = 1100 };
+    static int fds[IDLE];
+    size_t open_cnt = 0;
+    struct sockaddr_in a = {.sin_family = AF_INET,
+                            .sin_port = htons((uint16_t)port),
+                            .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    for (size_t i = 0; i < IDLE; i++) {
+        int fd = socket(AF_INET, SOCK_STREAM, 0);
+        if (fd < 0)
+            break;
+        if (connect(fd, (struct sockaddr *)&a, sizeof(a))) {
+            close(fd);
+            break;
+        }
+        fds[open_cnt++] = fd;
+    }
+    cr_assert_eq(open_cnt, IDLE, "only %zu connections opened", open_cnt);
+    usleep(300 * 1000); /* the server accepts them all */
+    idem_metrics_heartbeat(metrics);
+    idem_metrics_ready_set(metrics, 1, NULL);
+    reply_t r = http_get(port, "/healthz");
+    cr_expect_eq(r.status, 200, "/healthz under %d idle connections", IDLE);
+    reply_free(&r);
+    r = http_get(port, "/readyz");
+    cr_expect_eq(r.status, 200, "/readyz under %d idle connections", IDLE);
+    reply_free(&r);
+    for (size_t i = 0; i < open_cnt; i++)
+        close(fds[i]);
+}

@@ -183,7 +183,7 @@ Test(httpclient, retry_after_body_and_statuses)
     idem_httpclient_destroy(c);
 }
 
-Test(httpclient, timeout_and_refused_connection_are_retried)
+Test(httpclient, timeout_and_refused_connection_are_outages)
 {
     srv = th_hook_start((th_hook_reply_t){.status = 200, .delay_ms = 3000}, 0);
     cr_assert(srv);
@@ -199,7 +199,7 @@ Test(httpclient, timeout_and_refused_connection_are_retried)
     cr_assert_eq(r.kind, IDEM_HTTP_TIMEOUT, "%d %s", (int)r.kind, r.error);
     char why[700];
     cr_assert_eq(idem_httpclient_classify(&r, why, sizeof(why), NULL),
-                 IDEM_HTTP_RETRY);
+                 IDEM_HTTP_OUTAGE);
     cr_assert(!strncmp(why, "timeout: ", 9), "%s", why);
     idem_httpclient_destroy(c);
 
@@ -213,6 +213,8 @@ Test(httpclient, timeout_and_refused_connection_are_retried)
     cr_assert_eq(run_until(c, &r, 1), 1);
     cr_assert_eq(r.kind, IDEM_HTTP_CONNECT, "%d %s", (int)r.kind, r.error);
     cr_assert_str_eq(idem_httpclient_class(&r), "connect");
+    cr_assert_eq(idem_httpclient_classify(&r, why, sizeof(why), NULL),
+                 IDEM_HTTP_OUTAGE);
     idem_httpclient_destroy(c);
 }
 
@@ -251,7 +253,7 @@ Test(httpclient, tls_verified_by_default_and_with_a_ca_file)
     char err[256];
 
     /* Default: the peer is verified against the system store, which does
-     * not know this certificate: a TLS error, retried, nothing sent. */
+     * not know this certificate: a TLS error, an outage, nothing sent. */
     idem_httpclient_conf_t conf = conf_for(th_hook_url(srv), 2);
     idem_httpclient_t *c = idem_httpclient_new(&conf, err, sizeof(err));
     cr_assert(c, "%s", err);
@@ -261,7 +263,7 @@ Test(httpclient, tls_verified_by_default_and_with_a_ca_file)
     cr_assert_eq(run_until(c, &r, 1), 1);
     cr_assert_eq(r.kind, IDEM_HTTP_TLS, "%d %s", (int)r.kind, r.error);
     cr_assert_eq(idem_httpclient_classify(&r, err, sizeof(err), NULL),
-                 IDEM_HTTP_RETRY);
+                 IDEM_HTTP_OUTAGE);
     idem_httpclient_destroy(c);
     cr_assert_eq(th_hook_count(srv), 0);
 

@@ -229,7 +229,10 @@ Test(webhook, statuses_become_results)
     fx_stop(&f);
 }
 
-Test(webhook, unreachable_service_is_a_retry)
+/* A refused connection is an outage, never the record's retry; while the
+ * breaker is open nothing is sent, records get OUTAGE at once, and one
+ * slot is offered (room) so the loop stays paused. */
+Test(webhook, unreachable_service_is_an_outage)
 {
     char url[64];
     snprintf(url, sizeof(url), "http://127.0.0.1:%d/x", th_free_port());
@@ -241,9 +244,69 @@ Test(webhook, unreachable_service_is_a_retry)
         idem_handler_webhook.submit(f.h, &r, 1, NULL, 0, err, sizeof(err)), 0);
     idem_result_t res[64];
     cr_assert_eq(fx_collect(&f, res, 1), 1);
-    cr_assert_eq(res[0].kind, IDEM_RESULT_RETRY);
-    cr_assert(!strncmp(res[0].detail, "connect: ", 9), "%s", res[0].detail);
+    cr_assert_eq(res[0].kind, IDEM_RESULT_OUTAGE, "%s", res[0].detail);
+    cr_assert(
+        !strncmp(res[0].detail, "webhook: service unreachable: connect: ", 39),
+        "%s", res[0].detail);
     cr_assert_eq(idem_metrics_webhook_request_get(f.metrics, "connect"), 1);
+    cr_assert_eq(idem_handler_webhook.room(f.h), 1);
+    idem_record_t *r2 = fx_rec(&f, 1, "k2");
+    cr_assert_eq(
+        idem_handler_webhook.submit(f.h, &r2, 1, NULL, 0, err, sizeof(err)), 0);
+    cr_assert_eq(fx_collect(&f, res, 1), 1);
+    cr_assert_eq(res[0].kind, IDEM_RESULT_OUTAGE);
+    cr_assert(strstr(res[0].detail, "service unavailable, retrying in "), "%s",
+              res[0].detail);
+    cr_assert_eq(idem_metrics_webhook_request_get(f.metrics, "connect"), 1,
+                 "sent while the breaker was open");
+    fx_stop(&f);
+}
+
+/* Most requests answered 503 by a service failing as a whole: once the
+ * breaker opens, their results are OUTAGE (not counted against the
+ * records' retries) and Retry-After holds it open; one record answered
+ * 500 while the others pass stays a RETRY every time. */
+Test(webhook, a_failing_service_opens_the_breaker_one_bad_record_does_not)
+{
+    srv = th_hook_start((th_hook_reply_t){.status = 200}, 1);
+    cr_assert(srv);
+    th_hook_rule_body(srv, "\"n\":0}", (th_hook_reply_t){500, 0, NULL, "bad"});
+    fixture_t f;
+    fx_start(&f, th_hook_url(srv),
+             (const char *[]){"webhook.max.inflight=1", NULL});
+    char err[256];
+    idem_result_t res[64];
+    idem_record_t *bad = fx_rec(&f, 0, "bad");
+    for (size_t i = 1; i <= 30; i++) {
+        idem_record_t *r = i % 4 == 1 ? bad : fx_rec(&f, i, "good");
+        cr_assert_eq(
+            idem_handler_webhook.submit(f.h, &r, 1, NULL, 0, err, sizeof(err)),
+            0);
+        cr_assert_eq(fx_collect(&f, res, 1), 1);
+        cr_assert_eq(res[0].kind,
+                     i % 4 == 1 ? IDEM_RESULT_RETRY : IDEM_RESULT_DONE,
+                     "%zu: %d %s", i, (int)res[0].kind, res[0].detail);
+    }
+    th_hook_set_default(srv, (th_hook_reply_t){503, 0, "3", "maintenance"});
+    size_t retries = 0, outages = 0;
+    for (size_t i = 0; i < 20; i++) {
+        char id[16];
+        snprintf(id, sizeof(id), "o-%zu", i);
+        idem_record_t *r = fx_rec(&f, 1 + i % 60, id);
+        cr_assert_eq(
+            idem_handler_webhook.submit(f.h, &r, 1, NULL, 0, err, sizeof(err)),
+            0);
+        cr_assert_eq(fx_collect(&f, res, 1), 1);
+        retries += res[0].kind == IDEM_RESULT_RETRY;
+        outages += res[0].kind == IDEM_RESULT_OUTAGE;
+    }
+    /* It opens once half the last 20 failed: before that the failures are
+     * the records' own (their retries), after it none is. */
+    cr_expect(retries >= 4 && retries < 10, "%zu retries", retries);
+    cr_expect_eq(outages, 20 - retries);
+    /* Open for Retry-After (3 s): nothing more reached the service. */
+    cr_expect_eq(th_hook_count(srv), 30 + retries + 1);
+    cr_expect_eq(idem_handler_webhook.room(f.h), 1);
     fx_stop(&f);
 }
 
@@ -279,3 +342,50 @@ Test(webhook, drain_abandons_what_does_not_finish_in_time)
 
 /* Appends one JSON line to fp. */
 #define LINE(fp, ...) fprintf((fp), __VA_ARGS__), fputc('\n', (fp))
+
+/* Sums idemproc_webhook_requests_total over its classes. */
+static uint64_t requests_counted(idem_metrics_t *m)
+{
+    uint64_t n = 0;
+    for (size_t i = 0; idem_metrics_webhook_classes[i]; i++)
+        n += idem_metrics_webhook_request_get(m,
+                                              idem_metrics_webhook_classes[i]);
+    return n;
+}
+
+/* libcurl sends a request again, on a fresh connection, when a kept-alive
+ * connection it reused died without a byte of answer; the service sees
+ * both. Every attempt is counted (class "resent" for the one that got no
+ * answer), so the metric's sum is what the service saw (it said 2,130
+ * where the service counted 2,514). */
+Test(webhook, every_attempt_is_counted_resends_included)
+{
+    srv = th_hook_start((th_hook_reply_t){.status = 200}, 1);
+    cr_assert(srv);
+    th_hook_script(srv, "k-1", (th_hook_reply_t){.status = 0});
+    fixture_t f;
+    fx_start(&f, th_hook_url(srv),
+             (const char *[]){"webhook.max.inflight=1", NULL});
+    char err[256];
+    idem_result_t res[64];
+    for (size_t i = 0; i < 3; i++) {
+        char id[16];
+        snprintf(id, sizeof(id), "k-%zu", i);
+        idem_record_t *r = fx_rec(&f, i, id);
+        cr_assert_eq(
+            idem_handler_webhook.submit(f.h, &r, 1, NULL, 0, err, sizeof(err)),
+            0);
+        cr_assert_eq(fx_collect(&f, res, 1), 1);
+        cr_expect_eq(res[0].kind, IDEM_RESULT_DONE, "%s: %s", id,
+                     res[0].detail);
+    }
+    cr_assert_eq(th_hook_count_key(srv, "k-1", 0), 2,
+                 "libcurl did not send k-1 again on a fresh connection");
+    cr_expect_eq(th_hook_count(srv), 4);
+    cr_expect_eq(requests_counted(f.metrics), th_hook_count(srv),
+                 "counted %llu of the %zu requests the service saw",
+                 (unsigned long long)requests_counted(f.metrics),
+                 th_hook_count(srv));
+    cr_expect_eq(idem_metrics_webhook_request_get(f.metrics, "resent"), 1);
+    fx_stop(&f);
+}

@@ -370,3 +370,47 @@ Test(conf, envelope_keys)
     cr_expect(c, "%s", err);
     idem_conf_destroy(c);
 }
+
+/* Writes len bytes (NUL bytes included) to dir/name. */
+static char *write_tmp_bytes(const char *dir, const char *name,
+                             const char *bytes, size_t len)
+{
+    char *path = malloc(512);
+    snprintf(path, 512, "%s/%s", dir, name);
+    FILE *fp = fopen(path, "w");
+    fwrite(bytes, 1, len, fp);
+    fclose(fp);
+    return path;
+}
+
+/* A NUL byte in a value, in the properties file or a secret file, is
+ * refused with the file (and line): it used to cut the value short
+ * without a word ("group.id=ab\0cd" ran as group "ab"). */
+Test(conf, nul_bytes_in_values_are_refused)
+{
+    char *dir = th_tmpdir();
+    static const char props[] = "dlq.topic=d\ngroup.id=ab\0cd\n";
+    char *path =
+        write_tmp_bytes(dir, "nul.properties", props, sizeof(props) - 1);
+    char err[512];
+    idem_conf_t *c = idem_conf_load(path, NULL, NULL, 0, err, sizeof(err));
+    cr_expect_null(c, "loaded with group.id=%s", c ? c->group_id : "");
+    idem_conf_destroy(c);
+    cr_expect(strstr(err, "nul.properties:2: a NUL byte"), "%s", err);
+    static const char secret[] = "s3cr\0t\n";
+    char *pw = write_tmp_bytes(dir, "pw", secret, sizeof(secret) - 1);
+    char set[600];
+    snprintf(set, sizeof(set), "redis.password.file=%s", pw);
+    char *extra[] = {set};
+    c = load(NULL, NULL, extra, 1, err, sizeof(err));
+    cr_expect_null(c, "loaded with redis.password=%s",
+                   c ? c->redis_password : "");
+    idem_conf_destroy(c);
+    cr_expect(strstr(err, "redis.password.file: ") && strstr(err, "NUL byte"),
+              "%s", err);
+    cr_expect_null(strstr(err, "s3cr"), "%s", err);
+    th_rmrf(dir);
+    free(dir);
+    free(path);
+    free(pw);
+}

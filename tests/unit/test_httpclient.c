@@ -135,13 +135,26 @@ Test(httpclient, verdict_by_status_class)
     r = response(503, "", 1000);
     idem_httpclient_classify(&r, why, sizeof(why), &delay);
     cr_assert_eq(delay, 1000);
-    /* No response at all: retry, with libcurl's words. */
+    /* The service cannot be reached: an outage, with libcurl's words. */
     idem_http_result_t e = {.kind = IDEM_HTTP_CONNECT, .retry_after_ms = -1};
     snprintf(e.error, sizeof(e.error), "Connection refused");
     cr_assert_eq(idem_httpclient_classify(&e, why, sizeof(why), &delay),
-                 IDEM_HTTP_RETRY);
+                 IDEM_HTTP_OUTAGE);
     cr_assert_str_eq(why, "connect: Connection refused");
     cr_assert_str_eq(idem_httpclient_class(&e), "connect");
+    e.kind = IDEM_HTTP_TLS;
+    cr_assert_eq(idem_httpclient_classify(&e, why, sizeof(why), &delay),
+                 IDEM_HTTP_OUTAGE);
+    e.kind = IDEM_HTTP_TIMEOUT; /* no response began */
+    cr_assert_eq(idem_httpclient_classify(&e, why, sizeof(why), &delay),
+                 IDEM_HTTP_OUTAGE);
+    e.status = 200; /* a response cut short: this request failed */
+    cr_assert_eq(idem_httpclient_classify(&e, why, sizeof(why), &delay),
+                 IDEM_HTTP_RETRY);
+    e.kind = IDEM_HTTP_ERROR; /* reset, empty reply */
+    e.status = 0;
+    cr_assert_eq(idem_httpclient_classify(&e, why, sizeof(why), &delay),
+                 IDEM_HTTP_RETRY);
     r = response(404, "", -1);
     cr_assert_str_eq(idem_httpclient_class(&r), "4xx");
 }

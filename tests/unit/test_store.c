@@ -26,6 +26,14 @@ Test(store, error_replies_are_classified_by_their_code)
         {"NOAUTH Authentication required.", "auth"},
         {"WRONGPASS invalid username-password pair", "auth"},
         {"NOPERM this user has no permissions", "auth"},
+        /* An ACL refusal inside a script (Redis 7): an ERR reply. */
+        {"ERR The user executing the script can't access at least one of "
+         "the keys mentioned in the command arguments script: 0fc6, on "
+         "@user_script:1.",
+         "auth"},
+        {"ERR The user executing the script can't run this command or "
+         "subcommand script: 4b52, on @user_script:1.",
+         "auth"},
         {"NOSCRIPT No matching script.", "noscript"},
         {"BUSYKEY Target key name already exists.", "other"},
         {"ERR something else", "other"},
