@@ -81,12 +81,12 @@ Test(offsets, positions_due_and_commit_list)
     idem_part_t *a = idem_offsets_add(&o, "t", 0);
     idem_part_t *b = idem_offsets_add(&o, "t", 1);
     idem_store_pos_t pos[2];
-    cr_expect_eq(idem_offsets_positions_due(&o, NULL, pos), 0);
+    cr_expect_eq(idem_offsets_positions_due(&o, NULL, NULL, pos), 0);
     cr_expect_null(idem_offsets_commit_list(&o, NULL, 0));
     a->next_offset = 10;
     b->next_offset = 4;
     b->saved = 4; /* Redis has it already */
-    cr_assert_eq(idem_offsets_positions_due(&o, NULL, pos), 1);
+    cr_assert_eq(idem_offsets_positions_due(&o, NULL, NULL, pos), 1);
     cr_expect_eq(pos[0].partition, 0);
     cr_expect_eq(pos[0].offset, 10);
     a->saved = 10;
@@ -107,7 +107,7 @@ Test(offsets, positions_due_and_commit_list)
     b->next_offset = 6;
     rd_kafka_topic_partition_list_t *sub = rd_kafka_topic_partition_list_new(1);
     rd_kafka_topic_partition_list_add(sub, "t", 1);
-    cr_assert_eq(idem_offsets_positions_due(&o, sub, pos), 1);
+    cr_assert_eq(idem_offsets_positions_due(&o, sub, NULL, pos), 1);
     cr_expect_eq(pos[0].partition, 1);
     cr_expect_eq(pos[0].offset, 6);
     rd_kafka_topic_partition_list_destroy(sub);
