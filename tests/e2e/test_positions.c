@@ -583,3 +583,65 @@ Test(positions, sentinel_failover_to_a_lagging_replica_exact, .timeout = 300)
     sentinel_dir = NULL;
     th_stack_stop(&stk);
 }
+
+/* A user that may not run BGREWRITEAOF, against a Redis with AOF on: the
+ * member writes nothing (not ready, saying why and how to fix it, counted
+ * as refused) until the command is granted; then exact. With
+ * redis.aof.rewrite=false it writes anyway, and says what it risks. */
+Test(positions, refused_bgrewriteaof_writes_nothing_until_granted,
+     .timeout = 180)
+{
+    int hport = th_free_port();
+    char listen[64];
+    snprintf(listen, sizeof(listen), "http.listen=127.0.0.1:%d", hport);
+    const char *props[] = {listen, NULL};
+    cr_assert_eq(th_stack_start(&stk, 2, props), 0);
+    aof_on(&stk.redis);
+    const char *acl[] = {"ACL", "SETUSER", "idem",          "on", ">pw", "~*",
+                         "&*",  "+@all",   "-bgrewriteaof", NULL};
+    redis_ok(&stk.redis, acl);
+    const char *few[] = {"--count", "2000", "--seed", "2004", NULL};
+    cr_assert_eq(th_stack_produce(&stk, few), 0);
+    char url[128];
+    snprintf(url, sizeof(url), "redis.url=redis://idem:pw@127.0.0.1:%d/0",
+             stk.redis.port);
+    const char *sets[] = {url, NULL};
+    pid_t m = th_stack_member(&stk, "m1", sets);
+    char *body = NULL;
+    int status = -1;
+    for (int t = 0; t < 300; t++) {
+        free(body);
+        body = NULL;
+        status = th_http_get(hport, "/readyz", &body);
+        if (status == 503 && body && strstr(body, "BGREWRITEAOF"))
+            break;
+        usleep(100000);
+    }
+    cr_expect_eq(status, 503);
+    cr_expect(body && strstr(body, "BGREWRITEAOF refused"), "reason: %s", body);
+    free(body);
+    body = NULL;
+    cr_expect_eq(th_http_get(hport, "/metrics", &body), 200);
+    cr_expect_gt(th_metric(body, "idemproc_redis_aof_rewrites_total{result="
+                                 "\"refused\"}"),
+                 0);
+    free(body);
+    cr_expect_eq(th_stack_applied(&stk), 0, "written without the rewrite");
+    cr_expect_geq(log_count(&stk, "m1", "redis.aof.rewrite=false"), 1,
+                  "the fix is not named");
+    const char *grant[] = {"ACL", "SETUSER", "idem", "+bgrewriteaof", NULL};
+    redis_ok(&stk.redis, grant);
+    TH_ASSERT_VERIFIED(&stk, 0, NULL, 120000);
+    cr_expect_eq(th_stop(m, 15000), 0);
+
+    redis_crash(&stk.redis, 0); /* a new server (users are not in the AOF) */
+    redis_ok(&stk.redis, acl);
+    const char *more[] = {"--count", "3000", "--seed", "2004", NULL};
+    cr_assert_eq(th_stack_produce(&stk, more), 0);
+    const char *skip[] = {url, "redis.aof.rewrite=false", NULL};
+    m = th_stack_member(&stk, "m2", skip);
+    TH_ASSERT_VERIFIED(&stk, 0, NULL, 120000);
+    cr_expect_geq(log_count(&stk, "m2", "without rewriting its AOF first"), 1);
+    cr_expect_eq(th_stop(m, 15000), 0);
+    th_stack_stop(&stk);
+}
