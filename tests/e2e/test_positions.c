@@ -263,10 +263,15 @@ static void redis_log_clean(th_redis_t *r)
  * without a second cut, and once more cleanly: exact every time. */
 Test(positions, aof_cut_inside_a_multi_never_doubles, .timeout = 360)
 {
+    /* One partition: every loss below is that partition's, and each one
+     * must be said (not only the first of an assignment). Fewer records:
+     * the embedded broker keeps about 5 MB per partition. */
     const char *props[] = {"batch.max.messages=100", NULL};
-    cr_assert_eq(th_stack_start(&stk, 4, props), 0);
+    cr_assert_eq(th_stack_start(&stk, 1, props), 0);
     aof_on(&stk.redis);
-    cr_assert_eq(th_stack_produce(&stk, traffic), 0);
+    const char *one[] = {"--count", "12000", "--duplicates", "0.1", "--seed",
+                         "2001",    NULL};
+    cr_assert_eq(th_stack_produce(&stk, one), 0);
     long unique = expect_unique(&stk);
     pid_t m = th_stack_member(&stk, "m1", NULL);
     cr_assert_eq(wait_applied(&stk, unique / 3, 90000), 0);
@@ -279,9 +284,16 @@ Test(positions, aof_cut_inside_a_multi_never_doubles, .timeout = 360)
     cr_expect_geq(log_count(&stk, "m1", "redis AOF rewritten"), 1,
                   "no AOF rewrite before writing to the restarted server");
 
-    redis_crash(&stk.redis, 1); /* again, with a second cut */
-    TH_ASSERT_VERIFIED(&stk, 0, NULL, 150000);
-    redis_log_clean(&stk.redis);
+    /* Again with a second cut, and a third: the member is idle now, so
+     * each cut takes positions Redis had acknowledged, and each loss is
+     * said. */
+    for (int i = 0; i < 2; i++) {
+        redis_crash(&stk.redis, 1);
+        TH_ASSERT_VERIFIED(&stk, 0, NULL, 150000);
+        redis_log_clean(&stk.redis);
+    }
+    cr_expect_geq(log_count(&stk, "m1", "redis went back in time"), 2,
+                  "a second loss of the partition's position was not said");
     redis_crash(&stk.redis, 0); /* and without one */
     TH_ASSERT_VERIFIED(&stk, 0, NULL, 150000);
     redis_log_clean(&stk.redis);
