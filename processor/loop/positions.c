@@ -55,9 +55,13 @@ void idem_loop_positions_save(idem_pipeline_t *p,
                     errstr, NULL);
         return;
     }
-    for (size_t i = 0; i < n; i++)
-        idem_loop_part_find(p, p->pos[i].topic, p->pos[i].partition)->saved =
-            p->pos[i].offset;
+    for (size_t i = 0; i < n; i++) {
+        idem_part_t *pt =
+            idem_loop_part_find(p, p->pos[i].topic, p->pos[i].partition);
+        pt->saved = p->pos[i].offset;
+        if (pt->start < 0) /* nothing applied before it (positions_first) */
+            pt->start = p->pos[i].offset;
+    }
 }
 
 /* The record r moved its partition's finished prefix to just past it:
