@@ -510,6 +510,8 @@ static int store_writable(idem_store_t *s, char *errstr, size_t errstr_size)
     if (idem_aofgate_open(&s->gate, s->run_id))
         return 0;
     int64_t until = idem_now_ms() + AOF_WAIT_CALL_MS;
+    int asked = 0; /* one BGREWRITEAOF per call: a rewrite that fails at
+                      once is asked again after the loop's backoff */
     for (;;) {
         idem_aofgate_action_t a =
             idem_aofgate_step(&s->gate, s->run_id, &s->aof);
@@ -523,7 +525,10 @@ static int store_writable(idem_store_t *s, char *errstr, size_t errstr_size)
             }
             return 0;
         }
+        if (a == IDEM_AOFGATE_REWRITE && asked)
+            break;
         if (a == IDEM_AOFGATE_REWRITE) {
+            asked = 1;
             if (s->gate.requested == 0 && s->gate.rewrites > 0 && s->metrics)
                 idem_metrics_redis_aof_rewrite_add(s->metrics, "failed");
             if (strcmp(s->aof_said, s->run_id)) {
