@@ -781,8 +781,11 @@ static void req_command(idem_store_t *s, size_t argc, const char *const *argv,
 /* Appends every chunk of the records as an EVALSHA call and writes them
  * all out (one pipeline, one round trip); the replies are read by
  * store_recv. Returns 0, or -1 (the connection is dropped). */
-/* Fills the scratch fields and offsets of pos[n] (offsets as text). */
-static void pos_text(idem_store_t *s, const idem_store_pos_t *pos, size_t n)
+/* Fills the scratch fields of pos[n] ("<topic>:<partition>") and, with
+ * values (a save), their values as text (posval.h); a load reads only the
+ * fields (its values are what it fills in). */
+static void pos_text(idem_store_t *s, const idem_store_pos_t *pos, size_t n,
+                     int values)
 {
     if (s->fields_cap < n) {
         s->fields = idem_xrealloc(s->fields, n * sizeof(*s->fields));
@@ -792,8 +795,8 @@ static void pos_text(idem_store_t *s, const idem_store_pos_t *pos, size_t n)
     for (size_t i = 0; i < n; i++) {
         snprintf(s->fields[i], sizeof(s->fields[i]), "%s:%" PRId32,
                  pos[i].topic, pos[i].partition);
-        if (!idem_posval_format(s->offs[i], sizeof(s->offs[i]), pos[i].offset,
-                                &pos[i].val))
+        if (values && !idem_posval_format(s->offs[i], sizeof(s->offs[i]),
+                                          pos[i].offset, &pos[i].val))
             snprintf(s->offs[i], sizeof(s->offs[i]), "%" PRId64, pos[i].offset);
     }
 }
@@ -802,7 +805,7 @@ static void pos_text(idem_store_t *s, const idem_store_pos_t *pos, size_t n)
 static void append_positions(idem_store_t *s, const idem_store_pos_t *pos,
                              size_t n)
 {
-    pos_text(s, pos, n);
+    pos_text(s, pos, n, 1);
     argv_reserve(s, 2 + 2 * n);
     size_t a = 0;
     s->argv[a++] = "HSET";
@@ -1168,7 +1171,7 @@ int idem_store_positions_load(idem_store_t *s, idem_store_pos_t *pos, size_t n,
     }
     if (idem_store_connect(s, errstr, errstr_size))
         return -1;
-    pos_text(s, pos, n);
+    pos_text(s, pos, n, 0);
     argv_reserve(s, 2 + n);
     s->argv[0] = "HMGET";
     s->argv[1] = s->pos_key;
