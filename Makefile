@@ -24,8 +24,8 @@ PG_BINDIR ?= $(or $(lastword $(sort $(wildcard /usr/lib/postgresql/*/bin))),/usr
 BUILD_DEB_PKGS := build-essential pkg-config librdkafka-dev libhiredis-dev \
                   libjansson-dev libmicrohttpd-dev uuid-dev libssl-dev libpq-dev \
                   libcurl4-openssl-dev liblua5.1-0-dev
-TEST_DEB_PKGS  := libcriterion-dev redis-server redis-tools kcat prometheus \
-                  clang-format jq openssl postgresql
+TEST_DEB_PKGS  := libcriterion-dev redis-server redis-tools redis-sentinel \
+                  kcat prometheus clang-format jq openssl postgresql
 # Fuzzing (make fuzz), the memory checks of CI (.ci/run) and the chart of
 # `make bench` on top.
 FUZZ_DEB_PKGS  := clang-14 libclang-rt-14-dev
@@ -144,6 +144,7 @@ deps-check:
 
 deps-check-test: deps-check
 	@pkg-config --exists $(TEST_PKGS) && command -v redis-server >/dev/null \
+	  && command -v redis-sentinel >/dev/null \
 	  && command -v kcat >/dev/null && command -v promtool >/dev/null \
 	  && command -v clang-format >/dev/null && command -v jq >/dev/null \
 	  && command -v openssl >/dev/null \

@@ -314,6 +314,18 @@ static const prop_t props[] = {
      0,
      "run even if Redis's maxmemory-policy may evict keys (marks): "
      "effects can then be applied twice"},
+    {"redis.aof.rewrite",
+     PROP_ENUM,
+     F(redis_aof_rewrite),
+     "true",
+     0,
+     0,
+     {"false", "true"},
+     0,
+     0,
+     "before the first write to a restarted or new Redis server with AOF on, "
+     "run BGREWRITEAOF and wait for it (a cut AOF may hold half a "
+     "transaction that Redis 7.0 replays twice); false: skip"},
     {"redis.wait.replicas",
      PROP_INT,
      F(redis_wait_replicas),

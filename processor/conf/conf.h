@@ -82,6 +82,8 @@ typedef struct idem_conf_s {
     char *redis_prefix;
     int64_t redis_timeout_ms;
     int redis_allow_eviction; /* 1: tolerate an evicting maxmemory-policy */
+    int redis_aof_rewrite;    /* 1: BGREWRITEAOF before writing to a new
+                                 server with AOF on */
     int64_t redis_wait_replicas;
     int64_t redis_wait_timeout_ms;
     int64_t dedup_ttl_seconds;

@@ -406,6 +406,8 @@ int idem_loop_handler_feed(idem_pipeline_t *p, char *errstr, size_t errstr_size)
         if (p->inflight)
             return 0; /* one request at a time */
         size_t n = idem_loop_due_records(p, idem_now_ms());
+        if (n && idem_loop_positions_first(p, n, errstr, errstr_size))
+            return -1;
         return n ? handler_submit(p, n, errstr, errstr_size) : 0;
     }
     /* Claim no more than the handler can start: a lease must not run out
@@ -416,6 +418,8 @@ int idem_loop_handler_feed(idem_pipeline_t *p, char *errstr, size_t errstr_size)
     size_t n = idem_loop_due_records(p, idem_now_ms());
     if (n > room)
         n = room; /* the first in poll order: partitions keep their order */
+    if (n && idem_loop_positions_first(p, n, errstr, errstr_size))
+        return -1;
     return n ? claim_and_submit(p, n, errstr, errstr_size) : 0;
 }
 

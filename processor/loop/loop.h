@@ -13,6 +13,7 @@
 #include "effect/handler.h"
 #include "loop/offsets.h"
 #include "loop/pipeline.h"
+#include "loop/posread.h"
 #include "loop/records.h"
 #include "kafka/retrytopic.h"
 #include "redis/store.h"
@@ -151,6 +152,10 @@ struct idem_pipeline_s {
     char run_id[48];       /* the Redis server's run_id at that time */
     idem_store_pos_t *pos; /* scratch: positions to save or load */
     size_t pos_cap;
+    char cluster[IDEM_POSVAL_CLUSTER_MAX]; /* the Kafka cluster's id ("":
+                                              not known yet) */
+    idem_posread_t *posread; /* reads back what positions vouch for
+                                (created at the first need) */
 };
 
 /* pipeline.c */
@@ -193,5 +198,8 @@ int idem_loop_positions_sync(idem_pipeline_t *p, char *errstr,
                              size_t errstr_size);
 void idem_loop_assign_positions(idem_pipeline_t *p,
                                 rd_kafka_topic_partition_list_t *parts);
+int idem_loop_positions_first(idem_pipeline_t *p, size_t n, char *errstr,
+                              size_t errstr_size);
+void idem_loop_positions_advanced(idem_part_t *pt, const rec_t *r);
 
 #endif

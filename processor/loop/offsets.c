@@ -62,6 +62,9 @@ idem_part_t *idem_offsets_add(idem_offsets_t *o, const char *topic,
     pt->high_seen = -1;
     pt->saved = -1;
     pt->saving = -1;
+    pt->start = -1;
+    pt->fp.offset = -1;
+    pt->fp.timestamp = -1;
     return pt;
 }
 
@@ -136,7 +139,7 @@ idem_offsets_commit_list(const idem_offsets_t *o,
 
 size_t idem_offsets_positions_due(const idem_offsets_t *o,
                                   const rd_kafka_topic_partition_list_t *subset,
-                                  idem_store_pos_t *pos)
+                                  const char *cluster, idem_store_pos_t *pos)
 {
     size_t n = 0;
     for (size_t i = 0; i < o->cnt; i++) {
@@ -148,6 +151,9 @@ size_t idem_offsets_positions_due(const idem_offsets_t *o,
         pos[n].topic = pt->topic;
         pos[n].partition = pt->partition;
         pos[n].offset = pt->next_offset;
+        idem_posval_init(&pos[n].val, cluster);
+        if (pt->fp.offset >= 0 && pt->fp.offset < pt->next_offset)
+            pos[n].val.rec = pt->fp;
         n++;
     }
     return n;

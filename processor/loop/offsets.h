@@ -22,7 +22,12 @@ typedef struct {
     int64_t saved;         /* position Redis acknowledged */
     int64_t saving;        /* position in the Redis request in flight */
     int checked;           /* Redis's position was read since assignment */
-    int behind_logged;     /* "redis behind kafka" said for this assignment */
+    int64_t start;         /* the first position this assignment read from
+                              Redis or wrote there (-1): where a member goes
+                              back to when Redis lost every later one */
+    idem_posval_rec_t fp;  /* the record just below next_offset, or the one
+                              the position Redis holds vouches for
+                              (posval.h; fp.offset -1: none known) */
     int blocked;           /* scratch of idem_offsets_advance */
     int waiting;           /* scratch of the loop: an earlier record waits */
     int retry_tier;        /* 0: an input topic; k: the k-th retry topic */
@@ -83,10 +88,11 @@ idem_offsets_commit_list(const idem_offsets_t *o,
                          int recommit);
 
 /* Fills pos[] (room for o->cnt) with the partitions (of subset, if not
- * NULL) whose finished prefix moved past the position Redis holds.
- * Returns how many. The topics are borrowed from o. */
+ * NULL) whose finished prefix moved past the position Redis holds, each
+ * with the Kafka cluster id (borrowed, NULL: unknown) and the record below
+ * it (fp). Returns how many. The topics are borrowed from o. */
 size_t idem_offsets_positions_due(const idem_offsets_t *o,
                                   const rd_kafka_topic_partition_list_t *subset,
-                                  idem_store_pos_t *pos);
+                                  const char *cluster, idem_store_pos_t *pos);
 
 #endif

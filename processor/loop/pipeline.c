@@ -191,8 +191,12 @@ void idem_loop_batch_remove_if(idem_pipeline_t *p,
 static int rec_committable(idem_pipeline_t *p, const rec_t *r, const void *ctx)
 {
     (void)ctx;
-    return idem_offsets_advance_take(idem_loop_rec_part(p, r), r->view.offset,
-                                     r->state == REC_DONE);
+    idem_part_t *pt = idem_loop_rec_part(p, r);
+    int take =
+        idem_offsets_advance_take(pt, r->view.offset, r->state == REC_DONE);
+    if (take && pt->next_offset == r->view.offset + 1)
+        idem_loop_positions_advanced(pt, r); /* the record below it */
+    return take;
 }
 
 /* Moves each partition's next_offset over the contiguous prefix of
@@ -615,6 +619,8 @@ idem_pipeline_t *idem_pipeline_new(const idem_conf_t *conf, idem_metrics_t *m,
     idem_records_init(&p->recs, p->cap);
     p->store = idem_store_new(conf, m);
     idem_store_guard_eviction(p->store);
+    if (conf->redis_aof_rewrite)
+        idem_store_guard_aof(p->store);
     const char *arg;
     if (!(p->hops =
               idem_handler_find(conf->handler, &arg, errstr, errstr_size)))
@@ -713,6 +719,7 @@ void idem_pipeline_destroy(idem_pipeline_t *p)
     idem_envelope_rules_destroy(p->rules);
     idem_retrytopics_destroy(p->rt);
     idem_dlq_destroy(p->dlq); /* reports of orphaned tickets free them */
+    idem_posread_destroy(p->posread);
     idem_store_destroy(p->store);
     idem_offsets_term(&p->offs);
     idem_records_term(&p->recs);

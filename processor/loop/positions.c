@@ -26,7 +26,8 @@ size_t idem_loop_positions_due(idem_pipeline_t *p,
                                const rd_kafka_topic_partition_list_t *subset)
 {
     return idem_offsets_positions_due(
-        &p->offs, subset, pos_reserve(p, p->offs.cnt ? p->offs.cnt : 1));
+        &p->offs, subset, p->cluster[0] ? p->cluster : NULL,
+        pos_reserve(p, p->offs.cnt ? p->offs.cnt : 1));
 }
 
 /* Writes the finished prefixes to Redis before they are committed to
@@ -54,9 +55,96 @@ void idem_loop_positions_save(idem_pipeline_t *p,
                     errstr, NULL);
         return;
     }
-    for (size_t i = 0; i < n; i++)
-        idem_loop_part_find(p, p->pos[i].topic, p->pos[i].partition)->saved =
-            p->pos[i].offset;
+    for (size_t i = 0; i < n; i++) {
+        idem_part_t *pt =
+            idem_loop_part_find(p, p->pos[i].topic, p->pos[i].partition);
+        pt->saved = p->pos[i].offset;
+        if (pt->start < 0) /* nothing applied before it (positions_first) */
+            pt->start = p->pos[i].offset;
+    }
+}
+
+/* The record r moved its partition's finished prefix to just past it:
+ * the next position vouches for it (posval.h). */
+void idem_loop_positions_advanced(idem_part_t *pt, const rec_t *r)
+{
+    const rd_kafka_message_t *m = r->msg;
+    rd_kafka_timestamp_type_t tt;
+    int64_t ts = rd_kafka_message_timestamp(m, &tt);
+    pt->fp.offset = m->offset;
+    pt->fp.timestamp = tt == RD_KAFKA_TIMESTAMP_NOT_AVAILABLE ? -1 : ts;
+    pt->fp.hash = idem_posval_hash(m->key, m->key_len, m->payload, m->len);
+}
+
+/* The lowest offset pt holds in hand (or has finished up to); -1 when it
+ * has not consumed anything since it was assigned. */
+static int64_t part_hold(idem_pipeline_t *p, const idem_part_t *pt);
+
+/* The record of pt in hand at `offset`, or NULL. */
+static const rec_t *rec_at(idem_pipeline_t *p, const idem_part_t *pt,
+                           int64_t offset)
+{
+    rec_t *r;
+    for (size_t i = 0; (r = idem_records_next(&p->recs, &i));)
+        if (r->view.offset == offset && idem_loop_rec_part(p, r) == pt)
+            return r;
+    return NULL;
+}
+
+/* Before the handler gets the first records (rs[n]) of a partition for
+ * which Redis holds no position (a new group, a position never used or
+ * lost), writes one there: the lowest offset the member holds, vouching
+ * for the record at it. So every effect has a position at or before it in
+ * Redis's command stream, and a Redis that lost that position lost the
+ * effects after it too (docs/design.md, "Positions in Redis"). No request
+ * may be in flight. Returns 0, or -1 (outage: nothing was handed over). */
+int idem_loop_positions_first(idem_pipeline_t *p, size_t n, char *errstr,
+                              size_t errstr_size)
+{
+    size_t cnt = 0;
+    idem_store_pos_t *pos = pos_reserve(p, p->offs.cnt ? p->offs.cnt : 1);
+    for (size_t i = 0; i < n; i++) {
+        idem_part_t *pt = idem_loop_rec_part(p, p->rs[i]);
+        if (!pt || pt->saved >= 0 || pt->saving >= 0)
+            continue;
+        int dup = 0;
+        for (size_t j = 0; j < cnt && !dup; j++)
+            dup = pos[j].partition == pt->partition &&
+                  !strcmp(pos[j].topic, pt->topic);
+        int64_t hold = part_hold(p, pt);
+        if (dup || hold < 0)
+            continue;
+        pos[cnt].topic = pt->topic;
+        pos[cnt].partition = pt->partition;
+        pos[cnt].offset = hold;
+        idem_posval_init(&pos[cnt].val, p->cluster);
+        const rec_t *at = rec_at(p, pt, hold);
+        if (at) {
+            idem_part_t tmp = {.fp = {-1, -1, 0}};
+            idem_loop_positions_advanced(&tmp, at);
+            pos[cnt].val.rec = tmp.fp;
+        } else if (pt->fp.offset >= 0 && pt->fp.offset < hold) {
+            pos[cnt].val.rec = pt->fp;
+        }
+        cnt++;
+    }
+    if (!cnt)
+        return 0;
+    if (idem_store_positions_save(p->store, pos, cnt, errstr, errstr_size))
+        return -1;
+    for (size_t i = 0; i < cnt; i++) {
+        idem_part_t *pt =
+            idem_loop_part_find(p, pos[i].topic, pos[i].partition);
+        pt->saved = pos[i].offset;
+        if (pt->start < 0)
+            pt->start = pos[i].offset;
+        char part[16], off[24];
+        snprintf(part, sizeof(part), "%" PRId32, pt->partition);
+        snprintf(off, sizeof(off), "%" PRId64, pos[i].offset);
+        idem_log_kv(IDEM_LOG_DEBUG, "first position written to redis", "topic",
+                    pt->topic, "partition", part, "offset", off, NULL);
+    }
+    return 0;
 }
 
 /* ------------------------------------------------ positions from Redis */
@@ -84,7 +172,8 @@ static int held_by_librdkafka(rd_kafka_t *rk, const idem_part_t *pt)
  * in flight. Returns 0, or -1 when the seek failed (errstr; the caller
  * tries again later). */
 static int partition_rewind(idem_pipeline_t *p, idem_part_t *pt, int64_t offset,
-                            char *errstr, size_t errstr_size)
+                            const idem_posval_rec_t *fp, char *errstr,
+                            size_t errstr_size)
 {
     idem_loop_handler_settle(p, idem_now_ms() + idem_loop_wait_budget_ms(p));
     idem_loop_batch_remove_if(p, rec_in_part, pt);
@@ -122,32 +211,116 @@ static int partition_rewind(idem_pipeline_t *p, idem_part_t *pt, int64_t offset,
     pt->next_offset = offset;
     pt->high_seen = offset - 1;
     pt->saved = offset;
+    pt->fp.offset = -1;
+    if (fp && fp->offset >= 0 && fp->offset < offset)
+        pt->fp = *fp;
     return 0;
 }
 
-/* Logs (once per partition and assignment) and counts a position in Redis
- * behind the one it acknowledged, or behind Kafka's committed offset:
- * Redis went back in time (it lost acknowledged writes). redis is -1 when
- * the position is gone altogether. */
+/* Logs and counts one loss: a position in Redis behind the one it
+ * acknowledged, or behind Kafka's committed offset (Redis went back in
+ * time: it lost acknowledged writes); redis is -1 when the position is gone
+ * altogether. Every loss is said: the caller calls it once per reconnect or
+ * assignment that reveals one, and a rewind makes the member's own view
+ * agree with Redis again. */
 static void position_behind(idem_pipeline_t *p, idem_part_t *pt, int64_t redis)
 {
-    if (pt->behind_logged)
-        return;
-    pt->behind_logged = 1;
     idem_metrics_redis_behind_add(p->m, 1);
-    char part[16], r[24], k[24], a[24];
+    char part[16], r[24], k[24], a[24], st[24];
     snprintf(part, sizeof(part), "%" PRId32, pt->partition);
     snprintf(r, sizeof(r), "%" PRId64, redis);
     snprintf(k, sizeof(k), "%" PRId64, pt->committed);
     snprintf(a, sizeof(a), "%" PRId64, pt->saved);
+    snprintf(st, sizeof(st), "%" PRId64, pt->start);
     idem_log_kv(IDEM_LOG_WARN,
-                redis < 0 ? "redis lost the position of a partition (it "
-                            "lost its data: persistence off?)"
+                redis < 0 ? "redis lost the position of a partition: reading "
+                            "again from the first position of this "
+                            "assignment"
                           : "redis went back in time: its position is behind "
                             "what it acknowledged or kafka's committed "
                             "offset; reading again from it",
                 "topic", pt->topic, "partition", part, "redis_offset", r,
-                "acknowledged_offset", a, "kafka_offset", k, NULL);
+                "acknowledged_offset", a, "kafka_offset", k, "start_offset", st,
+                NULL);
+}
+
+/* The Kafka cluster's id, asked once (the consumer has its metadata by
+ * the first assignment); "" while not known. */
+static const char *cluster_id(idem_pipeline_t *p)
+{
+    if (!p->cluster[0]) {
+        char *id = rd_kafka_clusterid(p->rk, 2000);
+        if (id) {
+            snprintf(p->cluster, sizeof(p->cluster), "%s", id);
+            rd_kafka_mem_free(p->rk, id);
+        }
+    }
+    return p->cluster;
+}
+
+/* Judges the positions pos[n] (offset -1: none) against what Kafka holds
+ * now (posval.h) into verdict[n]: with `read`, by reading back the records
+ * they vouch for and the partitions' watermarks; else by the cluster id
+ * alone. A position that does not belong here is logged and counted (alert
+ * IdemprocPositionMismatch). Returns 0, or -1 with errstr when Kafka did not
+ * answer (retriable). */
+static int positions_judge(idem_pipeline_t *p, const idem_store_pos_t *pos,
+                           size_t n, int read, idem_posval_verdict_t *verdict,
+                           char *errstr, size_t errstr_size)
+{
+    const char *cluster = cluster_id(p);
+    idem_posread_item_t *items = idem_xcalloc(n ? n : 1, sizeof(*items));
+    size_t cnt = 0;
+    for (size_t i = 0; i < n; i++) {
+        verdict[i] = IDEM_POSVAL_USE;
+        if (pos[i].offset < 0 || !read)
+            continue;
+        items[cnt].topic = pos[i].topic;
+        items[cnt].partition = pos[i].partition;
+        items[cnt].rec_offset = pos[i].val.rec.offset;
+        cnt++;
+    }
+    if (cnt && !p->posread &&
+        !(p->posread = idem_posread_new(p->conf, errstr, errstr_size))) {
+        free(items);
+        return -1;
+    }
+    if (cnt &&
+        idem_posread_read(p->posread, items, cnt, 5000, errstr, errstr_size)) {
+        free(items);
+        return -1;
+    }
+    for (size_t i = 0, k = 0; i < n; i++) {
+        if (pos[i].offset < 0)
+            continue;
+        idem_posval_now_t now = {.cluster = cluster, .low = -1, .high = -1};
+        if (read)
+            now = items[k++].now;
+        now.cluster = cluster;
+        idem_posval_t v = pos[i].val;
+        if (!read)
+            v.rec.offset = -1; /* the cluster alone */
+        verdict[i] = idem_posval_judge(pos[i].offset, &v, &now);
+        if (verdict[i] == IDEM_POSVAL_USE)
+            continue;
+        const char *why = idem_posval_verdict2str(verdict[i]);
+        idem_metrics_position_mismatch_add(p->m, why);
+        char part[16], off[24], rec[24], high[24];
+        snprintf(part, sizeof(part), "%" PRId32, pos[i].partition);
+        snprintf(off, sizeof(off), "%" PRId64, pos[i].offset);
+        snprintf(rec, sizeof(rec), "%" PRId64, pos[i].val.rec.offset);
+        snprintf(high, sizeof(high), "%" PRId64, now.high);
+        idem_log_kv(IDEM_LOG_ERROR,
+                    "position in redis belongs to another kafka cluster or "
+                    "topic: not used; starting from kafka's committed offset",
+                    "topic", pos[i].topic, "partition", part, "redis_offset",
+                    off, "reason", why, "position_cluster",
+                    pos[i].val.cluster[0] ? pos[i].val.cluster : "-",
+                    "kafka_cluster", cluster[0] ? cluster : "-",
+                    "record_offset", rec, "high_watermark", high, NULL);
+    }
+    free(items);
+    return 0;
 }
 
 /* The lowest offset pt holds in hand (or has finished up to); -1 when it
@@ -196,29 +369,57 @@ int idem_loop_positions_sync(idem_pipeline_t *p, char *errstr,
     if (idem_store_positions_load(p->store, pos, p->offs.cnt, errstr,
                                   errstr_size))
         return -1;
+    /* A partition not checked since its assignment is judged as at the
+     * assignment (its records read back); the others were written by this
+     * group in this cluster, and only their cluster is compared. */
+    idem_posval_verdict_t *verdict =
+        idem_xcalloc(p->offs.cnt ? p->offs.cnt : 1, sizeof(*verdict));
+    if (positions_judge(p, pos, p->offs.cnt, unchecked, verdict, errstr,
+                        errstr_size)) {
+        free(verdict);
+        return -1;
+    }
     for (size_t i = 0; i < p->offs.cnt; i++) {
         idem_part_t *pt = &p->offs.v[i];
-        int64_t r = pos[i].offset;
+        int64_t r = verdict[i] == IDEM_POSVAL_USE ? pos[i].offset : -1;
         if (r < 0) {
-            if (other_server && pt->saved >= 0)
+            /* Gone (or not ours): Redis lost everything after the first
+             * position this member wrote or read, effects included. Back
+             * to that one; the next request writes it again first. */
+            if (reconnected && pt->checked && pt->saved >= 0) {
                 position_behind(p, pt, -1);
+                int64_t hold = part_hold(p, pt);
+                if (pt->start >= 0 && hold >= 0 && pt->start < hold &&
+                    partition_rewind(p, pt, pt->start, NULL, errstr,
+                                     errstr_size)) {
+                    free(verdict);
+                    return -1; /* again next time */
+                }
+                pt->saved = -1;
+            }
             pt->checked = 1;
             continue;
         }
         /* Lost writes: what Redis acknowledged (the writes after a host
-         * crash's last fsync, a lagging replica), and perhaps also what
-         * Kafka had committed after them. */
-        if ((pt->committed >= 0 && r < pt->committed) ||
-            (pt->saved >= 0 && r < pt->saved))
+         * crash's last fsync, a lagging replica), or at the first look
+         * since the assignment what Kafka had committed after them. */
+        if ((pt->saved >= 0 && r < pt->saved) ||
+            (!pt->checked && pt->committed >= 0 && r < pt->committed))
             position_behind(p, pt, r);
         int64_t hold = part_hold(p, pt);
         int rewind = pt->checked ? (other_server || r < pt->saved) &&
                                        hold >= 0 && r < hold
                                  : hold < 0 || r < hold;
-        if (rewind && partition_rewind(p, pt, r, errstr, errstr_size))
+        if (rewind &&
+            partition_rewind(p, pt, r, &pos[i].val.rec, errstr, errstr_size)) {
+            free(verdict);
             return -1; /* again next time: p->store_conns not updated */
+        }
+        if (!pt->checked && pt->start < 0)
+            pt->start = r;
         pt->checked = 1;
     }
+    free(verdict);
     p->store_conns = conns;
     snprintf(p->run_id, sizeof(p->run_id), "%s", run_id);
     return 0;
@@ -252,6 +453,19 @@ void idem_loop_assign_positions(idem_pipeline_t *p,
         return; /* idem_loop_positions_sync asks again before anything is
                    applied */
     }
+    /* Positions of another cluster or another incarnation of the topic
+     * are never used (posval.h): their records are read back first. */
+    idem_posval_verdict_t *verdict =
+        idem_xcalloc((size_t)parts->cnt, sizeof(*verdict));
+    if (positions_judge(p, pos, (size_t)parts->cnt, 1, verdict, errstr,
+                        sizeof(errstr))) {
+        idem_log_kv(IDEM_LOG_WARN,
+                    "reading back the records positions vouch for failed",
+                    "error", errstr, NULL);
+        free(verdict);
+        return; /* idem_loop_positions_sync judges before anything is
+                   applied */
+    }
     rd_kafka_topic_partition_list_t *committed =
         rd_kafka_topic_partition_list_copy(parts);
     if (rd_kafka_committed(p->rk, committed, 5000))
@@ -264,13 +478,19 @@ void idem_loop_assign_positions(idem_pipeline_t *p,
                                                 : committed->elems[i].offset;
         if (kafka >= 0)
             pt->committed = kafka;
-        if (pos[i].offset >= 0) {
+        if (pos[i].offset >= 0 && verdict[i] == IDEM_POSVAL_USE) {
             parts->elems[i].offset = pos[i].offset;
             pt->saved = pos[i].offset;
+            pt->start = pos[i].offset;
+            if (pos[i].val.rec.offset < pos[i].offset)
+                pt->fp = pos[i].val.rec;
             if (kafka >= 0 && pos[i].offset < kafka)
                 position_behind(p, pt, pos[i].offset);
         }
+        /* Else Kafka's committed offset (or auto.offset.reset) applies, and
+         * the first request writes a position of this cluster first. */
         pt->checked = 1;
     }
+    free(verdict);
     rd_kafka_topic_partition_list_destroy(committed);
 }

@@ -72,10 +72,19 @@ static const char *rebalance_names[REB_CNT] = {"assign", "revoke", "lost"};
 
 /* Redis error classes (docs/design.md, "Error classes"); "other" last. */
 const char *const idem_metrics_redis_classes[] = {
-    "connection", "timeout", "oom",   "readonly",   "misconf",
-    "noreplicas", "loading", "busy",  "masterdown", "auth",
-    "noscript",   "wait",    "other", NULL};
-#define REDIS_CLASS_CNT 13
+    "connection", "timeout", "oom",        "readonly",   "misconf",
+    "noreplicas", "loading", "busy",       "masterdown", "auth",
+    "noscript",   "wait",    "aofrewrite", "other",      NULL};
+#define REDIS_CLASS_CNT 14
+
+/* What became of an AOF rewrite a member waited for (store.c). */
+static const char *const aof_rewrite_results[] = {"ok", "failed", "refused"};
+#define AOF_REWRITE_RESULT_CNT 3
+
+/* Why a position in Redis was not used (positions.c). */
+const char *const idem_metrics_mismatch_reasons[] = {"cluster", "record",
+                                                     "past-end", NULL};
+#define MISMATCH_REASON_CNT 3
 
 /* Webhook request classes: by status class, or what kept a response from
  * arriving ("resent": an attempt libcurl sent again itself after a reused
@@ -94,6 +103,8 @@ struct idem_metrics_s {
     _Atomic uint64_t retries;
     _Atomic uint64_t redis_errors[REDIS_CLASS_CNT];
     _Atomic uint64_t redis_behind;
+    _Atomic uint64_t aof_rewrites[AOF_REWRITE_RESULT_CNT];
+    _Atomic uint64_t mismatches[MISMATCH_REASON_CNT];
     _Atomic int64_t redis_eviction_allowed;
     _Atomic uint64_t commits_ok;
     _Atomic uint64_t commits_error;
@@ -202,6 +213,10 @@ idem_metrics_t *idem_metrics_new(void)
     for (int i = 0; i < REDIS_CLASS_CNT; i++)
         atomic_init(&m->redis_errors[i], 0);
     atomic_init(&m->redis_behind, 0);
+    for (int i = 0; i < AOF_REWRITE_RESULT_CNT; i++)
+        atomic_init(&m->aof_rewrites[i], 0);
+    for (int i = 0; i < MISMATCH_REASON_CNT; i++)
+        atomic_init(&m->mismatches[i], 0);
     atomic_init(&m->redis_eviction_allowed, 0);
     atomic_init(&m->commits_ok, 0);
     atomic_init(&m->commits_error, 0);
@@ -316,6 +331,20 @@ void idem_metrics_redis_error_add(idem_metrics_t *m, const char *cls,
 void idem_metrics_redis_behind_add(idem_metrics_t *m, uint64_t n)
 {
     counter_add(&m->redis_behind, n);
+}
+
+void idem_metrics_redis_aof_rewrite_add(idem_metrics_t *m, const char *result)
+{
+    for (int i = 0; i < AOF_REWRITE_RESULT_CNT; i++)
+        if (result && !strcmp(result, aof_rewrite_results[i]))
+            counter_add(&m->aof_rewrites[i], 1);
+}
+
+void idem_metrics_position_mismatch_add(idem_metrics_t *m, const char *reason)
+{
+    for (int i = 0; i < MISMATCH_REASON_CNT; i++)
+        if (reason && !strcmp(reason, idem_metrics_mismatch_reasons[i]))
+            counter_add(&m->mismatches[i], 1);
 }
 
 void idem_metrics_redis_eviction_set(idem_metrics_t *m, int allowed)
@@ -968,6 +997,21 @@ void idem_metrics_render(idem_metrics_t *m, FILE *out)
                "writes); the member rewound them.");
     put_u64(out, "idemproc_redis_position_behind_total", NULL, NULL,
             counter_get(&m->redis_behind));
+    put_header(out, "idemproc_redis_aof_rewrites_total", "counter",
+               "AOF rewrites a member waited for before its first write to "
+               "a new Redis server, by result (refused: BGREWRITEAOF was "
+               "refused; the member writes nothing to that server).");
+    for (int i = 0; i < AOF_REWRITE_RESULT_CNT; i++)
+        put_u64(out, "idemproc_redis_aof_rewrites_total", "result",
+                aof_rewrite_results[i], counter_get(&m->aof_rewrites[i]));
+    put_header(out, "idemproc_position_mismatch_total", "counter",
+               "Positions in Redis never used because they belong to "
+               "another Kafka cluster (cluster), another incarnation of the "
+               "topic (record) or lie past the partition's end (past-end).");
+    for (int i = 0; i < MISMATCH_REASON_CNT; i++)
+        put_u64(out, "idemproc_position_mismatch_total", "reason",
+                idem_metrics_mismatch_reasons[i],
+                counter_get(&m->mismatches[i]));
     put_header(out, "idemproc_redis_eviction_allowed", "gauge",
                "1 while the member runs against an evicting "
                "maxmemory-policy because redis.allow.eviction=true.");

@@ -32,6 +32,14 @@ void idem_metrics_redis_error_add(idem_metrics_t *m, const char *cls,
 /* Redis held a partition's position behind Kafka's committed offset: it
  * went back in time (lost writes, a lagging replica promoted). */
 void idem_metrics_redis_behind_add(idem_metrics_t *m, uint64_t n);
+/* result: "ok" (a rewrite the member waited for ended ok), "failed" (it
+ * ended with an error) or "refused" (BGREWRITEAOF refused); others are
+ * ignored (idemproc_redis_aof_rewrites_total{result}). */
+void idem_metrics_redis_aof_rewrite_add(idem_metrics_t *m, const char *result);
+/* A position in Redis not used (idemproc_position_mismatch_total{reason}):
+ * reason one of idem_metrics_mismatch_reasons (borrowed). */
+extern const char *const idem_metrics_mismatch_reasons[];
+void idem_metrics_position_mismatch_add(idem_metrics_t *m, const char *reason);
 /* ok: 1 for a successful commit, 0 for a failed one. Also records the time
  * of the last successful commit (idemproc_last_commit_timestamp_seconds). */
 void idem_metrics_commit_add(idem_metrics_t *m, int ok);

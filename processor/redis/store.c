@@ -3,6 +3,7 @@
  * the reads verify needs. A redisReply never leaves this module. */
 #include "redis/store.h"
 #include "base/log.h"
+#include "redis/aofgate.h"
 #include "redis/redisconn.h"
 #include "base/util.h"
 
@@ -193,17 +194,22 @@ struct idem_store_s {
     int64_t sent_at_us;
     char pos_key[512];   /* <prefix>pos:<group.id> */
     char (*fields)[320]; /* "<topic>:<partition>" scratch */
-    char (*offs)[24];    /* offsets as text scratch */
+    char (*offs)[160];   /* values (posval.h) as text scratch */
     size_t fields_cap;
-    char wait_replicas[24]; /* redis.wait.replicas as text */
-    char wait_timeout[24];  /* redis.wait.timeout.ms as text */
-    char run_id[48];        /* the server's, from INFO at connect */
-    uint64_t connections;   /* successful connects so far */
-    int64_t checked_ms;     /* last maxmemory-policy check */
-    char policy[64];        /* maxmemory-policy seen last */
-    char refused[512];      /* the server's configuration is unsafe */
-    int guard;              /* refuse an evicting maxmemory-policy */
-    int replica_ok;         /* a reader: a replica will do */
+    char wait_replicas[24];  /* redis.wait.replicas as text */
+    char wait_timeout[24];   /* redis.wait.timeout.ms as text */
+    char run_id[48];         /* the server's, from INFO at connect */
+    uint64_t connections;    /* successful connects so far */
+    int64_t checked_ms;      /* last maxmemory-policy check */
+    char policy[64];         /* maxmemory-policy seen last */
+    char refused[512];       /* the server's configuration is unsafe */
+    int guard;               /* refuse an evicting maxmemory-policy */
+    int guard_aof;           /* no write before an AOF rewrite on a new
+                                server (idem_store_guard_aof) */
+    idem_aofgate_t gate;     /* which server writes are allowed on */
+    idem_aofgate_info_t aof; /* its INFO persistence, last read */
+    char aof_said[48];       /* the run_id the gate's wait was logged for */
+    int replica_ok;          /* a reader: a replica will do */
 };
 
 idem_store_t *idem_store_new(const idem_conf_t *conf, idem_metrics_t *m)
@@ -397,6 +403,7 @@ static int store_check_server(idem_store_t *s, char *errstr, size_t errstr_size)
     char policy[64];
     info_field(r->str, "run_id", s->run_id, sizeof(s->run_id));
     info_field(r->str, "maxmemory_policy", policy, sizeof(policy));
+    idem_aofgate_info_parse(r->str, &s->aof);
     freeReplyObject(r);
     s->checked_ms = idem_now_ms();
     int unsafe = s->guard && policy[0] && strcmp(policy, "noeviction");
@@ -426,6 +433,138 @@ static int store_check_server(idem_store_t *s, char *errstr, size_t errstr_size)
 void idem_store_guard_eviction(idem_store_t *s)
 {
     s->guard = 1;
+}
+
+void idem_store_guard_aof(idem_store_t *s)
+{
+    s->guard_aof = 1;
+}
+
+/* Reads INFO persistence into s->aof. 0, or -1 (connection dropped). */
+static int aof_info_read(idem_store_t *s, char *errstr, size_t errstr_size)
+{
+    const char *argv[] = {"INFO", "persistence"};
+    redisReply *r = store_command(s, errstr, errstr_size, 2, argv, NULL);
+    if (!r)
+        return -1;
+    if (r->type != REDIS_REPLY_STRING && r->type != REDIS_REPLY_STATUS) {
+        freeReplyObject(r);
+        return store_fail(s, errstr, errstr_size, "INFO", "unexpected reply");
+    }
+    idem_aofgate_info_parse(r->str, &s->aof);
+    freeReplyObject(r);
+    return 0;
+}
+
+/* Sends BGREWRITEAOF and gives its answer to the gate. Returns the gate's
+ * verdict, or -1 when the connection failed (errstr). */
+static int aof_rewrite_ask(idem_store_t *s, char *errstr, size_t errstr_size)
+{
+    const char *argv[] = {"BGREWRITEAOF"};
+    redisReply *r = redisCommandArgv(s->c, 1, argv, NULL);
+    if (!r)
+        return store_io_fail(s, errstr, errstr_size, "BGREWRITEAOF");
+    char said[256] = "";
+    if (r->str)
+        snprintf(said, sizeof(said), "%s", r->str);
+    int is_error = r->type == REDIS_REPLY_ERROR;
+    freeReplyObject(r);
+    idem_aofgate_action_t a = idem_aofgate_reply(&s->gate, said, is_error);
+    if (a == IDEM_AOFGATE_REFUSED) {
+        if (s->metrics)
+            idem_metrics_redis_aof_rewrite_add(s->metrics, "refused");
+        idem_log_kv(IDEM_LOG_ERROR,
+                    "redis refused BGREWRITEAOF: no write before the AOF is "
+                    "rewritten (a cut AOF may hold half a transaction that "
+                    "Redis would replay twice). Fix: allow +bgrewriteaof "
+                    "+info (ACL), or set redis.aof.rewrite=false to accept "
+                    "that risk",
+                    "run_id", s->run_id, "error", said, NULL);
+        snprintf(errstr, errstr_size,
+                 "redis: BGREWRITEAOF refused (%s): writes wait for an AOF "
+                 "rewrite (redis.aof.rewrite)",
+                 said);
+    }
+    return (int)a;
+}
+
+/* How long one call may wait for a rewrite to end before it reports the
+ * wait as an outage (the loop backs off and asks again). */
+#define AOF_WAIT_STEP_MS 20
+#define AOF_WAIT_CALL_MS 500
+
+/* Whether the member may write to the server connected: with
+ * redis.aof.rewrite (run), only once an AOF rewrite that began after the
+ * server's load has ended ok (aofgate.h). Asks for the rewrite and waits up
+ * to AOF_WAIT_CALL_MS for it. Returns 0, or -1 with errstr (retriable:
+ * class "aofrewrite"; the connection is kept unless it failed). */
+static int store_writable(idem_store_t *s, char *errstr, size_t errstr_size)
+{
+    if (!s->guard_aof) {
+        if (s->guard && s->aof.aof_enabled && strcmp(s->aof_said, s->run_id)) {
+            snprintf(s->aof_said, sizeof(s->aof_said), "%s", s->run_id);
+            idem_log_kv(IDEM_LOG_WARN,
+                        "redis.aof.rewrite=false: writing to a new redis "
+                        "server with AOF on without rewriting its AOF first "
+                        "(a cut AOF may hold half a transaction that Redis "
+                        "7.0 replays twice at a later load)",
+                        "run_id", s->run_id, NULL);
+        }
+        return 0;
+    }
+    if (idem_aofgate_open(&s->gate, s->run_id))
+        return 0;
+    int64_t until = idem_now_ms() + AOF_WAIT_CALL_MS;
+    int asked = 0; /* one BGREWRITEAOF per call: a rewrite that fails at
+                      once is asked again after the loop's backoff */
+    for (;;) {
+        idem_aofgate_action_t a =
+            idem_aofgate_step(&s->gate, s->run_id, &s->aof);
+        if (a == IDEM_AOFGATE_OPEN) {
+            if (s->gate.requested) {
+                if (s->metrics)
+                    idem_metrics_redis_aof_rewrite_add(s->metrics, "ok");
+                idem_log_kv(IDEM_LOG_INFO,
+                            "redis AOF rewritten: writing to this server",
+                            "run_id", s->run_id, NULL);
+            }
+            return 0;
+        }
+        if (a == IDEM_AOFGATE_REWRITE && asked)
+            break;
+        if (a == IDEM_AOFGATE_REWRITE) {
+            asked = 1;
+            if (s->gate.requested == 0 && s->gate.rewrites > 0 && s->metrics)
+                idem_metrics_redis_aof_rewrite_add(s->metrics, "failed");
+            if (strcmp(s->aof_said, s->run_id)) {
+                snprintf(s->aof_said, sizeof(s->aof_said), "%s", s->run_id);
+                idem_log_kv(IDEM_LOG_WARN,
+                            "new redis server with AOF on: rewriting its AOF "
+                            "(BGREWRITEAOF) before the first write",
+                            "run_id", s->run_id, NULL);
+            }
+            int v = aof_rewrite_ask(s, errstr, errstr_size);
+            if (v < 0)
+                return -1;
+            if (v == IDEM_AOFGATE_REFUSED) {
+                if (s->metrics)
+                    idem_metrics_redis_error_add(s->metrics, "aofrewrite", 1);
+                return -1;
+            }
+        }
+        if (idem_now_ms() >= until)
+            break;
+        idem_sleep_ms(AOF_WAIT_STEP_MS, NULL);
+        if (aof_info_read(s, errstr, errstr_size))
+            return -1;
+    }
+    if (s->metrics)
+        idem_metrics_redis_error_add(s->metrics, "aofrewrite", 1);
+    snprintf(errstr, errstr_size,
+             "redis: waiting for the AOF rewrite (BGREWRITEAOF) before the "
+             "first write to this server (run_id %s)",
+             s->run_id);
+    return -1;
 }
 
 int idem_store_refused(const idem_store_t *s, char *errstr, size_t errstr_size)
@@ -647,8 +786,11 @@ static void req_command(idem_store_t *s, size_t argc, const char *const *argv,
 /* Appends every chunk of the records as an EVALSHA call and writes them
  * all out (one pipeline, one round trip); the replies are read by
  * store_recv. Returns 0, or -1 (the connection is dropped). */
-/* Fills the scratch fields and offsets of pos[n] (offsets as text). */
-static void pos_text(idem_store_t *s, const idem_store_pos_t *pos, size_t n)
+/* Fills the scratch fields of pos[n] ("<topic>:<partition>") and, with
+ * values (a save), their values as text (posval.h); a load reads only the
+ * fields (its values are what it fills in). */
+static void pos_text(idem_store_t *s, const idem_store_pos_t *pos, size_t n,
+                     int values)
 {
     if (s->fields_cap < n) {
         s->fields = idem_xrealloc(s->fields, n * sizeof(*s->fields));
@@ -658,7 +800,9 @@ static void pos_text(idem_store_t *s, const idem_store_pos_t *pos, size_t n)
     for (size_t i = 0; i < n; i++) {
         snprintf(s->fields[i], sizeof(s->fields[i]), "%s:%" PRId32,
                  pos[i].topic, pos[i].partition);
-        snprintf(s->offs[i], sizeof(s->offs[i]), "%" PRId64, pos[i].offset);
+        if (values && !idem_posval_format(s->offs[i], sizeof(s->offs[i]),
+                                          pos[i].offset, &pos[i].val))
+            snprintf(s->offs[i], sizeof(s->offs[i]), "%" PRId64, pos[i].offset);
     }
 }
 
@@ -666,7 +810,7 @@ static void pos_text(idem_store_t *s, const idem_store_pos_t *pos, size_t n)
 static void append_positions(idem_store_t *s, const idem_store_pos_t *pos,
                              size_t n)
 {
-    pos_text(s, pos, n);
+    pos_text(s, pos, n, 1);
     argv_reserve(s, 2 + 2 * n);
     size_t a = 0;
     s->argv[a++] = "HSET";
@@ -723,7 +867,8 @@ static int store_send(idem_store_t *s, int script, const char *arg3,
         snprintf(errstr, errstr_size, "redis: a request is still in flight");
         return -1;
     }
-    if (idem_store_connect(s, errstr, errstr_size))
+    if (idem_store_connect(s, errstr, errstr_size) ||
+        store_writable(s, errstr, errstr_size))
         return -1;
     if (script == SCRIPT_LEDGER && s->nums_cap < n) {
         s->nums = idem_xrealloc(s->nums, n * sizeof(*s->nums));
@@ -1000,7 +1145,8 @@ int idem_store_positions_save(idem_store_t *s, const idem_store_pos_t *pos,
         snprintf(errstr, errstr_size, "redis: a request is still in flight");
         return -1;
     }
-    if (idem_store_connect(s, errstr, errstr_size))
+    if (idem_store_connect(s, errstr, errstr_size) ||
+        store_writable(s, errstr, errstr_size))
         return -1;
     s->req_len = 0;
     append_positions(s, pos, n);
@@ -1030,7 +1176,7 @@ int idem_store_positions_load(idem_store_t *s, idem_store_pos_t *pos, size_t n,
     }
     if (idem_store_connect(s, errstr, errstr_size))
         return -1;
-    pos_text(s, pos, n);
+    pos_text(s, pos, n, 0);
     argv_reserve(s, 2 + n);
     s->argv[0] = "HMGET";
     s->argv[1] = s->pos_key;
@@ -1046,8 +1192,15 @@ int idem_store_positions_load(idem_store_t *s, idem_store_pos_t *pos, size_t n,
     }
     for (size_t i = 0; i < n; i++) {
         redisReply *e = r->element[i];
-        pos[i].offset =
-            e->type == REDIS_REPLY_STRING ? strtoll(e->str, NULL, 10) : -1;
+        pos[i].offset = -1;
+        idem_posval_init(&pos[i].val, NULL);
+        if (e->type != REDIS_REPLY_STRING)
+            continue;
+        if (idem_posval_parse(e->str, e->len, &pos[i].offset, &pos[i].val)) {
+            pos[i].offset = -1;
+            idem_log_kv(IDEM_LOG_WARN, "unreadable position in redis: not used",
+                        "field", s->fields[i], "value", e->str, NULL);
+        }
     }
     freeReplyObject(r);
     return 0;

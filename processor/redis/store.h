@@ -10,6 +10,7 @@
 #include "conf/conf.h"
 #include "input/envelope.h"
 #include "obs/metrics.h"
+#include "redis/posval.h"
 
 typedef struct idem_store_s idem_store_t;
 
@@ -32,12 +33,14 @@ typedef struct {
 } idem_store_result_t;
 
 /* One partition's position: the next offset to read, everything below it
- * finished. Kept in the hash <prefix>pos:<group.id>, field
- * "<topic>:<partition>" (docs/design.md, "Positions in Redis"). */
+ * finished, with the Kafka cluster and a record it belongs to (posval.h).
+ * Kept in the hash <prefix>pos:<group.id>, field "<topic>:<partition>"
+ * (docs/design.md, "Positions in Redis"). */
 typedef struct {
     const char *topic; /* borrowed */
     int32_t partition;
-    int64_t offset; /* -1: Redis holds none (positions_load) */
+    int64_t offset;    /* -1: Redis holds none (positions_load) */
+    idem_posval_t val; /* what it belongs to (saved with it, loaded back) */
 } idem_store_pos_t;
 
 /* A new store for conf (borrowed; must outlive the store). m may be NULL.
@@ -57,6 +60,15 @@ void idem_store_disconnect(idem_store_t *s);
 /* Makes every connect check the server's maxmemory-policy (`run` does;
  * readers such as verify do not need to). */
 void idem_store_guard_eviction(idem_store_t *s);
+
+/* Makes every write wait, on a server (run_id) not written to yet, for an
+ * AOF rewrite that began after the server loaded its data (`run` does,
+ * unless redis.aof.rewrite=false): Redis 7.0 can keep half a MULTI/EXEC in
+ * an AOF cut by a host crash and replay it with the next transaction at the
+ * next load (redis/aofgate.h). The store sends BGREWRITEAOF (or waits for
+ * one that runs); until it ended ok, writes fail as an outage of class
+ * "aofrewrite" and reads go on. */
+void idem_store_guard_aof(idem_store_t *s);
 
 /* 1 (and the reason in errstr) once a server was refused because its
  * maxmemory-policy may evict keys and redis.allow.eviction is false: fatal,
@@ -91,7 +103,8 @@ int idem_store_positions_save(idem_store_t *s, const idem_store_pos_t *pos,
                               size_t n, char *errstr, size_t errstr_size);
 
 /* Reads the positions of pos[n] (topic and partition set by the caller)
- * into pos[i].offset, -1 where Redis holds none. 0, or -1 (retriable). */
+ * into pos[i].offset and .val, offset -1 where Redis holds none (or a value
+ * it cannot read, which is logged). 0, or -1 (retriable). */
 int idem_store_positions_load(idem_store_t *s, idem_store_pos_t *pos, size_t n,
                               char *errstr, size_t errstr_size);
 

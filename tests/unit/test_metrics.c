@@ -82,6 +82,16 @@ Test(metrics, every_labelled_counter_starts_at_zero)
         expect_line(t, line);
     }
     expect_line(t, "idemproc_redis_position_behind_total 0");
+    expect_line(t, "idemproc_redis_aof_rewrites_total{result=\"ok\"} 0");
+    expect_line(t, "idemproc_redis_aof_rewrites_total{result=\"failed\"} 0");
+    expect_line(t, "idemproc_redis_aof_rewrites_total{result=\"refused\"} 0");
+    for (int i = 0; idem_metrics_mismatch_reasons[i]; i++) {
+        char line[128];
+        snprintf(line, sizeof(line),
+                 "idemproc_position_mismatch_total{reason=\"%s\"} 0",
+                 idem_metrics_mismatch_reasons[i]);
+        expect_line(t, line);
+    }
     expect_line(t, "idemproc_redis_eviction_allowed 0");
     expect_line(t, "idemproc_commits_total{result=\"ok\"} 0");
     expect_line(t, "idemproc_commits_total{result=\"error\"} 0");
@@ -121,6 +131,14 @@ Test(metrics, counters_render_exact_values)
     idem_metrics_redis_error_add(m, "oom", 3);
     idem_metrics_redis_error_add(m, "no-such-class", 1);
     idem_metrics_redis_behind_add(m, 2);
+    idem_metrics_redis_aof_rewrite_add(m, "ok");
+    idem_metrics_redis_aof_rewrite_add(m, "refused");
+    idem_metrics_redis_aof_rewrite_add(m, "refused");
+    idem_metrics_redis_aof_rewrite_add(m, "bogus"); /* ignored */
+    idem_metrics_position_mismatch_add(m, "cluster");
+    idem_metrics_position_mismatch_add(m, "past-end");
+    idem_metrics_position_mismatch_add(m, NULL); /* ignored */
+    idem_metrics_redis_error_add(m, "aofrewrite", 4);
     idem_metrics_redis_eviction_set(m, 1);
     idem_metrics_commit_add(m, 1);
     idem_metrics_commit_add(m, 1);
@@ -148,6 +166,13 @@ Test(metrics, counters_render_exact_values)
     expect_line(t, "idemproc_redis_errors_total{class=\"other\"} 1");
     expect_line(t, "idemproc_redis_errors_total{class=\"timeout\"} 0");
     expect_line(t, "idemproc_redis_position_behind_total 2");
+    expect_line(t, "idemproc_redis_aof_rewrites_total{result=\"ok\"} 1");
+    expect_line(t, "idemproc_redis_aof_rewrites_total{result=\"failed\"} 0");
+    expect_line(t, "idemproc_redis_aof_rewrites_total{result=\"refused\"} 2");
+    expect_line(t, "idemproc_position_mismatch_total{reason=\"cluster\"} 1");
+    expect_line(t, "idemproc_position_mismatch_total{reason=\"record\"} 0");
+    expect_line(t, "idemproc_position_mismatch_total{reason=\"past-end\"} 1");
+    expect_line(t, "idemproc_redis_errors_total{class=\"aofrewrite\"} 4");
     expect_line(t, "idemproc_redis_eviction_allowed 1");
     expect_line(t, "idemproc_commits_total{result=\"ok\"} 2");
     expect_line(t, "idemproc_commits_total{result=\"error\"} 1");

@@ -81,12 +81,12 @@ Test(offsets, positions_due_and_commit_list)
     idem_part_t *a = idem_offsets_add(&o, "t", 0);
     idem_part_t *b = idem_offsets_add(&o, "t", 1);
     idem_store_pos_t pos[2];
-    cr_expect_eq(idem_offsets_positions_due(&o, NULL, pos), 0);
+    cr_expect_eq(idem_offsets_positions_due(&o, NULL, NULL, pos), 0);
     cr_expect_null(idem_offsets_commit_list(&o, NULL, 0));
     a->next_offset = 10;
     b->next_offset = 4;
     b->saved = 4; /* Redis has it already */
-    cr_assert_eq(idem_offsets_positions_due(&o, NULL, pos), 1);
+    cr_assert_eq(idem_offsets_positions_due(&o, NULL, NULL, pos), 1);
     cr_expect_eq(pos[0].partition, 0);
     cr_expect_eq(pos[0].offset, 10);
     a->saved = 10;
@@ -107,10 +107,37 @@ Test(offsets, positions_due_and_commit_list)
     b->next_offset = 6;
     rd_kafka_topic_partition_list_t *sub = rd_kafka_topic_partition_list_new(1);
     rd_kafka_topic_partition_list_add(sub, "t", 1);
-    cr_assert_eq(idem_offsets_positions_due(&o, sub, pos), 1);
+    cr_assert_eq(idem_offsets_positions_due(&o, sub, NULL, pos), 1);
     cr_expect_eq(pos[0].partition, 1);
     cr_expect_eq(pos[0].offset, 6);
     rd_kafka_topic_partition_list_destroy(sub);
+    idem_offsets_term(&o);
+}
+
+/* A due position carries the cluster id and the record just below it (the
+ * one that moved the prefix there), never a record at or past it. */
+Test(offsets, positions_carry_cluster_and_record)
+{
+    idem_offsets_t o;
+    idem_offsets_init(&o);
+    idem_part_t *a = idem_offsets_add(&o, "t", 0);
+    cr_expect_eq(a->start, -1);
+    cr_expect_eq(a->fp.offset, -1);
+    a->next_offset = 10;
+    a->fp.offset = 9;
+    a->fp.timestamp = 1234;
+    a->fp.hash = 0xabcdef;
+    idem_store_pos_t pos[1];
+    cr_assert_eq(idem_offsets_positions_due(&o, NULL, "C1", pos), 1);
+    cr_expect_str_eq(pos[0].val.cluster, "C1");
+    cr_expect_eq(pos[0].val.rec.offset, 9);
+    cr_expect_eq(pos[0].val.rec.timestamp, 1234);
+    cr_expect_eq(pos[0].val.rec.hash, 0xabcdef);
+    /* A record not below the position (a rewind moved it back): none. */
+    a->next_offset = 5;
+    cr_assert_eq(idem_offsets_positions_due(&o, NULL, NULL, pos), 1);
+    cr_expect_str_eq(pos[0].val.cluster, "");
+    cr_expect_eq(pos[0].val.rec.offset, -1);
     idem_offsets_term(&o);
 }
 
