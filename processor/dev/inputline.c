@@ -24,6 +24,11 @@ void idem_inputline_term(idem_inputline_t *il)
     memset(il, 0, sizeof(*il));
 }
 
+void idem_inputline_fast(idem_inputline_t *il, int on)
+{
+    il->jansson_only = !on;
+}
+
 /* Room for three strings of at most len bytes each, integers as text and
  * their NULs: no string decodes longer than its line. */
 static void reserve(idem_inputline_t *il, size_t len)
@@ -124,9 +129,11 @@ void idem_inputline_read(idem_inputline_t *il, const char *line, size_t len,
 {
     char *buf = il->buf;
     size_t cap = il->cap;
+    int jansson_only = il->jansson_only;
     memset(il, 0, sizeof(*il));
     il->buf = buf;
     il->cap = cap;
+    il->jansson_only = jansson_only;
     reserve(il, len);
 
     idem_envscan_step_t steps[F_MAX] = {{"message_id", 10, -1},
@@ -144,7 +151,8 @@ void idem_inputline_read(idem_inputline_t *il, const char *line, size_t len,
         nsteps++;
     }
     char *at = il->buf;
-    if (read_scan(il, line, len, steps, nsteps, out, &at) == 0) {
+    if (!il->jansson_only &&
+        read_scan(il, line, len, steps, nsteps, out, &at) == 0) {
         il->scanned = 1;
         if (key_is_mid)
             out[F_KEY] = out[F_MID];
