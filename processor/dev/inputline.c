@@ -7,6 +7,7 @@
 
 #include <inttypes.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <jansson.h>
@@ -102,14 +103,44 @@ static const char *member_text(json_t *obj, const char *name, char **at)
     return s;
 }
 
-static void read_jansson(idem_inputline_t *il, const char *line, size_t len,
-                         const char *key_field, const char **out, char **at)
+/* The line as jansson reads it (JSON_DECODE_ANY), or NULL. An integer
+ * beyond 64 bits is JSON too but no key or id, like the scan has it; yet
+ * jansson reads one only with JSON_DECODE_INT_AS_REAL, which makes every
+ * integer of the line a real (no id). So each such literal alone is
+ * blanked to the real 0.0 in a copy of the line, read again. */
+static json_t *load_line(const char *line, size_t len)
 {
     json_error_t jerr;
     json_t *doc = json_loadb(line, len, JSON_DECODE_ANY, &jerr);
-    if (!doc && json_error_code(&jerr) == json_error_numeric_overflow)
-        doc = json_loadb(line, len, JSON_DECODE_ANY | JSON_DECODE_INT_AS_REAL,
-                         &jerr);
+    char *copy = NULL;
+    while (!doc && json_error_code(&jerr) == json_error_numeric_overflow) {
+        size_t end = (size_t)jerr.position, start = end;
+        if (end > len)
+            break;
+        if (!copy) {
+            copy = idem_xmalloc(len);
+            memcpy(copy, line, len);
+        }
+        while (start > 0 && copy[start - 1] >= '0' && copy[start - 1] <= '9')
+            start--;
+        if (start > 0 && copy[start - 1] == '-')
+            start--;
+        /* a real's overflow (1e999) stays an error, as it was */
+        if (end - start < 19 ||
+            (start > 0 && memchr(".eE+", copy[start - 1], 4)))
+            break;
+        memset(copy + start, ' ', end - start);
+        memcpy(copy + start, "0.0", 3);
+        doc = json_loadb(copy, len, JSON_DECODE_ANY, &jerr);
+    }
+    free(copy);
+    return doc;
+}
+
+static void read_jansson(idem_inputline_t *il, const char *line, size_t len,
+                         const char *key_field, const char **out, char **at)
+{
+    json_t *doc = load_line(line, len);
     if (!doc)
         return;
     il->json = 1;

@@ -148,6 +148,74 @@ ParameterizedTest(size_t *i, inputline, reads_like_jansson)
     expect_both_paths_agree(c->line, c->key_field);
 }
 
+/* Values a member may hold: the ones the scan reads itself and the ones
+ * it must leave to jansson, side by side. */
+static const char *const member_values[] = {
+    "\"s\"",
+    "\"\"",
+    "\"a\\\"b\\\\c\\/d\\n\\t\"",
+    "\"\\u0041\"",
+    "\"\xc3\xa9\"",
+    "\"\xff\"",
+    "0",
+    "7",
+    "-7",
+    "-0",
+    "007",
+    "123456789012345678",
+    "1234567890123456789",
+    "-1234567890123456789",
+    "12345678901234567890123",
+    "1.5",
+    "1.0",
+    "1e3",
+    "-1E-2",
+    "null",
+    "true",
+    "false",
+    "{}",
+    "{\"message_id\":\"inner\"}",
+    "[1,\"x\"]",
+};
+#define NVALUES (sizeof(member_values) / sizeof(member_values[0]))
+
+/* Lines made of those values under the members the reader looks at (and
+ * one it does not), in two orders, with a duplicate, with blanks, and cut
+ * short; every one read both ways. The scan must serve a good share of
+ * them, or the comparison proves nothing about it. */
+Test(inputline, both_paths_agree_on_generated_lines)
+{
+    static const char *const key_fields[] = {"order_id", "message_id",
+                                             "idempotency_key", "a/b", NULL};
+    static const char *const shapes[] = {
+        "{\"message_id\":%s,\"idempotency_key\":%s,\"order_id\":%s}",
+        "{ \"order_id\" : %s , \"x\":[{}], \"idempotency_key\":%s,"
+        "\"message_id\":%s }",
+        "{\"order_id\":%s,\"message_id\":%s,\"message_id\":%s}",
+        "{\"a/b\":%s,\"a\\/b\":%s,\"idempotency_key\":%s}",
+        "\t{\"message_id\":%s,\"order_id\":%s,\"n\":%s",
+    };
+    size_t lines = 0, scanned = 0;
+    char line[512];
+    for (size_t s = 0; s < sizeof(shapes) / sizeof(shapes[0]); s++)
+        for (size_t i = 0; i < NVALUES; i++)
+            for (size_t j = 0; j < NVALUES; j += 3)
+                for (size_t k = 0; k < sizeof(key_fields) / sizeof(*key_fields);
+                     k++) {
+                    /* the third value turns with the first, so each value
+                     * meets each position */
+                    const char *v3 = member_values[(i + j + 1) % NVALUES];
+                    snprintf(line, sizeof(line), shapes[s], member_values[i],
+                             member_values[j], v3);
+                    scanned +=
+                        (size_t)expect_both_paths_agree(line, key_fields[k]);
+                    lines++;
+                }
+    cr_expect_gt(scanned, lines / 20, "the scan served %zu of %zu lines",
+                 scanned, lines);
+    cr_expect_lt(scanned, lines, "jansson read none of %zu lines", lines);
+}
+
 /* One reader serves lines of any length one after another; a line's
  * strings stay whole however long they are. */
 Test(inputline, long_lines_after_short_ones)
