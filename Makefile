@@ -202,13 +202,10 @@ $(ABI_PLUGINS): $(BUILD)/tplugins/%.so: $(ABI_PLUGIN_SRC) | deps-check $(BUILD)/
 $(BIN): $(OBJS)
 	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS_ALL)
 
-$(BUILD)/idemproc-unit: $(call tobjs,$(TIER_SRCS_unit)) $(LIB_OBJS)
-	$(CC) $(LDFLAGS) -o $@ $^ $(TEST_LIBS) $(LDLIBS_ALL)
-
-$(BUILD)/idemproc-it: $(call tobjs,$(TIER_SRCS_it)) $(LIB_OBJS)
-	$(CC) $(LDFLAGS) -o $@ $^ $(TEST_LIBS) $(LDLIBS_ALL)
-
-$(BUILD)/idemproc-e2e: $(call tobjs,$(TIER_SRCS_e2e)) $(LIB_OBJS)
+# A tier's binary: its own objects (TIER_SRCS_<tier>) and the library.
+$(foreach t,$(TIERS),$(eval $(BUILD)/idemproc-$(t): \
+    $(call tobjs,$(TIER_SRCS_$(t)))))
+$(TIER_BINS): $(LIB_OBJS)
 	$(CC) $(LDFLAGS) -o $@ $^ $(TEST_LIBS) $(LDLIBS_ALL)
 
 FORMAT_SRCS = $(wildcard $(SRC_DIRS:%=%/*.[ch]) processor/include/*/*.h) \

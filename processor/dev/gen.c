@@ -177,19 +177,17 @@ static void sbuf_puts(sbuf_t *b, const char *s)
     b->len += n;
 }
 
-/* Appends v in decimal, at least `digits` digits (zero-padded). */
-static void sbuf_putint(sbuf_t *b, int64_t v, int digits)
+/* Appends v in decimal, at least `digits` digits (zero-padded). The
+ * payment's numbers (user, cents) are never negative. */
+static void sbuf_putuint(sbuf_t *b, uint64_t v, int digits)
 {
     char t[24];
     int n = 0;
-    uint64_t u = v < 0 ? (uint64_t)0 - (uint64_t)v : (uint64_t)v;
     do {
-        t[n++] = (char)('0' + u % 10);
-        u /= 10;
-    } while (u || n < digits);
-    sbuf_reserve(b, (size_t)n + 1);
-    if (v < 0)
-        b->buf[b->len++] = '-';
+        t[n++] = (char)('0' + v % 10);
+        v /= 10;
+    } while (v || n < digits);
+    sbuf_reserve(b, (size_t)n);
     while (n)
         b->buf[b->len++] = t[--n];
     b->buf[b->len] = '\0';
@@ -427,16 +425,16 @@ static void payment_json_open(sbuf_t *b, const payment_t *p,
     sbuf_puts(b, "\",");
     if (!(flags & PAY_NO_USER)) {
         sbuf_puts(b, "\"user_id\":\"user-");
-        sbuf_putint(b, p->user, 1);
+        sbuf_putuint(b, (uint64_t)p->user, 1);
         sbuf_puts(b, "\",");
     }
     sbuf_puts(b, "\"amount\":");
     if (flags & PAY_AMOUNT_RAW) {
         sbuf_puts(b, amount);
     } else {
-        sbuf_putint(b, p->cents / 100, 1);
+        sbuf_putuint(b, (uint64_t)(p->cents / 100), 1);
         sbuf_puts(b, ".");
-        sbuf_putint(b, p->cents % 100, 2);
+        sbuf_putuint(b, (uint64_t)(p->cents % 100), 2);
     }
     sbuf_puts(b, ",\"currency\":\"");
     sbuf_puts(b, currency ? currency : p->currency);
@@ -456,6 +454,11 @@ static void record_headers(idem_gen_t *g, idem_gen_record_t *rec,
     snprintf(g->hdr_ikey, sizeof(g->hdr_ikey), "payment-%s", p->order_id);
     rec->hdr_message_id = g->hdr_mid;
     rec->hdr_idempotency_key = g->hdr_ikey;
+    /* The key is the order_id, also of a record sent without these
+     * headers (poison without identity). */
+    rec->key_len = strlen(p->order_id);
+    memcpy(g->key, p->order_id, rec->key_len + 1);
+    rec->key = g->key;
 }
 
 /* Builds poison number k (reasons cycle too-large, not-json, not-object,
@@ -650,10 +653,6 @@ int idem_gen_next(idem_gen_t *gen, idem_gen_record_t *rec)
     } else {
         return 0;
     }
-    /* The key is the order_id: it is the text after "payment-". */
-    snprintf(gen->key, sizeof(gen->key), "%s", gen->hdr_ikey + 8);
-    rec->key = gen->key;
-    rec->key_len = strlen(gen->key);
     rec->value = gen->value.buf;
     rec->value_len = gen->value.len;
     rec->index = gen->index++;

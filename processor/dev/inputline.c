@@ -7,6 +7,7 @@
 
 #include <inttypes.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <jansson.h>
@@ -22,6 +23,11 @@ void idem_inputline_term(idem_inputline_t *il)
 {
     free(il->buf);
     memset(il, 0, sizeof(*il));
+}
+
+void idem_inputline_fast(idem_inputline_t *il, int on)
+{
+    il->jansson_only = !on;
 }
 
 /* Room for three strings of at most len bytes each, integers as text and
@@ -97,14 +103,44 @@ static const char *member_text(json_t *obj, const char *name, char **at)
     return s;
 }
 
-static void read_jansson(idem_inputline_t *il, const char *line, size_t len,
-                         const char *key_field, const char **out, char **at)
+/* The line as jansson reads it (JSON_DECODE_ANY), or NULL. An integer
+ * beyond 64 bits is JSON too but no key or id, like the scan has it; yet
+ * jansson reads one only with JSON_DECODE_INT_AS_REAL, which makes every
+ * integer of the line a real (no id). So each such literal alone is
+ * blanked to the real 0.0 in a copy of the line, read again. */
+static json_t *load_line(const char *line, size_t len)
 {
     json_error_t jerr;
     json_t *doc = json_loadb(line, len, JSON_DECODE_ANY, &jerr);
-    if (!doc && json_error_code(&jerr) == json_error_numeric_overflow)
-        doc = json_loadb(line, len, JSON_DECODE_ANY | JSON_DECODE_INT_AS_REAL,
-                         &jerr);
+    char *copy = NULL;
+    while (!doc && json_error_code(&jerr) == json_error_numeric_overflow) {
+        size_t end = (size_t)jerr.position, start = end;
+        if (end > len)
+            break;
+        if (!copy) {
+            copy = idem_xmalloc(len);
+            memcpy(copy, line, len);
+        }
+        while (start > 0 && copy[start - 1] >= '0' && copy[start - 1] <= '9')
+            start--;
+        if (start > 0 && copy[start - 1] == '-')
+            start--;
+        /* a real's overflow (1e999) stays an error, as it was */
+        if (end - start < 19 ||
+            (start > 0 && memchr(".eE+", copy[start - 1], 4)))
+            break;
+        memset(copy + start, ' ', end - start);
+        memcpy(copy + start, "0.0", 3);
+        doc = json_loadb(copy, len, JSON_DECODE_ANY, &jerr);
+    }
+    free(copy);
+    return doc;
+}
+
+static void read_jansson(idem_inputline_t *il, const char *line, size_t len,
+                         const char *key_field, const char **out, char **at)
+{
+    json_t *doc = load_line(line, len);
     if (!doc)
         return;
     il->json = 1;
@@ -124,9 +160,11 @@ void idem_inputline_read(idem_inputline_t *il, const char *line, size_t len,
 {
     char *buf = il->buf;
     size_t cap = il->cap;
+    int jansson_only = il->jansson_only;
     memset(il, 0, sizeof(*il));
     il->buf = buf;
     il->cap = cap;
+    il->jansson_only = jansson_only;
     reserve(il, len);
 
     idem_envscan_step_t steps[F_MAX] = {{"message_id", 10, -1},
@@ -144,7 +182,8 @@ void idem_inputline_read(idem_inputline_t *il, const char *line, size_t len,
         nsteps++;
     }
     char *at = il->buf;
-    if (read_scan(il, line, len, steps, nsteps, out, &at) == 0) {
+    if (!il->jansson_only &&
+        read_scan(il, line, len, steps, nsteps, out, &at) == 0) {
         il->scanned = 1;
         if (key_is_mid)
             out[F_KEY] = out[F_MID];

@@ -1,6 +1,7 @@
 /* test_inputline: `produce --input`'s reading of a line (inputline.c)
  * gives the same key, ids and verdict whether the envelope scan or jansson
- * reads it. */
+ * reads it: each line is read both ways (idem_inputline_fast) and the two
+ * readings compared. */
 #include "dev/inputline.h"
 
 #include <criterion/criterion.h>
@@ -70,6 +71,51 @@ static line_case_t cases[] = {
      NULL, 1, 1, 1, 1, "m", "m", "k", 1},
 };
 
+static int same_str(const char *a, const char *b)
+{
+    return (!a && !b) || (a && b && !strcmp(a, b));
+}
+
+/* Reads `line` with the scan allowed and with jansson alone and expects
+ * the same reading; returns whether the scan served it. */
+static int expect_both_paths_agree(const char *line, const char *key_field)
+{
+    idem_inputline_t fast, slow;
+    idem_inputline_init(&fast);
+    idem_inputline_init(&slow);
+    idem_inputline_fast(&slow, 0);
+    size_t len = strlen(line);
+    idem_inputline_read(&fast, line, len, key_field);
+    idem_inputline_read(&slow, line, len, key_field);
+    cr_assert(!slow.scanned, "jansson alone, yet scanned: %s", line);
+    const char *kf = key_field ? key_field : "(none)";
+    cr_expect(fast.json == slow.json && fast.object == slow.object &&
+                  fast.members == slow.members &&
+                  fast.has_message_id == slow.has_message_id,
+              "verdicts differ (scanned %d) for %s, key field %s: json %d/%d "
+              "object %d/%d members %d/%d has message_id %d/%d",
+              fast.scanned, line, kf, fast.json, slow.json, fast.object,
+              slow.object, fast.members, slow.members, fast.has_message_id,
+              slow.has_message_id);
+    cr_expect(same_str(fast.key, slow.key) && fast.key_len == slow.key_len,
+              "key differs (scanned %d) for %s, key field %s: %s / %s",
+              fast.scanned, line, kf, fast.key ? fast.key : "(none)",
+              slow.key ? slow.key : "(none)");
+    cr_expect(same_str(fast.message_id, slow.message_id),
+              "message_id differs (scanned %d) for %s: %s / %s", fast.scanned,
+              line, fast.message_id ? fast.message_id : "(none)",
+              slow.message_id ? slow.message_id : "(none)");
+    cr_expect(same_str(fast.idempotency_key, slow.idempotency_key),
+              "idempotency_key differs (scanned %d) for %s: %s / %s",
+              fast.scanned, line,
+              fast.idempotency_key ? fast.idempotency_key : "(none)",
+              slow.idempotency_key ? slow.idempotency_key : "(none)");
+    int scanned = fast.scanned;
+    idem_inputline_term(&fast);
+    idem_inputline_term(&slow);
+    return scanned;
+}
+
 /* The parameters are indexes: Criterion copies a parameter's bytes into
  * the test's process, where the case table's pointers would not hold. */
 ParameterizedTestParameters(inputline, reads_like_jansson)
@@ -99,6 +145,75 @@ ParameterizedTest(size_t *i, inputline, reads_like_jansson)
     if (c->scanned >= 0)
         cr_expect_eq(il.scanned, c->scanned, "scanned %s", c->line);
     idem_inputline_term(&il);
+    expect_both_paths_agree(c->line, c->key_field);
+}
+
+/* Values a member may hold: the ones the scan reads itself and the ones
+ * it must leave to jansson, side by side. */
+static const char *const member_values[] = {
+    "\"s\"",
+    "\"\"",
+    "\"a\\\"b\\\\c\\/d\\n\\t\"",
+    "\"\\u0041\"",
+    "\"\xc3\xa9\"",
+    "\"\xff\"",
+    "0",
+    "7",
+    "-7",
+    "-0",
+    "007",
+    "123456789012345678",
+    "1234567890123456789",
+    "-1234567890123456789",
+    "12345678901234567890123",
+    "1.5",
+    "1.0",
+    "1e3",
+    "-1E-2",
+    "null",
+    "true",
+    "false",
+    "{}",
+    "{\"message_id\":\"inner\"}",
+    "[1,\"x\"]",
+};
+#define NVALUES (sizeof(member_values) / sizeof(member_values[0]))
+
+/* Lines made of those values under the members the reader looks at (and
+ * one it does not), in two orders, with a duplicate, with blanks, and cut
+ * short; every one read both ways. The scan must serve a good share of
+ * them, or the comparison proves nothing about it. */
+Test(inputline, both_paths_agree_on_generated_lines)
+{
+    static const char *const key_fields[] = {"order_id", "message_id",
+                                             "idempotency_key", "a/b", NULL};
+    static const char *const shapes[] = {
+        "{\"message_id\":%s,\"idempotency_key\":%s,\"order_id\":%s}",
+        "{ \"order_id\" : %s , \"x\":[{}], \"idempotency_key\":%s,"
+        "\"message_id\":%s }",
+        "{\"order_id\":%s,\"message_id\":%s,\"message_id\":%s}",
+        "{\"a/b\":%s,\"a\\/b\":%s,\"idempotency_key\":%s}",
+        "\t{\"message_id\":%s,\"order_id\":%s,\"n\":%s",
+    };
+    size_t lines = 0, scanned = 0;
+    char line[512];
+    for (size_t s = 0; s < sizeof(shapes) / sizeof(shapes[0]); s++)
+        for (size_t i = 0; i < NVALUES; i++)
+            for (size_t j = 0; j < NVALUES; j += 3)
+                for (size_t k = 0; k < sizeof(key_fields) / sizeof(*key_fields);
+                     k++) {
+                    /* the third value turns with the first, so each value
+                     * meets each position */
+                    const char *v3 = member_values[(i + j + 1) % NVALUES];
+                    snprintf(line, sizeof(line), shapes[s], member_values[i],
+                             member_values[j], v3);
+                    scanned +=
+                        (size_t)expect_both_paths_agree(line, key_fields[k]);
+                    lines++;
+                }
+    cr_expect_gt(scanned, lines / 20, "the scan served %zu of %zu lines",
+                 scanned, lines);
+    cr_expect_lt(scanned, lines, "jansson read none of %zu lines", lines);
 }
 
 /* One reader serves lines of any length one after another; a line's
