@@ -3,6 +3,7 @@
  * and owns the signals. */
 #include "cmd/cmd.h"
 #include "cmd/cmdline.h"
+#include "cmd/signals.h"
 #include "conf/conf.h"
 #include "kafka/kafka.h"
 #include "obs/http.h"
@@ -11,7 +12,6 @@
 #include "outbox/outbox.h"
 
 #include <inttypes.h>
-#include <signal.h>
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
@@ -76,22 +76,7 @@ int idem_cmd_outbox(int argc, char **argv, char **envp)
                    (idem_log_format_t)conf->log_format);
 
     outbox_watchdog_s = (unsigned)((conf->shutdown_timeout_ms + 999) / 1000);
-    struct sigaction sa;
-    memset(&sa, 0, sizeof(sa));
-    sa.sa_handler = on_signal;
-    sigemptyset(&sa.sa_mask);
-    sigaction(SIGTERM, &sa, NULL);
-    sigaction(SIGINT, &sa, NULL);
-    /* A hang-up (a closed terminal, a supervisor's reload) stops cleanly
-     * too: there is no configuration reload, and the default action would
-     * kill without a commit. The user signals have no job here: ignored,
-     * so a stray one cannot kill the member. */
-    sigaction(SIGHUP, &sa, NULL);
-    signal(SIGUSR1, SIG_IGN);
-    signal(SIGUSR2, SIG_IGN);
-    sa.sa_handler = on_watchdog;
-    sigaction(SIGALRM, &sa, NULL);
-    signal(SIGPIPE, SIG_IGN);
+    idem_signals_install(on_signal, on_watchdog);
 
     rc = IDEM_EXIT_OK;
     idem_metrics_t *m = idem_metrics_new();

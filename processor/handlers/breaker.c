@@ -51,6 +51,15 @@ static int window_failing(const idem_breaker_t *b, size_t *failures)
            records >= IDEM_BREAKER_MIN_RECORDS;
 }
 
+/* A probe failed: the next open period is twice as long, up to
+ * IDEM_BREAKER_OPEN_MAX_MS. */
+static void period_double(idem_breaker_t *b)
+{
+    b->open_ms = b->open_ms * 2 < IDEM_BREAKER_OPEN_MAX_MS
+                     ? b->open_ms * 2
+                     : IDEM_BREAKER_OPEN_MAX_MS;
+}
+
 /* Opens for the current period, at least Retry-After. */
 static void open_now(idem_breaker_t *b, int64_t retry_after_ms, int64_t now)
 {
@@ -109,10 +118,7 @@ int idem_breaker_result(idem_breaker_t *b, uint64_t who, int failed,
             open_now(b, retry_after_ms, now);
         return 1;
     case IDEM_BREAKER_HALF_OPEN:
-        if (b->open_ms < IDEM_BREAKER_OPEN_MAX_MS)
-            b->open_ms = b->open_ms * 2 > IDEM_BREAKER_OPEN_MAX_MS
-                             ? IDEM_BREAKER_OPEN_MAX_MS
-                             : b->open_ms * 2;
+        period_double(b);
         open_now(b, retry_after_ms, now);
         snprintf(b->reason, sizeof(b->reason), "%s", why ? why : "");
         return 1;
@@ -136,10 +142,7 @@ void idem_breaker_trip(idem_breaker_t *b, const char *why,
     if (b->state == IDEM_BREAKER_HALF_OPEN) {
         if (b->probes)
             b->probes--;
-        if (b->open_ms < IDEM_BREAKER_OPEN_MAX_MS)
-            b->open_ms = b->open_ms * 2 > IDEM_BREAKER_OPEN_MAX_MS
-                             ? IDEM_BREAKER_OPEN_MAX_MS
-                             : b->open_ms * 2;
+        period_double(b);
     }
     if (b->state != IDEM_BREAKER_OPEN || now >= b->open_until_ms)
         open_now(b, retry_after_ms, now);

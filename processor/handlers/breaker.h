@@ -15,7 +15,8 @@
  * Open: no request goes out for the open period: IDEM_BREAKER_OPEN_MIN_MS,
  * doubled by each failed probe up to IDEM_BREAKER_OPEN_MAX_MS, and never
  * shorter than the service's Retry-After (capped at
- * IDEM_BREAKER_RETRY_AFTER_MAX_MS).
+ * IDEM_BREAKER_RETRY_AFTER_MAX_MS, the webhook's cap for a record's
+ * Retry-After too).
  *
  * Half-open (the period over): up to IDEM_BREAKER_PROBES requests at once
  * probe the service; the first success closes it (the window starts

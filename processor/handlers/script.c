@@ -61,9 +61,10 @@ typedef struct {
     int64_t sent_at_ms;
     int killed;         /* the request in flight was ended with SCRIPT KILL */
     int unkillable;     /* Redis refused to end it (it wrote): said once */
-    size_t limit;       /* 1: one record a request (its own script), so
-                           the record that hangs is found and can be ended */
-    size_t narrow_left; /* records of the hung request not yet through */
+    size_t narrow_left; /* records of a hung request not yet through
+                           again: while not 0, each request holds one
+                           record (its own script), so the record that
+                           hangs is found and can be ended */
     size_t cur;         /* one a request: the index of the record in flight
                            (its replies go to res[0]) */
     int draining;       /* one a request: start no further record */
@@ -176,7 +177,7 @@ static int script_submit(void *hp, idem_record_t *const *recs, size_t n,
      * yet, ended alone; the loop sees one long request. */
     h->cur = 0;
     h->draining = 0;
-    h->one = h->limit != 0;
+    h->one = h->narrow_left != 0;
     if (send_request(h, recs, h->one ? 1 : n, pos, npos, errstr, errstr_size))
         return -1;
     memcpy(h->recs, recs, n * sizeof(*recs));
@@ -265,9 +266,8 @@ static void finish_one(script_t *h)
     } else {
         result_of(&h->ready[i], rec, &h->res[0]);
     }
-    h->narrow_left = h->narrow_left ? h->narrow_left - 1 : 0;
-    if (!h->narrow_left)
-        h->limit = 0;
+    if (h->narrow_left)
+        h->narrow_left--;
     if (++h->cur < h->n && !h->draining &&
         send_request(h, &h->recs[h->cur], 1, NULL, 0, err, sizeof(err)) == 0)
         return;
@@ -292,7 +292,6 @@ static void script_finish(script_t *h)
     if (rc && (h->killed || h->unkillable)) {
         /* A request of many hung: its records go again, one a request
          * (an outage now, not counted; the marks tell what ran). */
-        h->limit = 1;
         h->narrow_left = sent;
         char cnt[24];
         snprintf(cnt, sizeof(cnt), "%zu", sent);

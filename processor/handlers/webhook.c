@@ -17,10 +17,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* Retry-After beyond this is cut to it: a date far ahead must not hold a
- * partition for days. */
-#define RETRY_AFTER_MAX_MS (5 * 60 * 1000)
-
 static const idem_conf_key_t webhook_keys[] = {
     {.name = "webhook.url",
      .type = IDEM_KEY_STR,
@@ -249,8 +245,9 @@ static void result_of(webhook_t *w, const idem_http_result_t *hr,
             break;
         }
         idem_result_set(out, r, IDEM_RESULT_RETRY, "%s", why);
-        if (delay > RETRY_AFTER_MAX_MS)
-            delay = RETRY_AFTER_MAX_MS;
+        /* A date far ahead must not hold a partition for days. */
+        if (delay > IDEM_BREAKER_RETRY_AFTER_MAX_MS)
+            delay = IDEM_BREAKER_RETRY_AFTER_MAX_MS;
         out->retry_after_ms = delay > 0 ? delay : 0;
         break;
     }
