@@ -21,6 +21,12 @@ typedef struct {
     int known;             /* aof_enabled was there at all */
 } idem_aofgate_info_t;
 
+/* Copies the value of "name:" in an INFO reply (borrowed) into out, "" when
+ * the field is absent. The store reads run_id and maxmemory_policy with it
+ * too. */
+void idem_aofgate_info_field(const char *info, const char *name, char *out,
+                             size_t out_size);
+
 /* Reads the fields above from an INFO reply (all sections or only
  * "persistence"); info is borrowed. */
 void idem_aofgate_info_parse(const char *info, idem_aofgate_info_t *out);

@@ -51,6 +51,14 @@ Test(aofgate, info_fields_are_read)
     cr_expect_eq(in.known, 0);
     idem_aofgate_info_parse(NULL, &in);
     cr_expect_eq(in.known, 0);
+    /* The reader the store takes run_id and maxmemory_policy with. */
+    char v[48];
+    idem_aofgate_info_field("# Server\r\nrun_id:ab12\r\nmaxmemory_policy:"
+                            "noeviction\r\n",
+                            "run_id", v, sizeof(v));
+    cr_expect_str_eq(v, "ab12");
+    idem_aofgate_info_field("xrun_id:1\r\n", "run_id", v, sizeof(v));
+    cr_expect_str_eq(v, "");
 }
 
 Test(aofgate, without_aof_writes_at_once)
