@@ -61,7 +61,6 @@ idem_aofgate_action_t idem_aofgate_step(idem_aofgate_t *g, const char *run_id,
         /* Another server (or the same one restarted): nothing known. */
         snprintf(g->run_id, sizeof(g->run_id), "%s", run_id);
         g->requested = 0;
-        g->refused = 0;
         g->rewrites = 0;
     }
     if (info->loading)
@@ -98,11 +97,11 @@ idem_aofgate_action_t idem_aofgate_reply(idem_aofgate_t *g, const char *reply,
          * scheduled" (after the BGSAVE that runs), or another member's (or
          * Redis's own) rewrite that already runs. */
         g->requested = 1;
-        g->refused = 0;
         g->rewrites += !is_error;
         return IDEM_AOFGATE_WAIT;
     }
-    g->refused = 1;
+    /* Nothing kept: the next step says REWRITE again, so an operator who
+     * grants the command meanwhile is enough. */
     return IDEM_AOFGATE_REFUSED;
 }
 

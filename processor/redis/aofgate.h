@@ -45,9 +45,6 @@ typedef struct {
     char run_id[48];      /* the server being made safe */
     int requested;        /* a rewrite that began after its load is known
                              (accepted, already running, or seen in INFO) */
-    int refused;          /* its last BGREWRITEAOF was refused (asked
-                             again at the next step: an operator may grant
-                             it meanwhile) */
     int rewrites;         /* BGREWRITEAOF sent for it */
 } idem_aofgate_t;
 

@@ -520,7 +520,8 @@ static int store_writable(idem_store_t *s, char *errstr, size_t errstr_size)
             break;
         if (a == IDEM_AOFGATE_REWRITE) {
             asked = 1;
-            if (s->gate.requested == 0 && s->gate.rewrites > 0 && s->metrics)
+            /* asked again after a rewrite it started: that one failed */
+            if (s->gate.rewrites > 0 && s->metrics)
                 idem_metrics_redis_aof_rewrite_add(s->metrics, "failed");
             if (strcmp(s->aof_said, s->run_id)) {
                 snprintf(s->aof_said, sizeof(s->aof_said), "%s", s->run_id);
