@@ -64,18 +64,6 @@ void idem_loop_positions_save(idem_pipeline_t *p,
     }
 }
 
-/* The record r moved its partition's finished prefix to just past it:
- * the next position vouches for it (posval.h). */
-void idem_loop_positions_advanced(idem_part_t *pt, const rec_t *r)
-{
-    const rd_kafka_message_t *m = r->msg;
-    rd_kafka_timestamp_type_t tt;
-    int64_t ts = rd_kafka_message_timestamp(m, &tt);
-    pt->fp.offset = m->offset;
-    pt->fp.timestamp = tt == RD_KAFKA_TIMESTAMP_NOT_AVAILABLE ? -1 : ts;
-    pt->fp.hash = idem_posval_hash(m->key, m->key_len, m->payload, m->len);
-}
-
 /* The lowest offset pt holds in hand (or has finished up to); -1 when it
  * has not consumed anything since it was assigned. */
 static int64_t part_hold(idem_pipeline_t *p, const idem_part_t *pt);
@@ -119,13 +107,10 @@ int idem_loop_positions_first(idem_pipeline_t *p, size_t n, char *errstr,
         pos[cnt].offset = hold;
         idem_posval_init(&pos[cnt].val, p->cluster);
         const rec_t *at = rec_at(p, pt, hold);
-        if (at) {
-            idem_part_t tmp = {.fp = {-1, -1, 0}};
-            idem_loop_positions_advanced(&tmp, at);
-            pos[cnt].val.rec = tmp.fp;
-        } else if (pt->fp.offset >= 0 && pt->fp.offset < hold) {
+        if (at)
+            idem_posread_fingerprint(at->msg, &pos[cnt].val.rec);
+        else if (pt->fp.offset >= 0 && pt->fp.offset < hold)
             pos[cnt].val.rec = pt->fp;
-        }
         cnt++;
     }
     if (!cnt)
