@@ -89,6 +89,14 @@ static const rec_t *rec_at(idem_pipeline_t *p, const idem_part_t *pt,
 int idem_loop_positions_first(idem_pipeline_t *p, size_t n, char *errstr,
                               size_t errstr_size)
 {
+    /* Called before every request: once each partition has a position
+     * (all but the first requests of an assignment), no record is looked
+     * at. */
+    int missing = 0;
+    for (size_t i = 0; i < p->offs.cnt && !missing; i++)
+        missing = p->offs.v[i].saved < 0 && p->offs.v[i].saving < 0;
+    if (!missing)
+        return 0;
     size_t cnt = 0;
     idem_store_pos_t *pos = pos_reserve(p, p->offs.cnt ? p->offs.cnt : 1);
     for (size_t i = 0; i < n; i++) {
