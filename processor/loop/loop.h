@@ -200,6 +200,5 @@ void idem_loop_assign_positions(idem_pipeline_t *p,
                                 rd_kafka_topic_partition_list_t *parts);
 int idem_loop_positions_first(idem_pipeline_t *p, size_t n, char *errstr,
                               size_t errstr_size);
-void idem_loop_positions_advanced(idem_part_t *pt, const rec_t *r);
 
 #endif

@@ -194,8 +194,9 @@ static int rec_committable(idem_pipeline_t *p, const rec_t *r, const void *ctx)
     idem_part_t *pt = idem_loop_rec_part(p, r);
     int take =
         idem_offsets_advance_take(pt, r->view.offset, r->state == REC_DONE);
+    /* Just below the prefix now: the next position vouches for it. */
     if (take && pt->next_offset == r->view.offset + 1)
-        idem_loop_positions_advanced(pt, r); /* the record below it */
+        idem_posread_fingerprint(r->msg, &pt->fp);
     return take;
 }
 

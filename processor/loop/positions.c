@@ -20,6 +20,19 @@ static idem_store_pos_t *pos_reserve(idem_pipeline_t *p, size_t n)
     return p->pos;
 }
 
+/* Redis acknowledged the position ps: its partition's `saved`, and its
+ * `start` when nothing of this assignment was in Redis before it. Returns
+ * the partition. */
+static idem_part_t *position_stored(idem_pipeline_t *p,
+                                    const idem_store_pos_t *ps)
+{
+    idem_part_t *pt = idem_loop_part_find(p, ps->topic, ps->partition);
+    pt->saved = ps->offset;
+    if (pt->start < 0)
+        pt->start = ps->offset;
+    return pt;
+}
+
 /* Collects into p->pos the partitions (of subset, if not NULL) whose
  * finished prefix moved past the position Redis holds. Returns how many. */
 size_t idem_loop_positions_due(idem_pipeline_t *p,
@@ -55,30 +68,23 @@ void idem_loop_positions_save(idem_pipeline_t *p,
                     errstr, NULL);
         return;
     }
-    for (size_t i = 0; i < n; i++) {
-        idem_part_t *pt =
-            idem_loop_part_find(p, p->pos[i].topic, p->pos[i].partition);
-        pt->saved = p->pos[i].offset;
-        if (pt->start < 0) /* nothing applied before it (positions_first) */
-            pt->start = p->pos[i].offset;
-    }
-}
-
-/* The record r moved its partition's finished prefix to just past it:
- * the next position vouches for it (posval.h). */
-void idem_loop_positions_advanced(idem_part_t *pt, const rec_t *r)
-{
-    const rd_kafka_message_t *m = r->msg;
-    rd_kafka_timestamp_type_t tt;
-    int64_t ts = rd_kafka_message_timestamp(m, &tt);
-    pt->fp.offset = m->offset;
-    pt->fp.timestamp = tt == RD_KAFKA_TIMESTAMP_NOT_AVAILABLE ? -1 : ts;
-    pt->fp.hash = idem_posval_hash(m->key, m->key_len, m->payload, m->len);
+    for (size_t i = 0; i < n; i++)
+        position_stored(p, &p->pos[i]);
 }
 
 /* The lowest offset pt holds in hand (or has finished up to); -1 when it
  * has not consumed anything since it was assigned. */
-static int64_t part_hold(idem_pipeline_t *p, const idem_part_t *pt);
+static int64_t part_hold(idem_pipeline_t *p, const idem_part_t *pt)
+{
+    if (pt->next_offset >= 0)
+        return pt->next_offset;
+    int64_t low = -1;
+    rec_t *r;
+    for (size_t i = 0; (r = idem_records_next(&p->recs, &i));)
+        if (idem_loop_rec_part(p, r) == pt && (low < 0 || r->view.offset < low))
+            low = r->view.offset;
+    return low >= 0 ? low : pt->saved;
+}
 
 /* The record of pt in hand at `offset`, or NULL. */
 static const rec_t *rec_at(idem_pipeline_t *p, const idem_part_t *pt,
@@ -101,6 +107,14 @@ static const rec_t *rec_at(idem_pipeline_t *p, const idem_part_t *pt,
 int idem_loop_positions_first(idem_pipeline_t *p, size_t n, char *errstr,
                               size_t errstr_size)
 {
+    /* Called before every request: once each partition has a position
+     * (all but the first requests of an assignment), no record is looked
+     * at. */
+    int missing = 0;
+    for (size_t i = 0; i < p->offs.cnt && !missing; i++)
+        missing = p->offs.v[i].saved < 0 && p->offs.v[i].saving < 0;
+    if (!missing)
+        return 0;
     size_t cnt = 0;
     idem_store_pos_t *pos = pos_reserve(p, p->offs.cnt ? p->offs.cnt : 1);
     for (size_t i = 0; i < n; i++) {
@@ -119,13 +133,10 @@ int idem_loop_positions_first(idem_pipeline_t *p, size_t n, char *errstr,
         pos[cnt].offset = hold;
         idem_posval_init(&pos[cnt].val, p->cluster);
         const rec_t *at = rec_at(p, pt, hold);
-        if (at) {
-            idem_part_t tmp = {.fp = {-1, -1, 0}};
-            idem_loop_positions_advanced(&tmp, at);
-            pos[cnt].val.rec = tmp.fp;
-        } else if (pt->fp.offset >= 0 && pt->fp.offset < hold) {
+        if (at)
+            idem_posread_fingerprint(at->msg, &pos[cnt].val.rec);
+        else if (pt->fp.offset >= 0 && pt->fp.offset < hold)
             pos[cnt].val.rec = pt->fp;
-        }
         cnt++;
     }
     if (!cnt)
@@ -133,11 +144,7 @@ int idem_loop_positions_first(idem_pipeline_t *p, size_t n, char *errstr,
     if (idem_store_positions_save(p->store, pos, cnt, errstr, errstr_size))
         return -1;
     for (size_t i = 0; i < cnt; i++) {
-        idem_part_t *pt =
-            idem_loop_part_find(p, pos[i].topic, pos[i].partition);
-        pt->saved = pos[i].offset;
-        if (pt->start < 0)
-            pt->start = pos[i].offset;
+        idem_part_t *pt = position_stored(p, &pos[i]);
         char part[16], off[24];
         snprintf(part, sizeof(part), "%" PRId32, pt->partition);
         snprintf(off, sizeof(off), "%" PRId64, pos[i].offset);
@@ -321,20 +328,6 @@ static int positions_judge(idem_pipeline_t *p, const idem_store_pos_t *pos,
     }
     free(items);
     return 0;
-}
-
-/* The lowest offset pt holds in hand (or has finished up to); -1 when it
- * has not consumed anything since it was assigned. */
-static int64_t part_hold(idem_pipeline_t *p, const idem_part_t *pt)
-{
-    if (pt->next_offset >= 0)
-        return pt->next_offset;
-    int64_t low = -1;
-    rec_t *r;
-    for (size_t i = 0; (r = idem_records_next(&p->recs, &i));)
-        if (idem_loop_rec_part(p, r) == pt && (low < 0 || r->view.offset < low))
-            low = r->view.offset;
-    return low >= 0 ? low : pt->saved;
 }
 
 /* After every new connection to Redis (and for partitions assigned while

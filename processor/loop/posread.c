@@ -52,6 +52,16 @@ void idem_posread_destroy(idem_posread_t *r)
     free(r);
 }
 
+void idem_posread_fingerprint(const rd_kafka_message_t *m,
+                              idem_posval_rec_t *out)
+{
+    rd_kafka_timestamp_type_t tt;
+    int64_t ts = rd_kafka_message_timestamp(m, &tt);
+    out->offset = m->offset;
+    out->timestamp = tt == RD_KAFKA_TIMESTAMP_NOT_AVAILABLE ? -1 : ts;
+    out->hash = idem_posval_hash(m->key, m->key_len, m->payload, m->len);
+}
+
 /* A topic handle of the legacy consumer API (no group, commits nothing;
  * an offset out of range is an error, never a reset). Caller destroys. */
 static rd_kafka_topic_t *topic_handle(idem_posread_t *r, const char *topic)
@@ -144,13 +154,7 @@ int idem_posread_read(idem_posread_t *r, idem_posread_item_t *items, size_t n,
             rc = -1;
         } else if (it && m->offset >= it->rec_offset) {
             it->now.found = 1;
-            it->now.got.offset = m->offset;
-            rd_kafka_timestamp_type_t tt;
-            int64_t ts = rd_kafka_message_timestamp(m, &tt);
-            it->now.got.timestamp =
-                tt == RD_KAFKA_TIMESTAMP_NOT_AVAILABLE ? -1 : ts;
-            it->now.got.hash =
-                idem_posval_hash(m->key, m->key_len, m->payload, m->len);
+            idem_posread_fingerprint(m, &it->now.got);
             wait[it - items] = 0;
             waiting--;
         }

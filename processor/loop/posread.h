@@ -9,6 +9,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include <librdkafka/rdkafka.h>
+
 #include "conf/conf.h"
 #include "redis/posval.h"
 
@@ -30,6 +32,13 @@ typedef struct {
                               after rec_offset (now.found); now.cluster is
                               left as the caller set it */
 } idem_posread_item_t;
+
+/* The fingerprint of m (borrowed) into *out: its offset, its timestamp (-1
+ * when it has none) and idem_posval_hash of its key and value. The loop
+ * takes the record a position vouches for with it, and the reader the
+ * record it reads back, so the two always compare alike. */
+void idem_posread_fingerprint(const rd_kafka_message_t *m,
+                              idem_posval_rec_t *out);
 
 /* Fills items[n].now within timeout_ms. A record below the low watermark
  * or at/after the high one is not read (now.found 0). Returns 0, or -1 with

@@ -4,9 +4,8 @@
 #include <stdio.h>
 #include <string.h>
 
-/* The value of "name:" in an INFO text into out ("" if absent). */
-static void info_value(const char *info, const char *name, char *out,
-                       size_t out_size)
+void idem_aofgate_info_field(const char *info, const char *name, char *out,
+                             size_t out_size)
 {
     out[0] = '\0';
     size_t nl = strlen(name);
@@ -21,7 +20,7 @@ static void info_value(const char *info, const char *name, char *out,
 static int info_flag(const char *info, const char *name, int *present)
 {
     char v[32];
-    info_value(info, name, v, sizeof(v));
+    idem_aofgate_info_field(info, name, v, sizeof(v));
     if (present)
         *present = v[0] != '\0';
     return !strcmp(v, "1");
@@ -37,7 +36,7 @@ void idem_aofgate_info_parse(const char *info, idem_aofgate_info_t *out)
     out->rewrite_running = info_flag(info, "aof_rewrite_in_progress", NULL);
     out->rewrite_scheduled = info_flag(info, "aof_rewrite_scheduled", NULL);
     char st[32];
-    info_value(info, "aof_last_bgrewrite_status", st, sizeof(st));
+    idem_aofgate_info_field(info, "aof_last_bgrewrite_status", st, sizeof(st));
     out->last_rewrite_ok = !strcmp(st, "ok");
 }
 
@@ -62,7 +61,6 @@ idem_aofgate_action_t idem_aofgate_step(idem_aofgate_t *g, const char *run_id,
         /* Another server (or the same one restarted): nothing known. */
         snprintf(g->run_id, sizeof(g->run_id), "%s", run_id);
         g->requested = 0;
-        g->refused = 0;
         g->rewrites = 0;
     }
     if (info->loading)
@@ -99,11 +97,11 @@ idem_aofgate_action_t idem_aofgate_reply(idem_aofgate_t *g, const char *reply,
          * scheduled" (after the BGSAVE that runs), or another member's (or
          * Redis's own) rewrite that already runs. */
         g->requested = 1;
-        g->refused = 0;
         g->rewrites += !is_error;
         return IDEM_AOFGATE_WAIT;
     }
-    g->refused = 1;
+    /* Nothing kept: the next step says REWRITE again, so an operator who
+     * grants the command meanwhile is enough. */
     return IDEM_AOFGATE_REFUSED;
 }
 

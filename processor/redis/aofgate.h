@@ -21,6 +21,12 @@ typedef struct {
     int known;             /* aof_enabled was there at all */
 } idem_aofgate_info_t;
 
+/* Copies the value of "name:" in an INFO reply (borrowed) into out, "" when
+ * the field is absent. The store reads run_id and maxmemory_policy with it
+ * too. */
+void idem_aofgate_info_field(const char *info, const char *name, char *out,
+                             size_t out_size);
+
 /* Reads the fields above from an INFO reply (all sections or only
  * "persistence"); info is borrowed. */
 void idem_aofgate_info_parse(const char *info, idem_aofgate_info_t *out);
@@ -39,9 +45,6 @@ typedef struct {
     char run_id[48];      /* the server being made safe */
     int requested;        /* a rewrite that began after its load is known
                              (accepted, already running, or seen in INFO) */
-    int refused;          /* its last BGREWRITEAOF was refused (asked
-                             again at the next step: an operator may grant
-                             it meanwhile) */
     int rewrites;         /* BGREWRITEAOF sent for it */
 } idem_aofgate_t;
 

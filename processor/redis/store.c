@@ -371,20 +371,6 @@ static redisReply *store_command(idem_store_t *s, char *errstr,
     return r;
 }
 
-/* Copies the value of "name:" in an INFO reply into out ("" if absent). */
-static void info_field(const char *info, const char *name, char *out,
-                       size_t out_size)
-{
-    out[0] = '\0';
-    size_t nl = strlen(name);
-    for (const char *l = info; l && *l; l = strchr(l, '\n'), l = l ? l + 1 : l)
-        if (!strncmp(l, name, nl) && l[nl] == ':') {
-            size_t vl = strcspn(l + nl + 1, "\r\n");
-            snprintf(out, out_size, "%.*s", (int)vl, l + nl + 1);
-            return;
-        }
-}
-
 /* Reads INFO (it works where CONFIG is disabled): the server's run_id, and
  * its maxmemory-policy, which must be noeviction: an evicting policy drops
  * dedup marks (every volatile-* policy evicts exactly the marks, the only
@@ -401,8 +387,8 @@ static int store_check_server(idem_store_t *s, char *errstr, size_t errstr_size)
         return store_fail(s, errstr, errstr_size, "INFO", "unexpected reply");
     }
     char policy[64];
-    info_field(r->str, "run_id", s->run_id, sizeof(s->run_id));
-    info_field(r->str, "maxmemory_policy", policy, sizeof(policy));
+    idem_aofgate_info_field(r->str, "run_id", s->run_id, sizeof(s->run_id));
+    idem_aofgate_info_field(r->str, "maxmemory_policy", policy, sizeof(policy));
     idem_aofgate_info_parse(r->str, &s->aof);
     freeReplyObject(r);
     s->checked_ms = idem_now_ms();
@@ -534,7 +520,8 @@ static int store_writable(idem_store_t *s, char *errstr, size_t errstr_size)
             break;
         if (a == IDEM_AOFGATE_REWRITE) {
             asked = 1;
-            if (s->gate.requested == 0 && s->gate.rewrites > 0 && s->metrics)
+            /* asked again after a rewrite it started: that one failed */
+            if (s->gate.rewrites > 0 && s->metrics)
                 idem_metrics_redis_aof_rewrite_add(s->metrics, "failed");
             if (strcmp(s->aof_said, s->run_id)) {
                 snprintf(s->aof_said, sizeof(s->aof_said), "%s", s->run_id);

@@ -42,77 +42,17 @@ TestSuite(positions, .fini = positions_fini);
 static const char *const traffic[] = {
     "--count", "20000", "--duplicates", "0.1", "--seed", "2001", NULL};
 
-static long expect_unique(th_stack_t *s)
-{
-    json_t *e = json_load_file(s->expect, 0, NULL);
-    cr_assert(e, "no %s", s->expect);
-    long n = (long)json_integer_value(json_object_get(e, "unique"));
-    json_decref(e);
-    cr_assert_gt(n, 0);
-    return n;
-}
-
-static int wait_applied(th_stack_t *s, long n, int timeout_ms)
-{
-    for (int t = 0; t < timeout_ms; t += 50) {
-        if (th_stack_applied(s) >= n)
-            return 0;
-        usleep(50000);
-    }
-    return -1;
-}
-
-static char *member_log(th_stack_t *s, const char *name)
-{
-    char path[600];
-    snprintf(path, sizeof(path), "%s/%s.log", s->dir, name);
-    char *log = th_slurp(path, NULL);
-    return log ? log : strdup("");
-}
-
-static int log_count(th_stack_t *s, const char *name, const char *text)
-{
-    char *log = member_log(s, name);
-    int n = 0;
-    for (char *at = log; (at = strstr(at, text)); at += strlen(text))
-        n++;
-    free(log);
-    return n;
-}
-
-static long long redis_info(th_redis_t *r, const char *field)
-{
-    const char *args[] = {"INFO", NULL};
-    char *info = th_redis_cli(r, args);
-    long long v = -1;
-    char key[128];
-    snprintf(key, sizeof(key), "\n%s:", field);
-    char *at = info ? strstr(info, key) : NULL;
-    if (at)
-        v = atoll(at + strlen(key));
-    free(info);
-    return v;
-}
-
-static void redis_ok(th_redis_t *r, const char *const args[])
-{
-    char *out = th_redis_cli(r, args);
-    cr_assert(out && !strcmp(out, "OK"), "%s %s: %s", args[0],
-              args[1] ? args[1] : "", out ? out : "(failed)");
-    free(out);
-}
-
 /* AOF on (fsync per write, so only the cuts below lose anything), and the
  * first rewrite done. */
 static void aof_on(th_redis_t *r)
 {
     const char *aof[] = {"CONFIG", "SET", "appendonly", "yes", NULL};
-    redis_ok(r, aof);
+    th_redis_ok(r, aof);
     const char *fsync[] = {"CONFIG", "SET", "appendfsync", "always", NULL};
-    redis_ok(r, fsync);
+    th_redis_ok(r, fsync);
     for (int t = 0; t < 100; t++) {
-        if (redis_info(r, "aof_rewrite_in_progress") == 0 &&
-            redis_info(r, "aof_rewrite_scheduled") == 0)
+        if (th_redis_info(r, "aof_rewrite_in_progress") == 0 &&
+            th_redis_info(r, "aof_rewrite_scheduled") == 0)
             break;
         usleep(100000);
     }
@@ -272,16 +212,16 @@ Test(positions, aof_cut_inside_a_multi_never_doubles, .timeout = 360)
     const char *one[] = {"--count", "12000", "--duplicates", "0.1", "--seed",
                          "2001",    NULL};
     cr_assert_eq(th_stack_produce(&stk, one), 0);
-    long unique = expect_unique(&stk);
+    long unique = th_stack_expect_unique(&stk);
     pid_t m = th_stack_member(&stk, "m1", NULL);
-    cr_assert_eq(wait_applied(&stk, unique / 3, 90000), 0);
+    cr_assert_eq(th_stack_wait_applied(&stk, unique / 3, 90000), 0);
 
     redis_crash(&stk.redis, 1);
     long after = th_stack_applied(&stk);
     cr_log_info("after the cut: %ld of %ld applied", after, unique);
     cr_expect_lt(after, unique, "Redis lost nothing: the test proves nothing");
     TH_ASSERT_VERIFIED(&stk, 0, NULL, 150000);
-    cr_expect_geq(log_count(&stk, "m1", "redis AOF rewritten"), 1,
+    cr_expect_geq(th_stack_log_count(&stk, "m1", "redis AOF rewritten"), 1,
                   "no AOF rewrite before writing to the restarted server");
 
     /* Again with a second cut, and a third: the member is idle now, so
@@ -292,7 +232,7 @@ Test(positions, aof_cut_inside_a_multi_never_doubles, .timeout = 360)
         TH_ASSERT_VERIFIED(&stk, 0, NULL, 150000);
         redis_log_clean(&stk.redis);
     }
-    cr_expect_geq(log_count(&stk, "m1", "redis went back in time"), 2,
+    cr_expect_geq(th_stack_log_count(&stk, "m1", "redis went back in time"), 2,
                   "a second loss of the partition's position was not said");
     redis_crash(&stk.redis, 0); /* and without one */
     TH_ASSERT_VERIFIED(&stk, 0, NULL, 150000);
@@ -314,18 +254,18 @@ Test(positions, two_members_see_the_same_restart, .timeout = 360)
     cr_assert_eq(th_stack_start(&stk, 4, props), 0);
     aof_on(&stk.redis);
     cr_assert_eq(th_stack_produce(&stk, traffic), 0);
-    long unique = expect_unique(&stk);
+    long unique = th_stack_expect_unique(&stk);
     pid_t a = th_stack_member(&stk, "ma", NULL);
     pid_t b = th_stack_member(&stk, "mb", NULL);
-    cr_assert_eq(wait_applied(&stk, unique / 3, 90000), 0);
+    cr_assert_eq(th_stack_wait_applied(&stk, unique / 3, 90000), 0);
     redis_crash(&stk.redis, 1);
     TH_ASSERT_VERIFIED(&stk, 0, NULL, 150000);
     cr_assert_eq(th_redis_kill(&stk.redis), 0);
     cr_assert_eq(th_redis_restart(&stk.redis), 0);
     TH_ASSERT_VERIFIED(&stk, 0, NULL, 150000);
     redis_log_clean(&stk.redis);
-    cr_expect_geq(log_count(&stk, "ma", "redis AOF rewritten") +
-                      log_count(&stk, "mb", "redis AOF rewritten"),
+    cr_expect_geq(th_stack_log_count(&stk, "ma", "redis AOF rewritten") +
+                      th_stack_log_count(&stk, "mb", "redis AOF rewritten"),
                   2, "a member wrote without waiting for the rewrite");
     cr_expect_eq(th_stop(a, 15000), 0);
     cr_expect_eq(th_stop(b, 15000), 0);
@@ -342,9 +282,9 @@ Test(positions, lost_first_position_is_read_again, .timeout = 240)
     cr_assert_eq(th_stack_start(&stk, 2, props), 0);
     aof_on(&stk.redis);
     cr_assert_eq(th_stack_produce(&stk, traffic), 0);
-    long unique = expect_unique(&stk);
+    long unique = th_stack_expect_unique(&stk);
     pid_t m = th_stack_member(&stk, "m1", NULL);
-    cr_assert_eq(wait_applied(&stk, unique / 3, 90000), 0);
+    cr_assert_eq(th_stack_wait_applied(&stk, unique / 3, 90000), 0);
     kill(stk.redis.pid, SIGKILL);
     th_wait(stk.redis.pid, 5000);
     stk.redis.pid = 0;
@@ -375,7 +315,7 @@ Test(positions, lost_first_position_is_read_again, .timeout = 240)
     cr_log_info("after the cut: %ld of %ld applied", th_stack_applied(&stk),
                 unique);
     TH_ASSERT_VERIFIED(&stk, 0, NULL, 150000);
-    cr_expect_geq(log_count(&stk, "m1", "redis lost the position"), 1);
+    cr_expect_geq(th_stack_log_count(&stk, "m1", "redis lost the position"), 1);
     cr_expect_eq(th_stop(m, 15000), 0);
     th_stack_stop(&stk);
 }
@@ -481,8 +421,9 @@ Test(positions, broker_restarted_with_redis_kept_exact, .timeout = 300)
     const char *sets[] = {bs, NULL};
     m = th_stack_member(&stk, "m2", sets);
     TH_ASSERT_VERIFIED(&stk, 0, sets, 120000);
-    cr_expect_geq(log_count(&stk, "m2", "belongs to another kafka cluster"), 1,
-                  "the old positions were not noticed");
+    cr_expect_geq(
+        th_stack_log_count(&stk, "m2", "belongs to another kafka cluster"), 1,
+        "the old positions were not noticed");
     cr_expect_eq(th_stop(m, 15000), 0);
     th_stack_stop(&stk);
 }
@@ -557,13 +498,13 @@ Test(positions, sentinel_failover_to_a_lagging_replica_exact, .timeout = 300)
     }
 
     cr_assert_eq(th_stack_produce(&stk, traffic), 0);
-    long unique = expect_unique(&stk);
+    long unique = th_stack_expect_unique(&stk);
     char sentinels[64];
     snprintf(sentinels, sizeof(sentinels), "redis.sentinels=127.0.0.1:%d",
              sport);
     const char *sets[] = {sentinels, "redis.sentinel.master=tm", NULL};
     pid_t m = th_stack_member(&stk, "m1", sets);
-    cr_assert_eq(wait_applied(&stk, unique / 4, 90000), 0);
+    cr_assert_eq(th_stack_wait_applied(&stk, unique / 4, 90000), 0);
     const char *get[] = {"GET", "idemproc:ledger:applied", NULL};
     char *copied = th_redis_cli(&replica, get);
     cr_assert(copied && atol(copied) > 0, "nothing replicated: %s", copied);
@@ -588,10 +529,10 @@ Test(positions, sentinel_failover_to_a_lagging_replica_exact, .timeout = 300)
                 before, at_kill, kept ? kept : "?");
     free(kept);
     TH_ASSERT_VERIFIED(&stk, 0, sets, 150000);
-    cr_expect_geq(log_count(&stk, "m1", "redis went back in time") +
-                      log_count(&stk, "m1", "redis lost the position"),
+    cr_expect_geq(th_stack_log_count(&stk, "m1", "redis went back in time") +
+                      th_stack_log_count(&stk, "m1", "redis lost the position"),
                   1, "the replica missed nothing: the test proves nothing");
-    cr_expect_geq(log_count(&stk, "m1", "redis AOF rewritten"), 2,
+    cr_expect_geq(th_stack_log_count(&stk, "m1", "redis AOF rewritten"), 2,
                   "no AOF rewrite on the promoted replica");
     cr_expect_eq(th_stop(m, 15000), 0);
     th_stop(sentinel_pid, 2000);
@@ -618,7 +559,7 @@ Test(positions, refused_bgrewriteaof_writes_nothing_until_granted,
     aof_on(&stk.redis);
     const char *acl[] = {"ACL", "SETUSER", "idem",          "on", ">pw", "~*",
                          "&*",  "+@all",   "-bgrewriteaof", NULL};
-    redis_ok(&stk.redis, acl);
+    th_redis_ok(&stk.redis, acl);
     const char *few[] = {"--count", "2000", "--seed", "2004", NULL};
     cr_assert_eq(th_stack_produce(&stk, few), 0);
     char url[128];
@@ -627,15 +568,7 @@ Test(positions, refused_bgrewriteaof_writes_nothing_until_granted,
     const char *sets[] = {url, NULL};
     pid_t m = th_stack_member(&stk, "m1", sets);
     char *body = NULL;
-    int status = -1;
-    for (int t = 0; t < 300; t++) {
-        free(body);
-        body = NULL;
-        status = th_http_get(hport, "/readyz", &body);
-        if (status == 503 && body && strstr(body, "BGREWRITEAOF"))
-            break;
-        usleep(100000);
-    }
+    int status = th_wait_unready(hport, "BGREWRITEAOF", 30000, &body);
     cr_expect_eq(status, 503);
     cr_expect(body && strstr(body, "BGREWRITEAOF refused"), "reason: %s", body);
     free(body);
@@ -646,21 +579,22 @@ Test(positions, refused_bgrewriteaof_writes_nothing_until_granted,
                  0);
     free(body);
     cr_expect_eq(th_stack_applied(&stk), 0, "written without the rewrite");
-    cr_expect_geq(log_count(&stk, "m1", "redis.aof.rewrite=false"), 1,
+    cr_expect_geq(th_stack_log_count(&stk, "m1", "redis.aof.rewrite=false"), 1,
                   "the fix is not named");
     const char *grant[] = {"ACL", "SETUSER", "idem", "+bgrewriteaof", NULL};
-    redis_ok(&stk.redis, grant);
+    th_redis_ok(&stk.redis, grant);
     TH_ASSERT_VERIFIED(&stk, 0, NULL, 120000);
     cr_expect_eq(th_stop(m, 15000), 0);
 
     redis_crash(&stk.redis, 0); /* a new server (users are not in the AOF) */
-    redis_ok(&stk.redis, acl);
+    th_redis_ok(&stk.redis, acl);
     const char *more[] = {"--count", "3000", "--seed", "2004", NULL};
     cr_assert_eq(th_stack_produce(&stk, more), 0);
     const char *skip[] = {url, "redis.aof.rewrite=false", NULL};
     m = th_stack_member(&stk, "m2", skip);
     TH_ASSERT_VERIFIED(&stk, 0, NULL, 120000);
-    cr_expect_geq(log_count(&stk, "m2", "without rewriting its AOF first"), 1);
+    cr_expect_geq(
+        th_stack_log_count(&stk, "m2", "without rewriting its AOF first"), 1);
     cr_expect_eq(th_stop(m, 15000), 0);
     th_stack_stop(&stk);
 }

@@ -577,6 +577,85 @@ long th_stack_applied(th_stack_t *s)
     return v;
 }
 
+int th_stack_wait_applied(th_stack_t *s, long n, int timeout_ms)
+{
+    for (int t = 0; t < timeout_ms; t += 50) {
+        if (th_stack_applied(s) >= n)
+            return 0;
+        usleep(50000);
+    }
+    return -1;
+}
+
+long th_stack_expect_unique(th_stack_t *s)
+{
+    json_t *e = json_load_file(s->expect, 0, NULL);
+    cr_assert(e, "no %s", s->expect);
+    long n = (long)json_integer_value(json_object_get(e, "unique"));
+    json_decref(e);
+    cr_assert_gt(n, 0);
+    return n;
+}
+
+char *th_stack_member_log(th_stack_t *s, const char *name)
+{
+    char path[600];
+    snprintf(path, sizeof(path), "%s/%s.log", s->dir, name);
+    char *log = th_slurp(path, NULL);
+    return log ? log : strdup("");
+}
+
+int th_stack_log_count(th_stack_t *s, const char *name, const char *text)
+{
+    char *log = th_stack_member_log(s, name);
+    int n = 0;
+    for (char *at = log; (at = strstr(at, text)); at += strlen(text))
+        n++;
+    free(log);
+    return n;
+}
+
+long long th_redis_info(th_redis_t *r, const char *field)
+{
+    const char *args[] = {"INFO", NULL};
+    char *info = th_redis_cli(r, args);
+    long long v = -1;
+    char key[128];
+    snprintf(key, sizeof(key), "\n%s:", field);
+    char *at = info ? strstr(info, key) : NULL;
+    if (at)
+        v = atoll(at + strlen(key));
+    free(info);
+    return v;
+}
+
+void th_redis_ok(th_redis_t *r, const char *const args[])
+{
+    char *out = th_redis_cli(r, args);
+    cr_assert(out && !strcmp(out, "OK"), "%s %s: %s", args[0],
+              args[1] ? args[1] : "", out ? out : "(failed)");
+    free(out);
+}
+
+int th_wait_unready(int port, const char *needle, int timeout_ms, char **body)
+{
+    char *b = NULL;
+    int status = -1;
+    for (int t = 0; t < timeout_ms; t += 100) {
+        free(b);
+        b = NULL;
+        status = th_http_get(port, "/readyz", &b);
+        if (status == 503 && (!needle || (b && strstr(b, needle))))
+            break;
+        usleep(100000);
+    }
+    if (body)
+        *body = b;
+    else
+        free(b);
+    return status;
+}
+
 void th_recs_free(th_recs_t *r)
 {
     for (size_t i = 0; i < r->n; i++) {

@@ -150,6 +150,34 @@ int th_stack_wait_verified(th_stack_t *s, int dlq, const char *const sets[],
 /* Reads the redis counter <prefix>ledger:applied (0 when absent). */
 long th_stack_applied(th_stack_t *s);
 
+/* Polls th_stack_applied every 50 ms until it reaches n. 0 when it did,
+ * -1 after timeout_ms. */
+int th_stack_wait_applied(th_stack_t *s, long n, int timeout_ms);
+
+/* The "unique" count of the expectation th_stack_produce wrote; asserts
+ * (Criterion) that it is there and above 0. */
+long th_stack_expect_unique(th_stack_t *s);
+
+/* Member `name`'s log (<dir>/<name>.log), "" when there is none. Never
+ * NULL; caller frees. */
+char *th_stack_member_log(th_stack_t *s, const char *name);
+
+/* How often text occurs in member `name`'s log. */
+int th_stack_log_count(th_stack_t *s, const char *name, const char *text);
+
+/* A numeric field of INFO ("used_memory", "aof_rewrite_in_progress");
+ * -1 when absent or Redis did not answer. */
+long long th_redis_info(th_redis_t *r, const char *field);
+
+/* Runs a command that must answer OK; asserts (Criterion) that it did. */
+void th_redis_ok(th_redis_t *r, const char *const args[]);
+
+/* Polls GET /readyz every 100 ms until it answers 503 with needle in the
+ * body (any body when needle is NULL), or timeout_ms passed. Returns the
+ * last status (-1: nothing answered); *body (may be NULL) gets the last
+ * body, caller frees. */
+int th_wait_unready(int port, const char *needle, int timeout_ms, char **body);
+
 typedef struct {
     int32_t partition;
     int64_t offset;

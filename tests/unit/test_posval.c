@@ -1,5 +1,6 @@
 /* test_posval: a position's cluster and record fingerprint: its text in
  * Redis, older values, and the judgement against what Kafka says now. */
+#include "obs/metrics.h"
 #include "redis/posval.h"
 
 #include <criterion/criterion.h>
@@ -173,4 +174,19 @@ Test(posval, verdict_names)
 {
     cr_expect_str_eq(idem_posval_verdict2str(IDEM_POSVAL_USE), "use");
     cr_expect_str_eq(idem_posval_verdict2str(IDEM_POSVAL_PAST_END), "past-end");
+}
+
+/* The loop counts a mismatch by its verdict's name, and the metric drops
+ * a name it does not know: every verdict but USE must be a reason label. */
+Test(posval, every_mismatch_verdict_is_a_metric_reason)
+{
+    idem_posval_verdict_t v[] = {IDEM_POSVAL_CLUSTER, IDEM_POSVAL_RECORD,
+                                 IDEM_POSVAL_PAST_END};
+    for (size_t i = 0; i < sizeof(v) / sizeof(v[0]); i++) {
+        const char *why = idem_posval_verdict2str(v[i]);
+        int known = 0;
+        for (int j = 0; idem_metrics_mismatch_reasons[j]; j++)
+            known |= !strcmp(why, idem_metrics_mismatch_reasons[j]);
+        cr_expect(known, "verdict \"%s\" is no reason label", why);
+    }
 }
