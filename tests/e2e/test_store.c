@@ -33,40 +33,12 @@ static const char *const traffic[] = {
     "--count",           "20000", "--duplicates", "0.1", "--poison", "0.01",
     "--too-large-bytes", "5000",  "--seed",       "81",  NULL};
 
-static long expect_unique(th_stack_t *s)
-{
-    json_t *e = json_load_file(s->expect, 0, NULL);
-    cr_assert(e, "no %s", s->expect);
-    long n = (long)json_integer_value(json_object_get(e, "unique"));
-    json_decref(e);
-    cr_assert_gt(n, 0);
-    return n;
-}
-
-static int wait_applied(th_stack_t *s, long n, int timeout_ms)
-{
-    for (int t = 0; t < timeout_ms; t += 100) {
-        if (th_stack_applied(s) >= n)
-            return 0;
-        usleep(100000);
-    }
-    return -1;
-}
-
-static char *member_log(th_stack_t *s, const char *name)
-{
-    char path[600];
-    snprintf(path, sizeof(path), "%s/%s.log", s->dir, name);
-    char *log = th_slurp(path, NULL);
-    return log ? log : strdup("");
-}
-
 /* Polls the member's log for text. 0 when it appeared. */
 static int wait_log(th_stack_t *s, const char *name, const char *text,
                     int timeout_ms)
 {
     for (int t = 0; t < timeout_ms; t += 100) {
-        char *log = member_log(s, name);
+        char *log = th_stack_member_log(s, name);
         int found = strstr(log, text) != NULL;
         free(log);
         if (found)
@@ -74,29 +46,6 @@ static int wait_log(th_stack_t *s, const char *name, const char *text,
         usleep(100000);
     }
     return -1;
-}
-
-/* A numeric field of INFO (e.g. "used_memory"); -1 when absent. */
-static long long redis_info(th_redis_t *r, const char *field)
-{
-    const char *args[] = {"INFO", NULL};
-    char *info = th_redis_cli(r, args);
-    long long v = -1;
-    char key[128];
-    snprintf(key, sizeof(key), "\n%s:", field);
-    char *at = info ? strstr(info, key) : NULL;
-    if (at)
-        v = atoll(at + strlen(key));
-    free(info);
-    return v;
-}
-
-static void redis_ok(th_redis_t *r, const char *const args[])
-{
-    char *out = th_redis_cli(r, args);
-    cr_assert(out && !strcmp(out, "OK"), "%s %s: %s", args[0],
-              args[1] ? args[1] : "", out ? out : "(failed)");
-    free(out);
 }
 
 /* Polls /metrics for a sample above 0. */
@@ -147,15 +96,15 @@ Test(store, full_memory_pauses_then_resumes_exact, .timeout = 180)
     const char *props[] = {listen, "batch.max.messages=100", NULL};
     cr_assert_eq(th_stack_start(&stk, 4, props), 0);
     cr_assert_eq(th_stack_produce(&stk, traffic), 0);
-    long unique = expect_unique(&stk);
+    long unique = th_stack_expect_unique(&stk);
     /* Room for a few hundred records, set before the member starts: a
      * member that is fast enough to finish everything before a limit set
      * mid-run would prove nothing. */
     char limit[32];
     snprintf(limit, sizeof(limit), "%lld",
-             redis_info(&stk.redis, "used_memory") + 100000);
+             th_redis_info(&stk.redis, "used_memory") + 100000);
     const char *full[] = {"CONFIG", "SET", "maxmemory", limit, NULL};
-    redis_ok(&stk.redis, full);
+    th_redis_ok(&stk.redis, full);
     pid_t m = th_stack_member(&stk, "m1", NULL);
     cr_assert_eq(
         wait_metric(port, "idemproc_redis_errors_total{class=\"oom\"}", 60000),
@@ -176,9 +125,9 @@ Test(store, full_memory_pauses_then_resumes_exact, .timeout = 180)
     sleep(2);
     cr_expect_eq(th_http_get(port, "/healthz", NULL), 200);
     const char *room[] = {"CONFIG", "SET", "maxmemory", "0", NULL};
-    redis_ok(&stk.redis, room);
+    th_redis_ok(&stk.redis, room);
     TH_ASSERT_VERIFIED(&stk, 1, NULL, 120000);
-    char *log = member_log(&stk, "m1");
+    char *log = th_stack_member_log(&stk, "m1");
     cr_expect(!strstr(log, "handler-rejected"), "dead-lettered for OOM");
     free(log);
     cr_expect_eq(th_stop(m, 15000), 0);
@@ -201,9 +150,9 @@ Test(store, read_only_replica_then_promoted_exact, .timeout = 180)
                  "never refused by the replica");
     sleep(2);
     const char *promote[] = {"REPLICAOF", "NO", "ONE", NULL};
-    redis_ok(&replicas[0], promote);
+    th_redis_ok(&replicas[0], promote);
     TH_ASSERT_VERIFIED(&stk, 1, sets, 120000);
-    char *log = member_log(&stk, "m1");
+    char *log = th_stack_member_log(&stk, "m1");
     cr_expect(!strstr(log, "handler-rejected"), "dead-lettered for READONLY");
     free(log);
     cr_expect_eq(th_stop(m, 15000), 0);
@@ -219,12 +168,12 @@ Test(store, evicting_policy_refused_unless_allowed, .timeout = 120)
     cr_assert_eq(th_stack_start(&stk, 2, NULL), 0);
     const char *lru[] = {"CONFIG", "SET", "maxmemory-policy", "allkeys-lru",
                          NULL};
-    redis_ok(&stk.redis, lru);
+    th_redis_ok(&stk.redis, lru);
     const char *few[] = {"--count", "2000", "--seed", "82", NULL};
     cr_assert_eq(th_stack_produce(&stk, few), 0);
     pid_t m = th_stack_member(&stk, "m1", NULL);
     cr_expect_eq(th_wait(m, 30000), 2, "run accepted allkeys-lru");
-    char *log = member_log(&stk, "m1");
+    char *log = th_stack_member_log(&stk, "m1");
     cr_expect(strstr(log, "maxmemory-policy is allkeys-lru"), "log: %s", log);
     cr_expect(strstr(log, "maxmemory-policy noeviction"), "no fix: %s", log);
     cr_expect(strstr(log, "redis.allow.eviction=true"), "no way out: %s", log);
@@ -234,7 +183,7 @@ Test(store, evicting_policy_refused_unless_allowed, .timeout = 120)
     const char *allow[] = {"redis.allow.eviction=true", NULL};
     m = th_stack_member(&stk, "m2", allow);
     TH_ASSERT_VERIFIED(&stk, 1, NULL, 90000);
-    log = member_log(&stk, "m2");
+    log = th_stack_member_log(&stk, "m2");
     cr_expect(strstr(log, "redis may evict dedup marks"), "no warning: %s",
               log);
     free(log);
@@ -244,16 +193,16 @@ Test(store, evicting_policy_refused_unless_allowed, .timeout = 120)
      * policy stops the member too. */
     const char *safe[] = {"CONFIG", "SET", "maxmemory-policy", "noeviction",
                           NULL};
-    redis_ok(&stk.redis, safe);
+    th_redis_ok(&stk.redis, safe);
     m = th_stack_member(&stk, "m3", NULL);
     cr_assert_eq(wait_log(&stk, "m3", "partitions assigned", 30000), 0);
     sleep(2);
-    char *early = member_log(&stk, "m3");
+    char *early = th_stack_member_log(&stk, "m3");
     cr_expect(!strstr(early, "refusing"), "m3 refused noeviction: %s", early);
     free(early);
     const char *lfu[] = {"CONFIG", "SET", "maxmemory-policy", "volatile-lfu",
                          NULL};
-    redis_ok(&stk.redis, lfu);
+    th_redis_ok(&stk.redis, lfu);
     int rc = th_wait(m, 30000);
     if (rc < 0)
         th_stop(m, 5000);
@@ -296,19 +245,19 @@ Test(store, lost_aof_tail_is_read_again_exact, .timeout = 240)
     const char *props[] = {"batch.max.messages=100", NULL};
     cr_assert_eq(th_stack_start(&stk, 4, props), 0);
     const char *aof[] = {"CONFIG", "SET", "appendonly", "yes", NULL};
-    redis_ok(&stk.redis, aof);
+    th_redis_ok(&stk.redis, aof);
     const char *fsync[] = {"CONFIG", "SET", "appendfsync", "everysec", NULL};
-    redis_ok(&stk.redis, fsync);
+    th_redis_ok(&stk.redis, fsync);
     for (int t = 0; t < 100; t++) { /* the first rewrite makes the base */
-        if (redis_info(&stk.redis, "aof_rewrite_in_progress") == 0 &&
-            redis_info(&stk.redis, "aof_rewrite_scheduled") == 0)
+        if (th_redis_info(&stk.redis, "aof_rewrite_in_progress") == 0 &&
+            th_redis_info(&stk.redis, "aof_rewrite_scheduled") == 0)
             break;
         usleep(100000);
     }
     cr_assert_eq(th_stack_produce(&stk, traffic), 0);
-    long unique = expect_unique(&stk);
+    long unique = th_stack_expect_unique(&stk);
     pid_t m = th_stack_member(&stk, "m1", NULL);
-    cr_assert_eq(wait_applied(&stk, unique / 2, 90000), 0);
+    cr_assert_eq(th_stack_wait_applied(&stk, unique / 2, 90000), 0);
     kill(stk.redis.pid, SIGKILL);
     th_wait(stk.redis.pid, 5000);
     stk.redis.pid = 0;
@@ -325,7 +274,7 @@ Test(store, lost_aof_tail_is_read_again_exact, .timeout = 240)
     cr_assert_gt(after, 0, "Redis came back empty: the AOF was not loaded");
     cr_expect_lt(after, unique, "Redis lost nothing: the test proves nothing");
     TH_ASSERT_VERIFIED(&stk, 1, NULL, 150000);
-    char *log = member_log(&stk, "m1");
+    char *log = th_stack_member_log(&stk, "m1");
     cr_expect(strstr(log, "rewound to the position redis holds"),
               "no rewind: %s", log);
     cr_expect(strstr(log, "redis went back in time"), "not detected");
@@ -398,18 +347,18 @@ Test(store, stalled_redis_is_a_timeout_then_exact, .timeout = 180)
                            "redis.timeout.ms=300", NULL};
     cr_assert_eq(th_stack_start(&stk, 4, props), 0);
     cr_assert_eq(th_stack_produce(&stk, traffic), 0);
-    long unique = expect_unique(&stk);
+    long unique = th_stack_expect_unique(&stk);
     pid_t m = th_stack_member(&stk, "m1", NULL);
-    cr_assert_eq(wait_applied(&stk, unique / 5, 60000), 0);
+    cr_assert_eq(th_stack_wait_applied(&stk, unique / 5, 60000), 0);
     const char *pause[] = {"CLIENT", "PAUSE", "4000", "ALL", NULL};
-    redis_ok(&stk.redis, pause);
+    th_redis_ok(&stk.redis, pause);
     cr_assert_eq(wait_log(&stk, "m1", "timeout after 300 ms", 30000), 0,
                  "no timeout reported");
     cr_expect_eq(wait_metric(port,
                              "idemproc_redis_errors_total{class=\"timeout\"}",
                              10000),
                  0);
-    char *log = member_log(&stk, "m1");
+    char *log = th_stack_member_log(&stk, "m1");
     cr_expect(!strstr(log, "Resource temporarily unavailable"),
               "system error text instead of the timeout");
     free(log);
@@ -443,10 +392,10 @@ Test(store, member_starts_at_the_position_redis_holds, .timeout = 240)
 {
     cr_assert_eq(th_stack_start(&stk, 4, NULL), 0);
     const char *aof[] = {"CONFIG", "SET", "appendonly", "yes", NULL};
-    redis_ok(&stk.redis, aof);
+    th_redis_ok(&stk.redis, aof);
     for (int t = 0; t < 100; t++) {
-        if (redis_info(&stk.redis, "aof_rewrite_in_progress") == 0 &&
-            redis_info(&stk.redis, "aof_rewrite_scheduled") == 0)
+        if (th_redis_info(&stk.redis, "aof_rewrite_in_progress") == 0 &&
+            th_redis_info(&stk.redis, "aof_rewrite_scheduled") == 0)
             break;
         usleep(100000);
     }
@@ -475,7 +424,7 @@ Test(store, member_starts_at_the_position_redis_holds, .timeout = 240)
 
     m = th_stack_member(&stk, "m2", NULL);
     TH_ASSERT_VERIFIED(&stk, 1, NULL, 120000);
-    char *log = member_log(&stk, "m2");
+    char *log = th_stack_member_log(&stk, "m2");
     cr_expect(strstr(log, "redis went back in time"), "not detected: %s", log);
     free(log);
     cr_expect_eq(th_stop(m, 15000), 0);
@@ -493,11 +442,11 @@ Test(store, busy_redis_pauses_then_exact, .timeout = 180)
     cr_assert_eq(th_stack_start(&stk, 4, props), 0);
     const char *threshold[] = {"CONFIG", "SET", "busy-reply-threshold", "100",
                                NULL};
-    redis_ok(&stk.redis, threshold);
+    th_redis_ok(&stk.redis, threshold);
     cr_assert_eq(th_stack_produce(&stk, traffic), 0);
-    long unique = expect_unique(&stk);
+    long unique = th_stack_expect_unique(&stk);
     pid_t m = th_stack_member(&stk, "m1", NULL);
-    cr_assert_eq(wait_applied(&stk, unique / 5, 60000), 0);
+    cr_assert_eq(th_stack_wait_applied(&stk, unique / 5, 60000), 0);
     char rport[16];
     snprintf(rport, sizeof(rport), "%d", stk.redis.port);
     char *busy[] = {"/usr/bin/redis-cli",
@@ -517,7 +466,7 @@ Test(store, busy_redis_pauses_then_exact, .timeout = 180)
     cr_expect_eq(th_wait(b, 30000), 0, "the busy script did not end");
     cr_expect_eq(found, 0, "never saw BUSY");
     TH_ASSERT_VERIFIED(&stk, 1, NULL, 120000);
-    char *log = member_log(&stk, "m1");
+    char *log = th_stack_member_log(&stk, "m1");
     cr_expect(!strstr(log, "handler-rejected"), "dead-lettered for BUSY");
     free(log);
     cr_expect_eq(th_stop(m, 15000), 0);
