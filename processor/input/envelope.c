@@ -881,9 +881,47 @@ static void fields_extract(const idem_envelope_rules_t *rules, json_t *root,
     }
 }
 
+/* The value as read for the sources: jansson's tree (NULL with
+ * envelope.format=bytes, or in the fast read), and the bytes it came from,
+ * read again with integers kept as integers when a source finds a number
+ * (the tree reads every number as a real). */
+typedef struct {
+    json_t *root;
+    const void *value;
+    size_t len;
+    json_t *exact; /* the second reading, made on first use */
+} doc_t;
+
+/* A number at `ptr` as its decimal text when it is a JSON integer within
+ * 64 bits (12345, -7; not 1.0, 1e3): a numeric identity such as
+ * Debezium's is the same identity as its digits in a string. Returns 1
+ * found, -1 otherwise (errstr). */
+static int integer_text(doc_t *doc, const src_t *src, char *out,
+                        size_t out_size, size_t *out_len, char *errstr,
+                        size_t errstr_size)
+{
+    if (!doc->exact) {
+        json_error_t jerr;
+        doc->exact =
+            json_loadb(doc->value, doc->len,
+                       JSON_DECODE_ANY | JSON_REJECT_DUPLICATES, &jerr);
+    }
+    json_t *v = doc->exact ? pointer_get(doc->exact, src->arg) : NULL;
+    if (!json_is_integer(v)) {
+        snprintf(errstr, errstr_size,
+                 "%s: must be a string or an integer (within 64 bits)",
+                 src->name);
+        return -1;
+    }
+    int n =
+        snprintf(out, out_size, "%" JSON_INTEGER_FORMAT, json_integer_value(v));
+    *out_len = (size_t)n;
+    return 1;
+}
+
 /* Reads source `src` into out (its bytes and count). Returns 1 found,
  * 0 absent (or null / empty header), -1 invalid (errstr). */
-static int source_read(const src_t *src, json_t *root, hdrs_t *headers,
+static int source_read(const src_t *src, doc_t *doc, hdrs_t *headers,
                        const void *key, size_t key_len, char *out,
                        size_t out_size, size_t *out_len, char *errstr,
                        size_t errstr_size)
@@ -908,11 +946,14 @@ static int source_read(const src_t *src, json_t *root, hdrs_t *headers,
         return h;
     }
     case SRC_VALUE: {
-        if (!root)
+        if (!doc->root)
             return 0; /* envelope.format=bytes: the value is not read */
-        json_t *v = pointer_get(root, src->arg);
+        json_t *v = pointer_get(doc->root, src->arg);
         if (!v || json_is_null(v))
             return 0;
+        if (json_is_number(v))
+            return integer_text(doc, src, out, out_size, out_len, errstr,
+                                errstr_size);
         if (!json_is_string(v)) {
             snprintf(errstr, errstr_size, "%s: must be a string", src->name);
             return -1;
@@ -937,14 +978,14 @@ static int source_read(const src_t *src, json_t *root, hdrs_t *headers,
 }
 
 /* The first source of list[n] found, into out. 1, 0 or -1 (errstr). */
-static int sources_first(const src_t *list, size_t n, json_t *root,
+static int sources_first(const src_t *list, size_t n, doc_t *doc,
                          hdrs_t *headers, const void *key, size_t key_len,
                          char *out, size_t out_size, size_t *out_len,
                          char *errstr, size_t errstr_size)
 {
     for (size_t i = 0; i < n; i++) {
-        int r = source_read(&list[i], root, headers, key, key_len, out,
-                            out_size, out_len, errstr, errstr_size);
+        int r = source_read(&list[i], doc, headers, key, key_len, out, out_size,
+                            out_len, errstr, errstr_size);
         if (r)
             return r;
     }
@@ -971,9 +1012,10 @@ static int fast_first(const src_t *list, size_t n,
                       size_t out_size, size_t *out_len)
 {
     char e[128];
+    doc_t none = {NULL, NULL, 0, NULL};
     for (size_t i = 0; i < n; i++) {
         if (list[i].kind != SRC_VALUE) {
-            int r = source_read(&list[i], NULL, headers, key, key_len, out,
+            int r = source_read(&list[i], &none, headers, key, key_len, out,
                                 out_size, out_len, e, sizeof(e));
             if (r)
                 return r;
@@ -982,6 +1024,23 @@ static int fast_first(const src_t *list, size_t n,
         const idem_envscan_field_t *v = &f[list[i].field];
         if (v->kind == IDEM_ENVSCAN_ABSENT || v->kind == IDEM_ENVSCAN_NULL)
             continue;
+        if (v->kind == IDEM_ENVSCAN_NUMBER) {
+            /* An integer jansson prints back the same (no fraction, no
+             * "-0", at most 18 digits) is its own text; jansson's read
+             * decides every other number. */
+            const char *t = v->text;
+            size_t l = v->text_len, d = t[0] == '-';
+            if (l == d || l - d > 18 || (d && l == 2 && t[1] == '0') ||
+                l >= out_size)
+                return -1;
+            for (size_t k = d; k < l; k++)
+                if (t[k] < '0' || t[k] > '9')
+                    return -1;
+            memcpy(out, t, l);
+            out[l] = '\0';
+            *out_len = l;
+            return 1;
+        }
         if (v->kind != IDEM_ENVSCAN_STRING || v->str_len == 0 ||
             v->str_len >= out_size)
             return -1;
@@ -1175,15 +1234,16 @@ static int read_record(const idem_envelope_rules_t *rules, const void *value,
 
     int r = -1;
     *reason = IDEM_REASON_INVALID_FIELD;
+    doc_t doc = {root, value, len, NULL};
     int have_mid =
-        sources_first(rules->mid, rules->mid_cnt, root, headers, key, key_len,
+        sources_first(rules->mid, rules->mid_cnt, &doc, headers, key, key_len,
                       out->message_id, sizeof(out->message_id),
                       &out->message_id_len, errstr, errstr_size);
     if (have_mid < 0)
         goto done;
     if (!have_mid)
         out->message_id_len = 0;
-    int have_id = sources_first(rules->id, rules->id_cnt, root, headers, key,
+    int have_id = sources_first(rules->id, rules->id_cnt, &doc, headers, key,
                                 key_len, out->identity, sizeof(out->identity),
                                 &out->identity_len, errstr, errstr_size);
     if (have_id < 0)
@@ -1208,6 +1268,7 @@ static int read_record(const idem_envelope_rules_t *rules, const void *value,
         fields_extract(rules, root, out);
     r = 0;
 done:
+    json_decref(doc.exact);
     if (root) {
         json_decref(root);
         arena_end();

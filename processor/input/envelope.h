@@ -117,7 +117,8 @@ unsigned long idem_envelope_fast_reads(void);
  * headers and Kafka key (key_len 0: none), all borrowed. With
  * envelope.format=json the value must be a JSON object; with bytes it is
  * not parsed (value: sources are skipped). The identity is the first
- * source found (a value: source must be a non-empty JSON string); the message
+ * source found (a value: source must be a non-empty JSON string, or a JSON
+ * integer within 64 bits, which counts as its decimal text); the message
  * id likewise (none found: message_id_len 0). Same results as
  * idem_envelope_parse. With fields asked for (idem_envelope_rules_fields),
  * a good record's out->fields holds them: the caller owns that block and

@@ -67,7 +67,7 @@ Test(envelope, every_poison_reason_and_the_identity)
         {"{\"message_id\":\"m1\"" PAY, NULL, 1, 0, NULL},
         {"{\"x\":1" PAY, "hk", 1, 0, NULL},
         {"{\"x\":1" PAY, NULL, 0, IDEM_REASON_NO_IDENTITY, "neither"},
-        {"{\"idempotency_key\":5" PAY, NULL, 0, IDEM_REASON_INVALID_FIELD,
+        {"{\"idempotency_key\":5.5" PAY, NULL, 0, IDEM_REASON_INVALID_FIELD,
          "idempotency_key:"},
         {"{\"idempotency_key\":\"\"" PAY, NULL, 0, IDEM_REASON_INVALID_FIELD,
          "idempotency_key:"},
@@ -193,11 +193,63 @@ Test(envelope, identity_from_a_nested_pointer_a_header_or_the_key)
                            NULL, &env, &reason, err, sizeof(err)),
                  -1);
     cr_expect_eq(reason, IDEM_REASON_NO_IDENTITY);
-    cr_expect_eq(read_with("value:/event/id", "", 0, "{\"event\":{\"id\":5}}",
-                           NULL, NULL, NULL, &env, &reason, err, sizeof(err)),
+    cr_expect_eq(read_with("value:/event/id", "", 0,
+                           "{\"event\":{\"id\":true}}", NULL, NULL, NULL, &env,
+                           &reason, err, sizeof(err)),
                  -1);
     cr_expect_eq(reason, IDEM_REASON_INVALID_FIELD);
     cr_expect(strstr(err, "event/id: must be a string"), "%s", err);
+}
+
+/* A JSON integer at an identity or message id source is its decimal text
+ * (Debezium's numeric keys); any other number is invalid-field. Each case
+ * is read both by the fast read and by jansson, with the same result. */
+Test(envelope, integer_identities_are_their_decimal_text)
+{
+    static const struct {
+        const char *identity, *value, *want; /* want NULL: invalid-field */
+    } cases[] = {
+        {"value:/event_id", "{\"event_id\":12345}", "12345"},
+        {"value:/event_id", "{\"event_id\":-7,\"x\":1}", "-7"},
+        {"value:/event_id", "{\"event_id\":0}", "0"},
+        {"value:/event_id", "{\"event_id\":-0}", "0"},
+        {"value:/event_id", "{\"event_id\":9223372036854775807}",
+         "9223372036854775807"},
+        {"value:/meta/event_id", "{\"meta\":{\"event_id\":42}}", "42"},
+        {"value:/event_id", "{\"event_id\":12345.0}", NULL},
+        {"value:/event_id", "{\"event_id\":1e3}", NULL},
+        {"value:/event_id", "{\"event_id\":1.5}", NULL},
+        {"value:/event_id", "{\"event_id\":99999999999999999999}", NULL},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        for (int fast = 0; fast < 2; fast++) {
+            char e[256], err[256];
+            idem_envelope_t env;
+            idem_reason_t reason;
+            idem_envelope_rules_t *r = idem_envelope_rules_new(
+                0, cases[i].identity, "value:/event_id", 0, 4096, e, sizeof(e));
+            cr_assert(r, "%s", e);
+            idem_envelope_rules_fast(r, fast);
+            int rc = idem_envelope_read(r, cases[i].value,
+                                        strlen(cases[i].value), NULL, NULL, 0,
+                                        &env, &reason, err, sizeof(err));
+            if (cases[i].want) {
+                cr_expect_eq(rc, 0, "%s (fast %d): %s", cases[i].value, fast,
+                             err);
+                cr_expect_str_eq(env.identity, cases[i].want, "%s (fast %d)",
+                                 cases[i].value, fast);
+                cr_expect_eq(env.identity_len, strlen(cases[i].want));
+            } else {
+                cr_expect_eq(rc, -1, "%s (fast %d)", cases[i].value, fast);
+                cr_expect_eq(reason, IDEM_REASON_INVALID_FIELD, "%s (fast %d)",
+                             cases[i].value, fast);
+                cr_expect(strstr(err, "must be a string or an integer"),
+                          "%s (fast %d): %s", cases[i].value, fast, err);
+            }
+            idem_envelope_term(&env);
+            idem_envelope_rules_destroy(r);
+        }
+    }
 }
 
 /* envelope.format=bytes: the value is not parsed at all (not JSON, empty,
