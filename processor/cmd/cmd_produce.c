@@ -9,6 +9,8 @@
 #include "base/outcome.h"
 #include "dev/producer.h"
 #include "base/util.h"
+#include "effect/handler.h"
+#include "input/envelope.h"
 
 #include <errno.h>
 #include <getopt.h>
@@ -101,7 +103,9 @@ void idem_cmd_produce_usage(FILE *out)
         "                           message.max.bytes default + 1)\n"
         "  --expect FILE            write the expected outcome (counts and "
         "ledger) as JSON;\n"
-        "                           also with --input (README, \"The "
+        "                           also with --input, judged with -c's "
+        "envelope.*, handler\n"
+        "                           and message.max.bytes (README, \"The "
         "expectation file\")\n\n"
         "JSON lines:\n"
         "  --input FILE|-           send each line of FILE (- = stdin); lines "
@@ -109,8 +113,14 @@ void idem_cmd_produce_usage(FILE *out)
         "                           JSON are sent as-is and counted, empty "
         "lines are\n"
         "                           skipped and counted\n"
-        "  --key-field NAME         field used as key (default order_id, then "
-        "message_id)\n"
+        "  --key-field POINTER      where the key is: a JSON Pointer "
+        "(/order/customer/id)\n"
+        "                           or a top-level name (sku); a JSON object "
+        "without a\n"
+        "                           string or integer there is not sent "
+        "(exit 1); default:\n"
+        "                           order_id, else message_id, never "
+        "refusing\n"
         "  --key-delimiter DELIM    a line KEY<DELIM>VALUE sends KEY as the "
         "key "
         "and VALUE\n"
@@ -569,6 +579,7 @@ typedef struct {
     int64_t last_us;
     int64_t not_json; /* --input lines that are not JSON */
     int64_t empty;    /* --input lines skipped because they are empty */
+    int64_t refused;  /* --input objects without --key-field: not sent */
 } counts_t;
 
 /* Counts one message about to be handed to the producer; with --rate (a
@@ -637,7 +648,9 @@ static int produce_input(produce_args_t *a, FILE *fp, idem_producer_t *p,
     idem_inputline_t il;
     idem_inputline_init(&il);
     const char *field = a->key_field ? a->key_field : "order_id";
+    int64_t lineno = 0;
     while (!produce_stop && (len = getline(&line, &cap, fp)) >= 0) {
+        lineno++;
         while (len > 0 && (line[len - 1] == '\n' || line[len - 1] == '\r'))
             line[--len] = '\0';
         if (len == 0) {
@@ -649,6 +662,18 @@ static int produce_input(produce_args_t *a, FILE *fp, idem_producer_t *p,
         int prefixed =
             split_key(a, line, (size_t)len, &key, &key_len, &value, &value_len);
         idem_inputline_read(&il, value, value_len, prefixed ? NULL : field);
+        if (a->key_field && !prefixed && il.object && !il.key_found) {
+            /* A key the user named and the line lacks would be a null
+             * key: the record would land on any partition, out of order
+             * with its siblings. */
+            if (cnt->refused++ < 10)
+                fprintf(stderr,
+                        "idemproc produce: --input %s line %" PRId64
+                        ": --key-field %s: no string or integer there; "
+                        "line not sent\n",
+                        a->input_path, lineno, a->key_field);
+            continue;
+        }
         if (!il.json)
             cnt->not_json++;
         const char *mid = il.message_id;
@@ -680,7 +705,8 @@ static int produce_input(produce_args_t *a, FILE *fp, idem_producer_t *p,
         bucket_take(&bucket, p);
         counts_send(cnt, a->rate);
         if (expect)
-            idem_expect_add(expect, value, value_len);
+            idem_expect_add(expect, value, value_len, key, key_len, mid,
+                            il.idempotency_key);
         idem_producer_send(p, key, key_len, value, value_len, mid,
                            il.idempotency_key, serr, sizeof(serr));
         idem_producer_poll(p, 0);
@@ -742,9 +768,13 @@ static void summary_print(idem_gen_t *gen, const counts_t *cnt,
                  json_integer_value(json_object_get(d, "resend")), poison);
         json_decref(e);
     } else {
-        snprintf(extra, sizeof(extra),
-                 "not-json lines %" PRId64 ", empty lines skipped %" PRId64,
-                 cnt->not_json, cnt->empty);
+        int n =
+            snprintf(extra, sizeof(extra),
+                     "not-json lines %" PRId64 ", empty lines skipped %" PRId64,
+                     cnt->not_json, cnt->empty);
+        if (cnt->refused)
+            snprintf(extra + n, sizeof(extra) - (size_t)n,
+                     ", refused %" PRId64 " (--key-field)", cnt->refused);
     }
     fprintf(stderr,
             "produce: sent %" PRId64 ", acked %" PRId64 ", failed %" PRId64
@@ -776,6 +806,33 @@ static void pacing_print(const produce_args_t *a, const counts_t *cnt,
             "after p50 %" PRId64 " ms, p99 %" PRId64 " ms, max %" PRId64
             " ms (CreateTime -> delivery report)\n",
             reached, span, target, p50, p99, max);
+}
+
+/* The expectation of --input lines, judged as the configured member will
+ * read them: the config's envelope.* and message.max.bytes, payments and a
+ * ledger for a handler that needs them, each identity's value for a
+ * forward that copies values unchanged. *rules gets the rules the tally
+ * borrows (the caller destroys them after it). NULL with errstr for a
+ * configuration the member would refuse. */
+static idem_expect_t *expect_new(const idem_conf_t *conf,
+                                 idem_envelope_rules_t **rules, char *errstr,
+                                 size_t errstr_size)
+{
+    const char *arg;
+    const idem_handler_ops_t *ops =
+        idem_handler_find(conf->handler, &arg, errstr, errstr_size);
+    if (!ops)
+        return NULL;
+    *rules = idem_envelope_rules_new(
+        conf->envelope_format, conf->envelope_identity,
+        conf->envelope_message_id, ops->needs_payment,
+        (size_t)conf->message_max_bytes, errstr, errstr_size);
+    if (!*rules)
+        return NULL;
+    int flags = ops->needs_payment ? IDEM_EXPECT_LEDGER : 0;
+    if (!strcmp(ops->name, "forward") && !conf->forward_processed_at)
+        flags |= IDEM_EXPECT_OUTPUT;
+    return idem_expect_new(*rules, flags);
 }
 
 int idem_cmd_produce(int argc, char **argv, char **envp)
@@ -846,11 +903,16 @@ int idem_cmd_produce(int argc, char **argv, char **envp)
     sigaction(SIGTERM, &sa, NULL);
     sigaction(SIGINT, &sa, NULL);
 
-    idem_expect_t *expect =
-        in && a.expect_path ? idem_expect_new((size_t)a.conf->message_max_bytes)
-                            : NULL;
+    idem_envelope_rules_t *rules = NULL;
+    idem_expect_t *expect = NULL;
+    if (in && a.expect_path &&
+        !(expect = expect_new(a.conf, &rules, errstr, sizeof(errstr)))) {
+        fprintf(stderr, "idemproc produce: --expect: %s\n", errstr);
+        idem_producer_destroy(p);
+        goto usage_fail;
+    }
     progress_t pg = {.on = isatty(2), .start_ms = idem_now_ms()};
-    counts_t cnt = {0, 0, 0, 0, 0};
+    counts_t cnt = {0};
     int64_t start_us = idem_now_us();
     int input_failed = 0;
     if (gen)
@@ -874,6 +936,13 @@ int idem_cmd_produce(int argc, char **argv, char **envp)
         fprintf(stderr, "idemproc produce: %s\n", errstr);
         rc = IDEM_EXIT_FAIL;
     }
+    if (cnt.refused) {
+        fprintf(stderr,
+                "idemproc produce: %" PRId64
+                " lines not sent: --key-field %s found nothing in them\n",
+                cnt.refused, a.key_field);
+        rc = IDEM_EXIT_FAIL;
+    }
     if (a.expect_path) {
         json_t *doc = gen ? idem_gen_expect(gen) : idem_expect_json(expect);
         if (idem_expect_write(doc, a.expect_path, errstr, sizeof(errstr))) {
@@ -892,6 +961,7 @@ int idem_cmd_produce(int argc, char **argv, char **envp)
         rc = IDEM_EXIT_FAIL;
     }
     idem_expect_destroy(expect);
+    idem_envelope_rules_destroy(rules);
     idem_producer_destroy(p);
     idem_gen_destroy(gen);
     if (in && in != stdin)

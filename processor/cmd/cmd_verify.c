@@ -4,6 +4,7 @@
 #include "cmd/cmdline.h"
 #include "conf/conf.h"
 #include "base/util.h"
+#include "dev/expect.h"
 #include "dev/verify.h"
 
 #include <stdlib.h>
@@ -16,19 +17,25 @@ void idem_cmd_verify_usage(FILE *out)
         "usage: idemproc verify -c FILE --expect FILE [--dlq] [--wait "
         "SECONDS]\n"
         "                       [--timeout-ms N] [--set k=v]...\n"
-        "  Compares the effect with the file that 'produce --expect' wrote "
-        "(from\n"
-        "  generated traffic or from --input lines; README, \"The expectation "
-        "file\"):\n"
-        "  handler=ledger: the ledger hashes and the applied counter in "
-        "Redis;\n"
-        "  handler=forward: output.topic read to its end, whose distinct "
-        "records\n"
-        "  must rebuild the same ledger. With --dlq also reads dlq.topic to "
-        "its end\n"
-        "  and compares distinct dead-lettered records of this group.id by "
-        "reason;\n"
-        "  a partition whose earliest offset is above 0 (records dropped by "
+        "  Compares what took effect with the file that 'produce --expect' "
+        "wrote (from\n"
+        "  generated traffic or --input lines) or you wrote (README, \"The "
+        "expectation\n"
+        "  file\"), read through the configuration's handler and "
+        "envelope.*:\n"
+        "  every handler: the dedup marks of group.id (each listed identity "
+        "applied,\n"
+        "  no other; the ledger's counter stands in when none are listed);\n"
+        "  handler=ledger: the ledger hashes and the applied counter;\n"
+        "  handler=forward: output.topic read to its end, each identity once "
+        "(values\n"
+        "  as sent when listed; payments rebuild the ledger when one is "
+        "expected);\n"
+        "  \"redis\" values (script). With --dlq also reads dlq.topic to "
+        "its end and\n"
+        "  compares distinct dead-lettered records of this group.id by "
+        "reason; a\n"
+        "  partition whose earliest offset is above 0 (records dropped by "
         "retention\n"
         "  or by the embedded broker's size limit) is reported. Prints each "
         "difference.\n\n"
@@ -118,7 +125,7 @@ int idem_cmd_verify(int argc, char **argv, char **envp)
         return IDEM_EXIT_USAGE;
     }
     char errstr[512];
-    json_t *expect = idem_verify_expect_load(o.expect, errstr, sizeof(errstr));
+    json_t *expect = idem_expect_load(o.expect, errstr, sizeof(errstr));
     if (!expect) {
         fprintf(stderr, "idemproc verify: %s\n", errstr);
         idem_conf_destroy(conf);

@@ -12,10 +12,11 @@ typedef struct {
     int object;         /* ... and that value is an object */
     int members;        /* the object has at least one member */
     int has_message_id; /* the object has a member message_id (any type) */
-    /* The key: the member key_field, else message_id; a string (decoded)
-     * or an integer (as jansson prints it). NULL: none. */
+    /* The key: the value at key_field, else message_id; a string
+     * (decoded) or an integer (as jansson prints it). NULL: none. */
     const char *key;
     size_t key_len;
+    int key_found; /* key_field held a string or an integer */
     /* message_id and idempotency_key (string or integer, as the key), NUL
      * terminated; NULL: none. */
     const char *message_id;
@@ -35,7 +36,9 @@ void idem_inputline_term(idem_inputline_t *il);
 void idem_inputline_fast(idem_inputline_t *il, int on);
 
 /* Reads `line` (`len` bytes, borrowed, no newline) into *il. key_field is
- * the member that holds the key (NULL: none, the key is message_id). A
+ * where the key is: a JSON Pointer (RFC 6901: "/order/customer/id",
+ * "/items/0/sku") or a top-level member's name ("sku" is "/sku"); NULL:
+ * none, the key is message_id. A
  * line is JSON when jansson reads it (JSON_DECODE_ANY); an integer too
  * large for 64 bits does not make it "not JSON" (RFC 8259 allows it), but
  * such a member is no key or id. The envelope scan (input/envscan.h) reads

@@ -1,10 +1,11 @@
-/* verify: compares what the processor left in Redis (and the DLQ) with the
- * expectations `produce --expect` wrote. */
+/* verify: compares what the processor left in Redis, on its output topic
+ * and in the DLQ with the expectation file (verify.h). */
 #include "dev/verify.h"
 #include "input/envelope.h"
 #include "kafka/kafka.h"
 #include "base/outcome.h"
 #include "redis/store.h"
+#include "redis/storeread.h"
 #include "base/util.h"
 
 #include <inttypes.h>
@@ -280,178 +281,334 @@ static void dlq_record(const rd_kafka_message_t *m, void *opaque)
 }
 
 typedef struct {
-    json_t *ledger; /* {currency: {user: minor}} rebuilt from the output */
-    json_t *seen;   /* identities already counted */
-    int64_t distinct, records, unparsable;
-    int64_t carried; /* distinct records without valid payment fields */
+    const idem_envelope_rules_t *rules;        /* the config's envelope.* */
+    const idem_envelope_rules_t *ledger_rules; /* payments (ledger mode) */
+    json_t *ledger; /* ledger mode: {currency: {user: minor}} rebuilt */
+    json_t *seen;   /* identity -> times seen on the output */
+    json_t *values; /* identity -> the first value seen (a string) */
+    int64_t distinct, records, unparsable, not_text;
+    int64_t carried; /* ledger mode: distinct records without payment fields */
 } output_tally_t;
 
-/* read_topic callback for the forward handler's output: each distinct
- * identity must appear, and together they must rebuild the exact ledger. */
+/* read_topic callback for the forward handler's output: each record's
+ * identity, read by the config's envelope.* as the member read it, counted;
+ * in ledger mode (an expectation with a "ledger") the distinct payments
+ * also rebuild the ledger. */
 static void output_record(const rd_kafka_message_t *m, void *opaque)
 {
     output_tally_t *t = opaque;
-    idem_envelope_t env;
+    idem_envelope_t env = {.fields =
+                               NULL}; /* no fields asked: read leaves them */
     idem_reason_t reason;
     char err[256];
     rd_kafka_headers_t *h = NULL;
     rd_kafka_message_headers(m, &h);
     t->records++;
-    if (idem_envelope_parse(m->payload, m->len, h, 1, (size_t)-1, &env, &reason,
-                            err, sizeof(err))) {
-        /* forward carries any record with an identity: one the ledger
-         * would refuse (invalid-field) is output too, once. */
-        if (reason == IDEM_REASON_INVALID_FIELD &&
-            !idem_envelope_parse(m->payload, m->len, h, 0, (size_t)-1, &env,
-                                 &reason, err, sizeof(err))) {
-            if (!json_object_getn(t->seen, env.identity, env.identity_len)) {
-                json_object_setn_new(t->seen, env.identity, env.identity_len,
-                                     json_true());
-                t->carried++;
-            }
-            return;
-        }
+    if (idem_envelope_read(t->rules, m->payload, m->payload ? m->len : 0, h,
+                           m->key, m->key ? m->key_len : 0, &env, &reason, err,
+                           sizeof(err))) {
         t->unparsable++;
         return;
     }
-    if (json_object_getn(t->seen, env.identity, env.identity_len))
+    json_t *n = json_object_getn(t->seen, env.identity, env.identity_len);
+    json_object_setn_new(t->seen, env.identity, env.identity_len,
+                         json_integer(n ? json_integer_value(n) + 1 : 1));
+    idem_envelope_term(&env);
+    if (n)
         return;
-    json_object_setn_new(t->seen, env.identity, env.identity_len, json_true());
     t->distinct++;
-    json_t *cur = json_object_get(t->ledger, env.currency);
+    json_t *v =
+        json_stringn(m->payload ? m->payload : "", m->payload ? m->len : 0);
+    if (!v)
+        t->not_text++; /* not UTF-8: no value to compare with */
+    json_object_setn_new(t->values, env.identity, env.identity_len,
+                         v ? v : json_null());
+    if (!t->ledger)
+        return;
+    idem_envelope_t pay = {.fields = NULL};
+    if (idem_envelope_read(t->ledger_rules, m->payload, m->payload ? m->len : 0,
+                           h, m->key, m->key ? m->key_len : 0, &pay, &reason,
+                           err, sizeof(err))) {
+        /* forward carries any record with an identity: one the ledger
+         * would refuse (invalid-field) is output too, once. */
+        t->carried++;
+        return;
+    }
+    json_t *cur = json_object_get(t->ledger, pay.currency);
     if (!cur) {
         cur = json_object();
-        json_object_set_new(t->ledger, env.currency, cur);
+        json_object_set_new(t->ledger, pay.currency, cur);
     }
-    json_t *v = json_object_get(cur, env.user_id);
+    json_t *b = json_object_get(cur, pay.user_id);
     json_object_set_new(
-        cur, env.user_id,
-        json_integer((v ? json_integer_value(v) : 0) + env.amount_minor));
+        cur, pay.user_id,
+        json_integer((b ? json_integer_value(b) : 0) + pay.amount_minor));
+    idem_envelope_term(&pay);
 }
 
-/* Checks that `obj` maps names to integers; -1 with errstr naming the
- * member otherwise. */
-static int expect_int_map(const char *path, const char *what, json_t *obj,
-                          char *errstr, size_t errstr_size)
+/* An identity for a report line: printable bytes as they are, others as
+ * \xNN, cut at 80 bytes. */
+static const char *printable(const char *id, size_t len, char *buf, size_t size)
 {
-    const char *k;
-    json_t *v;
-    json_object_foreach(obj, k, v)
+    size_t o = 0;
+    for (size_t i = 0; i < len && o + 5 < size && i < 80; i++) {
+        unsigned char c = (unsigned char)id[i];
+        if (c >= 0x20 && c < 0x7f)
+            buf[o++] = (char)c;
+        else
+            o += (size_t)snprintf(buf + o, size - o, "\\x%02x", c);
+    }
+    buf[o] = '\0';
+    return buf;
+}
+
+typedef struct {
+    json_t *done; /* identity -> message_id of the record that applied it */
+    int64_t leases;
+} marks_tally_t;
+
+static void collect_mark(const idem_storeread_mark_t *m, void *opaque)
+{
+    marks_tally_t *t = opaque;
+    if (!m->done) {
+        t->leases++;
+        return;
+    }
+    json_t *mid = json_stringn(m->message_id, m->message_id_len);
+    json_object_setn_new(t->done, m->identity, m->identity_len,
+                         mid ? mid : json_null());
+}
+
+/* Every expected identity (want: an array of strings) has a done mark of
+ * this group, and no other identity has one. */
+static void compare_marks(report_t *r, json_t *want, const marks_tally_t *got)
+{
+    char pb[400];
+    json_t *set = json_object(), *id;
+    size_t i;
+    json_array_foreach(want, i, id)
     {
-        if (!json_is_integer(v)) {
-            snprintf(errstr, errstr_size,
-                     "--expect %s: %s \"%s\" must be an integer", path, what,
-                     k);
-            return -1;
+        const char *s = json_string_value(id);
+        size_t n = json_string_length(id);
+        json_object_setn_new(set, s, n, json_true());
+        if (!json_object_getn(got->done, s, n))
+            diff(r, "identity %s: not applied (no done mark in Redis)",
+                 printable(s, n, pb, sizeof(pb)));
+    }
+    const char *k;
+    size_t klen;
+    json_t *v;
+    void *tmp;
+    json_object_keylen_foreach_safe(got->done, tmp, k, klen, v)
+    {
+        if (!json_object_getn(set, k, klen))
+            diff(r, "identity %s: applied (done mark), but not expected",
+                 printable(k, klen, pb, sizeof(pb)));
+    }
+    json_decref(set);
+}
+
+/* The forward handler's output against the expected identities (each
+ * exactly once) and, when the expectation holds "output", their values
+ * byte for byte. */
+static void compare_output(report_t *r, const char *topic, json_t *want_ids,
+                           json_t *want_values, const output_tally_t *t)
+{
+    char pb[400];
+    json_t *set = json_object(), *id;
+    size_t i;
+    json_array_foreach(want_ids, i, id)
+    {
+        const char *s = json_string_value(id);
+        size_t n = json_string_length(id);
+        json_object_setn_new(set, s, n, json_true());
+        json_t *c = json_object_getn(t->seen, s, n);
+        if (!c)
+            diff(r, "output: identity %s: missing from %s",
+                 printable(s, n, pb, sizeof(pb)), topic);
+        else if (json_integer_value(c) != 1)
+            diff(r,
+                 "output: identity %s: %" JSON_INTEGER_FORMAT
+                 " times on %s, expected once",
+                 printable(s, n, pb, sizeof(pb)), json_integer_value(c), topic);
+    }
+    const char *k;
+    size_t klen;
+    json_t *v;
+    void *tmp;
+    json_object_keylen_foreach_safe(t->seen, tmp, k, klen, v)
+    {
+        if (want_ids && !json_object_getn(set, k, klen))
+            diff(r, "output: identity %s: on %s, but not expected",
+                 printable(k, klen, pb, sizeof(pb)), topic);
+    }
+    json_object_keylen_foreach_safe(want_values, tmp, k, klen, v)
+    {
+        json_t *g = json_object_getn(t->values, k, klen);
+        if (g && !json_equal(g, v))
+            diff(r, "output: identity %s: value differs from the one sent",
+                 printable(k, klen, pb, sizeof(pb)));
+    }
+    json_decref(set);
+}
+
+/* One expected Redis value (want: a string, a number or null for
+ * "absent") against what Redis holds at key (field NULL) or key's field. */
+static int compare_value(report_t *r, idem_storeread_t *rd, const char *key,
+                         const char *field, json_t *want, char *errstr,
+                         size_t errstr_size)
+{
+    char *got;
+    size_t len;
+    if (idem_storeread_value(rd, key, field, &got, &len, errstr, errstr_size))
+        return -1;
+    char where[600];
+    snprintf(where, sizeof(where), "redis %s%s%s", key, field ? " " : "",
+             field ? field : "");
+    char *wtext = json_dumps(want, JSON_ENCODE_ANY);
+    int same;
+    if (json_is_null(want)) {
+        same = !got;
+    } else if (!got) {
+        same = 0;
+    } else if (json_is_string(want)) {
+        same = len == json_string_length(want) &&
+               !memcmp(got, json_string_value(want), len);
+    } else if (json_is_integer(want)) {
+        char *end;
+        errno = 0;
+        long long g = strtoll(got, &end, 10);
+        same = !errno && end != got && !*end && g == json_integer_value(want);
+    } else {
+        char *end;
+        double g = strtod(got, &end);
+        same = end != got && !*end && g == json_number_value(want);
+    }
+    if (!same)
+        diff(r, "%s: expected %s, %s%s%s", where, wtext,
+             got ? "got \"" : "absent", got ? got : "", got ? "\"" : "");
+    free(wtext);
+    free(got);
+    return 0;
+}
+
+/* The expectation's "redis": {key: value} for strings, {key: {field:
+ * value}} for hashes. Counts the values compared in *n. */
+static int compare_redis(report_t *r, idem_storeread_t *rd, json_t *want,
+                         size_t *n, char *errstr, size_t errstr_size)
+{
+    const char *key, *field;
+    json_t *v, *fv;
+    json_object_foreach(want, key, v)
+    {
+        if (!json_is_object(v)) {
+            if (compare_value(r, rd, key, NULL, v, errstr, errstr_size))
+                return -1;
+            (*n)++;
+            continue;
+        }
+        json_object_foreach(v, field, fv)
+        {
+            if (compare_value(r, rd, key, field, fv, errstr, errstr_size))
+                return -1;
+            (*n)++;
         }
     }
     return 0;
 }
 
-json_t *idem_verify_expect_load(const char *path, char *errstr,
-                                size_t errstr_size)
+typedef enum { H_LEDGER, H_FORWARD, H_OTHER } handler_kind_t;
+
+static handler_kind_t handler_kind(const char *handler)
 {
-    FILE *fp = fopen(path, "r");
-    if (!fp) {
-        snprintf(errstr, errstr_size, "--expect %s: cannot open: %s", path,
-                 strerror(errno));
-        return NULL;
-    }
-    json_error_t jerr;
-    json_t *e = json_loadf(fp, 0, &jerr);
-    fclose(fp);
-    if (!e) {
-        snprintf(errstr, errstr_size,
-                 "--expect %s:%d:%d: not JSON: %s (write it with 'idemproc "
-                 "produce --expect')",
-                 path, jerr.line, jerr.column, jerr.text);
-        return NULL;
-    }
-    json_t *ledger = json_object_get(e, "ledger");
-    json_t *applied = json_object_get(e, "applied");
-    json_t *poison = json_object_get(e, "poison");
-    const char *missing = !json_is_object(e)          ? "a JSON object"
-                          : !json_is_object(ledger)   ? "a \"ledger\" object"
-                          : !json_is_integer(applied) ? "an integer \"applied\""
-                          : poison && !json_is_object(poison)
-                              ? "\"poison\" as an object"
-                              : NULL;
-    if (missing) {
-        snprintf(errstr, errstr_size,
-                 "--expect %s: needs %s (README, \"The expectation file\")",
-                 path, missing);
-        json_decref(e);
-        return NULL;
-    }
-    const char *cur;
-    json_t *users;
-    json_object_foreach(ledger, cur, users)
-    {
-        if (!json_is_object(users)) {
-            snprintf(errstr, errstr_size,
-                     "--expect %s: ledger \"%s\" must be an object of "
-                     "user: minor units",
-                     path, cur);
-            json_decref(e);
-            return NULL;
-        }
-        char what[64];
-        snprintf(what, sizeof(what), "ledger %.16s user", cur);
-        if (expect_int_map(path, what, users, errstr, errstr_size)) {
-            json_decref(e);
-            return NULL;
-        }
-    }
-    if (poison &&
-        expect_int_map(path, "poison reason", poison, errstr, errstr_size)) {
-        json_decref(e);
-        return NULL;
-    }
-    return e;
+    return !strcmp(handler, "ledger")    ? H_LEDGER
+           : !strcmp(handler, "forward") ? H_FORWARD
+                                         : H_OTHER;
 }
 
 int idem_verify(const idem_conf_t *conf, json_t *expect, int with_dlq,
                 int timeout_ms, FILE *out, char *errstr, size_t errstr_size)
 {
+    handler_kind_t kind = handler_kind(conf->handler);
     json_t *want_ledger = json_object_get(expect, "ledger");
     json_t *want_applied = json_object_get(expect, "applied");
+    json_t *want_ids = json_object_get(expect, "identities");
+    json_t *want_redis = json_object_get(expect, "redis");
     report_t r = {.out = out, .diffs = 0};
     idem_store_t *store = idem_store_new(conf, NULL);
     idem_store_allow_replica(store);
+    idem_storeread_t *rd = idem_storeread_new(conf);
     json_t *got = json_object();
     dlq_tally_t dlq = {.group = conf->group_id, .seen = json_object()};
-    output_tally_t outp = {.ledger = got, .seen = json_object()};
+    marks_tally_t marks = {.done = json_object()};
+    idem_envelope_rules_t *rules = idem_envelope_rules_new(
+        conf->envelope_format, conf->envelope_identity,
+        conf->envelope_message_id, 0, (size_t)-1, errstr, errstr_size);
+    idem_envelope_rules_t *ledger_rules = idem_envelope_rules_new(
+        conf->envelope_format, conf->envelope_identity,
+        conf->envelope_message_id, 1, (size_t)-1, errstr, errstr_size);
+    output_tally_t outp = {.rules = rules,
+                           .ledger_rules = ledger_rules,
+                           .ledger = want_ledger ? got : NULL,
+                           .seen = json_object(),
+                           .values = json_object()};
     int64_t applied = 0;
+    size_t redis_values = 0;
     int rc = -1;
-    if (!strcmp(conf->handler, "forward")) {
-        /* The effect is the output topic: its distinct records must
-         * rebuild the ledger exactly, one per unique payment. */
+    if (!rules || !ledger_rules)
+        goto done;
+    /* The marks: every handler sets one per applied identity (in one
+     * script with the effect for ledger and script). The ledger's own
+     * counter stands in for them when no identities are listed. */
+    int with_marks = want_ids || kind == H_OTHER;
+    if (with_marks) {
+        if (idem_storeread_marks(rd, conf->group_id, collect_mark, &marks,
+                                 errstr, errstr_size))
+            goto done;
+        if (want_ids)
+            compare_marks(&r, want_ids, &marks);
+    }
+    if (kind == H_FORWARD) {
+        /* The effect is the output topic: each expected identity on it
+         * once (ledger mode: the distinct records rebuild the ledger). */
         if (read_topic(conf, conf->output_topic, timeout_ms, output_record,
                        &outp, out, errstr, errstr_size))
             goto done;
         applied = outp.distinct;
         if (outp.unparsable)
-            diff(&r, "output: %" PRId64 " records do not parse",
+            diff(&r, "output: %" PRId64 " records without an identity",
                  outp.unparsable);
-        /* What the ledger would dead-letter as invalid-field, forward
-         * carries to the output. */
-        json_t *w =
-            json_object_get(json_object_get(expect, "poison"), "invalid-field");
-        int64_t want = w ? json_integer_value(w) : 0;
-        if (outp.carried != want)
-            diff(&r,
-                 "output: expected %" PRId64 " records without payment fields "
-                 "(invalid-field for the ledger), got %" PRId64,
-                 want, outp.carried);
-    } else if (idem_store_ledger_scan(store, collect_ledger, got, errstr,
-                                      errstr_size) ||
-               idem_store_applied_get(store, &applied, errstr, errstr_size)) {
-        goto done;
+        compare_output(&r, conf->output_topic, want_ids,
+                       json_object_get(expect, "output"), &outp);
+        if (want_ledger) {
+            /* What the ledger would dead-letter as invalid-field,
+             * forward carries to the output. */
+            json_t *w = json_object_get(json_object_get(expect, "poison"),
+                                        "invalid-field");
+            int64_t want = w ? json_integer_value(w) : 0;
+            if (outp.carried != want)
+                diff(&r,
+                     "output: expected %" PRId64
+                     " records without payment fields (invalid-field for "
+                     "the ledger), got %" PRId64,
+                     want, outp.carried);
+        }
+    } else if (kind == H_LEDGER) {
+        if (idem_store_ledger_scan(store, collect_ledger, got, errstr,
+                                   errstr_size) ||
+            idem_store_applied_get(store, &applied, errstr, errstr_size))
+            goto done;
+    } else {
+        applied = (int64_t)json_object_size(marks.done);
     }
-    compare_ledger(&r, want_ledger, got);
+    if (want_ledger)
+        compare_ledger(&r, want_ledger, got);
     if (applied != json_integer_value(want_applied))
         diff(&r, "applied: expected %" JSON_INTEGER_FORMAT ", got %" PRId64,
              json_integer_value(want_applied), applied);
+    if (want_redis &&
+        compare_redis(&r, rd, want_redis, &redis_values, errstr, errstr_size))
+        goto done;
     size_t users = 0;
     const char *cur;
     json_t *u;
@@ -463,11 +620,11 @@ int idem_verify(const idem_conf_t *conf, json_t *expect, int with_dlq,
                        errstr, errstr_size))
             goto done;
         json_t *poison = json_object_get(expect, "poison");
-        int forward = !strcmp(conf->handler, "forward");
         for (int i = 0; i < IDEM_REASON_CNT; i++) {
             json_t *w = json_object_get(poison, idem_reason2str(i));
             int64_t want = w ? json_integer_value(w) : 0;
-            if (forward && i == IDEM_REASON_INVALID_FIELD)
+            if (kind == H_FORWARD && want_ledger &&
+                i == IDEM_REASON_INVALID_FIELD)
                 want = 0; /* carried to the output (above) */
             dlq_total += dlq.counts[i];
             if (want != dlq.counts[i])
@@ -480,23 +637,46 @@ int idem_verify(const idem_conf_t *conf, json_t *expect, int with_dlq,
     if (r.diffs) {
         fprintf(out, "verify: MISMATCH (%d differences)\n", r.diffs);
         rc = 1;
-    } else {
+        goto done;
+    }
+    if (want_ledger)
         fprintf(out,
                 "verify: ledger exact (%zu currencies, %zu users, %" PRId64
                 " applied%s)\n",
                 json_object_size(got), users, applied,
-                !strcmp(conf->handler, "forward") ? ", from output.topic" : "");
-        if (with_dlq)
-            fprintf(out,
-                    "verify: dlq exact (%" PRId64 " distinct records, %" PRId64
-                    " written)\n",
-                    dlq_total, dlq.records);
-        rc = 0;
-    }
+                kind == H_FORWARD ? ", from output.topic" : "");
+    else if (kind == H_LEDGER)
+        fprintf(out, "verify: applied exact (%" PRId64 " applied)\n", applied);
+    if (kind == H_FORWARD && !want_ledger)
+        fprintf(out,
+                "verify: output exact (%" PRId64 " identities once each on "
+                "%s%s)\n",
+                applied, conf->output_topic,
+                json_object_size(json_object_get(expect, "output"))
+                    ? ", values as sent"
+                    : "");
+    if (with_marks)
+        fprintf(out,
+                "verify: marks exact (%zu identities applied, group %s%s)\n",
+                json_object_size(marks.done), conf->group_id,
+                want_ids ? "" : ", none listed");
+    if (want_redis)
+        fprintf(out, "verify: redis exact (%zu values)\n", redis_values);
+    if (with_dlq)
+        fprintf(out,
+                "verify: dlq exact (%" PRId64 " distinct records, %" PRId64
+                " written)\n",
+                dlq_total, dlq.records);
+    rc = 0;
 done:
+    idem_envelope_rules_destroy(rules);
+    idem_envelope_rules_destroy(ledger_rules);
     json_decref(outp.seen);
+    json_decref(outp.values);
+    json_decref(marks.done);
     json_decref(dlq.seen);
     json_decref(got);
+    idem_storeread_destroy(rd);
     idem_store_destroy(store);
     return rc;
 }

@@ -185,8 +185,9 @@ static const char *const member_values[] = {
  * them, or the comparison proves nothing about it. */
 Test(inputline, both_paths_agree_on_generated_lines)
 {
-    static const char *const key_fields[] = {"order_id", "message_id",
-                                             "idempotency_key", "a/b", NULL};
+    static const char *const key_fields[] = {
+        "order_id", "message_id",   "idempotency_key", "a/b",
+        "/a~1b",    "/order_id/id", "/message_id/x",   NULL};
     static const char *const shapes[] = {
         "{\"message_id\":%s,\"idempotency_key\":%s,\"order_id\":%s}",
         "{ \"order_id\" : %s , \"x\":[{}], \"idempotency_key\":%s,"
@@ -237,4 +238,45 @@ Test(inputline, long_lines_after_short_ones)
     cr_expect_str_eq(il.idempotency_key, id);
     idem_inputline_term(&il);
     idem_inputline_term(&il); /* twice: a no-op */
+}
+
+/* --key-field as a JSON Pointer: nested members, escapes and array
+ * indexes, read the same by the scan and by jansson; key_found tells a
+ * key found at the pointer from the message_id fallback. */
+Test(inputline, key_field_is_a_json_pointer)
+{
+    static const struct {
+        const char *line, *field, *key;
+        int found;
+    } ptr_cases[] = {
+        {"{\"order\":{\"customer\":{\"id\":\"c-7\"}},\"message_id\":\"m\"}",
+         "/order/customer/id", "c-7", 1},
+        {"{\"order\":{\"customer\":{\"id\":42}}}", "/order/customer/id", "42",
+         1},
+        {"{\"order\":{\"customer\":{}},\"message_id\":\"m\"}",
+         "/order/customer/id", "m", 0},
+        {"{\"order\":{\"customer\":{\"id\":1.5}}}", "/order/customer/id", NULL,
+         0},
+        {"{\"a/b\":{\"c~d\":\"x\"}}", "/a~1b/c~0d", "x", 1},
+        {"{\"items\":[{\"sku\":\"s0\"},{\"sku\":\"s1\"}]}", "/items/1/sku",
+         "s1", 1},
+        {"{\"sku\":\"apple\"}", "sku", "apple", 1},
+        {"{\"sku\":\"apple\"}", "/sku", "apple", 1},
+        {"{\"message_id\":\"m\"}", "/message_id", "m", 1},
+        {"{\"message_id\":{\"id\":\"n\"}}", "/message_id/id", "n", 1},
+    };
+    for (size_t i = 0; i < sizeof(ptr_cases) / sizeof(ptr_cases[0]); i++) {
+        for (int fast = 0; fast < 2; fast++) {
+            idem_inputline_t il;
+            idem_inputline_init(&il);
+            idem_inputline_fast(&il, fast);
+            idem_inputline_read(&il, ptr_cases[i].line,
+                                strlen(ptr_cases[i].line), ptr_cases[i].field);
+            expect_str(il.key, ptr_cases[i].key, "key", ptr_cases[i].line);
+            cr_expect_eq(il.key_found, ptr_cases[i].found,
+                         "key_found of %s (%d)", ptr_cases[i].line, fast);
+            idem_inputline_term(&il);
+        }
+        expect_both_paths_agree(ptr_cases[i].line, ptr_cases[i].field);
+    }
 }
