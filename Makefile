@@ -247,7 +247,7 @@ check: check-format check-includes $(BUILD)/idemproc-unit
 	$(call run_tiers,unit)
 
 # make test: every tier, the README's test command.
-test: check-format check-includes check-deploy $(BIN) $(TIER_BINS) $(PLUGINS) \
+test: check-format check-includes check-deploy $(BIN) $(TIER_BINS) $(PLUGINS) $(HOOKSINK) \
       $(TEST_PLUGINS)
 	$(call run_tiers,$(TIERS))
 

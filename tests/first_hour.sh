@@ -19,12 +19,14 @@
 # The README's example addresses are replaced with what this run uses: the
 # broker's bootstrap line 127.0.0.1:39145 with the real one, Redis' port
 # 6379 and the HTTP ports 9464 and 9465 with free ports, build/idemproc with
-# the binary under test. Everything runs in a temp dir; every background job
+# the binary under test, build/hooksink with the one next to it. Everything runs in a temp dir; every background job
 # is stopped at the end, also on failure.
 set -u
 
 BIN=${1:?usage: first_hour.sh IDEMPROC_BIN [README]}
 BIN=$(cd "$(dirname "$BIN")" && pwd)/$(basename "$BIN")
+# The tests' HTTP service, built next to the binary (make test builds it).
+HOOKSINK=$(dirname "$BIN")/hooksink
 README=${2:-$(dirname "$0")/../README.md}
 [[ -r $README ]] || { echo "first_hour: cannot read $README" >&2; exit 2; }
 README=$(cd "$(dirname "$README")" && pwd)/$(basename "$README")
@@ -94,6 +96,7 @@ free_port HTTP2
 subst() {
     local s=$1
     s=${s//build\/idemproc/\"$BIN\"}
+    s=${s//build\/hooksink/\"$HOOKSINK\"}
     s=${s//$EXAMPLE_BOOT/$BOOT}
     s=${s//6379/$REDIS_PORT}
     s=${s//9464/$HTTP1}
@@ -127,7 +130,10 @@ glob_of() {
 check() {
     local n=$1 want got pat found
     local -a have
-    mapfile -t have < <(normalize <"$W/out.$n")
+    # Through a file, not a process substitution: that would set $! and a
+    # README's `kill $!` would then stop it instead of the member.
+    normalize <"$W/out.$n" >"$W/norm.$n"
+    mapfile -t have <"$W/norm.$n"
     local at=0
     while IFS= read -r want; do
         want=$(subst "$want" | normalize)
