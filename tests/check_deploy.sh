@@ -94,6 +94,8 @@ pod environment is known keys|deploy/k8s/overlays/dev/traffic-job.yaml|s/enableS
 pod environment is known keys|deploy/k8s/base/deployment.yaml|/^            - name: IDEMPROC_MEMBER_ID/i\            - name: IDEMPROC_GROUPID\n              value: idemproc-payments
 production credentials from secret files|deploy/k8s/overlays/production/idemproc.properties|s|^kafka.sasl.password.file=.*|kafka.sasl.password.file=/etc/idemproc/kafka-sasl-password|
 production credentials from secret files|deploy/k8s/overlays/production/idemproc.properties|s|redis-ca.crt$|redis-ca.pem|
+overlays render|deploy/k8s/components/script/kustomization.yaml|s|value: /etc/idemproc-script/orders.lua|value: /etc/idemproc-script/order.lua|
+overlays render|deploy/k8s/components/webhook/kustomization.yaml|s|            optional: false|            optional: true|
 outbox component renders|deploy/k8s/components/outbox/networkpolicy.yaml|s/port: 5432/port: 5433/
 outbox component renders|deploy/k8s/components/outbox/deployment.yaml|/^            defaultMode: 288/i\            optional: true
 none|deploy/k8s/base/deployment.yaml|/^            - name: IDEMPROC_MEMBER_ID/i\            - name: IDEMPROC_KAFKA_FETCH_WAIT_MAX_MS\n              value: "100"\n            - name: IDEMPROC_REDIS_PASSWORD_FILE\n              value: /var/run/secrets/idemproc/redis-password\n            - name: IDEMPROC_SHUTDOWN_TIMEOUT_MS\n              value: "20000"
@@ -233,6 +235,8 @@ for ov in "${overlays[@]}"; do
 done
 render_dev_with keda || true
 render_dev_with outbox || true
+render_dev_with script || true
+render_dev_with webhook || true
 
 # What the binary knows: {"keys": {key: default or null}, "prefixes":
 # ["kafka.", ...], "file": true when <key>.file is accepted}.
@@ -348,6 +352,34 @@ check_overlays_render() {
                 (if count("Secret") != 0 then "\($ov): production Secrets are created out of band, \(count("Secret")) rendered" else empty end)
             end'
     done
+    # The handler components: the script from its own ConfigMap, the
+    # webhook's headers from a required Secret, each file where the
+    # configuration names it.
+    for c in script webhook; do
+        if [ ! -f "$work/dev+$c.json" ]; then
+            echo "dev+$c: kubectl kustomize failed: $(tr '\n' ' ' <"$work/dev+$c.err")"
+        fi
+    done
+    jqr dev+script '
+        processor as $d | container($d; "idemproc") as $c | pod_conf($d; $c; $known) as $conf
+        | volume($d; "script") as $v | mount($c; "script") as $m
+        | if $conf.handler != "script" then "dev+script: handler \($conf.handler | show), want script"
+          elif $m == null or ($v.configMap.name // "" | . == "idemproc-script" | not)
+          then "dev+script: no ConfigMap idemproc-script mounted"
+          elif (obj("ConfigMap"; $v.configMap.name).data[$conf["script.file"] | ltrimstr($m + "/")] // null) == null
+          then "dev+script: script.file \($conf["script.file"] | show) is not a file of the mounted ConfigMap"
+          else empty end'
+    jqr dev+webhook '
+        processor as $d | container($d; "idemproc") as $c | pod_conf($d; $c; $known) as $conf
+        | volume($d; "webhook") as $v | mount($c; "webhook") as $m
+        | ($c.env[]? | select(.name == "IDEMPROC_WEBHOOK_HEADERS_FILE") | .value) as $hf
+        | if $conf.handler != "webhook" then "dev+webhook: handler \($conf.handler | show), want webhook"
+          elif $v.secret.secretName != "idemproc-webhook" or $v.secret.optional != false
+          then "dev+webhook: the headers must come from the required Secret idemproc-webhook"
+          elif ($hf // "" | startswith(($m // "?") + "/")) | not
+          then "dev+webhook: webhook.headers.file \($hf | show) is not under the Secret mount \($m | show)"
+          elif count("Secret") != 0 then "dev+webhook: the Secret is created out of band, not rendered"
+          else empty end'
     if [ ! -f "$work/dev+keda.json" ]; then
         echo "dev+keda: kubectl kustomize failed: $(tr '\n' ' ' <"$work/dev+keda.err")"
         return 0
@@ -649,7 +681,7 @@ check_member_id_from_pod_name() {
 # ones), and so would the Service link variables Kubernetes injects for
 # Services named idemproc-*, unless the pod turns them off.
 check_pod_environment_is_known_keys() {
-    for ov in "${overlays[@]}" dev+outbox; do
+    for ov in "${overlays[@]}" dev+outbox dev+script dev+webhook; do
         jqr "$ov" '
             def known($known):
                 . as $v
