@@ -224,6 +224,10 @@ static int cmd_help(int argc, char **argv)
         idem_conf_print_help(stdout);
         return IDEM_EXIT_OK;
     }
+    if (!strcmp(argv[1], "config-dev")) {
+        idem_conf_print_help_dev(stdout, 1);
+        return IDEM_EXIT_OK;
+    }
     if (!strcmp(argv[1], "config-markdown")) {
         idem_conf_print_markdown(stdout);
         return IDEM_EXIT_OK;

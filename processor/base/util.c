@@ -2,6 +2,7 @@
  * every command. */
 #include "base/util.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -109,4 +110,32 @@ void idem_sleep_ms(int64_t ms, volatile int *stop)
     while (nanosleep(&ts, &ts) == -1 && errno == EINTR)
         if (stop && *stop)
             break;
+}
+
+int idem_duration_parse(const char *text, int64_t unit_ms, int64_t *out)
+{
+    const char *u = text;
+    while (isdigit((unsigned char)*u))
+        u++;
+    if (u == text)
+        return IDEM_DURATION_SYNTAX;
+    int64_t mult = !*u                ? unit_ms
+                   : !strcmp(u, "ms") ? 1
+                   : !strcmp(u, "s")  ? 1000
+                   : !strcmp(u, "m")  ? 60000
+                   : !strcmp(u, "h")  ? 3600000
+                   : !strcmp(u, "d")  ? 86400000
+                                      : 0;
+    if (!mult)
+        return IDEM_DURATION_SYNTAX;
+    errno = 0;
+    char *end;
+    unsigned long long v = strtoull(text, &end, 10);
+    if (errno || end != u || v > (unsigned long long)(INT64_MAX / mult))
+        return IDEM_DURATION_RANGE;
+    int64_t ms = (int64_t)v * mult;
+    if (ms % unit_ms)
+        return IDEM_DURATION_FRACTION;
+    *out = ms / unit_ms;
+    return 0;
 }

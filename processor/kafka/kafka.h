@@ -13,6 +13,9 @@
 
 #include "conf/conf.h"
 
+/* The kafka folder's configuration keys and checks (kafkakeys.c). */
+extern const idem_conf_module_t idem_kafka_conf;
+
 /* Sets one property; returns 0, or -1 with "kafka.<name>: <librdkafka's
  * text>" in errstr. kc is borrowed. */
 int idem_kafka_set(rd_kafka_conf_t *kc, const char *name, const char *value,

@@ -37,6 +37,9 @@ int idem_redisconn_url_parse(const char *url, idem_redisconn_url_t *out,
  * stays). Returns buf. */
 const char *idem_redisconn_url_redact(const char *url, char *buf, size_t size);
 
+/* The redis folder's configuration keys and checks (rediskeys.c). */
+extern const idem_conf_module_t idem_redis_conf;
+
 /* Cross-key checks of the redis.* keys for idem_conf_finalize: the URL,
  * user and password, TLS files readable, sentinels and master together.
  * Returns 0 or -1 with errstr naming the key. Connects to nothing. */
