@@ -40,6 +40,14 @@ void idem_uuid_stable(const void *data, size_t len, char out[37]);
 #define IDEM_DURATION_RANGE    (-3)
 int idem_duration_parse(const char *text, int64_t unit_ms, int64_t *out);
 
+/* Levenshtein distance between a and b, for "did you mean" hints. */
+size_t idem_edit_distance(const char *a, const char *b);
+
+/* The one of names[n] closest to `word` when it is plausibly a typo of it
+ * (at most 1 + strlen(word) / 4 edits), else NULL. Borrowed. */
+const char *idem_closest_name(const char *word, const char *const *names,
+                              size_t n);
+
 /* Sleeps ms milliseconds (restarting on EINTR unless *stop becomes set;
  * stop may be NULL). */
 void idem_sleep_ms(int64_t ms, volatile int *stop);

@@ -180,33 +180,6 @@ int64_t idem_conf_int(const idem_conf_t *conf, const char *key)
     return strtoll(v, NULL, 10);
 }
 
-/* Levenshtein distance, for "did you mean" hints. */
-static size_t edit_distance(const char *a, const char *b)
-{
-    size_t la = strlen(a), lb = strlen(b);
-    size_t *row = idem_xcalloc(lb + 1, sizeof(*row));
-    for (size_t j = 0; j <= lb; j++)
-        row[j] = j;
-    for (size_t i = 1; i <= la; i++) {
-        size_t diag = row[0];
-        row[0] = i;
-        for (size_t j = 1; j <= lb; j++) {
-            size_t up = row[j];
-            size_t cost = a[i - 1] == b[j - 1] ? 0 : 1;
-            size_t best = diag + cost;
-            if (row[j] + 1 < best)
-                best = row[j] + 1;
-            if (row[j - 1] + 1 < best)
-                best = row[j - 1] + 1;
-            row[j] = best;
-            diag = up;
-        }
-    }
-    size_t d = row[lb];
-    free(row);
-    return d;
-}
-
 int idem_conf_kafka_prop_is_secret(const char *name)
 {
     static const char *const patterns[] = {
@@ -268,7 +241,7 @@ static const char *closest_key(const char *name)
     const idem_conf_module_t *m;
     KEYS_EACH(k, m)
     {
-        size_t d = edit_distance(name, k->name);
+        size_t d = idem_edit_distance(name, k->name);
         if (d < best_d) {
             best_d = d;
             best = k->name;
@@ -591,7 +564,7 @@ static const char *closest_env(const char *var)
     KEYS_EACH(k, m)
     {
         env_name(k->name, name, sizeof(name));
-        size_t d = edit_distance(var, name);
+        size_t d = idem_edit_distance(var, name);
         if (d < best_d) {
             best_d = d;
             snprintf(best, sizeof(best), "%s", name);

@@ -117,9 +117,10 @@ int idem_kafka_fatal(rd_kafka_t *rk, const char *who, char *buf, size_t size)
     return 1;
 }
 
-/* Prints the partition count of `topic` in md, or that it is missing. */
-static void check_topic(const rd_kafka_metadata_t *md, const char *role,
-                        const char *topic, FILE *out)
+/* Prints the partition count of `topic` in md, or that it is missing.
+ * Returns 1 when it exists, else 0. */
+static int check_topic(const rd_kafka_metadata_t *md, const char *role,
+                       const char *topic, FILE *out)
 {
     for (int i = 0; i < md->topic_cnt; i++) {
         if (strcmp(md->topics[i].topic, topic) || md->topics[i].err)
@@ -127,12 +128,13 @@ static void check_topic(const rd_kafka_metadata_t *md, const char *role,
         fprintf(out, "check-config: kafka: %s topic %s: %d partition%s\n", role,
                 topic, md->topics[i].partition_cnt,
                 md->topics[i].partition_cnt == 1 ? "" : "s");
-        return;
+        return 1;
     }
     fprintf(out,
             "check-config: kafka: %s topic %s: not found (created on first "
             "use only where the cluster auto-creates topics)\n",
             role, topic);
+    return 0;
 }
 
 int idem_kafka_check(const idem_conf_t *conf, int timeout_ms, FILE *out,
@@ -169,9 +171,14 @@ int idem_kafka_check(const idem_conf_t *conf, int timeout_ms, FILE *out,
         snprintf(role, sizeof(role), "%.*s", (int)(strlen(key) - 6), key);
         check_topic(md, role, topic, out);
     }
+    /* A member subscribed to a missing topic consumes nothing and says
+     * nothing: that one is an error. A topic it writes may be created on
+     * first use. */
+    const char *missing = NULL;
     for (size_t i = 0; i < conf->input_topic_cnt; i++)
-        if (conf->input_topic[i][0] != '^')
-            check_topic(md, "input", conf->input_topic[i], out);
+        if (conf->input_topic[i][0] != '^' &&
+            !check_topic(md, "input", conf->input_topic[i], out) && !missing)
+            missing = conf->input_topic[i];
     if (conf->retry_tiers) {
         idem_retrytopics_t *rt = idem_retrytopics_new(
             conf->input_topics, conf->retry_delays_ms, conf->retry_tiers);
@@ -181,5 +188,12 @@ int idem_kafka_check(const idem_conf_t *conf, int timeout_ms, FILE *out,
     }
     rd_kafka_metadata_destroy(md);
     rd_kafka_destroy(rk);
+    if (missing) {
+        snprintf(errstr, errstr_size,
+                 "input topic \"%s\" does not exist at %s (create it, or "
+                 "fix input.topics)",
+                 missing, conf->bootstrap_servers);
+        return -1;
+    }
     return 0;
 }
