@@ -635,8 +635,10 @@ int idem_conf_apply_kafka(const idem_conf_t *conf, rd_kafka_conf_t *kconf,
     return 0;
 }
 
-int idem_conf_finalize_scope(idem_conf_t *conf, idem_conf_scope_t scope,
-                             char *errstr, size_t errstr_size)
+/* idem_conf_finalize_scope, returning the class of the error. */
+static idem_conf_errclass_t finalize_class(idem_conf_t *conf,
+                                           idem_conf_scope_t scope,
+                                           char *errstr, size_t errstr_size)
 {
     conf->scope = scope;
     const idem_conf_key_t *k;
@@ -657,14 +659,20 @@ int idem_conf_finalize_scope(idem_conf_t *conf, idem_conf_scope_t scope,
             else
                 err_set(errstr, errstr_size, "%s: required but not set",
                         k->name);
-            return -1;
+            return IDEM_CONF_ERR_REQUIRED;
         }
     }
     for (size_t i = 0; (m = idem_conf_module_at(i)); i++)
         if (m->check && flags_in_scope(m->flags, scope) &&
             module_active(m, conf) && m->check(m, conf, errstr, errstr_size))
-            return -1;
-    return 0;
+            return IDEM_CONF_ERR_INVALID;
+    return IDEM_CONF_OK;
+}
+
+int idem_conf_finalize_scope(idem_conf_t *conf, idem_conf_scope_t scope,
+                             char *errstr, size_t errstr_size)
+{
+    return finalize_class(conf, scope, errstr, errstr_size) ? -1 : 0;
 }
 
 int idem_conf_finalize(idem_conf_t *conf, char *errstr, size_t errstr_size)
@@ -684,8 +692,24 @@ idem_conf_t *idem_conf_load_scope(const char *path, char **envp, char **sets,
                                   size_t set_cnt, idem_conf_scope_t scope,
                                   char *errstr, size_t errstr_size)
 {
+    idem_conf_err_t err;
+    idem_conf_t *conf =
+        idem_conf_load_err(path, envp, sets, set_cnt, scope, &err);
+    if (!conf)
+        snprintf(errstr, errstr_size, "%s", err.str);
+    return conf;
+}
+
+idem_conf_t *idem_conf_load_err(const char *path, char **envp, char **sets,
+                                size_t set_cnt, idem_conf_scope_t scope,
+                                idem_conf_err_t *err)
+{
     idem_conf_t *conf = idem_conf_new();
     conf->scope = scope;
+    err->cls = IDEM_CONF_ERR_INVALID;
+    err->str[0] = '\0';
+    char *errstr = err->str;
+    size_t errstr_size = sizeof(err->str);
     if (path && idem_conf_load_file(conf, path, errstr, errstr_size))
         goto fail;
     if (idem_conf_load_env(conf, envp, errstr, errstr_size))
@@ -706,7 +730,8 @@ idem_conf_t *idem_conf_load_scope(const char *path, char **envp, char **sets,
         if (idem_conf_set(conf, key, eq + 1, errstr, errstr_size))
             goto fail;
     }
-    if (idem_conf_finalize_scope(conf, scope, errstr, errstr_size))
+    err->cls = finalize_class(conf, scope, errstr, errstr_size);
+    if (err->cls)
         goto fail;
     return conf;
 fail:

@@ -275,6 +275,25 @@ int idem_conf_finalize_scope(idem_conf_t *conf, idem_conf_scope_t scope,
 idem_conf_t *idem_conf_load(const char *path, char **envp, char **sets,
                             size_t set_cnt, char *errstr, size_t errstr_size);
 
+/* What kind of configuration error it was, for a caller that acts on it
+ * (as hiredis's err beside errstr): never learn it from the text. */
+typedef enum {
+    IDEM_CONF_OK = 0,
+    IDEM_CONF_ERR_INVALID,  /* a value, key, file, variable or cross-key
+                               check */
+    IDEM_CONF_ERR_REQUIRED, /* a required key is not set */
+} idem_conf_errclass_t;
+
+typedef struct {
+    idem_conf_errclass_t cls;
+    char str[512]; /* one line naming the key (and file:line, variable) */
+} idem_conf_err_t;
+
+/* idem_conf_load_scope with the error's class: NULL with *err filled. */
+idem_conf_t *idem_conf_load_err(const char *path, char **envp, char **sets,
+                                size_t set_cnt, idem_conf_scope_t scope,
+                                idem_conf_err_t *err);
+
 /* idem_conf_load finalized for `scope`. */
 idem_conf_t *idem_conf_load_scope(const char *path, char **envp, char **sets,
                                   size_t set_cnt, idem_conf_scope_t scope,

@@ -103,6 +103,13 @@ static void *forward_start(const idem_handler_ctx_t *ctx, char *errstr,
     f->conf = conf;
     f->rk = rk;
     f->rkt = rd_kafka_topic_new(rk, conf->output_topic, NULL);
+    if (!f->rkt) {
+        snprintf(errstr, errstr_size, "output.topic \"%s\": %s",
+                 conf->output_topic, rd_kafka_err2str(rd_kafka_last_error()));
+        rd_kafka_destroy(rk);
+        free(f);
+        return NULL;
+    }
     f->processed_at = idem_conf_int(conf, "forward.processed.at") == 1;
     return f;
 }

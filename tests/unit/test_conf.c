@@ -540,3 +540,27 @@ Test(conf, dump_shows_scope_and_marks_what_is_set)
     free(d);
     idem_conf_destroy(c);
 }
+
+/* A caller learns what kind of error it was from the class, not the
+ * text: a missing required key is REQUIRED, a bad value INVALID. */
+Test(conf, errors_carry_a_class)
+{
+    idem_conf_err_t err;
+    char *none[] = {"group.id=g"};
+    cr_expect_null(idem_conf_load_err(NULL, NULL, none, 1,
+                                      IDEM_CONF_SCOPE_PROCESSOR, &err));
+    cr_expect_eq(err.cls, IDEM_CONF_ERR_REQUIRED, "%s", err.str);
+    cr_expect(strstr(err.str, "kafka.bootstrap.servers"), "%s", err.str);
+    char *bad[] = {"kafka.bootstrap.servers=h:1", "group.id=g",
+                   "input.topics=t", "dlq.topic=d", "batch.max.messages=0"};
+    cr_expect_null(idem_conf_load_err(NULL, NULL, bad, 5,
+                                      IDEM_CONF_SCOPE_PROCESSOR, &err));
+    cr_expect_eq(err.cls, IDEM_CONF_ERR_INVALID, "%s", err.str);
+    char *fwd[] = {"kafka.bootstrap.servers=h:1", "group.id=g",
+                   "input.topics=t", "dlq.topic=d", "handler=forward"};
+    cr_expect_null(idem_conf_load_err(NULL, NULL, fwd, 5,
+                                      IDEM_CONF_SCOPE_PROCESSOR, &err));
+    cr_expect_eq(err.cls, IDEM_CONF_ERR_REQUIRED, "%s", err.str);
+    cr_expect(strstr(err.str, "output.topic: required when handler=forward"),
+              "%s", err.str);
+}
