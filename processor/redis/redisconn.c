@@ -468,7 +468,7 @@ static void tls_reason(idem_redisconn_t *rc, const idem_conf_t *conf,
     snprintf(errstr + l, errstr_size - l, " (%s%s)", why,
              set(conf->redis_tls_cert_file)
                  ? ""
-                 : (strstr(why, "certificate required")
+                 : (idem_tlspipe_cert_required(rc->tls)
                         ? "; the server wants a client certificate: set "
                           "redis.tls.cert.file and redis.tls.key.file"
                         : "; if the server requires client certificates, "
