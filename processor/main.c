@@ -176,8 +176,10 @@ static void usage(FILE *out)
             "effective configuration\n"
             "                                 (--connect: also reach Kafka "
             "and Redis)\n"
-            "  help [COMMAND|config]          this text, a command's "
-            "options, or the config keys\n"
+            "  help [COMMAND|config|config-dev]  this text, a command's "
+            "options, the config\n"
+            "                                 keys, or the development-only "
+            "keys\n"
             "  --version                      print the version\n\n"
             "exit codes: 0 ok, 1 runtime failure, 2 usage or configuration "
             "error\n",
@@ -208,6 +210,33 @@ static const command_t *command_find(const char *name)
     return NULL;
 }
 
+#define COMMAND_CNT (sizeof(commands) / sizeof(commands[0]))
+
+/* One line: the unknown command, a did-you-mean when one is close, and
+ * every command (help's topics too, `in_help`). */
+static void unknown_command(const char *who, const char *name, int in_help)
+{
+    const char *names[COMMAND_CNT + 2];
+    char list[256] = "";
+    size_t n = 0, at = 0;
+    for (size_t i = 0; i < COMMAND_CNT; i++) {
+        names[n++] = commands[i].name;
+        at += (size_t)snprintf(list + at, sizeof(list) - at, "%s%s",
+                               i ? ", " : "", commands[i].name);
+    }
+    if (in_help) {
+        names[n++] = "config";
+        names[n++] = "config-dev";
+        snprintf(list + at, sizeof(list) - at, "; or config, config-dev");
+    }
+    const char *hint = idem_closest_name(name, names, n);
+    char mean[96] = "";
+    if (hint)
+        snprintf(mean, sizeof(mean), "did you mean \"%s\"? ", hint);
+    fprintf(stderr, "%s: unknown command \"%s\" (%scommands: %s)\n", who, name,
+            mean, list);
+}
+
 static int cmd_help(int argc, char **argv)
 {
     if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") ||
@@ -226,16 +255,17 @@ static int cmd_help(int argc, char **argv)
         idem_conf_print_help(stdout);
         return IDEM_EXIT_OK;
     }
+    if (!strcmp(argv[1], "config-dev")) {
+        idem_conf_print_help_dev(stdout, 1);
+        return IDEM_EXIT_OK;
+    }
     if (!strcmp(argv[1], "config-markdown")) {
         idem_conf_print_markdown(stdout);
         return IDEM_EXIT_OK;
     }
     const command_t *cmd = command_find(argv[1]);
     if (!cmd) {
-        fprintf(stderr,
-                "idemproc help: unknown command \"%s\" (commands: run, "
-                "produce, broker, verify, check-config; or config)\n",
-                argv[1]);
+        unknown_command("idemproc help", argv[1], 1);
         return IDEM_EXIT_USAGE;
     }
     cmd->usage(stdout);
@@ -258,9 +288,7 @@ int main(int argc, char **argv)
         return cmd_help(argc - 1, argv + 1);
     const command_t *cmd = command_find(name);
     if (!cmd) {
-        fprintf(stderr,
-                "idemproc: unknown command \"%s\" (see 'idemproc help')\n",
-                name);
+        unknown_command("idemproc", name, 0);
         return IDEM_EXIT_USAGE;
     }
     return cmd->main(argc - 1, argv + 1, environ);

@@ -2,6 +2,7 @@
  * every command. */
 #include "base/util.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -109,4 +110,73 @@ void idem_sleep_ms(int64_t ms, volatile int *stop)
     while (nanosleep(&ts, &ts) == -1 && errno == EINTR)
         if (stop && *stop)
             break;
+}
+
+int idem_duration_parse(const char *text, int64_t unit_ms, int64_t *out)
+{
+    const char *u = text;
+    while (isdigit((unsigned char)*u))
+        u++;
+    if (u == text)
+        return IDEM_DURATION_SYNTAX;
+    int64_t mult = !*u                ? unit_ms
+                   : !strcmp(u, "ms") ? 1
+                   : !strcmp(u, "s")  ? 1000
+                   : !strcmp(u, "m")  ? 60000
+                   : !strcmp(u, "h")  ? 3600000
+                   : !strcmp(u, "d")  ? 86400000
+                                      : 0;
+    if (!mult)
+        return IDEM_DURATION_SYNTAX;
+    errno = 0;
+    char *end;
+    unsigned long long v = strtoull(text, &end, 10);
+    if (errno || end != u || v > (unsigned long long)(INT64_MAX / mult))
+        return IDEM_DURATION_RANGE;
+    int64_t ms = (int64_t)v * mult;
+    if (ms % unit_ms)
+        return IDEM_DURATION_FRACTION;
+    *out = ms / unit_ms;
+    return 0;
+}
+
+size_t idem_edit_distance(const char *a, const char *b)
+{
+    size_t la = strlen(a), lb = strlen(b);
+    size_t *row = idem_xcalloc(lb + 1, sizeof(*row));
+    for (size_t j = 0; j <= lb; j++)
+        row[j] = j;
+    for (size_t i = 1; i <= la; i++) {
+        size_t diag = row[0];
+        row[0] = i;
+        for (size_t j = 1; j <= lb; j++) {
+            size_t up = row[j];
+            size_t cost = a[i - 1] == b[j - 1] ? 0 : 1;
+            size_t best = diag + cost;
+            if (row[j] + 1 < best)
+                best = row[j] + 1;
+            if (row[j - 1] + 1 < best)
+                best = row[j - 1] + 1;
+            row[j] = best;
+            diag = up;
+        }
+    }
+    size_t d = row[lb];
+    free(row);
+    return d;
+}
+
+const char *idem_closest_name(const char *word, const char *const *names,
+                              size_t n)
+{
+    const char *best = NULL;
+    size_t best_d = (size_t)-1;
+    for (size_t i = 0; i < n; i++) {
+        size_t d = idem_edit_distance(word, names[i]);
+        if (d < best_d) {
+            best_d = d;
+            best = names[i];
+        }
+    }
+    return best_d <= 1 + strlen(word) / 4 ? best : NULL;
 }

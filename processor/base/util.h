@@ -29,6 +29,25 @@ void idem_uuid(char out[37]);
  * in an idemproc name space): the same bytes always give the same id. */
 void idem_uuid_stable(const void *data, size_t len, char out[37]);
 
+/* Reads a duration: digits with an optional unit (ms, s, m, h, d, as
+ * 1500ms, 30s, 5m, 2h, 7d); a bare number counts in `unit_ms` (1 for a
+ * key in milliseconds, 1000 for one in seconds). Puts the value in units
+ * of unit_ms in *out. Returns 0; IDEM_DURATION_SYNTAX when the text is not
+ * a duration, IDEM_DURATION_FRACTION when it is not a whole number of
+ * unit_ms (1500ms as seconds), IDEM_DURATION_RANGE past int64. */
+#define IDEM_DURATION_SYNTAX   (-1)
+#define IDEM_DURATION_FRACTION (-2)
+#define IDEM_DURATION_RANGE    (-3)
+int idem_duration_parse(const char *text, int64_t unit_ms, int64_t *out);
+
+/* Levenshtein distance between a and b, for "did you mean" hints. */
+size_t idem_edit_distance(const char *a, const char *b);
+
+/* The one of names[n] closest to `word` when it is plausibly a typo of it
+ * (at most 1 + strlen(word) / 4 edits), else NULL. Borrowed. */
+const char *idem_closest_name(const char *word, const char *const *names,
+                              size_t n);
+
 /* Sleeps ms milliseconds (restarting on EINTR unless *stop becomes set;
  * stop may be NULL). */
 void idem_sleep_ms(int64_t ms, volatile int *stop);

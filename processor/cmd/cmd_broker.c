@@ -1,6 +1,7 @@
 /* cmd_broker: `idemproc broker`, the embedded in-memory development Kafka. */
 #include "dev/broker.h"
 #include "cmd/cmd.h"
+#include "cmd/signals.h"
 #include "dev/faults.h"
 #include "base/util.h"
 #include "dev/watermark.h"
@@ -15,16 +16,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-/* Cleared by SIGTERM/SIGINT; the only process-global state of the command. */
-static volatile sig_atomic_t broker_running = 1;
-
-/* Signal handler (SIGTERM, SIGINT): asks the main loop to stop. */
-static void broker_on_signal(int sig)
-{
-    (void)sig;
-    broker_running = 0;
-}
 
 void idem_cmd_broker_usage(FILE *out)
 {
@@ -210,12 +201,11 @@ int idem_cmd_broker(int argc, char **argv, char **envp)
         }
     }
 
-    struct sigaction sa;
-    memset(&sa, 0, sizeof(sa));
-    sa.sa_handler = broker_on_signal;
-    sigemptyset(&sa.sa_mask);
-    sigaction(SIGTERM, &sa, NULL);
-    sigaction(SIGINT, &sa, NULL);
+    /* SIGTERM/SIGINT stop the broker (signals.h); a second one changes
+     * nothing. */
+    idem_signals_opts_t so = {.second_exits = 0};
+    idem_signals_setup(&so);
+    volatile int *stop = idem_signals_stop_flag();
 
     idem_broker_t *broker = idem_broker_new(broker_cnt, errstr, sizeof(errstr));
     if (!broker) {
@@ -269,7 +259,7 @@ int idem_cmd_broker(int argc, char **argv, char **envp)
     int64_t start_ms = idem_now_ms();
     int64_t next_check = start_ms + 2000;
     size_t next = 0;
-    while (broker_running) {
+    while (!*stop) {
         int64_t wait = 200;
         if (faults) {
             int64_t due = faults_apply_due(broker, faults, &next,
@@ -277,8 +267,8 @@ int idem_cmd_broker(int argc, char **argv, char **envp)
             if (due >= 0 && due < wait)
                 wait = due;
         }
-        idem_sleep_ms(wait, (volatile int *)&broker_running);
-        if (wm && broker_running && idem_now_ms() >= next_check) {
+        idem_sleep_ms(wait, stop);
+        if (wm && !*stop && idem_now_ms() >= next_check) {
             idem_watermark_check(wm, 2000, broker_on_dropped, NULL, errstr,
                                  sizeof(errstr));
             next_check = idem_now_ms() + 2000;

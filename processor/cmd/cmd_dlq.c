@@ -637,10 +637,13 @@ int idem_cmd_dlq(int argc, char **argv, char **envp)
     while (v < 3 && strcmp(verbs[v].name, argv[1]))
         v++;
     if (v == 3) {
+        const char *const names[] = {"stats", "inspect", "replay"};
+        const char *hint = idem_closest_name(argv[1], names, 3);
         fprintf(stderr,
-                "idemproc dlq: unknown subcommand \"%s\" (stats, inspect or "
-                "replay)\n",
-                argv[1]);
+                "idemproc dlq: unknown subcommand \"%s\" (%s%s%sstats, "
+                "inspect or replay)\n",
+                argv[1], hint ? "did you mean \"" : "", hint ? hint : "",
+                hint ? "\"? " : "");
         return IDEM_EXIT_USAGE;
     }
     o.verb = verbs[v].verb;

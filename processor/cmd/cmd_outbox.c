@@ -20,28 +20,6 @@
  * hand, mark, commit, exit 0); a second signal exits at once. Rows published
  * but not marked are published again by the next relay, with the same
  * message_id. */
-static volatile int outbox_stop;
-static unsigned outbox_watchdog_s; /* shutdown.timeout.ms, rounded up */
-
-static void on_watchdog(int sig)
-{
-    static const char msg[] =
-        "{\"level\":\"error\",\"msg\":\"shutdown.timeout.ms exceeded: "
-        "exiting without marking the batch in hand\"}\n";
-    (void)sig;
-    ssize_t w = write(STDERR_FILENO, msg, sizeof(msg) - 1);
-    (void)w;
-    _exit(IDEM_EXIT_FAIL);
-}
-
-static void on_signal(int sig)
-{
-    if (outbox_stop)
-        _exit(128 + sig);
-    outbox_stop = 1;
-    alarm(outbox_watchdog_s);
-}
-
 void idem_cmd_outbox_usage(FILE *out)
 {
     fprintf(out,
@@ -75,8 +53,14 @@ int idem_cmd_outbox(int argc, char **argv, char **envp)
     idem_log_setup((idem_log_level_t)conf->log_level,
                    (idem_log_format_t)conf->log_format);
 
-    outbox_watchdog_s = (unsigned)((conf->shutdown_timeout_ms + 999) / 1000);
-    idem_signals_install(on_signal, on_watchdog);
+    idem_signals_opts_t so = {
+        .watchdog_s = (unsigned)((conf->shutdown_timeout_ms + 999) / 1000),
+        .watchdog_msg = "{\"level\":\"error\",\"msg\":\"shutdown.timeout.ms "
+                        "exceeded: exiting without marking the batch in "
+                        "hand\"}",
+        .second_exits = 1,
+        .daemon = 1};
+    idem_signals_setup(&so);
 
     rc = IDEM_EXIT_OK;
     idem_metrics_t *m = idem_metrics_new();
@@ -102,7 +86,7 @@ int idem_cmd_outbox(int argc, char **argv, char **envp)
                 conf->outbox_after == IDEM_OUTBOX_AFTER_DELETE ? "delete"
                                                                : "mark",
                 "version", IDEM_VERSION, NULL);
-    if (idem_outbox_run(o, &outbox_stop, errstr, sizeof(errstr))) {
+    if (idem_outbox_run(o, idem_signals_stop_flag(), errstr, sizeof(errstr))) {
         idem_log_kv(IDEM_LOG_ERROR, "stopped with an error", "error", errstr,
                     NULL);
         rc = IDEM_EXIT_FAIL;

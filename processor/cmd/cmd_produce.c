@@ -1,6 +1,7 @@
 /* cmd_produce: `idemproc produce`, the idempotent producer of generated
  * payment traffic or of JSON lines from a file or stdin. */
 #include "cmd/cmd.h"
+#include "cmd/signals.h"
 #include "conf/conf.h"
 #include "dev/expect.h"
 #include "dev/gen.h"
@@ -24,20 +25,11 @@
 
 #include <jansson.h>
 
-/* Set by the first SIGINT/SIGTERM: stop generating or reading, flush. */
-static volatile int produce_stop = 0;
-/* Set by the second: purge what is still queued and report it as failed. */
-static volatile int produce_abort = 0;
-
-/* Signal handler (SIGINT, SIGTERM), on whichever thread the kernel picks
- * (librdkafka's threads block signals): only sets the two flags. */
-static void produce_on_signal(int sig)
-{
-    (void)sig;
-    if (produce_stop)
-        produce_abort = 1;
-    produce_stop = 1;
-}
+/* Set by the first SIGINT/SIGTERM: stop generating or reading, flush;
+ * by the second: purge what is still queued and report it as failed
+ * (signals.h). */
+#define produce_stop  (*idem_signals_stop_flag())
+#define produce_abort (*idem_signals_abort_flag())
 
 void idem_cmd_produce_usage(FILE *out)
 {
@@ -532,7 +524,7 @@ static void bucket_take(bucket_t *b, idem_producer_t *p)
          * second at 25,000 records/s on 64 partitions), which cost more
          * CPU than the sending itself. */
         int wait_ms = (int)ceil((1 - b->tokens) * 1000 / b->rate);
-        idem_sleep_ms(wait_ms > 0 ? wait_ms : 1, &produce_stop);
+        idem_sleep_ms(wait_ms > 0 ? wait_ms : 1, idem_signals_stop_flag());
         idem_producer_poll(p, 0);
     }
 }
@@ -896,12 +888,8 @@ int idem_cmd_produce(int argc, char **argv, char **envp)
     if (a.rate > 0) /* pacing_print reports it */
         idem_producer_ack_latency_on(p);
 
-    struct sigaction sa;
-    memset(&sa, 0, sizeof(sa));
-    sa.sa_handler = produce_on_signal;
-    sigemptyset(&sa.sa_mask);
-    sigaction(SIGTERM, &sa, NULL);
-    sigaction(SIGINT, &sa, NULL);
+    idem_signals_opts_t so = {.second_exits = 0};
+    idem_signals_setup(&so);
 
     idem_envelope_rules_t *rules = NULL;
     idem_expect_t *expect = NULL;
@@ -920,7 +908,7 @@ int idem_cmd_produce(int argc, char **argv, char **envp)
     else
         input_failed =
             produce_input(&a, in, p, expect, &pg, &cnt, errstr, sizeof(errstr));
-    idem_producer_flush(p, &produce_abort);
+    idem_producer_flush(p, idem_signals_abort_flag());
     progress_show(&pg, cnt.sent, gen ? idem_gen_total(gen) : 0, 1);
     progress_end(&pg);
     double secs = (double)(idem_now_us() - start_us) / 1e6;

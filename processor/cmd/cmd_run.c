@@ -13,40 +13,11 @@
 #include <string.h>
 #include <unistd.h>
 
-/* The run flag: set by the first SIGTERM/SIGINT/SIGHUP; a second one exits at
- * once without committing (the records in hand are read again by whoever owns
- * the partition next, and the dedup marks absorb what was applied). */
-static volatile int run_stop;
-static unsigned shutdown_watchdog_s; /* shutdown.timeout.ms, rounded up */
-
-/* SIGALRM after the first signal: shutdown overran its timeout (a hung
- * broker or Redis call). Exit without committing rather than be killed
- * later by the orchestrator. */
-static void on_watchdog(int sig)
-{
-    static const char msg[] =
-        "{\"level\":\"error\",\"msg\":\"shutdown.timeout.ms exceeded: "
-        "exiting without a final commit\"}\n";
-    (void)sig;
-    ssize_t w = write(STDERR_FILENO, msg, sizeof(msg) - 1);
-    (void)w;
-    _exit(IDEM_EXIT_FAIL);
-}
-
-static void on_signal(int sig)
-{
-    if (run_stop)
-        _exit(128 + sig);
-    run_stop = 1;
-    alarm(shutdown_watchdog_s);
-}
-
 /* Shutdown began without a signal (a fatal producer error): the same
  * watchdog bounds it. Called on the processing thread. */
 static void arm_watchdog(void)
 {
-    if (!run_stop)
-        alarm(shutdown_watchdog_s);
+    idem_signals_arm_watchdog();
 }
 
 void idem_cmd_run_usage(FILE *out)
@@ -77,8 +48,17 @@ int idem_cmd_run(int argc, char **argv, char **envp)
     idem_log_setup((idem_log_level_t)conf->log_level,
                    (idem_log_format_t)conf->log_format);
 
-    shutdown_watchdog_s = (unsigned)((conf->shutdown_timeout_ms + 999) / 1000);
-    idem_signals_install(on_signal, on_watchdog);
+    /* The first SIGTERM/SIGINT/SIGHUP stops; a second exits at once
+     * without committing (the records in hand are read again by whoever
+     * owns the partition next, and the dedup marks absorb what was
+     * applied). shutdown.timeout.ms bounds the shutdown. */
+    idem_signals_opts_t so = {
+        .watchdog_s = (unsigned)((conf->shutdown_timeout_ms + 999) / 1000),
+        .watchdog_msg = "{\"level\":\"error\",\"msg\":\"shutdown.timeout.ms "
+                        "exceeded: exiting without a final commit\"}",
+        .second_exits = 1,
+        .daemon = 1};
+    idem_signals_setup(&so);
 
     rc = IDEM_EXIT_OK;
     idem_metrics_t *m = idem_metrics_new();
@@ -104,7 +84,8 @@ int idem_cmd_run(int argc, char **argv, char **envp)
     idem_log_kv(IDEM_LOG_INFO, "started", "member", conf->member_id, "group",
                 conf->group_id, "topics", conf->input_topics, "handler",
                 conf->handler, "version", IDEM_VERSION, NULL);
-    int prc = idem_pipeline_run(p, &run_stop, errstr, sizeof(errstr));
+    int prc =
+        idem_pipeline_run(p, idem_signals_stop_flag(), errstr, sizeof(errstr));
     if (prc == IDEM_PIPELINE_REFUSED) {
         idem_log_kv(IDEM_LOG_ERROR, "refusing to run", "error", errstr, NULL);
         rc = IDEM_EXIT_USAGE;

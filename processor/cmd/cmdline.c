@@ -76,19 +76,18 @@ int idem_cmdline_conf_scope(int argc, char **argv, char **envp,
         rc = IDEM_EXIT_USAGE;
     }
     if (rc < 0) {
-        char errstr[512];
-        *conf = idem_conf_load_scope(path, envp, sets, set_cnt, scope, errstr,
-                                     sizeof(errstr));
+        idem_conf_err_t err;
+        *conf = idem_conf_load_err(path, envp, sets, set_cnt, scope, &err);
         if (!*conf) {
             /* A first run without -c fails on the first required key: say
              * what is missing is the file, not just that key. */
-            if (!path && strstr(errstr, "required but not set"))
+            if (!path && err.cls == IDEM_CONF_ERR_REQUIRED)
                 fprintf(stderr,
                         "idemproc %s: %s (no configuration file given: use "
                         "-c FILE; 'idemproc help config' lists the keys)\n",
-                        argv[0], errstr);
+                        argv[0], err.str);
             else
-                fprintf(stderr, "idemproc: %s\n", errstr);
+                fprintf(stderr, "idemproc: %s\n", err.str);
             rc = IDEM_EXIT_USAGE;
         }
     }

@@ -9,30 +9,121 @@
 
 #include <librdkafka/rdkafka.h>
 
-#include "kafka/retrytopic.h"
-
-/* The type of a configuration key declared outside the table (a handler's
- * keys, handler.h). */
+/* The type of a configuration key. */
 typedef enum {
     IDEM_KEY_STR = 0,
-    IDEM_KEY_INT,  /* int64 within [min, max] */
+    IDEM_KEY_INT,  /* int64 within [min, max]; a key named *.ms or
+                      *.seconds is a duration: it also takes a unit
+                      (1500ms, 30s, 5m, 2h, 7d; util.h) */
     IDEM_KEY_ENUM, /* one of enums[]; stored as its index (booleans:
                       {"false", "true"}) */
 } idem_key_type_t;
 
-/* A configuration key a handler declares (handler.h, ops->keys): the same
- * columns as the table's own rows, without a field (the value lives in the
- * conf, read with idem_conf_str / idem_conf_int). */
-typedef struct {
-    const char *name; /* "<handler>.<key>"; NULL ends a list */
+struct idem_conf_s;
+struct idem_conf_key_s;
+
+/* A key's own check of its value (after type, range and enum), at the
+ * moment it is set, so the error carries the file and line. `value` is
+ * the text as given. Returns 0, or -1 with errstr naming the key. */
+typedef int (*idem_conf_check_t)(const struct idem_conf_key_s *key,
+                                 const char *value, char *errstr,
+                                 size_t errstr_size);
+
+/* flags of a key. Which commands read it: none of the two scope bits
+ * means run's side (run, verify, check-config) only. */
+#define IDEM_KEY_SECRET      0x01 /* never printed or logged */
+#define IDEM_KEY_REQUIRED    0x02 /* finalize fails when unset or empty */
+#define IDEM_KEY_OUTBOX      0x04 /* read by `idemproc outbox` too */
+#define IDEM_KEY_OUTBOX_ONLY 0x08 /* read by `idemproc outbox` only */
+#define IDEM_KEY_WRITES_TOPIC                                                  \
+    0x10 /* names a topic the member produces                                  \
+            to: never an input, checked with                                   \
+            check-config --connect */
+
+/* One configuration key, declared by the module that reads it (nginx's
+ * ngx_command_t, librdkafka's rd_kafka_property). The first nine columns
+ * are what handlers declare positionally; the rest default to 0. Use the
+ * IDEM_CONF_* row macros below for one line per key. */
+typedef struct idem_conf_key_s {
+    const char *name; /* NULL ends a list; a "dev." prefix: development
+                         only, left out of `help config` and the README */
     idem_key_type_t type;
     const char *def;      /* default as text; NULL = unset */
     int64_t min, max;     /* IDEM_KEY_INT range */
-    const char *enums[6]; /* IDEM_KEY_ENUM names */
+    const char *enums[6]; /* IDEM_KEY_ENUM names, index = stored value */
     int secret;           /* never printed or logged */
-    int required;         /* required when its handler runs */
+    int required;         /* required when its module is active */
     const char *doc;      /* one line */
+    size_t offset;        /* of its field in idem_conf_t (IDEM_CONF_FIELD); 0:
+                             kept as text, read with idem_conf_str/_int */
+    unsigned flags;       /* IDEM_KEY_* (secret and required mirror theirs) */
+    idem_conf_check_t check; /* NULL: type, range and enum only */
 } idem_conf_key_t;
+
+#define IDEM_CONF_FIELD(field) offsetof(struct idem_conf_s, field)
+
+/* Row macros: name, field, default, [min, max,] flags, check, doc. */
+#define IDEM_CONF_STR(name, field, def, flags, check, doc)                     \
+    {                                                                          \
+        name, IDEM_KEY_STR, def, 0, 0, {0}, !!((flags)&IDEM_KEY_SECRET),       \
+            !!((flags)&IDEM_KEY_REQUIRED), doc, IDEM_CONF_FIELD(field),        \
+            (flags), check                                                     \
+    }
+#define IDEM_CONF_INT(name, field, def, min, max, flags, check, doc)           \
+    {                                                                          \
+        name, IDEM_KEY_INT, def, min, max, {0}, 0, 0, doc,                     \
+            IDEM_CONF_FIELD(field), (flags), check                             \
+    }
+/* enums last: IDEM_CONF_ENUM("log.format", log_format, "json", 0, "doc",
+ * "json", "text"). */
+#define IDEM_CONF_ENUM(name, field, def, flags, doc, ...)                      \
+    {                                                                          \
+        name, IDEM_KEY_ENUM, def, 0, 0, {__VA_ARGS__}, 0, 0, doc,              \
+            IDEM_CONF_FIELD(field), (flags), NULL                              \
+    }
+#define IDEM_CONF_BOOL(name, field, def, flags, doc)                           \
+    IDEM_CONF_ENUM(name, field, def, flags, doc, "false", "true")
+
+typedef struct idem_conf_module_s idem_conf_module_t;
+
+/* A module's part of the configuration: its keys and its cross-key
+ * checks. The program lists its modules (idem_conf_module_at); the engine
+ * here parses, validates type/range/enum, prints and documents from them
+ * and knows none of them by name. */
+struct idem_conf_module_s {
+    const char *name; /* heading in help: "kafka", "handler=webhook" */
+    const char *doc;  /* NULL, or one line under the heading */
+    const idem_conf_key_t *keys; /* ending with {NULL}; may be NULL */
+    unsigned flags;         /* IDEM_KEY_OUTBOX(_ONLY): the scopes its check runs
+                               in (0: run's side only) */
+    const char *key_prefix; /* NULL, or a prefix ("kafka.", "plugin.") under
+                               which any key is this module's */
+    const char *prefix_doc; /* help line of key_prefix<name> */
+    /* Stores a key under key_prefix (the whole key). NULL: kept as text
+     * (idem_conf_str). Returns 0, or -1 with errstr. */
+    int (*prefix_set)(struct idem_conf_s *conf, const char *key,
+                      const char *value, char *errstr, size_t errstr_size);
+    /* Whether the module takes part in this configuration (a handler's
+     * module: when it is the one selected). NULL: always. Required keys
+     * and check apply only then; `help` marks the keys. */
+    int (*active)(const idem_conf_module_t *m, const struct idem_conf_s *conf);
+    /* Cross-key checks at finalize, in module order (may fill derived
+     * fields, allocating with idem_conf_alloc). NULL: none. Returns 0 or
+     * -1 with errstr naming the key. */
+    int (*check)(const idem_conf_module_t *m, struct idem_conf_s *conf,
+                 char *errstr, size_t errstr_size);
+    const void *owner; /* the module's own, for its callbacks (a handler's
+                          ops) */
+    /* The value as check-config prints it (a URL's password hidden), into
+     * buf or returned as is. NULL: as it is (secrets are masked anyway). */
+    const char *(*show)(const idem_conf_key_t *key, const char *value,
+                        char *buf, size_t size);
+};
+
+/* The i-th configuration module of this program (0, 1, ...), NULL past
+ * the last. Defined by the program, not the engine (cmd/confmodules.c),
+ * as nginx lists its modules in ngx_modules.c. */
+const idem_conf_module_t *idem_conf_module_at(size_t i);
 
 /* dlq.headers.format: which headers a dead letter gets. */
 typedef enum {
@@ -62,11 +153,14 @@ typedef struct idem_conf_s {
     idem_conf_scope_t scope; /* the command it is loaded for */
     char *bootstrap_servers; /* kafka.bootstrap.servers */
     char *group_id;
-    char *input_topics; /* comma list; "^" prefix = regex subscription */
+    char *input_topics; /* comma list as given; read input_topic[] */
+    char **input_topic; /* input.topics parsed at finalize: trimmed names
+                           ("^" prefix: a regex), NULL-terminated */
+    size_t input_topic_cnt;
     char *dlq_topic;
     int dlq_headers_format; /* idem_dlq_headers_t */
     int64_t dlq_replay_max; /* dlq replay refuses records replayed this often */
-    char *output_topic;     /* forward handler only */
+    char *output_topic;     /* output.topic: forward declares it */
     char *member_id;        /* client.id, lease owner, log context */
     char *redis_url; /* redis[s]://[user[:pw]@]host:port/db, unix:///path */
     char *redis_username; /* ACL user; overrides the url's */
@@ -92,13 +186,12 @@ typedef struct idem_conf_s {
     int envelope_format;     /* idem_envelope_format_t */
     char *envelope_identity; /* ordered sources: value:/ptr, header:h, key */
     char *envelope_message_id; /* same syntax */
-    int forward_processed_at;  /* 1: forward adds processed_at to objects */
     int64_t retry_max_attempts;
     int64_t retry_backoff_initial_ms;
     int64_t retry_backoff_max_ms;
     char *retry_topics; /* retry.topics as given ("" = blocking retries) */
-    int64_t retry_delays_ms[IDEM_RETRY_TIERS_MAX]; /* parsed by finalize */
-    size_t retry_tiers; /* 0: blocking retries (the default) */
+    int64_t *retry_delays_ms; /* retry_tiers delays, parsed by finalize */
+    size_t retry_tiers;       /* 0: blocking retries (the default) */
     int64_t batch_max_messages;
     int64_t batch_max_wait_ms;
     int64_t commit_interval_ms;
@@ -107,8 +200,8 @@ typedef struct idem_conf_s {
     int64_t health_stall_ms;
     int64_t stats_interval_ms;
     int64_t fetch_stall_ms;  /* 0: no fetch watch (fetchwatch.h) */
-    char *fault_fetch_pause; /* development fault: TOPIC:PARTITION[:N] */
-    int64_t fault_fetch_assign_fail; /* development fault: assigns refused */
+    char *fault_fetch_pause; /* dev.fault.fetch.pause: TOPIC:PARTITION[:N] */
+    int64_t fault_fetch_assign_fail; /* dev.fault.fetch.assign.fail */
     int64_t progress_interval_ms;
     int log_level;  /* idem_log_level_t */
     int log_format; /* idem_log_format_t */
@@ -129,9 +222,13 @@ typedef struct idem_conf_s {
     } * kafka;
     size_t kafka_cnt;
 
-    /* Handlers' keys (handler.h) that were set, by name, in set order. */
+    /* Keys kept as text (offset 0: handlers' keys) that were set, by
+     * name, in set order. */
     struct idem_conf_kv *hkeys;
     size_t hkeys_cnt;
+
+    void **owned; /* what idem_conf_alloc handed out, freed with the conf */
+    size_t owned_cnt;
 } idem_conf_t;
 
 /* A new configuration holding the built-in defaults. Never NULL (aborts on
@@ -139,9 +236,18 @@ typedef struct idem_conf_s {
 idem_conf_t *idem_conf_new(void);
 void idem_conf_destroy(idem_conf_t *conf);
 
-/* Sets one key (table key, "kafka.<prop>", or "<key>.file" to read the value
- * from a file such as a mounted Kubernetes Secret). Validates type, range and
- * enum. Returns 0, or -1 with errstr naming the key and the problem. */
+/* Zeroed memory owned by `conf` (freed by idem_conf_destroy), for what a
+ * module's check derives from the keys. Never NULL. */
+void *idem_conf_alloc(idem_conf_t *conf, size_t size);
+
+/* Stores kafka.<prop> (without "kafka.") in conf->kafka, replacing an
+ * earlier value: for the kafka module's prefix_set, which judges it. */
+void idem_conf_kafka_store(idem_conf_t *conf, const char *prop,
+                           const char *value);
+
+/* Sets one key (a module's key, "kafka.<prop>", or "<key>.file" to read the
+ * value from a file such as a mounted Kubernetes Secret). Validates type, range
+ * and enum. Returns 0, or -1 with errstr naming the key and the problem. */
 int idem_conf_set(idem_conf_t *conf, const char *key, const char *value,
                   char *errstr, size_t errstr_size);
 
@@ -169,6 +275,25 @@ int idem_conf_finalize_scope(idem_conf_t *conf, idem_conf_scope_t scope,
 idem_conf_t *idem_conf_load(const char *path, char **envp, char **sets,
                             size_t set_cnt, char *errstr, size_t errstr_size);
 
+/* What kind of configuration error it was, for a caller that acts on it
+ * (as hiredis's err beside errstr): never learn it from the text. */
+typedef enum {
+    IDEM_CONF_OK = 0,
+    IDEM_CONF_ERR_INVALID,  /* a value, key, file, variable or cross-key
+                               check */
+    IDEM_CONF_ERR_REQUIRED, /* a required key is not set */
+} idem_conf_errclass_t;
+
+typedef struct {
+    idem_conf_errclass_t cls;
+    char str[512]; /* one line naming the key (and file:line, variable) */
+} idem_conf_err_t;
+
+/* idem_conf_load_scope with the error's class: NULL with *err filled. */
+idem_conf_t *idem_conf_load_err(const char *path, char **envp, char **sets,
+                                size_t set_cnt, idem_conf_scope_t scope,
+                                idem_conf_err_t *err);
+
 /* idem_conf_load finalized for `scope`. */
 idem_conf_t *idem_conf_load_scope(const char *path, char **envp, char **sets,
                                   size_t set_cnt, idem_conf_scope_t scope,
@@ -183,11 +308,26 @@ int idem_conf_apply_kafka(const idem_conf_t *conf, rd_kafka_conf_t *kconf,
  * never printed or logged? The one list every command uses. */
 int idem_conf_kafka_prop_is_secret(const char *name);
 
-/* Prints the effective configuration as key=value lines, secrets masked. */
+/* The i-th topic this configuration writes to (0, 1, ...): the value of
+ * a key flagged IDEM_KEY_WRITES_TOPIC of an active module in conf->scope,
+ * set and not empty (dlq.topic, output.topic), its key's name in *key
+ * (may be NULL). NULL past the last. Borrowed. */
+const char *idem_conf_topic_written(const idem_conf_t *conf, size_t i,
+                                    const char **key);
+
+/* Prints the effective configuration as key=value lines, secrets masked:
+ * the keys of conf->scope's command (and of the handler selected), those
+ * that differ from the default first under "# set (not the default)",
+ * then the rest under "# defaults"; a development key or another
+ * handler's only when set. */
 void idem_conf_dump(const idem_conf_t *conf, FILE *out);
 
-/* Prints the table for `idemproc help config`. */
+/* Prints the keys for `idemproc help config`, by module; development keys
+ * (dev.*) are left out. */
 void idem_conf_print_help(FILE *out);
+
+/* The same with dev = 1: the development keys only (`help config-dev`). */
+void idem_conf_print_help_dev(FILE *out, int dev);
 
 /* Prints the README's configuration section (a Markdown table). */
 void idem_conf_print_markdown(FILE *out);

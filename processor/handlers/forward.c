@@ -39,16 +39,16 @@ typedef struct {
 } forward_t;
 
 static const idem_conf_key_t forward_keys[] = {
-    {"forward.processed.at",
-     IDEM_KEY_ENUM,
-     "true",
-     0,
-     0,
-     {"false", "true"},
-     0,
-     0,
-     "add \"processed_at\" (RFC 3339, UTC) to a JSON-object value; other "
-     "values are copied as they are"},
+    /* clang-format off */
+    IDEM_CONF_STR("output.topic", output_topic, NULL, IDEM_KEY_REQUIRED | IDEM_KEY_WRITES_TOPIC, NULL,
+        "topic the forward handler writes to"),
+    /* clang-format on */
+    {.name = "forward.processed.at",
+     .type = IDEM_KEY_ENUM,
+     .def = "true",
+     .enums = {"false", "true"},
+     .doc = "add \"processed_at\" (RFC 3339, UTC) to a JSON-object value; "
+            "other values are copied as they are"},
     {.name = NULL},
 };
 
@@ -103,6 +103,13 @@ static void *forward_start(const idem_handler_ctx_t *ctx, char *errstr,
     f->conf = conf;
     f->rk = rk;
     f->rkt = rd_kafka_topic_new(rk, conf->output_topic, NULL);
+    if (!f->rkt) {
+        snprintf(errstr, errstr_size, "output.topic \"%s\": %s",
+                 conf->output_topic, rd_kafka_err2str(rd_kafka_last_error()));
+        rd_kafka_destroy(rk);
+        free(f);
+        return NULL;
+    }
     f->processed_at = idem_conf_int(conf, "forward.processed.at") == 1;
     return f;
 }

@@ -54,7 +54,16 @@ idem_dlq_t *idem_dlq_new(const idem_conf_t *conf, idem_dlq_report_cb *report,
         return NULL;
     }
     d->rk = rk;
+    /* Fails only for an invalid name or conflicting topic settings: a
+     * member that cannot write dead letters must not start. */
     d->rkt = rd_kafka_topic_new(rk, conf->dlq_topic, NULL);
+    if (!d->rkt) {
+        snprintf(errstr, errstr_size, "dlq.topic \"%s\": %s", conf->dlq_topic,
+                 rd_kafka_err2str(rd_kafka_last_error()));
+        rd_kafka_destroy(rk);
+        free(d);
+        return NULL;
+    }
     return d;
 }
 

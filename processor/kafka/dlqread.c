@@ -103,7 +103,13 @@ idem_dlqread_t *idem_dlqread_new(const idem_conf_t *conf, const char *group,
      * earliest record, not at the end. */
     rd_kafka_topic_conf_set(tc, "auto.offset.reset", "smallest", kerr,
                             sizeof(kerr));
-    r->rkt = rd_kafka_topic_new(rk, r->topic, tc);
+    r->rkt = rd_kafka_topic_new(rk, r->topic, tc); /* takes tc either way */
+    if (!r->rkt) {
+        snprintf(errstr, errstr_size, "dlq.topic \"%s\": %s", r->topic,
+                 rd_kafka_err2str(rd_kafka_last_error()));
+        idem_dlqread_destroy(r);
+        return NULL;
+    }
     r->q = rd_kafka_queue_new(rk);
     int n =
         partition_count(rk, r->rkt, r->topic, timeout_ms, errstr, errstr_size);

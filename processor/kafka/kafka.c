@@ -3,6 +3,7 @@
  * idempotent writers (DLQ, forward output), the kafka.* properties it
  * manages, their fatal errors, and check-config's reachability check. */
 #include "kafka/kafka.h"
+#include "kafka/retrytopic.h"
 #include "base/log.h"
 #include "base/util.h"
 
@@ -116,9 +117,10 @@ int idem_kafka_fatal(rd_kafka_t *rk, const char *who, char *buf, size_t size)
     return 1;
 }
 
-/* Prints the partition count of `topic` in md, or that it is missing. */
-static void check_topic(const rd_kafka_metadata_t *md, const char *role,
-                        const char *topic, FILE *out)
+/* Prints the partition count of `topic` in md, or that it is missing.
+ * Returns 1 when it exists, else 0. */
+static int check_topic(const rd_kafka_metadata_t *md, const char *role,
+                       const char *topic, FILE *out)
 {
     for (int i = 0; i < md->topic_cnt; i++) {
         if (strcmp(md->topics[i].topic, topic) || md->topics[i].err)
@@ -126,12 +128,13 @@ static void check_topic(const rd_kafka_metadata_t *md, const char *role,
         fprintf(out, "check-config: kafka: %s topic %s: %d partition%s\n", role,
                 topic, md->topics[i].partition_cnt,
                 md->topics[i].partition_cnt == 1 ? "" : "s");
-        return;
+        return 1;
     }
     fprintf(out,
             "check-config: kafka: %s topic %s: not found (created on first "
             "use only where the cluster auto-creates topics)\n",
             role, topic);
+    return 0;
 }
 
 int idem_kafka_check(const idem_conf_t *conf, int timeout_ms, FILE *out,
@@ -160,26 +163,22 @@ int idem_kafka_check(const idem_conf_t *conf, int timeout_ms, FILE *out,
     fprintf(out, "check-config: kafka: %d broker%s reachable at %s\n",
             md->broker_cnt, md->broker_cnt == 1 ? "" : "s",
             conf->bootstrap_servers);
-    if (conf->scope == IDEM_CONF_SCOPE_OUTBOX) {
-        /* The relay reads no input and writes no dead letter: only the
-         * topic of rows without one. */
-        if (conf->outbox_topic && *conf->outbox_topic)
-            check_topic(md, "outbox", conf->outbox_topic, out);
-        rd_kafka_metadata_destroy(md);
-        rd_kafka_destroy(rk);
-        return 0;
+    /* The topics this configuration writes (dlq.topic, a handler's
+     * output; the relay's outbox.topic), named by their key. */
+    const char *key, *topic;
+    for (size_t i = 0; (topic = idem_conf_topic_written(conf, i, &key)); i++) {
+        char role[64];
+        snprintf(role, sizeof(role), "%.*s", (int)(strlen(key) - 6), key);
+        check_topic(md, role, topic, out);
     }
-    char *topics = idem_xstrdup(conf->input_topics ? conf->input_topics : "");
-    char *rest = topics;
-    for (char *t = strsep(&rest, ","); t; t = strsep(&rest, ",")) {
-        while (*t == ' ')
-            t++;
-        if (*t && *t != '^')
-            check_topic(md, "input", t, out);
-    }
-    free(topics);
-    if (conf->dlq_topic)
-        check_topic(md, "dlq", conf->dlq_topic, out);
+    /* A member subscribed to a missing topic consumes nothing and says
+     * nothing: that one is an error. A topic it writes may be created on
+     * first use. */
+    const char *missing = NULL;
+    for (size_t i = 0; i < conf->input_topic_cnt; i++)
+        if (conf->input_topic[i][0] != '^' &&
+            !check_topic(md, "input", conf->input_topic[i], out) && !missing)
+            missing = conf->input_topic[i];
     if (conf->retry_tiers) {
         idem_retrytopics_t *rt = idem_retrytopics_new(
             conf->input_topics, conf->retry_delays_ms, conf->retry_tiers);
@@ -187,9 +186,14 @@ int idem_kafka_check(const idem_conf_t *conf, int timeout_ms, FILE *out,
             check_topic(md, "retry", idem_retrytopics_at(rt, i), out);
         idem_retrytopics_destroy(rt);
     }
-    if (!strcmp(conf->handler, "forward"))
-        check_topic(md, "output", conf->output_topic, out);
     rd_kafka_metadata_destroy(md);
     rd_kafka_destroy(rk);
+    if (missing) {
+        snprintf(errstr, errstr_size,
+                 "input topic \"%s\" does not exist at %s (create it, or "
+                 "fix input.topics)",
+                 missing, conf->bootstrap_servers);
+        return -1;
+    }
     return 0;
 }

@@ -13,6 +13,9 @@
 
 #include "conf/conf.h"
 
+/* The kafka folder's configuration keys and checks (kafkakeys.c). */
+extern const idem_conf_module_t idem_kafka_conf;
+
 /* Sets one property; returns 0, or -1 with "kafka.<name>: <librdkafka's
  * text>" in errstr. kc is borrowed. */
 int idem_kafka_set(rd_kafka_conf_t *kc, const char *name, const char *value,
@@ -51,8 +54,10 @@ int idem_kafka_fatal(rd_kafka_t *rk, const char *who, char *buf, size_t size);
  * setting, security included) for metadata within timeout_ms, and prints
  * to out how many brokers answered and whether the input, DLQ and (forward)
  * output topics exist (the outbox scope: outbox.topic, if set); a missing
- * topic is reported, not an error. Returns
- * 0, or -1 with errstr naming the bootstrap servers when none answered. */
+ * input topic is an error (the member would consume nothing), a missing
+ * topic it writes is only reported. Returns 0, or -1 with errstr naming
+ * the bootstrap servers when none answered, or the first missing input
+ * topic. */
 int idem_kafka_check(const idem_conf_t *conf, int timeout_ms, FILE *out,
                      char *errstr, size_t errstr_size);
 

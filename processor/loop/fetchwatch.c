@@ -13,7 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define FAULT_TIMES_MAX   100  /* fault.fetch.pause's TIMES */
+#define FAULT_TIMES_MAX   100  /* dev.fault.fetch.pause's TIMES */
 #define QUERY_TIMEOUT_MS  2000 /* one watermark query (also bounds destroy) */
 #define QUERY_PENDING_MAX 256  /* queries waiting; more wait a turn */
 
@@ -78,13 +78,13 @@ struct idem_fetchwatch_s {
     int was_unready;
     int closing; /* the member is leaving: judge and repair nothing */
     char reason[300];
-    /* fault.fetch.pause: the partition paused behind the member's back
+    /* dev.fault.fetch.pause: the partition paused behind the member's back
      * (once), and how many of the repairs that follow are dropped. */
     char fault_topic[256];
     int32_t fault_partition;
     int fault_left;
     int fault_started;
-    int fault_assign_left; /* fault.fetch.assign.fail: assigns refused */
+    int fault_assign_left; /* dev.fault.fetch.assign.fail: assigns refused */
 };
 
 /* ------------------------------------------------------------ parsing */
@@ -170,7 +170,7 @@ static int fault_parse(const char *value, char *topic, size_t topic_size,
     return 0;
 bad:
     snprintf(errstr, errstr_size,
-             "fault.fetch.pause: \"%s\" is not TOPIC:PARTITION or "
+             "dev.fault.fetch.pause: \"%s\" is not TOPIC:PARTITION or "
              "TOPIC:PARTITION:TIMES (TIMES 1..%d)",
              value, FAULT_TIMES_MAX);
     return -1;
@@ -381,7 +381,7 @@ static void seek_one(idem_fetchwatch_t *fw, rd_kafka_topic_partition_list_t *l,
 }
 
 /* The assign half of the heavy repair (l borrowed; one partition).
- * fault.fetch.assign.fail refuses it, also without a consumer. Returns 0,
+ * dev.fault.fetch.assign.fail refuses it, also without a consumer. Returns 0,
  * or -1 (logged here or by rebalance.c). */
 static int assign_back(idem_fetchwatch_t *fw,
                        const rd_kafka_topic_partition_list_t *l,

@@ -63,7 +63,7 @@ typedef struct idem_fetchwatch_s idem_fetchwatch_t;
  * (fetch.stall.ms; > 0). rk (borrowed; NULL in unit tests: repairs are
  * counted, not made) is the consumer the repairs go to; m (borrowed, may
  * be NULL) gets the metrics; member tells the member's view of a
- * partition. fault: the fault.fetch.pause value ("TOPIC:PARTITION[:TIMES]",
+ * partition. fault: the dev.fault.fetch.pause value ("TOPIC:PARTITION[:TIMES]",
  * NULL or "" for none; checked by idem_fetchwatch_fault_check). Returns
  * a watch the caller frees with idem_fetchwatch_destroy. */
 idem_fetchwatch_t *idem_fetchwatch_new(int64_t stall_ms, rd_kafka_t *rk,
@@ -134,7 +134,7 @@ uint64_t idem_fetchwatch_reassigns(const idem_fetchwatch_t *fw);
 void idem_fetchwatch_queries(idem_fetchwatch_t *fw, uint64_t *started,
                              uint64_t *done);
 
-/* fault.fetch.assign.fail (development only): the next `times` assigns
+/* dev.fault.fetch.assign.fail (development only): the next `times` assigns
  * of the heavy repair (after the partition left the assignment) are
  * refused as librdkafka may refuse one, logged and not made; also without
  * a consumer (unit tests). */
@@ -147,12 +147,12 @@ void idem_fetchwatch_forget(idem_fetchwatch_t *fw,
 
 void idem_fetchwatch_fault_assign(idem_fetchwatch_t *fw, int times);
 
-/* Checks a fault.fetch.pause value: "TOPIC:PARTITION" or
+/* Checks a dev.fault.fetch.pause value: "TOPIC:PARTITION" or
  * "TOPIC:PARTITION:TIMES" (TIMES 1..100). The fault pauses that partition
  * inside librdkafka once its fetch started (app_offset known), and drops
  * the first TIMES-1 repairs (as librdkafka dropped the fetch start in
  * its issue #5591), so the last one is needed. Returns 0, or -1 with
- * "fault.fetch.pause: ..." in errstr. */
+ * "dev.fault.fetch.pause: ..." in errstr. */
 int idem_fetchwatch_fault_check(const char *value, char *errstr,
                                 size_t errstr_size);
 

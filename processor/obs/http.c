@@ -94,6 +94,12 @@ static int listen_parse(const char *listen, struct sockaddr_in *sa,
     return 0;
 }
 
+int idem_http_listen_check(const char *listen, char *errstr, size_t errstr_size)
+{
+    struct sockaddr_in sa;
+    return listen_parse(listen, &sa, errstr, errstr_size);
+}
+
 /* libmicrohttpd's error log: fires on whichever thread hit the problem
  * (the caller of MHD_start_daemon, or the daemon's thread). */
 static void http_log(void *cls, const char *fmt, va_list ap)

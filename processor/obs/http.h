@@ -17,6 +17,12 @@ idem_http_t *idem_http_start(const char *listen, idem_metrics_t *m,
                              int64_t stall_ms, char *errstr,
                              size_t errstr_size);
 
+/* Checks an http.listen value as idem_http_start reads it (host:port,
+ * the host resolved), binding nothing: check-config and run refuse the
+ * same values. Returns 0, or -1 with "http.listen: ..." in errstr. */
+int idem_http_listen_check(const char *listen, char *errstr,
+                           size_t errstr_size);
+
 /* The port actually bound (useful with port 0). */
 int idem_http_port(const idem_http_t *h);
 

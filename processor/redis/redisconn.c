@@ -16,6 +16,10 @@ struct idem_redisconn_s {
     redisContext *c;
     idem_tlspipe_t *tls; /* NULL for redis:// and unix:// */
     char addr[300];      /* host:port or socket path */
+    /* Why the last step failed (idem_redisconn_err_t): set where the
+     * failure is seen, so no caller reads it from the text. */
+    idem_redisconn_errclass_t cls;
+    char code[32]; /* IDEM_REDISCONN_ERR_REPLY: the reply's first word */
 };
 
 /* Parses "host[:port]" of length len into host/port (port stays as given
@@ -262,18 +266,23 @@ int idem_redisconn_conf_check(const idem_conf_t *conf, char *errstr,
 
 /* One command on a fresh connection; the reply (caller frees) or NULL with
  * "redis: <what> at <addr>: <error>" in errstr. */
-static redisReply *conn_command(redisContext *c, const char *addr,
-                                const char *what, int argc, const char **argv,
-                                char *errstr, size_t errstr_size)
+static redisReply *conn_command(idem_redisconn_t *rc, const char *what,
+                                int argc, const char **argv, char *errstr,
+                                size_t errstr_size)
 {
+    redisContext *c = rc->c;
     redisReply *r = redisCommandArgv(c, argc, argv, NULL);
     if (!r) {
-        snprintf(errstr, errstr_size, "redis: %s at %s: %s", what, addr,
+        rc->cls = IDEM_REDISCONN_ERR_CONNECTION;
+        snprintf(errstr, errstr_size, "redis: %s at %s: %s", what, rc->addr,
                  c->errstr[0] ? c->errstr : "connection lost");
         return NULL;
     }
     if (r->type == REDIS_REPLY_ERROR) {
-        snprintf(errstr, errstr_size, "redis: %s at %s: %s", what, addr,
+        rc->cls = IDEM_REDISCONN_ERR_REPLY;
+        snprintf(rc->code, sizeof(rc->code), "%.*s", (int)strcspn(r->str, " "),
+                 r->str);
+        snprintf(errstr, errstr_size, "redis: %s at %s: %s", what, rc->addr,
                  r->str);
         freeReplyObject(r);
         return NULL;
@@ -290,7 +299,8 @@ static struct timeval tv_of(int64_t ms)
 /* A plain blocking connection to host:port with the timeouts set, or NULL
  * with errstr. */
 static redisContext *tcp_open(const char *host, int port, int64_t timeout_ms,
-                              char *errstr, size_t errstr_size)
+                              idem_redisconn_errclass_t *cls, char *errstr,
+                              size_t errstr_size)
 {
     struct timeval tv = tv_of(timeout_ms);
     redisContext *c = redisConnectWithTimeout(host, port, tv);
@@ -300,7 +310,12 @@ static redisContext *tcp_open(const char *host, int port, int64_t timeout_ms,
         return NULL;
     }
     if (c->err) {
-        if (strstr(c->errstr, "timed out"))
+        /* hiredis reports a connect timeout as an I/O error with the
+         * system's text (ETIMEDOUT): its own library's words, the only
+         * sign of it. */
+        *cls = strstr(c->errstr, "timed out") ? IDEM_REDISCONN_ERR_TIMEOUT
+                                              : IDEM_REDISCONN_ERR_CONNECTION;
+        if (*cls == IDEM_REDISCONN_ERR_TIMEOUT)
             snprintf(errstr, errstr_size,
                      "redis: connect: %s:%d: timeout after %" PRId64 " ms",
                      host, port, timeout_ms);
@@ -333,8 +348,8 @@ static int transport_open(idem_redisconn_t *rc, const idem_conf_t *conf,
     }
     snprintf(rc->addr, sizeof(rc->addr), "%s:%d", host, port);
     if (u->scheme == IDEM_REDIS_TCP) {
-        rc->c =
-            tcp_open(host, port, conf->redis_timeout_ms, errstr, errstr_size);
+        rc->c = tcp_open(host, port, conf->redis_timeout_ms, &rc->cls, errstr,
+                         errstr_size);
         return rc->c ? 0 : -1;
     }
     idem_tlspipe_opts_t o = {.ca_file = conf->redis_tls_ca_file,
@@ -382,17 +397,16 @@ static int sentinel_ask(const idem_conf_t *conf, const idem_redisconn_url_t *u,
         goto done;
     if (set(conf->redis_sentinel_password)) {
         const char *argv[] = {"AUTH", conf->redis_sentinel_password};
-        redisReply *r = conn_command(sc.c, sc.addr, "sentinel AUTH", 2, argv,
-                                     errstr, errstr_size);
+        redisReply *r =
+            conn_command(&sc, "sentinel AUTH", 2, argv, errstr, errstr_size);
         if (!r)
             goto done;
         freeReplyObject(r);
     }
     const char *argv[] = {"SENTINEL", "get-master-addr-by-name",
                           conf->redis_sentinel_master};
-    redisReply *r =
-        conn_command(sc.c, sc.addr, "SENTINEL get-master-addr-by-name", 3, argv,
-                     errstr, errstr_size);
+    redisReply *r = conn_command(&sc, "SENTINEL get-master-addr-by-name", 3,
+                                 argv, errstr, errstr_size);
     if (!r)
         goto done;
     if (r->type == REDIS_REPLY_ARRAY && r->elements == 2 &&
@@ -454,7 +468,7 @@ static void tls_reason(idem_redisconn_t *rc, const idem_conf_t *conf,
     snprintf(errstr + l, errstr_size - l, " (%s%s)", why,
              set(conf->redis_tls_cert_file)
                  ? ""
-                 : (strstr(why, "certificate required")
+                 : (idem_tlspipe_cert_required(rc->tls)
                         ? "; the server wants a client certificate: set "
                           "redis.tls.cert.file and redis.tls.key.file"
                         : "; if the server requires client certificates, "
@@ -475,8 +489,7 @@ static int session_setup(idem_redisconn_t *rc, const idem_conf_t *conf,
     redisReply *r;
     if (pw) {
         const char *argv[] = {"AUTH", user ? user : pw, pw};
-        r = conn_command(rc->c, rc->addr, "AUTH", user ? 3 : 2, argv, errstr,
-                         errstr_size);
+        r = conn_command(rc, "AUTH", user ? 3 : 2, argv, errstr, errstr_size);
         if (!r)
             return -1;
         freeReplyObject(r);
@@ -485,8 +498,7 @@ static int session_setup(idem_redisconn_t *rc, const idem_conf_t *conf,
         char db[16];
         snprintf(db, sizeof(db), "%d", u->db);
         const char *argv[] = {"SELECT", db};
-        r = conn_command(rc->c, rc->addr, "SELECT", 2, argv, errstr,
-                         errstr_size);
+        r = conn_command(rc, "SELECT", 2, argv, errstr, errstr_size);
         if (!r)
             return -1;
         freeReplyObject(r);
@@ -496,7 +508,7 @@ static int session_setup(idem_redisconn_t *rc, const idem_conf_t *conf,
     if (replica_ok)
         return 0;
     const char *argv[] = {"ROLE"};
-    r = conn_command(rc->c, rc->addr, "ROLE", 1, argv, errstr, errstr_size);
+    r = conn_command(rc, "ROLE", 1, argv, errstr, errstr_size);
     if (!r)
         return -1;
     const char *role = r->type == REDIS_REPLY_ARRAY && r->elements > 0 &&
@@ -504,6 +516,8 @@ static int session_setup(idem_redisconn_t *rc, const idem_conf_t *conf,
                            ? r->element[0]->str
                            : "?";
     int primary = !strcmp(role, "master");
+    if (!primary)
+        rc->cls = IDEM_REDISCONN_ERR_NOT_PRIMARY;
     if (!primary)
         snprintf(
             errstr, errstr_size,
@@ -517,6 +531,21 @@ static int session_setup(idem_redisconn_t *rc, const idem_conf_t *conf,
 idem_redisconn_t *idem_redisconn_open(const idem_conf_t *conf, int replica_ok,
                                       char *errstr, size_t errstr_size)
 {
+    idem_redisconn_err_t err;
+    idem_redisconn_t *rc = idem_redisconn_open_err(conf, replica_ok, &err);
+    if (!rc)
+        snprintf(errstr, errstr_size, "%s", err.str);
+    return rc;
+}
+
+idem_redisconn_t *idem_redisconn_open_err(const idem_conf_t *conf,
+                                          int replica_ok,
+                                          idem_redisconn_err_t *err)
+{
+    char *errstr = err->str;
+    size_t errstr_size = sizeof(err->str);
+    err->cls = IDEM_REDISCONN_ERR_CONNECTION;
+    err->code[0] = '\0';
     idem_redisconn_url_t u;
     if (idem_redisconn_url_parse(conf->redis_url, &u, errstr, errstr_size))
         return NULL;
@@ -529,9 +558,12 @@ idem_redisconn_t *idem_redisconn_open(const idem_conf_t *conf, int replica_ok,
             return NULL;
     }
     idem_redisconn_t *rc = idem_xcalloc(1, sizeof(*rc));
+    rc->cls = IDEM_REDISCONN_ERR_CONNECTION;
     if (transport_open(rc, conf, &u, host, port, errstr, errstr_size) ||
         session_setup(rc, conf, &u, replica_ok, errstr, errstr_size)) {
         tls_reason(rc, conf, errstr, errstr_size);
+        err->cls = rc->cls;
+        snprintf(err->code, sizeof(err->code), "%s", rc->code);
         idem_redisconn_close(rc);
         return NULL;
     }

@@ -37,6 +37,9 @@ int idem_redisconn_url_parse(const char *url, idem_redisconn_url_t *out,
  * stays). Returns buf. */
 const char *idem_redisconn_url_redact(const char *url, char *buf, size_t size);
 
+/* The redis folder's configuration keys and checks (rediskeys.c). */
+extern const idem_conf_module_t idem_redis_conf;
+
 /* Cross-key checks of the redis.* keys for idem_conf_finalize: the URL,
  * user and password, TLS files readable, sentinels and master together.
  * Returns 0 or -1 with errstr naming the key. Connects to nothing. */
@@ -55,6 +58,28 @@ typedef struct idem_redisconn_s idem_redisconn_t;
  * replica_ok (readers such as verify) a replica is accepted. */
 idem_redisconn_t *idem_redisconn_open(const idem_conf_t *conf, int replica_ok,
                                       char *errstr, size_t errstr_size);
+
+/* Why a connect failed, as data (hiredis's err beside errstr): a caller
+ * counts or decides by the class, never by the text. */
+typedef enum {
+    IDEM_REDISCONN_ERR_CONNECTION = 1, /* refused, reset, DNS, TLS, URL, the
+                                          sentinels */
+    IDEM_REDISCONN_ERR_TIMEOUT,        /* the connect took redis.timeout.ms */
+    IDEM_REDISCONN_ERR_NOT_PRIMARY,    /* ROLE: a replica */
+    IDEM_REDISCONN_ERR_REPLY, /* AUTH, SELECT or ROLE got an error reply:
+                                 its code (WRONGPASS, NOAUTH, LOADING) */
+} idem_redisconn_errclass_t;
+
+typedef struct {
+    idem_redisconn_errclass_t cls;
+    char code[32]; /* IDEM_REDISCONN_ERR_REPLY: the reply's first word */
+    char str[512]; /* one line, never a password */
+} idem_redisconn_err_t;
+
+/* idem_redisconn_open with the failure's class in *err (NULL returned). */
+idem_redisconn_t *idem_redisconn_open_err(const idem_conf_t *conf,
+                                          int replica_ok,
+                                          idem_redisconn_err_t *err);
 
 /* The blocking hiredis context of the connection (borrowed: valid until
  * idem_redisconn_close). Timeouts are set to redis.timeout.ms. */

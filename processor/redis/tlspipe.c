@@ -32,14 +32,19 @@ struct idem_tlspipe_s {
     int pipe; /* our end of the socketpair, owned by the thread */
     pthread_t thread;
     pthread_mutex_t lock;
-    char err[256]; /* why the thread ended, under lock; empty = clean */
+    char err[256];     /* why the thread ended, under lock; empty = clean */
+    int cert_required; /* under lock: the server wanted a client certificate */
 };
 
 /* The first queued OpenSSL error as text ("unknown" when none); clears
- * the queue. */
-static const char *ssl_err(char *buf, size_t size)
+ * the queue. *cert_required (may be NULL) says whether it was the
+ * server's alert that it wants a client certificate. */
+static const char *ssl_err_why(char *buf, size_t size, int *cert_required)
 {
     unsigned long e = ERR_get_error();
+    if (cert_required)
+        *cert_required =
+            e && ERR_GET_REASON(e) == SSL_R_TLSV13_ALERT_CERTIFICATE_REQUIRED;
     if (!e) {
         snprintf(buf, size, "unknown error");
     } else {
@@ -51,6 +56,11 @@ static const char *ssl_err(char *buf, size_t size)
     }
     ERR_clear_error();
     return buf;
+}
+
+static const char *ssl_err(char *buf, size_t size)
+{
+    return ssl_err_why(buf, size, NULL);
 }
 
 static int64_t left_ms(int64_t deadline)
@@ -196,13 +206,13 @@ static void handshake_error(SSL *ssl, const idem_tlspipe_opts_t *o,
                      host, port, X509_verify_cert_error_string(vr));
         return;
     }
-    ssl_err(e, sizeof(e));
+    int cert_required;
+    ssl_err_why(e, sizeof(e), &cert_required);
     snprintf(errstr, errstr_size,
              "redis: TLS handshake with %s:%d failed: %s%s", host, port, e,
-             strstr(e, "certificate required")
-                 ? " (the server wants a client certificate: set "
-                   "redis.tls.cert.file and redis.tls.key.file)"
-                 : "");
+             cert_required ? " (the server wants a client certificate: set "
+                             "redis.tls.cert.file and redis.tls.key.file)"
+                           : "");
 }
 
 static int handshake(SSL *ssl, int fd, int64_t deadline, int64_t timeout_ms,
@@ -236,9 +246,11 @@ static void pipe_fail(idem_tlspipe_t *t, const char *what, int ssl_error)
         snprintf(e, sizeof(e), "%s", strerror(errno));
     else if (ssl_error == SSL_ERROR_SYSCALL)
         snprintf(e, sizeof(e), "connection closed without close_notify");
-    else
-        ssl_err(e, sizeof(e));
+    int cert_required = 0;
+    if (ssl_error != SSL_ERROR_SYSCALL)
+        ssl_err_why(e, sizeof(e), &cert_required);
     pthread_mutex_lock(&t->lock);
+    t->cert_required = cert_required;
     snprintf(t->err, sizeof(t->err), "TLS %s: %s", what, e);
     pthread_mutex_unlock(&t->lock);
 }
@@ -471,4 +483,12 @@ const char *idem_tlspipe_error(idem_tlspipe_t *t, char *buf, size_t size)
     snprintf(buf, size, "%s", t->err);
     pthread_mutex_unlock(&t->lock);
     return buf;
+}
+
+int idem_tlspipe_cert_required(idem_tlspipe_t *t)
+{
+    pthread_mutex_lock(&t->lock);
+    int r = t->cert_required;
+    pthread_mutex_unlock(&t->lock);
+    return r;
 }

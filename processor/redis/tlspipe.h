@@ -36,6 +36,10 @@ idem_tlspipe_t *idem_tlspipe_open(const char *host, int port,
  * buf; empty while it runs or after a clean end. Returns buf. */
 const char *idem_tlspipe_error(idem_tlspipe_t *t, char *buf, size_t size);
 
+/* 1 when the thread ended on the server's alert that it wants a client
+ * certificate (TLS 1.3 sends it after the handshake), else 0. */
+int idem_tlspipe_cert_required(idem_tlspipe_t *t);
+
 /* Waits for the pipe's thread to end (it ends once the caller's end is
  * closed, or when the server closes), then frees the TLS session and the
  * socket. NULL is a no-op. */

@@ -111,3 +111,75 @@ Test(conf, check_config_connect_unreachable)
     free(out);
     free(err);
 }
+
+/* check-config --connect against a real broker: an input topic that does
+ * not exist is an error (the member would consume nothing), one that
+ * exists passes. */
+Test(conf, check_config_connect_missing_input_topic)
+{
+    th_redis_t r;
+    th_broker_t b;
+    cr_assert_eq(th_redis_start(&r), 0);
+    const char *const topics[] = {"--topic", "payments:2", NULL};
+    cr_assert_eq(th_broker_start(&b, topics), 0);
+    char bs[300], url[64];
+    snprintf(bs, sizeof(bs), "kafka.bootstrap.servers=%s", b.bootstrap);
+    snprintf(url, sizeof(url), "redis.url=redis://127.0.0.1:%d/0", r.port);
+    const char *inputs[] = {"input.topics=payments", "input.topics=nosuch"};
+    for (int i = 0; i < 2; i++) {
+        char *argv[] = {(char *)th_bin(),
+                        "check-config",
+                        "--connect",
+                        "--set",
+                        bs,
+                        "--set",
+                        "group.id=g",
+                        "--set",
+                        (char *)inputs[i],
+                        "--set",
+                        "dlq.topic=d",
+                        "--set",
+                        url,
+                        NULL};
+        char *out = NULL, *err = NULL;
+        int rc = th_run(argv, &out, &err, 60000);
+        if (i == 0) {
+            cr_expect_eq(rc, 0, "%s %s", out, err);
+            cr_expect(strstr(out, "input topic payments: 2 partitions"), "%s",
+                      out);
+        } else {
+            cr_expect_eq(rc, 1, "%s %s", out, err);
+            cr_expect(strstr(err, "input topic \"nosuch\" does not exist"),
+                      "%s", err);
+        }
+        free(out);
+        free(err);
+    }
+    th_broker_stop(&b);
+    th_redis_stop(&r);
+}
+
+/* Help names every command, and a near miss gets a did-you-mean, for
+ * commands and dlq's subcommands alike. */
+Test(conf, unknown_commands_list_all_and_suggest)
+{
+    char *help[] = {(char *)th_bin(), "help", "nosuch", NULL};
+    char *out = NULL, *err = NULL;
+    cr_expect_eq(th_run(help, &out, &err, 10000), 2);
+    const char *all[] = {"run", "produce", "broker",      "verify",
+                         "dlq", "outbox",  "check-config"};
+    for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++)
+        cr_expect(strstr(err, all[i]), "%s missing: %s", all[i], err);
+    free(out);
+    free(err);
+    char *dlq[] = {(char *)th_bin(), "dlq", "stat", NULL};
+    cr_expect_eq(th_run(dlq, &out, &err, 10000), 2);
+    cr_expect(strstr(err, "did you mean \"stats\"?"), "%s", err);
+    free(out);
+    free(err);
+    char *cmd[] = {(char *)th_bin(), "chek-config", NULL};
+    cr_expect_eq(th_run(cmd, &out, &err, 10000), 2);
+    cr_expect(strstr(err, "did you mean \"check-config\"?"), "%s", err);
+    free(out);
+    free(err);
+}

@@ -121,12 +121,12 @@ static pid_t watched_member(const char *name, const char *const fault[],
 
 typedef struct {
     char strategy[32]; /* partition.assignment.strategy */
-    int times;         /* fault.fetch.pause TIMES */
-    int assign_fail;   /* fault.fetch.assign.fail */
+    int times;         /* dev.fault.fetch.pause TIMES */
+    int assign_fail;   /* dev.fault.fetch.assign.fail */
 } stall_case_t;
 
 /* A partition paused inside librdkafka behind the member's back while
- * records keep arriving (fault.fetch.pause). With TIMES=1 the first
+ * records keep arriving (dev.fault.fetch.pause). With TIMES=1 the first
  * repair (resume, seek) brings it back. With TIMES=3 the first two are
  * dropped: the member reports not ready after the second; with
  * cooperative assignment the third (resume, assign the partition again)
@@ -135,7 +135,7 @@ typedef struct {
  * says to restart it, and a restarted member fetches the partition.
  * With TIMES=2 and cooperative assignment, the second repair takes the
  * partition out of the assignment and its assign back is refused
- * (fault.fetch.assign.fail=1): not ready at once, and the third repair
+ * (dev.fault.fetch.assign.fail=1): not ready at once, and the third repair
  * assigns it again. Either way the stall is logged and counted, and the
  * ledger ends exact. */
 ParameterizedTestParameters(fetchwatch_run, stalled_partition_is_repaired)
@@ -158,8 +158,9 @@ ParameterizedTest(stall_case_t *c, fetchwatch_run,
     const char *props[] = {strat, NULL};
     cr_assert_eq(th_stack_start(&stk, 4, props), 0);
     char pause[64], refuse[64];
-    snprintf(pause, sizeof(pause), "fault.fetch.pause=payments:2:%d", c->times);
-    snprintf(refuse, sizeof(refuse), "fault.fetch.assign.fail=%d",
+    snprintf(pause, sizeof(pause), "dev.fault.fetch.pause=payments:2:%d",
+             c->times);
+    snprintf(refuse, sizeof(refuse), "dev.fault.fetch.assign.fail=%d",
              c->assign_fail);
     const char *fault[] = {pause, refuse, NULL};
     int port;

@@ -160,6 +160,52 @@ Test(redisconn, a_replica_is_refused_until_it_is_the_primary, .timeout = 60)
     th_redis_stop(&r);
 }
 
+/* The class of a failed connect travels as data: a wrong password is an
+ * error reply with its code, a replica is NOT_PRIMARY, nothing listening
+ * is CONNECTION. */
+Test(redisconn, a_failed_connect_carries_its_class, .timeout = 60)
+{
+    th_redis_t r;
+    cr_assert_eq(th_redis_start(&r), 0);
+    const char *pw[] = {"CONFIG", "SET", "requirepass", "right-pw", NULL};
+    free(th_redis_cli(&r, pw));
+    char url[128], err[512];
+    snprintf(url, sizeof(url), "redis.url=redis://127.0.0.1:%d/0", r.port);
+    const char *wrong[] = {url, "redis.password=wrong-pw", NULL};
+    idem_conf_t *c = conf_load(wrong, err, sizeof(err));
+    cr_assert(c, "%s", err);
+    idem_redisconn_err_t e;
+    cr_expect_null(idem_redisconn_open_err(c, 0, &e));
+    cr_expect_eq(e.cls, IDEM_REDISCONN_ERR_REPLY, "%s", e.str);
+    cr_expect_str_eq(e.code, "WRONGPASS", "%s", e.str);
+    idem_conf_destroy(c);
+
+    const char *right[] = {url, "redis.password=right-pw", NULL};
+    c = conf_load(right, err, sizeof(err));
+    cr_assert(c, "%s", err);
+    const char *replicaof[] = {"-a",        "right-pw", "REPLICAOF",
+                               "127.0.0.1", "1",        NULL};
+    free(th_redis_cli(&r, replicaof));
+    cr_expect_null(idem_redisconn_open_err(c, 0, &e));
+    cr_expect_eq(e.cls, IDEM_REDISCONN_ERR_NOT_PRIMARY, "%s", e.str);
+    idem_redisconn_t *rc = idem_redisconn_open_err(c, 1, &e);
+    cr_expect(rc, "a reader accepts a replica: %s", e.str);
+    idem_redisconn_close(rc);
+    idem_conf_destroy(c);
+
+    snprintf(url, sizeof(url), "redis.url=redis://127.0.0.1:%d/0",
+             th_free_port());
+    const char *none[] = {url, NULL};
+    c = conf_load(none, err, sizeof(err));
+    cr_assert(c, "%s", err);
+    cr_expect_null(idem_redisconn_open_err(c, 0, &e));
+    cr_expect_eq(e.cls, IDEM_REDISCONN_ERR_CONNECTION, "%s", e.str);
+    idem_conf_destroy(c);
+    const char *promote[] = {"-a", "right-pw", "REPLICAOF", "NO", "ONE", NULL};
+    free(th_redis_cli(&r, promote));
+    th_redis_stop(&r);
+}
+
 typedef struct {
     char *dir;
     char ca[600], ca_other[600], server_crt[600], server_key[600],

@@ -414,3 +414,153 @@ Test(conf, nul_bytes_in_values_are_refused)
     free(path);
     free(pw);
 }
+
+/* Every key named *.ms or *.seconds takes a unit, as retry.topics does;
+ * a bare number keeps the key's own unit. */
+Test(conf, durations_take_a_unit)
+{
+    char err[512] = "";
+    char *sets[] = {"commit.interval.ms=1s", "dedup.ttl.seconds=7d",
+                    "dedup.lease.ms=2m",     "shutdown.timeout.ms=1500ms",
+                    "health.stall.ms=45000", "handler=script",
+                    "script.file=/dev/null", "script.timeout.ms=2s"};
+    idem_conf_t *c = load(NULL, NULL, sets, 8, err, sizeof(err));
+    if (!c) {
+        /* script.file must compile; fall back to checking the core keys. */
+        c = load(NULL, NULL, sets, 5, err, sizeof(err));
+        cr_assert(c, "%s", err);
+    } else {
+        cr_expect_eq(idem_conf_int(c, "script.timeout.ms"), 2000);
+    }
+    cr_expect_eq(c->commit_interval_ms, 1000);
+    cr_expect_eq(c->dedup_ttl_seconds, 7 * 86400);
+    cr_expect_eq(c->dedup_lease_ms, 120000);
+    cr_expect_eq(c->shutdown_timeout_ms, 1500);
+    cr_expect_eq(c->health_stall_ms, 45000);
+    idem_conf_destroy(c);
+}
+
+/* input.topics is parsed once, at finalize: trimmed names in order. */
+Test(conf, input_topics_parsed_once)
+{
+    char err[512] = "";
+    char *sets[] = {"input.topics= a , ^b.* ,c"};
+    idem_conf_t *c = load(NULL, NULL, sets, 1, err, sizeof(err));
+    cr_assert(c, "%s", err);
+    cr_assert_eq(c->input_topic_cnt, 3);
+    cr_expect_str_eq(c->input_topic[0], "a");
+    cr_expect_str_eq(c->input_topic[1], "^b.*");
+    cr_expect_str_eq(c->input_topic[2], "c");
+    cr_expect_null(c->input_topic[3]);
+    idem_conf_destroy(c);
+}
+
+/* Development keys live under dev.: out of help and the README, listed
+ * by `help config-dev`, shown by check-config only when set. */
+Test(conf, dev_keys_stay_out_of_production_help)
+{
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *out = open_memstream(&buf, &len);
+    idem_conf_print_help(out);
+    fclose(out);
+    cr_expect_null(strstr(buf, "fault."), "%s", buf);
+    free(buf);
+    out = open_memstream(&buf, &len);
+    idem_conf_print_markdown(out);
+    fclose(out);
+    cr_expect_null(strstr(buf, "fault."), "%s", buf);
+    free(buf);
+    out = open_memstream(&buf, &len);
+    idem_conf_print_help_dev(out, 1);
+    fclose(out);
+    cr_expect(strstr(buf, "dev.fault.fetch.pause"), "%s", buf);
+    cr_expect_null(strstr(buf, "group.id"), "%s", buf);
+    free(buf);
+
+    char err[512] = "";
+    idem_conf_t *c = load(NULL, NULL, NULL, 0, err, sizeof(err));
+    cr_assert(c, "%s", err);
+    char *d = dump(c);
+    cr_expect_null(strstr(d, "fault."), "%s", d);
+    free(d);
+    idem_conf_destroy(c);
+    char *sets[] = {"dev.fault.fetch.assign.fail=2"};
+    c = load(NULL, NULL, sets, 1, err, sizeof(err));
+    cr_assert(c, "%s", err);
+    d = dump(c);
+    cr_expect(strstr(d, "dev.fault.fetch.assign.fail=2\n"), "%s", d);
+    free(d);
+    idem_conf_destroy(c);
+}
+
+/* Where needle starts in hay, or -1. */
+static long at(const char *hay, const char *needle)
+{
+    size_t n = strlen(needle);
+    for (long i = 0; hay[i]; i++)
+        if (!strncmp(hay + i, needle, n))
+            return i;
+    return -1;
+}
+
+/* check-config lists the keys of its command's scope, the ones set apart
+ * from the defaults; the outbox's keys are not run's, and the reverse. */
+Test(conf, dump_shows_scope_and_marks_what_is_set)
+{
+    char err[512] = "";
+    char *sets[] = {"batch.max.messages=50"};
+    idem_conf_t *c = load(NULL, NULL, sets, 1, err, sizeof(err));
+    cr_assert(c, "%s", err);
+    char *d = dump(c);
+    long set = at(d, "# set (not the default)\n");
+    long defaults = at(d, "# defaults\n");
+    cr_assert(set >= 0 && defaults > set, "%s", d);
+    long batch = at(d, "batch.max.messages=50\n");
+    long group = at(d, "group.id=g\n");
+    long prefix = at(d, "redis.prefix=idemproc:\n");
+    cr_expect(batch > set && batch < defaults, "%s", d);
+    cr_expect(group > set && group < defaults, "%s", d);
+    cr_expect(prefix > defaults, "%s", d);
+    cr_expect_null(strstr(d, "outbox."), "%s", d);
+    cr_expect_null(strstr(d, "webhook.url"), "%s", d);
+    free(d);
+    idem_conf_destroy(c);
+
+    char *osets[] = {"kafka.bootstrap.servers=127.0.0.1:9092",
+                     "outbox.dsn=postgresql://u:p@h/db"};
+    c = idem_conf_load_scope(NULL, NULL, osets, 2, IDEM_CONF_SCOPE_OUTBOX, err,
+                             sizeof(err));
+    cr_assert(c, "%s", err);
+    d = dump(c);
+    cr_expect(strstr(d, "outbox.dsn=[redacted]\n"), "%s", d);
+    cr_expect(strstr(d, "outbox.table=idemproc_outbox\n"), "%s", d);
+    cr_expect_null(strstr(d, "group.id"), "%s", d);
+    cr_expect_null(strstr(d, "redis."), "%s", d);
+    free(d);
+    idem_conf_destroy(c);
+}
+
+/* A caller learns what kind of error it was from the class, not the
+ * text: a missing required key is REQUIRED, a bad value INVALID. */
+Test(conf, errors_carry_a_class)
+{
+    idem_conf_err_t err;
+    char *none[] = {"group.id=g"};
+    cr_expect_null(idem_conf_load_err(NULL, NULL, none, 1,
+                                      IDEM_CONF_SCOPE_PROCESSOR, &err));
+    cr_expect_eq(err.cls, IDEM_CONF_ERR_REQUIRED, "%s", err.str);
+    cr_expect(strstr(err.str, "kafka.bootstrap.servers"), "%s", err.str);
+    char *bad[] = {"kafka.bootstrap.servers=h:1", "group.id=g",
+                   "input.topics=t", "dlq.topic=d", "batch.max.messages=0"};
+    cr_expect_null(idem_conf_load_err(NULL, NULL, bad, 5,
+                                      IDEM_CONF_SCOPE_PROCESSOR, &err));
+    cr_expect_eq(err.cls, IDEM_CONF_ERR_INVALID, "%s", err.str);
+    char *fwd[] = {"kafka.bootstrap.servers=h:1", "group.id=g",
+                   "input.topics=t", "dlq.topic=d", "handler=forward"};
+    cr_expect_null(idem_conf_load_err(NULL, NULL, fwd, 5,
+                                      IDEM_CONF_SCOPE_PROCESSOR, &err));
+    cr_expect_eq(err.cls, IDEM_CONF_ERR_REQUIRED, "%s", err.str);
+    cr_expect(strstr(err.str, "output.topic: required when handler=forward"),
+              "%s", err.str);
+}

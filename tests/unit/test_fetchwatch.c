@@ -342,7 +342,7 @@ Test(fetchwatch, a_refused_assign_is_assigned_again_until_taken)
 {
     /* A fetch that never started gets the heavy repair: out of the
      * assignment and back in. The assign back is refused twice
-     * (fault.fetch.assign.fail=2): the member is not ready at once, and
+     * (dev.fault.fetch.assign.fail=2): the member is not ready at once, and
      * the partition, out of the assignment and so in no document (it is
      * not "desired" any more), is assigned again every fetch.stall.ms
      * until librdkafka takes it; never unassigned again on the way. */
@@ -444,7 +444,7 @@ Test(fetchwatch, fault_values)
     for (int i = 0; bad[i]; i++) {
         cr_expect_eq(idem_fetchwatch_fault_check(bad[i], e, sizeof(e)), -1,
                      "%s", bad[i]);
-        cr_expect(strstr(e, "fault.fetch.pause: "), "%s", e);
+        cr_expect(strstr(e, "dev.fault.fetch.pause: "), "%s", e);
     }
 }
 

@@ -1,0 +1,94 @@
+/* rediskeys: the configuration keys of the redis folder (the connection,
+ * the dedup marks and leases, replication waits) and their checks
+ * (conf.h). */
+#include "redis/redisconn.h"
+
+#include <stdio.h>
+#include <string.h>
+
+/* The prefix goes into key names: glob characters would break the SCAN
+ * MATCH that verify uses. */
+static int prefix_check(const idem_conf_key_t *key, const char *value,
+                        char *errstr, size_t errstr_size)
+{
+    (void)key;
+    if (!strpbrk(value, "*?[]\\"))
+        return 0;
+    snprintf(errstr, errstr_size,
+             "redis.prefix: \"%s\" may not contain * ? [ ] or \\", value);
+    return -1;
+}
+
+/* clang-format off */
+static const idem_conf_key_t redis_keys[] = {
+    IDEM_CONF_STR("redis.url", redis_url, "redis://127.0.0.1:6379/0", 0, NULL,
+        "redis[s]://[user[:password]@]host:port[/db] (rediss = TLS) or unix:///path.sock; with redis.sentinels only scheme, user, password and db are used"),
+    IDEM_CONF_STR("redis.username", redis_username, NULL, 0, NULL,
+        "Redis ACL user for AUTH user password (overrides one in redis.url)"),
+    IDEM_CONF_STR("redis.password", redis_password, NULL, IDEM_KEY_SECRET, NULL,
+        "Redis AUTH password (overrides one in redis.url)"),
+    IDEM_CONF_STR("redis.tls.ca.file", redis_tls_ca_file, NULL, 0, NULL,
+        "rediss://: PEM CA bundle that signs the server's certificate (default: the system's CAs)"),
+    IDEM_CONF_STR("redis.tls.cert.file", redis_tls_cert_file, NULL, 0, NULL,
+        "rediss://: client certificate (PEM chain), when the server asks for one"),
+    IDEM_CONF_STR("redis.tls.key.file", redis_tls_key_file, NULL, 0, NULL,
+        "rediss://: private key of redis.tls.cert.file (PEM; default: in the cert file)"),
+    IDEM_CONF_STR("redis.tls.server.name", redis_tls_server_name, NULL, 0, NULL,
+        "rediss://: name (or IP) the server's certificate must carry, and SNI (default: the host connected to)"),
+    IDEM_CONF_BOOL("redis.tls.verify", redis_tls_verify, "true", 0,
+        "rediss://: verify the server's certificate and name (false only for tests)"),
+    IDEM_CONF_STR("redis.sentinels", redis_sentinels, NULL, 0, NULL,
+        "Sentinel host:port[,host:port...]: the primary is asked from them at every connect (over TLS with rediss://)"),
+    IDEM_CONF_STR("redis.sentinel.master", redis_sentinel_master, NULL, 0, NULL,
+        "the master name the sentinels monitor (required with redis.sentinels)"),
+    IDEM_CONF_STR("redis.sentinel.password", redis_sentinel_password, NULL, IDEM_KEY_SECRET, NULL,
+        "AUTH password of the sentinels (when they require one)"),
+    IDEM_CONF_STR("redis.prefix", redis_prefix, "idemproc:", 0, prefix_check,
+        "prefix of every Redis key"),
+    IDEM_CONF_INT("redis.timeout.ms", redis_timeout_ms, "2000", 10, 600000, 0, NULL,
+        "Redis connect and command timeout"),
+    IDEM_CONF_BOOL("redis.allow.eviction", redis_allow_eviction, "false", 0,
+        "run even if Redis's maxmemory-policy may evict keys (marks): effects can then be applied twice"),
+    IDEM_CONF_BOOL("redis.aof.rewrite", redis_aof_rewrite, "true", 0,
+        "before the first write to a restarted or new Redis server with AOF on, run BGREWRITEAOF and wait for it (a cut AOF may hold half a transaction that Redis 7.0 replays twice); false: skip"),
+    IDEM_CONF_INT("redis.wait.replicas", redis_wait_replicas, "0", 0, 64, 0, NULL,
+        "a chunk is finished only once WAIT confirms it reached this many replicas (0: no WAIT)"),
+    IDEM_CONF_INT("redis.wait.timeout.ms", redis_wait_timeout_ms, "1000", 1, 600000, 0, NULL,
+        "how long WAIT waits for redis.wait.replicas before the chunk is retried"),
+    IDEM_CONF_INT("dedup.ttl.seconds", dedup_ttl_seconds, "86400", 1, 31536000, 0, NULL,
+        "how long a done mark is kept (the dedup window)"),
+    IDEM_CONF_INT("dedup.lease.ms", dedup_lease_ms, "30000", 100, 3600000, 0, NULL,
+        "lease on a record while an external effect is in flight"),
+    {.name = NULL},
+};
+/* clang-format on */
+
+static int redis_conf_check(const idem_conf_module_t *m, idem_conf_t *conf,
+                            char *errstr, size_t errstr_size)
+{
+    (void)m;
+    if (!conf->redis_url || !*conf->redis_url) {
+        snprintf(errstr, errstr_size,
+                 "redis.url: empty (leave it out for the default "
+                 "redis://127.0.0.1:6379/0)");
+        return -1;
+    }
+    return idem_redisconn_conf_check(conf, errstr, errstr_size);
+}
+
+/* check-config shows redis.url with its password hidden. */
+static const char *redis_show(const idem_conf_key_t *key, const char *value,
+                              char *buf, size_t size)
+{
+    if (strcmp(key->name, "redis.url"))
+        return value;
+    return idem_redisconn_url_redact(value, buf, size);
+}
+
+const idem_conf_module_t idem_redis_conf = {
+    .name = "redis",
+    .doc = "the store: connection, dedup marks and leases",
+    .keys = redis_keys,
+    .check = redis_conf_check,
+    .show = redis_show,
+};
