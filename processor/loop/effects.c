@@ -124,6 +124,9 @@ static void scratch_reserve(idem_pipeline_t *p)
     p->envs = idem_xrealloc(p->envs, p->scratch_cap * sizeof(*p->envs));
     p->res = idem_xrealloc(p->res, p->scratch_cap * sizeof(*p->res));
     p->hres = idem_xrealloc(p->hres, p->scratch_cap * sizeof(*p->hres));
+    p->parts = idem_xrealloc(p->parts, p->scratch_cap * sizeof(*p->parts));
+    p->verdicts =
+        idem_xrealloc(p->verdicts, p->scratch_cap * sizeof(*p->verdicts));
 }
 
 /* FNV-1a of an identity, for the in-flight identity set. */
@@ -229,41 +232,36 @@ static int handler_submit(idem_pipeline_t *p, size_t n, char *errstr,
 /* External effect: claims the due records with a lease, then submits the
  * new ones. Records behind a deferred one of the same partition are not
  * submitted in this pass (their claim is ours and is taken again next
- * time), so effects keep each partition's order. Returns 0 or -1. */
+ * time), so effects keep each partition's order (lease.c). Returns 0 or
+ * -1. */
 static int claim_and_submit(idem_pipeline_t *p, size_t n, char *errstr,
                             size_t errstr_size)
 {
-    for (size_t i = 0; i < n; i++)
+    for (size_t i = 0; i < n; i++) {
         p->envs[i] = &p->rs[i]->env;
+        p->parts[i] = idem_loop_rec_part(p, p->rs[i]);
+    }
     p->clock_us = idem_now_us();
-    if (idem_store_claim(p->store, p->owner, p->envs, n, p->res, errstr,
-                         errstr_size))
+    if (idem_lease_claim(&p->lease, p->owner, p->envs, p->parts, n, p->res,
+                         p->verdicts, errstr, errstr_size))
         return -1;
     size_t claimed = 0;
     int64_t now = idem_now_ms();
-    for (size_t i = 0; i < p->offs.cnt; i++)
-        p->offs.v[i].waiting = 0;
     for (size_t i = 0; i < n; i++) {
         rec_t *r = p->rs[i];
-        idem_part_t *pt = idem_loop_rec_part(p, r);
-        if (pt && pt->waiting)
-            continue; /* behind a deferred record: next pass */
-        switch (p->res[i].mark) {
-        case IDEM_MARK_NEW:
+        switch (p->verdicts[i]) {
+        case IDEM_LEASE_GO:
             p->rs[claimed++] = r;
             break;
-        case IDEM_MARK_DONE:
+        case IDEM_LEASE_DUPLICATE:
             rec_duplicate(p, r, p->res[i].prior_mid, p->res[i].prior_mid_len);
             break;
-        case IDEM_MARK_AGAIN: /* due again once the first one is done */
-            if (pt)
-                pt->waiting = 1;
-            break;
-        default: /* leased elsewhere: wait, the lease expires if dead */
+        case IDEM_LEASE_LEASED: /* wait, the lease expires if dead */
             r->retry_at_ms = now + p->conf->dedup_lease_ms / 4 + 50;
             p->retry_waiting = 1;
-            if (pt)
-                pt->waiting = 1;
+            break;
+        case IDEM_LEASE_AGAIN:  /* due again once the first one is done */
+        case IDEM_LEASE_BEHIND: /* next pass */
             break;
         }
     }
@@ -330,8 +328,8 @@ static int results_apply(idem_pipeline_t *p, size_t n, char *errstr,
     for (size_t i = 0; i < done; i++)
         p->envs[i] = &p->rs[i]->env;
     char e[512];
-    if (idem_store_mark_done(p->store, p->owner, p->envs, done, p->res, e,
-                             sizeof(e))) {
+    if (idem_lease_mark(&p->lease, p->owner, p->envs, done, p->res, e,
+                        sizeof(e))) {
         /* Not marked: the lease expires and the effect is done again
          * (at least once); nothing is lost. */
         if (!rc)

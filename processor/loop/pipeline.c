@@ -619,6 +619,7 @@ idem_pipeline_t *idem_pipeline_new(const idem_conf_t *conf, idem_metrics_t *m,
     p->cap = (size_t)conf->batch_max_messages * BATCHES_IN_HAND;
     idem_records_init(&p->recs, p->cap);
     p->store = idem_store_new(conf, m);
+    p->lease = idem_lease_store_redis(p->store);
     idem_store_guard_eviction(p->store);
     if (conf->redis_aof_rewrite)
         idem_store_guard_aof(p->store);
@@ -729,6 +730,8 @@ void idem_pipeline_destroy(idem_pipeline_t *p)
     free(p->hres);
     free(p->envs);
     free(p->res);
+    free(p->parts);
+    free(p->verdicts);
     free(p->pos);
     idem_metrics_acc_destroy(p->acc); /* merges what is left */
     free(p);
