@@ -3,6 +3,7 @@
  * into outcomes (marking external effects done), retries, and dead
  * letters. Part of the loop (loop.h). */
 #include "loop/loop.h"
+#include "loop/due.h"
 #include "base/log.h"
 #include "base/util.h"
 
@@ -129,80 +130,11 @@ static void scratch_reserve(idem_pipeline_t *p)
         idem_xrealloc(p->verdicts, p->scratch_cap * sizeof(*p->verdicts));
 }
 
-/* FNV-1a of an identity, for the in-flight identity set. */
-static uint64_t id_hash(const char *id, size_t len)
-{
-    uint64_t h = 1469598103934665603ULL;
-    for (size_t i = 0; i < len; i++)
-        h = (h ^ (unsigned char)id[i]) * 1099511628211ULL;
-    return h;
-}
-
-/* The identities with an external handler or picked for it: an external
- * effect may run only once at a time per identity, since the claim script
- * re-claims this member's own leases (also across the chunks of one claim
- * call, whose `seen` table covers one chunk only). An open-addressing
- * table of `size` slots (a power of two). */
-typedef struct {
-    rec_t **slot;
-    size_t size;
-} id_set_t;
-
-static void id_set_init(id_set_t *s, size_t n)
-{
-    for (s->size = 16; s->size < n * 2; s->size *= 2)
-        ;
-    s->slot = idem_xcalloc(s->size, sizeof(*s->slot));
-}
-
-/* Adds r's identity; returns 0 when it was new, 1 when it was there. */
-static int id_set_add(id_set_t *s, rec_t *r)
-{
-    size_t i =
-        (size_t)id_hash(r->env.identity, r->env.identity_len) & (s->size - 1);
-    for (; s->slot[i]; i = (i + 1) & (s->size - 1))
-        if (s->slot[i]->env.identity_len == r->env.identity_len &&
-            !memcmp(s->slot[i]->env.identity, r->env.identity,
-                    r->env.identity_len))
-            return 1;
-    s->slot[i] = r;
-    return 0;
-}
-
-/* Collects the valid, unfinished records that may go to the handler now,
- * in poll order, into p->rs. A record waiting for its retry time holds
- * back the later records of its partition, so effects keep the
- * partition's order; for an external effect, so does a record whose
- * identity is with the handler or already picked. */
+/* Collects the records due now into p->rs (due.c). */
 size_t idem_loop_due_records(idem_pipeline_t *p, int64_t now)
 {
     scratch_reserve(p);
-    for (size_t i = 0; i < p->offs.cnt; i++)
-        p->offs.v[i].waiting = 0;
-    id_set_t ids = {NULL, 0};
-    rec_t *r;
-    if (!p->in_redis) {
-        id_set_init(&ids, p->cnt);
-        for (size_t i = 0; (r = idem_records_next(&p->recs, &i));)
-            if (r->sent)
-                id_set_add(&ids, r);
-    }
-    size_t n = 0;
-    for (size_t i = 0; (r = idem_records_next(&p->recs, &i));) {
-        if (r->state == REC_DONE || r->poison || r->sent || r->to_tier)
-            continue;
-        idem_part_t *pt = idem_loop_rec_part(p, r);
-        if (pt && pt->waiting)
-            continue;
-        if (r->retry_at_ms > now || (ids.slot && id_set_add(&ids, r))) {
-            if (pt)
-                pt->waiting = 1;
-            continue;
-        }
-        p->rs[n++] = r;
-    }
-    free(ids.slot);
-    return n;
+    return idem_due_select(&p->recs, &p->offs, !p->in_redis, now, p->rs);
 }
 
 /* Hands rs[n] to the handler (with the positions due, for an in-Redis
