@@ -375,40 +375,19 @@ int idem_loop_positions_sync(idem_pipeline_t *p, char *errstr,
     for (size_t i = 0; i < p->offs.cnt; i++) {
         idem_part_t *pt = &p->offs.v[i];
         int64_t r = verdict[i] == IDEM_POSVAL_USE ? pos[i].offset : -1;
-        if (r < 0) {
-            /* Gone (or not ours): Redis lost everything after the first
-             * position this member wrote or read, effects included. Back
-             * to that one; the next request writes it again first. */
-            if (reconnected && pt->checked && pt->saved >= 0) {
-                position_behind(p, pt, -1);
-                int64_t hold = part_hold(p, pt);
-                if (pt->start >= 0 && hold >= 0 && pt->start < hold &&
-                    partition_rewind(p, pt, pt->start, NULL, errstr,
-                                     errstr_size)) {
-                    free(verdict);
-                    return -1; /* again next time */
-                }
-                pt->saved = -1;
-            }
-            pt->checked = 1;
-            continue;
-        }
-        /* Lost writes: what Redis acknowledged (the writes after a host
-         * crash's last fsync, a lagging replica), or at the first look
-         * since the assignment what Kafka had committed after them. */
-        if ((pt->saved >= 0 && r < pt->saved) ||
-            (!pt->checked && pt->committed >= 0 && r < pt->committed))
+        idem_offsets_rewind_t d = idem_offsets_rewind_decide(
+            pt, r, part_hold(p, pt), reconnected, other_server);
+        if (d.behind)
             position_behind(p, pt, r);
-        int64_t hold = part_hold(p, pt);
-        int rewind = pt->checked ? (other_server || r < pt->saved) &&
-                                       hold >= 0 && r < hold
-                                 : hold < 0 || r < hold;
-        if (rewind &&
-            partition_rewind(p, pt, r, &pos[i].val.rec, errstr, errstr_size)) {
+        if (d.rewind >= 0 &&
+            partition_rewind(p, pt, d.rewind, r < 0 ? NULL : &pos[i].val.rec,
+                             errstr, errstr_size)) {
             free(verdict);
             return -1; /* again next time: p->store_conns not updated */
         }
-        if (!pt->checked && pt->start < 0)
+        if (d.forget)
+            pt->saved = -1;
+        if (r >= 0 && !pt->checked && pt->start < 0)
             pt->start = r;
         pt->checked = 1;
     }
