@@ -392,19 +392,6 @@ void idem_loop_parse_records(idem_pipeline_t *p)
     }
 }
 
-/* DLQ delivery report (see idem_dlq_report_cb): fires in idem_dlq_poll or
- * idem_dlq_flush on the processing thread. */
-void idem_loop_dlq_report(void *opaque, rd_kafka_resp_err_t err)
-{
-    ticket_t *t = opaque;
-    if (t->orphan) {
-        free(t);
-        return;
-    }
-    t->err = err;
-    t->state = err ? -1 : 1;
-}
-
 /* Queues every poison record that has no DLQ write yet, and every record
  * bound for a retry topic that has no write yet. A dead letter of a
  * record out of a retry topic says where the first input record was and
@@ -419,7 +406,7 @@ int idem_loop_dlq_queue(idem_pipeline_t *p, char *errstr, size_t errstr_size)
     for (size_t i = 0; (r = idem_records_next(&p->recs, &i));) {
         if (r->state == REC_DONE || (!r->poison && !r->to_tier) || r->dlq)
             continue;
-        ticket_t *t = idem_xcalloc(1, sizeof(*t));
+        ticket_t *t = idem_deadletter_ticket_new();
         int rc;
         if (r->poison) {
             idem_retry_info_t from, *fromp = NULL;
@@ -464,18 +451,22 @@ int idem_loop_dlq_collect(idem_pipeline_t *p, char *errstr, size_t errstr_size)
         r->dlq = NULL;
         p->tickets--;
         p->dlq_due = 1; /* unless finished below: written again */
-        if (t->state == 1 && r->to_tier && !r->poison) {
+        switch (idem_deadletter_after(t, r->poison, r->to_tier)) {
+        case IDEM_DL_PENDING: /* not reached: state checked above */
+            break;
+        case IDEM_DL_RETRY_SENT:
             idem_loop_retry_sent(p, r);
-        } else if (r->to_tier && !r->poison &&
-                   (t->err == RD_KAFKA_RESP_ERR_MSG_SIZE_TOO_LARGE ||
-                    t->err == RD_KAFKA_RESP_ERR_RECORD_LIST_TOO_LARGE)) {
+            break;
+        case IDEM_DL_RETRY_REFUSED: {
             /* The retry topic will never take it: dead instead. */
             char e[IDEM_RESULT_DETAIL_MAX];
             snprintf(e, sizeof(e),
                      "retry topic refused the record (%s): %.500s",
                      rd_kafka_err2str(t->err), r->error);
             rec_poison(p, r, IDEM_REASON_MAX_RETRIES, e);
-        } else if (t->state == 1) {
+            break;
+        }
+        case IDEM_DL_DEAD:
             idem_metrics_dlq_add(p->m, r->reason, 1);
             rec_finish(p, r, IDEM_OUTCOME_DLQ);
             if (idem_log_enabled(IDEM_LOG_INFO)) {
@@ -487,18 +478,23 @@ int idem_loop_dlq_collect(idem_pipeline_t *p, char *errstr, size_t errstr_size)
                             "offset", off, "reason", idem_reason2str(r->reason),
                             "error", r->error, NULL);
             }
-        } else if (t->err == RD_KAFKA_RESP_ERR_MSG_SIZE_TOO_LARGE ||
-                   t->err == RD_KAFKA_RESP_ERR_RECORD_LIST_TOO_LARGE) {
+            break;
+        case IDEM_DL_DROP_VALUE:
             /* The broker will never take this value: send the dead letter
              * without it rather than hold the partition forever. */
             r->dlq_drop_value = 1;
-        } else if (!failed) {
-            failed = 1;
-            snprintf(errstr, errstr_size, "%s: write to %s failed: %s",
-                     r->poison ? "dlq" : "retry",
-                     r->poison ? p->conf->dlq_topic
-                               : idem_retrytopics_next(p->rt, r->view.topic),
-                     rd_kafka_err2str(t->err));
+            break;
+        case IDEM_DL_FAILED:
+            if (!failed) {
+                failed = 1;
+                snprintf(errstr, errstr_size, "%s: write to %s failed: %s",
+                         r->poison ? "dlq" : "retry",
+                         r->poison
+                             ? p->conf->dlq_topic
+                             : idem_retrytopics_next(p->rt, r->view.topic),
+                         rd_kafka_err2str(t->err));
+            }
+            break;
         }
         free(t);
     }

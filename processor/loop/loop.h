@@ -139,7 +139,6 @@ void idem_loop_handler_settle(idem_pipeline_t *p, int64_t deadline_ms);
 int idem_loop_handler_feed(idem_pipeline_t *p, char *errstr,
                            size_t errstr_size);
 void idem_loop_parse_records(idem_pipeline_t *p);
-void idem_loop_dlq_report(void *opaque, rd_kafka_resp_err_t err);
 int idem_loop_dlq_queue(idem_pipeline_t *p, char *errstr, size_t errstr_size);
 int idem_loop_dlq_collect(idem_pipeline_t *p, char *errstr, size_t errstr_size);
 int64_t idem_loop_batch_next_retry(idem_pipeline_t *p);

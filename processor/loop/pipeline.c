@@ -40,10 +40,7 @@ static void rec_release(idem_pipeline_t *p, rec_t *r)
     idem_envelope_term(&r->env);
     if (r->dlq) {
         p->tickets--;
-        if (r->dlq->state == 0)
-            r->dlq->orphan = 1;
-        else
-            free(r->dlq);
+        idem_deadletter_release(r->dlq);
     }
     rd_kafka_message_destroy(r->msg);
     r->next_spare = p->spares;
@@ -650,7 +647,7 @@ idem_pipeline_t *idem_pipeline_new(const idem_conf_t *conf, idem_metrics_t *m,
                                    errstr, errstr_size))
         goto fail;
     if (!(p->dlq =
-              idem_dlq_new(conf, idem_loop_dlq_report, errstr, errstr_size)))
+              idem_dlq_new(conf, idem_deadletter_report, errstr, errstr_size)))
         goto fail;
     idem_handler_ctx_t ctx = {
         .conf = conf,

@@ -10,17 +10,9 @@
 
 #include "effect/handler.h"
 #include "input/envelope.h"
+#include "loop/deadletter.h"
 
 typedef enum { REC_PENDING = 0, REC_DONE } rec_state_t;
-
-/* The fate of one asynchronous DLQ write, owned by whoever is last: the
- * record frees it once it read the result; a record dropped before the
- * report marks it orphan and the report frees it. */
-typedef struct {
-    int state; /* 0 in flight, 1 acknowledged, -1 failed */
-    rd_kafka_resp_err_t err;
-    int orphan;
-} ticket_t;
 
 /* One consumed record and what we know about it. Allocated one by one:
  * its address is stable while it is in hand (the handler keeps pointers
