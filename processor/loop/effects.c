@@ -142,18 +142,20 @@ size_t idem_loop_due_records(idem_pipeline_t *p, int64_t now)
 static int handler_submit(idem_pipeline_t *p, size_t n, char *errstr,
                           size_t errstr_size)
 {
-    size_t npos = p->in_redis ? idem_loop_positions_due(p, NULL) : 0;
+    size_t npos =
+        p->in_redis ? idem_positions_due(&p->positions, &p->offs, NULL) : 0;
+    const idem_store_pos_t *pos = p->positions.pos; /* after: it may grow */
     for (size_t i = 0; i < n; i++)
         p->views[i] = &p->rs[i]->view;
-    if (p->hops->submit(p->h, p->views, n, p->pos, npos, errstr, errstr_size)) {
+    if (p->hops->submit(p->h, p->views, n, pos, npos, errstr, errstr_size)) {
         if (p->in_redis)
             for (size_t i = 0; i < n; i++)
                 p->rs[i]->store_sent = 1;
         return -1;
     }
     for (size_t i = 0; i < npos; i++)
-        idem_loop_part_find(p, p->pos[i].topic, p->pos[i].partition)->saving =
-            p->pos[i].offset;
+        idem_loop_part_find(p, pos[i].topic, pos[i].partition)->saving =
+            pos[i].offset;
     for (size_t i = 0; i < n; i++)
         p->rs[i]->sent = 1;
     p->inflight += n;
@@ -336,7 +338,8 @@ int idem_loop_handler_feed(idem_pipeline_t *p, char *errstr, size_t errstr_size)
         if (p->inflight)
             return 0; /* one request at a time */
         size_t n = idem_loop_due_records(p, idem_now_ms());
-        if (n && idem_loop_positions_first(p, n, errstr, errstr_size))
+        if (n && idem_positions_first(&p->positions, &p->offs, &p->recs, p->rs,
+                                      n, errstr, errstr_size))
             return -1;
         return n ? handler_submit(p, n, errstr, errstr_size) : 0;
     }
@@ -348,7 +351,8 @@ int idem_loop_handler_feed(idem_pipeline_t *p, char *errstr, size_t errstr_size)
     size_t n = idem_loop_due_records(p, idem_now_ms());
     if (n > room)
         n = room; /* the first in poll order: partitions keep their order */
-    if (n && idem_loop_positions_first(p, n, errstr, errstr_size))
+    if (n && idem_positions_first(&p->positions, &p->offs, &p->recs, p->rs, n,
+                                  errstr, errstr_size))
         return -1;
     return n ? claim_and_submit(p, n, errstr, errstr_size) : 0;
 }

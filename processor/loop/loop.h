@@ -1,7 +1,7 @@
 /* loop: what the files of the processing loop share (pipeline.c: the
  * loop itself, commits, rebalances; effects.c: records to the handler and
- * back, dead letters; positions.c: positions in Redis; retryloop.c: retry
- * topics). Internal: only
+ * back, dead letters; retryloop.c: retry topics). positions.c (positions
+ * in Redis) owns its state (positions.h) and does not see this. Internal: only
  * these files include it. */
 #ifndef IDEM_LOOP_H
 #define IDEM_LOOP_H
@@ -14,7 +14,7 @@
 #include "effect/handler.h"
 #include "loop/offsets.h"
 #include "loop/pipeline.h"
-#include "loop/posread.h"
+#include "loop/positions.h"
 #include "loop/rec.h"
 #include "loop/records.h"
 #include "kafka/retrytopic.h"
@@ -107,17 +107,10 @@ struct idem_pipeline_s {
     int64_t last_commit_ms;
     int64_t last_progress_ms;
     uint64_t progress_records;
-    int refused;           /* the Redis server was refused: exit 2 */
-    int answered;          /* work() read a Redis reply without error, or an
-                              external effect result that is no outage */
-    uint64_t store_conns;  /* store connections when positions were read */
-    char run_id[48];       /* the Redis server's run_id at that time */
-    idem_store_pos_t *pos; /* scratch: positions to save or load */
-    size_t pos_cap;
-    char cluster[IDEM_POSVAL_CLUSTER_MAX]; /* the Kafka cluster's id ("":
-                                              not known yet) */
-    idem_posread_t *posread; /* reads back what positions vouch for
-                                (created at the first need) */
+    int refused;  /* the Redis server was refused: exit 2 */
+    int answered; /* work() read a Redis reply without error, or an
+                     external effect result that is no outage */
+    idem_positions_t positions; /* positions in Redis (positions.c) */
 };
 
 /* pipeline.c */
@@ -149,17 +142,5 @@ void idem_loop_retry_release(idem_pipeline_t *p, int64_t now);
 int idem_loop_retry_send(idem_pipeline_t *p, rec_t *r, ticket_t *t,
                          char *errstr, size_t errstr_size);
 void idem_loop_retry_sent(idem_pipeline_t *p, rec_t *r);
-
-/* positions.c */
-size_t idem_loop_positions_due(idem_pipeline_t *p,
-                               const rd_kafka_topic_partition_list_t *subset);
-void idem_loop_positions_save(idem_pipeline_t *p,
-                              const rd_kafka_topic_partition_list_t *subset);
-int idem_loop_positions_sync(idem_pipeline_t *p, char *errstr,
-                             size_t errstr_size);
-void idem_loop_assign_positions(idem_pipeline_t *p,
-                                rd_kafka_topic_partition_list_t *parts);
-int idem_loop_positions_first(idem_pipeline_t *p, size_t n, char *errstr,
-                              size_t errstr_size);
 
 #endif

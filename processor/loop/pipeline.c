@@ -110,7 +110,8 @@ static void commit_offsets(idem_pipeline_t *p,
 {
     /* A committed record is counted: its figures are shown first. */
     idem_metrics_acc_merge(p->acc);
-    idem_loop_positions_save(p, subset);
+    if (!idem_loop_store_busy(p) && !p->flow.down && !p->refused)
+        idem_positions_save(&p->positions, &p->offs, &p->recs, subset);
     rd_kafka_topic_partition_list_t *l =
         idem_offsets_commit_list(&p->offs, subset, p->recommit);
     p->last_commit_ms = idem_now_ms();
@@ -225,6 +226,45 @@ static void batch_drop_partitions(idem_pipeline_t *p,
     idem_loop_batch_remove_if(p, rec_in_partitions, parts);
 }
 
+/* positions.c's hook before it seeks pt back to the position Redis
+ * holds: what the handler holds is finished or abandoned, and pt's
+ * records in hand are dropped (read again from the position). */
+static int rec_in_part(idem_pipeline_t *p, const rec_t *r, const void *pt)
+{
+    return idem_loop_rec_part(p, r) == pt;
+}
+
+static void before_rewind(void *ctx, const idem_part_t *pt)
+{
+    idem_pipeline_t *p = ctx;
+    idem_loop_handler_settle(p, idem_now_ms() + idem_loop_wait_budget_ms(p));
+    idem_loop_batch_remove_if(p, rec_in_part, pt);
+    idem_metrics_inflight_set(p->m, (int64_t)p->cnt);
+}
+
+/* Positions from Redis after a reconnect (positions.c), only with no
+ * request on the store's connection. Returns 0 or -1 (errstr). */
+static int positions_sync(idem_pipeline_t *p, char *errstr, size_t errstr_size)
+{
+    if (idem_loop_store_busy(p))
+        return 0;
+    return idem_positions_sync(&p->positions, &p->offs, &p->recs, errstr,
+                               errstr_size);
+}
+
+/* Positions for newly assigned partitions (positions.c); the replies of
+ * a request in flight come first on the store's connection. */
+static void assign_positions(idem_pipeline_t *p,
+                             rd_kafka_topic_partition_list_t *parts)
+{
+    char errstr[512];
+    if (idem_loop_store_busy(p))
+        idem_loop_handler_collect(p, 0, errstr, sizeof(errstr));
+    if (p->flow.down || p->refused)
+        return;
+    idem_positions_assign(&p->positions, &p->offs, parts);
+}
+
 /* ----------------------------------------------------- pause and resume */
 
 static void pause_all(idem_pipeline_t *p, int pause)
@@ -270,7 +310,7 @@ static int work(idem_pipeline_t *p, char *errstr, size_t errstr_size)
         idem_loop_handler_collect(p, p->collect_wait_ms, errstr, errstr_size);
     p->collect_wait_ms = 0;
     if (rc == 0)
-        rc = idem_loop_positions_sync(p, errstr, errstr_size);
+        rc = positions_sync(p, errstr, errstr_size);
     /* The server's memory policy, again now and then: an operator may
      * change it while we run. */
     if (rc == 0 && !idem_loop_store_busy(p))
@@ -414,7 +454,7 @@ static void rebalance_cb(rd_kafka_t *rk, rd_kafka_resp_err_t err,
                              parts->elems[i].partition)
                 ->retry_tier =
                 idem_retrytopics_tier(p->rt, parts->elems[i].topic);
-        idem_loop_assign_positions(p, parts);
+        assign_positions(p, parts);
         /* Each new partition paused or fetching as the others are, set
          * explicitly: librdkafka keeps a partition's pause across unassign
          * and assign, so a partition paused before a rebalance took it
@@ -617,6 +657,9 @@ idem_pipeline_t *idem_pipeline_new(const idem_conf_t *conf, idem_metrics_t *m,
     idem_records_init(&p->recs, p->cap);
     p->store = idem_store_new(conf, m);
     p->lease = idem_lease_store_redis(p->store);
+    idem_positions_init(&p->positions, conf, m, p->store);
+    p->positions.before_rewind = before_rewind;
+    p->positions.ctx = p;
     idem_store_guard_eviction(p->store);
     if (conf->redis_aof_rewrite)
         idem_store_guard_aof(p->store);
@@ -660,6 +703,7 @@ idem_pipeline_t *idem_pipeline_new(const idem_conf_t *conf, idem_metrics_t *m,
         goto fail;
     if (!(p->rk = consumer_new(p, errstr, errstr_size)))
         goto fail;
+    p->positions.rk = p->rk;
     if (conf->fetch_stall_ms > 0 &&
         (conf->stats_interval_ms > 0 ||
          idem_kafka_user_set(conf, "statistics.interval.ms"))) {
@@ -718,7 +762,7 @@ void idem_pipeline_destroy(idem_pipeline_t *p)
     idem_envelope_rules_destroy(p->rules);
     idem_retrytopics_destroy(p->rt);
     idem_dlq_destroy(p->dlq); /* reports of orphaned tickets free them */
-    idem_posread_destroy(p->posread);
+    idem_positions_term(&p->positions);
     idem_store_destroy(p->store);
     idem_offsets_term(&p->offs);
     idem_records_term(&p->recs);
@@ -729,7 +773,6 @@ void idem_pipeline_destroy(idem_pipeline_t *p)
     free(p->res);
     free(p->parts);
     free(p->verdicts);
-    free(p->pos);
     idem_metrics_acc_destroy(p->acc); /* merges what is left */
     free(p);
 }
@@ -906,8 +949,7 @@ int idem_pipeline_run(idem_pipeline_t *p, volatile int *stop, char *errstr,
             if (now >= p->flow.next_attempt_ms) {
                 if (p->cnt || p->inflight) {
                     attempt(p);
-                } else if (idem_loop_positions_sync(p, cerr, sizeof(cerr)) ==
-                           0) {
+                } else if (positions_sync(p, cerr, sizeof(cerr)) == 0) {
                     if (idem_flow_ok(&p->flow, 0))
                         idem_log_kv(IDEM_LOG_INFO,
                                     "infrastructure back: resuming", NULL);
