@@ -30,7 +30,7 @@ static void rec_finish(idem_pipeline_t *p, rec_t *r, idem_outcome_t o)
         idem_metrics_acc_fetch_latency_observe(
             p->acc, (double)(r->polled_us - created_us) / 1e6);
     }
-    p->progress_records++;
+    idem_progress_count(&p->progress, 1);
 }
 
 /* A done mark existed. The same message_id means Kafka (or the producer)

@@ -15,6 +15,7 @@
 #include "loop/offsets.h"
 #include "loop/pipeline.h"
 #include "loop/positions.h"
+#include "loop/progress.h"
 #include "loop/rec.h"
 #include "loop/records.h"
 #include "kafka/retrytopic.h"
@@ -105,11 +106,10 @@ struct idem_pipeline_s {
     char fatal[512];           /* a producer's fatal error: stop */
     void (*on_shutdown)(void); /* called once when shutdown begins */
     int64_t last_commit_ms;
-    int64_t last_progress_ms;
-    uint64_t progress_records;
-    int refused;  /* the Redis server was refused: exit 2 */
-    int answered; /* work() read a Redis reply without error, or an
-                     external effect result that is no outage */
+    idem_progress_t progress; /* the progress line (progress.c) */
+    int refused;              /* the Redis server was refused: exit 2 */
+    int answered;             /* work() read a Redis reply without error, or an
+                                 external effect result that is no outage */
     idem_positions_t positions; /* positions in Redis (positions.c) */
 };
 

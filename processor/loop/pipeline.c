@@ -888,34 +888,6 @@ static void batch_fill(idem_pipeline_t *p, volatile int *stop)
     }
 }
 
-static void progress_log(idem_pipeline_t *p, int64_t now)
-{
-    if (p->conf->progress_interval_ms <= 0 ||
-        now - p->last_progress_ms < p->conf->progress_interval_ms)
-        return;
-    double secs = (double)(now - p->last_progress_ms) / 1000.0;
-    char rate[32], lag[32], proc[32], dup[32], dlq[32];
-    snprintf(rate, sizeof(rate), "%.0f",
-             p->last_progress_ms ? (double)p->progress_records / secs : 0.0);
-    /* -1 until the first librdkafka statistics: unknown, not negative. */
-    int64_t lag_total = idem_metrics_lag_total(p->m);
-    if (lag_total < 0)
-        snprintf(lag, sizeof(lag), "?");
-    else
-        snprintf(lag, sizeof(lag), "%" PRId64, lag_total);
-    snprintf(proc, sizeof(proc), "%" PRIu64,
-             idem_metrics_outcome_get(p->m, IDEM_OUTCOME_PROCESSED));
-    snprintf(dup, sizeof(dup), "%" PRIu64,
-             idem_metrics_outcome_get(p->m, IDEM_OUTCOME_DUPLICATE));
-    snprintf(dlq, sizeof(dlq), "%" PRIu64,
-             idem_metrics_outcome_get(p->m, IDEM_OUTCOME_DLQ));
-    if (p->last_progress_ms)
-        idem_log_kv(IDEM_LOG_INFO, "progress", "rate", rate, "lag", lag,
-                    "processed", proc, "duplicate", dup, "dlq", dlq, NULL);
-    p->last_progress_ms = now;
-    p->progress_records = 0;
-}
-
 int idem_pipeline_run(idem_pipeline_t *p, volatile int *stop, char *errstr,
                       size_t errstr_size)
 {
@@ -933,7 +905,7 @@ int idem_pipeline_run(idem_pipeline_t *p, volatile int *stop, char *errstr,
         idem_flow_failed(&p->flow, cerr, idem_now_ms());
     }
     set_ready(p);
-    p->last_progress_ms = idem_now_ms();
+    idem_progress_start(&p->progress, idem_now_ms());
     p->last_commit_ms = idem_now_ms();
 
     while (!*stop) {
@@ -986,7 +958,8 @@ int idem_pipeline_run(idem_pipeline_t *p, volatile int *stop, char *errstr,
         }
         /* The turn's finished records, in one step: no lock per record. */
         idem_metrics_acc_merge(p->acc);
-        progress_log(p, now);
+        idem_progress_log(&p->progress, p->m, p->conf->progress_interval_ms,
+                          now);
         if (!p->fatal[0] &&
             !idem_dlq_fatal(p->dlq, p->fatal, sizeof(p->fatal)) &&
             p->hops->fatal)

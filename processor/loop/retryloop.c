@@ -134,7 +134,7 @@ int idem_loop_retry_send(idem_pipeline_t *p, rec_t *r, ticket_t *t,
 void idem_loop_retry_sent(idem_pipeline_t *p, rec_t *r)
 {
     r->state = REC_DONE;
-    p->progress_records++;
+    idem_progress_count(&p->progress, 1);
     idem_metrics_retry_topic_add(p->m, r->to_tier, 1);
     if (idem_log_enabled(IDEM_LOG_DEBUG)) {
         char part[16], off[24], tier[16];
