@@ -426,7 +426,7 @@ int idem_loop_dlq_queue(idem_pipeline_t *p, char *errstr, size_t errstr_size)
                                    (r->attempts ? r->attempts : 1),
                                r->dlq_drop_value, t, errstr, errstr_size);
         } else {
-            rc = idem_loop_retry_send(p, r, t, errstr, errstr_size);
+            rc = idem_retryloop_send(p->rt, p->dlq, r, t, errstr, errstr_size);
         }
         if (rc) {
             free(t);
@@ -459,7 +459,8 @@ int idem_loop_dlq_collect(idem_pipeline_t *p, char *errstr, size_t errstr_size)
         case IDEM_DL_PENDING: /* not reached: state checked above */
             break;
         case IDEM_DL_RETRY_SENT:
-            idem_loop_retry_sent(p, r);
+            idem_retryloop_sent(r, p->m);
+            idem_progress_count(&p->progress, 1);
             break;
         case IDEM_DL_RETRY_REFUSED: {
             /* The retry topic will never take it: dead instead. */

@@ -1,7 +1,7 @@
 /* loop: what the files of the processing loop share (pipeline.c: the
  * loop itself, commits, rebalances; effects.c: records to the handler and
- * back, dead letters; retryloop.c: retry topics). positions.c (positions
- * in Redis) owns its state (positions.h) and does not see this. Internal: only
+ * back, dead letters). positions.c (positions in Redis) and retryloop.c
+ * (retry topics) own their state and do not see this. Internal: only
  * these files include it. */
 #ifndef IDEM_LOOP_H
 #define IDEM_LOOP_H
@@ -18,6 +18,7 @@
 #include "loop/progress.h"
 #include "loop/rec.h"
 #include "loop/records.h"
+#include "loop/retryloop.h"
 #include "kafka/retrytopic.h"
 #include "redis/store.h"
 #include "loop/wake.h"
@@ -40,7 +41,7 @@
 #define EXTERNAL_WAIT_MS 5
 
 /* How often the loop looks at its hands at least while a copy from a
- * retry topic waits there (retryloop.c). */
+ * retry topic waits there. */
 #define RETRY_COPY_RECHECK_MS 100
 
 struct idem_pipeline_s {
@@ -135,12 +136,5 @@ void idem_loop_parse_records(idem_pipeline_t *p);
 int idem_loop_dlq_queue(idem_pipeline_t *p, char *errstr, size_t errstr_size);
 int idem_loop_dlq_collect(idem_pipeline_t *p, char *errstr, size_t errstr_size);
 int64_t idem_loop_batch_next_retry(idem_pipeline_t *p);
-
-/* retryloop.c */
-void idem_loop_retry_arrived(idem_pipeline_t *p, rec_t *r, idem_part_t *pt);
-void idem_loop_retry_release(idem_pipeline_t *p, int64_t now);
-int idem_loop_retry_send(idem_pipeline_t *p, rec_t *r, ticket_t *t,
-                         char *errstr, size_t errstr_size);
-void idem_loop_retry_sent(idem_pipeline_t *p, rec_t *r);
 
 #endif

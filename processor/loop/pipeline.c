@@ -294,6 +294,56 @@ static void pause_all(idem_pipeline_t *p, int pause)
     idem_metrics_paused_set(p->m, pause ? (int64_t)p->offs.cnt : 0);
 }
 
+/* ------------------------------------------------------ retry topics */
+
+static void part_pause(idem_pipeline_t *p, const idem_part_t *pt, int pause)
+{
+    rd_kafka_topic_partition_list_t *l = rd_kafka_topic_partition_list_new(1);
+    rd_kafka_topic_partition_list_add(l, pt->topic, pt->partition);
+    idem_rebalance_pause(p->rk, l, pause);
+    rd_kafka_topic_partition_list_destroy(l);
+}
+
+/* A record just polled from retry partition pt waits in hand until it is
+ * due (retry_at_ms, which also holds back the later records of the
+ * partition in hand) and the partition is paused so nothing more of it is
+ * fetched; retry_release resumes it when due (retryloop.c). */
+static void retry_arrived(idem_pipeline_t *p, rec_t *r, idem_part_t *pt)
+{
+    rd_kafka_headers_t *h;
+    if (rd_kafka_message_headers(r->msg, &h))
+        h = NULL;
+    int hold =
+        idem_retryloop_arrived(p->rt, r, pt, h, idem_now_ms(), idem_wall_ms());
+    if (r->retry_at_ms)
+        p->retry_waiting = 1;
+    if (!hold)
+        return;
+    if (!p->paused)
+        part_pause(p, pt, 1);
+    idem_metrics_retry_waiting_set(p->m,
+                                   (int64_t)idem_retryloop_held(&p->offs));
+}
+
+/* Resumes the retry partitions whose records in hand are due at `now`
+ * (while the whole input is paused, pause_all resumes them later). */
+static void retry_release(idem_pipeline_t *p, int64_t now)
+{
+    if (!p->rt)
+        return;
+    int changed = 0;
+    for (size_t i = 0; i < p->offs.cnt; i++) {
+        if (!idem_retryloop_release(&p->offs.v[i], now))
+            continue;
+        changed = 1;
+        if (!p->paused)
+            part_pause(p, &p->offs.v[i], 0);
+    }
+    if (changed)
+        idem_metrics_retry_waiting_set(p->m,
+                                       (int64_t)idem_retryloop_held(&p->offs));
+}
+
 /* One step of work on the records in hand: collect what the handler
  * finished, parse what is new, queue dead letters, give the handler what
  * is due, collect DLQ acknowledgements, advance offsets. Returns 0, or -1
@@ -820,7 +870,7 @@ static void batch_add(idem_pipeline_t *p, rd_kafka_message_t *msg)
     v->msg = msg;
     v->loop = r;
     if (pt->retry_tier)
-        idem_loop_retry_arrived(p, r, pt);
+        retry_arrived(p, r, pt);
 }
 
 /* Polls up to batch.max.messages new records, and waits for nothing but
@@ -943,7 +993,7 @@ int idem_pipeline_run(idem_pipeline_t *p, volatile int *stop, char *errstr,
             if (p->cnt || p->inflight)
                 attempt(p);
         }
-        idem_loop_retry_release(p, idem_now_ms());
+        retry_release(p, idem_now_ms());
         if (now - p->last_commit_ms >= p->conf->commit_interval_ms)
             commit_offsets(p, NULL, 0);
         /* While idle, the server (and its memory policy) every second:
