@@ -131,7 +131,7 @@ static void scratch_reserve(idem_pipeline_t *p)
 }
 
 /* Collects the records due now into p->rs (due.c). */
-size_t idem_loop_due_records(idem_pipeline_t *p, int64_t now)
+static size_t due_records(idem_pipeline_t *p, int64_t now)
 {
     scratch_reserve(p);
     return idem_due_select(&p->recs, &p->offs, !p->in_redis, now, p->rs);
@@ -154,7 +154,7 @@ static int handler_submit(idem_pipeline_t *p, size_t n, char *errstr,
         return -1;
     }
     for (size_t i = 0; i < npos; i++)
-        idem_loop_part_find(p, pos[i].topic, pos[i].partition)->saving =
+        idem_offsets_find(&p->offs, pos[i].topic, pos[i].partition)->saving =
             pos[i].offset;
     for (size_t i = 0; i < n; i++)
         p->rs[i]->sent = 1;
@@ -173,7 +173,8 @@ static int claim_and_submit(idem_pipeline_t *p, size_t n, char *errstr,
 {
     for (size_t i = 0; i < n; i++) {
         p->envs[i] = &p->rs[i]->env;
-        p->parts[i] = idem_loop_rec_part(p, p->rs[i]);
+        p->parts[i] = idem_offsets_find(&p->offs, p->rs[i]->view.topic,
+                                        p->rs[i]->view.partition);
     }
     p->clock_us = idem_now_us();
     if (idem_lease_claim(&p->lease, p->owner, p->envs, p->parts, n, p->res,
@@ -337,7 +338,7 @@ int idem_loop_handler_feed(idem_pipeline_t *p, char *errstr, size_t errstr_size)
     if (p->in_redis) {
         if (p->inflight)
             return 0; /* one request at a time */
-        size_t n = idem_loop_due_records(p, idem_now_ms());
+        size_t n = due_records(p, idem_now_ms());
         if (n && idem_positions_first(&p->positions, &p->offs, &p->recs, p->rs,
                                       n, errstr, errstr_size))
             return -1;
@@ -348,7 +349,7 @@ int idem_loop_handler_feed(idem_pipeline_t *p, char *errstr, size_t errstr_size)
     size_t room = p->hops->room ? p->hops->room(p->h) : SIZE_MAX;
     if (!room)
         return 0;
-    size_t n = idem_loop_due_records(p, idem_now_ms());
+    size_t n = due_records(p, idem_now_ms());
     if (n > room)
         n = room; /* the first in poll order: partitions keep their order */
     if (n && idem_positions_first(&p->positions, &p->offs, &p->recs, p->rs, n,

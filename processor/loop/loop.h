@@ -1,8 +1,9 @@
-/* loop: what the files of the processing loop share (pipeline.c: the
- * loop itself, commits, rebalances; effects.c: records to the handler and
- * back, dead letters). positions.c (positions in Redis) and retryloop.c
- * (retry topics) own their state and do not see this. Internal: only
- * these files include it. */
+/* loop: the composed loop's struct, shared by pipeline.c (the loop itself,
+ * commits, rebalances) and effects.c (records to the handler and back, dead
+ * letters), which pipeline.c calls and which calls nothing of pipeline.c.
+ * The parts (due.c, lease.c, deadletter.c, positions.c, retryloop.c,
+ * progress.c, offsets.c, records.c, flow.c) own their state and never see
+ * this. Internal: only these two files include it. */
 #ifndef IDEM_LOOP_H
 #define IDEM_LOOP_H
 
@@ -114,19 +115,7 @@ struct idem_pipeline_s {
     idem_positions_t positions; /* positions in Redis (positions.c) */
 };
 
-/* pipeline.c */
-idem_part_t *idem_loop_part_find(idem_pipeline_t *p, const char *topic,
-                                 int32_t part);
-idem_part_t *idem_loop_rec_part(idem_pipeline_t *p, const rec_t *r);
-int idem_loop_store_busy(const idem_pipeline_t *p);
-int idem_loop_wait_budget_ms(const idem_pipeline_t *p);
-void idem_loop_batch_remove_if(idem_pipeline_t *p,
-                               int (*drop)(idem_pipeline_t *p, const rec_t *r,
-                                           const void *ctx),
-                               const void *ctx);
-
 /* effects.c */
-size_t idem_loop_due_records(idem_pipeline_t *p, int64_t now);
 int idem_loop_handler_collect(idem_pipeline_t *p, int timeout_ms, char *errstr,
                               size_t errstr_size);
 void idem_loop_handler_settle(idem_pipeline_t *p, int64_t deadline_ms);

@@ -65,20 +65,20 @@ static void owner_update(idem_pipeline_t *p)
              p->epoch);
 }
 
-idem_part_t *idem_loop_part_find(idem_pipeline_t *p, const char *topic,
-                                 int32_t part)
+static idem_part_t *idem_loop_part_find(idem_pipeline_t *p, const char *topic,
+                                        int32_t part)
 {
     return idem_offsets_find(&p->offs, topic, part);
 }
 
-idem_part_t *idem_loop_rec_part(idem_pipeline_t *p, const rec_t *r)
+static idem_part_t *idem_loop_rec_part(idem_pipeline_t *p, const rec_t *r)
 {
     return idem_loop_part_find(p, r->view.topic, r->view.partition);
 }
 
 /* The in-Redis handler's request holds the store's connection: nothing
  * else may use it until its replies were read. */
-int idem_loop_store_busy(const idem_pipeline_t *p)
+static int idem_loop_store_busy(const idem_pipeline_t *p)
 {
     return p->in_redis && p->inflight;
 }
@@ -94,7 +94,7 @@ static void set_ready(idem_pipeline_t *p)
 
 /* How long a blocking wait (an output flush) may take: half of
  * shutdown.timeout.ms normally, what is left of it while shutting down. */
-int idem_loop_wait_budget_ms(const idem_pipeline_t *p)
+static int idem_loop_wait_budget_ms(const idem_pipeline_t *p)
 {
     if (!p->stop_by_ms)
         return (int)(p->conf->shutdown_timeout_ms / 2);
@@ -173,10 +173,11 @@ static int remove_one(void *rec, void *ctx)
     return 1;
 }
 
-void idem_loop_batch_remove_if(idem_pipeline_t *p,
-                               int (*drop)(idem_pipeline_t *p, const rec_t *r,
-                                           const void *ctx),
-                               const void *ctx)
+static void idem_loop_batch_remove_if(idem_pipeline_t *p,
+                                      int (*drop)(idem_pipeline_t *p,
+                                                  const rec_t *r,
+                                                  const void *ctx),
+                                      const void *ctx)
 {
     remove_ctx_t c = {p, drop, ctx};
     idem_records_remove_if(&p->recs, remove_one, &c);
