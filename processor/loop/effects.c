@@ -3,6 +3,7 @@
  * into outcomes (marking external effects done), retries, and dead
  * letters. Part of the loop (loop.h). */
 #include "loop/loop.h"
+#include "loop/due.h"
 #include "base/log.h"
 #include "base/util.h"
 
@@ -29,7 +30,7 @@ static void rec_finish(idem_pipeline_t *p, rec_t *r, idem_outcome_t o)
         idem_metrics_acc_fetch_latency_observe(
             p->acc, (double)(r->polled_us - created_us) / 1e6);
     }
-    p->progress_records++;
+    idem_progress_count(&p->progress, 1);
 }
 
 /* A done mark existed. The same message_id means Kafka (or the producer)
@@ -124,82 +125,16 @@ static void scratch_reserve(idem_pipeline_t *p)
     p->envs = idem_xrealloc(p->envs, p->scratch_cap * sizeof(*p->envs));
     p->res = idem_xrealloc(p->res, p->scratch_cap * sizeof(*p->res));
     p->hres = idem_xrealloc(p->hres, p->scratch_cap * sizeof(*p->hres));
+    p->parts = idem_xrealloc(p->parts, p->scratch_cap * sizeof(*p->parts));
+    p->verdicts =
+        idem_xrealloc(p->verdicts, p->scratch_cap * sizeof(*p->verdicts));
 }
 
-/* FNV-1a of an identity, for the in-flight identity set. */
-static uint64_t id_hash(const char *id, size_t len)
-{
-    uint64_t h = 1469598103934665603ULL;
-    for (size_t i = 0; i < len; i++)
-        h = (h ^ (unsigned char)id[i]) * 1099511628211ULL;
-    return h;
-}
-
-/* The identities with an external handler or picked for it: an external
- * effect may run only once at a time per identity, since the claim script
- * re-claims this member's own leases (also across the chunks of one claim
- * call, whose `seen` table covers one chunk only). An open-addressing
- * table of `size` slots (a power of two). */
-typedef struct {
-    rec_t **slot;
-    size_t size;
-} id_set_t;
-
-static void id_set_init(id_set_t *s, size_t n)
-{
-    for (s->size = 16; s->size < n * 2; s->size *= 2)
-        ;
-    s->slot = idem_xcalloc(s->size, sizeof(*s->slot));
-}
-
-/* Adds r's identity; returns 0 when it was new, 1 when it was there. */
-static int id_set_add(id_set_t *s, rec_t *r)
-{
-    size_t i =
-        (size_t)id_hash(r->env.identity, r->env.identity_len) & (s->size - 1);
-    for (; s->slot[i]; i = (i + 1) & (s->size - 1))
-        if (s->slot[i]->env.identity_len == r->env.identity_len &&
-            !memcmp(s->slot[i]->env.identity, r->env.identity,
-                    r->env.identity_len))
-            return 1;
-    s->slot[i] = r;
-    return 0;
-}
-
-/* Collects the valid, unfinished records that may go to the handler now,
- * in poll order, into p->rs. A record waiting for its retry time holds
- * back the later records of its partition, so effects keep the
- * partition's order; for an external effect, so does a record whose
- * identity is with the handler or already picked. */
-size_t idem_loop_due_records(idem_pipeline_t *p, int64_t now)
+/* Collects the records due now into p->rs (due.c). */
+static size_t due_records(idem_pipeline_t *p, int64_t now)
 {
     scratch_reserve(p);
-    for (size_t i = 0; i < p->offs.cnt; i++)
-        p->offs.v[i].waiting = 0;
-    id_set_t ids = {NULL, 0};
-    rec_t *r;
-    if (!p->in_redis) {
-        id_set_init(&ids, p->cnt);
-        for (size_t i = 0; (r = idem_records_next(&p->recs, &i));)
-            if (r->sent)
-                id_set_add(&ids, r);
-    }
-    size_t n = 0;
-    for (size_t i = 0; (r = idem_records_next(&p->recs, &i));) {
-        if (r->state == REC_DONE || r->poison || r->sent || r->to_tier)
-            continue;
-        idem_part_t *pt = idem_loop_rec_part(p, r);
-        if (pt && pt->waiting)
-            continue;
-        if (r->retry_at_ms > now || (ids.slot && id_set_add(&ids, r))) {
-            if (pt)
-                pt->waiting = 1;
-            continue;
-        }
-        p->rs[n++] = r;
-    }
-    free(ids.slot);
-    return n;
+    return idem_due_select(&p->recs, &p->offs, !p->in_redis, now, p->rs);
 }
 
 /* Hands rs[n] to the handler (with the positions due, for an in-Redis
@@ -207,18 +142,20 @@ size_t idem_loop_due_records(idem_pipeline_t *p, int64_t now)
 static int handler_submit(idem_pipeline_t *p, size_t n, char *errstr,
                           size_t errstr_size)
 {
-    size_t npos = p->in_redis ? idem_loop_positions_due(p, NULL) : 0;
+    size_t npos =
+        p->in_redis ? idem_positions_due(&p->positions, &p->offs, NULL) : 0;
+    const idem_store_pos_t *pos = p->positions.pos; /* after: it may grow */
     for (size_t i = 0; i < n; i++)
         p->views[i] = &p->rs[i]->view;
-    if (p->hops->submit(p->h, p->views, n, p->pos, npos, errstr, errstr_size)) {
+    if (p->hops->submit(p->h, p->views, n, pos, npos, errstr, errstr_size)) {
         if (p->in_redis)
             for (size_t i = 0; i < n; i++)
                 p->rs[i]->store_sent = 1;
         return -1;
     }
     for (size_t i = 0; i < npos; i++)
-        idem_loop_part_find(p, p->pos[i].topic, p->pos[i].partition)->saving =
-            p->pos[i].offset;
+        idem_offsets_find(&p->offs, pos[i].topic, pos[i].partition)->saving =
+            pos[i].offset;
     for (size_t i = 0; i < n; i++)
         p->rs[i]->sent = 1;
     p->inflight += n;
@@ -229,41 +166,37 @@ static int handler_submit(idem_pipeline_t *p, size_t n, char *errstr,
 /* External effect: claims the due records with a lease, then submits the
  * new ones. Records behind a deferred one of the same partition are not
  * submitted in this pass (their claim is ours and is taken again next
- * time), so effects keep each partition's order. Returns 0 or -1. */
+ * time), so effects keep each partition's order (lease.c). Returns 0 or
+ * -1. */
 static int claim_and_submit(idem_pipeline_t *p, size_t n, char *errstr,
                             size_t errstr_size)
 {
-    for (size_t i = 0; i < n; i++)
+    for (size_t i = 0; i < n; i++) {
         p->envs[i] = &p->rs[i]->env;
+        p->parts[i] = idem_offsets_find(&p->offs, p->rs[i]->view.topic,
+                                        p->rs[i]->view.partition);
+    }
     p->clock_us = idem_now_us();
-    if (idem_store_claim(p->store, p->owner, p->envs, n, p->res, errstr,
-                         errstr_size))
+    if (idem_lease_claim(&p->lease, p->owner, p->envs, p->parts, n, p->res,
+                         p->verdicts, errstr, errstr_size))
         return -1;
     size_t claimed = 0;
     int64_t now = idem_now_ms();
-    for (size_t i = 0; i < p->offs.cnt; i++)
-        p->offs.v[i].waiting = 0;
     for (size_t i = 0; i < n; i++) {
         rec_t *r = p->rs[i];
-        idem_part_t *pt = idem_loop_rec_part(p, r);
-        if (pt && pt->waiting)
-            continue; /* behind a deferred record: next pass */
-        switch (p->res[i].mark) {
-        case IDEM_MARK_NEW:
+        switch (p->verdicts[i]) {
+        case IDEM_LEASE_GO:
             p->rs[claimed++] = r;
             break;
-        case IDEM_MARK_DONE:
+        case IDEM_LEASE_DUPLICATE:
             rec_duplicate(p, r, p->res[i].prior_mid, p->res[i].prior_mid_len);
             break;
-        case IDEM_MARK_AGAIN: /* due again once the first one is done */
-            if (pt)
-                pt->waiting = 1;
-            break;
-        default: /* leased elsewhere: wait, the lease expires if dead */
+        case IDEM_LEASE_LEASED: /* wait, the lease expires if dead */
             r->retry_at_ms = now + p->conf->dedup_lease_ms / 4 + 50;
             p->retry_waiting = 1;
-            if (pt)
-                pt->waiting = 1;
+            break;
+        case IDEM_LEASE_AGAIN:  /* due again once the first one is done */
+        case IDEM_LEASE_BEHIND: /* next pass */
             break;
         }
     }
@@ -330,8 +263,8 @@ static int results_apply(idem_pipeline_t *p, size_t n, char *errstr,
     for (size_t i = 0; i < done; i++)
         p->envs[i] = &p->rs[i]->env;
     char e[512];
-    if (idem_store_mark_done(p->store, p->owner, p->envs, done, p->res, e,
-                             sizeof(e))) {
+    if (idem_lease_mark(&p->lease, p->owner, p->envs, done, p->res, e,
+                        sizeof(e))) {
         /* Not marked: the lease expires and the effect is done again
          * (at least once); nothing is lost. */
         if (!rc)
@@ -405,8 +338,9 @@ int idem_loop_handler_feed(idem_pipeline_t *p, char *errstr, size_t errstr_size)
     if (p->in_redis) {
         if (p->inflight)
             return 0; /* one request at a time */
-        size_t n = idem_loop_due_records(p, idem_now_ms());
-        if (n && idem_loop_positions_first(p, n, errstr, errstr_size))
+        size_t n = due_records(p, idem_now_ms());
+        if (n && idem_positions_first(&p->positions, &p->offs, &p->recs, p->rs,
+                                      n, errstr, errstr_size))
             return -1;
         return n ? handler_submit(p, n, errstr, errstr_size) : 0;
     }
@@ -415,10 +349,11 @@ int idem_loop_handler_feed(idem_pipeline_t *p, char *errstr, size_t errstr_size)
     size_t room = p->hops->room ? p->hops->room(p->h) : SIZE_MAX;
     if (!room)
         return 0;
-    size_t n = idem_loop_due_records(p, idem_now_ms());
+    size_t n = due_records(p, idem_now_ms());
     if (n > room)
         n = room; /* the first in poll order: partitions keep their order */
-    if (n && idem_loop_positions_first(p, n, errstr, errstr_size))
+    if (n && idem_positions_first(&p->positions, &p->offs, &p->recs, p->rs, n,
+                                  errstr, errstr_size))
         return -1;
     return n ? claim_and_submit(p, n, errstr, errstr_size) : 0;
 }
@@ -462,19 +397,6 @@ void idem_loop_parse_records(idem_pipeline_t *p)
     }
 }
 
-/* DLQ delivery report (see idem_dlq_report_cb): fires in idem_dlq_poll or
- * idem_dlq_flush on the processing thread. */
-void idem_loop_dlq_report(void *opaque, rd_kafka_resp_err_t err)
-{
-    ticket_t *t = opaque;
-    if (t->orphan) {
-        free(t);
-        return;
-    }
-    t->err = err;
-    t->state = err ? -1 : 1;
-}
-
 /* Queues every poison record that has no DLQ write yet, and every record
  * bound for a retry topic that has no write yet. A dead letter of a
  * record out of a retry topic says where the first input record was and
@@ -489,7 +411,7 @@ int idem_loop_dlq_queue(idem_pipeline_t *p, char *errstr, size_t errstr_size)
     for (size_t i = 0; (r = idem_records_next(&p->recs, &i));) {
         if (r->state == REC_DONE || (!r->poison && !r->to_tier) || r->dlq)
             continue;
-        ticket_t *t = idem_xcalloc(1, sizeof(*t));
+        ticket_t *t = idem_deadletter_ticket_new();
         int rc;
         if (r->poison) {
             idem_retry_info_t from, *fromp = NULL;
@@ -505,7 +427,7 @@ int idem_loop_dlq_queue(idem_pipeline_t *p, char *errstr, size_t errstr_size)
                                    (r->attempts ? r->attempts : 1),
                                r->dlq_drop_value, t, errstr, errstr_size);
         } else {
-            rc = idem_loop_retry_send(p, r, t, errstr, errstr_size);
+            rc = idem_retryloop_send(p->rt, p->dlq, r, t, errstr, errstr_size);
         }
         if (rc) {
             free(t);
@@ -534,18 +456,23 @@ int idem_loop_dlq_collect(idem_pipeline_t *p, char *errstr, size_t errstr_size)
         r->dlq = NULL;
         p->tickets--;
         p->dlq_due = 1; /* unless finished below: written again */
-        if (t->state == 1 && r->to_tier && !r->poison) {
-            idem_loop_retry_sent(p, r);
-        } else if (r->to_tier && !r->poison &&
-                   (t->err == RD_KAFKA_RESP_ERR_MSG_SIZE_TOO_LARGE ||
-                    t->err == RD_KAFKA_RESP_ERR_RECORD_LIST_TOO_LARGE)) {
+        switch (idem_deadletter_after(t, r->poison, r->to_tier)) {
+        case IDEM_DL_PENDING: /* not reached: state checked above */
+            break;
+        case IDEM_DL_RETRY_SENT:
+            idem_retryloop_sent(r, p->m);
+            idem_progress_count(&p->progress, 1);
+            break;
+        case IDEM_DL_RETRY_REFUSED: {
             /* The retry topic will never take it: dead instead. */
             char e[IDEM_RESULT_DETAIL_MAX];
             snprintf(e, sizeof(e),
                      "retry topic refused the record (%s): %.500s",
                      rd_kafka_err2str(t->err), r->error);
             rec_poison(p, r, IDEM_REASON_MAX_RETRIES, e);
-        } else if (t->state == 1) {
+            break;
+        }
+        case IDEM_DL_DEAD:
             idem_metrics_dlq_add(p->m, r->reason, 1);
             rec_finish(p, r, IDEM_OUTCOME_DLQ);
             if (idem_log_enabled(IDEM_LOG_INFO)) {
@@ -557,18 +484,23 @@ int idem_loop_dlq_collect(idem_pipeline_t *p, char *errstr, size_t errstr_size)
                             "offset", off, "reason", idem_reason2str(r->reason),
                             "error", r->error, NULL);
             }
-        } else if (t->err == RD_KAFKA_RESP_ERR_MSG_SIZE_TOO_LARGE ||
-                   t->err == RD_KAFKA_RESP_ERR_RECORD_LIST_TOO_LARGE) {
+            break;
+        case IDEM_DL_DROP_VALUE:
             /* The broker will never take this value: send the dead letter
              * without it rather than hold the partition forever. */
             r->dlq_drop_value = 1;
-        } else if (!failed) {
-            failed = 1;
-            snprintf(errstr, errstr_size, "%s: write to %s failed: %s",
-                     r->poison ? "dlq" : "retry",
-                     r->poison ? p->conf->dlq_topic
-                               : idem_retrytopics_next(p->rt, r->view.topic),
-                     rd_kafka_err2str(t->err));
+            break;
+        case IDEM_DL_FAILED:
+            if (!failed) {
+                failed = 1;
+                snprintf(errstr, errstr_size, "%s: write to %s failed: %s",
+                         r->poison ? "dlq" : "retry",
+                         r->poison
+                             ? p->conf->dlq_topic
+                             : idem_retrytopics_next(p->rt, r->view.topic),
+                         rd_kafka_err2str(t->err));
+            }
+            break;
         }
         free(t);
     }

@@ -158,3 +158,34 @@ size_t idem_offsets_positions_due(const idem_offsets_t *o,
     }
     return n;
 }
+
+idem_offsets_rewind_t idem_offsets_rewind_decide(const idem_part_t *pt,
+                                                 int64_t redis, int64_t hold,
+                                                 int reconnected,
+                                                 int other_server)
+{
+    idem_offsets_rewind_t d = {0, -1, 0};
+    if (redis < 0) {
+        /* Gone (or not ours): Redis lost everything after the first
+         * position this member wrote or read, effects included. Back to
+         * that one. */
+        if (reconnected && pt->checked && pt->saved >= 0) {
+            d.behind = 1;
+            d.forget = 1;
+            if (pt->start >= 0 && hold >= 0 && pt->start < hold)
+                d.rewind = pt->start;
+        }
+        return d;
+    }
+    /* Lost writes: what Redis acknowledged (the writes after a host
+     * crash's last fsync, a lagging replica), or at the first look since
+     * the assignment what Kafka had committed after them. */
+    d.behind = (pt->saved >= 0 && redis < pt->saved) ||
+               (!pt->checked && pt->committed >= 0 && redis < pt->committed);
+    int rewind = pt->checked ? (other_server || redis < pt->saved) &&
+                                   hold >= 0 && redis < hold
+                             : hold < 0 || redis < hold;
+    if (rewind)
+        d.rewind = redis;
+    return d;
+}

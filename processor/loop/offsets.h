@@ -95,4 +95,27 @@ size_t idem_offsets_positions_due(const idem_offsets_t *o,
                                   const rd_kafka_topic_partition_list_t *subset,
                                   const char *cluster, idem_store_pos_t *pos);
 
+/* What a member does with a partition when it reads the position Redis
+ * holds for it (after a reconnect, or at the first look since the
+ * assignment). */
+typedef struct {
+    int behind;     /* Redis lost writes: say so (redis_behind) */
+    int64_t rewind; /* seek back here and read again; -1: no rewind */
+    int forget;     /* the position is gone: forget what Redis
+                       acknowledged (the next request writes one first) */
+} idem_offsets_rewind_t;
+
+/* Judges pt against `redis`, the position Redis holds (-1: none, or not
+ * usable here), `hold` the lowest offset the member holds in hand or
+ * finished up to (-1: nothing consumed since the assignment),
+ * `reconnected` a new connection since the last look, `other_server` one
+ * to another server (another run_id). Before pt->checked, Redis's
+ * position wins over what the member holds; after it, the member goes
+ * back only when Redis holds less than it acknowledged (or another server
+ * answers). Pure: the caller acts and then sets checked, start. */
+idem_offsets_rewind_t idem_offsets_rewind_decide(const idem_part_t *pt,
+                                                 int64_t redis, int64_t hold,
+                                                 int reconnected,
+                                                 int other_server);
+
 #endif

@@ -40,10 +40,7 @@ static void rec_release(idem_pipeline_t *p, rec_t *r)
     idem_envelope_term(&r->env);
     if (r->dlq) {
         p->tickets--;
-        if (r->dlq->state == 0)
-            r->dlq->orphan = 1;
-        else
-            free(r->dlq);
+        idem_deadletter_release(r->dlq);
     }
     rd_kafka_message_destroy(r->msg);
     r->next_spare = p->spares;
@@ -68,20 +65,20 @@ static void owner_update(idem_pipeline_t *p)
              p->epoch);
 }
 
-idem_part_t *idem_loop_part_find(idem_pipeline_t *p, const char *topic,
-                                 int32_t part)
+static idem_part_t *idem_loop_part_find(idem_pipeline_t *p, const char *topic,
+                                        int32_t part)
 {
     return idem_offsets_find(&p->offs, topic, part);
 }
 
-idem_part_t *idem_loop_rec_part(idem_pipeline_t *p, const rec_t *r)
+static idem_part_t *idem_loop_rec_part(idem_pipeline_t *p, const rec_t *r)
 {
     return idem_loop_part_find(p, r->view.topic, r->view.partition);
 }
 
 /* The in-Redis handler's request holds the store's connection: nothing
  * else may use it until its replies were read. */
-int idem_loop_store_busy(const idem_pipeline_t *p)
+static int idem_loop_store_busy(const idem_pipeline_t *p)
 {
     return p->in_redis && p->inflight;
 }
@@ -97,7 +94,7 @@ static void set_ready(idem_pipeline_t *p)
 
 /* How long a blocking wait (an output flush) may take: half of
  * shutdown.timeout.ms normally, what is left of it while shutting down. */
-int idem_loop_wait_budget_ms(const idem_pipeline_t *p)
+static int idem_loop_wait_budget_ms(const idem_pipeline_t *p)
 {
     if (!p->stop_by_ms)
         return (int)(p->conf->shutdown_timeout_ms / 2);
@@ -113,7 +110,8 @@ static void commit_offsets(idem_pipeline_t *p,
 {
     /* A committed record is counted: its figures are shown first. */
     idem_metrics_acc_merge(p->acc);
-    idem_loop_positions_save(p, subset);
+    if (!idem_loop_store_busy(p) && !p->flow.down && !p->refused)
+        idem_positions_save(&p->positions, &p->offs, &p->recs, subset);
     rd_kafka_topic_partition_list_t *l =
         idem_offsets_commit_list(&p->offs, subset, p->recommit);
     p->last_commit_ms = idem_now_ms();
@@ -175,10 +173,11 @@ static int remove_one(void *rec, void *ctx)
     return 1;
 }
 
-void idem_loop_batch_remove_if(idem_pipeline_t *p,
-                               int (*drop)(idem_pipeline_t *p, const rec_t *r,
-                                           const void *ctx),
-                               const void *ctx)
+static void idem_loop_batch_remove_if(idem_pipeline_t *p,
+                                      int (*drop)(idem_pipeline_t *p,
+                                                  const rec_t *r,
+                                                  const void *ctx),
+                                      const void *ctx)
 {
     remove_ctx_t c = {p, drop, ctx};
     idem_records_remove_if(&p->recs, remove_one, &c);
@@ -228,6 +227,45 @@ static void batch_drop_partitions(idem_pipeline_t *p,
     idem_loop_batch_remove_if(p, rec_in_partitions, parts);
 }
 
+/* positions.c's hook before it seeks pt back to the position Redis
+ * holds: what the handler holds is finished or abandoned, and pt's
+ * records in hand are dropped (read again from the position). */
+static int rec_in_part(idem_pipeline_t *p, const rec_t *r, const void *pt)
+{
+    return idem_loop_rec_part(p, r) == pt;
+}
+
+static void before_rewind(void *ctx, const idem_part_t *pt)
+{
+    idem_pipeline_t *p = ctx;
+    idem_loop_handler_settle(p, idem_now_ms() + idem_loop_wait_budget_ms(p));
+    idem_loop_batch_remove_if(p, rec_in_part, pt);
+    idem_metrics_inflight_set(p->m, (int64_t)p->cnt);
+}
+
+/* Positions from Redis after a reconnect (positions.c), only with no
+ * request on the store's connection. Returns 0 or -1 (errstr). */
+static int positions_sync(idem_pipeline_t *p, char *errstr, size_t errstr_size)
+{
+    if (idem_loop_store_busy(p))
+        return 0;
+    return idem_positions_sync(&p->positions, &p->offs, &p->recs, errstr,
+                               errstr_size);
+}
+
+/* Positions for newly assigned partitions (positions.c); the replies of
+ * a request in flight come first on the store's connection. */
+static void assign_positions(idem_pipeline_t *p,
+                             rd_kafka_topic_partition_list_t *parts)
+{
+    char errstr[512];
+    if (idem_loop_store_busy(p))
+        idem_loop_handler_collect(p, 0, errstr, sizeof(errstr));
+    if (p->flow.down || p->refused)
+        return;
+    idem_positions_assign(&p->positions, &p->offs, parts);
+}
+
 /* ----------------------------------------------------- pause and resume */
 
 static void pause_all(idem_pipeline_t *p, int pause)
@@ -257,6 +295,56 @@ static void pause_all(idem_pipeline_t *p, int pause)
     idem_metrics_paused_set(p->m, pause ? (int64_t)p->offs.cnt : 0);
 }
 
+/* ------------------------------------------------------ retry topics */
+
+static void part_pause(idem_pipeline_t *p, const idem_part_t *pt, int pause)
+{
+    rd_kafka_topic_partition_list_t *l = rd_kafka_topic_partition_list_new(1);
+    rd_kafka_topic_partition_list_add(l, pt->topic, pt->partition);
+    idem_rebalance_pause(p->rk, l, pause);
+    rd_kafka_topic_partition_list_destroy(l);
+}
+
+/* A record just polled from retry partition pt waits in hand until it is
+ * due (retry_at_ms, which also holds back the later records of the
+ * partition in hand) and the partition is paused so nothing more of it is
+ * fetched; retry_release resumes it when due (retryloop.c). */
+static void retry_arrived(idem_pipeline_t *p, rec_t *r, idem_part_t *pt)
+{
+    rd_kafka_headers_t *h;
+    if (rd_kafka_message_headers(r->msg, &h))
+        h = NULL;
+    int hold =
+        idem_retryloop_arrived(p->rt, r, pt, h, idem_now_ms(), idem_wall_ms());
+    if (r->retry_at_ms)
+        p->retry_waiting = 1;
+    if (!hold)
+        return;
+    if (!p->paused)
+        part_pause(p, pt, 1);
+    idem_metrics_retry_waiting_set(p->m,
+                                   (int64_t)idem_retryloop_held(&p->offs));
+}
+
+/* Resumes the retry partitions whose records in hand are due at `now`
+ * (while the whole input is paused, pause_all resumes them later). */
+static void retry_release(idem_pipeline_t *p, int64_t now)
+{
+    if (!p->rt)
+        return;
+    int changed = 0;
+    for (size_t i = 0; i < p->offs.cnt; i++) {
+        if (!idem_retryloop_release(&p->offs.v[i], now))
+            continue;
+        changed = 1;
+        if (!p->paused)
+            part_pause(p, &p->offs.v[i], 0);
+    }
+    if (changed)
+        idem_metrics_retry_waiting_set(p->m,
+                                       (int64_t)idem_retryloop_held(&p->offs));
+}
+
 /* One step of work on the records in hand: collect what the handler
  * finished, parse what is new, queue dead letters, give the handler what
  * is due, collect DLQ acknowledgements, advance offsets. Returns 0, or -1
@@ -273,7 +361,7 @@ static int work(idem_pipeline_t *p, char *errstr, size_t errstr_size)
         idem_loop_handler_collect(p, p->collect_wait_ms, errstr, errstr_size);
     p->collect_wait_ms = 0;
     if (rc == 0)
-        rc = idem_loop_positions_sync(p, errstr, errstr_size);
+        rc = positions_sync(p, errstr, errstr_size);
     /* The server's memory policy, again now and then: an operator may
      * change it while we run. */
     if (rc == 0 && !idem_loop_store_busy(p))
@@ -417,7 +505,7 @@ static void rebalance_cb(rd_kafka_t *rk, rd_kafka_resp_err_t err,
                              parts->elems[i].partition)
                 ->retry_tier =
                 idem_retrytopics_tier(p->rt, parts->elems[i].topic);
-        idem_loop_assign_positions(p, parts);
+        assign_positions(p, parts);
         /* Each new partition paused or fetching as the others are, set
          * explicitly: librdkafka keeps a partition's pause across unassign
          * and assign, so a partition paused before a rebalance took it
@@ -619,6 +707,10 @@ idem_pipeline_t *idem_pipeline_new(const idem_conf_t *conf, idem_metrics_t *m,
     p->cap = (size_t)conf->batch_max_messages * BATCHES_IN_HAND;
     idem_records_init(&p->recs, p->cap);
     p->store = idem_store_new(conf, m);
+    p->lease = idem_lease_store_redis(p->store);
+    idem_positions_init(&p->positions, conf, m, p->store);
+    p->positions.before_rewind = before_rewind;
+    p->positions.ctx = p;
     idem_store_guard_eviction(p->store);
     if (conf->redis_aof_rewrite)
         idem_store_guard_aof(p->store);
@@ -649,7 +741,7 @@ idem_pipeline_t *idem_pipeline_new(const idem_conf_t *conf, idem_metrics_t *m,
                                    errstr, errstr_size))
         goto fail;
     if (!(p->dlq =
-              idem_dlq_new(conf, idem_loop_dlq_report, errstr, errstr_size)))
+              idem_dlq_new(conf, idem_deadletter_report, errstr, errstr_size)))
         goto fail;
     idem_handler_ctx_t ctx = {
         .conf = conf,
@@ -662,6 +754,7 @@ idem_pipeline_t *idem_pipeline_new(const idem_conf_t *conf, idem_metrics_t *m,
         goto fail;
     if (!(p->rk = consumer_new(p, errstr, errstr_size)))
         goto fail;
+    p->positions.rk = p->rk;
     if (conf->fetch_stall_ms > 0 &&
         (conf->stats_interval_ms > 0 ||
          idem_kafka_user_set(conf, "statistics.interval.ms"))) {
@@ -720,7 +813,7 @@ void idem_pipeline_destroy(idem_pipeline_t *p)
     idem_envelope_rules_destroy(p->rules);
     idem_retrytopics_destroy(p->rt);
     idem_dlq_destroy(p->dlq); /* reports of orphaned tickets free them */
-    idem_posread_destroy(p->posread);
+    idem_positions_term(&p->positions);
     idem_store_destroy(p->store);
     idem_offsets_term(&p->offs);
     idem_records_term(&p->recs);
@@ -729,7 +822,8 @@ void idem_pipeline_destroy(idem_pipeline_t *p)
     free(p->hres);
     free(p->envs);
     free(p->res);
-    free(p->pos);
+    free(p->parts);
+    free(p->verdicts);
     idem_metrics_acc_destroy(p->acc); /* merges what is left */
     free(p);
 }
@@ -777,7 +871,7 @@ static void batch_add(idem_pipeline_t *p, rd_kafka_message_t *msg)
     v->msg = msg;
     v->loop = r;
     if (pt->retry_tier)
-        idem_loop_retry_arrived(p, r, pt);
+        retry_arrived(p, r, pt);
 }
 
 /* Polls up to batch.max.messages new records, and waits for nothing but
@@ -845,34 +939,6 @@ static void batch_fill(idem_pipeline_t *p, volatile int *stop)
     }
 }
 
-static void progress_log(idem_pipeline_t *p, int64_t now)
-{
-    if (p->conf->progress_interval_ms <= 0 ||
-        now - p->last_progress_ms < p->conf->progress_interval_ms)
-        return;
-    double secs = (double)(now - p->last_progress_ms) / 1000.0;
-    char rate[32], lag[32], proc[32], dup[32], dlq[32];
-    snprintf(rate, sizeof(rate), "%.0f",
-             p->last_progress_ms ? (double)p->progress_records / secs : 0.0);
-    /* -1 until the first librdkafka statistics: unknown, not negative. */
-    int64_t lag_total = idem_metrics_lag_total(p->m);
-    if (lag_total < 0)
-        snprintf(lag, sizeof(lag), "?");
-    else
-        snprintf(lag, sizeof(lag), "%" PRId64, lag_total);
-    snprintf(proc, sizeof(proc), "%" PRIu64,
-             idem_metrics_outcome_get(p->m, IDEM_OUTCOME_PROCESSED));
-    snprintf(dup, sizeof(dup), "%" PRIu64,
-             idem_metrics_outcome_get(p->m, IDEM_OUTCOME_DUPLICATE));
-    snprintf(dlq, sizeof(dlq), "%" PRIu64,
-             idem_metrics_outcome_get(p->m, IDEM_OUTCOME_DLQ));
-    if (p->last_progress_ms)
-        idem_log_kv(IDEM_LOG_INFO, "progress", "rate", rate, "lag", lag,
-                    "processed", proc, "duplicate", dup, "dlq", dlq, NULL);
-    p->last_progress_ms = now;
-    p->progress_records = 0;
-}
-
 int idem_pipeline_run(idem_pipeline_t *p, volatile int *stop, char *errstr,
                       size_t errstr_size)
 {
@@ -890,7 +956,7 @@ int idem_pipeline_run(idem_pipeline_t *p, volatile int *stop, char *errstr,
         idem_flow_failed(&p->flow, cerr, idem_now_ms());
     }
     set_ready(p);
-    p->last_progress_ms = idem_now_ms();
+    idem_progress_start(&p->progress, idem_now_ms());
     p->last_commit_ms = idem_now_ms();
 
     while (!*stop) {
@@ -906,8 +972,7 @@ int idem_pipeline_run(idem_pipeline_t *p, volatile int *stop, char *errstr,
             if (now >= p->flow.next_attempt_ms) {
                 if (p->cnt || p->inflight) {
                     attempt(p);
-                } else if (idem_loop_positions_sync(p, cerr, sizeof(cerr)) ==
-                           0) {
+                } else if (positions_sync(p, cerr, sizeof(cerr)) == 0) {
                     if (idem_flow_ok(&p->flow, 0))
                         idem_log_kv(IDEM_LOG_INFO,
                                     "infrastructure back: resuming", NULL);
@@ -929,7 +994,7 @@ int idem_pipeline_run(idem_pipeline_t *p, volatile int *stop, char *errstr,
             if (p->cnt || p->inflight)
                 attempt(p);
         }
-        idem_loop_retry_release(p, idem_now_ms());
+        retry_release(p, idem_now_ms());
         if (now - p->last_commit_ms >= p->conf->commit_interval_ms)
             commit_offsets(p, NULL, 0);
         /* While idle, the server (and its memory policy) every second:
@@ -944,7 +1009,8 @@ int idem_pipeline_run(idem_pipeline_t *p, volatile int *stop, char *errstr,
         }
         /* The turn's finished records, in one step: no lock per record. */
         idem_metrics_acc_merge(p->acc);
-        progress_log(p, now);
+        idem_progress_log(&p->progress, p->m, p->conf->progress_interval_ms,
+                          now);
         if (!p->fatal[0] &&
             !idem_dlq_fatal(p->dlq, p->fatal, sizeof(p->fatal)) &&
             p->hops->fatal)

@@ -1,8 +1,6 @@
 /* positions: the positions a member keeps in Redis next to its effects
- * (docs/design.md, "Positions in Redis"): saving them before Kafka
- * commits, reading them at assignment and after a reconnect, rewinding a
- * partition whose position Redis lost. Part of the loop (loop.h). */
-#include "loop/loop.h"
+ * (positions.h). */
+#include "loop/positions.h"
 #include "base/log.h"
 #include "base/util.h"
 
@@ -11,88 +9,108 @@
 #include <stdlib.h>
 #include <string.h>
 
-static idem_store_pos_t *pos_reserve(idem_pipeline_t *p, size_t n)
+void idem_positions_init(idem_positions_t *ps, const idem_conf_t *conf,
+                         idem_metrics_t *m, idem_store_t *store)
 {
-    if (p->pos_cap < n) {
-        p->pos_cap = n;
-        p->pos = idem_xrealloc(p->pos, n * sizeof(*p->pos));
+    memset(ps, 0, sizeof(*ps));
+    ps->conf = conf;
+    ps->m = m;
+    ps->store = store;
+}
+
+void idem_positions_term(idem_positions_t *ps)
+{
+    idem_posread_destroy(ps->posread);
+    free(ps->pos);
+    ps->posread = NULL;
+    ps->pos = NULL;
+}
+
+static idem_store_pos_t *pos_reserve(idem_positions_t *ps, size_t n)
+{
+    if (ps->pos_cap < n) {
+        ps->pos_cap = n;
+        ps->pos = idem_xrealloc(ps->pos, n * sizeof(*ps->pos));
     }
-    return p->pos;
+    return ps->pos;
 }
 
 /* Redis acknowledged the position ps: its partition's `saved`, and its
  * `start` when nothing of this assignment was in Redis before it. Returns
  * the partition. */
-static idem_part_t *position_stored(idem_pipeline_t *p,
-                                    const idem_store_pos_t *ps)
+static idem_part_t *position_stored(idem_offsets_t *offs,
+                                    const idem_store_pos_t *sp)
 {
-    idem_part_t *pt = idem_loop_part_find(p, ps->topic, ps->partition);
-    pt->saved = ps->offset;
+    idem_part_t *pt = idem_offsets_find(offs, sp->topic, sp->partition);
+    pt->saved = sp->offset;
     if (pt->start < 0)
-        pt->start = ps->offset;
+        pt->start = sp->offset;
     return pt;
 }
 
-/* Collects into p->pos the partitions (of subset, if not NULL) whose
+/* Collects into ps->pos the partitions (of subset, if not NULL) whose
  * finished prefix moved past the position Redis holds. Returns how many. */
-size_t idem_loop_positions_due(idem_pipeline_t *p,
-                               const rd_kafka_topic_partition_list_t *subset)
+size_t idem_positions_due(idem_positions_t *ps, const idem_offsets_t *offs,
+                          const rd_kafka_topic_partition_list_t *subset)
 {
     return idem_offsets_positions_due(
-        &p->offs, subset, p->cluster[0] ? p->cluster : NULL,
-        pos_reserve(p, p->offs.cnt ? p->offs.cnt : 1));
+        offs, subset, ps->cluster[0] ? ps->cluster : NULL,
+        pos_reserve(ps, offs->cnt ? offs->cnt : 1));
 }
 
 /* Writes the finished prefixes to Redis before they are committed to
  * Kafka (docs/design.md, "Positions in Redis"); only with no request in
  * flight (the ledger sends them along with its requests otherwise). A
  * failure leaves the Kafka commit behind; the next attempt catches up. */
-void idem_loop_positions_save(idem_pipeline_t *p,
-                              const rd_kafka_topic_partition_list_t *subset)
+void idem_positions_save(idem_positions_t *ps, idem_offsets_t *offs,
+                         const idem_records_t *recs,
+                         const rd_kafka_topic_partition_list_t *subset)
 {
-    if (idem_loop_store_busy(p) || p->flow.down || p->refused ||
-        idem_loop_positions_due(p, subset) == 0)
+    if (idem_positions_due(ps, offs, subset) == 0)
         return;
     char errstr[512];
     /* A new connection is compared first (which may rewind): never write
      * a position over one Redis lost together with the effects below. */
-    if (idem_loop_positions_sync(p, errstr, sizeof(errstr))) {
+    if (idem_positions_sync(ps, offs, recs, errstr, sizeof(errstr))) {
         idem_log_kv(IDEM_LOG_WARN, "reading positions from redis failed",
                     "error", errstr, NULL);
         return;
     }
-    size_t n = idem_loop_positions_due(p, subset);
-    if (n && idem_store_positions_save(p->store, p->pos, n, errstr,
+    size_t n = idem_positions_due(ps, offs, subset);
+    if (n && idem_store_positions_save(ps->store, ps->pos, n, errstr,
                                        sizeof(errstr))) {
         idem_log_kv(IDEM_LOG_WARN, "saving positions in redis failed", "error",
                     errstr, NULL);
         return;
     }
     for (size_t i = 0; i < n; i++)
-        position_stored(p, &p->pos[i]);
+        position_stored(offs, &ps->pos[i]);
 }
 
 /* The lowest offset pt holds in hand (or has finished up to); -1 when it
  * has not consumed anything since it was assigned. */
-static int64_t part_hold(idem_pipeline_t *p, const idem_part_t *pt)
+static int64_t part_hold(const idem_records_t *recs, idem_offsets_t *offs,
+                         const idem_part_t *pt)
 {
     if (pt->next_offset >= 0)
         return pt->next_offset;
     int64_t low = -1;
     rec_t *r;
-    for (size_t i = 0; (r = idem_records_next(&p->recs, &i));)
-        if (idem_loop_rec_part(p, r) == pt && (low < 0 || r->view.offset < low))
+    for (size_t i = 0; (r = idem_records_next(recs, &i));)
+        if (idem_offsets_find(offs, r->view.topic, r->view.partition) == pt &&
+            (low < 0 || r->view.offset < low))
             low = r->view.offset;
     return low >= 0 ? low : pt->saved;
 }
 
 /* The record of pt in hand at `offset`, or NULL. */
-static const rec_t *rec_at(idem_pipeline_t *p, const idem_part_t *pt,
-                           int64_t offset)
+static const rec_t *rec_at(const idem_records_t *recs, idem_offsets_t *offs,
+                           const idem_part_t *pt, int64_t offset)
 {
     rec_t *r;
-    for (size_t i = 0; (r = idem_records_next(&p->recs, &i));)
-        if (r->view.offset == offset && idem_loop_rec_part(p, r) == pt)
+    for (size_t i = 0; (r = idem_records_next(recs, &i));)
+        if (r->view.offset == offset &&
+            idem_offsets_find(offs, r->view.topic, r->view.partition) == pt)
             return r;
     return NULL;
 }
@@ -104,35 +122,37 @@ static const rec_t *rec_at(idem_pipeline_t *p, const idem_part_t *pt,
  * Redis's command stream, and a Redis that lost that position lost the
  * effects after it too (docs/design.md, "Positions in Redis"). No request
  * may be in flight. Returns 0, or -1 (outage: nothing was handed over). */
-int idem_loop_positions_first(idem_pipeline_t *p, size_t n, char *errstr,
-                              size_t errstr_size)
+int idem_positions_first(idem_positions_t *ps, idem_offsets_t *offs,
+                         const idem_records_t *recs, rec_t *const *rs, size_t n,
+                         char *errstr, size_t errstr_size)
 {
     /* Called before every request: once each partition has a position
      * (all but the first requests of an assignment), no record is looked
      * at. */
     int missing = 0;
-    for (size_t i = 0; i < p->offs.cnt && !missing; i++)
-        missing = p->offs.v[i].saved < 0 && p->offs.v[i].saving < 0;
+    for (size_t i = 0; i < offs->cnt && !missing; i++)
+        missing = offs->v[i].saved < 0 && offs->v[i].saving < 0;
     if (!missing)
         return 0;
     size_t cnt = 0;
-    idem_store_pos_t *pos = pos_reserve(p, p->offs.cnt ? p->offs.cnt : 1);
+    idem_store_pos_t *pos = pos_reserve(ps, offs->cnt ? offs->cnt : 1);
     for (size_t i = 0; i < n; i++) {
-        idem_part_t *pt = idem_loop_rec_part(p, p->rs[i]);
+        idem_part_t *pt =
+            idem_offsets_find(offs, rs[i]->view.topic, rs[i]->view.partition);
         if (!pt || pt->saved >= 0 || pt->saving >= 0)
             continue;
         int dup = 0;
         for (size_t j = 0; j < cnt && !dup; j++)
             dup = pos[j].partition == pt->partition &&
                   !strcmp(pos[j].topic, pt->topic);
-        int64_t hold = part_hold(p, pt);
+        int64_t hold = part_hold(recs, offs, pt);
         if (dup || hold < 0)
             continue;
         pos[cnt].topic = pt->topic;
         pos[cnt].partition = pt->partition;
         pos[cnt].offset = hold;
-        idem_posval_init(&pos[cnt].val, p->cluster);
-        const rec_t *at = rec_at(p, pt, hold);
+        idem_posval_init(&pos[cnt].val, ps->cluster);
+        const rec_t *at = rec_at(recs, offs, pt, hold);
         if (at)
             idem_posread_fingerprint(at->msg, &pos[cnt].val.rec);
         else if (pt->fp.offset >= 0 && pt->fp.offset < hold)
@@ -141,10 +161,10 @@ int idem_loop_positions_first(idem_pipeline_t *p, size_t n, char *errstr,
     }
     if (!cnt)
         return 0;
-    if (idem_store_positions_save(p->store, pos, cnt, errstr, errstr_size))
+    if (idem_store_positions_save(ps->store, pos, cnt, errstr, errstr_size))
         return -1;
     for (size_t i = 0; i < cnt; i++) {
-        idem_part_t *pt = position_stored(p, &pos[i]);
+        idem_part_t *pt = position_stored(offs, &pos[i]);
         char part[16], off[24];
         snprintf(part, sizeof(part), "%" PRId32, pt->partition);
         snprintf(off, sizeof(off), "%" PRId64, pos[i].offset);
@@ -155,11 +175,6 @@ int idem_loop_positions_first(idem_pipeline_t *p, size_t n, char *errstr,
 }
 
 /* ------------------------------------------------ positions from Redis */
-
-static int rec_in_part(idem_pipeline_t *p, const rec_t *r, const void *pt)
-{
-    return idem_loop_rec_part(p, r) == pt;
-}
 
 /* Whether librdkafka's assignment holds pt (also when it cannot say). */
 static int held_by_librdkafka(rd_kafka_t *rk, const idem_part_t *pt)
@@ -178,20 +193,20 @@ static int held_by_librdkafka(rd_kafka_t *rk, const idem_part_t *pt)
  * marks, where Redis kept them, make them duplicates). No request may be
  * in flight. Returns 0, or -1 when the seek failed (errstr; the caller
  * tries again later). */
-static int partition_rewind(idem_pipeline_t *p, idem_part_t *pt, int64_t offset,
-                            const idem_posval_rec_t *fp, char *errstr,
-                            size_t errstr_size)
+static int partition_rewind(idem_positions_t *ps, idem_part_t *pt,
+                            int64_t offset, const idem_posval_rec_t *fp,
+                            char *errstr, size_t errstr_size)
 {
-    idem_loop_handler_settle(p, idem_now_ms() + idem_loop_wait_budget_ms(p));
-    idem_loop_batch_remove_if(p, rec_in_part, pt);
+    if (ps->before_rewind)
+        ps->before_rewind(ps->ctx, pt);
     rd_kafka_topic_partition_list_t *l = rd_kafka_topic_partition_list_new(1);
     rd_kafka_topic_partition_list_add(l, pt->topic, pt->partition)->offset =
         offset;
     /* A partition the fetch watch took out of the assignment (its assign
      * back refused) cannot be sought: librdkafka refuses, for good. Its
      * assign back starts where the member's position says, set below. */
-    rd_kafka_error_t *e = held_by_librdkafka(p->rk, pt)
-                              ? rd_kafka_seek_partitions(p->rk, l, 5000)
+    rd_kafka_error_t *e = held_by_librdkafka(ps->rk, pt)
+                              ? rd_kafka_seek_partitions(ps->rk, l, 5000)
                               : NULL;
     char part[16], off[24], held[24];
     snprintf(part, sizeof(part), "%" PRId32, pt->partition);
@@ -212,7 +227,6 @@ static int partition_rewind(idem_pipeline_t *p, idem_part_t *pt, int64_t offset,
     if (e)
         rd_kafka_error_destroy(e);
     rd_kafka_topic_partition_list_destroy(l);
-    idem_metrics_inflight_set(p->m, (int64_t)p->cnt);
     if (failed)
         return -1;
     pt->next_offset = offset;
@@ -230,9 +244,10 @@ static int partition_rewind(idem_pipeline_t *p, idem_part_t *pt, int64_t offset,
  * altogether. Every loss is said: the caller calls it once per reconnect or
  * assignment that reveals one, and a rewind makes the member's own view
  * agree with Redis again. */
-static void position_behind(idem_pipeline_t *p, idem_part_t *pt, int64_t redis)
+static void position_behind(idem_positions_t *ps, idem_part_t *pt,
+                            int64_t redis)
 {
-    idem_metrics_redis_behind_add(p->m, 1);
+    idem_metrics_redis_behind_add(ps->m, 1);
     char part[16], r[24], k[24], a[24], st[24];
     snprintf(part, sizeof(part), "%" PRId32, pt->partition);
     snprintf(r, sizeof(r), "%" PRId64, redis);
@@ -253,16 +268,16 @@ static void position_behind(idem_pipeline_t *p, idem_part_t *pt, int64_t redis)
 
 /* The Kafka cluster's id, asked once (the consumer has its metadata by
  * the first assignment); "" while not known. */
-static const char *cluster_id(idem_pipeline_t *p)
+static const char *cluster_id(idem_positions_t *ps)
 {
-    if (!p->cluster[0]) {
-        char *id = rd_kafka_clusterid(p->rk, 2000);
+    if (!ps->cluster[0]) {
+        char *id = rd_kafka_clusterid(ps->rk, 2000);
         if (id) {
-            snprintf(p->cluster, sizeof(p->cluster), "%s", id);
-            rd_kafka_mem_free(p->rk, id);
+            snprintf(ps->cluster, sizeof(ps->cluster), "%s", id);
+            rd_kafka_mem_free(ps->rk, id);
         }
     }
-    return p->cluster;
+    return ps->cluster;
 }
 
 /* Judges the positions pos[n] (offset -1: none) against what Kafka holds
@@ -271,11 +286,11 @@ static const char *cluster_id(idem_pipeline_t *p)
  * alone. A position that does not belong here is logged and counted (alert
  * IdemprocPositionMismatch). Returns 0, or -1 with errstr when Kafka did not
  * answer (retriable). */
-static int positions_judge(idem_pipeline_t *p, const idem_store_pos_t *pos,
+static int positions_judge(idem_positions_t *ps, const idem_store_pos_t *pos,
                            size_t n, int read, idem_posval_verdict_t *verdict,
                            char *errstr, size_t errstr_size)
 {
-    const char *cluster = cluster_id(p);
+    const char *cluster = cluster_id(ps);
     idem_posread_item_t *items = idem_xcalloc(n ? n : 1, sizeof(*items));
     size_t cnt = 0;
     for (size_t i = 0; i < n; i++) {
@@ -287,13 +302,13 @@ static int positions_judge(idem_pipeline_t *p, const idem_store_pos_t *pos,
         items[cnt].rec_offset = pos[i].val.rec.offset;
         cnt++;
     }
-    if (cnt && !p->posread &&
-        !(p->posread = idem_posread_new(p->conf, errstr, errstr_size))) {
+    if (cnt && !ps->posread &&
+        !(ps->posread = idem_posread_new(ps->conf, errstr, errstr_size))) {
         free(items);
         return -1;
     }
     if (cnt &&
-        idem_posread_read(p->posread, items, cnt, 5000, errstr, errstr_size)) {
+        idem_posread_read(ps->posread, items, cnt, 5000, errstr, errstr_size)) {
         free(items);
         return -1;
     }
@@ -311,7 +326,7 @@ static int positions_judge(idem_pipeline_t *p, const idem_store_pos_t *pos,
         if (verdict[i] == IDEM_POSVAL_USE)
             continue;
         const char *why = idem_posval_verdict2str(verdict[i]);
-        idem_metrics_position_mismatch_add(p->m, why);
+        idem_metrics_position_mismatch_add(ps->m, why);
         char part[16], off[24], rec[24], high[24];
         snprintf(part, sizeof(part), "%" PRId32, pos[i].partition);
         snprintf(off, sizeof(off), "%" PRId64, pos[i].offset);
@@ -337,84 +352,63 @@ static int positions_judge(idem_pipeline_t *p, const idem_store_pos_t *pos,
  * the member kept running. A reconnect to the same server (same run_id,
  * nothing lost) rewinds only if Redis holds less than it acknowledged.
  * No request may be in flight. Returns 0, or -1 (infrastructure). */
-int idem_loop_positions_sync(idem_pipeline_t *p, char *errstr,
-                             size_t errstr_size)
+int idem_positions_sync(idem_positions_t *ps, idem_offsets_t *offs,
+                        const idem_records_t *recs, char *errstr,
+                        size_t errstr_size)
 {
-    if (idem_loop_store_busy(p))
-        return 0;
-    if (idem_store_connect(p->store, errstr, errstr_size))
+    if (idem_store_connect(ps->store, errstr, errstr_size))
         return -1;
-    uint64_t conns = idem_store_connections(p->store);
-    int reconnected = conns != p->store_conns;
-    const char *run_id = idem_store_run_id(p->store);
-    int other_server = reconnected && p->run_id[0] && strcmp(p->run_id, run_id);
+    uint64_t conns = idem_store_connections(ps->store);
+    int reconnected = conns != ps->store_conns;
+    const char *run_id = idem_store_run_id(ps->store);
+    int other_server =
+        reconnected && ps->run_id[0] && strcmp(ps->run_id, run_id);
     int unchecked = 0;
-    for (size_t i = 0; i < p->offs.cnt; i++)
-        unchecked |= !p->offs.v[i].checked;
+    for (size_t i = 0; i < offs->cnt; i++)
+        unchecked |= !offs->v[i].checked;
     if (!reconnected && !unchecked)
         return 0;
-    idem_store_pos_t *pos = pos_reserve(p, p->offs.cnt ? p->offs.cnt : 1);
-    for (size_t i = 0; i < p->offs.cnt; i++) {
-        pos[i].topic = p->offs.v[i].topic;
-        pos[i].partition = p->offs.v[i].partition;
+    idem_store_pos_t *pos = pos_reserve(ps, offs->cnt ? offs->cnt : 1);
+    for (size_t i = 0; i < offs->cnt; i++) {
+        pos[i].topic = offs->v[i].topic;
+        pos[i].partition = offs->v[i].partition;
         pos[i].offset = -1; /* filled in by the load */
     }
-    if (idem_store_positions_load(p->store, pos, p->offs.cnt, errstr,
+    if (idem_store_positions_load(ps->store, pos, offs->cnt, errstr,
                                   errstr_size))
         return -1;
     /* A partition not checked since its assignment is judged as at the
      * assignment (its records read back); the others were written by this
      * group in this cluster, and only their cluster is compared. */
     idem_posval_verdict_t *verdict =
-        idem_xcalloc(p->offs.cnt ? p->offs.cnt : 1, sizeof(*verdict));
-    if (positions_judge(p, pos, p->offs.cnt, unchecked, verdict, errstr,
+        idem_xcalloc(offs->cnt ? offs->cnt : 1, sizeof(*verdict));
+    if (positions_judge(ps, pos, offs->cnt, unchecked, verdict, errstr,
                         errstr_size)) {
         free(verdict);
         return -1;
     }
-    for (size_t i = 0; i < p->offs.cnt; i++) {
-        idem_part_t *pt = &p->offs.v[i];
+    for (size_t i = 0; i < offs->cnt; i++) {
+        idem_part_t *pt = &offs->v[i];
         int64_t r = verdict[i] == IDEM_POSVAL_USE ? pos[i].offset : -1;
-        if (r < 0) {
-            /* Gone (or not ours): Redis lost everything after the first
-             * position this member wrote or read, effects included. Back
-             * to that one; the next request writes it again first. */
-            if (reconnected && pt->checked && pt->saved >= 0) {
-                position_behind(p, pt, -1);
-                int64_t hold = part_hold(p, pt);
-                if (pt->start >= 0 && hold >= 0 && pt->start < hold &&
-                    partition_rewind(p, pt, pt->start, NULL, errstr,
-                                     errstr_size)) {
-                    free(verdict);
-                    return -1; /* again next time */
-                }
-                pt->saved = -1;
-            }
-            pt->checked = 1;
-            continue;
-        }
-        /* Lost writes: what Redis acknowledged (the writes after a host
-         * crash's last fsync, a lagging replica), or at the first look
-         * since the assignment what Kafka had committed after them. */
-        if ((pt->saved >= 0 && r < pt->saved) ||
-            (!pt->checked && pt->committed >= 0 && r < pt->committed))
-            position_behind(p, pt, r);
-        int64_t hold = part_hold(p, pt);
-        int rewind = pt->checked ? (other_server || r < pt->saved) &&
-                                       hold >= 0 && r < hold
-                                 : hold < 0 || r < hold;
-        if (rewind &&
-            partition_rewind(p, pt, r, &pos[i].val.rec, errstr, errstr_size)) {
+        idem_offsets_rewind_t d = idem_offsets_rewind_decide(
+            pt, r, part_hold(recs, offs, pt), reconnected, other_server);
+        if (d.behind)
+            position_behind(ps, pt, r);
+        if (d.rewind >= 0 &&
+            partition_rewind(ps, pt, d.rewind, r < 0 ? NULL : &pos[i].val.rec,
+                             errstr, errstr_size)) {
             free(verdict);
-            return -1; /* again next time: p->store_conns not updated */
+            return -1; /* again next time: ps->store_conns not updated */
         }
-        if (!pt->checked && pt->start < 0)
+        if (d.forget)
+            pt->saved = -1;
+        if (r >= 0 && !pt->checked && pt->start < 0)
             pt->start = r;
         pt->checked = 1;
     }
     free(verdict);
-    p->store_conns = conns;
-    snprintf(p->run_id, sizeof(p->run_id), "%s", run_id);
+    ps->store_conns = conns;
+    snprintf(ps->run_id, sizeof(ps->run_id), "%s", run_id);
     return 0;
 }
 
@@ -423,50 +417,48 @@ int idem_loop_positions_sync(idem_pipeline_t *p, char *errstr,
 /* Sets each newly assigned partition of `parts` to start at the position
  * Redis holds for it, when it holds one (else Kafka's committed offset
  * applies), and compares it with Kafka's committed offset. When Redis
- * cannot be asked now, idem_loop_positions_sync does it once it can (the member
+ * cannot be asked now, idem_positions_sync does it once it can (the member
  * is paused until then). */
-void idem_loop_assign_positions(idem_pipeline_t *p,
-                                rd_kafka_topic_partition_list_t *parts)
+void idem_positions_assign(idem_positions_t *ps, idem_offsets_t *offs,
+                           rd_kafka_topic_partition_list_t *parts)
 {
     char errstr[512];
-    if (idem_loop_store_busy(p)) /* its replies come first on the connection */
-        idem_loop_handler_collect(p, 0, errstr, sizeof(errstr));
-    if (p->flow.down || p->refused || parts->cnt == 0)
+    if (parts->cnt == 0)
         return;
-    idem_store_pos_t *pos = pos_reserve(p, (size_t)parts->cnt);
+    idem_store_pos_t *pos = pos_reserve(ps, (size_t)parts->cnt);
     for (int i = 0; i < parts->cnt; i++) {
         pos[i].topic = parts->elems[i].topic;
         pos[i].partition = parts->elems[i].partition;
         pos[i].offset = -1; /* filled in by the load */
     }
-    if (idem_store_positions_load(p->store, pos, (size_t)parts->cnt, errstr,
+    if (idem_store_positions_load(ps->store, pos, (size_t)parts->cnt, errstr,
                                   sizeof(errstr))) {
         idem_log_kv(IDEM_LOG_WARN, "reading positions from redis failed",
                     "error", errstr, NULL);
-        return; /* idem_loop_positions_sync asks again before anything is
+        return; /* idem_positions_sync asks again before anything is
                    applied */
     }
     /* Positions of another cluster or another incarnation of the topic
      * are never used (posval.h): their records are read back first. */
     idem_posval_verdict_t *verdict =
         idem_xcalloc((size_t)parts->cnt, sizeof(*verdict));
-    if (positions_judge(p, pos, (size_t)parts->cnt, 1, verdict, errstr,
+    if (positions_judge(ps, pos, (size_t)parts->cnt, 1, verdict, errstr,
                         sizeof(errstr))) {
         idem_log_kv(IDEM_LOG_WARN,
                     "reading back the records positions vouch for failed",
                     "error", errstr, NULL);
         free(verdict);
-        return; /* idem_loop_positions_sync judges before anything is
+        return; /* idem_positions_sync judges before anything is
                    applied */
     }
     rd_kafka_topic_partition_list_t *committed =
         rd_kafka_topic_partition_list_copy(parts);
-    if (rd_kafka_committed(p->rk, committed, 5000))
+    if (rd_kafka_committed(ps->rk, committed, 5000))
         for (int i = 0; i < committed->cnt; i++)
             committed->elems[i].offset = RD_KAFKA_OFFSET_INVALID;
     for (int i = 0; i < parts->cnt; i++) {
-        idem_part_t *pt = idem_loop_part_find(p, parts->elems[i].topic,
-                                              parts->elems[i].partition);
+        idem_part_t *pt = idem_offsets_find(offs, parts->elems[i].topic,
+                                            parts->elems[i].partition);
         int64_t kafka = committed->elems[i].err ? RD_KAFKA_OFFSET_INVALID
                                                 : committed->elems[i].offset;
         if (kafka >= 0)
@@ -478,7 +470,7 @@ void idem_loop_assign_positions(idem_pipeline_t *p,
             if (pos[i].val.rec.offset < pos[i].offset)
                 pt->fp = pos[i].val.rec;
             if (kafka >= 0 && pos[i].offset < kafka)
-                position_behind(p, pt, pos[i].offset);
+                position_behind(ps, pt, pos[i].offset);
         }
         /* Else Kafka's committed offset (or auto.offset.reset) applies, and
          * the first request writes a position of this cluster first. */

@@ -213,3 +213,62 @@ Test(offsets, advance_take_matches_advance_then_below)
         idem_offsets_term(&b);
     }
 }
+
+/* The rewind decision, one row per case (rewind_decide). */
+typedef struct {
+    const char *why;
+    int checked;
+    int64_t saved, committed, start; /* the partition as the member knew it */
+    int64_t redis, hold;
+    int reconnected, other_server;
+    int behind;
+    int64_t rewind;
+    int forget;
+} rewind_case_t;
+
+Test(offsets, rewind_decide)
+{
+    static const rewind_case_t cases[] = {
+        {"first look: redis behind what is in hand wins", 0, -1, -1, -1, 40, 50,
+         0, 0, 0, 40, 0},
+        {"first look: redis ahead of what is in hand: no seek (marks say)", 0,
+         -1, -1, -1, 40, 30, 0, 0, 0, -1, 0},
+        {"first look: nothing consumed yet: start at redis", 0, -1, -1, -1, 40,
+         -1, 0, 0, 0, 40, 0},
+        {"first look: redis at what is in hand: no seek", 0, -1, -1, -1, 40, 40,
+         0, 0, 0, -1, 0},
+        {"first look: redis behind kafka's commit: said, and read from redis",
+         0, -1, 50, -1, 40, 45, 0, 0, 1, 40, 0},
+        {"reconnect, same server, redis holds what it acknowledged", 1, 60, -1,
+         10, 60, 70, 1, 0, 0, -1, 0},
+        {"reconnect, same server, redis lost acknowledged writes", 1, 60, -1,
+         10, 50, 70, 1, 0, 1, 50, 0},
+        {"reconnect to another server: back to its position", 1, 60, -1, 10, 60,
+         70, 1, 1, 0, 60, 0},
+        {"another server ahead of what is in hand: no seek", 1, 60, -1, 10, 80,
+         70, 1, 1, 0, -1, 0},
+        {"position gone after a reconnect: back to the assignment's start", 1,
+         60, -1, 10, -1, 70, 1, 0, 1, 10, 1},
+        {"position gone, start not before what is held: forget only", 1, 60, -1,
+         70, -1, 70, 1, 0, 1, -1, 1},
+        {"position gone without a reconnect (first look): nothing", 0, -1, -1,
+         -1, -1, 70, 0, 0, 0, -1, 0},
+        {"position gone, never acknowledged one: nothing", 1, -1, -1, -1, -1,
+         70, 1, 0, 0, -1, 0},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        const rewind_case_t *c = &cases[i];
+        idem_part_t pt = {.checked = c->checked,
+                          .saved = c->saved,
+                          .committed = c->committed,
+                          .start = c->start,
+                          .next_offset = -1,
+                          .saving = -1};
+        idem_offsets_rewind_t d = idem_offsets_rewind_decide(
+            &pt, c->redis, c->hold, c->reconnected, c->other_server);
+        cr_expect_eq(d.behind, c->behind, "%s: behind %d", c->why, d.behind);
+        cr_expect_eq(d.rewind, c->rewind, "%s: rewind %lld", c->why,
+                     (long long)d.rewind);
+        cr_expect_eq(d.forget, c->forget, "%s: forget %d", c->why, d.forget);
+    }
+}
