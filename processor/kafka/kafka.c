@@ -163,14 +163,6 @@ int idem_kafka_check(const idem_conf_t *conf, int timeout_ms, FILE *out,
     fprintf(out, "check-config: kafka: %d broker%s reachable at %s\n",
             md->broker_cnt, md->broker_cnt == 1 ? "" : "s",
             conf->bootstrap_servers);
-    /* The topics this configuration writes (dlq.topic, a handler's
-     * output; the relay's outbox.topic), named by their key. */
-    const char *key, *topic;
-    for (size_t i = 0; (topic = idem_conf_topic_written(conf, i, &key)); i++) {
-        char role[64];
-        snprintf(role, sizeof(role), "%.*s", (int)(strlen(key) - 6), key);
-        check_topic(md, role, topic, out);
-    }
     /* A member subscribed to a missing topic consumes nothing and says
      * nothing: that one is an error. A topic it writes may be created on
      * first use. */
@@ -179,6 +171,14 @@ int idem_kafka_check(const idem_conf_t *conf, int timeout_ms, FILE *out,
         if (conf->input_topic[i][0] != '^' &&
             !check_topic(md, "input", conf->input_topic[i], out) && !missing)
             missing = conf->input_topic[i];
+    /* The topics this configuration writes (dlq.topic, a handler's
+     * output; the relay's outbox.topic), named by their key. */
+    const char *key, *topic;
+    for (size_t i = 0; (topic = idem_conf_topic_written(conf, i, &key)); i++) {
+        char role[64];
+        snprintf(role, sizeof(role), "%.*s", (int)(strlen(key) - 6), key);
+        check_topic(md, role, topic, out);
+    }
     if (conf->retry_tiers) {
         idem_retrytopics_t *rt = idem_retrytopics_new(
             conf->input_topics, conf->retry_delays_ms, conf->retry_tiers);
