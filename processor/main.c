@@ -170,6 +170,8 @@ static void usage(FILE *out)
             "  dlq stats|inspect|replay -c FILE  what is in the DLQ and "
             "why; send dead\n"
             "                                 letters back through dedup\n"
+            "  offsets show|reset -c FILE     Kafka's and Redis's positions; "
+            "rewind or skip\n"
             "  check-config -c FILE           validate and print the "
             "effective configuration\n"
             "                                 (--connect: also reach Kafka "
@@ -195,6 +197,7 @@ static const command_t commands[] = {
     {"verify", idem_cmd_verify, idem_cmd_verify_usage},
     {"dlq", idem_cmd_dlq, idem_cmd_dlq_usage},
     {"outbox", idem_cmd_outbox, idem_cmd_outbox_usage},
+    {"offsets", idem_cmd_offsets, idem_cmd_offsets_usage},
     {"check-config", cmd_check_config, check_config_usage},
 };
 
@@ -232,7 +235,8 @@ static int cmd_help(int argc, char **argv)
     if (!cmd) {
         fprintf(stderr,
                 "idemproc help: unknown command \"%s\" (commands: run, "
-                "produce, broker, verify, check-config; or config)\n",
+                "produce, broker, verify, dlq, outbox, offsets, check-config; "
+                "or config)\n",
                 argv[1]);
         return IDEM_EXIT_USAGE;
     }
