@@ -511,6 +511,33 @@ static void show_text(const offsets_t *x, FILE *out)
 
 /* ---- reset ---- */
 
+/* The first offset of part i whose record's timestamp is at or after
+ * at_ms, found by reading records (a binary search; timestamps taken as
+ * ascending, as the broker's time index takes them): the broker's answer
+ * when it has none, since the mock cluster answers every time with "none".
+ * high when no record is that late. */
+static int by_time_search(offsets_t *x, size_t i, int64_t at_ms, int64_t *out,
+                          char *errstr, size_t errstr_size)
+{
+    int64_t lo = x->parts[i].low, hi = x->parts[i].high;
+    while (lo < hi) {
+        int64_t mid = lo + (hi - lo) / 2;
+        idem_posread_item_t it = {.topic = x->parts[i].topic,
+                                  .partition = x->parts[i].partition,
+                                  .rec_offset = mid};
+        it.now.cluster = x->cluster;
+        if (idem_posread_read(x->reader, &it, 1, KAFKA_TIMEOUT_MS, errstr,
+                              errstr_size))
+            return -1;
+        if (!it.now.found || it.now.got.timestamp >= at_ms)
+            hi = mid;
+        else
+            lo = it.now.got.offset + 1;
+    }
+    *out = lo;
+    return 0;
+}
+
 /* Each partition's target; the datetime's offsets asked of the broker. */
 static int plan(offsets_t *x, char *errstr, size_t errstr_size)
 {
@@ -535,6 +562,13 @@ static int plan(offsets_t *x, char *errstr, size_t errstr_size)
             free(by_time);
             return -1;
         }
+        for (size_t i = 0; i < x->n; i++)
+            if (by_time[i] < 0 &&
+                by_time_search(x, i, x->o->to.value, &by_time[i], errstr,
+                               errstr_size)) {
+                free(by_time);
+                return -1;
+            }
     }
     for (size_t i = 0; i < x->n; i++) {
         part_t *pt = &x->parts[i];
