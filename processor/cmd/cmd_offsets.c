@@ -25,11 +25,6 @@
 #define KAFKA_TIMEOUT_MS 10000 /* metadata, committed offsets, watermarks */
 #define JOIN_TIMEOUT_MS  30000 /* joining the group alone to commit */
 
-/* What the member commits with (the commit metadata of its offsets) and
- * what a reset commits with: how a member tells an offset moved by one of
- * ours from one moved by another tool (loop/positions.c). */
-#define RESET_METADATA_PREFIX "idemproc offsets reset"
-
 void idem_cmd_offsets_usage(FILE *out)
 {
     fprintf(
@@ -756,7 +751,7 @@ static int apply(offsets_t *x, char *errstr, size_t errstr_size)
     struct tm tm;
     gmtime_r(&now, &tm);
     strftime(when, sizeof(when), "%Y-%m-%dT%H:%M:%SZ", &tm);
-    snprintf(meta, sizeof(meta), "%s %s", RESET_METADATA_PREFIX, when);
+    snprintf(meta, sizeof(meta), "%s %s", IDEM_OFFRESET_META_RESET, when);
     rd_kafka_topic_partition_list_t *l =
         rd_kafka_topic_partition_list_new((int)x->n);
     for (size_t i = 0; i < x->n; i++) {

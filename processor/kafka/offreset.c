@@ -96,6 +96,17 @@ const char *idem_offreset_from2str(idem_offreset_from_t from)
     return "?";
 }
 
+idem_offreset_by_t idem_offreset_committed_by(const void *meta, size_t len)
+{
+    size_t rl = strlen(IDEM_OFFRESET_META_RESET);
+    if (meta && len >= rl && !memcmp(meta, IDEM_OFFRESET_META_RESET, rl))
+        return IDEM_OFFRESET_BY_RESET;
+    if (meta && len == strlen(IDEM_OFFRESET_META_MEMBER) &&
+        !memcmp(meta, IDEM_OFFRESET_META_MEMBER, len))
+        return IDEM_OFFRESET_BY_MEMBER;
+    return IDEM_OFFRESET_BY_OTHER;
+}
+
 static int64_t clamp(int64_t v, int64_t low, int64_t high)
 {
     return v < low ? low : v > high ? high : v;

@@ -61,4 +61,21 @@ typedef struct {
 int64_t idem_offreset_target(const idem_offreset_to_t *to, int64_t low,
                              int64_t high, int64_t current, int64_t by_time);
 
+/* The commit metadata a member commits its offsets with, and the prefix of
+ * the one `offsets reset` commits with ("idemproc offsets reset <time>"):
+ * how a member tells an offset of ours from one another tool moved. */
+#define IDEM_OFFRESET_META_MEMBER "idemproc"
+#define IDEM_OFFRESET_META_RESET  "idemproc offsets reset"
+
+typedef enum {
+    IDEM_OFFRESET_BY_OTHER = 0, /* another tool (kafka-consumer-groups), or
+                                   a member older than the metadata */
+    IDEM_OFFRESET_BY_MEMBER,    /* a member's commit */
+    IDEM_OFFRESET_BY_RESET,     /* idemproc offsets reset */
+} idem_offreset_by_t;
+
+/* Who committed an offset, from its commit metadata (meta of len bytes,
+ * borrowed; NULL for none). */
+idem_offreset_by_t idem_offreset_committed_by(const void *meta, size_t len);
+
 #endif

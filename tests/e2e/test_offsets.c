@@ -8,6 +8,7 @@
 
 #include <criterion/criterion.h>
 #include <jansson.h>
+#include <librdkafka/rdkafka.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -115,7 +116,8 @@ Test(offsets, show_text_and_json_say_what_kafka_and_redis_hold, .timeout = 240)
         cr_expect_eq(json_integer_value(json_object_get(p, "kafka_committed")),
                      high);
         cr_expect_str_eq(
-            json_string_value(json_object_get(p, "kafka_metadata")), "");
+            json_string_value(json_object_get(p, "kafka_metadata")),
+            "idemproc");
         json_t *r = json_object_get(p, "redis");
         cr_assert(json_is_object(r));
         cr_expect_eq(json_integer_value(json_object_get(r, "offset")), high);
@@ -220,6 +222,10 @@ Test(offsets, reset_to_earliest_applies_the_backlog_once, .timeout = 300)
     cr_expect_eq(th_stack_applied(&stk), unique);
     TH_ASSERT_VERIFIED(&stk, 0, NULL, 30000);
     cr_expect_eq(th_stack_log_count(&stk, "m2", "went back in time"), 0);
+    cr_expect_eq(th_stack_log_count(&stk, "m2",
+                                    "starting where idemproc offsets reset "
+                                    "put the partition"),
+                 2);
     cr_expect_eq(th_stop(m, 15000), 0);
     th_stack_stop(&stk);
 }
@@ -353,5 +359,80 @@ Test(offsets, dry_run_changes_nothing, .timeout = 240)
     const char *two[] = {"--to-earliest", "--to-latest", NULL};
     cr_expect_eq(offsets_cmd("reset", two, NULL, &err), 2);
     free(err);
+    th_stack_stop(&stk);
+}
+
+/* Commits offset for payments [partition] of test-group as another tool
+ * would, with no commit metadata: joins the group (the mock cluster takes a
+ * commit only from a member) and commits. */
+static void foreign_commit(int32_t partition, int64_t offset)
+{
+    char err[512];
+    rd_kafka_conf_t *kc = rd_kafka_conf_new();
+    cr_assert_eq(rd_kafka_conf_set(kc, "bootstrap.servers",
+                                   stk.broker.bootstrap, err, sizeof(err)),
+                 RD_KAFKA_CONF_OK);
+    rd_kafka_conf_set(kc, "group.id", "test-group", err, sizeof(err));
+    rd_kafka_conf_set(kc, "enable.auto.commit", "false", err, sizeof(err));
+    rd_kafka_conf_set(kc, "session.timeout.ms", "6000", err, sizeof(err));
+    rd_kafka_t *rk = rd_kafka_new(RD_KAFKA_CONSUMER, kc, err, sizeof(err));
+    cr_assert(rk, "%s", err);
+    rd_kafka_poll_set_consumer(rk);
+    rd_kafka_topic_partition_list_t *sub = rd_kafka_topic_partition_list_new(1);
+    rd_kafka_topic_partition_list_add(sub, "payments", RD_KAFKA_PARTITION_UA);
+    cr_assert_eq(rd_kafka_subscribe(rk, sub), 0);
+    rd_kafka_topic_partition_list_destroy(sub);
+    int assigned = 0;
+    for (int t = 0; t < 300 && !assigned; t++) {
+        rd_kafka_message_t *m = rd_kafka_consumer_poll(rk, 100);
+        if (m)
+            rd_kafka_message_destroy(m);
+        rd_kafka_topic_partition_list_t *a = NULL;
+        if (!rd_kafka_assignment(rk, &a)) {
+            assigned = a->cnt > 0;
+            rd_kafka_topic_partition_list_destroy(a);
+        }
+    }
+    cr_assert(assigned, "never assigned");
+    rd_kafka_topic_partition_list_t *l = rd_kafka_topic_partition_list_new(1);
+    rd_kafka_topic_partition_list_add(l, "payments", partition)->offset =
+        offset;
+    cr_assert_eq(rd_kafka_commit(rk, l, 0), 0);
+    cr_assert_eq(l->elems[0].err, 0);
+    rd_kafka_topic_partition_list_destroy(l);
+    rd_kafka_consumer_close(rk);
+    rd_kafka_destroy(rk);
+}
+
+Test(offsets, kafka_offset_moved_by_another_tool_is_named_not_honoured,
+     .timeout = 240)
+{
+    cr_assert_eq(th_stack_start(&stk, 2, NULL), 0);
+    const char *traffic[] = {"--count", "300", "--seed", "2110", NULL};
+    cr_assert_eq(th_stack_produce(&stk, traffic), 0);
+    long unique = th_stack_expect_unique(&stk);
+    member_until_read("m1", NULL);
+    cr_assert_eq(th_stack_applied(&stk), unique);
+    foreign_commit(0, 0);
+    int port = th_free_port();
+    char listen[64];
+    snprintf(listen, sizeof(listen), "http.listen=127.0.0.1:%d", port);
+    const char *sets[] = {listen, NULL};
+    pid_t m = th_stack_member(&stk, "m2", sets);
+    const char *said = "kafka's committed offset was moved by another tool";
+    for (int t = 0; t < 300 && !th_stack_log_count(&stk, "m2", said); t++)
+        usleep(100000);
+    cr_expect_eq(th_stack_log_count(&stk, "m2", said), 1);
+    cr_expect_eq(member_metric(port, "idemproc_kafka_offset_moved_total"), 1);
+    cr_expect_eq(member_metric(port, "idemproc_redis_position_behind_total"),
+                 0);
+    cr_expect_eq(th_stack_log_count(&stk, "m2", "went back in time"), 0);
+    /* Redis's position won: nothing read again, nothing applied again. */
+    wait_no_lag(60000);
+    cr_expect_eq(
+        member_metric(port, "idemproc_records_total{outcome=\"duplicate\"}"),
+        0);
+    cr_expect_eq(th_stack_applied(&stk), unique);
+    cr_expect_eq(th_stop(m, 15000), 0);
     th_stack_stop(&stk);
 }
