@@ -172,6 +172,8 @@ static void usage(FILE *out)
             "  dlq stats|inspect|replay -c FILE  what is in the DLQ and "
             "why; send dead\n"
             "                                 letters back through dedup\n"
+            "  offsets show|reset -c FILE     Kafka's and Redis's positions; "
+            "rewind or skip\n"
             "  check-config -c FILE           validate and print the "
             "effective configuration\n"
             "                                 (--connect: also reach Kafka "
@@ -199,6 +201,7 @@ static const command_t commands[] = {
     {"verify", idem_cmd_verify, idem_cmd_verify_usage},
     {"dlq", idem_cmd_dlq, idem_cmd_dlq_usage},
     {"outbox", idem_cmd_outbox, idem_cmd_outbox_usage},
+    {"offsets", idem_cmd_offsets, idem_cmd_offsets_usage},
     {"check-config", cmd_check_config, check_config_usage},
 };
 

@@ -8,6 +8,7 @@
 #include "base/log.h"
 #include "obs/metrics.h"
 #include "loop/pipeline.h"
+#include "redis/liveness.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -84,8 +85,14 @@ int idem_cmd_run(int argc, char **argv, char **envp)
     idem_log_kv(IDEM_LOG_INFO, "started", "member", conf->member_id, "group",
                 conf->group_id, "topics", conf->input_topics, "handler",
                 conf->handler, "version", IDEM_VERSION, NULL);
+    /* Live for `idemproc offsets reset` (redis/liveness.h) while it runs. */
+    idem_liveness_t *beat = idem_liveness_start(conf, errstr, sizeof(errstr));
+    if (!beat)
+        idem_log_kv(IDEM_LOG_WARN, "no member heartbeat", "error", errstr,
+                    NULL);
     int prc =
         idem_pipeline_run(p, idem_signals_stop_flag(), errstr, sizeof(errstr));
+    idem_liveness_stop(beat);
     if (prc == IDEM_PIPELINE_REFUSED) {
         idem_log_kv(IDEM_LOG_ERROR, "refusing to run", "error", errstr, NULL);
         rc = IDEM_EXIT_USAGE;

@@ -1,6 +1,7 @@
 /* offsets: the partitions a member holds and their positions (offsets.h). */
 #include "loop/offsets.h"
 #include "base/util.h"
+#include "kafka/offreset.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -131,8 +132,12 @@ idem_offsets_commit_list(const idem_offsets_t *o,
             continue;
         if (!l)
             l = rd_kafka_topic_partition_list_new(8);
-        rd_kafka_topic_partition_list_add(l, pt->topic, pt->partition)->offset =
-            pt->saved;
+        rd_kafka_topic_partition_t *e =
+            rd_kafka_topic_partition_list_add(l, pt->topic, pt->partition);
+        e->offset = pt->saved;
+        /* ours, so an offset moved by another tool can be told apart */
+        e->metadata = idem_xstrdup(IDEM_OFFRESET_META_MEMBER);
+        e->metadata_size = strlen(IDEM_OFFRESET_META_MEMBER);
     }
     return l;
 }

@@ -3,6 +3,7 @@
 #include "loop/positions.h"
 #include "base/log.h"
 #include "base/util.h"
+#include "kafka/offreset.h"
 
 #include <inttypes.h>
 #include <stdio.h>
@@ -266,6 +267,47 @@ static void position_behind(idem_positions_t *ps, idem_part_t *pt,
                 NULL);
 }
 
+/* Logs and counts Kafka's committed offset moved by another tool (its
+ * commit metadata is not ours) to kafka, while Redis holds redis: not
+ * honoured, the member starts from Redis's position. */
+static void kafka_moved(idem_positions_t *ps, idem_part_t *pt, int64_t redis,
+                        int64_t kafka, const rd_kafka_topic_partition_t *e)
+{
+    idem_metrics_kafka_moved_add(ps->m, 1);
+    char part[16], r[24], k[24], meta[96];
+    snprintf(part, sizeof(part), "%" PRId32, pt->partition);
+    snprintf(r, sizeof(r), "%" PRId64, redis);
+    snprintf(k, sizeof(k), "%" PRId64, kafka);
+    snprintf(meta, sizeof(meta), "%.*s",
+             e->metadata ? (int)(e->metadata_size < 95 ? e->metadata_size : 95)
+                         : 0,
+             e->metadata ? (const char *)e->metadata : "");
+    idem_log_kv(IDEM_LOG_WARN,
+                "kafka's committed offset was moved by another tool, not by "
+                "a member or idemproc offsets reset: not honoured, starting "
+                "from redis's position (move a group with idemproc offsets "
+                "reset)",
+                "topic", pt->topic, "partition", part, "redis_offset", r,
+                "kafka_offset", k, "kafka_metadata", meta, NULL);
+}
+
+/* Logs that a partition starts where `idemproc offsets reset` put it
+ * (e: its commit, metadata "idemproc offsets reset <time>"). */
+static void reset_honoured(const idem_part_t *pt, int64_t offset,
+                           const rd_kafka_topic_partition_t *e)
+{
+    char part[16], o[24], meta[96];
+    snprintf(part, sizeof(part), "%" PRId32, pt->partition);
+    snprintf(o, sizeof(o), "%" PRId64, offset);
+    snprintf(meta, sizeof(meta), "%.*s",
+             (int)(e->metadata_size < 95 ? e->metadata_size : 95),
+             (const char *)e->metadata);
+    idem_log_kv(IDEM_LOG_INFO,
+                "starting where idemproc offsets reset put the partition",
+                "topic", pt->topic, "partition", part, "offset", o, "reset",
+                meta, NULL);
+}
+
 /* The Kafka cluster's id, asked once (the consumer has its metadata by
  * the first assignment); "" while not known. */
 static const char *cluster_id(idem_positions_t *ps)
@@ -469,8 +511,18 @@ void idem_positions_assign(idem_positions_t *ps, idem_offsets_t *offs,
             pt->start = pos[i].offset;
             if (pos[i].val.rec.offset < pos[i].offset)
                 pt->fp = pos[i].val.rec;
-            if (kafka >= 0 && pos[i].offset < kafka)
+            /* Who moved Kafka's offset tells a reset, another tool and
+             * a Redis that lost writes apart (kafka/offreset.h). */
+            const rd_kafka_topic_partition_t *e = &committed->elems[i];
+            idem_offreset_by_t by =
+                idem_offreset_committed_by(e->metadata, e->metadata_size);
+            if (kafka >= 0 && by == IDEM_OFFRESET_BY_OTHER &&
+                pos[i].offset != kafka)
+                kafka_moved(ps, pt, pos[i].offset, kafka, e);
+            else if (kafka >= 0 && pos[i].offset < kafka)
                 position_behind(ps, pt, pos[i].offset);
+            else if (by == IDEM_OFFRESET_BY_RESET && pos[i].offset == kafka)
+                reset_honoured(pt, kafka, e);
         }
         /* Else Kafka's committed offset (or auto.offset.reset) applies, and
          * the first request writes a position of this cluster first. */

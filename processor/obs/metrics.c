@@ -103,6 +103,7 @@ struct idem_metrics_s {
     _Atomic uint64_t retries;
     _Atomic uint64_t redis_errors[REDIS_CLASS_CNT];
     _Atomic uint64_t redis_behind;
+    _Atomic uint64_t kafka_moved;
     _Atomic uint64_t aof_rewrites[AOF_REWRITE_RESULT_CNT];
     _Atomic uint64_t mismatches[MISMATCH_REASON_CNT];
     _Atomic int64_t redis_eviction_allowed;
@@ -213,6 +214,7 @@ idem_metrics_t *idem_metrics_new(void)
     for (int i = 0; i < REDIS_CLASS_CNT; i++)
         atomic_init(&m->redis_errors[i], 0);
     atomic_init(&m->redis_behind, 0);
+    atomic_init(&m->kafka_moved, 0);
     for (int i = 0; i < AOF_REWRITE_RESULT_CNT; i++)
         atomic_init(&m->aof_rewrites[i], 0);
     for (int i = 0; i < MISMATCH_REASON_CNT; i++)
@@ -331,6 +333,11 @@ void idem_metrics_redis_error_add(idem_metrics_t *m, const char *cls,
 void idem_metrics_redis_behind_add(idem_metrics_t *m, uint64_t n)
 {
     counter_add(&m->redis_behind, n);
+}
+
+void idem_metrics_kafka_moved_add(idem_metrics_t *m, uint64_t n)
+{
+    counter_add(&m->kafka_moved, n);
 }
 
 void idem_metrics_redis_aof_rewrite_add(idem_metrics_t *m, const char *result)
@@ -997,6 +1004,12 @@ void idem_metrics_render(idem_metrics_t *m, FILE *out)
                "writes); the member rewound them.");
     put_u64(out, "idemproc_redis_position_behind_total", NULL, NULL,
             counter_get(&m->redis_behind));
+    put_header(out, "idemproc_kafka_offset_moved_total", "counter",
+               "Partitions whose committed offset in Kafka was moved by "
+               "another tool (not a member, not idemproc offsets reset); "
+               "not honoured: the member started from Redis's position.");
+    put_u64(out, "idemproc_kafka_offset_moved_total", NULL, NULL,
+            counter_get(&m->kafka_moved));
     put_header(out, "idemproc_redis_aof_rewrites_total", "counter",
                "AOF rewrites a member waited for before its first write to "
                "a new Redis server, by result (refused: BGREWRITEAOF was "

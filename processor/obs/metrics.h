@@ -32,6 +32,10 @@ void idem_metrics_redis_error_add(idem_metrics_t *m, const char *cls,
 /* Redis held a partition's position behind Kafka's committed offset: it
  * went back in time (lost writes, a lagging replica promoted). */
 void idem_metrics_redis_behind_add(idem_metrics_t *m, uint64_t n);
+/* Kafka's committed offset of a partition was moved by another tool, not
+ * by a member or `idemproc offsets reset`, and Redis's position differs
+ * (idemproc_kafka_offset_moved_total). */
+void idem_metrics_kafka_moved_add(idem_metrics_t *m, uint64_t n);
 /* result: "ok" (a rewrite the member waited for ended ok), "failed" (it
  * ended with an error) or "refused" (BGREWRITEAOF refused); others are
  * ignored (idemproc_redis_aof_rewrites_total{result}). */

@@ -1,0 +1,136 @@
+/* offreset: `idemproc offsets`'s rules (offreset.h). */
+#include "kafka/offreset.h"
+#include "base/util.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+int idem_offreset_sel_parse(const char *spec, idem_offreset_sel_t *out,
+                            char *errstr, size_t errstr_size)
+{
+    memset(out, 0, sizeof(*out));
+    const char *colon = strrchr(spec, ':');
+    size_t tl = colon ? (size_t)(colon - spec) : strlen(spec);
+    if (!tl) {
+        snprintf(errstr, errstr_size, "--topic: \"%s\" names no topic", spec);
+        return -1;
+    }
+    out->topic = idem_xmalloc(tl + 1);
+    memcpy(out->topic, spec, tl);
+    out->topic[tl] = '\0';
+    if (!colon)
+        return 0;
+    const char *p = colon + 1;
+    for (;;) {
+        char *end;
+        errno = 0;
+        long v = strtol(p, &end, 10);
+        if (end == p || errno || v < 0 || v > INT32_MAX ||
+            (*end && *end != ',')) {
+            snprintf(errstr, errstr_size,
+                     "--topic: \"%s\": partitions are numbers (T:0,1,2)", spec);
+            idem_offreset_sel_clear(out);
+            return -1;
+        }
+        out->parts =
+            idem_xrealloc(out->parts, (out->nparts + 1) * sizeof(*out->parts));
+        out->parts[out->nparts++] = (int32_t)v;
+        if (!*end)
+            return 0;
+        p = end + 1;
+    }
+}
+
+void idem_offreset_sel_clear(idem_offreset_sel_t *sel)
+{
+    free(sel->topic);
+    free(sel->parts);
+    memset(sel, 0, sizeof(*sel));
+}
+
+int idem_offreset_sel_match(const idem_offreset_sel_t *sel, size_t n,
+                            const char *topic, int32_t partition)
+{
+    if (!n)
+        return 1;
+    for (size_t i = 0; i < n; i++) {
+        if (strcmp(sel[i].topic, topic))
+            continue;
+        if (!sel[i].parts)
+            return 1;
+        for (size_t j = 0; j < sel[i].nparts; j++)
+            if (sel[i].parts[j] == partition)
+                return 1;
+    }
+    return 0;
+}
+
+int64_t idem_offreset_start(int64_t redis, int redis_use, int64_t kafka,
+                            int earliest, int64_t low, int64_t high,
+                            idem_offreset_from_t *from)
+{
+    if (redis >= 0 && redis_use) {
+        *from = IDEM_OFFRESET_FROM_REDIS;
+        return redis;
+    }
+    if (kafka >= 0) {
+        *from = IDEM_OFFRESET_FROM_KAFKA;
+        return kafka;
+    }
+    *from = IDEM_OFFRESET_FROM_AUTO;
+    return earliest ? low : high;
+}
+
+const char *idem_offreset_from2str(idem_offreset_from_t from)
+{
+    switch (from) {
+    case IDEM_OFFRESET_FROM_REDIS:
+        return "redis";
+    case IDEM_OFFRESET_FROM_KAFKA:
+        return "kafka";
+    case IDEM_OFFRESET_FROM_AUTO:
+        return "auto.offset.reset";
+    }
+    return "?";
+}
+
+idem_offreset_by_t idem_offreset_committed_by(const void *meta, size_t len)
+{
+    size_t rl = strlen(IDEM_OFFRESET_META_RESET);
+    if (meta && len >= rl && !memcmp(meta, IDEM_OFFRESET_META_RESET, rl))
+        return IDEM_OFFRESET_BY_RESET;
+    if (meta && len == strlen(IDEM_OFFRESET_META_MEMBER) &&
+        !memcmp(meta, IDEM_OFFRESET_META_MEMBER, len))
+        return IDEM_OFFRESET_BY_MEMBER;
+    return IDEM_OFFRESET_BY_OTHER;
+}
+
+static int64_t clamp(int64_t v, int64_t low, int64_t high)
+{
+    return v < low ? low : v > high ? high : v;
+}
+
+int64_t idem_offreset_target(const idem_offreset_to_t *to, int64_t low,
+                             int64_t high, int64_t current, int64_t by_time)
+{
+    switch (to->mode) {
+    case IDEM_OFFRESET_EARLIEST:
+        return low;
+    case IDEM_OFFRESET_LATEST:
+        return high;
+    case IDEM_OFFRESET_OFFSET:
+        return clamp(to->value, low, high);
+    case IDEM_OFFRESET_DATETIME:
+        return by_time < 0 ? high : clamp(by_time, low, high);
+    case IDEM_OFFRESET_SHIFT: {
+        /* no overflow: offsets and shifts are far below 2^62 */
+        int64_t v = to->value < -(INT64_MAX / 2) ? -(INT64_MAX / 2)
+                    : to->value > INT64_MAX / 2  ? INT64_MAX / 2
+                                                 : to->value;
+        return clamp(current + v, low, high);
+    }
+    }
+    return current;
+}

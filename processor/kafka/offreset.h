@@ -1,0 +1,81 @@
+/* offreset: the rules of `idemproc offsets` without a broker or Redis: which
+ * partitions --topic T[:P,...] selects, where a member starts a partition
+ * (Redis's position if usable, else Kafka's committed offset, else
+ * auto.offset.reset), and where each --to-* moves it (tests/unit). */
+#ifndef IDEM_OFFRESET_H
+#define IDEM_OFFRESET_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* One --topic T[:P,...]: a topic and, optionally, some of its partitions. */
+typedef struct {
+    char *topic;    /* owned */
+    int32_t *parts; /* owned; NULL: every partition */
+    size_t nparts;
+} idem_offreset_sel_t;
+
+/* Parses "T" or "T:P,P,..." into *out (caller clears it with
+ * idem_offreset_sel_clear). Returns 0, or -1 with errstr naming the text. */
+int idem_offreset_sel_parse(const char *spec, idem_offreset_sel_t *out,
+                            char *errstr, size_t errstr_size);
+void idem_offreset_sel_clear(idem_offreset_sel_t *sel);
+
+/* Whether (topic, partition) is selected by sel[n]; n 0 selects all. */
+int idem_offreset_sel_match(const idem_offreset_sel_t *sel, size_t n,
+                            const char *topic, int32_t partition);
+
+/* Where a member starts a partition, and from what. */
+typedef enum {
+    IDEM_OFFRESET_FROM_REDIS = 0, /* Redis's position, usable */
+    IDEM_OFFRESET_FROM_KAFKA,     /* Kafka's committed offset */
+    IDEM_OFFRESET_FROM_AUTO,      /* auto.offset.reset */
+} idem_offreset_from_t;
+
+/* redis: Redis's position (-1 none), usable when redis_use; kafka: the
+ * committed offset (-1 none); earliest: auto.offset.reset is earliest (else
+ * latest); low, high the watermarks. Returns the offset, *from says which. */
+int64_t idem_offreset_start(int64_t redis, int redis_use, int64_t kafka,
+                            int earliest, int64_t low, int64_t high,
+                            idem_offreset_from_t *from);
+const char *idem_offreset_from2str(idem_offreset_from_t from);
+
+typedef enum {
+    IDEM_OFFRESET_EARLIEST = 0,
+    IDEM_OFFRESET_LATEST,
+    IDEM_OFFRESET_OFFSET,   /* value: the offset */
+    IDEM_OFFRESET_DATETIME, /* value: ms since the epoch */
+    IDEM_OFFRESET_SHIFT,    /* value: added to the start (may be < 0) */
+} idem_offreset_mode_t;
+
+typedef struct {
+    idem_offreset_mode_t mode;
+    int64_t value;
+} idem_offreset_to_t;
+
+/* The new offset of a partition with watermarks low..high that starts at
+ * current: always within [low, high] (an offset or a shift beyond them is
+ * brought to the nearest end, as kafka-consumer-groups does). by_time is
+ * the first offset with a timestamp at or after the datetime (-1: none,
+ * the end), used by DATETIME only. */
+int64_t idem_offreset_target(const idem_offreset_to_t *to, int64_t low,
+                             int64_t high, int64_t current, int64_t by_time);
+
+/* The commit metadata a member commits its offsets with, and the prefix of
+ * the one `offsets reset` commits with ("idemproc offsets reset <time>"):
+ * how a member tells an offset of ours from one another tool moved. */
+#define IDEM_OFFRESET_META_MEMBER "idemproc"
+#define IDEM_OFFRESET_META_RESET  "idemproc offsets reset"
+
+typedef enum {
+    IDEM_OFFRESET_BY_OTHER = 0, /* another tool (kafka-consumer-groups), or
+                                   a member older than the metadata */
+    IDEM_OFFRESET_BY_MEMBER,    /* a member's commit */
+    IDEM_OFFRESET_BY_RESET,     /* idemproc offsets reset */
+} idem_offreset_by_t;
+
+/* Who committed an offset, from its commit metadata (meta of len bytes,
+ * borrowed; NULL for none). */
+idem_offreset_by_t idem_offreset_committed_by(const void *meta, size_t len);
+
+#endif

@@ -1,0 +1,50 @@
+/* liveness: which members of a group are running, kept in Redis by the
+ * members themselves, for `idemproc offsets reset` to refuse while any is.
+ * librdkafka 2.0.2's mock cluster answers neither ListGroups nor
+ * DescribeGroups (rd_kafka_list_groups returns "Required feature not
+ * supported by broker"), so the broker cannot be asked there; a real broker
+ * is asked as well (cmd_offsets.c). Each member writes its id into the
+ * sorted set <prefix>members:<group.id> with its expiry as the score, in
+ * Redis's own clock (TIME inside the script, so no two clocks are compared),
+ * every second from a thread of its own, and removes it when it stops; a
+ * member killed without a word drops out after IDEM_LIVENESS_TTL_MS. */
+#ifndef IDEM_LIVENESS_H
+#define IDEM_LIVENESS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "conf/conf.h"
+
+#define IDEM_LIVENESS_BEAT_MS 1000  /* how often a member writes its entry */
+#define IDEM_LIVENESS_TTL_MS  10000 /* how long an entry lasts unrenewed */
+
+typedef struct idem_liveness_s idem_liveness_t;
+
+/* Starts the heartbeat of conf->member_id in conf->group_id's set: a
+ * thread with its own connection (idem_redisconn_open), which writes at
+ * once and then every IDEM_LIVENESS_BEAT_MS. A failed write (Redis down) is
+ * logged once per outage and tried again at the next beat. conf is borrowed
+ * and must outlive the heartbeat. NULL with errstr only when the thread
+ * cannot be started. */
+idem_liveness_t *idem_liveness_start(const idem_conf_t *conf, char *errstr,
+                                     size_t errstr_size);
+
+/* Stops the thread and removes the member's entry (one try). NULL is a
+ * no-op. */
+void idem_liveness_stop(idem_liveness_t *l);
+
+/* One live member: its id and how long its entry lasts unrenewed. */
+typedef struct {
+    char *member;          /* owned by the list */
+    int64_t expires_in_ms; /* by Redis's clock */
+} idem_liveness_member_t;
+
+/* Reads the live members of conf->group_id (entries not expired) into a
+ * new array *out of *n (caller frees with idem_liveness_list_free). Returns
+ * 0, or -1 with errstr (Redis unreachable: retriable). */
+int idem_liveness_list(const idem_conf_t *conf, idem_liveness_member_t **out,
+                       size_t *n, char *errstr, size_t errstr_size);
+void idem_liveness_list_free(idem_liveness_member_t *v, size_t n);
+
+#endif
