@@ -58,6 +58,7 @@ typedef struct {
     /* A request that does not finish (script.timeout.ms). */
     int64_t timeout_ms;        /* 0: no limit */
     idem_scriptkill_t *killer; /* its own connection; NULL without a limit */
+    idem_metrics_t *metrics;   /* may be NULL (unit tests) */
     int64_t sent_at_ms;
     int killed;         /* the request in flight was ended with SCRIPT KILL */
     int unkillable;     /* Redis refused to end it (it wrote): said once */
@@ -125,12 +126,22 @@ static void *script_start(const idem_handler_ctx_t *ctx, char *errstr,
         script_stop(h);
         return NULL;
     }
+    h->metrics = ctx->metrics;
     h->timeout_ms = idem_conf_int(ctx->conf, "script.timeout.ms");
     if (h->timeout_ms > 0)
         h->killer = idem_scriptkill_new(ctx->conf);
     idem_log_kv(IDEM_LOG_INFO, "script handler ready", "script.file",
                 idem_luascript_path(h->lua), NULL);
     return h;
+}
+
+/* The request Redis could not end is over (it answered, or another
+ * starts): its alert series goes. */
+static void unkillable_over(script_t *h)
+{
+    if (h->unkillable && h->metrics)
+        idem_metrics_script_unkillable_clear(h->metrics);
+    h->unkillable = 0;
 }
 
 /* Sends recs[0..n) (with the positions, if any) as one request, the
@@ -153,7 +164,7 @@ static int send_request(script_t *h, idem_record_t *const *recs, size_t n,
     h->sent = n;
     h->sent_at_ms = idem_now_ms();
     h->killed = 0;
-    h->unkillable = 0;
+    unkillable_over(h);
     return 0;
 }
 
@@ -243,6 +254,7 @@ static void finish_one(script_t *h)
     int rc = idem_store_script_recv(h->store, 1, h->res, err, sizeof(err));
     int hung = rc && (h->killed || h->unkillable);
     h->sent = 0;
+    unkillable_over(h);
     if (hung) {
         char name[300];
         idem_result_set(&h->ready[i], rec, IDEM_RESULT_REJECT,
@@ -287,9 +299,11 @@ static void script_finish(script_t *h)
     char err[512];
     size_t sent = h->sent;
     int rc = idem_store_script_recv(h->store, sent, h->res, err, sizeof(err));
+    int hung = rc && (h->killed || h->unkillable);
     h->sent = 0;
     h->ready_n = h->n;
-    if (rc && (h->killed || h->unkillable)) {
+    unkillable_over(h);
+    if (hung) {
         /* A request of many hung: its records go again, one a request
          * (an outage now, not counted; the marks tell what ran). */
         h->narrow_left = sent;
@@ -349,6 +363,10 @@ static int reply_due(script_t *h, int timeout_ms)
          * operator acts. Named here so they know which record; once Redis
          * is back its records go one a request (script_finish). */
         h->unkillable = 1;
+        if (h->metrics)
+            idem_metrics_script_unkillable_set(
+                h->metrics, h->recs[h->cur]->topic, h->recs[h->cur]->partition,
+                h->recs[h->cur]->offset, h->sent);
         idem_log_kv(IDEM_LOG_ERROR,
                     h->sent == 1
                         ? "script effect did not finish and Redis cannot end "
@@ -408,6 +426,7 @@ static void script_stop(void *hp)
     script_t *h = hp;
     if (!h)
         return;
+    unkillable_over(h);
     idem_luascript_destroy(h->lua);
     idem_scriptkill_destroy(h->killer);
     idem_luascript_scratch_term(&h->scratch);

@@ -533,15 +533,20 @@ static void busy_threshold_1s(void)
 
 /* A stack on `partitions` partitions with n events, the one at index `at`
  * with "hang":"<how>". */
+static int hang_http; /* the member's metrics port */
+
 static void hang_stack(int partitions, size_t n, size_t at, const char *how)
 {
     if (!dir)
         dir = th_tmpdir();
-    static char file[600];
+    static char file[600], listen[64];
     snprintf(file, sizeof(file), "script.file=%s",
              th_file_in(&dir, "hang.lua", hang_lua));
+    hang_http = th_free_port();
+    snprintf(listen, sizeof(listen), "http.listen=127.0.0.1:%d", hang_http);
     const char *props[] = {"handler=script",
                            file,
+                           listen,
                            "envelope.identity=value:/event/id",
                            "batch.max.messages=16",
                            "script.timeout.ms=500",
@@ -629,36 +634,103 @@ Test(script, a_looping_effect_is_killed_and_its_record_dead_lettered,
     th_stack_stop(&stk);
 }
 
+/* The member's /metrics (caller frees), waiting up to 10 s for its HTTP
+ * server; asserts that it answered. */
+static char *hang_metrics(void)
+{
+    char *body = NULL;
+    int st = -1;
+    for (int t = 0; t < 100 && st != 200; t++) {
+        free(body);
+        body = NULL;
+        if ((st = th_http_get(hang_http, "/metrics", &body)) != 200)
+            usleep(100000);
+    }
+    cr_assert_eq(st, 200, "no /metrics");
+    return body;
+}
+
+/* The "first" record ("payments/P@O") of the last log line holding text,
+ * as the series idemproc_script_unkillable_offset must show it for a
+ * request of `records` records: its name and labels into name, the
+ * offset into *offset. */
+static void unkillable_series(const char *log, const char *text, size_t records,
+                              char *name, size_t size, double *offset)
+{
+    const char *line = NULL;
+    for (const char *p = log; (p = strstr(p, text)); p++)
+        line = p;
+    cr_assert(line, "no log line with %s", text);
+    const char *f = strstr(line, "\"first\":\"payments/");
+    cr_assert(f, "no first record in %.300s", line);
+    int partition;
+    long long off;
+    cr_assert_eq(sscanf(f + strlen("\"first\":\"payments/"), "%d@%lld",
+                        &partition, &off),
+                 2);
+    snprintf(name, size,
+             "idemproc_script_unkillable_offset{topic=\"payments\","
+             "partition=\"%d\",records=\"%zu\"}",
+             partition, records);
+    *offset = (double)off;
+}
+
 /* The effect writes before it loops: Redis refuses SCRIPT KILL
  * (UNKILLABLE) and serves nobody until SHUTDOWN NOSAVE. The member says so
  * in an error naming the request's records (the looping one among them)
- * and waits, dead-letters nothing meanwhile; once Redis is back it tries
- * them one a request, so the second error names the record itself, and
- * after the second restart that record is dead-lettered. (Redis runs
- * without persistence here: what it held is gone after each restart, so
- * only the dead letter is checked.) */
+ * and in its metrics (idemproc_script_unkillable_total, and the offset
+ * series naming the request's first record while it is stuck: what the
+ * IdemprocScriptUnkillable alert shows), and waits, dead-letters nothing
+ * meanwhile; once Redis is back it tries them one a request, so the
+ * second error and the series name the record itself, and after the
+ * second restart that record is dead-lettered and the series is gone.
+ * (Redis runs without persistence here: what it held is gone after each
+ * restart, so only the dead letter is checked.) */
 Test(script, a_looping_effect_that_wrote_cannot_be_killed_and_is_named,
      .timeout = 180)
 {
     hang_stack(4, 40, 5, "write");
     pid_t m = th_stack_member(&stk, "m1", NULL);
+    char *body = hang_metrics();
+    cr_expect_eq(th_metric(body, "idemproc_script_unkillable_total"), 0);
+    cr_expect_null(strstr(body, "idemproc_script_unkillable_offset{"));
+    free(body);
     char *log = wait_member_log("m1", "the record is among these", 60000);
     cr_assert(log, "no error naming the request's records");
     cr_expect(strstr(log, "UNKILLABLE"), "%s", log);
+    body = hang_metrics();
+    cr_expect_eq(th_metric(body, "idemproc_script_unkillable_total"), 1);
+    const char *series = strstr(body, "idemproc_script_unkillable_offset{");
+    cr_expect(series && !strstr(series, "records=\"1\""),
+              "a request of many records: %s", series);
+    free(body);
     free(log);
     const char *sd[] = {"SHUTDOWN", "NOSAVE", NULL};
     free(th_redis_cli(&stk.redis, sd));
     cr_assert_eq(th_redis_restart(&stk.redis), 0);
     busy_threshold_1s();
-    log = wait_member_log("m1", "then the record is dead-lettered", 60000);
+    const char *alone = "then the record is dead-lettered";
+    log = wait_member_log("m1", alone, 60000);
     cr_assert(log, "no error naming the record");
+    char name[200];
+    double offset;
+    unkillable_series(log, alone, 1, name, sizeof(name), &offset);
     free(log);
+    body = hang_metrics();
+    cr_expect_eq(th_metric(body, "idemproc_script_unkillable_total"), 2);
+    cr_expect_eq(th_metric(body, name), offset, "%s in\n%s", name, body);
+    free(body);
     free(th_redis_cli(&stk.redis, sd));
     cr_assert_eq(th_redis_restart(&stk.redis), 0);
     char *errors;
     cr_expect_eq(wait_rejected(1, &errors, 60000), 1);
     cr_expect(errors && strstr(errors, "Redis could not end it"), "%s", errors);
     free(errors);
+    body = hang_metrics();
+    cr_expect_null(strstr(body, "idemproc_script_unkillable_offset{"),
+                   "the series outlived the request: %s", body);
+    cr_expect_eq(th_metric(body, "idemproc_script_unkillable_total"), 2);
+    free(body);
     cr_expect_eq(th_stop(m, 15000), 0);
     th_stack_stop(&stk);
 }
