@@ -376,6 +376,45 @@ Test(script, syntax_error_stops_run_and_check_config, .timeout = 60)
     free(err);
 }
 
+/* An effect reading a literal pointer script.fields does not list
+ * (rec.fields["/x"]) would dead-letter every record: run and check-config
+ * refuse it (exit 2) naming the pointer and the line, before any
+ * connection. (Before, check-config passed and run dead-lettered 448
+ * records in 25 ms.) */
+Test(script, undeclared_literal_field_stops_run_and_check_config, .timeout = 60)
+{
+    const char *lua = th_file_in(&dir, "typo.lua",
+                                 "function effect(rec)\n"
+                                 "  local sku = rec.fields['/sku']\n"
+                                 "  local qty = rec.fields['/qyt']\n"
+                                 "  redis.call('HINCRBY', 'stock', sku, qty)\n"
+                                 "end\n");
+    char conf[600];
+    snprintf(conf, sizeof(conf), "%s/typo.properties", dir);
+    char text[1200];
+    snprintf(text, sizeof(text),
+             "kafka.bootstrap.servers=127.0.0.1:1\ngroup.id=g\n"
+             "input.topics=t\ndlq.topic=t.dlq\nredis.url=redis://"
+             "127.0.0.1:1/0\nhandler=script\nscript.file=%s\n"
+             "script.fields=/sku,/qty\nhttp.listen=\n",
+             lua);
+    cr_assert_eq(th_write_file(conf, text), 0);
+    const char *cmds[] = {"check-config", "run"};
+    for (int i = 0; i < 2; i++) {
+        char *argv[] = {(char *)th_bin(), (char *)cmds[i], "-c", conf, NULL};
+        char *err = NULL;
+        int rc = th_run(argv, NULL, &err, 20000);
+        cr_expect_eq(rc, 2, "%s exit %d: %s", cmds[i], rc, err);
+        char want[700];
+        snprintf(want, sizeof(want),
+                 "script.file: %s:3: rec.fields[\"/qyt\"]: not in "
+                 "script.fields (/sku,/qty)",
+                 lua);
+        cr_expect(err && strstr(err, want), "%s: %s", cmds[i], err);
+        free(err);
+    }
+}
+
 /* Redis refusing writes mid-stream (maxmemory reached: OOM) is an outage
  * for the script handler too: the member pauses, dead-letters nothing
  * because of it, and ends exact once Redis takes writes again. (The
