@@ -410,15 +410,59 @@ static size_t script_inflight(void *hp)
     return h->sent ? h->n : h->ready_n;
 }
 
-/* The effects run in Redis as one script per chunk: nothing to abandon,
- * only the replies to read. */
+/* Whether the reply of the request in flight can be read, waiting up to
+ * wait_ms for it. */
+static int reply_ready(script_t *h, int wait_ms)
+{
+    int fd = idem_store_reply_fd(h->store);
+    if (fd < 0)
+        return 1; /* no connection: recv says so at once */
+    struct pollfd pfd = {.fd = fd, .events = POLLIN};
+    return poll(&pfd, 1, wait_ms < 0 ? 0 : wait_ms) != 0;
+}
+
+/* The drain's deadline passed with a request in flight: its connection
+ * is dropped (its reply with it) and its records not yet answered are
+ * outages. Redis may still finish the script: its effects and marks
+ * commit together, so whoever runs the records next finds them done. */
+static void drain_abandon(script_t *h)
+{
+    char cnt[24];
+    snprintf(cnt, sizeof(cnt), "%zu", h->n - h->cur);
+    idem_log_kv(IDEM_LOG_WARN,
+                "script drain deadline: the request in flight is abandoned "
+                "(if Redis still runs it, its effects and marks land "
+                "together)",
+                "records", cnt, NULL);
+    idem_store_disconnect(h->store);
+    for (size_t k = h->cur; k < h->n; k++)
+        idem_result_set(&h->ready[k], h->recs[k], IDEM_RESULT_OUTAGE,
+                        "script: drain deadline: request abandoned");
+    h->sent = 0;
+    h->ready_n = h->n;
+    unkillable_over(h);
+}
+
+/* The effects run in Redis as one script per chunk: the replies are read
+ * until deadline_ms (a script past script.timeout.ms is ended as in
+ * collect); what is still in flight then is abandoned. */
 static void script_drain(void *hp, int64_t deadline_ms)
 {
-    (void)deadline_ms;
     script_t *h = hp;
     h->draining = 1; /* one a request: no further record */
-    while (h->sent)
-        script_finish(h);
+    while (h->sent) {
+        int64_t left = deadline_ms - idem_now_ms();
+        if (left <= 0) {
+            drain_abandon(h);
+            break;
+        }
+        int wait = left < 100 ? (int)left : 100;
+        int due = reply_ready(h, wait);
+        if (!due && h->killer && !h->killed)
+            due = reply_due(h, 0);
+        if (due)
+            script_finish(h);
+    }
 }
 
 static void script_stop(void *hp)

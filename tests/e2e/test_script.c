@@ -571,10 +571,12 @@ static void busy_threshold_1s(void)
 }
 
 /* A stack on `partitions` partitions with n events, the one at index `at`
- * with "hang":"<how>". */
+ * with "hang":"<how>"; extra: more properties (NULL-terminated, at most
+ * 4; may be NULL). */
 static int hang_http; /* the member's metrics port */
 
-static void hang_stack(int partitions, size_t n, size_t at, const char *how)
+static void hang_stack(int partitions, size_t n, size_t at, const char *how,
+                       const char *const extra[])
 {
     if (!dir)
         dir = th_tmpdir();
@@ -590,7 +592,16 @@ static void hang_stack(int partitions, size_t n, size_t at, const char *how)
                            "batch.max.messages=16",
                            "script.timeout.ms=500",
                            "retry.backoff.max.ms=500",
+                           NULL,
+                           NULL,
+                           NULL,
+                           NULL,
                            NULL};
+    size_t np = 0;
+    while (props[np])
+        np++;
+    for (size_t i = 0; extra && extra[i] && i < 4; i++)
+        props[np + i] = extra[i];
     cr_assert_eq(th_stack_start(&stk, partitions, props), 0);
     busy_threshold_1s();
     char path[600];
@@ -652,7 +663,7 @@ static long wait_rejected(long want, char **errors, int ms)
 Test(script, a_looping_effect_is_killed_and_its_record_dead_lettered,
      .timeout = 240)
 {
-    hang_stack(1, 200, 0, "loop");
+    hang_stack(1, 200, 0, "loop", NULL);
     pid_t m = th_stack_member(&stk, "m1", NULL);
     const char *ga[] = {"GET", "test:applied", NULL};
     cr_assert_eq(wait_run_applied(199, 120000), 0, "applied %ld of 199",
@@ -728,7 +739,7 @@ static void unkillable_series(const char *log, const char *text, size_t records,
 Test(script, a_looping_effect_that_wrote_cannot_be_killed_and_is_named,
      .timeout = 180)
 {
-    hang_stack(4, 40, 5, "write");
+    hang_stack(4, 40, 5, "write", NULL);
     pid_t m = th_stack_member(&stk, "m1", NULL);
     char *body = hang_metrics();
     cr_expect_eq(th_metric(body, "idemproc_script_unkillable_total"), 0);
@@ -771,5 +782,34 @@ Test(script, a_looping_effect_that_wrote_cannot_be_killed_and_is_named,
     cr_expect_eq(th_metric(body, "idemproc_script_unkillable_total"), 2);
     free(body);
     cr_expect_eq(th_stop(m, 15000), 0);
+    th_stack_stop(&stk);
+}
+
+/* A drain ends within its deadline: SIGTERM while Redis runs a script it
+ * cannot end (it wrote, then loops), with shutdown.timeout.ms=1000 and a
+ * Redis read timeout of 60 s. The member abandons the request at the
+ * deadline (logged; the script's effects and marks would land together if
+ * it ever ended), then commits, leaves the group and exits 0. (Before, the
+ * drain waited for the reply past the deadline until the shutdown
+ * watchdog ended the process: exit 1, no final commit.) */
+Test(script, drain_of_a_script_that_cannot_end_keeps_its_deadline,
+     .timeout = 180)
+{
+    const char *more[] = {"shutdown.timeout.ms=1000", "redis.timeout.ms=60000",
+                          NULL};
+    hang_stack(4, 40, 5, "write", more);
+    pid_t m = th_stack_member(&stk, "m1", NULL);
+    char *log = wait_member_log("m1", "the record is among these", 60000);
+    cr_assert(log, "Redis never refused SCRIPT KILL");
+    free(log);
+    /* 20 s of grace, then SIGKILL: a drain that waits for the 60 s read
+     * timeout is killed and fails this. */
+    int rc = th_stop(m, 20000);
+    cr_expect_eq(rc, 0, "exit %d", rc);
+    log = wait_member_log("m1", "script drain deadline", 1000);
+    cr_expect(log, "no abandoned request in the log");
+    free(log);
+    const char *sd[] = {"SHUTDOWN", "NOSAVE", NULL};
+    free(th_redis_cli(&stk.redis, sd));
     th_stack_stop(&stk);
 }
