@@ -11,6 +11,23 @@ void idem_breaker_init(idem_breaker_t *b)
     b->open_ms = IDEM_BREAKER_OPEN_MIN_MS;
 }
 
+uint64_t idem_breaker_record_id(const void *identity, size_t identity_len)
+{
+    /* FNV-1a, then a finalizer so that short identities spread too. Two
+     * identities sharing a hash (about 1 in 2^64) would count as one
+     * record: at worst the breaker opens one failure later. */
+    const unsigned char *p = identity;
+    uint64_t h = 0xcbf29ce484222325ULL;
+    for (size_t i = 0; i < identity_len; i++) {
+        h ^= p[i];
+        h *= 0x100000001b3ULL;
+    }
+    h ^= h >> 33;
+    h *= 0xff51afd7ed558ccdULL;
+    h ^= h >> 33;
+    return h;
+}
+
 static void window_clear(idem_breaker_t *b)
 {
     b->win_head = 0;

@@ -45,7 +45,8 @@ typedef enum {
 typedef struct {
     idem_breaker_state_t state;
     struct {
-        uint64_t who; /* the record (any id; failures of one count once) */
+        uint64_t who; /* the record (idem_breaker_record_id; failures of
+                         one count once) */
         int failed;
     } win[IDEM_BREAKER_WINDOW];
     size_t win_head, win_cnt;
@@ -56,6 +57,13 @@ typedef struct {
 } idem_breaker_t;
 
 void idem_breaker_init(idem_breaker_t *b);
+
+/* The `who` of a record for idem_breaker_result: a 64-bit hash of its
+ * identity (bytes, identity_len of them; NUL bytes are data), so one
+ * operation failing again, whichever copy of it (a retry, a retry topic's
+ * copy), counts once. Never a record's address: the loop reuses record
+ * structs, and two records at one address would count as one. */
+uint64_t idem_breaker_record_id(const void *identity, size_t identity_len);
 
 /* How many more requests may start at `now`: SIZE_MAX while closed, 0
  * while open, the probes left while half-open (an open breaker whose

@@ -849,6 +849,204 @@ static size_t lua_quote(char *out, const char *text)
     return o;
 }
 
+/* ---- literal rec.fields["/x"] pointers, checked at load ---- */
+
+/* The level of a long bracket opening at s[i] ("[[", "[=[", ...): the
+ * number of '=', or -1 when none opens there. */
+static int long_open(const char *s, size_t len, size_t i)
+{
+    if (i >= len || s[i] != '[')
+        return -1;
+    size_t j = i + 1;
+    while (j < len && s[j] == '=')
+        j++;
+    return j < len && s[j] == '[' ? (int)(j - i - 1) : -1;
+}
+
+/* The end of a long bracket of `level` whose text starts at s[i]: the
+ * index just past its closing bracket (len when unclosed); *text_end gets
+ * where the text ends. */
+static size_t long_close(const char *s, size_t len, size_t i, int level,
+                         size_t *text_end)
+{
+    for (; i < len; i++) {
+        if (s[i] != ']')
+            continue;
+        size_t j = i + 1;
+        while (j < len && s[j] == '=')
+            j++;
+        if (j < len && s[j] == ']' && (int)(j - i - 1) == level) {
+            *text_end = i;
+            return j + 1;
+        }
+    }
+    *text_end = len;
+    return len;
+}
+
+/* Skips a short string (quote at s[i]); decodes it into out (NUL-ended,
+ * cut at out_size) when out is not NULL, with Lua 5.1's escapes. Returns
+ * the index past the closing quote (len when unclosed). */
+static size_t short_string(const char *s, size_t len, size_t i, char *out,
+                           size_t out_size)
+{
+    char q = s[i++];
+    size_t o = 0;
+    while (i < len && s[i] != q && s[i] != '\n') {
+        unsigned char c = (unsigned char)s[i++];
+        if (c == '\\' && i < len) {
+            c = (unsigned char)s[i++];
+            const char *from = "abfnrtv", *to = "\a\b\f\n\r\t\v";
+            const char *e = strchr(from, c);
+            if (c && e) {
+                c = (unsigned char)to[e - from];
+            } else if (c >= '0' && c <= '9') {
+                unsigned v = c - '0';
+                for (int k = 0; k < 2 && i < len && s[i] >= '0' && s[i] <= '9';
+                     k++)
+                    v = v * 10 + (unsigned)(s[i++] - '0');
+                c = (unsigned char)v;
+            } /* else: the character itself (\\, \", \', a newline) */
+        }
+        if (out && o + 1 < out_size)
+            out[o++] = (char)c;
+    }
+    if (out && out_size)
+        out[o] = '\0';
+    return i < len ? i + 1 : len;
+}
+
+static size_t skip_space(const char *s, size_t len, size_t i)
+{
+    while (i < len && strchr(" \t\r\n\f\v", s[i]) && s[i])
+        i++;
+    return i;
+}
+
+static int ident_char(char c)
+{
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
+           (c >= '0' && c <= '9') || c == '_';
+}
+
+/* If `name.fields[<string literal>]` starts at s[i], decodes the literal
+ * into key and returns 1. */
+static int fields_literal_at(const char *s, size_t len, size_t i,
+                             const char *name, char *key, size_t key_size)
+{
+    size_t nl = strlen(name);
+    if (i + nl > len || memcmp(s + i, name, nl) ||
+        (i > 0 && (ident_char(s[i - 1]) || s[i - 1] == '.' || s[i - 1] == ':')))
+        return 0;
+    size_t j = skip_space(s, len, i + nl);
+    if (j >= len || s[j] != '.')
+        return 0;
+    j = skip_space(s, len, j + 1);
+    if (len - j < 6 || memcmp(s + j, "fields", 6) ||
+        (j + 6 < len && ident_char(s[j + 6])))
+        return 0;
+    j = skip_space(s, len, j + 6);
+    if (j >= len || s[j] != '[' || long_open(s, len, j) >= 0)
+        return 0;
+    j = skip_space(s, len, j + 1);
+    size_t end;
+    int level = long_open(s, len, j);
+    if (j < len && (s[j] == '"' || s[j] == '\'')) {
+        end = short_string(s, len, j, key, key_size);
+    } else if (level >= 0) {
+        size_t from = j + (size_t)level + 2, text_end;
+        if (from < len && s[from] == '\n')
+            from++; /* Lua drops a newline right after the bracket */
+        end = long_close(s, len, from, level, &text_end);
+        size_t n =
+            text_end - from < key_size - 1 ? text_end - from : key_size - 1;
+        memcpy(key, s + from, n);
+        key[n] = '\0';
+    } else {
+        return 0; /* a variable or an expression: known only at run time */
+    }
+    end = skip_space(s, len, end);
+    return end < len && s[end] == ']';
+}
+
+/* The name of effect's parameter ("function effect(NAME"), else "rec". */
+static void effect_param(const char *file, size_t len, char *name, size_t size)
+{
+    snprintf(name, size, "rec");
+    const char *p = file;
+    while ((p = memmem(p, len - (size_t)(p - file), "function", 8))) {
+        size_t i = skip_space(file, len, (size_t)(p - file) + 8);
+        p += 8;
+        if (len - i < 6 || memcmp(file + i, "effect", 6))
+            continue;
+        i = skip_space(file, len, i + 6);
+        if (i >= len || file[i] != '(')
+            continue;
+        i = skip_space(file, len, i + 1);
+        size_t n = 0;
+        while (i + n < len && ident_char(file[i + n]) && n + 1 < size)
+            n++;
+        if (n) {
+            memcpy(name, file + i, n);
+            name[n] = '\0';
+        }
+        return;
+    }
+}
+
+/* Every literal pointer the file reads as rec.fields["/x"] (code, not
+ * comments or strings) must be one of script.fields: at run time each
+ * such read is an error, so every record would be dead-lettered. Returns
+ * 0, or -1 with errstr naming the pointer and the file's line. */
+static int literal_fields_check(const char *path, const char *file, size_t len,
+                                char *const *ptrs, size_t nptrs, char *errstr,
+                                size_t errstr_size)
+{
+    char name[64], key[512];
+    effect_param(file, len, name, sizeof(name));
+    int line = 1;
+    for (size_t i = 0; i < len;) {
+        char c = file[i];
+        size_t next = i + 1, text_end;
+        if (c == '-' && i + 1 < len && file[i + 1] == '-') {
+            int level = long_open(file, len, i + 2);
+            if (level >= 0)
+                next = long_close(file, len, i + 4 + (size_t)level, level,
+                                  &text_end);
+            else
+                for (next = i; next < len && file[next] != '\n'; next++)
+                    ;
+        } else if (c == '"' || c == '\'') {
+            next = short_string(file, len, i, NULL, 0);
+        } else if (c == '[' && long_open(file, len, i) >= 0) {
+            int level = long_open(file, len, i);
+            next =
+                long_close(file, len, i + 2 + (size_t)level, level, &text_end);
+        } else if (fields_literal_at(file, len, i, name, key, sizeof(key))) {
+            size_t k = 0;
+            while (k < nptrs && strcmp(ptrs[k], key))
+                k++;
+            if (k == nptrs) {
+                char list[512] = "";
+                size_t at = 0;
+                for (size_t m = 0; m < nptrs && at < sizeof(list); m++)
+                    at += (size_t)snprintf(list + at, sizeof(list) - at, "%s%s",
+                                           m ? "," : "", ptrs[m]);
+                snprintf(errstr, errstr_size,
+                         "script.file: %s:%d: %s.fields[\"%s\"]: not in "
+                         "script.fields (%s): every record would be "
+                         "dead-lettered; add it to script.fields",
+                         path, line, name, key, nptrs ? list : "not set");
+                return -1;
+            }
+        }
+        for (size_t k = i; k < next && k < len; k++)
+            line += file[k] == '\n';
+        i = next > i ? next : i + 1;
+    }
+    return 0;
+}
+
 idem_luascript_t *idem_luascript_load(const char *path, const char *fields,
                                       char *errstr, size_t errstr_size)
 {
@@ -908,11 +1106,15 @@ idem_luascript_t *idem_luascript_load(const char *path, const char *fields,
                             i + 1, 8 + i, i + 1, 8 + i, i + 1, 8 + i);
     }
     o += (size_t)sprintf(sc->source + o, "} end\n");
-    idem_envelope_pointers_free(ptrs, nptrs);
     memcpy(sc->source + o, driver_head, hl);
     memcpy(sc->source + o + hl, file, len);
     memcpy(sc->source + o + hl + len, driver_tail, tl + 1);
     int rc = check(sc, file, len, errstr, errstr_size);
+    /* After the syntax check: its errors come first. */
+    if (!rc)
+        rc = literal_fields_check(path, file, len, ptrs, nptrs, errstr,
+                                  errstr_size);
+    idem_envelope_pointers_free(ptrs, nptrs);
     free(file);
     if (rc) {
         idem_luascript_destroy(sc);

@@ -58,6 +58,7 @@ typedef struct {
     /* A request that does not finish (script.timeout.ms). */
     int64_t timeout_ms;        /* 0: no limit */
     idem_scriptkill_t *killer; /* its own connection; NULL without a limit */
+    idem_metrics_t *metrics;   /* may be NULL (unit tests) */
     int64_t sent_at_ms;
     int killed;         /* the request in flight was ended with SCRIPT KILL */
     int unkillable;     /* Redis refused to end it (it wrote): said once */
@@ -125,12 +126,22 @@ static void *script_start(const idem_handler_ctx_t *ctx, char *errstr,
         script_stop(h);
         return NULL;
     }
+    h->metrics = ctx->metrics;
     h->timeout_ms = idem_conf_int(ctx->conf, "script.timeout.ms");
     if (h->timeout_ms > 0)
         h->killer = idem_scriptkill_new(ctx->conf);
     idem_log_kv(IDEM_LOG_INFO, "script handler ready", "script.file",
                 idem_luascript_path(h->lua), NULL);
     return h;
+}
+
+/* The request Redis could not end is over (it answered, or another
+ * starts): its alert series goes. */
+static void unkillable_over(script_t *h)
+{
+    if (h->unkillable && h->metrics)
+        idem_metrics_script_unkillable_clear(h->metrics);
+    h->unkillable = 0;
 }
 
 /* Sends recs[0..n) (with the positions, if any) as one request, the
@@ -153,7 +164,7 @@ static int send_request(script_t *h, idem_record_t *const *recs, size_t n,
     h->sent = n;
     h->sent_at_ms = idem_now_ms();
     h->killed = 0;
-    h->unkillable = 0;
+    unkillable_over(h);
     return 0;
 }
 
@@ -243,6 +254,7 @@ static void finish_one(script_t *h)
     int rc = idem_store_script_recv(h->store, 1, h->res, err, sizeof(err));
     int hung = rc && (h->killed || h->unkillable);
     h->sent = 0;
+    unkillable_over(h);
     if (hung) {
         char name[300];
         idem_result_set(&h->ready[i], rec, IDEM_RESULT_REJECT,
@@ -287,9 +299,11 @@ static void script_finish(script_t *h)
     char err[512];
     size_t sent = h->sent;
     int rc = idem_store_script_recv(h->store, sent, h->res, err, sizeof(err));
+    int hung = rc && (h->killed || h->unkillable);
     h->sent = 0;
     h->ready_n = h->n;
-    if (rc && (h->killed || h->unkillable)) {
+    unkillable_over(h);
+    if (hung) {
         /* A request of many hung: its records go again, one a request
          * (an outage now, not counted; the marks tell what ran). */
         h->narrow_left = sent;
@@ -349,6 +363,10 @@ static int reply_due(script_t *h, int timeout_ms)
          * operator acts. Named here so they know which record; once Redis
          * is back its records go one a request (script_finish). */
         h->unkillable = 1;
+        if (h->metrics)
+            idem_metrics_script_unkillable_set(
+                h->metrics, h->recs[h->cur]->topic, h->recs[h->cur]->partition,
+                h->recs[h->cur]->offset, h->sent);
         idem_log_kv(IDEM_LOG_ERROR,
                     h->sent == 1
                         ? "script effect did not finish and Redis cannot end "
@@ -392,15 +410,59 @@ static size_t script_inflight(void *hp)
     return h->sent ? h->n : h->ready_n;
 }
 
-/* The effects run in Redis as one script per chunk: nothing to abandon,
- * only the replies to read. */
+/* Whether the reply of the request in flight can be read, waiting up to
+ * wait_ms for it. */
+static int reply_ready(script_t *h, int wait_ms)
+{
+    int fd = idem_store_reply_fd(h->store);
+    if (fd < 0)
+        return 1; /* no connection: recv says so at once */
+    struct pollfd pfd = {.fd = fd, .events = POLLIN};
+    return poll(&pfd, 1, wait_ms < 0 ? 0 : wait_ms) != 0;
+}
+
+/* The drain's deadline passed with a request in flight: its connection
+ * is dropped (its reply with it) and its records not yet answered are
+ * outages. Redis may still finish the script: its effects and marks
+ * commit together, so whoever runs the records next finds them done. */
+static void drain_abandon(script_t *h)
+{
+    char cnt[24];
+    snprintf(cnt, sizeof(cnt), "%zu", h->n - h->cur);
+    idem_log_kv(IDEM_LOG_WARN,
+                "script drain deadline: the request in flight is abandoned "
+                "(if Redis still runs it, its effects and marks land "
+                "together)",
+                "records", cnt, NULL);
+    idem_store_disconnect(h->store);
+    for (size_t k = h->cur; k < h->n; k++)
+        idem_result_set(&h->ready[k], h->recs[k], IDEM_RESULT_OUTAGE,
+                        "script: drain deadline: request abandoned");
+    h->sent = 0;
+    h->ready_n = h->n;
+    unkillable_over(h);
+}
+
+/* The effects run in Redis as one script per chunk: the replies are read
+ * until deadline_ms (a script past script.timeout.ms is ended as in
+ * collect); what is still in flight then is abandoned. */
 static void script_drain(void *hp, int64_t deadline_ms)
 {
-    (void)deadline_ms;
     script_t *h = hp;
     h->draining = 1; /* one a request: no further record */
-    while (h->sent)
-        script_finish(h);
+    while (h->sent) {
+        int64_t left = deadline_ms - idem_now_ms();
+        if (left <= 0) {
+            drain_abandon(h);
+            break;
+        }
+        int wait = left < 100 ? (int)left : 100;
+        int due = reply_ready(h, wait);
+        if (!due && h->killer && !h->killed)
+            due = reply_due(h, 0);
+        if (due)
+            script_finish(h);
+    }
 }
 
 static void script_stop(void *hp)
@@ -408,6 +470,7 @@ static void script_stop(void *hp)
     script_t *h = hp;
     if (!h)
         return;
+    unkillable_over(h);
     idem_luascript_destroy(h->lua);
     idem_scriptkill_destroy(h->killer);
     idem_luascript_scratch_term(&h->scratch);

@@ -220,15 +220,16 @@ static void result_of(webhook_t *w, const idem_http_result_t *hr,
         idem_metrics_webhook_latency_observe(w->metrics, hr->seconds);
     }
     char why[IDEM_RESULT_DETAIL_MAX - 64];
+    uint64_t who = idem_breaker_record_id(r->identity, r->identity_len);
     int64_t delay = -1;
     int64_t now = idem_now_ms();
     switch (idem_httpclient_classify(hr, why, sizeof(why), &delay)) {
     case IDEM_HTTP_DONE:
-        idem_breaker_result(&w->breaker, hr->tag, 0, NULL, -1, now);
+        idem_breaker_result(&w->breaker, who, 0, NULL, -1, now);
         idem_result_set(out, r, IDEM_RESULT_DONE, NULL);
         break;
     case IDEM_HTTP_REJECT: /* the service meant it: it works */
-        idem_breaker_result(&w->breaker, hr->tag, 0, NULL, -1, now);
+        idem_breaker_result(&w->breaker, who, 0, NULL, -1, now);
         idem_result_set(out, r, IDEM_RESULT_REJECT, "%s", why);
         break;
     case IDEM_HTTP_OUTAGE:
@@ -237,7 +238,7 @@ static void result_of(webhook_t *w, const idem_http_result_t *hr,
                         "webhook: service unreachable: %s", why);
         break;
     case IDEM_HTTP_RETRY:
-        if (idem_breaker_result(&w->breaker, hr->tag, 1, why, delay, now)) {
+        if (idem_breaker_result(&w->breaker, who, 1, why, delay, now)) {
             /* Most requests fail: the service, not this record. */
             idem_result_set(out, r, IDEM_RESULT_OUTAGE,
                             "webhook: service failing: %s",

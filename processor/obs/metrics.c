@@ -147,6 +147,15 @@ struct idem_metrics_s {
     _Atomic uint64_t stalls;
     _Atomic uint64_t stall_repairs;
 
+    /* The script request Redis refused to end (under stuck_lock). */
+    pthread_mutex_t stuck_lock;
+    int stuck;             /* 1 while it is in flight */
+    char stuck_topic[256]; /* its first record */
+    int32_t stuck_partition;
+    int64_t stuck_offset;
+    size_t stuck_records; /* records in the request */
+    _Atomic uint64_t unkillable;
+
     pthread_mutex_t ready_lock; /* guards ready, ready_reason */
     int ready;
     char ready_reason[READY_REASON_MAX];
@@ -264,6 +273,8 @@ idem_metrics_t *idem_metrics_new(void)
 
     pthread_mutex_init(&m->lag_lock, NULL);
     pthread_mutex_init(&m->ready_lock, NULL);
+    pthread_mutex_init(&m->stuck_lock, NULL);
+    atomic_init(&m->unkillable, 0);
     m->ready = 0;
     snprintf(m->ready_reason, sizeof(m->ready_reason), "starting");
     return m;
@@ -281,6 +292,7 @@ void idem_metrics_destroy(idem_metrics_t *m)
     pthread_mutex_destroy(&m->webhook_latency.lock);
     pthread_mutex_destroy(&m->lag_lock);
     pthread_mutex_destroy(&m->ready_lock);
+    pthread_mutex_destroy(&m->stuck_lock);
     lags_free(m->lags, m->lag_cnt);
     lags_free(m->stalled, m->stalled_cnt);
     free(m);
@@ -582,6 +594,32 @@ void idem_metrics_paused_set(idem_metrics_t *m, int64_t partitions)
 void idem_metrics_inflight_set(idem_metrics_t *m, int64_t records)
 {
     atomic_store_explicit(&m->inflight, records, memory_order_relaxed);
+}
+
+void idem_metrics_script_unkillable_set(idem_metrics_t *m, const char *topic,
+                                        int32_t partition, int64_t offset,
+                                        size_t records)
+{
+    counter_add(&m->unkillable, 1);
+    pthread_mutex_lock(&m->stuck_lock);
+    m->stuck = 1;
+    snprintf(m->stuck_topic, sizeof(m->stuck_topic), "%s", topic);
+    m->stuck_partition = partition;
+    m->stuck_offset = offset;
+    m->stuck_records = records;
+    pthread_mutex_unlock(&m->stuck_lock);
+}
+
+void idem_metrics_script_unkillable_clear(idem_metrics_t *m)
+{
+    pthread_mutex_lock(&m->stuck_lock);
+    m->stuck = 0;
+    pthread_mutex_unlock(&m->stuck_lock);
+}
+
+uint64_t idem_metrics_script_unkillable_get(idem_metrics_t *m)
+{
+    return counter_get(&m->unkillable);
 }
 
 void idem_metrics_ready_set(idem_metrics_t *m, int ready, const char *reason)
@@ -922,6 +960,29 @@ static void render_stalled(FILE *out, idem_metrics_t *m)
             counter_get(&m->stall_repairs));
 }
 
+static void render_unkillable(FILE *out, idem_metrics_t *m)
+{
+    put_header(out, "idemproc_script_unkillable_total", "counter",
+               "Script requests that ran past script.timeout.ms after they "
+               "wrote, so Redis refused SCRIPT KILL (UNKILLABLE) and served "
+               "no client until restarted.");
+    put_u64(out, "idemproc_script_unkillable_total", NULL, NULL,
+            counter_get(&m->unkillable));
+    pthread_mutex_lock(&m->stuck_lock);
+    if (m->stuck) {
+        put_header(out, "idemproc_script_unkillable_offset", "gauge",
+                   "While a script request Redis cannot end is in flight: "
+                   "the offset of its first record (records: how many it "
+                   "holds; 1: this is the record).");
+        fputs("idemproc_script_unkillable_offset{topic=\"", out);
+        idem_metrics_escape_label(m->stuck_topic, out);
+        fprintf(out,
+                "\",partition=\"%" PRId32 "\",records=\"%zu\"} %" PRId64 "\n",
+                m->stuck_partition, m->stuck_records, m->stuck_offset);
+    }
+    pthread_mutex_unlock(&m->stuck_lock);
+}
+
 void idem_metrics_set_extra(idem_metrics_t *m, idem_metrics_render_cb *cb,
                             void *opaque)
 {
@@ -990,6 +1051,8 @@ void idem_metrics_render(idem_metrics_t *m, FILE *out)
                     counter_get(&m->webhook_requests[i]));
         render_histogram(out, &m->webhook_latency);
     }
+
+    render_unkillable(out, m);
 
     put_header(out, "idemproc_redis_errors_total", "counter",
                "Failed Redis commands or connections, by class (all of them "

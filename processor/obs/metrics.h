@@ -114,6 +114,21 @@ void idem_metrics_webhook_request_add(idem_metrics_t *m, const char *cls);
 void idem_metrics_webhook_latency_observe(idem_metrics_t *m, double seconds);
 uint64_t idem_metrics_webhook_request_get(idem_metrics_t *m, const char *cls);
 
+/* The script handler's request that Redis refused to end (SCRIPT KILL
+ * answered UNKILLABLE: the effect wrote, then ran past
+ * script.timeout.ms): idemproc_script_unkillable_total counts them (always
+ * rendered); while one is in flight,
+ * idemproc_script_unkillable_offset{topic,partition,records} is the offset
+ * of its first record (records: how many the request holds; with 1 the
+ * series names the record itself). One series at most, so no label per
+ * record piles up. topic borrowed, copied. */
+void idem_metrics_script_unkillable_set(idem_metrics_t *m, const char *topic,
+                                        int32_t partition, int64_t offset,
+                                        size_t records);
+/* The request ended (Redis restarted, or the script finished). */
+void idem_metrics_script_unkillable_clear(idem_metrics_t *m);
+uint64_t idem_metrics_script_unkillable_get(idem_metrics_t *m);
+
 /* Retry topics (retry.topics): rendered once _retry_tiers_enable was
  * called with the tiers' labels (borrowed, copied; at most 8, each up to
  * 15 characters, e.g. "5s"): records written to each tier

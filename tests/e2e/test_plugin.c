@@ -736,8 +736,10 @@ static const char *log_tail(const char *name)
     return tail;
 }
 
+/* key2: a second plugin key line, or NULL. */
 static void plugin_stack_with(const char *dir, const char *name,
-                              const char *key, const char *batch)
+                              const char *key, const char *key2,
+                              const char *batch)
 {
     static char handler[1200], pkey[700], listen[64], bmax[64];
     snprintf(handler, sizeof(handler), "handler=plugin:%s",
@@ -747,7 +749,7 @@ static void plugin_stack_with(const char *dir, const char *name,
     snprintf(listen, sizeof(listen), "http.listen=127.0.0.1:%d", metrics_port);
     snprintf(bmax, sizeof(bmax), "batch.max.messages=%s", batch);
     const char *props[] = {handler, pkey, listen, bmax, "dedup.lease.ms=2000",
-                           NULL};
+                           key2,    NULL};
     cr_assert_eq(th_stack_start(&stk, 4, props), 0);
 }
 
@@ -755,7 +757,7 @@ static void plugin_stack(const char *file, const char *batch)
 {
     char key[700];
     snprintf(key, sizeof(key), "plugin.output=%s", file);
-    plugin_stack_with("plugins", "filesink", key, batch);
+    plugin_stack_with("plugins", "filesink", key, NULL, batch);
 }
 
 /* Without a crash the file holds exactly one line per identity, each the
@@ -881,20 +883,34 @@ Test(plugin_run, outage_pauses_and_dead_letters_nothing, .timeout = 120)
     snprintf(flag, sizeof(flag), "%s/down", dir);
     cr_assert_eq(th_write_file(flag, "down\n"), 0);
     snprintf(key, sizeof(key), "plugin.outage.flag=%s", flag);
-    plugin_stack_with("tplugins", "probe", key, "100");
+    /* Every result at once: between two attempts nothing is in flight,
+     * the state in which the member could take the outage for over. */
+    plugin_stack_with("tplugins", "probe", key, "plugin.per.collect=1000",
+                      "100");
     int unique = 300, redeliveries, resends;
     produce_events(unique, &redeliveries, &resends, 0);
     pid_t m = th_stack_member(&stk, "m1", NULL);
-    int status = 0;
-    for (int t = 0; t < 300 && status != 503; t++) {
-        status = th_http_get(metrics_port, "/readyz", NULL);
-        usleep(100000);
-    }
+    int status = th_wait_unready(metrics_port, "probe", 30000, NULL);
     cr_assert_eq(status, 503, "never not ready: %s", log_tail("m1"));
     /* Longer than retry.max.attempts of backoff would take: an outage is
-     * never counted, so nothing may be dead-lettered meanwhile. */
-    sleep(4);
-    cr_expect_eq(th_http_get(metrics_port, "/readyz", NULL), 503);
+     * never counted, so nothing may be dead-lettered meanwhile. And never
+     * ready meanwhile, always with the plugin's reason: /readyz polled
+     * every 10 ms for 4 s from the first answer that names the outage
+     * (polls from the first 503 at all, "joining the consumer group", saw
+     * "ready" about 10 times in the ~100 ms between the assignment and
+     * the plugin's first OUTAGE result: nothing is known to be down then). */
+    int ready = 0, other = 0, polls = 0;
+    for (; polls < 400; polls++) {
+        char *body = NULL;
+        int st = th_http_get(metrics_port, "/readyz", &body);
+        ready += st == 200;
+        other += st != 200 && !(st == 503 && body && strstr(body, "probe"));
+        free(body);
+        usleep(10000);
+    }
+    cr_expect_eq(ready, 0, "ready %d times in %d polls during the outage: %s",
+                 ready, polls, log_tail("m1"));
+    cr_expect_eq(other, 0, "%d answers without the plugin's reason", other);
     cr_expect_eq(metric("idemproc_records_total{outcome=\"processed\"}"), 0);
     int nj, ni, rj, nl;
     cr_expect_eq(dlq_read(&nj, &ni, &rj, &nl), 0, "dead letters in an outage");

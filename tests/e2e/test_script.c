@@ -376,6 +376,45 @@ Test(script, syntax_error_stops_run_and_check_config, .timeout = 60)
     free(err);
 }
 
+/* An effect reading a literal pointer script.fields does not list
+ * (rec.fields["/x"]) would dead-letter every record: run and check-config
+ * refuse it (exit 2) naming the pointer and the line, before any
+ * connection. (Before, check-config passed and run dead-lettered 448
+ * records in 25 ms.) */
+Test(script, undeclared_literal_field_stops_run_and_check_config, .timeout = 60)
+{
+    const char *lua = th_file_in(&dir, "typo.lua",
+                                 "function effect(rec)\n"
+                                 "  local sku = rec.fields['/sku']\n"
+                                 "  local qty = rec.fields['/qyt']\n"
+                                 "  redis.call('HINCRBY', 'stock', sku, qty)\n"
+                                 "end\n");
+    char conf[600];
+    snprintf(conf, sizeof(conf), "%s/typo.properties", dir);
+    char text[1200];
+    snprintf(text, sizeof(text),
+             "kafka.bootstrap.servers=127.0.0.1:1\ngroup.id=g\n"
+             "input.topics=t\ndlq.topic=t.dlq\nredis.url=redis://"
+             "127.0.0.1:1/0\nhandler=script\nscript.file=%s\n"
+             "script.fields=/sku,/qty\nhttp.listen=\n",
+             lua);
+    cr_assert_eq(th_write_file(conf, text), 0);
+    const char *cmds[] = {"check-config", "run"};
+    for (int i = 0; i < 2; i++) {
+        char *argv[] = {(char *)th_bin(), (char *)cmds[i], "-c", conf, NULL};
+        char *err = NULL;
+        int rc = th_run(argv, NULL, &err, 20000);
+        cr_expect_eq(rc, 2, "%s exit %d: %s", cmds[i], rc, err);
+        char want[700];
+        snprintf(want, sizeof(want),
+                 "script.file: %s:3: rec.fields[\"/qyt\"]: not in "
+                 "script.fields (/sku,/qty)",
+                 lua);
+        cr_expect(err && strstr(err, want), "%s: %s", cmds[i], err);
+        free(err);
+    }
+}
+
 /* Redis refusing writes mid-stream (maxmemory reached: OOM) is an outage
  * for the script handler too: the member pauses, dead-letters nothing
  * because of it, and ends exact once Redis takes writes again. (The
@@ -532,21 +571,37 @@ static void busy_threshold_1s(void)
 }
 
 /* A stack on `partitions` partitions with n events, the one at index `at`
- * with "hang":"<how>". */
-static void hang_stack(int partitions, size_t n, size_t at, const char *how)
+ * with "hang":"<how>"; extra: more properties (NULL-terminated, at most
+ * 4; may be NULL). */
+static int hang_http; /* the member's metrics port */
+
+static void hang_stack(int partitions, size_t n, size_t at, const char *how,
+                       const char *const extra[])
 {
     if (!dir)
         dir = th_tmpdir();
-    static char file[600];
+    static char file[600], listen[64];
     snprintf(file, sizeof(file), "script.file=%s",
              th_file_in(&dir, "hang.lua", hang_lua));
+    hang_http = th_free_port();
+    snprintf(listen, sizeof(listen), "http.listen=127.0.0.1:%d", hang_http);
     const char *props[] = {"handler=script",
                            file,
+                           listen,
                            "envelope.identity=value:/event/id",
                            "batch.max.messages=16",
                            "script.timeout.ms=500",
                            "retry.backoff.max.ms=500",
+                           NULL,
+                           NULL,
+                           NULL,
+                           NULL,
                            NULL};
+    size_t np = 0;
+    while (props[np])
+        np++;
+    for (size_t i = 0; extra && extra[i] && i < 4; i++)
+        props[np + i] = extra[i];
     cr_assert_eq(th_stack_start(&stk, partitions, props), 0);
     busy_threshold_1s();
     char path[600];
@@ -608,7 +663,7 @@ static long wait_rejected(long want, char **errors, int ms)
 Test(script, a_looping_effect_is_killed_and_its_record_dead_lettered,
      .timeout = 240)
 {
-    hang_stack(1, 200, 0, "loop");
+    hang_stack(1, 200, 0, "loop", NULL);
     pid_t m = th_stack_member(&stk, "m1", NULL);
     const char *ga[] = {"GET", "test:applied", NULL};
     cr_assert_eq(wait_run_applied(199, 120000), 0, "applied %ld of 199",
@@ -629,36 +684,132 @@ Test(script, a_looping_effect_is_killed_and_its_record_dead_lettered,
     th_stack_stop(&stk);
 }
 
+/* The member's /metrics (caller frees), waiting up to 10 s for its HTTP
+ * server; asserts that it answered. */
+static char *hang_metrics(void)
+{
+    char *body = NULL;
+    int st = -1;
+    for (int t = 0; t < 100 && st != 200; t++) {
+        free(body);
+        body = NULL;
+        if ((st = th_http_get(hang_http, "/metrics", &body)) != 200)
+            usleep(100000);
+    }
+    cr_assert_eq(st, 200, "no /metrics");
+    return body;
+}
+
+/* The "first" record ("payments/P@O") of the last log line holding text,
+ * as the series idemproc_script_unkillable_offset must show it for a
+ * request of `records` records: its name and labels into name, the
+ * offset into *offset. */
+static void unkillable_series(const char *log, const char *text, size_t records,
+                              char *name, size_t size, double *offset)
+{
+    const char *line = NULL;
+    for (const char *p = log; (p = strstr(p, text)); p++)
+        line = p;
+    cr_assert(line, "no log line with %s", text);
+    const char *f = strstr(line, "\"first\":\"payments/");
+    cr_assert(f, "no first record in %.300s", line);
+    int partition;
+    long long off;
+    cr_assert_eq(sscanf(f + strlen("\"first\":\"payments/"), "%d@%lld",
+                        &partition, &off),
+                 2);
+    snprintf(name, size,
+             "idemproc_script_unkillable_offset{topic=\"payments\","
+             "partition=\"%d\",records=\"%zu\"}",
+             partition, records);
+    *offset = (double)off;
+}
+
 /* The effect writes before it loops: Redis refuses SCRIPT KILL
  * (UNKILLABLE) and serves nobody until SHUTDOWN NOSAVE. The member says so
  * in an error naming the request's records (the looping one among them)
- * and waits, dead-letters nothing meanwhile; once Redis is back it tries
- * them one a request, so the second error names the record itself, and
- * after the second restart that record is dead-lettered. (Redis runs
- * without persistence here: what it held is gone after each restart, so
- * only the dead letter is checked.) */
+ * and in its metrics (idemproc_script_unkillable_total, and the offset
+ * series naming the request's first record while it is stuck: what the
+ * IdemprocScriptUnkillable alert shows), and waits, dead-letters nothing
+ * meanwhile; once Redis is back it tries them one a request, so the
+ * second error and the series name the record itself, and after the
+ * second restart that record is dead-lettered and the series is gone.
+ * (Redis runs without persistence here: what it held is gone after each
+ * restart, so only the dead letter is checked.) */
 Test(script, a_looping_effect_that_wrote_cannot_be_killed_and_is_named,
      .timeout = 180)
 {
-    hang_stack(4, 40, 5, "write");
+    hang_stack(4, 40, 5, "write", NULL);
     pid_t m = th_stack_member(&stk, "m1", NULL);
+    char *body = hang_metrics();
+    cr_expect_eq(th_metric(body, "idemproc_script_unkillable_total"), 0);
+    cr_expect_null(strstr(body, "idemproc_script_unkillable_offset{"));
+    free(body);
     char *log = wait_member_log("m1", "the record is among these", 60000);
     cr_assert(log, "no error naming the request's records");
     cr_expect(strstr(log, "UNKILLABLE"), "%s", log);
+    body = hang_metrics();
+    cr_expect_eq(th_metric(body, "idemproc_script_unkillable_total"), 1);
+    const char *series = strstr(body, "idemproc_script_unkillable_offset{");
+    cr_expect(series && !strstr(series, "records=\"1\""),
+              "a request of many records: %s", series);
+    free(body);
     free(log);
     const char *sd[] = {"SHUTDOWN", "NOSAVE", NULL};
     free(th_redis_cli(&stk.redis, sd));
     cr_assert_eq(th_redis_restart(&stk.redis), 0);
     busy_threshold_1s();
-    log = wait_member_log("m1", "then the record is dead-lettered", 60000);
+    const char *alone = "then the record is dead-lettered";
+    log = wait_member_log("m1", alone, 60000);
     cr_assert(log, "no error naming the record");
+    char name[200];
+    double offset;
+    unkillable_series(log, alone, 1, name, sizeof(name), &offset);
     free(log);
+    body = hang_metrics();
+    cr_expect_eq(th_metric(body, "idemproc_script_unkillable_total"), 2);
+    cr_expect_eq(th_metric(body, name), offset, "%s in\n%s", name, body);
+    free(body);
     free(th_redis_cli(&stk.redis, sd));
     cr_assert_eq(th_redis_restart(&stk.redis), 0);
     char *errors;
     cr_expect_eq(wait_rejected(1, &errors, 60000), 1);
     cr_expect(errors && strstr(errors, "Redis could not end it"), "%s", errors);
     free(errors);
+    body = hang_metrics();
+    cr_expect_null(strstr(body, "idemproc_script_unkillable_offset{"),
+                   "the series outlived the request: %s", body);
+    cr_expect_eq(th_metric(body, "idemproc_script_unkillable_total"), 2);
+    free(body);
     cr_expect_eq(th_stop(m, 15000), 0);
+    th_stack_stop(&stk);
+}
+
+/* A drain ends within its deadline: SIGTERM while Redis runs a script it
+ * cannot end (it wrote, then loops), with shutdown.timeout.ms=1000 and a
+ * Redis read timeout of 60 s. The member abandons the request at the
+ * deadline (logged; the script's effects and marks would land together if
+ * it ever ended), then commits, leaves the group and exits 0. (Before, the
+ * drain waited for the reply past the deadline until the shutdown
+ * watchdog ended the process: exit 1, no final commit.) */
+Test(script, drain_of_a_script_that_cannot_end_keeps_its_deadline,
+     .timeout = 180)
+{
+    const char *more[] = {"shutdown.timeout.ms=1000", "redis.timeout.ms=60000",
+                          NULL};
+    hang_stack(4, 40, 5, "write", more);
+    pid_t m = th_stack_member(&stk, "m1", NULL);
+    char *log = wait_member_log("m1", "the record is among these", 60000);
+    cr_assert(log, "Redis never refused SCRIPT KILL");
+    free(log);
+    /* 20 s of grace, then SIGKILL: a drain that waits for the 60 s read
+     * timeout is killed and fails this. */
+    int rc = th_stop(m, 20000);
+    cr_expect_eq(rc, 0, "exit %d", rc);
+    log = wait_member_log("m1", "script drain deadline", 1000);
+    cr_expect(log, "no abandoned request in the log");
+    free(log);
+    const char *sd[] = {"SHUTDOWN", "NOSAVE", NULL};
+    free(th_redis_cli(&stk.redis, sd));
     th_stack_stop(&stk);
 }

@@ -89,6 +89,8 @@ static void exported_names(names_t *out)
     idem_metrics_stall_enable(m);
     idem_metrics_stall_t stall = {"payments", 0, 0};
     idem_metrics_stalled_set(m, &stall, 1);
+    /* A script request Redis cannot end, as a stuck member renders it. */
+    idem_metrics_script_unkillable_set(m, "payments", 0, 5, 1);
     char *buf = NULL;
     size_t len = 0;
     FILE *fp = open_memstream(&buf, &len);

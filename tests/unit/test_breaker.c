@@ -5,6 +5,8 @@
 
 #include <criterion/criterion.h>
 #include <stdint.h>
+#include <stdio.h>
+#include <string.h>
 
 TestSuite(breaker);
 
@@ -118,4 +120,45 @@ Test(breaker, period_doubles_up_to_its_cap)
     idem_breaker_room(&b, t);
     idem_breaker_trip(&b, "down", 24LL * 3600 * 1000, t);
     cr_expect_eq(b.open_until_ms - t, IDEM_BREAKER_RETRY_AFTER_MAX_MS);
+}
+
+/* A record is its identity, not its address: the loop reuses record
+ * structs, so failures of different records in one struct are different
+ * records (and open the breaker), while one identity failing again in any
+ * struct stays one record. */
+Test(breaker, records_are_told_apart_by_identity_not_address)
+{
+    char rec[16]; /* one struct, reused for each record */
+    memcpy(rec, "ord-1", 5);
+    uint64_t a = idem_breaker_record_id(rec, 5);
+    memcpy(rec, "ord-2", 5);
+    uint64_t b2 = idem_breaker_record_id(rec, 5);
+    cr_expect_neq(a, b2);
+    cr_expect_eq(idem_breaker_record_id("ord-1", 5), a, "same identity");
+    /* NUL bytes are data; a prefix is another identity. */
+    cr_expect_neq(idem_breaker_record_id("a\0b", 3),
+                  idem_breaker_record_id("a\0c", 3));
+    cr_expect_neq(idem_breaker_record_id("ord-1", 4), a);
+
+    idem_breaker_t b;
+    idem_breaker_init(&b);
+    int64_t t = 1000;
+    int opened = 0;
+    for (int i = 0; i < IDEM_BREAKER_MIN_FAILURES && !opened; i++) {
+        snprintf(rec, sizeof(rec), "ord-%d", i);
+        opened = idem_breaker_result(
+            &b, idem_breaker_record_id(rec, strlen(rec)), 1, "HTTP 503", -1, t);
+    }
+    cr_expect(opened, "different records in one struct opened nothing");
+    cr_expect_eq(b.state, IDEM_BREAKER_OPEN);
+
+    idem_breaker_init(&b);
+    for (int i = 0; i < 3 * IDEM_BREAKER_MIN_FAILURES; i++) {
+        char other[16];
+        snprintf(other, sizeof(other), "ord-x");
+        cr_expect_eq(idem_breaker_result(&b, idem_breaker_record_id(other, 5),
+                                         1, "HTTP 503", -1, t),
+                     0, "one identity failing opened it");
+    }
+    cr_expect_eq(b.state, IDEM_BREAKER_CLOSED);
 }

@@ -285,6 +285,34 @@ Test(metrics, webhook_series_only_once_enabled)
     idem_metrics_destroy(m);
 }
 
+/* A script request Redis refused to end: counted, and one series names
+ * its first record (and how many records it holds) while it is in flight,
+ * the one before replaced, gone once it is over. */
+Test(metrics, script_unkillable_names_the_request_while_stuck)
+{
+    idem_metrics_t *m = idem_metrics_new();
+    char *t = render(m);
+    expect_line(t, "idemproc_script_unkillable_total 0");
+    cr_expect_null(strstr(t, "idemproc_script_unkillable_offset"), "%s", t);
+    free(t);
+    idem_metrics_script_unkillable_set(m, "pay\"ments", 3, 1234567890123, 16);
+    idem_metrics_script_unkillable_set(m, "payments", 2, 41, 1);
+    t = render(m);
+    expect_line(t, "idemproc_script_unkillable_total 2");
+    expect_line(t, "idemproc_script_unkillable_offset{topic=\"payments\","
+                   "partition=\"2\",records=\"1\"} 41");
+    cr_expect_null(strstr(t, "partition=\"3\""), "%s", t);
+    expect_line(t, "# TYPE idemproc_script_unkillable_offset gauge");
+    free(t);
+    idem_metrics_script_unkillable_clear(m);
+    t = render(m);
+    expect_line(t, "idemproc_script_unkillable_total 2");
+    cr_expect_null(strstr(t, "idemproc_script_unkillable_offset"), "%s", t);
+    cr_expect_eq(idem_metrics_script_unkillable_get(m), 2);
+    free(t);
+    idem_metrics_destroy(m);
+}
+
 Test(metrics, lag_parsed_from_rdkafka_statistics)
 {
     idem_metrics_t *m = idem_metrics_new();

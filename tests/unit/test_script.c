@@ -242,6 +242,54 @@ Test(script, bad_script_fields_are_refused)
     idem_luascript_destroy(sc);
 }
 
+/* A literal pointer the effect reads through rec.fields must be in
+ * script.fields: at run time such a read is an error for every record.
+ * Each case: the file, script.fields, and the error's words (NULL: the
+ * file is accepted). */
+Test(script, literal_fields_pointers_must_be_declared)
+{
+    const char *cases[][4] = {
+        /* read, not declared: named with its line */
+        {"function effect(rec)\n  local q = rec.fields['/qty']\n"
+         "  local x = rec.fields[\"/x\"]\nend\n",
+         "/qty", "bad.lua:3: rec.fields[\"/x\"]: not in script.fields (/qty)",
+         "every record would be dead-lettered"},
+        {"function effect(rec) return rec.fields['/x'] end\n", "",
+         "bad.lua:1: rec.fields[\"/x\"]: not in script.fields (not set)", NULL},
+        /* spaces, a long bracket, escapes, another parameter name */
+        {"function effect(r)\n\n  return r . fields [ [[/a/b]] ]\nend\n", "/a",
+         "bad.lua:3: r.fields[\"/a/b\"]", NULL},
+        {"function effect(rec) return rec.fields['/a\\126\\0481'] end\n",
+         "/a~0", "rec.fields[\"/a~01\"]", NULL},
+        /* declared, in comments or strings, computed, another table: fine */
+        {"function effect(rec)\n  local q = rec.fields['/qty']\n"
+         "  -- rec.fields['/no']\n  --[[ rec.fields['/no'] ]]\n"
+         "  local s = \"rec.fields['/no']\" .. [==[rec.fields['/no']]==]\n"
+         "  local k = '/no'\n  local v = rec.fields[k]\n"
+         "  local o = {fields = {}}\n  local w = o.fields['/no']\n"
+         "  local z = myrec.fields['/no']\n  local y = rec.fields[k .. '']\n"
+         "end\n",
+         "/qty", NULL, NULL},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        char err[1024] = "";
+        const char *path = th_file_in(&dir, "bad.lua", cases[i][0]);
+        idem_luascript_t *sc =
+            idem_luascript_load(path, cases[i][1], err, sizeof(err));
+        if (!cases[i][2]) {
+            cr_expect(sc, "case %zu refused: %s", i, err);
+        } else {
+            cr_expect_null(sc, "case %zu accepted", i);
+            for (int w = 2; w < 4; w++)
+                cr_expect(!cases[i][w] || strstr(err, cases[i][w]),
+                          "case %zu: error lacks \"%s\": %s", i, cases[i][w],
+                          err);
+            cr_expect(!strncmp(err, "script.file: ", 13), "%s", err);
+        }
+        idem_luascript_destroy(sc);
+    }
+}
+
 /* The README shows inventory.lua in full: it must be the shipped file. */
 Test(script, readme_shows_the_example_file)
 {
