@@ -76,6 +76,7 @@ int idem_cmd_run(int argc, char **argv, char **envp)
     char errstr[512];
     idem_log_setup((idem_log_level_t)conf->log_level,
                    (idem_log_format_t)conf->log_format);
+    idem_log_context(conf->group_id, conf->member_id);
 
     shutdown_watchdog_s = (unsigned)((conf->shutdown_timeout_ms + 999) / 1000);
     idem_signals_install(on_signal, on_watchdog);
