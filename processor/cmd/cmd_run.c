@@ -83,6 +83,7 @@ int idem_cmd_run(int argc, char **argv, char **envp)
 
     rc = IDEM_EXIT_OK;
     idem_metrics_t *m = idem_metrics_new();
+    idem_metrics_member_set(m, conf->group_id, conf->member_id);
     idem_http_t *http = NULL;
     idem_pipeline_t *p = NULL;
     if (conf->http_listen && *conf->http_listen) {
