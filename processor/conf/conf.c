@@ -377,6 +377,18 @@ static const prop_t props[] = {
      0,
      0,
      "attempts of a retriable handler error before max-retries"},
+    {"handler.max.consecutive.rejects",
+     PROP_INT,
+     F(handler_max_consecutive_rejects),
+     "100",
+     0,
+     100000000,
+     {0},
+     0,
+     0,
+     "after this many handler-rejected records in a row (no success "
+     "between) the member pauses and turns not ready instead of "
+     "dead-lettering more, until a record succeeds; 0 = off"},
     {"retry.backoff.initial.ms",
      PROP_INT,
      F(retry_backoff_initial_ms),

@@ -15,6 +15,7 @@
 #include "loop/pipeline.h"
 #include "loop/posread.h"
 #include "loop/records.h"
+#include "loop/rejectguard.h"
 #include "kafka/retrytopic.h"
 #include "redis/store.h"
 #include "loop/wake.h"
@@ -125,8 +126,9 @@ struct idem_pipeline_s {
     idem_store_result_t *res;     /* scratch: what the store said */
     idem_result_t *hres;          /* scratch: what the handler said */
     size_t scratch_cap;
-    idem_offsets_t offs; /* the partitions held and their positions */
-    idem_flow_t flow;    /* backoff, outage state, pause decision */
+    idem_offsets_t offs;        /* the partitions held and their positions */
+    idem_flow_t flow;           /* backoff, outage state, pause decision */
+    idem_rejectguard_t rejects; /* handler.max.consecutive.rejects */
 
     int paused; /* all partitions paused by us */
     int brokers_down;

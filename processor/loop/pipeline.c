@@ -609,6 +609,7 @@ idem_pipeline_t *idem_pipeline_new(const idem_conf_t *conf, idem_metrics_t *m,
     p->conf = conf;
     p->wake.fd[0] = p->wake.fd[1] = -1;
     idem_offsets_init(&p->offs);
+    idem_rejectguard_init(&p->rejects, conf->handler_max_consecutive_rejects);
     idem_flow_init(&p->flow, conf->retry_backoff_initial_ms,
                    conf->retry_backoff_max_ms);
     p->m = m;
@@ -851,7 +852,7 @@ static void progress_log(idem_pipeline_t *p, int64_t now)
         now - p->last_progress_ms < p->conf->progress_interval_ms)
         return;
     double secs = (double)(now - p->last_progress_ms) / 1000.0;
-    char rate[32], lag[32], proc[32], dup[32], dlq[32];
+    char rate[32], lag[32], proc[32], dup[32], dlq[32], assigned[32];
     snprintf(rate, sizeof(rate), "%.0f",
              p->last_progress_ms ? (double)p->progress_records / secs : 0.0);
     /* -1 until the first librdkafka statistics: unknown, not negative. */
@@ -866,9 +867,12 @@ static void progress_log(idem_pipeline_t *p, int64_t now)
              idem_metrics_outcome_get(p->m, IDEM_OUTCOME_DUPLICATE));
     snprintf(dlq, sizeof(dlq), "%" PRIu64,
              idem_metrics_outcome_get(p->m, IDEM_OUTCOME_DLQ));
+    /* lag=0 with assigned=0 is a member waiting for partitions. */
+    snprintf(assigned, sizeof(assigned), "%zu", p->offs.cnt);
     if (p->last_progress_ms)
         idem_log_kv(IDEM_LOG_INFO, "progress", "rate", rate, "lag", lag,
-                    "processed", proc, "duplicate", dup, "dlq", dlq, NULL);
+                    "assigned", assigned, "processed", proc, "duplicate", dup,
+                    "dlq", dlq, NULL);
     p->last_progress_ms = now;
     p->progress_records = 0;
 }
