@@ -11,6 +11,9 @@
 
 static idem_log_level_t log_level = IDEM_LOG_INFO;
 static idem_log_format_t log_format = IDEM_LOG_JSON;
+static int log_fd = STDERR_FILENO;
+static char log_group[256];  /* "" when not set */
+static char log_member[256]; /* "" when not set */
 
 static const char *level_names[] = {"debug", "info", "warn", "error"};
 
@@ -18,6 +21,92 @@ void idem_log_setup(idem_log_level_t level, idem_log_format_t format)
 {
     log_level = level;
     log_format = format;
+}
+
+void idem_log_context(const char *group, const char *member)
+{
+    snprintf(log_group, sizeof(log_group), "%s", group ? group : "");
+    snprintf(log_member, sizeof(log_member), "%s", member ? member : "");
+}
+
+void idem_log_set_fd(int fd)
+{
+    log_fd = fd;
+}
+
+/* The fields whose values are numbers wherever they are logged. A name
+ * here is a promise about every call site: a field is one JSON type on
+ * every line, or a log store that maps types from the first line it sees
+ * (Elasticsearch, Loki's json stage) trips on the next. */
+static const char *const numeric_keys[] = {
+    "acknowledged_offset",
+    "app_offset",
+    "assigned",
+    "attempts",
+    "count",
+    "dlq",
+    "duplicate",
+    "failed",
+    "fetchq_cnt",
+    "held",
+    "high_watermark",
+    "kafka_offset",
+    "lag",
+    "next_offset",
+    "off",
+    "offset",
+    "partition",
+    "processed",
+    "published",
+    "rate",
+    "record_offset",
+    "records",
+    "records_in_hand",
+    "redis_offset",
+    "rejects",
+    "seconds",
+    "start_offset",
+    NULL,
+};
+
+int idem_log_numeric_key(const char *key)
+{
+    for (size_t i = 0; numeric_keys[i]; i++)
+        if (!strcmp(numeric_keys[i], key))
+            return 1;
+    return 0;
+}
+
+/* 1 when s is a number in JSON's grammar (RFC 8259 section 6): what can be
+ * written unquoted. */
+static int is_json_number(const char *s)
+{
+    if (*s == '-')
+        s++;
+    if (*s == '0')
+        s++;
+    else if (*s >= '1' && *s <= '9')
+        while (*s >= '0' && *s <= '9')
+            s++;
+    else
+        return 0;
+    if (*s == '.') {
+        s++;
+        if (!(*s >= '0' && *s <= '9'))
+            return 0;
+        while (*s >= '0' && *s <= '9')
+            s++;
+    }
+    if (*s == 'e' || *s == 'E') {
+        s++;
+        if (*s == '+' || *s == '-')
+            s++;
+        if (!(*s >= '0' && *s <= '9'))
+            return 0;
+        while (*s >= '0' && *s <= '9')
+            s++;
+    }
+    return *s == '\0';
 }
 
 const char *idem_log_level2str(idem_log_level_t level)
@@ -95,11 +184,29 @@ static void log_emit(idem_log_level_t level, const char *msg, va_list fields)
         line_puts(&l, "\",\"msg\":\"");
         line_put_json(&l, msg);
         line_putc(&l, '"');
+        if (*log_group) {
+            line_puts(&l, ",\"group\":\"");
+            line_put_json(&l, log_group);
+            line_putc(&l, '"');
+        }
+        if (*log_member) {
+            line_puts(&l, ",\"member\":\"");
+            line_put_json(&l, log_member);
+            line_putc(&l, '"');
+        }
         while ((k = va_arg(fields, const char *)) != NULL) {
             v = va_arg(fields, const char *);
+            if ((*log_group && !strcmp(k, "group")) ||
+                (*log_member && !strcmp(k, "member")))
+                continue; /* written once, above */
             line_puts(&l, ",\"");
             line_put_json(&l, k);
-            line_puts(&l, "\":\"");
+            line_puts(&l, "\":");
+            if (idem_log_numeric_key(k)) {
+                line_puts(&l, v && is_json_number(v) ? v : "null");
+                continue;
+            }
+            line_putc(&l, '"');
             line_put_json(&l, v ? v : "");
             line_putc(&l, '"');
         }
@@ -121,7 +228,7 @@ static void log_emit(idem_log_level_t level, const char *msg, va_list fields)
     l.buf[l.len++] = '\n';
     ssize_t off = 0;
     while ((size_t)off < l.len) {
-        ssize_t w = write(STDERR_FILENO, l.buf + off, l.len - (size_t)off);
+        ssize_t w = write(log_fd, l.buf + off, l.len - (size_t)off);
         if (w <= 0)
             break;
         off += w;

@@ -6,6 +6,7 @@
 #include "kafka/dlqread.h"
 #include "kafka/dlqrec.h"
 #include "kafka/kafka.h"
+#include "input/envelope.h"
 #include "base/outcome.h"
 #include "base/util.h"
 
@@ -36,9 +37,11 @@ void idem_cmd_dlq_usage(FILE *out)
         "  stats    counts by reason and original topic, oldest/newest "
         "dlq.failed.at,\n"
         "           distinct originals vs dead letters written\n"
-        "  inspect  one dead letter a line: JSON (default) or text; the "
-        "value is cut\n"
-        "           to --max-bytes (default 1024) unless --value\n"
+        "  inspect  one dead letter a line: JSON (default) or text, with "
+        "its identity\n"
+        "           (read by the config's envelope.*) and original headers; "
+        "the value\n"
+        "           is cut to --max-bytes (default 1024) unless --value\n"
         "  replay   re-publishes the selected dead letters to their "
         "original topic (or\n"
         "           --to) with the idempotent producer: same key, value and "
@@ -51,9 +54,12 @@ void idem_cmd_dlq_usage(FILE *out)
         "GROUP commits\n"
         "           how far it got, so the next run with it continues "
         "there.\n"
-        "  filters: --reason R  --topic T  --since TIME  --until TIME  --key "
-        "K\n"
-        "           --grep TEXT  --limit N  --from-offset N\n"
+        "  filters: --reason R  --topic T  --group G  --since TIME  --until "
+        "TIME\n"
+        "           --key K"
+        "  --grep TEXT  --limit N  --from-offset N\n"
+        "           (--group: dlq.group, for a DLQ that several consumer "
+        "groups share)\n"
         "           TIME: RFC 3339 (2026-11-30T16:00:00Z) or ago (90s, 15m, "
         "2h, 7d)\n"
         "  Exit 0 ok, 1 a replay or read failed, 2 usage.\n");
@@ -76,6 +82,7 @@ enum {
     OPT_DRY_RUN,
     OPT_RATE,
     OPT_CHECKPOINT,
+    OPT_GROUP,
 };
 
 /* Every option of the three; dlq_opt refuses those a verb does not take. */
@@ -96,6 +103,7 @@ static const struct option dlq_options[] = {
     {"dry-run", no_argument, 0, OPT_DRY_RUN},
     {"rate", required_argument, 0, OPT_RATE},
     {"checkpoint", required_argument, 0, OPT_CHECKPOINT},
+    {"group", required_argument, 0, OPT_GROUP},
     {0, 0, 0, 0}};
 
 typedef enum { DLQ_STATS, DLQ_INSPECT, DLQ_REPLAY } dlq_verb_t;
@@ -152,6 +160,11 @@ static int dlq_opt(int opt, const char *arg, void *opaque)
         return 0;
     case OPT_KEY:
         o->filter.key = arg;
+        return 0;
+    case OPT_GROUP:
+        if (!*arg)
+            return bad(o, "--group", arg, "is not a group name");
+        o->filter.group = arg;
         return 0;
     case OPT_GREP:
         o->filter.grep = arg;
@@ -311,6 +324,7 @@ static int stats_cb(const idem_dlqrec_t *r, size_t pi, void *opaque)
 
 typedef struct {
     const dlq_opts_t *o;
+    idem_envelope_rules_t *rules; /* the config's envelope.* */
     long shown;
 } inspect_t;
 
@@ -318,10 +332,26 @@ static int inspect_cb(const idem_dlqrec_t *r, size_t pi, void *opaque)
 {
     (void)pi;
     inspect_t *in = opaque;
+    /* The identity as the processor reads it: the same rules, so a
+     * no-identity dead letter says here why it has none. */
+    idem_dlqrec_t shown = *r;
+    idem_envelope_t env;
+    idem_reason_t reason;
+    char err[256];
+    memset(&env, 0, sizeof(env));
+    if (!idem_envelope_read(in->rules, r->value, r->value_len, r->headers,
+                            r->key, r->key_len, &env, &reason, err,
+                            sizeof(err))) {
+        shown.identity = env.identity;
+        shown.identity_len = env.identity_len;
+    } else {
+        shown.identity_error = err;
+    }
     if (in->o->text)
-        idem_dlqrec_print_text(r, in->o->max_bytes, stdout);
+        idem_dlqrec_print_text(&shown, in->o->max_bytes, stdout);
     else
-        idem_dlqrec_print_json(r, in->o->max_bytes, stdout);
+        idem_dlqrec_print_json(&shown, in->o->max_bytes, stdout);
+    idem_envelope_term(&env);
     in->shown++;
     return 0;
 }
@@ -357,10 +387,20 @@ static int run_inspect(const idem_conf_t *conf, const dlq_opts_t *o,
     size_t n;
     const idem_dlqread_part_t *parts = idem_dlqread_parts(rd, &n);
     scan_notes(o, conf->dlq_topic, parts, n, stderr);
-    inspect_t in = {o, 0};
+    /* No size limit: a dead letter too large for the input is still shown
+     * with the identity it has. */
+    inspect_t in = {o, NULL, 0};
+    in.rules = idem_envelope_rules_new(
+        conf->envelope_format, conf->envelope_identity,
+        conf->envelope_message_id, 0, SIZE_MAX, errstr, sizeof(errstr));
+    if (!in.rules) {
+        fprintf(stderr, "idemproc %s: %s\n", o->name, errstr);
+        return IDEM_EXIT_USAGE;
+    }
     long read_cnt = 0;
     int rc = scan(conf, o, rd, &read_cnt, inspect_cb, NULL, &in, errstr,
                   sizeof(errstr));
+    idem_envelope_rules_destroy(in.rules);
     fflush(stdout);
     if (rc) {
         fprintf(stderr, "idemproc %s: %s\n", o->name, errstr);

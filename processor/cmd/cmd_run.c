@@ -48,6 +48,7 @@ int idem_cmd_run(int argc, char **argv, char **envp)
     char errstr[512];
     idem_log_setup((idem_log_level_t)conf->log_level,
                    (idem_log_format_t)conf->log_format);
+    idem_log_context(conf->group_id, conf->member_id);
 
     /* The first SIGTERM/SIGINT/SIGHUP stops; a second exits at once
      * without committing (the records in hand are read again by whoever
@@ -63,6 +64,7 @@ int idem_cmd_run(int argc, char **argv, char **envp)
 
     rc = IDEM_EXIT_OK;
     idem_metrics_t *m = idem_metrics_new();
+    idem_metrics_member_set(m, conf->group_id, conf->member_id);
     idem_http_t *http = NULL;
     idem_pipeline_t *p = NULL;
     if (conf->http_listen && *conf->http_listen) {

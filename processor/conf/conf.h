@@ -203,8 +203,9 @@ typedef struct idem_conf_s {
     char *fault_fetch_pause; /* dev.fault.fetch.pause: TOPIC:PARTITION[:N] */
     int64_t fault_fetch_assign_fail; /* dev.fault.fetch.assign.fail */
     int64_t progress_interval_ms;
-    int log_level;  /* idem_log_level_t */
-    int log_format; /* idem_log_format_t */
+    int64_t handler_max_consecutive_rejects; /* 0: off (rejectguard.h) */
+    int log_level;                           /* idem_log_level_t */
+    int log_format;                          /* idem_log_format_t */
     int64_t shutdown_timeout_ms;
 
     /* idemproc outbox only (see idem_conf_load_scope). */

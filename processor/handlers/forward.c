@@ -1,6 +1,6 @@
 /* forward: handler=forward, each new record copied to output.topic by an
- * idempotent producer (value's own bytes, plus processed_at in a JSON
- * object when forward.processed.at is true). The loop holds the lease
+ * idempotent producer: byte-identical by default; forward.processed.at
+ * adds processed_at as a header or into a JSON object. The loop holds the lease
  * while the write is in flight and marks the record done once the broker
  * acknowledged it (handler.h, IDEM_EFFECT_EXTERNAL). */
 #include "input/envelope.h"
@@ -33,10 +33,13 @@ typedef struct {
     const idem_conf_t *conf;
     rd_kafka_t *rk;
     rd_kafka_topic_t *rkt;
-    int processed_at;
-    write_t *w; /* in submit order */
+    int processed_at; /* PROCESSED_AT_* */
+    write_t *w;       /* in submit order */
     size_t n, cap;
 } forward_t;
+
+/* forward.processed.at, by its index in the key's enum. */
+enum { PROCESSED_AT_OFF = 0, PROCESSED_AT_VALUE = 1, PROCESSED_AT_HEADER = 2 };
 
 static const idem_conf_key_t forward_keys[] = {
     /* clang-format off */
@@ -45,10 +48,11 @@ static const idem_conf_key_t forward_keys[] = {
     /* clang-format on */
     {.name = "forward.processed.at",
      .type = IDEM_KEY_ENUM,
-     .def = "true",
-     .enums = {"false", "true"},
-     .doc = "add \"processed_at\" (RFC 3339, UTC) to a JSON-object value; "
-            "other values are copied as they are"},
+     .def = "false",
+     .enums = {"false", "true", "header"},
+     .doc = "false: the copy is byte-identical (key, value, headers); header: "
+            "add a processed_at header (RFC 3339, UTC); true: add "
+            "\"processed_at\" to a JSON-object value (changes its bytes)"},
     {.name = NULL},
 };
 
@@ -110,7 +114,7 @@ static void *forward_start(const idem_handler_ctx_t *ctx, char *errstr,
         free(f);
         return NULL;
     }
-    f->processed_at = idem_conf_int(conf, "forward.processed.at") == 1;
+    f->processed_at = (int)idem_conf_int(conf, "forward.processed.at");
     return f;
 }
 
@@ -139,12 +143,14 @@ static ticket_t *forward_write(forward_t *f, const idem_record_t *rec,
 {
     char *value;
     size_t value_len;
-    if (f->processed_at && rec->value_is_object) {
+    char ts[40];
+    if (f->processed_at)
+        idem_rfc3339(idem_wall_ms(), ts, sizeof(ts));
+    if (f->processed_at == PROCESSED_AT_VALUE && rec->value_is_object) {
         /* The value's own bytes plus processed_at: re-serialising it would
          * rewrite numbers (619.74 as 619.74000000000001). */
-        char ts[40], field[48];
-        snprintf(field, sizeof(field), "\"%s\"",
-                 idem_rfc3339(idem_wall_ms(), ts, sizeof(ts)));
+        char field[48];
+        snprintf(field, sizeof(field), "\"%s\"", ts);
         value = idem_envelope_set_member(rec->value, rec->value_len,
                                          "processed_at", field, &value_len);
     } else {
@@ -155,6 +161,11 @@ static ticket_t *forward_write(forward_t *f, const idem_record_t *rec,
     }
     rd_kafka_headers_t *h =
         rec->headers ? rd_kafka_headers_copy(rec->headers) : NULL;
+    if (f->processed_at == PROCESSED_AT_HEADER) {
+        if (!h)
+            h = rd_kafka_headers_new(1);
+        rd_kafka_header_add(h, "processed_at", -1, ts, -1);
+    }
     ticket_t *t = idem_xcalloc(1, sizeof(*t));
     for (;;) {
         *err = rd_kafka_producev(f->rk, RD_KAFKA_V_RKT(f->rkt),

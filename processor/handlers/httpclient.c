@@ -458,9 +458,47 @@ static int slot_prepare(idem_httpclient_t *c, slot_t *s, const void *body,
     return 0;
 }
 
+size_t idem_httpclient_header_line(const char *name, const void *value,
+                                   size_t value_len, char *out, size_t out_size)
+{
+    static const char hex[] = "0123456789ABCDEF";
+    const unsigned char *v = value;
+    size_t n = strlen(name), o = 0;
+    if (out_size < n + 3)
+        return (size_t)-1;
+    memcpy(out, name, n);
+    out[n] = ':';
+    out[n + 1] = ' ';
+    o = n + 2;
+    for (size_t i = 0; i < value_len; i++) {
+        int keep = (v[i] >= 0x20 && v[i] < 0x7f && v[i] != '%') || v[i] == '\t';
+        if (o + (keep ? 1 : 3) >= out_size)
+            return (size_t)-1;
+        if (keep) {
+            out[o++] = (char)v[i];
+        } else {
+            out[o++] = '%';
+            out[o++] = hex[v[i] >> 4];
+            out[o++] = hex[v[i] & 15];
+        }
+    }
+    out[o] = '\0';
+    return o;
+}
+
 int idem_httpclient_submit(idem_httpclient_t *c, uint64_t tag, const void *key,
                            size_t key_len, const void *body, size_t body_len,
                            char *errstr, size_t errstr_size)
+{
+    return idem_httpclient_submit_hdrs(c, tag, key, key_len, body, body_len,
+                                       NULL, 0, errstr, errstr_size);
+}
+
+int idem_httpclient_submit_hdrs(idem_httpclient_t *c, uint64_t tag,
+                                const void *key, size_t key_len,
+                                const void *body, size_t body_len,
+                                const char *const *lines, size_t nlines,
+                                char *errstr, size_t errstr_size)
 {
     if (!idem_httpclient_room(c)) {
         err_set(errstr, errstr_size, "webhook: %zu requests in flight",
@@ -487,6 +525,8 @@ int idem_httpclient_submit(idem_httpclient_t *c, uint64_t tag, const void *key,
         head = slist_add(head, b->data);
     head = slist_add(head, c->content_type_hdr);
     head = slist_add(head, line);
+    for (size_t i = 0; i < nlines; i++)
+        head = slist_add(head, lines[i]);
     head = slist_add(head, "Expect:");
     free(line);
     s->hdrs = head;

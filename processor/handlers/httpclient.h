@@ -83,6 +83,24 @@ int idem_httpclient_submit(idem_httpclient_t *c, uint64_t tag, const void *key,
                            size_t key_len, const void *body, size_t body_len,
                            char *errstr, size_t errstr_size);
 
+/* idem_httpclient_submit with more header lines for this request alone
+ * ("Name: value", borrowed, copied; nlines may be 0). The caller makes
+ * each line safe: no CR or LF (idem_httpclient_header_line). */
+int idem_httpclient_submit_hdrs(idem_httpclient_t *c, uint64_t tag,
+                                const void *key, size_t key_len,
+                                const void *body, size_t body_len,
+                                const char *const *lines, size_t nlines,
+                                char *errstr, size_t errstr_size);
+
+/* Writes "Name: value" into out (NUL-terminated) for a header taken from a
+ * record: value bytes that are visible ASCII, space or tab are kept, any
+ * other byte (CR, LF, NUL, non-ASCII) becomes %XX, so a record cannot add
+ * a header line of its own. Returns the length, or (size_t)-1 when out is
+ * too small (it needs strlen(name) + 3 * value_len + 3 bytes). */
+size_t idem_httpclient_header_line(const char *name, const void *value,
+                                   size_t value_len, char *out,
+                                   size_t out_size);
+
 /* Moves the transfers along: waits at most wait_ms for network activity
  * (0: never blocks). Returns 0, or -1 when libcurl's multi handle fails
  * (errstr; in-flight requests are then lost, treat them as failed). */

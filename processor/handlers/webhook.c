@@ -12,6 +12,7 @@
 #include "base/log.h"
 #include "base/util.h"
 
+#include <inttypes.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -32,6 +33,11 @@ static const idem_conf_key_t webhook_keys[] = {
      .secret = 1,
      .doc = "more request headers, \"Name: value\" separated by "
             "newlines or \\n (tokens: use webhook.headers.file)"},
+    {.name = "webhook.forward.headers",
+     .type = IDEM_KEY_STR,
+     .doc = "record headers passed on as request headers, a comma list of "
+            "names (e.g. traceparent,tracestate); X-Kafka-Topic, "
+            "-Partition, -Offset and -Key are always sent"},
     {.name = "webhook.timeout.ms",
      .type = IDEM_KEY_INT,
      .def = "10000",
@@ -68,7 +74,57 @@ typedef struct {
     size_t scratch_cap;
     uint64_t *aborted;      /* tags of aborted requests, max.inflight long */
     idem_breaker_t breaker; /* the service as a whole: outage or not */
+    char **fwd;             /* webhook.forward.headers, split */
+    size_t fwd_cnt;
 } webhook_t;
+
+#define FWD_MAX 16 /* names in webhook.forward.headers */
+
+/* Splits webhook.forward.headers (NULL or "": none) into *out (caller
+ * frees each and the array). Returns 0, or -1 with errstr for a name that
+ * is not an HTTP token (RFC 9110) or one too many. */
+static int fwd_parse(const char *list, char ***out, size_t *cnt, char *errstr,
+                     size_t errstr_size)
+{
+    *out = NULL;
+    *cnt = 0;
+    for (const char *p = list; p && *p;) {
+        while (*p == ' ' || *p == ',')
+            p++;
+        size_t n = strcspn(p, ", ");
+        if (!n)
+            break;
+        for (size_t i = 0; i < n; i++)
+            if (!strchr("!#$%&'*+-.^_`|~", p[i]) &&
+                !(p[i] >= '0' && p[i] <= '9') &&
+                !((p[i] | 0x20) >= 'a' && (p[i] | 0x20) <= 'z')) {
+                snprintf(errstr, errstr_size,
+                         "webhook.forward.headers: \"%.*s\" is not a header "
+                         "name",
+                         (int)n, p);
+                goto fail;
+            }
+        if (*cnt == FWD_MAX) {
+            snprintf(errstr, errstr_size,
+                     "webhook.forward.headers: more than %d names", FWD_MAX);
+            goto fail;
+        }
+        *out = idem_xrealloc(*out, (*cnt + 1) * sizeof(**out));
+        char *name = idem_xmalloc(n + 1);
+        memcpy(name, p, n);
+        name[n] = '\0';
+        (*out)[(*cnt)++] = name;
+        p += n;
+    }
+    return 0;
+fail:
+    for (size_t i = 0; i < *cnt; i++)
+        free((*out)[i]);
+    free(*out);
+    *out = NULL;
+    *cnt = 0;
+    return -1;
+}
 
 static void conf_from(const idem_conf_t *conf, idem_httpclient_conf_t *c)
 {
@@ -87,6 +143,14 @@ static int webhook_validate(const idem_conf_t *conf, const char *arg,
     (void)arg;
     idem_httpclient_conf_t c;
     conf_from(conf, &c);
+    char **fwd;
+    size_t fwd_cnt;
+    if (fwd_parse(idem_conf_str(conf, "webhook.forward.headers"), &fwd,
+                  &fwd_cnt, errstr, errstr_size))
+        return -1;
+    for (size_t i = 0; i < fwd_cnt; i++)
+        free(fwd[i]);
+    free(fwd);
     return idem_httpclient_check(&c, errstr, errstr_size);
 }
 
@@ -99,6 +163,12 @@ static void *webhook_start(const idem_handler_ctx_t *ctx, char *errstr,
     if (!http)
         return NULL;
     webhook_t *w = idem_xcalloc(1, sizeof(*w));
+    if (fwd_parse(idem_conf_str(ctx->conf, "webhook.forward.headers"), &w->fwd,
+                  &w->fwd_cnt, errstr, errstr_size)) {
+        idem_httpclient_destroy(http);
+        free(w);
+        return NULL;
+    }
     w->http = http;
     w->metrics = ctx->metrics;
     w->scratch_cap = (size_t)c.max_inflight;
@@ -140,6 +210,51 @@ static idem_result_t *ready_add(webhook_t *w)
     return &w->ready[w->ready_cnt++];
 }
 
+/* Submits r's request with its own headers: where it comes from
+ * (X-Kafka-Topic, -Partition, -Offset, -Key when it has one) and the
+ * record headers webhook.forward.headers names (the last value of each;
+ * absent ones are left out). Bytes that could break a header line are
+ * %XX-encoded. */
+static int submit_record(webhook_t *w, idem_record_t *r, char *err,
+                         size_t err_size)
+{
+    char *lines[4 + FWD_MAX];
+    size_t n = 0;
+    char num[32];
+    size_t cap;
+    lines[n] = idem_xmalloc(cap = strlen(r->topic) * 3 + 32);
+    idem_httpclient_header_line("X-Kafka-Topic", r->topic, strlen(r->topic),
+                                lines[n++], cap);
+    snprintf(num, sizeof(num), "%" PRId32, r->partition);
+    lines[n] = idem_xmalloc(64);
+    idem_httpclient_header_line("X-Kafka-Partition", num, strlen(num),
+                                lines[n++], 64);
+    snprintf(num, sizeof(num), "%" PRId64, r->offset);
+    lines[n] = idem_xmalloc(64);
+    idem_httpclient_header_line("X-Kafka-Offset", num, strlen(num), lines[n++],
+                                64);
+    if (r->key) {
+        lines[n] = idem_xmalloc(cap = r->key_len * 3 + 32);
+        idem_httpclient_header_line("X-Kafka-Key", r->key, r->key_len,
+                                    lines[n++], cap);
+    }
+    for (size_t i = 0; i < w->fwd_cnt && r->headers; i++) {
+        const void *v;
+        size_t vlen;
+        if (rd_kafka_header_get_last(r->headers, w->fwd[i], &v, &vlen) || !v)
+            continue;
+        lines[n] = idem_xmalloc(cap = strlen(w->fwd[i]) + 3 * vlen + 3);
+        idem_httpclient_header_line(w->fwd[i], v, vlen, lines[n++], cap);
+    }
+    int rc = idem_httpclient_submit_hdrs(
+        w->http, (uint64_t)(uintptr_t)r, r->identity, r->identity_len, r->value,
+        r->value ? r->value_len : 0, (const char *const *)lines, n, err,
+        err_size);
+    for (size_t i = 0; i < n; i++)
+        free(lines[i]);
+    return rc;
+}
+
 /* Starts queued records while there are free slots and the breaker lets
  * them go, in submit order (so a partition's requests leave in offset
  * order). A request libcurl refuses gets a RETRY result; while the breaker
@@ -162,9 +277,7 @@ static void pump(webhook_t *w)
                             idem_breaker_reason(&w->breaker));
             continue;
         }
-        if (idem_httpclient_submit(
-                w->http, (uint64_t)(uintptr_t)r, r->identity, r->identity_len,
-                r->value, r->value ? r->value_len : 0, err, sizeof(err))) {
+        if (submit_record(w, r, err, sizeof(err))) {
             idem_result_set(ready_add(w), r, IDEM_RESULT_RETRY, "%s", err);
             continue;
         }
@@ -337,6 +450,9 @@ static void webhook_stop(void *h)
     free(w->ready);
     free(w->scratch);
     free(w->aborted);
+    for (size_t i = 0; i < w->fwd_cnt; i++)
+        free(w->fwd[i]);
+    free(w->fwd);
     free(w);
 }
 

@@ -161,6 +161,8 @@ int idem_dlqfilter_match(const idem_dlqfilter_t *f, const idem_dlqrec_t *r)
         return 0;
     if (f->topic && !str_eq(f->topic, r->orig_topic))
         return 0;
+    if (f->group && !str_eq(f->group, r->group))
+        return 0;
     if (f->key && (!r->key || strlen(f->key) != r->key_len ||
                    memcmp(f->key, r->key, r->key_len)))
         return 0;
@@ -301,6 +303,32 @@ static void json_set_str(json_t *o, const char *name, const char *v)
         json_set_bytes(o, name, v, strlen(v));
 }
 
+static int added_in_dlq(const char *name);
+
+/* The original headers as [[name, value], ...]. */
+static json_t *json_headers(const rd_kafka_headers_t *h)
+{
+    json_t *a = json_array();
+    const char *name;
+    const void *v;
+    size_t n;
+    for (size_t i = 0; h && !rd_kafka_header_get_all(h, i, &name, &v, &n);
+         i++) {
+        if (added_in_dlq(name))
+            continue;
+        json_t *val = v ? json_stringn(v, n) : json_null();
+        if (!val) { /* not UTF-8 */
+            char *hex = idem_xmalloc(2 * n + 1);
+            for (size_t k = 0; k < n; k++)
+                snprintf(hex + 2 * k, 3, "%02x", ((const unsigned char *)v)[k]);
+            val = json_pack("{s:s%}", "hex", hex, 2 * n);
+            free(hex);
+        }
+        json_array_append_new(a, json_pack("[s,o]", name, val));
+    }
+    return a;
+}
+
 void idem_dlqrec_print_json(const idem_dlqrec_t *r, long max_bytes, FILE *out)
 {
     json_t *o = json_object();
@@ -325,6 +353,11 @@ void idem_dlqrec_print_json(const idem_dlqrec_t *r, long max_bytes, FILE *out)
     json_object_set_new(o, "attempts", json_integer(r->attempts));
     json_object_set_new(o, "replay_count", json_integer(r->replay_count));
     json_set_str(o, "replayed_from", r->replayed_from);
+    if (r->identity)
+        json_set_bytes(o, "identity", r->identity, r->identity_len);
+    else if (r->identity_error)
+        json_set_str(o, "identity_error", r->identity_error);
+    json_object_set_new(o, "headers", json_headers(r->headers));
     if (r->key)
         json_set_bytes(o, "key", r->key, r->key_len);
     else
@@ -375,6 +408,28 @@ void idem_dlqrec_print_text(const idem_dlqrec_t *r, long max_bytes, FILE *out)
             r->group ? r->group : "?", r->attempts, r->replay_count);
     if (r->replayed_from)
         fprintf(out, "  replayed from: %s\n", r->replayed_from);
+    if (r->identity) {
+        fputs("  identity: ", out);
+        text_bytes(r->identity, r->identity_len, out);
+        fputc('\n', out);
+    } else if (r->identity_error) {
+        fprintf(out, "  identity: (none: %s)\n", r->identity_error);
+    }
+    const char *name;
+    const void *v;
+    size_t n;
+    for (size_t i = 0;
+         r->headers && !rd_kafka_header_get_all(r->headers, i, &name, &v, &n);
+         i++) {
+        if (added_in_dlq(name))
+            continue;
+        fprintf(out, "  header:   %s: ", name);
+        if (v)
+            text_bytes(v, n, out);
+        else
+            fputs("(null)", out);
+        fputc('\n', out);
+    }
     fputs("  key:      ", out);
     if (r->key)
         text_bytes(r->key, r->key_len, out);

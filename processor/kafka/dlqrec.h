@@ -32,6 +32,13 @@ typedef struct {
     const void *value;
     size_t value_len;
     const rd_kafka_headers_t *headers; /* may be NULL */
+    /* The dedup identity as the processor reads it (envelope.*), set by
+     * the caller after decoding (borrowed; NULL: not known). When the
+     * record has none, identity_error says why (borrowed). Printed by
+     * inspect. */
+    const char *identity;
+    size_t identity_len;
+    const char *identity_error;
 } idem_dlqrec_t;
 
 /* Decodes a dead letter read from `dlq_topic` (borrowed, must outlive r).
@@ -48,6 +55,7 @@ void idem_dlqrec_clear(idem_dlqrec_t *r);
 typedef struct {
     const char *reason; /* dlq.reason equals */
     const char *topic;  /* dlq.original.topic equals */
+    const char *group;  /* dlq.group equals (a DLQ shared by groups) */
     const char *key;    /* the record key equals */
     const char *grep;   /* substring of the value */
     int64_t since_ms;   /* dlq.failed.at >= since (wall ms) */
@@ -69,7 +77,11 @@ int idem_dlqtime_parse(const char *s, int64_t now_ms, int64_t *out,
 
 /* Output of inspect: one line per record. max_bytes bounds the value shown
  * (-1 = all); a cut value ends on a UTF-8 character boundary and the line
- * says how long the value really was. */
+ * says how long the value really was. Both show the identity (when set)
+ * and the record's original headers, in their order: every header but the
+ * dlq.* and kafka_dlt-* ones the DLQ added (those are shown decoded). In
+ * JSON "headers" is a list of [name, value] pairs (a header may repeat; a
+ * value that is not UTF-8 is {"hex": ...}, a null value null). */
 void idem_dlqrec_print_json(const idem_dlqrec_t *r, long max_bytes, FILE *out);
 void idem_dlqrec_print_text(const idem_dlqrec_t *r, long max_bytes, FILE *out);
 

@@ -220,12 +220,14 @@ static int results_apply(idem_pipeline_t *p, size_t n, char *errstr,
             p->answered = 1; /* the effect's service answers */
         switch (res->kind) {
         case IDEM_RESULT_DONE:
+            idem_rejectguard_ok(&p->rejects);
             if (p->in_redis)
                 rec_finish(p, r, IDEM_OUTCOME_PROCESSED);
             else
                 p->rs[done++] = r;
             break;
         case IDEM_RESULT_DUPLICATE:
+            idem_rejectguard_ok(&p->rejects);
             rec_duplicate(p, r, res->prior_mid, res->prior_mid_len);
             break;
         case IDEM_RESULT_BUSY:
@@ -233,7 +235,18 @@ static int results_apply(idem_pipeline_t *p, size_t n, char *errstr,
             p->retry_waiting = 1;
             break;
         case IDEM_RESULT_REJECT:
-            rec_poison(p, r, IDEM_REASON_HANDLER_REJECTED, res->detail);
+            if (!idem_rejectguard_reject(&p->rejects)) {
+                rec_poison(p, r, IDEM_REASON_HANDLER_REJECTED, res->detail);
+                break;
+            }
+            /* Too many in a row: a broken effect, held back as an outage
+             * (paused, not ready, tried again) instead of a DLQ blast. */
+            if (p->in_redis)
+                r->store_sent = 1;
+            if (!rc)
+                idem_rejectguard_reason(&p->rejects, res->detail, errstr,
+                                        errstr_size);
+            rc = -1;
             break;
         case IDEM_RESULT_RETRY:
             rec_retry(p, r, res->detail, res->retry_after_ms);

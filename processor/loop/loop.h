@@ -19,6 +19,7 @@
 #include "loop/progress.h"
 #include "loop/rec.h"
 #include "loop/records.h"
+#include "loop/rejectguard.h"
 #include "loop/retryloop.h"
 #include "kafka/retrytopic.h"
 #include "redis/store.h"
@@ -90,8 +91,9 @@ struct idem_pipeline_s {
     idem_part_t **parts;            /* scratch: the records' partitions */
     idem_lease_verdict_t *verdicts; /* scratch: what a claim said */
     size_t scratch_cap;
-    idem_offsets_t offs; /* the partitions held and their positions */
-    idem_flow_t flow;    /* backoff, outage state, pause decision */
+    idem_offsets_t offs;        /* the partitions held and their positions */
+    idem_flow_t flow;           /* backoff, outage state, pause decision */
+    idem_rejectguard_t rejects; /* handler.max.consecutive.rejects */
 
     int paused; /* all partitions paused by us */
     int brokers_down;

@@ -17,6 +17,10 @@ static int fault_pause_check(const idem_conf_key_t *key, const char *value,
 static const idem_conf_key_t loop_keys[] = {
     IDEM_CONF_INT("retry.max.attempts", retry_max_attempts, "5", 1, 1000, 0, NULL,
         "attempts of a retriable handler error before max-retries"),
+    IDEM_CONF_INT("handler.max.consecutive.rejects", handler_max_consecutive_rejects, "100", 0, 100000000, 0, NULL,
+        "after this many handler-rejected records in a row (no success "
+        "between) the member pauses and turns not ready instead of "
+        "dead-lettering more, until a record succeeds; 0 = off"),
     IDEM_CONF_INT("retry.backoff.initial.ms", retry_backoff_initial_ms, "100", 1, 3600000, 0, NULL,
         "first retry delay (doubles, with jitter)"),
     IDEM_CONF_INT("retry.backoff.max.ms", retry_backoff_max_ms, "10000", 1, 3600000, 0, NULL,

@@ -697,6 +697,7 @@ idem_pipeline_t *idem_pipeline_new(const idem_conf_t *conf, idem_metrics_t *m,
     p->conf = conf;
     p->wake.fd[0] = p->wake.fd[1] = -1;
     idem_offsets_init(&p->offs);
+    idem_rejectguard_init(&p->rejects, conf->handler_max_consecutive_rejects);
     idem_flow_init(&p->flow, conf->retry_backoff_initial_ms,
                    conf->retry_backoff_max_ms);
     p->m = m;
@@ -1009,8 +1010,8 @@ int idem_pipeline_run(idem_pipeline_t *p, volatile int *stop, char *errstr,
         }
         /* The turn's finished records, in one step: no lock per record. */
         idem_metrics_acc_merge(p->acc);
-        idem_progress_log(&p->progress, p->m, p->conf->progress_interval_ms,
-                          now);
+        idem_progress_log(&p->progress, p->m, p->offs.cnt,
+                          p->conf->progress_interval_ms, now);
         if (!p->fatal[0] &&
             !idem_dlq_fatal(p->dlq, p->fatal, sizeof(p->fatal)) &&
             p->hops->fatal)

@@ -24,7 +24,7 @@ static inline void idem_progress_count(idem_progress_t *pr, uint64_t n)
 /* Logs the line when interval_ms (> 0) passed since the last one: the rate
  * since, the lag and the outcome totals from m (borrowed); a count started
  * at 0 only starts at the first call. */
-void idem_progress_log(idem_progress_t *pr, idem_metrics_t *m,
+void idem_progress_log(idem_progress_t *pr, idem_metrics_t *m, size_t assigned,
                        int64_t interval_ms, int64_t now);
 
 #endif

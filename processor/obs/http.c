@@ -130,7 +130,7 @@ static enum MHD_Result reply(struct MHD_Connection *conn, unsigned int status,
     MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, content_type);
     MHD_add_response_header(resp, MHD_HTTP_HEADER_CACHE_CONTROL, "no-store");
     if (status == MHD_HTTP_METHOD_NOT_ALLOWED)
-        MHD_add_response_header(resp, MHD_HTTP_HEADER_ALLOW, "GET");
+        MHD_add_response_header(resp, MHD_HTTP_HEADER_ALLOW, "GET, HEAD");
     enum MHD_Result rc = MHD_queue_response(conn, status, resp);
     MHD_destroy_response(resp);
     return rc;
@@ -197,9 +197,12 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *conn,
     if (!known)
         return reply_text(conn, MHD_HTTP_NOT_FOUND,
                           "not found (try /metrics, /healthz, /readyz)\n");
-    if (strcmp(method, MHD_HTTP_METHOD_GET))
+    /* HEAD is GET without the body (RFC 9110 9.3.2), which libmicrohttpd
+     * leaves out by itself: uptime checkers and load balancers use it. */
+    if (strcmp(method, MHD_HTTP_METHOD_GET) &&
+        strcmp(method, MHD_HTTP_METHOD_HEAD))
         return reply_text(conn, MHD_HTTP_METHOD_NOT_ALLOWED,
-                          "method not allowed (GET only)\n");
+                          "method not allowed (GET and HEAD only)\n");
 
     if (!strcmp(url, "/metrics"))
         return serve_metrics(h, conn);

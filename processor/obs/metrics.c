@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "base/util.h"
+#include "obs/procstat.h"
 
 #ifndef IDEM_VERSION
 #define IDEM_VERSION "unknown"
@@ -160,6 +161,9 @@ struct idem_metrics_s {
     int ready;
     char ready_reason[READY_REASON_MAX];
 
+    char *member_group; /* idemproc_member_info; NULL: not rendered */
+    char *member_id;
+
     idem_metrics_render_cb *extra_render; /* a command's own metrics */
     void *extra_opaque;
 };
@@ -295,6 +299,8 @@ void idem_metrics_destroy(idem_metrics_t *m)
     pthread_mutex_destroy(&m->stuck_lock);
     lags_free(m->lags, m->lag_cnt);
     lags_free(m->stalled, m->stalled_cnt);
+    free(m->member_group);
+    free(m->member_id);
     free(m);
 }
 
@@ -990,6 +996,15 @@ void idem_metrics_set_extra(idem_metrics_t *m, idem_metrics_render_cb *cb,
     m->extra_opaque = opaque;
 }
 
+void idem_metrics_member_set(idem_metrics_t *m, const char *group,
+                             const char *member)
+{
+    free(m->member_group);
+    free(m->member_id);
+    m->member_group = idem_xstrdup(group ? group : "");
+    m->member_id = idem_xstrdup(member ? member : "");
+}
+
 void idem_metrics_render(idem_metrics_t *m, FILE *out)
 {
     put_header(out, "idemproc_records_total", "counter",
@@ -1152,6 +1167,21 @@ void idem_metrics_render(idem_metrics_t *m, FILE *out)
     fputs("idemproc_start_time_seconds ", out);
     put_double(out, (double)m->start_wall_ms / 1000.0);
     fputc('\n', out);
+
+    if (m->member_group) {
+        put_header(out, "idemproc_member_info", "gauge",
+                   "The member's consumer group (group.id) and id "
+                   "(member.id); the value is always 1.");
+        fputs("idemproc_member_info{group=\"", out);
+        idem_metrics_escape_label(m->member_group, out);
+        fputs("\",member=\"", out);
+        idem_metrics_escape_label(m->member_id, out);
+        fputs("\"} 1\n", out);
+    }
+
+    idem_procstat_t ps;
+    idem_procstat_read(&ps);
+    idem_procstat_render(&ps, out);
 
     if (m->extra_render)
         m->extra_render(m->extra_opaque, out);

@@ -208,8 +208,17 @@ typedef void idem_metrics_render_cb(void *opaque, FILE *out);
 void idem_metrics_set_extra(idem_metrics_t *m, idem_metrics_render_cb *cb,
                             void *opaque);
 
+/* The member's consumer group and id (borrowed, copied; call before the
+ * HTTP server starts): rendered as idemproc_member_info{group,member} 1,
+ * an info metric joined in queries (`* on(instance) group_left(group)
+ * idemproc_member_info`) rather than a label on every series. Not called:
+ * no idemproc_member_info. */
+void idem_metrics_member_set(idem_metrics_t *m, const char *group,
+                             const char *member);
+
 /* Writes the Prometheus text format (0.0.4) of every metric, including
- * idemproc_build_info{version}. */
+ * idemproc_build_info{version}, idemproc_member_info when set and the
+ * process_* metrics (procstat.h). */
 void idem_metrics_render(idem_metrics_t *m, FILE *out);
 
 /* Records a heartbeat as having happened at mono_ms (idem_now_ms() clock).

@@ -107,6 +107,15 @@ static reply_t choose(th_hook_t *h, const char *key, const char *body)
     return out;
 }
 
+/* MHD_KeyValueIterator: appends "Name: value\n" to the memstream. */
+static enum MHD_Result header_line(void *cls, enum MHD_ValueKind kind,
+                                   const char *key, const char *value)
+{
+    (void)kind;
+    fprintf(cls, "%s: %s\n", key, value ? value : "");
+    return MHD_YES;
+}
+
 static void record(th_hook_t *h, struct MHD_Connection *conn, const char *url,
                    const char *method, const upload_t *up, int status)
 {
@@ -123,6 +132,10 @@ static void record(th_hook_t *h, struct MHD_Connection *conn, const char *url,
         MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Authorization"));
     q.xtest = dup_or_null(
         MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "X-Test"));
+    size_t hlen = 0;
+    FILE *hf = open_memstream(&q.headers, &hlen);
+    MHD_get_connection_values(conn, MHD_HEADER_KIND, header_line, hf);
+    fclose(hf);
     q.body = malloc(up->len + 1);
     if (up->len)
         memcpy(q.body, up->body, up->len);
@@ -431,6 +444,7 @@ th_hook_req_t *th_hook_requests(th_hook_t *h, size_t *n)
         out[i].content_type = dup_or_null(q->content_type);
         out[i].auth = dup_or_null(q->auth);
         out[i].xtest = dup_or_null(q->xtest);
+        out[i].headers = dup_or_null(q->headers);
         out[i].body = malloc(q->body_len + 1);
         memcpy(out[i].body, q->body, q->body_len + 1);
     }
@@ -448,6 +462,7 @@ void th_hook_requests_free(th_hook_req_t *reqs, size_t n)
         free(reqs[i].content_type);
         free(reqs[i].auth);
         free(reqs[i].xtest);
+        free(reqs[i].headers);
         free(reqs[i].body);
     }
     free(reqs);

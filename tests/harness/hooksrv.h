@@ -25,6 +25,7 @@ typedef struct {
     char *content_type; /* NULL when absent */
     char *auth;         /* Authorization, NULL when absent */
     char *xtest;        /* X-Test, NULL when absent */
+    char *headers;      /* every header, "Name: value\n" each, in order */
     char *body;         /* NUL-terminated copy */
     size_t body_len;
     int status; /* what the server answered */

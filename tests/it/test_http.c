@@ -201,13 +201,29 @@ Test(http, unknown_path_404)
 
 Test(http, non_get_405)
 {
-    const char *methods[] = {"POST", "PUT", "DELETE", "HEAD"};
+    const char *methods[] = {"POST", "PUT", "DELETE"};
     for (size_t i = 0; i < sizeof(methods) / sizeof(methods[0]); i++) {
         reply_t r = http_request(port, methods[i], "/metrics");
         cr_expect_eq(r.status, 405, "%s", methods[i]);
         char *allow = header(&r, "Allow");
-        cr_expect(allow && !strcmp(allow, "GET"), "%s", methods[i]);
+        cr_expect(allow && !strcmp(allow, "GET, HEAD"), "%s", methods[i]);
         free(allow);
+        reply_free(&r);
+    }
+}
+
+/* HEAD is GET without a body: the headers of GET, status included. */
+Test(http, head_is_answered_without_a_body)
+{
+    const char *paths[] = {"/metrics", "/healthz", "/readyz"};
+    idem_metrics_ready_set(metrics, 1, NULL);
+    for (size_t i = 0; i < sizeof(paths) / sizeof(paths[0]); i++) {
+        reply_t r = http_request(port, "HEAD", paths[i]);
+        cr_expect_eq(r.status, 200, "%s", paths[i]);
+        cr_expect_str_empty(r.body ? r.body : "", "%s", paths[i]);
+        char *ct = header(&r, "Content-Type");
+        cr_expect(ct && *ct, "%s: no Content-Type", paths[i]);
+        free(ct);
         reply_free(&r);
     }
 }
@@ -220,12 +236,21 @@ Test(http, promtool_accepts_live_scrape)
     idem_metrics_batch_observe(metrics, 100);
     idem_metrics_redis_observe(metrics, 0.0003);
     idem_metrics_commit_add(metrics, 1);
+    idem_metrics_member_set(metrics, "pay\"ments", "pod-1");
     const char *stats = "{\"topics\":{\"pay\\\"ments\":{\"partitions\":"
                         "{\"0\":{\"consumer_lag\":5}}}}}";
     cr_assert_eq(idem_metrics_stats_json(metrics, stats, strlen(stats)), 0);
 
     reply_t r = http_get(port, "/metrics");
     cr_assert_eq(r.status, 200);
+    /* The process metrics client libraries export, and the info metric. */
+    cr_expect_gt(th_metric(r.body, "process_resident_memory_bytes"), 0);
+    cr_expect_gt(th_metric(r.body, "process_open_fds"), 2);
+    cr_expect_geq(th_metric(r.body, "process_cpu_seconds_total"), 0);
+    cr_expect_gt(th_metric(r.body, "process_start_time_seconds"), 1.6e9);
+    cr_expect_eq(th_metric(r.body, "idemproc_member_info{group=\"pay\\\"ments"
+                                   "\",member=\"pod-1\"}"),
+                 1, "%s", r.body);
     char *dir = th_tmpdir();
     char path[512], cmd[1024];
     snprintf(path, sizeof(path), "%s/scrape.txt", dir);

@@ -179,6 +179,78 @@ Test(webhook, headers_from_a_file_one_a_line)
     free(dir);
 }
 
+/* Where each record comes from (X-Kafka-*), and the record headers
+ * webhook.forward.headers names; bytes that could start a header line of
+ * their own are %XX-encoded. */
+Test(webhook, record_metadata_and_chosen_headers_are_request_headers)
+{
+    srv = th_hook_start((th_hook_reply_t){.status = 200}, 1);
+    cr_assert(srv);
+    fixture_t f;
+    fx_start(
+        &f, th_hook_url(srv),
+        (const char *[]){"webhook.forward.headers=traceparent, tenant", NULL});
+    rd_kafka_headers_t *h = rd_kafka_headers_new(4);
+    rd_kafka_header_add(
+        h, "traceparent", -1,
+        "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", -1);
+    rd_kafka_header_add(h, "tenant", -1, "a\r\nX-Evil: 1", -1);
+    rd_kafka_header_add(h, "secret", -1, "not passed", -1);
+    idem_record_t *r = fx_rec(&f, 0, "k-1");
+    r->topic = "orders";
+    r->partition = 3;
+    r->offset = 37;
+    r->key = "cust 7";
+    r->key_len = 6;
+    r->headers = h;
+    idem_record_t *r2 = fx_rec(&f, 1, "k-2"); /* no key, no headers */
+    idem_record_t *both[] = {r, r2};
+    char err[256];
+    cr_assert_eq(
+        idem_handler_webhook.submit(f.h, both, 2, NULL, 0, err, sizeof(err)),
+        0);
+    idem_result_t res[64];
+    cr_assert_eq(fx_collect(&f, res, 2), 2);
+    size_t n;
+    th_hook_req_t *q = th_hook_requests(srv, &n);
+    cr_assert_eq(n, 2);
+    for (size_t i = 0; i < n; i++) {
+        const char *hs = q[i].headers;
+        cr_assert(hs);
+        if (!strcmp(q[i].key, "k-1")) {
+            cr_expect(strstr(hs, "X-Kafka-Topic: orders\n"), "%s", hs);
+            cr_expect(strstr(hs, "X-Kafka-Partition: 3\n"), "%s", hs);
+            cr_expect(strstr(hs, "X-Kafka-Offset: 37\n"), "%s", hs);
+            cr_expect(strstr(hs, "X-Kafka-Key: cust 7\n"), "%s", hs);
+            cr_expect(strstr(hs, "traceparent: 00-0af7651916cd43dd8448eb211c80"
+                                 "319c-b7ad6b7169203331-01\n"),
+                      "%s", hs);
+            cr_expect(strstr(hs, "tenant: a%0D%0AX-Evil: 1\n"), "%s", hs);
+            cr_expect_null(strstr(hs, "\nX-Evil"), "%s", hs);
+            cr_expect_null(strstr(hs, "secret"), "%s", hs);
+        } else {
+            cr_expect(strstr(hs, "X-Kafka-Topic: t\n"), "%s", hs);
+            cr_expect(strstr(hs, "X-Kafka-Offset: 1\n"), "%s", hs);
+            cr_expect_null(strstr(hs, "X-Kafka-Key"), "no key: %s", hs);
+            cr_expect_null(strstr(hs, "traceparent"), "%s", hs);
+        }
+    }
+    th_hook_requests_free(q, n);
+    fx_stop(&f);
+    rd_kafka_headers_destroy(h);
+}
+
+Test(webhook, forward_headers_must_be_header_names)
+{
+    idem_conf_t *c = conf_with(
+        (const char *[]){"webhook.url=http://127.0.0.1:1/",
+                         "webhook.forward.headers=ok,bad:name", NULL});
+    char err[512] = "";
+    cr_expect_eq(idem_handler_webhook.validate(c, "", err, sizeof(err)), -1);
+    cr_expect(strstr(err, "webhook.forward.headers: \"bad:name\""), "%s", err);
+    idem_conf_destroy(c);
+}
+
 Test(webhook, statuses_become_results)
 {
     srv = th_hook_start((th_hook_reply_t){.status = 200}, 1);

@@ -91,6 +91,7 @@ static void exported_names(names_t *out)
     idem_metrics_stalled_set(m, &stall, 1);
     /* A script request Redis cannot end, as a stuck member renders it. */
     idem_metrics_script_unkillable_set(m, "payments", 0, 5, 1);
+    idem_metrics_member_set(m, "payments", "member-1"); /* as run does */
     char *buf = NULL;
     size_t len = 0;
     FILE *fp = open_memstream(&buf, &len);
@@ -180,7 +181,8 @@ Test(alerts, rules_use_exported_metrics)
     free(rules);
 }
 
-/* Collects every "expr" string of the dashboard (panels, rows, targets). */
+/* Collects every "expr" string of the dashboard (panels, rows, targets);
+ * each must select by the namespace, job and instance variables. */
 static void dashboard_exprs(json_t *node, names_t *refs, size_t *exprs)
 {
     if (json_is_object(node)) {
@@ -190,6 +192,11 @@ static void dashboard_exprs(json_t *node, names_t *refs, size_t *exprs)
         {
             if (!strcmp(key, "expr") && json_is_string(v)) {
                 (*exprs)++;
+                const char *e = json_string_value(v);
+                cr_expect(strstr(e, "namespace=~\"$namespace\"") &&
+                              strstr(e, "job=~\"$job\"") &&
+                              strstr(e, "instance=~\"$instance\""),
+                          "not filtered by the variables: %s", e);
                 metric_refs(json_string_value(v), refs);
             } else {
                 dashboard_exprs(v, refs, exprs);
@@ -230,6 +237,28 @@ Test(alerts, dashboard_is_valid_and_uses_exported_metrics)
     }
     cr_expect(has_ds, "no ${datasource} Prometheus variable");
     cr_expect(has_instance, "no instance variable");
+    /* Filters for a cluster of several namespaces, jobs and groups; the
+     * group comes from the info metric (README, "Metrics"). */
+    const char *wanted[] = {"namespace", "job", "group"};
+    for (size_t w = 0; w < sizeof(wanted) / sizeof(wanted[0]); w++) {
+        int found = 0;
+        json_array_foreach(vars, i, v)
+        {
+            const char *name = json_string_value(json_object_get(v, "name"));
+            if (name && !strcmp(name, wanted[w]))
+                found = 1;
+        }
+        cr_expect(found, "no %s variable", wanted[w]);
+    }
+    json_array_foreach(vars, i, v)
+    {
+        const char *name = json_string_value(json_object_get(v, "name"));
+        const char *def = json_string_value(json_object_get(v, "definition"));
+        if (name && !strcmp(name, "instance"))
+            cr_expect(def && strstr(def, "idemproc_member_info{") &&
+                          strstr(def, "group=~\"$group\""),
+                      "instance variable not narrowed by group: %s", def);
+    }
 
     names_t refs = {0}, have = {0};
     size_t exprs = 0;
@@ -262,4 +291,43 @@ Test(alerts, dashboard_is_valid_and_uses_exported_metrics)
     names_free(&have);
     json_decref(d);
     free(path);
+}
+
+/* Each alert links its runbook (runbook_url, a section of docs/runbook.md
+ * that exists) instead of carrying the text inline. */
+Test(alerts, every_alert_has_a_runbook_url_to_an_existing_section)
+{
+    char *rules = slurp_src(RULES);
+    char *book = slurp_src("docs/runbook.md");
+    names_t alerts = {0};
+    rule_alerts(rules, &alerts);
+    cr_assert_gt(alerts.n, 0);
+    cr_expect_null(strstr(rules, "runbook:"), "inline runbook text left");
+    for (size_t i = 0; i < alerts.n; i++) {
+        char anchor[160], heading[160];
+        size_t k = 0;
+        for (const char *c = alerts.v[i]; *c && k < sizeof(anchor) - 1; c++)
+            anchor[k++] = (char)tolower((unsigned char)*c);
+        anchor[k] = '\0';
+        const char *at = strstr(rules, alerts.v[i]);
+        const char *next = at ? strstr(at + 1, "- alert:") : NULL;
+        const char *ru = at ? strstr(at, "runbook_url: \"") : NULL;
+        cr_expect(ru && (!next || ru < next), "%s: no runbook_url",
+                  alerts.v[i]);
+        if (ru && (!next || ru < next)) {
+            const char *end = strchr(ru + 14, '"');
+            char frag[200];
+            snprintf(frag, sizeof(frag), "docs/runbook.md#%s\"", anchor);
+            cr_expect(end &&
+                          !strncmp(end - strlen(frag) + 1, frag, strlen(frag)),
+                      "%s: runbook_url is not docs/runbook.md#%s", alerts.v[i],
+                      anchor);
+        }
+        snprintf(heading, sizeof(heading), "\n## %s\n", alerts.v[i]);
+        cr_expect(strstr(book, heading), "docs/runbook.md lacks ## %s",
+                  alerts.v[i]);
+    }
+    names_free(&alerts);
+    free(rules);
+    free(book);
 }

@@ -304,25 +304,25 @@ Test(conf, handler_keys_come_from_the_registry)
     char *fwd[] = {"handler=forward", "output.topic=out"};
     idem_conf_t *c = load(NULL, NULL, fwd, 2, err, sizeof(err));
     cr_assert(c, "%s", err);
-    cr_expect_eq(idem_conf_int(c, "forward.processed.at"), 1); /* default */
+    cr_expect_eq(idem_conf_int(c, "forward.processed.at"), 0); /* default */
     char *d = dump(c);
-    cr_expect(strstr(d, "forward.processed.at=true\n"), "%s", d);
+    cr_expect(strstr(d, "forward.processed.at=false\n"), "%s", d);
     free(d);
     idem_conf_destroy(c);
 
     char *off[] = {"handler=forward", "output.topic=out",
-                   "forward.processed.at=false"};
+                   "forward.processed.at=header"};
     c = load(NULL, NULL, off, 3, err, sizeof(err));
     cr_assert(c, "%s", err);
-    cr_expect_eq(idem_conf_int(c, "forward.processed.at"), 0);
-    cr_expect_str_eq(idem_conf_str(c, "forward.processed.at"), "false");
+    cr_expect_eq(idem_conf_int(c, "forward.processed.at"), 2);
+    cr_expect_str_eq(idem_conf_str(c, "forward.processed.at"), "header");
     idem_conf_destroy(c);
 
     /* From the environment, like the table's keys. */
-    char *env[] = {"IDEMPROC_FORWARD_PROCESSED_AT=false", NULL};
+    char *env[] = {"IDEMPROC_FORWARD_PROCESSED_AT=true", NULL};
     c = load(NULL, env, fwd, 2, err, sizeof(err));
     cr_assert(c, "%s", err);
-    cr_expect_eq(idem_conf_int(c, "forward.processed.at"), 0);
+    cr_expect_eq(idem_conf_int(c, "forward.processed.at"), 1);
     idem_conf_destroy(c);
 
     char *typo[] = {"forward.processed.att=true"};
@@ -341,8 +341,8 @@ Test(conf, handler_keys_come_from_the_registry)
     out = open_memstream(&buf, &len);
     idem_conf_print_markdown(out);
     fclose(out);
-    cr_expect(strstr(buf, "| `forward.processed.at` | one of: false, true | "
-                          "`true` | with `handler=forward`: "),
+    cr_expect(strstr(buf, "| `forward.processed.at` | one of: false, true, "
+                          "header | `false` | with `handler=forward`: "),
               "%s", buf);
     free(buf);
 }

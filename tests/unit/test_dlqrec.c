@@ -149,6 +149,11 @@ Test(dlqrec, filters)
     cr_expect_not(idem_dlqfilter_match(&f, &r), "until is exclusive");
     f.until_ms = NOW + 1;
     cr_expect(idem_dlqfilter_match(&f, &r));
+    /* A DLQ shared by groups: dlq.group is "g". */
+    f.group = "other";
+    cr_expect_not(idem_dlqfilter_match(&f, &r));
+    f.group = "g";
+    cr_expect(idem_dlqfilter_match(&f, &r));
     idem_dlqrec_clear(&r);
     rd_kafka_headers_destroy(h);
 }
@@ -197,6 +202,64 @@ Test(dlqrec, json_line_cuts_values_on_characters)
     cr_expect_str_eq(json_string_value(json_object_get(o, "value_hex")),
                      "ff00");
     json_decref(o);
+    idem_dlqrec_clear(&r);
+    rd_kafka_headers_destroy(h);
+}
+
+/* inspect shows the original headers (in order, repeats kept, the DLQ's
+ * own left out: they are decoded) and the identity. */
+Test(dlqrec, lines_show_original_headers_and_identity)
+{
+    rd_kafka_headers_t *h = ours("handler-rejected", "2026-12-01T00:00:00Z");
+    rd_kafka_header_add(h, "traceparent", -1, "00-abc-def-01", -1);
+    rd_kafka_header_add(h, "kafka_dlt-original-topic", -1, "payments", -1);
+    rd_kafka_header_add(h, "bin", -1, "\xff\x01", 2);
+    rd_kafka_header_add(h, "nil", -1, NULL, 0);
+    idem_dlqrec_t r;
+    const char *value = "{\"meta\":{\"event_id\":\"e-1\"}}";
+    idem_dlqrec_decode(&r, "orders.dlq", 0, 3, NOW, "c-1", 3, value,
+                       strlen(value), h);
+    r.identity = "e-1";
+    r.identity_len = 3;
+    json_t *o = json_line(&r, -1);
+    cr_expect_str_eq(json_string_value(json_object_get(o, "identity")), "e-1");
+    json_t *hs = json_object_get(o, "headers");
+    cr_assert(json_is_array(hs));
+    cr_assert_eq(json_array_size(hs), 4, "only the original ones");
+    const char *names[] = {"message_id", "traceparent", "bin", "nil"};
+    for (size_t i = 0; i < 4; i++)
+        cr_expect_str_eq(
+            json_string_value(json_array_get(json_array_get(hs, i), 0)),
+            names[i]);
+    cr_expect_str_eq(
+        json_string_value(json_array_get(json_array_get(hs, 1), 1)),
+        "00-abc-def-01");
+    cr_expect_str_eq(json_string_value(json_object_get(
+                         json_array_get(json_array_get(hs, 2), 1), "hex")),
+                     "ff01");
+    cr_expect(json_is_null(json_array_get(json_array_get(hs, 3), 1)));
+    json_decref(o);
+
+    r.identity = NULL;
+    r.identity_error = "no identity (tried value:/meta/event_id)";
+    o = json_line(&r, -1);
+    cr_expect_null(json_object_get(o, "identity"));
+    cr_expect_str_eq(json_string_value(json_object_get(o, "identity_error")),
+                     "no identity (tried value:/meta/event_id)");
+    json_decref(o);
+
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *fp = open_memstream(&buf, &len);
+    r.identity = "e-1";
+    idem_dlqrec_print_text(&r, -1, fp);
+    fclose(fp);
+    cr_expect(strstr(buf, "\n  identity: e-1\n"), "%s", buf);
+    cr_expect(strstr(buf, "\n  header:   traceparent: 00-abc-def-01\n"), "%s",
+              buf);
+    cr_expect_null(strstr(buf, "header:   dlq."), "%s", buf);
+    cr_expect_null(strstr(buf, "header:   kafka_dlt-"), "%s", buf);
+    free(buf);
     idem_dlqrec_clear(&r);
     rd_kafka_headers_destroy(h);
 }
