@@ -33,6 +33,34 @@ static const char list_lua[] =
     "for i = 2, #v, 2 do v[i] = tostring(tonumber(v[i]) - now) end\n"
     "return v\n";
 
+/* Runs `lua` by EVALSHA (loading it first, and again after NOSCRIPT),
+ * as the store does: the documented ACL grants +script|load +evalsha, not
+ * +eval. `nkeys` keys then `nargs` arguments. The reply, or NULL. */
+static redisReply *script_call(redisContext *c, const char *lua, int nargs,
+                               const char **args)
+{
+    for (int attempt = 0; attempt < 2; attempt++) {
+        redisReply *sha = redisCommand(c, "SCRIPT LOAD %s", lua);
+        if (!sha || sha->type != REDIS_REPLY_STRING)
+            return sha;
+        const char *argv[8] = {"EVALSHA", sha->str};
+        for (int i = 0; i < nargs && i < 6; i++)
+            argv[2 + i] = args[i];
+        redisReply *r = redisCommandArgv(c, 2 + nargs, argv, NULL);
+        freeReplyObject(sha);
+        if (r && r->type == REDIS_REPLY_ERROR &&
+            !strncmp(r->str, "NOSCRIPT", 8)) {
+            freeReplyObject(r);
+            continue;
+        }
+        return r;
+    }
+    return NULL;
+}
+
+/* KEYS[1] the set, ARGV[1] the member: its entry removed. */
+static const char leave_lua[] = "return redis.call('ZREM', KEYS[1], ARGV[1])\n";
+
 struct idem_liveness_s {
     const idem_conf_t *conf;
     char key[512]; /* <prefix>members:<group.id> */
@@ -49,10 +77,10 @@ static void members_key(const idem_conf_t *conf, char *buf, size_t size)
     snprintf(buf, size, "%smembers:%s", conf->redis_prefix, conf->group_id);
 }
 
-/* One command on l's connection, connecting first when needed. Returns 0,
+/* One script on l's connection, connecting first when needed. Returns 0,
  * or -1 with errstr (the connection is dropped). */
-static int liveness_command(idem_liveness_t *l, int argc, const char **argv,
-                            char *errstr, size_t errstr_size)
+static int liveness_command(idem_liveness_t *l, const char *lua, int nargs,
+                            const char **args, char *errstr, size_t errstr_size)
 {
     if (!l->rc) {
         l->rc = idem_redisconn_open(l->conf, 0, errstr, errstr_size);
@@ -60,7 +88,7 @@ static int liveness_command(idem_liveness_t *l, int argc, const char **argv,
             return -1;
     }
     redisReply *r =
-        redisCommandArgv(idem_redisconn_context(l->rc), argc, argv, NULL);
+        script_call(idem_redisconn_context(l->rc), lua, nargs, args);
     if (!r || r->type == REDIS_REPLY_ERROR) {
         snprintf(errstr, errstr_size, "redis: member heartbeat: %s",
                  r ? r->str : idem_redisconn_context(l->rc)->errstr);
@@ -77,9 +105,8 @@ static void beat(idem_liveness_t *l)
 {
     char ttl[24], errstr[512];
     snprintf(ttl, sizeof(ttl), "%d", IDEM_LIVENESS_TTL_MS);
-    const char *argv[] = {"EVAL", beat_lua,           "1",
-                          l->key, l->conf->member_id, ttl};
-    if (liveness_command(l, 6, argv, errstr, sizeof(errstr))) {
+    const char *args[] = {"1", l->key, l->conf->member_id, ttl};
+    if (liveness_command(l, beat_lua, 4, args, errstr, sizeof(errstr))) {
         if (!l->failing)
             idem_log_kv(IDEM_LOG_WARN,
                         "member heartbeat in redis failed: `idemproc offsets "
@@ -149,8 +176,8 @@ void idem_liveness_stop(idem_liveness_t *l)
     pthread_mutex_unlock(&l->lock);
     pthread_join(l->thread, NULL);
     char errstr[512];
-    const char *argv[] = {"ZREM", l->key, l->conf->member_id};
-    if (liveness_command(l, 3, argv, errstr, sizeof(errstr)))
+    const char *args[] = {"1", l->key, l->conf->member_id};
+    if (liveness_command(l, leave_lua, 3, args, errstr, sizeof(errstr)))
         idem_log_kv(IDEM_LOG_WARN,
                     "removing the member heartbeat from redis failed: it "
                     "expires by itself",
@@ -171,8 +198,8 @@ int idem_liveness_list(const idem_conf_t *conf, idem_liveness_member_t **out,
     idem_redisconn_t *rc = idem_redisconn_open(conf, 0, errstr, errstr_size);
     if (!rc)
         return -1;
-    const char *argv[] = {"EVAL", list_lua, "1", key};
-    redisReply *r = redisCommandArgv(idem_redisconn_context(rc), 4, argv, NULL);
+    const char *args[] = {"1", key};
+    redisReply *r = script_call(idem_redisconn_context(rc), list_lua, 2, args);
     int ret = 0;
     if (!r || r->type != REDIS_REPLY_ARRAY || r->elements % 2) {
         snprintf(errstr, errstr_size, "redis: live members of %s: %s",

@@ -449,14 +449,39 @@ static long expect_unique(void)
 /* The ACL deploy/README.md documents for the processor: the commands
  * store.c and redisconn.c send, directly or from the Lua scripts, on keys
  * under the prefix only. Keep the two in step. */
-static const char *const acl_processor[] = {
-    "ACL",      "SETUSER",       "idemproc",    "reset",
-    "on",       ">acl-user-pw",  "~idemproc:*", "resetchannels",
-    "-@all",    "+select",       "+role",       "+script|load",
-    "+evalsha", "+mget",         "+get",        "+set",
-    "+incrby",  "+hincrby",      "+hset",       "+hmget",
-    "+info",    "+wait",         "+scan",       "+hgetall",
-    "+ping",    "+bgrewriteaof", NULL};
+static const char *const acl_processor[] = {"ACL",
+                                            "SETUSER",
+                                            "idemproc",
+                                            "reset",
+                                            "on",
+                                            ">acl-user-pw",
+                                            "~idemproc:*",
+                                            "resetchannels",
+                                            "-@all",
+                                            "+select",
+                                            "+role",
+                                            "+script|load",
+                                            "+evalsha",
+                                            "+mget",
+                                            "+get",
+                                            "+set",
+                                            "+incrby",
+                                            "+hincrby",
+                                            "+hset",
+                                            "+hmget",
+                                            "+info",
+                                            "+wait",
+                                            "+scan",
+                                            "+hgetall",
+                                            "+ping",
+                                            "+bgrewriteaof",
+                                            "+time",
+                                            "+zadd",
+                                            "+zrem",
+                                            "+zremrangebyscore",
+                                            "+zrangebyscore",
+                                            "+pexpire",
+                                            NULL};
 
 Test(redisconn, acl_user_with_only_the_needed_commands_runs_exactly,
      .timeout = 180)
