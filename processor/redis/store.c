@@ -1070,6 +1070,11 @@ int idem_store_ledger_send(idem_store_t *s, const idem_envelope_t *const *env,
                       errstr, errstr_size);
 }
 
+int idem_store_busy(const idem_store_t *s)
+{
+    return s->pending_chunks > 0;
+}
+
 int idem_store_reply_fd(const idem_store_t *s)
 {
     if (!s->c || !s->pending_chunks || s->c->fd < 0)

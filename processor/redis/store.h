@@ -141,6 +141,10 @@ int idem_store_ledger_recv(idem_store_t *s, size_t n,
  * valid until the next store call. */
 int idem_store_reply_fd(const idem_store_t *s);
 
+/* 1 while a request sent with a _send above waits for its _recv: the
+ * connection is taken, no other call may use it. Else 0. */
+int idem_store_busy(const idem_store_t *s);
+
 /* Forward handler, step 1: claim each record with a lease
  * "lease:<owner>:<message_id>" for dedup.lease.ms, unless already done
  * (IDEM_MARK_DONE), leased by another owner (IDEM_MARK_BUSY) or claimed
