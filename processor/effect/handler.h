@@ -243,6 +243,14 @@ typedef struct idem_handler_ops_s {
 
     /* Frees the state (after drain). NULL-safe. */
     void (*stop)(void *h);
+
+    /* Where the effect of this configuration can be read back as records,
+     * for verify and `produce --expect` (which never ask which handler
+     * runs): the topic each applied record is written to, key and value
+     * (borrowed from conf), with *as_sent 1 when the value goes unchanged
+     * (forward: output.topic; 0 with forward.processed.at), or NULL when
+     * the effect is not a topic. May be NULL: not a topic. */
+    const char *(*output)(const idem_conf_t *conf, int *as_sent);
 } idem_handler_ops_t;
 
 /* The handlers this build knows. The registry is the array in handler.c:

@@ -658,8 +658,18 @@ static rd_kafka_t *consumer_new(idem_pipeline_t *p, char *errstr,
                                     errstr, errstr_size);
     if (!rk)
         return NULL;
-    rd_kafka_set_log_queue(rk, NULL); /* logs to the main queue ... */
-    rd_kafka_poll_set_consumer(rk);   /* ... served by consumer_poll */
+    /* Logs to the main queue, which consumer_poll serves: both need only
+     * log.queue and group.id, set above, but a failure would leave logs
+     * and callbacks unserved, so it stops the start. */
+    rd_kafka_resp_err_t err = rd_kafka_set_log_queue(rk, NULL);
+    if (!err)
+        err = rd_kafka_poll_set_consumer(rk);
+    if (err) {
+        snprintf(errstr, errstr_size, "kafka consumer: %s",
+                 rd_kafka_err2str(err));
+        rd_kafka_destroy(rk);
+        return NULL;
+    }
     return rk;
 }
 

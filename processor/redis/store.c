@@ -289,23 +289,23 @@ const char *idem_store_error_class(const char *redis_error)
     return reply_class(redis_error ? redis_error : "");
 }
 
-/* The class of a failed connect, from idem_redisconn_open's text: a
- * timeout, an error reply it quotes (WRONGPASS, LOADING, ...), a replica
- * that ROLE refused, else the connection itself. */
-static const char *connect_class(const char *errstr)
+/* The metric class of a failed connect (idem_redisconn_open_err's class):
+ * a timeout, a replica that ROLE refused, an error reply by its code
+ * (WRONGPASS, LOADING, ...), else the connection itself. */
+static const char *connect_class(const idem_redisconn_err_t *err)
 {
-    if (strstr(errstr, "timeout after"))
+    switch (err->cls) {
+    case IDEM_REDISCONN_ERR_TIMEOUT:
         return "timeout";
-    if (strstr(errstr, "is not the primary"))
+    case IDEM_REDISCONN_ERR_NOT_PRIMARY:
         return "readonly";
-    for (const char *w = errstr; *w; w++) {
-        if (w != errstr && w[-1] != ' ' && w[-1] != '(')
-            continue;
-        const char *cls = reply_class(w);
-        if (strcmp(cls, "other"))
-            return cls;
+    case IDEM_REDISCONN_ERR_REPLY: {
+        const char *cls = reply_class(err->code);
+        return strcmp(cls, "other") ? cls : "connection";
     }
-    return "connection";
+    default:
+        return "connection";
+    }
 }
 
 /* Records an infrastructure error of class cls: counts it, drops the
@@ -634,10 +634,12 @@ int idem_store_connect(idem_store_t *s, char *errstr, size_t errstr_size)
 {
     if (s->c)
         return 0;
-    s->conn = idem_redisconn_open(s->conf, s->replica_ok, errstr, errstr_size);
+    idem_redisconn_err_t err;
+    s->conn = idem_redisconn_open_err(s->conf, s->replica_ok, &err);
     if (!s->conn) {
+        snprintf(errstr, errstr_size, "%s", err.str);
         if (s->metrics)
-            idem_metrics_redis_error_add(s->metrics, connect_class(errstr), 1);
+            idem_metrics_redis_error_add(s->metrics, connect_class(&err), 1);
         return -1;
     }
     s->c = idem_redisconn_context(s->conn);
