@@ -15,7 +15,8 @@
  *   stop()                      once, at the end
  *
  * Two kinds of effect, declared by the handler (ops->effect), decide who
- * sets the dedup mark:
+ * sets the dedup mark. The loop itself never reads ops->effect: its effect
+ * adapter (loop/apply.c) does, and gives the loop one protocol for both.
  *
  * IDEM_EFFECT_IN_REDIS (ledger, script): the effect runs inside the dedup
  *   script in Redis, so effect and mark commit together. The handler gets
@@ -27,7 +28,7 @@
  *   the same request, after the effects (docs/design.md, "Positions in
  *   Redis").
  *
- * IDEM_EFFECT_EXTERNAL (forward, webhook, plugin): the loop claims each
+ * IDEM_EFFECT_EXTERNAL (forward, webhook, plugin): the adapter claims each
  *   record with a lease in Redis first (duplicates and records leased
  *   elsewhere never reach the handler), submits the claimed ones, and turns
  *   the lease into the done mark after the handler reports DONE. A crash
