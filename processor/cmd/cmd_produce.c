@@ -822,8 +822,8 @@ static idem_expect_t *expect_new(const idem_conf_t *conf,
     if (!*rules)
         return NULL;
     int flags = ops->needs_payment ? IDEM_EXPECT_LEDGER : 0;
-    if (!strcmp(ops->name, "forward") &&
-        idem_conf_int(conf, "forward.processed.at") != 1)
+    int as_sent = 0;
+    if (ops->output && ops->output(conf, &as_sent) && as_sent)
         flags |= IDEM_EXPECT_OUTPUT;
     return idem_expect_new(*rules, flags);
 }

@@ -6,6 +6,7 @@
 #include "base/util.h"
 #include "dev/expect.h"
 #include "dev/verify.h"
+#include "effect/handler.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -131,6 +132,21 @@ int idem_cmd_verify(int argc, char **argv, char **envp)
         idem_conf_destroy(conf);
         return IDEM_EXIT_USAGE;
     }
+    /* What the handler's effect leaves to read back, from its ops. */
+    const char *arg;
+    const idem_handler_ops_t *ops =
+        idem_handler_find(conf->handler, &arg, errstr, sizeof(errstr));
+    if (!ops) {
+        fprintf(stderr, "idemproc verify: %s\n", errstr);
+        json_decref(expect);
+        idem_conf_destroy(conf);
+        return IDEM_EXIT_USAGE;
+    }
+    int as_sent;
+    idem_verify_effect_t effect = {
+        .balances = ops->needs_payment,
+        .output = ops->output ? ops->output(conf, &as_sent) : NULL,
+    };
     /* With --wait, each attempt's report is kept in memory and only the
      * last one is printed. */
     int64_t deadline = idem_now_ms() + (int64_t)o.wait_s * 1000;
@@ -144,8 +160,8 @@ int idem_cmd_verify(int argc, char **argv, char **envp)
             r = -1;
             break;
         }
-        r = idem_verify(conf, expect, o.with_dlq, o.timeout_ms, mem, errstr,
-                        sizeof(errstr));
+        r = idem_verify(conf, &effect, expect, o.with_dlq, o.timeout_ms, mem,
+                        errstr, sizeof(errstr));
         fclose(mem);
         if (r == 0 || idem_now_ms() >= deadline)
             break;

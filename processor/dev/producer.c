@@ -155,8 +155,13 @@ idem_producer_t *idem_producer_new(const char *bootstrap, const char *topic,
         snprintf(errstr, errstr_size, "producer: %s", kerr);
         goto fail;
     }
-    conf = NULL;                         /* owned by rk now */
-    rd_kafka_set_log_queue(p->rk, NULL); /* logs served by rd_kafka_poll */
+    conf = NULL; /* owned by rk now */
+    /* Logs served by rd_kafka_poll (log.queue is set above). */
+    rd_kafka_resp_err_t lerr = rd_kafka_set_log_queue(p->rk, NULL);
+    if (lerr) {
+        snprintf(errstr, errstr_size, "producer: %s", rd_kafka_err2str(lerr));
+        goto fail;
+    }
     p->rkt = rd_kafka_topic_new(p->rk, topic, NULL);
     if (!p->rkt) {
         snprintf(errstr, errstr_size, "-t %s: %s", topic,

@@ -135,11 +135,16 @@ static int read_topic(const idem_conf_t *conf, const char *topic,
                                     errstr, errstr_size);
     if (!rk)
         return -1;
-    rd_kafka_poll_set_consumer(rk);
     int rc = -1;
     const rd_kafka_metadata_t *md = NULL;
-    rd_kafka_topic_t *rkt = rd_kafka_topic_new(rk, topic, NULL);
-    rd_kafka_resp_err_t err = rd_kafka_metadata(rk, 0, rkt, &md, timeout_ms);
+    rd_kafka_resp_err_t err = rd_kafka_poll_set_consumer(rk);
+    rd_kafka_topic_t *rkt = err ? NULL : rd_kafka_topic_new(rk, topic, NULL);
+    if (!rkt) {
+        snprintf(errstr, errstr_size, "topic %s: %s", topic,
+                 rd_kafka_err2str(err ? err : rd_kafka_last_error()));
+        goto out;
+    }
+    err = rd_kafka_metadata(rk, 0, rkt, &md, timeout_ms);
     if (err == RD_KAFKA_RESP_ERR__TRANSPORT ||
         err == RD_KAFKA_RESP_ERR__TIMED_OUT) {
         snprintf(errstr, errstr_size,
@@ -237,7 +242,8 @@ static int read_topic(const idem_conf_t *conf, const char *topic,
 out:
     if (md)
         rd_kafka_metadata_destroy(md);
-    rd_kafka_topic_destroy(rkt);
+    if (rkt)
+        rd_kafka_topic_destroy(rkt);
     rd_kafka_consumer_close(rk);
     rd_kafka_destroy(rk);
     return rc;
@@ -517,19 +523,16 @@ static int compare_redis(report_t *r, idem_storeread_t *rd, json_t *want,
     return 0;
 }
 
-typedef enum { H_LEDGER, H_FORWARD, H_OTHER } handler_kind_t;
+typedef enum { E_BALANCES, E_OUTPUT, E_MARKS } effect_kind_t;
 
-static handler_kind_t handler_kind(const char *handler)
+int idem_verify(const idem_conf_t *conf, const idem_verify_effect_t *effect,
+                json_t *expect, int with_dlq, int timeout_ms, FILE *out,
+                char *errstr, size_t errstr_size)
 {
-    return !strcmp(handler, "ledger")    ? H_LEDGER
-           : !strcmp(handler, "forward") ? H_FORWARD
-                                         : H_OTHER;
-}
-
-int idem_verify(const idem_conf_t *conf, json_t *expect, int with_dlq,
-                int timeout_ms, FILE *out, char *errstr, size_t errstr_size)
-{
-    handler_kind_t kind = handler_kind(conf->handler);
+    effect_kind_t kind = effect->output     ? E_OUTPUT
+                         : effect->balances ? E_BALANCES
+                                            : E_MARKS;
+    const char *output = effect->output;
     json_t *want_ledger = json_object_get(expect, "ledger");
     json_t *want_applied = json_object_get(expect, "applied");
     json_t *want_ids = json_object_get(expect, "identities");
@@ -560,7 +563,7 @@ int idem_verify(const idem_conf_t *conf, json_t *expect, int with_dlq,
     /* The marks: every handler sets one per applied identity (in one
      * script with the effect for ledger and script). The ledger's own
      * counter stands in for them when no identities are listed. */
-    int with_marks = want_ids || kind == H_OTHER;
+    int with_marks = want_ids || kind == E_MARKS;
     if (with_marks) {
         if (idem_storeread_marks(rd, conf->group_id, collect_mark, &marks,
                                  errstr, errstr_size))
@@ -568,11 +571,11 @@ int idem_verify(const idem_conf_t *conf, json_t *expect, int with_dlq,
         if (want_ids)
             compare_marks(&r, want_ids, &marks);
     }
-    if (kind == H_FORWARD) {
+    if (kind == E_OUTPUT) {
         /* The effect is the output topic: each expected identity on it
          * once (ledger mode: the distinct records rebuild the ledger). */
-        if (read_topic(conf, conf->output_topic, timeout_ms, output_record,
-                       &outp, out, errstr, errstr_size))
+        if (read_topic(conf, output, timeout_ms, output_record, &outp, out,
+                       errstr, errstr_size))
             goto done;
         /* Ledger mode: a record the ledger would refuse is carried to the
          * output but is no payment applied. */
@@ -580,8 +583,8 @@ int idem_verify(const idem_conf_t *conf, json_t *expect, int with_dlq,
         if (outp.unparsable)
             diff(&r, "output: %" PRId64 " records without an identity",
                  outp.unparsable);
-        compare_output(&r, conf->output_topic, want_ids,
-                       json_object_get(expect, "output"), &outp);
+        compare_output(&r, output, want_ids, json_object_get(expect, "output"),
+                       &outp);
         if (want_ledger) {
             /* What the ledger would dead-letter as invalid-field,
              * forward carries to the output. */
@@ -595,7 +598,7 @@ int idem_verify(const idem_conf_t *conf, json_t *expect, int with_dlq,
                      "the ledger), got %" PRId64,
                      want, outp.carried);
         }
-    } else if (kind == H_LEDGER) {
+    } else if (kind == E_BALANCES) {
         if (idem_store_ledger_scan(store, collect_ledger, got, errstr,
                                    errstr_size) ||
             idem_store_applied_get(store, &applied, errstr, errstr_size))
@@ -625,7 +628,7 @@ int idem_verify(const idem_conf_t *conf, json_t *expect, int with_dlq,
         for (int i = 0; i < IDEM_REASON_CNT; i++) {
             json_t *w = json_object_get(poison, idem_reason2str(i));
             int64_t want = w ? json_integer_value(w) : 0;
-            if (kind == H_FORWARD && want_ledger &&
+            if (kind == E_OUTPUT && want_ledger &&
                 i == IDEM_REASON_INVALID_FIELD)
                 want = 0; /* carried to the output (above) */
             dlq_total += dlq.counts[i];
@@ -646,14 +649,14 @@ int idem_verify(const idem_conf_t *conf, json_t *expect, int with_dlq,
                 "verify: ledger exact (%zu currencies, %zu users, %" PRId64
                 " applied%s)\n",
                 json_object_size(got), users, applied,
-                kind == H_FORWARD ? ", from output.topic" : "");
-    else if (kind == H_LEDGER)
+                kind == E_OUTPUT ? ", from output.topic" : "");
+    else if (kind == E_BALANCES)
         fprintf(out, "verify: applied exact (%" PRId64 " applied)\n", applied);
-    if (kind == H_FORWARD && !want_ledger)
+    if (kind == E_OUTPUT && !want_ledger)
         fprintf(out,
                 "verify: output exact (%" PRId64 " identities once each on "
                 "%s%s)\n",
-                applied, conf->output_topic,
+                applied, output,
                 json_object_size(json_object_get(expect, "output"))
                     ? ", values as sent"
                     : "");

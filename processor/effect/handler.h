@@ -15,7 +15,8 @@
  *   stop()                      once, at the end
  *
  * Two kinds of effect, declared by the handler (ops->effect), decide who
- * sets the dedup mark:
+ * sets the dedup mark. The loop itself never reads ops->effect: its effect
+ * adapter (loop/apply.c) does, and gives the loop one protocol for both.
  *
  * IDEM_EFFECT_IN_REDIS (ledger, script): the effect runs inside the dedup
  *   script in Redis, so effect and mark commit together. The handler gets
@@ -27,7 +28,7 @@
  *   the same request, after the effects (docs/design.md, "Positions in
  *   Redis").
  *
- * IDEM_EFFECT_EXTERNAL (forward, webhook, plugin): the loop claims each
+ * IDEM_EFFECT_EXTERNAL (forward, webhook, plugin): the adapter claims each
  *   record with a lease in Redis first (duplicates and records leased
  *   elsewhere never reach the handler), submits the claimed ones, and turns
  *   the lease into the done mark after the handler reports DONE. A crash
@@ -243,6 +244,14 @@ typedef struct idem_handler_ops_s {
 
     /* Frees the state (after drain). NULL-safe. */
     void (*stop)(void *h);
+
+    /* Where the effect of this configuration can be read back as records,
+     * for verify and `produce --expect` (which never ask which handler
+     * runs): the topic each applied record is written to, key and value
+     * (borrowed from conf), with *as_sent 1 when the value goes unchanged
+     * (forward: output.topic; 0 with forward.processed.at), or NULL when
+     * the effect is not a topic. May be NULL: not a topic. */
+    const char *(*output)(const idem_conf_t *conf, int *as_sent);
 } idem_handler_ops_t;
 
 /* The handlers this build knows. The registry is the array in handler.c:

@@ -295,6 +295,12 @@ static void forward_stop(void *h)
     free(f);
 }
 
+static const char *forward_output(const idem_conf_t *conf, int *as_sent)
+{
+    *as_sent = idem_conf_int(conf, "forward.processed.at") != 1;
+    return conf->output_topic;
+}
+
 const idem_handler_ops_t idem_handler_forward = {
     .api_version = IDEM_HANDLER_API_VERSION,
     .name = "forward",
@@ -310,4 +316,5 @@ const idem_handler_ops_t idem_handler_forward = {
     .drain = forward_drain,
     .fatal = forward_fatal,
     .stop = forward_stop,
+    .output = forward_output,
 };

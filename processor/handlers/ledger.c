@@ -1,20 +1,72 @@
 /* ledger: handler=ledger, payments applied in Redis. The effect (HINCRBY
- * of the user's balance) and the dedup mark are one Lua script (store.c),
- * so no crash can separate them; one pipelined request in flight. */
+ * of the user's balance) and the dedup mark are one Lua script
+ * (ledger.lua, embedded at build), so no crash can separate them; one
+ * pipelined request in flight. */
 #include "effect/handler.h"
 #include "base/util.h"
 
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+/* ledger.lua, as the build embeds it (Makefile: LUA_SRCS). */
+extern const char idem_ledger_lua[];
+extern const size_t idem_ledger_lua_len;
+
+/* Arguments per record: identity, message_id, currency, user_id, amount. */
+#define LEDGER_ARGS 5
+
 typedef struct {
     idem_store_t *store;
+    int script;           /* idem_store_script_register's number */
     idem_record_t **recs; /* the request in flight */
-    const idem_envelope_t **envs;
     idem_store_result_t *res;
+    char (*nums)[24]; /* amounts as text, one per record of a send */
+    size_t nums_next; /* the next of nums the args function fills */
     size_t n, cap;
 } ledger_t;
+
+/* Writes v in decimal at p (no NUL); returns the end. */
+static char *put_u64(char *p, uint64_t v)
+{
+    char t[20];
+    size_t n = 0;
+    do {
+        t[n++] = (char)('0' + v % 10);
+        v /= 10;
+    } while (v);
+    while (n)
+        *p++ = t[--n];
+    return p;
+}
+
+/* The store's per-record arguments (idem_store_args_fn): rec is an
+ * idem_record_t; the amount's text lives in l->nums until the send
+ * returns. */
+static size_t ledger_args(const void *rec, const char **argv, size_t *argvlen,
+                          void *opaque)
+{
+    ledger_t *l = opaque;
+    const idem_envelope_t *env = ((const idem_record_t *)rec)->env;
+    argv[0] = env->identity;
+    argvlen[0] = env->identity_len; /* byte strings: NULs are data */
+    argv[1] = env->message_id;
+    argvlen[1] = env->message_id_len;
+    argv[2] = env->currency;
+    argvlen[2] = strlen(env->currency);
+    argv[3] = env->user_id;
+    argvlen[3] = strlen(env->user_id);
+    /* As "%" PRId64 would print it, without the cost of printf. */
+    char *num = l->nums[l->nums_next++], *e = num;
+    int64_t v = env->amount_minor;
+    if (v < 0)
+        *e++ = '-';
+    e = put_u64(e, v < 0 ? 0 - (uint64_t)v : (uint64_t)v);
+    argv[4] = num;
+    argvlen[4] = (size_t)(e - num);
+    return LEDGER_ARGS;
+}
 
 static void *ledger_start(const idem_handler_ctx_t *ctx, char *errstr,
                           size_t errstr_size)
@@ -25,6 +77,13 @@ static void *ledger_start(const idem_handler_ctx_t *ctx, char *errstr,
     }
     ledger_t *l = idem_xcalloc(1, sizeof(*l));
     l->store = ctx->store;
+    l->script = idem_store_script_register(l->store, idem_ledger_lua,
+                                           idem_ledger_lua_len, LEDGER_ARGS,
+                                           ledger_args, l, errstr, errstr_size);
+    if (l->script < 0) {
+        free(l);
+        return NULL;
+    }
     return l;
 }
 
@@ -40,15 +99,13 @@ static int ledger_submit(void *h, idem_record_t *const *recs, size_t n,
     if (l->cap < n) {
         l->cap = n;
         l->recs = idem_xrealloc(l->recs, n * sizeof(*l->recs));
-        l->envs = idem_xrealloc(l->envs, n * sizeof(*l->envs));
         l->res = idem_xrealloc(l->res, n * sizeof(*l->res));
+        l->nums = idem_xrealloc(l->nums, n * sizeof(*l->nums));
     }
-    for (size_t i = 0; i < n; i++) {
-        l->recs[i] = recs[i];
-        l->envs[i] = recs[i]->env;
-    }
-    if (idem_store_ledger_send(l->store, l->envs, n, pos, npos, errstr,
-                               errstr_size))
+    memcpy(l->recs, recs, n * sizeof(*recs));
+    l->nums_next = 0;
+    if (idem_store_script_send(l->store, l->script, (const void *const *)recs,
+                               n, pos, npos, errstr, errstr_size))
         return -1;
     l->n = n;
     return 0;
@@ -65,7 +122,7 @@ static size_t ledger_collect(void *h, idem_result_t *out, size_t max,
         return 0;
     char errstr[512];
     int rc =
-        idem_store_ledger_recv(l->store, l->n, l->res, errstr, sizeof(errstr));
+        idem_store_script_recv(l->store, l->n, l->res, errstr, sizeof(errstr));
     for (size_t i = 0; i < l->n; i++) {
         idem_result_t *r = &out[i];
         const idem_store_result_t *s = &l->res[i];
@@ -114,8 +171,8 @@ static void ledger_stop(void *h)
     if (!l)
         return;
     free(l->recs);
-    free(l->envs);
     free(l->res);
+    free(l->nums);
     free(l);
 }
 

@@ -122,116 +122,47 @@ static void scratch_reserve(idem_pipeline_t *p)
     p->scratch_cap = p->cnt > p->cap ? p->cnt : p->cap;
     p->rs = idem_xrealloc(p->rs, p->scratch_cap * sizeof(*p->rs));
     p->views = idem_xrealloc(p->views, p->scratch_cap * sizeof(*p->views));
-    p->envs = idem_xrealloc(p->envs, p->scratch_cap * sizeof(*p->envs));
-    p->res = idem_xrealloc(p->res, p->scratch_cap * sizeof(*p->res));
     p->hres = idem_xrealloc(p->hres, p->scratch_cap * sizeof(*p->hres));
     p->parts = idem_xrealloc(p->parts, p->scratch_cap * sizeof(*p->parts));
-    p->verdicts =
-        idem_xrealloc(p->verdicts, p->scratch_cap * sizeof(*p->verdicts));
 }
 
 /* Collects the records due now into p->rs (due.c). */
 static size_t due_records(idem_pipeline_t *p, int64_t now)
 {
     scratch_reserve(p);
-    return idem_due_select(&p->recs, &p->offs, !p->in_redis, now, p->rs);
+    return idem_due_select(&p->recs, &p->offs,
+                           idem_apply_one_per_identity(&p->apply), now, p->rs);
 }
 
-/* Hands rs[n] to the handler (with the positions due, for an in-Redis
- * effect). Returns 0, or -1 (outage, errstr). */
-static int handler_submit(idem_pipeline_t *p, size_t n, char *errstr,
-                          size_t errstr_size)
-{
-    size_t npos =
-        p->in_redis ? idem_positions_due(&p->positions, &p->offs, NULL) : 0;
-    const idem_store_pos_t *pos = p->positions.pos; /* after: it may grow */
-    for (size_t i = 0; i < n; i++)
-        p->views[i] = &p->rs[i]->view;
-    if (p->hops->submit(p->h, p->views, n, pos, npos, errstr, errstr_size)) {
-        if (p->in_redis)
-            for (size_t i = 0; i < n; i++)
-                p->rs[i]->store_sent = 1;
-        return -1;
-    }
-    for (size_t i = 0; i < npos; i++)
-        idem_offsets_find(&p->offs, pos[i].topic, pos[i].partition)->saving =
-            pos[i].offset;
-    for (size_t i = 0; i < n; i++)
-        p->rs[i]->sent = 1;
-    p->inflight += n;
-    idem_metrics_batch_observe(p->m, (double)n);
-    return 0;
-}
-
-/* External effect: claims the due records with a lease, then submits the
- * new ones. Records behind a deferred one of the same partition are not
- * submitted in this pass (their claim is ours and is taken again next
- * time), so effects keep each partition's order (lease.c). Returns 0 or
- * -1. */
-static int claim_and_submit(idem_pipeline_t *p, size_t n, char *errstr,
-                            size_t errstr_size)
-{
-    for (size_t i = 0; i < n; i++) {
-        p->envs[i] = &p->rs[i]->env;
-        p->parts[i] = idem_offsets_find(&p->offs, p->rs[i]->view.topic,
-                                        p->rs[i]->view.partition);
-    }
-    p->clock_us = idem_now_us();
-    if (idem_lease_claim(&p->lease, p->owner, p->envs, p->parts, n, p->res,
-                         p->verdicts, errstr, errstr_size))
-        return -1;
-    size_t claimed = 0;
-    int64_t now = idem_now_ms();
-    for (size_t i = 0; i < n; i++) {
-        rec_t *r = p->rs[i];
-        switch (p->verdicts[i]) {
-        case IDEM_LEASE_GO:
-            p->rs[claimed++] = r;
-            break;
-        case IDEM_LEASE_DUPLICATE:
-            rec_duplicate(p, r, p->res[i].prior_mid, p->res[i].prior_mid_len);
-            break;
-        case IDEM_LEASE_LEASED: /* wait, the lease expires if dead */
-            r->retry_at_ms = now + p->conf->dedup_lease_ms / 4 + 50;
-            p->retry_waiting = 1;
-            break;
-        case IDEM_LEASE_AGAIN:  /* due again once the first one is done */
-        case IDEM_LEASE_BEHIND: /* next pass */
-            break;
-        }
-    }
-    return claimed ? handler_submit(p, claimed, errstr, errstr_size) : 0;
-}
-
-/* Turns the handler's results hres[n] into outcomes; an external effect's
- * DONE records are marked done first. Returns 0, or -1 (outage: errstr). */
-static int results_apply(idem_pipeline_t *p, size_t n, char *errstr,
-                         size_t errstr_size)
+/* Turns results res[n] into outcomes. `answer`: they are what the effect
+ * answered (collected), not what a claim knew at once; an answer that is
+ * no outage says the effect's service (or Redis) answers, and a store
+ * handler's request, answered, stores the positions it carried unless it
+ * failed. Returns 0, or -1 (outage: errstr). */
+static int results_apply(idem_pipeline_t *p, const idem_result_t *res, size_t n,
+                         int answer, char *errstr, size_t errstr_size)
 {
     int rc = 0;
-    size_t done = 0;
     int64_t now = idem_now_ms();
-    for (size_t i = 0; i < n; i++) {
-        idem_result_t *res = &p->hres[i];
+    for (size_t i = 0; i < n; i++, res++) {
         rec_t *r = res->rec->loop;
         r->sent = 0;
         p->inflight--;
-        if (!p->in_redis && res->kind != IDEM_RESULT_OUTAGE)
-            p->answered = 1; /* the effect's service answers */
+        if (answer && res->kind != IDEM_RESULT_OUTAGE)
+            p->answered = 1;
         switch (res->kind) {
         case IDEM_RESULT_DONE:
             idem_rejectguard_ok(&p->rejects);
-            if (p->in_redis)
-                rec_finish(p, r, IDEM_OUTCOME_PROCESSED);
-            else
-                p->rs[done++] = r;
+            rec_finish(p, r, IDEM_OUTCOME_PROCESSED);
             break;
         case IDEM_RESULT_DUPLICATE:
             idem_rejectguard_ok(&p->rejects);
             rec_duplicate(p, r, res->prior_mid, res->prior_mid_len);
             break;
-        case IDEM_RESULT_BUSY:
-            r->retry_at_ms = now + p->conf->dedup_lease_ms / 4;
+        case IDEM_RESULT_BUSY: /* a lease elsewhere: it ends or expires */
+            r->retry_at_ms =
+                now + (res->retry_after_ms > 0 ? res->retry_after_ms
+                                               : p->conf->dedup_lease_ms / 4);
             p->retry_waiting = 1;
             break;
         case IDEM_RESULT_REJECT:
@@ -241,8 +172,7 @@ static int results_apply(idem_pipeline_t *p, size_t n, char *errstr,
             }
             /* Too many in a row: a broken effect, held back as an outage
              * (paused, not ready, tried again) instead of a DLQ blast. */
-            if (p->in_redis)
-                r->store_sent = 1;
+            r->store_sent = 1; /* as an outage: its mark, if any, says */
             if (!rc)
                 idem_rejectguard_reason(&p->rejects, res->detail, errstr,
                                         errstr_size);
@@ -252,48 +182,64 @@ static int results_apply(idem_pipeline_t *p, size_t n, char *errstr,
             rec_retry(p, r, res->detail, res->retry_after_ms);
             break;
         case IDEM_RESULT_OUTAGE:
-            if (p->in_redis)
-                r->store_sent = 1; /* its chunk may have run: marks say */
+            r->store_sent = 1; /* it may have run: its mark says */
             if (!rc)
                 snprintf(errstr, errstr_size, "%.500s", res->detail);
             rc = -1;
             break;
         }
     }
-    if (p->in_redis && n) {
-        /* The request is answered: its positions are stored unless it
-         * failed. */
+    if (answer && n) {
+        /* The request is answered: the positions it carried (if any) are
+         * stored unless it failed. */
         for (size_t i = 0; i < p->offs.cnt; i++) {
             idem_part_t *pt = &p->offs.v[i];
             if (rc == 0 && pt->saving >= 0)
                 pt->saved = pt->saving;
             pt->saving = -1;
         }
-        p->answered = rc == 0;
-    }
-    if (!done)
-        return rc;
-    for (size_t i = 0; i < done; i++)
-        p->envs[i] = &p->rs[i]->env;
-    char e[512];
-    if (idem_lease_mark(&p->lease, p->owner, p->envs, done, p->res, e,
-                        sizeof(e))) {
-        /* Not marked: the lease expires and the effect is done again
-         * (at least once); nothing is lost. */
-        if (!rc)
-            snprintf(errstr, errstr_size, "%s", e);
-        return -1;
-    }
-    for (size_t i = 0; i < done; i++) {
-        if (p->res[i].mark == IDEM_MARK_LOST)
-            idem_log_kv(IDEM_LOG_WARN,
-                        "lease taken over before mark; effect may be "
-                        "duplicated",
-                        "message_id", p->rs[i]->env.message_id, "holder",
-                        p->res[i].detail, NULL);
-        rec_finish(p, p->rs[i], IDEM_OUTCOME_PROCESSED);
     }
     return rc;
+}
+
+/* Hands rs[n] to the effect (apply.h), with the positions due when it
+ * takes them; what a claim answered at once is applied now. Returns 0, or
+ * -1 (outage, errstr). */
+static int handler_submit(idem_pipeline_t *p, size_t n, char *errstr,
+                          size_t errstr_size)
+{
+    size_t npos = idem_apply_takes_positions(&p->apply)
+                      ? idem_positions_due(&p->positions, &p->offs, NULL)
+                      : 0;
+    const idem_store_pos_t *pos = p->positions.pos; /* after: it may grow */
+    for (size_t i = 0; i < n; i++) {
+        p->views[i] = &p->rs[i]->view;
+        p->parts[i] = idem_offsets_find(&p->offs, p->rs[i]->view.topic,
+                                        p->rs[i]->view.partition);
+    }
+    p->clock_us = idem_now_us();
+    size_t taken, nnow;
+    int rc =
+        idem_apply_submit(&p->apply, p->owner, p->views, p->parts, n, pos, npos,
+                          &taken, p->hres, &nnow, errstr, errstr_size);
+    p->inflight += taken + nnow;
+    char e[8];
+    results_apply(p, p->hres, nnow, 0, e, sizeof(e)); /* never an outage */
+    if (rc) {
+        /* Not taken; a request that failed may have run: marks say. */
+        for (size_t i = 0; i < n; i++)
+            if (p->rs[i]->state != REC_DONE)
+                p->rs[i]->store_sent = 1;
+        return -1;
+    }
+    for (size_t i = 0; i < npos; i++)
+        idem_offsets_find(&p->offs, pos[i].topic, pos[i].partition)->saving =
+            pos[i].offset;
+    for (size_t i = 0; i < taken; i++)
+        ((rec_t *)p->views[i]->loop)->sent = 1;
+    if (taken)
+        idem_metrics_batch_observe(p->m, (double)taken);
+    return 0;
 }
 
 /* Collects what the handler finished (waiting up to timeout_ms for the
@@ -304,9 +250,10 @@ int idem_loop_handler_collect(idem_pipeline_t *p, int timeout_ms, char *errstr,
     if (!p->inflight)
         return 0;
     scratch_reserve(p);
-    size_t n = p->hops->collect(p->h, p->hres, p->scratch_cap, timeout_ms);
+    size_t n = idem_apply_collect(&p->apply, p->owner, p->hres, p->scratch_cap,
+                                  timeout_ms);
     p->clock_us = idem_now_us();
-    return results_apply(p, n, errstr, errstr_size);
+    return results_apply(p, p->hres, n, 1, errstr, errstr_size);
 }
 
 /* Finishes or abandons everything with the handler until deadline_ms:
@@ -316,50 +263,42 @@ void idem_loop_handler_settle(idem_pipeline_t *p, int64_t deadline_ms)
     char errstr[512];
     if (!p->inflight)
         return;
-    p->hops->drain(p->h, deadline_ms);
+    idem_apply_drain(&p->apply, deadline_ms);
     idem_loop_handler_collect(p, 0, errstr, sizeof(errstr));
     if (p->inflight) {
         /* Abandoned by the drain (their leases expire unmarked), as the
          * contract allows; only a handler that still counts records in
          * flight broke it. */
-        size_t kept = p->hops->inflight(p->h);
+        size_t kept = idem_apply_handler_inflight(&p->apply);
         char n[24];
         snprintf(n, sizeof(n), "%zu", kept ? kept : p->inflight);
         if (kept)
             idem_log_kv(IDEM_LOG_ERROR, "handler kept records after drain",
-                        "handler", p->hops->name, "records", n, NULL);
+                        "handler", p->apply.ops->name, "records", n, NULL);
         else
             idem_log_kv(IDEM_LOG_WARN,
                         "drain deadline: effects abandoned, their records "
                         "are repeated by the partition's next owner",
-                        "handler", p->hops->name, "records", n, NULL);
+                        "handler", p->apply.ops->name, "records", n, NULL);
         rec_t *r;
         for (size_t i = 0; (r = idem_records_next(&p->recs, &i));)
             r->sent = 0;
         p->inflight = 0;
+        idem_apply_forget(&p->apply);
     }
 }
 
-/* Gives the handler what is due; nothing while draining (a drain starts
- * no new effect: what it would start is abandoned at the deadline, and
- * the partition's next owner repeats it). Returns 0 or -1 (outage:
+/* Gives the handler what is due, no more than it can start now (a lease
+ * must not run out while its record waits in the handler's queue; a store
+ * handler takes one request at a time); nothing while draining (a drain
+ * starts no new effect: what it would start is abandoned at the deadline,
+ * and the partition's next owner repeats it). Returns 0 or -1 (outage:
  * errstr). */
 int idem_loop_handler_feed(idem_pipeline_t *p, char *errstr, size_t errstr_size)
 {
     if (p->draining)
         return 0;
-    if (p->in_redis) {
-        if (p->inflight)
-            return 0; /* one request at a time */
-        size_t n = due_records(p, idem_now_ms());
-        if (n && idem_positions_first(&p->positions, &p->offs, &p->recs, p->rs,
-                                      n, errstr, errstr_size))
-            return -1;
-        return n ? handler_submit(p, n, errstr, errstr_size) : 0;
-    }
-    /* Claim no more than the handler can start: a lease must not run out
-     * while its record waits in the handler's queue. */
-    size_t room = p->hops->room ? p->hops->room(p->h) : SIZE_MAX;
+    size_t room = idem_apply_room(&p->apply);
     if (!room)
         return 0;
     size_t n = due_records(p, idem_now_ms());
@@ -368,7 +307,7 @@ int idem_loop_handler_feed(idem_pipeline_t *p, char *errstr, size_t errstr_size)
     if (n && idem_positions_first(&p->positions, &p->offs, &p->recs, p->rs, n,
                                   errstr, errstr_size))
         return -1;
-    return n ? claim_and_submit(p, n, errstr, errstr_size) : 0;
+    return n ? handler_submit(p, n, errstr, errstr_size) : 0;
 }
 
 /* ------------------------------------------------------ the batch cycle */
@@ -396,7 +335,7 @@ void idem_loop_parse_records(idem_pipeline_t *p)
             continue;
         }
         rd_kafka_headers_t *all;
-        if (!h && !p->hops->ignores_headers &&
+        if (!h && !p->apply.ops->ignores_headers &&
             !rd_kafka_message_headers(r->msg, &all))
             h = all;
         idem_record_t *v = &r->view;

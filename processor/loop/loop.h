@@ -11,6 +11,7 @@
 #include "input/envelope.h"
 #include "loop/fetchwatch.h"
 #include "loop/flow.h"
+#include "loop/apply.h"
 #include "loop/lease.h"
 #include "effect/handler.h"
 #include "loop/offsets.h"
@@ -53,43 +54,38 @@ struct idem_pipeline_s {
                                 m once per turn of the loop (and before
                                 anything reads m that must be complete) */
     idem_store_t *store;
-    idem_lease_store_t lease; /* external effects' marks (lease.h) */
     idem_dlq_t *dlq;
-    rd_kafka_t *rk;                 /* consumer */
-    idem_wake_t wake;               /* its queue, the DLQ's and the Redis
-                                       reply in one wait (batch_fill) */
-    int wake_kafka, wake_dlq;       /* their bits in idem_wake_wait */
-    const idem_handler_ops_t *hops; /* the effect (handler.h) */
-    void *h;                        /* its state */
-    int in_redis;                   /* hops->effect == IDEM_EFFECT_IN_REDIS */
-    idem_envelope_rules_t *rules;   /* how records are read */
-    idem_retrytopics_t *rt;         /* retry.topics; NULL: blocking retries */
-    idem_fetchwatch_t *fw;          /* fetch.stall.ms; NULL: no watch */
+    rd_kafka_t *rk;               /* consumer */
+    idem_wake_t wake;             /* its queue, the DLQ's and the Redis
+                                     reply in one wait (batch_fill) */
+    int wake_kafka, wake_dlq;     /* their bits in idem_wake_wait */
+    idem_apply_t apply;           /* the handler, through the one effect
+                                     protocol (apply.h) */
+    idem_envelope_rules_t *rules; /* how records are read */
+    idem_retrytopics_t *rt;       /* retry.topics; NULL: blocking retries */
+    idem_fetchwatch_t *fw;        /* fetch.stall.ms; NULL: no watch */
 
-    idem_records_t recs;            /* rec_t *, in poll order */
-    rec_t *spares;                  /* released records, reused: no allocation
-                                       per record (at most the most ever in
-                                       hand) */
-    int64_t clock_us;               /* idem_now_us() of the current step: one
-                                       clock read per step, not per record */
-    int64_t wall_offset_us;         /* wall clock minus idem_now_us(), taken
-                                       each turn of the loop (effect latency) */
-    size_t cnt;                     /* records in hand (recs.live) */
-    int dlq_due;                    /* a record may need a DLQ or retry-topic
-                                       write: idem_loop_dlq_queue walks */
-    size_t tickets;                 /* records with a write in flight (r->dlq):
-                                       idem_loop_dlq_collect walks */
-    int retry_waiting;              /* a record may wait for its retry time:
-                                       idem_loop_batch_next_retry walks */
-    size_t cap;                     /* BATCHES_IN_HAND batches: scratch size */
-    size_t inflight;                /* records with the handler */
-    rec_t **rs;                     /* scratch: records handed to a handler */
-    idem_record_t **views;          /* scratch: their views */
-    const idem_envelope_t **envs;   /* scratch: their envelopes */
-    idem_store_result_t *res;       /* scratch: what the store said */
-    idem_result_t *hres;            /* scratch: what the handler said */
-    idem_part_t **parts;            /* scratch: the records' partitions */
-    idem_lease_verdict_t *verdicts; /* scratch: what a claim said */
+    idem_records_t recs;    /* rec_t *, in poll order */
+    rec_t *spares;          /* released records, reused: no allocation
+                               per record (at most the most ever in
+                               hand) */
+    int64_t clock_us;       /* idem_now_us() of the current step: one
+                               clock read per step, not per record */
+    int64_t wall_offset_us; /* wall clock minus idem_now_us(), taken
+                               each turn of the loop (effect latency) */
+    size_t cnt;             /* records in hand (recs.live) */
+    int dlq_due;            /* a record may need a DLQ or retry-topic
+                               write: idem_loop_dlq_queue walks */
+    size_t tickets;         /* records with a write in flight (r->dlq):
+                               idem_loop_dlq_collect walks */
+    int retry_waiting;      /* a record may wait for its retry time:
+                               idem_loop_batch_next_retry walks */
+    size_t cap;             /* BATCHES_IN_HAND batches: scratch size */
+    size_t inflight;        /* records with the handler */
+    rec_t **rs;             /* scratch: records handed to a handler */
+    idem_record_t **views;  /* scratch: their views */
+    idem_result_t *hres;    /* scratch: what the handler said */
+    idem_part_t **parts;    /* scratch: the records' partitions */
     size_t scratch_cap;
     idem_offsets_t offs;        /* the partitions held and their positions */
     idem_flow_t flow;           /* backoff, outage state, pause decision */

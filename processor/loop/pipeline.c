@@ -76,11 +76,11 @@ static idem_part_t *idem_loop_rec_part(idem_pipeline_t *p, const rec_t *r)
     return idem_loop_part_find(p, r->view.topic, r->view.partition);
 }
 
-/* The in-Redis handler's request holds the store's connection: nothing
- * else may use it until its replies were read. */
+/* A handler's request holds the store's connection: nothing else may
+ * use it until its replies were read. */
 static int idem_loop_store_busy(const idem_pipeline_t *p)
 {
-    return p->in_redis && p->inflight;
+    return idem_store_busy(p->store);
 }
 
 static void set_ready(idem_pipeline_t *p)
@@ -658,8 +658,18 @@ static rd_kafka_t *consumer_new(idem_pipeline_t *p, char *errstr,
                                     errstr, errstr_size);
     if (!rk)
         return NULL;
-    rd_kafka_set_log_queue(rk, NULL); /* logs to the main queue ... */
-    rd_kafka_poll_set_consumer(rk);   /* ... served by consumer_poll */
+    /* Logs to the main queue, which consumer_poll serves: both need only
+     * log.queue and group.id, set above, but a failure would leave logs
+     * and callbacks unserved, so it stops the start. */
+    rd_kafka_resp_err_t err = rd_kafka_set_log_queue(rk, NULL);
+    if (!err)
+        err = rd_kafka_poll_set_consumer(rk);
+    if (err) {
+        snprintf(errstr, errstr_size, "kafka consumer: %s",
+                 rd_kafka_err2str(err));
+        rd_kafka_destroy(rk);
+        return NULL;
+    }
     return rk;
 }
 
@@ -708,7 +718,6 @@ idem_pipeline_t *idem_pipeline_new(const idem_conf_t *conf, idem_metrics_t *m,
     p->cap = (size_t)conf->batch_max_messages * BATCHES_IN_HAND;
     idem_records_init(&p->recs, p->cap);
     p->store = idem_store_new(conf, m);
-    p->lease = idem_lease_store_redis(p->store);
     idem_positions_init(&p->positions, conf, m, p->store);
     p->positions.before_rewind = before_rewind;
     p->positions.ctx = p;
@@ -716,10 +725,10 @@ idem_pipeline_t *idem_pipeline_new(const idem_conf_t *conf, idem_metrics_t *m,
     if (conf->redis_aof_rewrite)
         idem_store_guard_aof(p->store);
     const char *arg;
-    if (!(p->hops =
-              idem_handler_find(conf->handler, &arg, errstr, errstr_size)))
+    const idem_handler_ops_t *hops =
+        idem_handler_find(conf->handler, &arg, errstr, errstr_size);
+    if (!hops)
         goto fail;
-    p->in_redis = p->hops->effect == IDEM_EFFECT_IN_REDIS;
     if (conf->retry_tiers) {
         p->rt = idem_retrytopics_new(conf->input_topics, conf->retry_delays_ms,
                                      conf->retry_tiers);
@@ -733,12 +742,12 @@ idem_pipeline_t *idem_pipeline_new(const idem_conf_t *conf, idem_metrics_t *m,
     }
     if (!(p->rules = idem_envelope_rules_new(
               conf->envelope_format, conf->envelope_identity,
-              conf->envelope_message_id, p->hops->needs_payment,
+              conf->envelope_message_id, hops->needs_payment,
               (size_t)conf->message_max_bytes, errstr, errstr_size)))
         goto fail;
-    if (p->hops->fields_key &&
-        idem_envelope_rules_fields(p->rules, p->hops->fields_key,
-                                   idem_conf_str(conf, p->hops->fields_key),
+    if (hops->fields_key &&
+        idem_envelope_rules_fields(p->rules, hops->fields_key,
+                                   idem_conf_str(conf, hops->fields_key),
                                    errstr, errstr_size))
         goto fail;
     if (!(p->dlq =
@@ -747,11 +756,13 @@ idem_pipeline_t *idem_pipeline_new(const idem_conf_t *conf, idem_metrics_t *m,
     idem_handler_ctx_t ctx = {
         .conf = conf,
         .arg = arg,
-        .store = p->in_redis ? p->store : NULL,
+        .store = p->store,
         .metrics = m,
         .member_id = conf->member_id,
     };
-    if (!(p->h = p->hops->start(&ctx, errstr, errstr_size)))
+    if (idem_apply_start(&p->apply, hops, &ctx,
+                         idem_lease_store_redis(p->store), conf->dedup_lease_ms,
+                         errstr, errstr_size))
         goto fail;
     if (!(p->rk = consumer_new(p, errstr, errstr_size)))
         goto fail;
@@ -792,8 +803,7 @@ void idem_pipeline_destroy(idem_pipeline_t *p)
         return;
     /* The handler first: it may hold pointers to the records. Writes it
      * did not finish are not marked done; the next owner redoes them. */
-    if (p->h)
-        p->hops->stop(p->h);
+    idem_apply_stop(&p->apply);
     rec_t *r;
     for (size_t i = 0; (r = idem_records_next(&p->recs, &i));)
         rec_release(p, r);
@@ -821,10 +831,7 @@ void idem_pipeline_destroy(idem_pipeline_t *p)
     free(p->rs);
     free(p->views);
     free(p->hres);
-    free(p->envs);
-    free(p->res);
     free(p->parts);
-    free(p->verdicts);
     idem_metrics_acc_destroy(p->acc); /* merges what is left */
     free(p);
 }
@@ -889,10 +896,11 @@ static void batch_fill(idem_pipeline_t *p, volatile int *stop)
 {
     size_t max = (size_t)p->conf->batch_max_messages;
     size_t added = 0, start = p->cnt;
-    if (!p->in_redis && p->inflight) {
-        /* An external effect is in flight: take what is already fetched,
-         * then let the next collect wait for results instead of Kafka (a
-         * webhook's response, a broker's acknowledgement). */
+    if (p->inflight && !idem_loop_store_busy(p)) {
+        /* An effect is in flight that no reply on the store's connection
+         * ends: take what is already fetched, then let the next collect
+         * wait for results instead of Kafka (a webhook's response, a
+         * broker's acknowledgement). */
         rd_kafka_message_t *msg;
         p->clock_us = idem_now_us();
         while (added < max && !*stop &&
@@ -1012,10 +1020,8 @@ int idem_pipeline_run(idem_pipeline_t *p, volatile int *stop, char *errstr,
         idem_metrics_acc_merge(p->acc);
         idem_progress_log(&p->progress, p->m, p->offs.cnt,
                           p->conf->progress_interval_ms, now);
-        if (!p->fatal[0] &&
-            !idem_dlq_fatal(p->dlq, p->fatal, sizeof(p->fatal)) &&
-            p->hops->fatal)
-            p->hops->fatal(p->h, p->fatal, sizeof(p->fatal));
+        if (!p->fatal[0] && !idem_dlq_fatal(p->dlq, p->fatal, sizeof(p->fatal)))
+            idem_apply_fatal(&p->apply, p->fatal, sizeof(p->fatal));
         if (p->fatal[0]) {
             idem_log_kv(IDEM_LOG_ERROR,
                         p->refused ? "unsafe redis configuration: stopping"

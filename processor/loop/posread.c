@@ -63,7 +63,8 @@ void idem_posread_fingerprint(const rd_kafka_message_t *m,
 }
 
 /* A topic handle of the legacy consumer API (no group, commits nothing;
- * an offset out of range is an error, never a reset). Caller destroys. */
+ * an offset out of range is an error, never a reset). Caller destroys.
+ * NULL with rd_kafka_last_error() set when librdkafka refuses it. */
 static rd_kafka_topic_t *topic_handle(idem_posread_t *r, const char *topic)
 {
     rd_kafka_topic_conf_t *tc = rd_kafka_topic_conf_new();
@@ -114,12 +115,13 @@ int idem_posread_read(idem_posread_t *r, idem_posread_item_t *items, size_t n,
             it->rec_offset >= it->now.high)
             continue; /* nothing to read there */
         rkt[i] = topic_handle(r, it->topic);
-        if (rd_kafka_consume_start_queue(rkt[i], it->partition, it->rec_offset,
-                                         r->q) == -1) {
+        if (!rkt[i] || rd_kafka_consume_start_queue(
+                           rkt[i], it->partition, it->rec_offset, r->q) == -1) {
             snprintf(errstr, errstr_size, "kafka: read %s [%" PRId32 "]: %s",
                      it->topic, it->partition,
                      rd_kafka_err2str(rd_kafka_last_error()));
-            rd_kafka_topic_destroy(rkt[i]);
+            if (rkt[i])
+                rd_kafka_topic_destroy(rkt[i]);
             rkt[i] = NULL;
             rc = -1;
             break;

@@ -27,9 +27,10 @@ typedef struct rec_s {
     idem_reason_t reason;
     int attempts;             /* handler attempts (retry.max.attempts) */
     int sent;                 /* with the handler, result not collected yet */
-    int store_sent;           /* an in-Redis request that may have applied it
-                                 failed: its done mark with its own message id
-                                 then means processed, not a duplicate */
+    int store_sent;           /* a request that may have applied it failed
+                                 (a failed submit, an OUTAGE result): its done
+                                 mark with its own message id then means
+                                 processed, not a duplicate */
     int64_t retry_at_ms;      /* not before this (busy lease, backoff) */
     ticket_t *dlq;            /* DLQ (or retry topic) write in flight or
                                  just reported */

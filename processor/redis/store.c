@@ -1,6 +1,7 @@
-/* store: the Redis side of exactly-once: connection, the dedup/ledger/lease
- * Lua scripts (loaded once, called with EVALSHA, pipelined per batch) and
- * the reads verify needs. A redisReply never leaves this module. */
+/* store: the Redis side of exactly-once: connection, the lease scripts,
+ * the in-Redis handlers' dedup scripts (registered by them) (loaded once,
+ * called with EVALSHA, pipelined per batch) and the reads verify needs. A
+ * redisReply never leaves this module. */
 #include "redis/store.h"
 #include "base/log.h"
 #include "redis/aofgate.h"
@@ -17,88 +18,6 @@
 /* Records per EVALSHA: big enough to amortise the round trip, small enough
  * that one script never blocks Redis for long (~1 ms per 1000 records). */
 #define CHUNK_RECORDS 1000
-
-/* Ledger: for each record (identity, message_id, currency, user_id, minor):
- * a done or lease mark means "not applied" (the mark is returned); else the
- * increment and the done mark happen together inside this script, so no
- * crash can separate effect from mark. To keep Redis's work per record
- * small, the marks are read with one MGET, the increments are summed per
- * (currency, user) and applied with one HINCRBY each, and only new records
- * get a SET. An increment Redis refuses because of the record (an overflow,
- * a field or key that holds no integer) leaves its records unmarked and
- * returns "reject:<error>" for them, and for the repeats of their identity
- * later in the chunk. Any other refusal (OOM, READONLY, MISCONF,
- * NOREPLICAS, ...) is the server's state, not the record's: the script
- * returns that error as its reply and the caller treats it as an outage.
- * Redis checks those states only before a script's first write, so a
- * script that meets one has written nothing. */
-static const char ledger_lua[] =
-    "local prefix, group, ttl = ARGV[1], ARGV[2], ARGV[3]\n"
-    "local n = (#ARGV - 3) / 5\n"
-    "local keys = {}\n"
-    "for j = 1, n do\n"
-    "  keys[j] = prefix .. 'dedup:' .. group .. ':' .. ARGV[3 + (j - 1) * 5 + "
-    "1]\n"
-    "end\n"
-    "local marks = redis.call('MGET', unpack(keys))\n"
-    "local out, seen, sums, new, dups = {}, {}, {}, {}, {}\n"
-    "for j = 1, n do\n"
-    "  local b = 3 + (j - 1) * 5\n"
-    "  local first = seen[ARGV[b + 1]]\n"
-    "  if first then\n"
-    "    dups[#dups + 1] = {j, first}\n"
-    "  elseif marks[j] then\n"
-    "    out[j] = marks[j]\n"
-    "  else\n"
-    "    local h = prefix .. 'ledger:' .. ARGV[b + 3]\n"
-    "    local f = ARGV[b + 4]\n"
-    "    sums[h] = sums[h] or {}\n"
-    "    sums[h][f] = (sums[h][f] or 0) + tonumber(ARGV[b + 5])\n"
-    "    seen[ARGV[b + 1]] = j\n"
-    "    new[#new + 1] = j\n"
-    "    out[j] = ''\n"
-    "  end\n"
-    "end\n"
-    "local refused = {}\n"
-    "for h, fields in pairs(sums) do\n"
-    "  for f, x in pairs(fields) do\n"
-    "    local r = redis.pcall('HINCRBY', h, f, string.format('%.0f', x))\n"
-    "    if type(r) == 'table' and r.err then\n"
-    "      local e = r.err\n"
-    "      if string.find(e, '^ERR increment or decrement would overflow') or\n"
-    "         string.find(e, '^ERR hash value is not an integer') or\n"
-    "         string.find(e, '^WRONGTYPE') then\n"
-    "        refused[h .. '\\0' .. f] = e\n"
-    "      else\n"
-    "        return redis.error_reply(e)\n"
-    "      end\n"
-    "    end\n"
-    "  end\n"
-    "end\n"
-    "local applied = 0\n"
-    "for _, j in ipairs(new) do\n"
-    "  local b = 3 + (j - 1) * 5\n"
-    "  local err = refused[prefix .. 'ledger:' .. ARGV[b + 3] .. '\\0' .. "
-    "ARGV[b + 4]]\n"
-    "  if err then\n"
-    "    out[j] = 'reject:' .. err\n"
-    "  else\n"
-    "    redis.call('SET', keys[j], 'done:' .. ARGV[b + 2], 'EX', ttl)\n"
-    "    applied = applied + 1\n"
-    "  end\n"
-    "end\n"
-    "if applied > 0 then\n"
-    "  redis.call('INCRBY', prefix .. 'ledger:applied', applied)\n"
-    "end\n"
-    "for _, d in ipairs(dups) do\n"
-    "  local j, first = d[1], d[2]\n"
-    "  if out[first] == '' then\n"
-    "    out[j] = 'done:' .. ARGV[3 + (first - 1) * 5 + 2]\n"
-    "  else\n"
-    "    out[j] = out[first]\n"
-    "  end\n"
-    "end\n"
-    "return out\n";
 
 /* Claim: (identity, message_id) pairs. Free, or a lease of this member
  * from any rebalance epoch (records it still holds on partitions it kept)
@@ -152,10 +71,9 @@ static const char mark_lua[] =
     "end\n"
     "return out\n";
 
-typedef enum { SCRIPT_LEDGER, SCRIPT_CLAIM, SCRIPT_MARK, SCRIPT_CNT } script_t;
+typedef enum { SCRIPT_CLAIM, SCRIPT_MARK, SCRIPT_CNT } script_t;
 
-static const char *const script_src[SCRIPT_CNT] = {ledger_lua, claim_lua,
-                                                   mark_lua};
+static const char *const script_src[SCRIPT_CNT] = {claim_lua, mark_lua};
 
 /* A dedup script a handler registered (idem_store_script_register). */
 #define USER_SCRIPTS_MAX 4
@@ -183,8 +101,6 @@ struct idem_store_s {
     const char **argv;
     size_t *argvlen;
     size_t argv_cap;
-    char (*nums)[24]; /* amounts as text for the ledger script */
-    size_t nums_cap;
     char *req; /* a request's commands in RESP, reused across calls */
     size_t req_len, req_cap;
     size_t pending_chunks; /* replies store_recv still has to read */
@@ -244,7 +160,6 @@ void idem_store_destroy(idem_store_t *s)
     idem_store_disconnect(s);
     free(s->argv);
     free(s->argvlen);
-    free(s->nums);
     free(s->req);
     free(s->fields);
     free(s->offs);
@@ -255,7 +170,7 @@ void idem_store_destroy(idem_store_t *s)
 
 /* The class of a Redis error reply (docs/design.md, "Error classes"): its
  * first word, as Redis sends it. Every class is an outage of the store;
- * the errors a record owns never get here (the ledger script turns them
+ * the errors a record owns never get here (a handler's script turns them
  * into "reject:"). */
 static const char *reply_class(const char *err)
 {
@@ -289,23 +204,23 @@ const char *idem_store_error_class(const char *redis_error)
     return reply_class(redis_error ? redis_error : "");
 }
 
-/* The class of a failed connect, from idem_redisconn_open's text: a
- * timeout, an error reply it quotes (WRONGPASS, LOADING, ...), a replica
- * that ROLE refused, else the connection itself. */
-static const char *connect_class(const char *errstr)
+/* The metric class of a failed connect (idem_redisconn_open_err's class):
+ * a timeout, a replica that ROLE refused, an error reply by its code
+ * (WRONGPASS, LOADING, ...), else the connection itself. */
+static const char *connect_class(const idem_redisconn_err_t *err)
 {
-    if (strstr(errstr, "timeout after"))
+    switch (err->cls) {
+    case IDEM_REDISCONN_ERR_TIMEOUT:
         return "timeout";
-    if (strstr(errstr, "is not the primary"))
+    case IDEM_REDISCONN_ERR_NOT_PRIMARY:
         return "readonly";
-    for (const char *w = errstr; *w; w++) {
-        if (w != errstr && w[-1] != ' ' && w[-1] != '(')
-            continue;
-        const char *cls = reply_class(w);
-        if (strcmp(cls, "other"))
-            return cls;
+    case IDEM_REDISCONN_ERR_REPLY: {
+        const char *cls = reply_class(err->code);
+        return strcmp(cls, "other") ? cls : "connection";
     }
-    return "connection";
+    default:
+        return "connection";
+    }
 }
 
 /* Records an infrastructure error of class cls: counts it, drops the
@@ -634,10 +549,12 @@ int idem_store_connect(idem_store_t *s, char *errstr, size_t errstr_size)
 {
     if (s->c)
         return 0;
-    s->conn = idem_redisconn_open(s->conf, s->replica_ok, errstr, errstr_size);
+    idem_redisconn_err_t err;
+    s->conn = idem_redisconn_open_err(s->conf, s->replica_ok, &err);
     if (!s->conn) {
+        snprintf(errstr, errstr_size, "%s", err.str);
         if (s->metrics)
-            idem_metrics_redis_error_add(s->metrics, connect_class(errstr), 1);
+            idem_metrics_redis_error_add(s->metrics, connect_class(&err), 1);
         return -1;
     }
     s->c = idem_redisconn_context(s->conn);
@@ -701,31 +618,16 @@ static char *put_u64(char *p, uint64_t v)
     return p;
 }
 
-/* Fills the per-record arguments of record `env` for `script` at argv[at];
- * returns the number of arguments written. `numbuf` (24 bytes) holds the
- * amount text. */
-static size_t record_args(script_t script, const idem_envelope_t *env,
-                          const char **argv, size_t *argvlen, char *numbuf)
+/* Fills the per-record arguments of record `env` for the claim and mark
+ * scripts (identity, message_id) at argv; returns their number. */
+static size_t record_args(const idem_envelope_t *env, const char **argv,
+                          size_t *argvlen)
 {
     argv[0] = env->identity;
     argvlen[0] = env->identity_len; /* byte strings: NULs are data */
     argv[1] = env->message_id;
     argvlen[1] = env->message_id_len;
-    if (script != SCRIPT_LEDGER)
-        return 2;
-    argv[2] = env->currency;
-    argvlen[2] = strlen(env->currency);
-    argv[3] = env->user_id;
-    argvlen[3] = strlen(env->user_id);
-    /* As "%" PRId64 would print it, without the cost of printf. */
-    char *e = numbuf;
-    int64_t v = env->amount_minor;
-    if (v < 0)
-        *e++ = '-';
-    e = put_u64(e, v < 0 ? 0 - (uint64_t)v : (uint64_t)v);
-    argv[4] = numbuf;
-    argvlen[4] = (size_t)(e - numbuf);
-    return 5;
+    return 2;
 }
 
 /* Room for `more` bytes after the request's bytes. */
@@ -848,7 +750,7 @@ static int store_send(idem_store_t *s, int script, const char *arg3,
 {
     const user_script_t *u =
         script >= SCRIPT_CNT ? &s->user[script - SCRIPT_CNT] : NULL;
-    size_t per = u ? u->per_record : script == SCRIPT_LEDGER ? 5 : 2;
+    size_t per = u ? u->per_record : 2;
     size_t fixed = 3 /* EVALSHA sha numkeys */ + 3 + (owner ? 1 : 0);
     if (s->pending_chunks) {
         snprintf(errstr, errstr_size, "redis: a request is still in flight");
@@ -857,10 +759,6 @@ static int store_send(idem_store_t *s, int script, const char *arg3,
     if (idem_store_connect(s, errstr, errstr_size) ||
         store_writable(s, errstr, errstr_size))
         return -1;
-    if (script == SCRIPT_LEDGER && s->nums_cap < n) {
-        s->nums = idem_xrealloc(s->nums, n * sizeof(*s->nums));
-        s->nums_cap = n;
-    }
     s->sent_at_us = idem_now_us();
     s->req_len = 0;
     size_t chunks = 0;
@@ -881,10 +779,7 @@ static int store_send(idem_store_t *s, int script, const char *arg3,
         for (size_t i = 0; i < cnt; i++)
             a += u ? u->args(recs[off + i], s->argv + a, s->argvlen + a,
                              u->opaque)
-                   : record_args((script_t)script, env[off + i], s->argv + a,
-                                 s->argvlen + a,
-                                 script == SCRIPT_LEDGER ? s->nums[off + i]
-                                                         : NULL);
+                   : record_args(env[off + i], s->argv + a, s->argvlen + a);
         req_command(s, a, s->argv, s->argvlen);
     }
     /* Positions go after the scripts of this request, but they only cover
@@ -1062,12 +957,9 @@ static int store_eval_batch(idem_store_t *s, script_t script, const char *arg3,
     return store_recv(s, n, results, errstr, errstr_size);
 }
 
-int idem_store_ledger_send(idem_store_t *s, const idem_envelope_t *const *env,
-                           size_t n, const idem_store_pos_t *pos, size_t npos,
-                           char *errstr, size_t errstr_size)
+int idem_store_busy(const idem_store_t *s)
 {
-    return store_send(s, SCRIPT_LEDGER, s->ttl, NULL, env, NULL, n, pos, npos,
-                      errstr, errstr_size);
+    return s->pending_chunks > 0;
 }
 
 int idem_store_reply_fd(const idem_store_t *s)
@@ -1191,21 +1083,6 @@ int idem_store_positions_load(idem_store_t *s, idem_store_pos_t *pos, size_t n,
     }
     freeReplyObject(r);
     return 0;
-}
-
-int idem_store_ledger_recv(idem_store_t *s, size_t n,
-                           idem_store_result_t *results, char *errstr,
-                           size_t errstr_size)
-{
-    return store_recv(s, n, results, errstr, errstr_size);
-}
-
-int idem_store_ledger_apply(idem_store_t *s, const idem_envelope_t *const *env,
-                            size_t n, idem_store_result_t *results,
-                            char *errstr, size_t errstr_size)
-{
-    return store_eval_batch(s, SCRIPT_LEDGER, s->ttl, NULL, env, n, results,
-                            errstr, errstr_size);
 }
 
 int idem_store_claim(idem_store_t *s, const char *owner,

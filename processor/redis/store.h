@@ -1,5 +1,6 @@
-/* store: the Redis side of exactly-once: connection, the dedup/ledger/lease
- * Lua scripts (loaded once, called with EVALSHA, pipelined per batch) and
+/* store: the Redis side of exactly-once: connection, the lease scripts
+ * of external effects and the dedup scripts in-Redis handlers register
+ * (loaded once, called with EVALSHA, pipelined per batch), positions, and
  * the reads verify needs. A redisReply never leaves this module. */
 #ifndef IDEM_STORE_H
 #define IDEM_STORE_H
@@ -16,7 +17,7 @@ typedef struct idem_store_s idem_store_t;
 
 /* What a script said about one record. */
 typedef enum {
-    IDEM_MARK_NEW = 0, /* applied (ledger), claimed (claim), marked (mark) */
+    IDEM_MARK_NEW = 0, /* applied (a handler script), claimed, marked */
     IDEM_MARK_DONE,    /* already done: a duplicate; prior_mid filled */
     IDEM_MARK_BUSY,    /* leased by someone else (or earlier in the batch) */
     IDEM_MARK_REJECT,  /* the effect was refused (error in `detail`) */
@@ -108,32 +109,6 @@ int idem_store_positions_save(idem_store_t *s, const idem_store_pos_t *pos,
 int idem_store_positions_load(idem_store_t *s, idem_store_pos_t *pos, size_t n,
                               char *errstr, size_t errstr_size);
 
-/* Ledger handler: for each of the n envelopes (borrowed), atomically
- * check the dedup mark, apply the ledger increment and set the done mark
- * (one script per chunk, chunks pipelined in one round trip). Fills
- * results[n]. Returns 0, or -1 (retriable; nothing about the batch is
- * known, but every record is either fully applied or untouched). */
-int idem_store_ledger_apply(idem_store_t *s, const idem_envelope_t *const *env,
-                            size_t n, idem_store_result_t *results,
-                            char *errstr, size_t errstr_size);
-
-/* The ledger call in two halves, so the caller can work while Redis runs
- * the script: _send writes the whole pipelined request, _recv reads its
- * replies into results[n] (n as sent). One request in flight at a time.
- * Same results and failures as idem_store_ledger_apply; after a failed
- * _recv some chunks may have been applied, which their marks reveal when
- * the caller sends them again. pos[npos] (borrowed, may be empty) are
- * positions written after the chunks in the same request; they are stored
- * when _recv returns 0. With redis.wait.replicas, a WAIT ends the request
- * and _recv fails (class "wait") unless enough replicas acknowledged it;
- * the same holds for idem_store_mark_done. */
-int idem_store_ledger_send(idem_store_t *s, const idem_envelope_t *const *env,
-                           size_t n, const idem_store_pos_t *pos, size_t npos,
-                           char *errstr, size_t errstr_size);
-int idem_store_ledger_recv(idem_store_t *s, size_t n,
-                           idem_store_result_t *results, char *errstr,
-                           size_t errstr_size);
-
 /* The descriptor to poll (POLLIN) for the reply of the request in flight
  * (any _send above): readable once its first bytes arrive. Returns -1 when
  * there is nothing to wait for: no request in flight, no connection, or
@@ -141,7 +116,11 @@ int idem_store_ledger_recv(idem_store_t *s, size_t n,
  * valid until the next store call. */
 int idem_store_reply_fd(const idem_store_t *s);
 
-/* Forward handler, step 1: claim each record with a lease
+/* 1 while a request sent with a _send above waits for its _recv: the
+ * connection is taken, no other call may use it. Else 0. */
+int idem_store_busy(const idem_store_t *s);
+
+/* External effects (loop/apply.c), step 1: claim each record with a lease
  * "lease:<owner>:<message_id>" for dedup.lease.ms, unless already done
  * (IDEM_MARK_DONE), leased by another owner (IDEM_MARK_BUSY) or claimed
  * by an earlier record of this call (IDEM_MARK_AGAIN). A lease of the same
@@ -151,7 +130,7 @@ int idem_store_claim(idem_store_t *s, const char *owner,
                      idem_store_result_t *results, char *errstr,
                      size_t errstr_size);
 
-/* Forward handler, step 3 (after the effect was acknowledged): turns our
+/* External effects, step 3 (after the effect was acknowledged): turns our
  * lease into the done mark. IDEM_MARK_NEW when marked (or the lease had
  * expired unclaimed, or it was already done), IDEM_MARK_LOST when another
  * owner holds the lease now (fenced). */
@@ -160,7 +139,7 @@ int idem_store_mark_done(idem_store_t *s, const char *owner,
                          idem_store_result_t *results, char *errstr,
                          size_t errstr_size);
 
-/* In-Redis effects (handler.h, IDEM_EFFECT_IN_REDIS: ledger, script).
+/* In-Redis effects (handler.h, IDEM_EFFECT_IN_REDIS).
  *
  * A handler registers its dedup script once (before the first connect, in
  * its start op); the store loads it with SCRIPT LOAD at every connect and
@@ -174,7 +153,7 @@ int idem_store_mark_done(idem_store_t *s, const char *owner,
  *   "lease:<owner>..."  an external handler's lease: busy, nothing written
  *   "reject:<reason>"   the record's effect is refused (dead letter)
  * The done mark is the key <prefix>dedup:<group.id>:<identity>, value
- * "done:<message_id>", EX ttl (the ledger script is the model). An error
+ * "done:<message_id>", EX ttl (handlers/ledger.lua is the model). An error
  * reply is the server's state (OOM, READONLY, ...): an outage.
  *
  * Returns a script number for idem_store_script_send, or -1 with errstr. */
@@ -185,13 +164,19 @@ int idem_store_script_register(idem_store_t *s, const char *lua, size_t len,
                                void *opaque, char *errstr, size_t errstr_size);
 
 /* Sends script `script` for recs[n] (borrowed, e.g. idem_record_t; the
- * registered `args` is called once per record with recs[i] and must point
- * argv[0..per_record) at bytes (argvlen) that stay valid until _send
- * returns), then
- * pos[npos] (HSET) and WAIT, as idem_store_ledger_send does; _recv reads
- * the replies into results[n] with the meanings above (IDEM_MARK_NEW,
- * _DONE with prior_mid, _BUSY, _REJECT with detail). Same failures as
- * idem_store_ledger_send/_recv. */
+ * registered `args` is called once per record with recs[i], in order, and
+ * must point argv[0..per_record) at bytes (argvlen) that stay valid until
+ * _send returns): the whole pipelined request is written at once, so the
+ * caller can work while Redis runs it; _recv reads its replies into
+ * results[n] (n as sent) with the meanings above (IDEM_MARK_NEW, _DONE
+ * with prior_mid, _BUSY, _REJECT with detail). One request in flight at a
+ * time. pos[npos] (borrowed, may be empty) are positions written after
+ * the chunks in the same request; they are stored when _recv returns 0.
+ * With redis.wait.replicas, a WAIT ends the request and _recv fails (class
+ * "wait") unless enough replicas acknowledged it; the same holds for
+ * idem_store_mark_done. Both return 0, or -1 (retriable; after a failed
+ * _recv some chunks may have been applied, which their marks reveal when
+ * the caller sends them again). */
 int idem_store_script_send(idem_store_t *s, int script, const void *const *recs,
                            size_t n, const idem_store_pos_t *pos, size_t npos,
                            char *errstr, size_t errstr_size);

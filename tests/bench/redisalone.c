@@ -5,13 +5,13 @@
  * topic, from the beginning to the high watermarks, and reads each one
  * with idemproc's own envelope rules, as a member does; poison records are
  * left out (a member never sends them to Redis either). Then (timed) it
- * sends the valid envelopes through idemproc's own store module
- * (idem_store_ledger_send/_recv: the same script, the same arguments, the
- * same chunking, positions of the request's partitions written after the
- * chunks) in requests of batch.max.messages records, over --connections
- * connections with one request in flight each, so Redis always has the
- * next request queued while the driver reads a reply. Nothing here parses
- * JSON or touches Kafka while the clock runs.
+ * sends the valid envelopes through idemproc's own ledger handler and
+ * store (idem_handler_ledger's submit/collect: the same script, the same
+ * arguments, the same chunking, positions of the request's partitions
+ * written after the chunks) in requests of batch.max.messages records, over
+ * --connections connections with one request in flight each, so Redis always
+ * has the next request queued while the driver reads a reply. Nothing here
+ * parses JSON or touches Kafka while the clock runs.
  *
  * Prints one line:
  *   redisalone: topic_records N sent N applied N duplicates N requests N
@@ -24,6 +24,7 @@
  *
  * Links idemproc's library objects; not part of the product binary. */
 #include "conf/conf.h"
+#include "effect/handler.h"
 #include "input/envelope.h"
 #include "redis/store.h"
 #include "base/util.h"
@@ -188,7 +189,8 @@ static size_t request_positions(const records_t *r, size_t from, size_t to,
         if (k == n) {
             if (n == max)
                 continue;
-            pos[n++] = (idem_store_pos_t){topic, r->partition[i], 0};
+            pos[n++] = (idem_store_pos_t){
+                .topic = topic, .partition = r->partition[i], .offset = 0};
         }
         if (r->offset[i] + 1 > pos[k].offset)
             pos[k].offset = r->offset[i] + 1;
@@ -280,19 +282,33 @@ int main(int argc, char **argv)
     }
     size_t batch = (size_t)conf->batch_max_messages;
     idem_store_t *store[MAX_CONNECTIONS];
+    void *led[MAX_CONNECTIONS];
     size_t req_from[MAX_CONNECTIONS], req_n[MAX_CONNECTIONS];
     for (int i = 0; i < conns; i++) {
         store[i] = idem_store_new(conf, NULL);
-        if (idem_store_connect(store[i], errstr, sizeof(errstr))) {
+        /* The handler registers its script before the store connects. */
+        idem_handler_ctx_t ctx = {.conf = conf, .arg = "", .store = store[i]};
+        led[i] = idem_handler_ledger.start(&ctx, errstr, sizeof(errstr));
+        if (!led[i] || idem_store_connect(store[i], errstr, sizeof(errstr))) {
             fprintf(stderr, "redisalone: %s\n", errstr);
             return 1;
         }
         req_n[i] = 0;
     }
-    const idem_envelope_t **envp = idem_xmalloc(recs.n * sizeof(*envp) + 1);
-    for (size_t i = 0; i < recs.n; i++)
-        envp[i] = &recs.env[i];
-    idem_store_result_t *res = idem_xmalloc(batch * sizeof(*res));
+    idem_record_t *views = idem_xcalloc(recs.n + 1, sizeof(*views));
+    idem_record_t **envp = idem_xmalloc(recs.n * sizeof(*envp) + 1);
+    for (size_t i = 0; i < recs.n; i++) {
+        views[i].topic = topic;
+        views[i].partition = recs.partition[i];
+        views[i].offset = recs.offset[i];
+        views[i].identity = recs.env[i].identity;
+        views[i].identity_len = recs.env[i].identity_len;
+        views[i].message_id = recs.env[i].message_id;
+        views[i].message_id_len = recs.env[i].message_id_len;
+        views[i].env = &recs.env[i];
+        envp[i] = &views[i];
+    }
+    idem_result_t *res = idem_xmalloc(batch * sizeof(*res));
     idem_store_pos_t pos[1024];
 
     uint64_t applied = 0, dups = 0, requests = 0;
@@ -306,8 +322,8 @@ int main(int argc, char **argv)
         size_t n = recs.n - next < batch ? recs.n - next : batch;
         size_t np = request_positions(&recs, next, next + n, topic, pos,
                                       sizeof(pos) / sizeof(pos[0]));
-        if (idem_store_ledger_send(store[i], envp + next, n, pos, np, errstr,
-                                   sizeof(errstr))) {
+        if (idem_handler_ledger.submit(led[i], envp + next, n, pos, np, errstr,
+                                       sizeof(errstr))) {
             fprintf(stderr, "redisalone: %s\n", errstr);
             return 1;
         }
@@ -317,23 +333,24 @@ int main(int argc, char **argv)
     }
     for (int i = 0, busy = 1; busy && !rc; i = (i + 1) % conns) {
         if (req_n[i]) {
-            if (idem_store_ledger_recv(store[i], req_n[i], res, errstr,
-                                       sizeof(errstr))) {
-                fprintf(stderr, "redisalone: %s\n", errstr);
+            if (idem_handler_ledger.collect(led[i], res, batch, -1) !=
+                req_n[i]) {
+                fprintf(stderr, "redisalone: a request's results are short\n");
                 rc = 1;
                 break;
             }
             requests++;
             for (size_t k = 0; k < req_n[i]; k++) {
-                if (res[k].mark == IDEM_MARK_NEW) {
+                if (res[k].kind == IDEM_RESULT_DONE) {
                     applied++;
-                } else if (res[k].mark == IDEM_MARK_DONE) {
+                } else if (res[k].kind == IDEM_RESULT_DUPLICATE) {
                     dups++;
                 } else {
                     fprintf(stderr,
-                            "redisalone: record %zu: unexpected result %d "
+                            "redisalone: record %zu: unexpected result %s "
                             "(%s)\n",
-                            req_from[i] + k, (int)res[k].mark, res[k].detail);
+                            req_from[i] + k, idem_result_kind2str(res[k].kind),
+                            res[k].detail);
                     rc = 1;
                 }
             }
@@ -342,8 +359,8 @@ int main(int argc, char **argv)
                 size_t n = recs.n - next < batch ? recs.n - next : batch;
                 size_t np = request_positions(&recs, next, next + n, topic, pos,
                                               sizeof(pos) / sizeof(pos[0]));
-                if (idem_store_ledger_send(store[i], envp + next, n, pos, np,
-                                           errstr, sizeof(errstr))) {
+                if (idem_handler_ledger.submit(led[i], envp + next, n, pos, np,
+                                               errstr, sizeof(errstr))) {
                     fprintf(stderr, "redisalone: %s\n", errstr);
                     rc = 1;
                     break;
@@ -364,10 +381,13 @@ int main(int argc, char **argv)
                " connections %d seconds %.3f rate %.0f\n",
                recs.topic_records, recs.n, applied, dups, requests, conns, secs,
                secs > 0 ? (double)recs.topic_records / secs : 0);
-    for (int i = 0; i < conns; i++)
+    for (int i = 0; i < conns; i++) {
+        idem_handler_ledger.stop(led[i]);
         idem_store_destroy(store[i]);
+    }
     free(res);
     free(envp);
+    free(views);
     free(recs.env);
     free(recs.partition);
     free(recs.offset);

@@ -3,6 +3,7 @@
 #include "conf/conf.h"
 #include "input/envelope.h"
 #include "harness.h"
+#include "ledgerrun.h"
 #include "redis/store.h"
 #include "loop/wake.h"
 
@@ -100,6 +101,7 @@ Test(wake, a_redis_reply_in_flight_ends_the_wait, .timeout = 60)
     char err[512] = "";
     idem_conf_t *conf = th_ledger_conf(&r);
     idem_store_t *s = idem_store_new(conf, NULL);
+    th_ledger_t *l = th_ledger_start(conf, s);
     cr_expect_eq(idem_store_reply_fd(s), -1, "not connected");
     cr_assert_eq(idem_store_connect(s, err, sizeof(err)), 0, "%s", err);
     cr_expect_eq(idem_store_reply_fd(s), -1, "no request in flight");
@@ -113,8 +115,7 @@ Test(wake, a_redis_reply_in_flight_ends_the_wait, .timeout = 60)
                  0, "%s", err);
     rd_kafka_headers_destroy(h);
     const idem_envelope_t *envs[1] = {&e};
-    cr_assert_eq(idem_store_ledger_send(s, envs, 1, NULL, 0, err, sizeof(err)),
-                 0, "%s", err);
+    cr_assert_eq(th_ledger_send(l, envs, 1, err, sizeof(err)), 0, "%s", err);
     int fd = idem_store_reply_fd(s);
     cr_assert_geq(fd, 0, "a request is in flight");
 
@@ -124,10 +125,10 @@ Test(wake, a_redis_reply_in_flight_ends_the_wait, .timeout = 60)
     idem_wake_term(&w);
 
     idem_store_result_t res[1];
-    cr_assert_eq(idem_store_ledger_recv(s, 1, res, err, sizeof(err)), 0, "%s",
-                 err);
+    cr_assert_eq(th_ledger_recv(l, res, err, sizeof(err)), 0, "%s", err);
     cr_expect_eq(res[0].mark, IDEM_MARK_NEW);
     cr_expect_eq(idem_store_reply_fd(s), -1, "the reply was read");
+    th_ledger_stop(l);
     idem_store_destroy(s);
     idem_conf_destroy(conf);
     th_redis_stop(&r);

@@ -1,0 +1,192 @@
+/* apply: the one effect protocol of the loop; claim -> effect -> mark
+ * around an external handler (apply.h). */
+#include "loop/apply.h"
+#include "base/log.h"
+#include "base/util.h"
+
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static void scratch_reserve(idem_apply_t *a, size_t n)
+{
+    if (a->cap >= n)
+        return;
+    a->cap = n;
+    a->envs = idem_xrealloc(a->envs, n * sizeof(*a->envs));
+    a->done_at = idem_xrealloc(a->done_at, n * sizeof(*a->done_at));
+    a->res = idem_xrealloc(a->res, n * sizeof(*a->res));
+    a->verdict = idem_xrealloc(a->verdict, n * sizeof(*a->verdict));
+}
+
+int idem_apply_start(idem_apply_t *a, const idem_handler_ops_t *ops,
+                     const idem_handler_ctx_t *ctx, idem_lease_store_t lease,
+                     int64_t lease_ms, char *errstr, size_t errstr_size)
+{
+    memset(a, 0, sizeof(*a));
+    a->ops = ops;
+    /* The one place that reads the kind of effect. */
+    a->leased = ops->effect == IDEM_EFFECT_EXTERNAL;
+    a->lease = lease;
+    a->lease_ms = lease_ms;
+    idem_handler_ctx_t c = *ctx;
+    if (a->leased)
+        c.store = NULL; /* an external effect never touches Redis */
+    if (!(a->h = ops->start(&c, errstr, errstr_size)))
+        return -1;
+    return 0;
+}
+
+size_t idem_apply_room(const idem_apply_t *a)
+{
+    if (!a->leased)
+        return a->inflight ? 0 : SIZE_MAX; /* one request at a time */
+    return a->ops->room ? a->ops->room(a->h) : SIZE_MAX;
+}
+
+int idem_apply_one_per_identity(const idem_apply_t *a)
+{
+    return a->leased;
+}
+
+int idem_apply_takes_positions(const idem_apply_t *a)
+{
+    return !a->leased;
+}
+
+int idem_apply_submit(idem_apply_t *a, const char *owner, idem_record_t **recs,
+                      idem_part_t *const *part, size_t n,
+                      const idem_store_pos_t *pos, size_t npos, size_t *taken,
+                      idem_result_t *now, size_t *nnow, char *errstr,
+                      size_t errstr_size)
+{
+    *taken = *nnow = 0;
+    if (!n)
+        return 0;
+    if (!a->leased) {
+        if (a->ops->submit(a->h, recs, n, pos, npos, errstr, errstr_size))
+            return -1;
+        *taken = n;
+        a->inflight += n;
+        return 0;
+    }
+    /* Claim first: duplicates and records leased elsewhere never reach
+     * the handler; records behind a deferred one of their partition wait,
+     * so effects keep each partition's order (lease.c). */
+    scratch_reserve(a, n);
+    for (size_t i = 0; i < n; i++)
+        a->envs[i] = recs[i]->env;
+    if (idem_lease_claim(&a->lease, owner, a->envs, part, n, a->res, a->verdict,
+                         errstr, errstr_size))
+        return -1;
+    size_t go = 0;
+    for (size_t i = 0; i < n; i++) {
+        idem_record_t *rec = recs[i];
+        const idem_store_result_t *s = &a->res[i];
+        switch (a->verdict[i]) {
+        case IDEM_LEASE_GO:
+            recs[go++] = rec;
+            break;
+        case IDEM_LEASE_DUPLICATE: {
+            idem_result_t *r = &now[(*nnow)++];
+            idem_result_set(r, rec, IDEM_RESULT_DUPLICATE, NULL);
+            memcpy(r->prior_mid, s->prior_mid, s->prior_mid_len);
+            r->prior_mid[s->prior_mid_len] = '\0';
+            r->prior_mid_len = s->prior_mid_len;
+            break;
+        }
+        case IDEM_LEASE_LEASED: { /* wait: the lease expires if dead */
+            idem_result_t *r = &now[(*nnow)++];
+            idem_result_set(r, rec, IDEM_RESULT_BUSY, "%s", s->detail);
+            r->retry_after_ms = a->lease_ms / 4 + 50;
+            break;
+        }
+        case IDEM_LEASE_AGAIN:  /* due again once the first one is done */
+        case IDEM_LEASE_BEHIND: /* next pass */
+            break;
+        }
+    }
+    if (!go)
+        return 0;
+    if (a->ops->submit(a->h, recs, go, NULL, 0, errstr, errstr_size))
+        return -1;
+    *taken = go;
+    a->inflight += go;
+    return 0;
+}
+
+size_t idem_apply_collect(idem_apply_t *a, const char *owner,
+                          idem_result_t *out, size_t max, int timeout_ms)
+{
+    if (!a->inflight)
+        return 0;
+    size_t n = a->ops->collect(a->h, out, max, timeout_ms);
+    a->inflight -= n < a->inflight ? n : a->inflight;
+    if (!a->leased || !n)
+        return n;
+    scratch_reserve(a, n);
+    size_t done = 0;
+    for (size_t i = 0; i < n; i++)
+        if (out[i].kind == IDEM_RESULT_DONE) {
+            a->done_at[done] = i;
+            a->envs[done++] = out[i].rec->env;
+        }
+    if (!done)
+        return n;
+    char e[512];
+    if (idem_lease_mark(&a->lease, owner, a->envs, done, a->res, e,
+                        sizeof(e))) {
+        /* Not marked: the lease expires and the effect is done again (at
+         * least once); nothing is lost. */
+        for (size_t i = 0; i < done; i++) {
+            idem_result_t *r = &out[a->done_at[i]];
+            idem_result_set(r, r->rec, IDEM_RESULT_OUTAGE, "%s", e);
+        }
+        return n;
+    }
+    for (size_t i = 0; i < done; i++)
+        if (a->res[i].mark == IDEM_MARK_LOST)
+            idem_log_kv(IDEM_LOG_WARN,
+                        "lease taken over before mark; effect may be "
+                        "duplicated",
+                        "message_id", a->envs[i]->message_id, "holder",
+                        a->res[i].detail, NULL);
+    return n;
+}
+
+void idem_apply_drain(idem_apply_t *a, int64_t deadline_ms)
+{
+    a->ops->drain(a->h, deadline_ms);
+}
+
+size_t idem_apply_handler_inflight(const idem_apply_t *a)
+{
+    return a->ops->inflight(a->h);
+}
+
+void idem_apply_forget(idem_apply_t *a)
+{
+    a->inflight = 0;
+}
+
+int idem_apply_fatal(idem_apply_t *a, char *errstr, size_t errstr_size)
+{
+    return a->ops->fatal ? a->ops->fatal(a->h, errstr, errstr_size) : 0;
+}
+
+void idem_apply_stop(idem_apply_t *a)
+{
+    if (a->h)
+        a->ops->stop(a->h);
+    a->h = NULL;
+    free(a->envs);
+    free(a->done_at);
+    free(a->res);
+    free(a->verdict);
+    a->envs = NULL;
+    a->done_at = NULL;
+    a->res = NULL;
+    a->verdict = NULL;
+    a->cap = 0;
+}

@@ -1,0 +1,99 @@
+/* apply: the one effect protocol the loop speaks, whatever handler runs.
+ * The loop hands over due records and gets one result each (DONE,
+ * DUPLICATE, BUSY, REJECT, RETRY, OUTAGE: handler.h), the way a handler
+ * whose effect and dedup mark are one store script answers. An external
+ * effect (forward, webhook, plugin) gets claim -> effect -> mark around it
+ * here, with the lease life of lease.c, as hiredis's adapters wrap an
+ * event loop: the loop never asks which kind of effect it runs, only what
+ * the protocol offers (room, one record per identity at a time, whether
+ * positions ride along). */
+#ifndef IDEM_APPLY_H
+#define IDEM_APPLY_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "effect/handler.h"
+#include "loop/lease.h"
+#include "loop/offsets.h"
+
+typedef struct {
+    const idem_handler_ops_t *ops; /* the handler (borrowed, static) */
+    void *h;                       /* its state (start -> stop) */
+    int leased;               /* 1: claim -> effect -> mark here (an external
+                                 effect); 0: the handler's own request marks */
+    idem_lease_store_t lease; /* the marks of a leased effect */
+    int64_t lease_ms;         /* dedup.lease.ms */
+    size_t inflight;          /* records with the handler, not collected */
+    size_t cap;               /* scratch size */
+    const idem_envelope_t **envs;  /* scratch: envelopes claimed or marked */
+    size_t *done_at;               /* scratch: the results to mark */
+    idem_store_result_t *res;      /* scratch: what the store said */
+    idem_lease_verdict_t *verdict; /* scratch: what a claim said */
+} idem_apply_t;
+
+/* Starts ops's handler with ctx (borrowed: lives until stop). A leased
+ * (external) handler gets ctx->store NULL and its marks go through `lease`
+ * (borrowed seam) for dedup.lease.ms `lease_ms`. Returns 0, or -1 with
+ * errstr (the handler cannot start). */
+int idem_apply_start(idem_apply_t *a, const idem_handler_ops_t *ops,
+                     const idem_handler_ctx_t *ctx, idem_lease_store_t lease,
+                     int64_t lease_ms, char *errstr, size_t errstr_size);
+
+/* How many records may be submitted now: the handler's room for an
+ * external effect, none while a store handler's request is in flight
+ * (one request at a time), else no limit (SIZE_MAX). */
+size_t idem_apply_room(const idem_apply_t *a);
+
+/* 1 when at most one record per identity may be with the handler at a
+ * time (a lease is claimed per identity: the claim re-claims this
+ * member's own lease), 0 when one request may hold an identity twice
+ * (the store script orders them). */
+int idem_apply_one_per_identity(const idem_apply_t *a);
+
+/* 1 when submit writes the positions it is given with the effects, in the
+ * same request (stored once that request's results come without an
+ * OUTAGE); 0: the loop saves them itself. */
+int idem_apply_takes_positions(const idem_apply_t *a);
+
+/* Submits recs[n] (due, in poll order; part[i] the partition of record i
+ * or NULL) as `owner` (the lease owner, "lease:<member>:<epoch>"), with
+ * pos[npos] when takes_positions. On return recs[0..*taken) are with the
+ * handler (their results come through collect), now[0..*nnow) are results
+ * known at once (room for n: a claim found a DUPLICATE, or a lease held
+ * elsewhere: BUSY with retry_after_ms), and the other records were not
+ * taken (an identity already claimed in this call, or behind such a
+ * record in its partition: due again next pass). Returns 0, or -1 with
+ * errstr (an outage: nothing taken; now[] still holds what a claim said). */
+int idem_apply_submit(idem_apply_t *a, const char *owner, idem_record_t **recs,
+                      idem_part_t *const *part, size_t n,
+                      const idem_store_pos_t *pos, size_t npos, size_t *taken,
+                      idem_result_t *now, size_t *nnow, char *errstr,
+                      size_t errstr_size);
+
+/* Moves the results ready now into out[] (room for max >= inflight),
+ * waiting at most timeout_ms for the first. A leased effect's DONE
+ * records are marked done first; when the mark fails they come back as
+ * OUTAGE (not marked: the lease expires and the effect is done again). A
+ * lease taken over before the mark is logged (the effect may be done
+ * twice) and counts as DONE. Returns how many it wrote. */
+size_t idem_apply_collect(idem_apply_t *a, const char *owner,
+                          idem_result_t *out, size_t max, int timeout_ms);
+
+/* The handler's drain (handler.h); afterwards collect what finished. */
+void idem_apply_drain(idem_apply_t *a, int64_t deadline_ms);
+
+/* Records the handler itself still counts in flight (0 after a drain and
+ * a collect, unless it broke the contract). */
+size_t idem_apply_handler_inflight(const idem_apply_t *a);
+
+/* Forgets what a drain abandoned: nothing is in flight any more. */
+void idem_apply_forget(idem_apply_t *a);
+
+/* The handler's fatal (handler.h): 1 with errstr, else 0. */
+int idem_apply_fatal(idem_apply_t *a, char *errstr, size_t errstr_size);
+
+/* Stops the handler and frees the scratch. Safe on a zeroed struct. */
+void idem_apply_stop(idem_apply_t *a);
+
+#endif
