@@ -304,6 +304,12 @@ static int key_check(const idem_conf_key_t *k, const char *value, int64_t *num,
                         value, unit == 1 ? "milliseconds" : "seconds");
                 return -1;
             }
+            if (r == IDEM_DURATION_RANGE) {
+                err_set(errstr, errstr_size,
+                        "%s: \"%s\" is out of range (%" PRId64 "..%" PRId64 ")",
+                        k->name, value, k->min, k->max);
+                return -1;
+            }
             if (r) {
                 err_set(errstr, errstr_size,
                         "%s: \"%s\" is not a duration (%s, or with a unit: "

@@ -592,6 +592,11 @@ Test(conf, kafka_durations_take_a_unit)
         }
     }
     cr_expect_eq(seen, 3);
+    /* past int64 is out of range, not "not a duration" */
+    char *huge[] = {"health.stall.ms=999999999999d"};
+    cr_expect_null(load(NULL, NULL, huge, 1, err, sizeof(err)));
+    cr_expect(strstr(err, "health.stall.ms: \"999999999999d\" is out of range"),
+              "%s", err);
     idem_conf_destroy(c);
     const char *bad[][2] = {
         {"kafka.session.timeout.ms=1.5s", "is not a duration"},
