@@ -14,6 +14,8 @@
 #include "redis/posval.h"
 #include "redis/store.h"
 
+#include <ctype.h>
+#include <errno.h>
 #include <inttypes.h>
 #include <regex.h>
 #include <stdlib.h>
@@ -103,9 +105,10 @@ typedef struct {
 static int int64_parse(const char *s, int64_t *out)
 {
     char *end;
+    errno = 0;
     long long v = strtoll(s, &end, 10);
-    if (!*s || *end)
-        return -1;
+    if (!*s || *end || errno || isspace((unsigned char)*s))
+        return -1; /* not the nearest end of int64 in silence */
     *out = v;
     return 0;
 }
@@ -538,12 +541,13 @@ static int plan(offsets_t *x, char *errstr, size_t errstr_size)
 {
     int64_t *by_time = idem_xcalloc(x->n, sizeof(*by_time));
     if (x->o->to.mode == IDEM_OFFRESET_DATETIME) {
+        int64_t at_ms = idem_offreset_time_query(x->o->to.value);
         rd_kafka_topic_partition_list_t *l =
             rd_kafka_topic_partition_list_new((int)x->n);
         for (size_t i = 0; i < x->n; i++)
             rd_kafka_topic_partition_list_add(l, x->parts[i].topic,
                                               x->parts[i].partition)
-                ->offset = x->o->to.value;
+                ->offset = at_ms;
         rd_kafka_resp_err_t err =
             rd_kafka_offsets_for_times(x->rk, l, KAFKA_TIMEOUT_MS);
         for (size_t i = 0; i < x->n && !err; i++) {
@@ -559,8 +563,7 @@ static int plan(offsets_t *x, char *errstr, size_t errstr_size)
         }
         for (size_t i = 0; i < x->n; i++)
             if (by_time[i] < 0 &&
-                by_time_search(x, i, x->o->to.value, &by_time[i], errstr,
-                               errstr_size)) {
+                by_time_search(x, i, at_ms, &by_time[i], errstr, errstr_size)) {
                 free(by_time);
                 return -1;
             }

@@ -133,6 +133,38 @@ static void kv_store(struct idem_conf_kv **kv, size_t *cnt, const char *name,
     (*cnt)++;
 }
 
+int idem_conf_kafka_duration(const char *prop, const char *value, char *buf,
+                             size_t bufsz, const char **out, char *errstr,
+                             size_t errstr_size)
+{
+    size_t n = strlen(prop);
+    const char *u = value;
+    while (isdigit((unsigned char)*u))
+        u++;
+    *out = value;
+    if (n < 3 || strcmp(prop + n - 3, ".ms") || u == value || !*u)
+        return 0;
+    int64_t ms = 0;
+    int r = idem_duration_parse(value, 1, &ms);
+    if (r == IDEM_DURATION_SYNTAX) { /* "1.5s": librdkafka would take 1 */
+        err_set(errstr, errstr_size,
+                "kafka.%s: \"%s\" is not a duration (milliseconds, or with "
+                "a unit: 500ms, 30s, 5m, 2h, 7d)",
+                prop, value);
+        return -1;
+    }
+    if (r || ms > INT32_MAX) {
+        err_set(errstr, errstr_size,
+                "kafka.%s: \"%s\" is out of range (at most %" PRId32
+                " ms, about 24d)",
+                prop, value, INT32_MAX);
+        return -1;
+    }
+    snprintf(buf, bufsz, "%" PRId64, ms);
+    *out = buf;
+    return 0;
+}
+
 void idem_conf_kafka_store(idem_conf_t *conf, const char *prop,
                            const char *value)
 {
@@ -270,6 +302,12 @@ static int key_check(const idem_conf_key_t *k, const char *value, int64_t *num,
                 err_set(errstr, errstr_size,
                         "%s: \"%s\" is not a whole number of %s", k->name,
                         value, unit == 1 ? "milliseconds" : "seconds");
+                return -1;
+            }
+            if (r == IDEM_DURATION_RANGE) {
+                err_set(errstr, errstr_size,
+                        "%s: \"%s\" is out of range (%" PRId64 "..%" PRId64 ")",
+                        k->name, value, k->min, k->max);
                 return -1;
             }
             if (r) {

@@ -241,6 +241,16 @@ void idem_conf_destroy(idem_conf_t *conf);
  * module's check derives from the keys. Never NULL. */
 void *idem_conf_alloc(idem_conf_t *conf, size_t size);
 
+/* A kafka.<prop> duration (prop ends in ".ms") given with a unit ("6s",
+ * "2m"), written into buf as librdkafka's milliseconds ("6000"); *out is
+ * buf then, else value itself (a bare number or anything else is
+ * librdkafka's to judge: it would read "6s" as 6 ms). Returns 0, or -1 with
+ * the error in errstr (digits then no unit, "1.5s"; past librdkafka's int
+ * range). */
+int idem_conf_kafka_duration(const char *prop, const char *value, char *buf,
+                             size_t bufsz, const char **out, char *errstr,
+                             size_t errstr_size);
+
 /* Stores kafka.<prop> (without "kafka.") in conf->kafka, replacing an
  * earlier value: for the kafka module's prefix_set, which judges it. */
 void idem_conf_kafka_store(idem_conf_t *conf, const char *prop,

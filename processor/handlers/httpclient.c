@@ -466,6 +466,15 @@ size_t idem_httpclient_header_line(const char *name, const void *value,
     size_t n = strlen(name), o = 0;
     if (out_size < n + 3)
         return (size_t)-1;
+    size_t blank = 0;
+    while (blank < value_len && (v[blank] == ' ' || v[blank] == '\t'))
+        blank++;
+    if (blank == value_len) { /* "Name: " would make libcurl leave it out */
+        memcpy(out, name, n);
+        out[n] = ';'; /* libcurl's way to send "Name:" with no value */
+        out[n + 1] = '\0';
+        return n + 1;
+    }
     memcpy(out, name, n);
     out[n] = ':';
     out[n + 1] = ' ';

@@ -95,7 +95,9 @@ int idem_httpclient_submit_hdrs(idem_httpclient_t *c, uint64_t tag,
 /* Writes "Name: value" into out (NUL-terminated) for a header taken from a
  * record: value bytes that are visible ASCII, space or tab are kept, any
  * other byte (CR, LF, NUL, non-ASCII) becomes %XX, so a record cannot add
- * a header line of its own. Returns the length, or (size_t)-1 when out is
+ * a header line of its own. An empty (or blank) value is written "Name;",
+ * which libcurl sends as "Name:" ("Name: " it would leave out). Returns
+ * the length, or (size_t)-1 when out is
  * too small (it needs strlen(name) + 3 * value_len + 3 bytes). */
 size_t idem_httpclient_header_line(const char *name, const void *value,
                                    size_t value_len, char *out,

@@ -17,6 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 static const idem_conf_key_t webhook_keys[] = {
     {.name = "webhook.url",
@@ -80,6 +81,35 @@ typedef struct {
 
 #define FWD_MAX 16 /* names in webhook.forward.headers */
 
+/* Whether name[0..n) is a header idemproc sends itself (Idempotency-Key,
+ * Content-Type, Expect, X-Kafka-*) or one that frames the request
+ * (Content-Length, Transfer-Encoding, Host, Connection, ...): a record's
+ * value would change what the service dedups on, or cut the body. */
+static int fwd_reserved(const char *name, size_t n)
+{
+    static const char *const reserved[] = {
+        "Idempotency-Key",
+        "Content-Type",
+        "Content-Length",
+        "Transfer-Encoding",
+        "Host",
+        "Connection",
+        "Expect",
+        "Te",
+        "Trailer",
+        "Upgrade",
+        "Keep-Alive",
+        "Proxy-Connection",
+        "Content-Encoding",
+    };
+    if (n >= 8 && !strncasecmp(name, "X-Kafka-", 8))
+        return 1;
+    for (size_t i = 0; i < sizeof(reserved) / sizeof(reserved[0]); i++)
+        if (strlen(reserved[i]) == n && !strncasecmp(name, reserved[i], n))
+            return 1;
+    return 0;
+}
+
 /* Splits webhook.forward.headers (NULL or "": none) into *out (caller
  * frees each and the array). Returns 0, or -1 with errstr for a name that
  * is not an HTTP token (RFC 9110) or one too many. */
@@ -104,6 +134,13 @@ static int fwd_parse(const char *list, char ***out, size_t *cnt, char *errstr,
                          (int)n, p);
                 goto fail;
             }
+        if (fwd_reserved(p, n)) {
+            snprintf(errstr, errstr_size,
+                     "webhook.forward.headers: \"%.*s\" is set by idemproc "
+                     "or by HTTP itself, not by a record",
+                     (int)n, p);
+            goto fail;
+        }
         if (*cnt == FWD_MAX) {
             snprintf(errstr, errstr_size,
                      "webhook.forward.headers: more than %d names", FWD_MAX);

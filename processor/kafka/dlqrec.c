@@ -305,7 +305,23 @@ static void json_set_str(json_t *o, const char *name, const char *v)
 
 static int added_in_dlq(const char *name);
 
-/* The original headers as [[name, value], ...]. */
+/* The bytes as a JSON string, or {"hex": ...} when they are not UTF-8. */
+static json_t *json_string_or_hex(const void *p, size_t n)
+{
+    json_t *s = json_stringn(p, n);
+    if (s)
+        return s;
+    char *hex = idem_xmalloc(2 * n + 1);
+    for (size_t k = 0; k < n; k++)
+        snprintf(hex + 2 * k, 3, "%02x", ((const unsigned char *)p)[k]);
+    s = json_pack("{s:s%}", "hex", hex, 2 * n);
+    free(hex);
+    return s;
+}
+
+/* The original headers as [[name, value], ...]; a name or value that is not
+ * UTF-8 as {"hex": ...} (a foreign producer's header name too: it used to
+ * drop the whole header). */
 static json_t *json_headers(const rd_kafka_headers_t *h)
 {
     json_t *a = json_array();
@@ -316,15 +332,10 @@ static json_t *json_headers(const rd_kafka_headers_t *h)
          i++) {
         if (added_in_dlq(name))
             continue;
-        json_t *val = v ? json_stringn(v, n) : json_null();
-        if (!val) { /* not UTF-8 */
-            char *hex = idem_xmalloc(2 * n + 1);
-            for (size_t k = 0; k < n; k++)
-                snprintf(hex + 2 * k, 3, "%02x", ((const unsigned char *)v)[k]);
-            val = json_pack("{s:s%}", "hex", hex, 2 * n);
-            free(hex);
-        }
-        json_array_append_new(a, json_pack("[s,o]", name, val));
+        json_t *pair = json_array();
+        json_array_append_new(pair, json_string_or_hex(name, strlen(name)));
+        json_array_append_new(pair, v ? json_string_or_hex(v, n) : json_null());
+        json_array_append_new(a, pair);
     }
     return a;
 }

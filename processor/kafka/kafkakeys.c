@@ -34,6 +34,10 @@ static int kafka_set(idem_conf_t *conf, const char *key, const char *value,
                  prop, instead);
         return -1;
     }
+    char ms[24];
+    if (idem_conf_kafka_duration(prop, value, ms, sizeof(ms), &value, errstr,
+                                 errstr_size))
+        return -1;
     rd_kafka_conf_t *scratch = rd_kafka_conf_new();
     char kerr[512];
     rd_kafka_conf_res_t res =

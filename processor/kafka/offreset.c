@@ -134,3 +134,8 @@ int64_t idem_offreset_target(const idem_offreset_to_t *to, int64_t low,
     }
     return current;
 }
+
+int64_t idem_offreset_time_query(int64_t at_ms)
+{
+    return at_ms < 0 ? 0 : at_ms;
+}

@@ -61,6 +61,12 @@ typedef struct {
 int64_t idem_offreset_target(const idem_offreset_to_t *to, int64_t low,
                              int64_t high, int64_t current, int64_t by_time);
 
+/* The timestamp to ask the broker for the offsets of a datetime at_ms:
+ * at_ms, or 0 for a time before 1970. Kafka's ListOffsets reads the
+ * timestamps -1 and -2 as "latest" and "earliest", so 1969-12-31T23:59:59.999Z
+ * asked as it is would skip everything instead of reading everything. */
+int64_t idem_offreset_time_query(int64_t at_ms);
+
 /* The commit metadata a member commits its offsets with, and the prefix of
  * the one `offsets reset` commits with ("idemproc offsets reset <time>"):
  * how a member tells an offset of ours from one another tool moved. */

@@ -334,10 +334,13 @@ Test(offsets, dry_run_changes_nothing, .timeout = 240)
     cr_assert_eq(th_stack_produce(&stk, traffic), 0);
     member_until_read("m1", NULL);
     json_t *before = show_json();
-    const char *const plans[][3] = {{"--to-earliest", NULL, NULL},
-                                    {"--shift-by", "-50", NULL},
-                                    {"--to-offset", "3", NULL}};
-    for (size_t i = 0; i < 3; i++) {
+    const char *const plans[][3] = {
+        {"--to-earliest", NULL, NULL},
+        {"--shift-by", "-50", NULL},
+        {"--to-offset", "3", NULL},
+        /* not ListOffsets' -1, "latest" */
+        {"--to-datetime", "1969-12-31T23:59:59.999Z", NULL}};
+    for (size_t i = 0; i < sizeof(plans) / sizeof(plans[0]); i++) {
         char *out = NULL, *err = NULL;
         cr_assert_eq(offsets_cmd("reset", plans[i], &out, &err), 0, "%s", err);
         cr_expect(strstr(out, "read again"), "%s", out);
@@ -358,6 +361,10 @@ Test(offsets, dry_run_changes_nothing, .timeout = 240)
     free(err);
     const char *two[] = {"--to-earliest", "--to-latest", NULL};
     cr_expect_eq(offsets_cmd("reset", two, NULL, &err), 2);
+    free(err);
+    const char *huge[] = {"--shift-by", "99999999999999999999", NULL};
+    cr_expect_eq(offsets_cmd("reset", huge, NULL, &err), 2);
+    cr_expect(strstr(err, "is not a whole number"), "%s", err);
     free(err);
     th_stack_stop(&stk);
 }

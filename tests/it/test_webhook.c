@@ -187,15 +187,16 @@ Test(webhook, record_metadata_and_chosen_headers_are_request_headers)
     srv = th_hook_start((th_hook_reply_t){.status = 200}, 1);
     cr_assert(srv);
     fixture_t f;
-    fx_start(
-        &f, th_hook_url(srv),
-        (const char *[]){"webhook.forward.headers=traceparent, tenant", NULL});
+    fx_start(&f, th_hook_url(srv),
+             (const char *[]){
+                 "webhook.forward.headers=traceparent, tenant, empty", NULL});
     rd_kafka_headers_t *h = rd_kafka_headers_new(4);
     rd_kafka_header_add(
         h, "traceparent", -1,
         "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", -1);
     rd_kafka_header_add(h, "tenant", -1, "a\r\nX-Evil: 1", -1);
     rd_kafka_header_add(h, "secret", -1, "not passed", -1);
+    rd_kafka_header_add(h, "empty", -1, "", 0); /* sent, with no value */
     idem_record_t *r = fx_rec(&f, 0, "k-1");
     r->topic = "orders";
     r->partition = 3;
@@ -227,6 +228,8 @@ Test(webhook, record_metadata_and_chosen_headers_are_request_headers)
                       "%s", hs);
             cr_expect(strstr(hs, "tenant: a%0D%0AX-Evil: 1\n"), "%s", hs);
             cr_expect_null(strstr(hs, "\nX-Evil"), "%s", hs);
+            cr_expect(strstr(hs, "empty: \n") || strstr(hs, "empty:\n"), "%s",
+                      hs);
             cr_expect_null(strstr(hs, "secret"), "%s", hs);
         } else {
             cr_expect(strstr(hs, "X-Kafka-Topic: t\n"), "%s", hs);
@@ -249,6 +252,24 @@ Test(webhook, forward_headers_must_be_header_names)
     cr_expect_eq(idem_handler_webhook.validate(c, "", err, sizeof(err)), -1);
     cr_expect(strstr(err, "webhook.forward.headers: \"bad:name\""), "%s", err);
     idem_conf_destroy(c);
+    /* a record must not replace what the service dedups on, nor frame the
+     * request */
+    const char *owned[] = {
+        "webhook.forward.headers=traceparent,idempotency-key",
+        "webhook.forward.headers=Content-Length",
+        "webhook.forward.headers=transfer-encoding",
+        "webhook.forward.headers=Host",
+        "webhook.forward.headers=X-Kafka-Offset"};
+    for (size_t i = 0; i < sizeof(owned) / sizeof(owned[0]); i++) {
+        c = conf_with((const char *[]){"webhook.url=http://127.0.0.1:1/",
+                                       owned[i], NULL});
+        err[0] = '\0';
+        cr_expect_eq(idem_handler_webhook.validate(c, "", err, sizeof(err)), -1,
+                     "%s was taken", owned[i]);
+        cr_expect(strstr(err, "is set by idemproc or by HTTP itself"), "%s",
+                  err);
+        idem_conf_destroy(c);
+    }
 }
 
 Test(webhook, statuses_become_results)

@@ -564,3 +564,54 @@ Test(conf, errors_carry_a_class)
     cr_expect(strstr(err.str, "output.topic: required when handler=forward"),
               "%s", err.str);
 }
+
+/* kafka.*.ms keys take units too: librdkafka itself would read "6s" as 6
+ * ms and "1.5s" as 1 ms, and wrap "99999999999999d". */
+Test(conf, kafka_durations_take_a_unit)
+{
+    char err[512] = "";
+    char *sets[] = {"kafka.session.timeout.ms=6s",
+                    "kafka.statistics.interval.ms=1m",
+                    "kafka.fetch.wait.max.ms=10"};
+    idem_conf_t *c = load(NULL, NULL, sets, 3, err, sizeof(err));
+    cr_assert(c, "%s", err);
+    int seen = 0;
+    for (size_t i = 0; i < c->kafka_cnt; i++) {
+        const char *n = c->kafka[i].name, *v = c->kafka[i].value;
+        if (!strcmp(n, "session.timeout.ms")) {
+            seen++;
+            cr_expect_str_eq(v, "6000");
+        }
+        if (!strcmp(n, "statistics.interval.ms")) {
+            seen++;
+            cr_expect_str_eq(v, "60000");
+        }
+        if (!strcmp(n, "fetch.wait.max.ms")) {
+            seen++;
+            cr_expect_str_eq(v, "10");
+        }
+    }
+    cr_expect_eq(seen, 3);
+    /* past int64 is out of range, not "not a duration" */
+    char *huge[] = {"health.stall.ms=999999999999d"};
+    cr_expect_null(load(NULL, NULL, huge, 1, err, sizeof(err)));
+    cr_expect(strstr(err, "health.stall.ms: \"999999999999d\" is out of range"),
+              "%s", err);
+    idem_conf_destroy(c);
+    const char *bad[][2] = {
+        {"kafka.session.timeout.ms=1.5s", "is not a duration"},
+        {"kafka.session.timeout.ms=99999999999999d", "is out of range"},
+        {"kafka.session.timeout.ms=25d", "is out of range"},
+        {"kafka.session.timeout.ms=6 s", "is not a duration"},
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        char *one[] = {(char *)bad[i][0]};
+        err[0] = '\0';
+        c = load(NULL, NULL, one, 1, err, sizeof(err));
+        cr_expect_null(c, "%s was taken", bad[i][0]);
+        idem_conf_destroy(c);
+        cr_expect(strstr(err, "kafka.session.timeout.ms: \"") &&
+                      strstr(err, bad[i][1]),
+                  "%s: %s", bad[i][0], err);
+    }
+}

@@ -215,6 +215,7 @@ Test(dlqrec, lines_show_original_headers_and_identity)
     rd_kafka_header_add(h, "kafka_dlt-original-topic", -1, "payments", -1);
     rd_kafka_header_add(h, "bin", -1, "\xff\x01", 2);
     rd_kafka_header_add(h, "nil", -1, NULL, 0);
+    rd_kafka_header_add(h, "bad\xffname", -1, "v", 1); /* a foreign one */
     idem_dlqrec_t r;
     const char *value = "{\"meta\":{\"event_id\":\"e-1\"}}";
     idem_dlqrec_decode(&r, "orders.dlq", 0, 3, NOW, "c-1", 3, value,
@@ -225,7 +226,12 @@ Test(dlqrec, lines_show_original_headers_and_identity)
     cr_expect_str_eq(json_string_value(json_object_get(o, "identity")), "e-1");
     json_t *hs = json_object_get(o, "headers");
     cr_assert(json_is_array(hs));
-    cr_assert_eq(json_array_size(hs), 4, "only the original ones");
+    cr_assert_eq(json_array_size(hs), 5, "only the original ones");
+    json_t *bad = json_array_get(hs, 4);
+    cr_expect_str_eq(
+        json_string_value(json_object_get(json_array_get(bad, 0), "hex")),
+        "626164ff6e616d65");
+    cr_expect_str_eq(json_string_value(json_array_get(bad, 1)), "v");
     const char *names[] = {"message_id", "traceparent", "bin", "nil"};
     for (size_t i = 0; i < 4; i++)
         cr_expect_str_eq(

@@ -158,3 +158,21 @@ Test(httpclient, verdict_by_status_class)
     r = response(404, "", -1);
     cr_assert_str_eq(idem_httpclient_class(&r), "4xx");
 }
+
+/* A record header's value on a request line: CR/LF and non-ASCII encoded;
+ * an empty one is still sent (libcurl leaves "Name: " out). */
+Test(httpclient, header_lines_from_record_headers)
+{
+    char out[64];
+    cr_expect_eq(
+        idem_httpclient_header_line("t", "a\r\nX: 1", 7, out, sizeof(out)),
+        strlen("t: a%0D%0AX: 1"));
+    cr_expect_str_eq(out, "t: a%0D%0AX: 1");
+    idem_httpclient_header_line("t", "\xc3\xa9%", 3, out, sizeof(out));
+    cr_expect_str_eq(out, "t: %C3%A9%25");
+    cr_expect_eq(idem_httpclient_header_line("tenant", "", 0, out, sizeof(out)),
+                 strlen("tenant;"));
+    cr_expect_str_eq(out, "tenant;");
+    idem_httpclient_header_line("tenant", " \t", 2, out, sizeof(out));
+    cr_expect_str_eq(out, "tenant;");
+}

@@ -67,6 +67,16 @@ Test(offreset, targets_stay_within_the_watermarks)
     cr_expect_eq(idem_offreset_target(&to, 10, 100, 60, -1), 100); /* none */
 }
 
+Test(offreset, a_time_before_1970_is_asked_as_the_epoch)
+{
+    /* -1 and -2 are ListOffsets' "latest" and "earliest" */
+    cr_expect_eq(idem_offreset_time_query(-1), 0);
+    cr_expect_eq(idem_offreset_time_query(-2), 0);
+    cr_expect_eq(idem_offreset_time_query(INT64_MIN), 0);
+    cr_expect_eq(idem_offreset_time_query(0), 0);
+    cr_expect_eq(idem_offreset_time_query(1796000000000), 1796000000000);
+}
+
 Test(offreset, whose_commit_an_offset_is)
 {
     cr_expect_eq(idem_offreset_committed_by("idemproc", 8),
