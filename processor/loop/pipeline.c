@@ -1,7 +1,8 @@
 /* pipeline: the processing loop of `idemproc run`: consume batches, hand
  * them to the handler, dead-letter poison, commit finished prefixes,
  * survive rebalances and infrastructure outages (docs/design.md, "Module
- * map"). effects.c and positions.c are the rest of the loop (loop.h).
+ * map"). effects.c (effects.h) and the parts are the rest of the loop; the
+ * composed struct below is this file's alone.
  *
  * One thread does everything (librdkafka's callbacks included), so no state
  * here needs a lock. Records wait in hand, in the order they were polled,
@@ -11,10 +12,16 @@
  * While the infrastructure is down every partition is paused and the loop
  * keeps polling (group membership stays alive) and retries with backoff
  * (flow.c). */
-#include "loop/loop.h"
+#include "loop/effects.h"
 #include "kafka/kafka.h"
 #include "base/log.h"
+#include "loop/fetchwatch.h"
+#include "loop/flow.h"
+#include "loop/pipeline.h"
 #include "loop/rebalance.h"
+#include "loop/retryloop.h"
+#include "loop/wake.h"
+#include "redis/store.h"
 #include "base/util.h"
 
 #include <inttypes.h>
@@ -23,6 +30,67 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+
+#include <librdkafka/rdkafka.h>
+
+/* How many batches may wait in memory (in flight, being filled, waiting
+ * for a retry or an acknowledgement) before fetching pauses. */
+#define BATCHES_IN_HAND 4
+
+/* How often the Redis server's maxmemory-policy is checked again. */
+#define POLICY_CHECK_INTERVAL_MS 30000
+#define IDLE_CHECK_INTERVAL_MS   1000
+
+/* How long collect may wait for an external effect's results when nothing
+ * else is to be done (short: the consumer is not polled meanwhile). */
+#define EXTERNAL_WAIT_MS 5
+
+struct idem_pipeline_s {
+    const idem_conf_t *conf;
+    idem_metrics_t *m;
+    idem_metrics_acc_t *acc; /* the finished records' figures, merged into
+                                m once per turn of the loop (and before
+                                anything reads m that must be complete) */
+    idem_store_t *store;
+    idem_dlq_t *dlq;
+    rd_kafka_t *rk;               /* consumer */
+    idem_wake_t wake;             /* its queue, the DLQ's and the Redis
+                                     reply in one wait (batch_fill) */
+    int wake_kafka, wake_dlq;     /* their bits in idem_wake_wait */
+    idem_apply_t apply;           /* the handler, through the one effect
+                                     protocol (apply.h) */
+    idem_envelope_rules_t *rules; /* how records are read */
+    idem_retrytopics_t *rt;       /* retry.topics; NULL: blocking retries */
+    idem_fetchwatch_t *fw;        /* fetch.stall.ms; NULL: no watch */
+
+    idem_records_t recs; /* rec_t *, in poll order */
+    rec_t *spares;       /* released records, reused: no allocation
+                            per record (at most the most ever in
+                            hand) */
+    size_t cnt;          /* records in hand (recs.live) */
+    size_t cap;          /* BATCHES_IN_HAND batches: scratch size */
+    idem_offsets_t offs; /* the partitions held and their positions */
+    idem_flow_t flow;    /* backoff, outage state, pause decision */
+
+    int paused; /* all partitions paused by us */
+    int brokers_down;
+    int joined;          /* a first assignment (maybe empty) arrived */
+    int epoch;           /* bumped on every rebalance: lease fencing */
+    char owner[320];     /* "lease:<member>:<epoch>" */
+    int recommit;        /* an async commit failed: send all again */
+    int collect_wait_ms; /* how long the next collect may wait (external
+                            effect in flight, nothing fetched) */
+
+    int64_t stop_by_ms;        /* shutting down: every wait ends by then */
+    char fatal[512];           /* a producer's fatal error: stop */
+    void (*on_shutdown)(void); /* called once when shutdown begins */
+    int64_t last_commit_ms;
+    idem_progress_t progress;   /* the progress line (progress.c) */
+    int refused;                /* the Redis server was refused: exit 2 */
+    idem_positions_t positions; /* positions in Redis (positions.c) */
+    idem_effects_t fx;          /* records to the handler and back, dead letters
+                                   (effects.c); bound to the parts above */
+};
 
 /* The consumer's prefetch bound (queued.max.messages.kbytes) unless
  * kafka.queued.max.messages.kbytes is set. */
@@ -39,7 +107,7 @@ static void rec_release(idem_pipeline_t *p, rec_t *r)
 {
     idem_envelope_term(&r->env);
     if (r->dlq) {
-        p->tickets--;
+        p->fx.tickets--;
         idem_deadletter_release(r->dlq);
     }
     rd_kafka_message_destroy(r->msg);
@@ -238,7 +306,7 @@ static int rec_in_part(idem_pipeline_t *p, const rec_t *r, const void *pt)
 static void before_rewind(void *ctx, const idem_part_t *pt)
 {
     idem_pipeline_t *p = ctx;
-    idem_loop_handler_settle(p, idem_now_ms() + idem_loop_wait_budget_ms(p));
+    idem_effects_settle(&p->fx, idem_now_ms() + idem_loop_wait_budget_ms(p));
     idem_loop_batch_remove_if(p, rec_in_part, pt);
     idem_metrics_inflight_set(p->m, (int64_t)p->cnt);
 }
@@ -260,7 +328,7 @@ static void assign_positions(idem_pipeline_t *p,
 {
     char errstr[512];
     if (idem_loop_store_busy(p))
-        idem_loop_handler_collect(p, 0, errstr, sizeof(errstr));
+        idem_effects_collect(&p->fx, 0, errstr, sizeof(errstr));
     if (p->flow.down || p->refused)
         return;
     idem_positions_assign(&p->positions, &p->offs, parts);
@@ -317,7 +385,7 @@ static void retry_arrived(idem_pipeline_t *p, rec_t *r, idem_part_t *pt)
     int hold =
         idem_retryloop_arrived(p->rt, r, pt, h, idem_now_ms(), idem_wall_ms());
     if (r->retry_at_ms)
-        p->retry_waiting = 1;
+        p->fx.retry_waiting = 1;
     if (!hold)
         return;
     if (!p->paused)
@@ -351,14 +419,14 @@ static void retry_release(idem_pipeline_t *p, int64_t now)
  * on an infrastructure failure (errstr). */
 static int work(idem_pipeline_t *p, char *errstr, size_t errstr_size)
 {
-    if (p->cnt == 0 && !p->inflight)
+    if (p->cnt == 0 && !p->fx.inflight)
         return 0;
     idem_metrics_heartbeat(p->m);
     /* What the handler finished first: positions are only read (and
      * partitions rewound) with no in-Redis request in flight, before
      * anything is sent. */
     int rc =
-        idem_loop_handler_collect(p, p->collect_wait_ms, errstr, errstr_size);
+        idem_effects_collect(&p->fx, p->collect_wait_ms, errstr, errstr_size);
     p->collect_wait_ms = 0;
     if (rc == 0)
         rc = positions_sync(p, errstr, errstr_size);
@@ -367,18 +435,18 @@ static int work(idem_pipeline_t *p, char *errstr, size_t errstr_size)
     if (rc == 0 && !idem_loop_store_busy(p))
         rc = idem_store_check(p->store, POLICY_CHECK_INTERVAL_MS, errstr,
                               errstr_size);
-    idem_loop_parse_records(p);
+    idem_effects_parse(&p->fx);
     if (rc == 0)
-        rc = idem_loop_dlq_queue(p, errstr, errstr_size);
+        rc = idem_effects_dlq_queue(&p->fx, errstr, errstr_size);
     if (rc == 0)
-        rc = idem_loop_handler_feed(p, errstr, errstr_size);
+        rc = idem_effects_feed(&p->fx, errstr, errstr_size);
     /* Handler rejections found just now go out at once. */
     char e2[512];
-    if (idem_loop_dlq_queue(p, e2, sizeof(e2)) && rc == 0) {
+    if (idem_effects_dlq_queue(&p->fx, e2, sizeof(e2)) && rc == 0) {
         snprintf(errstr, errstr_size, "%s", e2);
         rc = -1;
     }
-    if (idem_loop_dlq_collect(p, e2, sizeof(e2)) && rc == 0) {
+    if (idem_effects_dlq_collect(&p->fx, e2, sizeof(e2)) && rc == 0) {
         snprintf(errstr, errstr_size, "%s", e2);
         rc = -1;
     }
@@ -418,19 +486,19 @@ static void infra_failed(idem_pipeline_t *p, const char *errstr, int64_t now)
 static void attempt(idem_pipeline_t *p)
 {
     char errstr[512];
-    p->answered = 0;
+    p->fx.answered = 0;
     int rc = work(p, errstr, sizeof(errstr));
     int64_t now = idem_now_ms();
     if (rc) {
         infra_failed(p, errstr, now);
-    } else if (p->flow.down && p->inflight && !p->answered) {
+    } else if (p->flow.down && p->fx.inflight && !p->fx.answered) {
         /* Only sent: an error reply (OOM, READONLY, a short WAIT) comes
          * with the answer, so the outage is over once Redis answered; an
          * external effect's outage (a webhook service down) is over once
          * one of its results is not an outage. Until then the member stays
          * paused and not ready, and looks again at once. */
         p->flow.next_attempt_ms = now;
-    } else if (idem_flow_ok(&p->flow, idem_loop_batch_next_retry(p))) {
+    } else if (idem_flow_ok(&p->flow, idem_effects_next_retry(&p->fx))) {
         idem_log_kv(IDEM_LOG_INFO, "infrastructure back: resuming", NULL);
     }
     set_ready(p);
@@ -448,25 +516,25 @@ static void attempt(idem_pipeline_t *p)
 static void drain(idem_pipeline_t *p, int64_t deadline_ms)
 {
     char errstr[512];
-    p->draining = 1;
+    p->fx.draining = 1;
     while (idem_now_ms() < deadline_ms) {
         int rc = work(p, errstr, sizeof(errstr));
         idem_metrics_acc_merge(p->acc); /* a long drain stays visible */
-        if (rc || !p->inflight)
+        if (rc || !p->fx.inflight)
             break;
         int64_t left = deadline_ms - idem_now_ms();
-        if (idem_loop_handler_collect(
-                p, left > 100 ? 100 : (int)(left > 0 ? left : 0), errstr,
-                sizeof(errstr)))
+        if (idem_effects_collect(&p->fx,
+                                 left > 100 ? 100 : (int)(left > 0 ? left : 0),
+                                 errstr, sizeof(errstr)))
             break;
     }
-    p->draining = 0;
-    idem_loop_handler_settle(p, deadline_ms);
+    p->fx.draining = 0;
+    idem_effects_settle(&p->fx, deadline_ms);
     /* Rejections found last go out too (dead letters are no effect). */
-    idem_loop_dlq_queue(p, errstr, sizeof(errstr));
+    idem_effects_dlq_queue(&p->fx, errstr, sizeof(errstr));
     int64_t left = deadline_ms - idem_now_ms();
     idem_dlq_flush(p->dlq, left > 0 ? (int)left : 0);
-    idem_loop_dlq_collect(p, errstr, sizeof(errstr));
+    idem_effects_dlq_collect(&p->fx, errstr, sizeof(errstr));
     advance_offsets(p);
     idem_metrics_acc_merge(p->acc);
 }
@@ -486,10 +554,11 @@ static void rebalance_cb(rd_kafka_t *rk, rd_kafka_resp_err_t err,
      * at once, its leases expire unmarked). */
     int gone = err != RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS &&
                rd_kafka_assignment_lost(rk);
-    idem_loop_handler_settle(
-        p, gone || p->flow.down || p->fatal[0] ? idem_now_ms()
-           : p->stop_by_ms                     ? p->stop_by_ms
-                           : idem_now_ms() + p->conf->shutdown_timeout_ms / 2);
+    idem_effects_settle(&p->fx,
+                        gone || p->flow.down || p->fatal[0] ? idem_now_ms()
+                        : p->stop_by_ms
+                            ? p->stop_by_ms
+                            : idem_now_ms() + p->conf->shutdown_timeout_ms / 2);
     p->epoch++;
     owner_update(p);
     /* A stall or a partition left out by a repair was the old assignment's
@@ -539,7 +608,7 @@ static void rebalance_cb(rd_kafka_t *rk, rd_kafka_resp_err_t err,
                                              p->conf->shutdown_timeout_ms / 2);
             commit_offsets(p, parts, 1);
         }
-        idem_loop_handler_settle(p, idem_now_ms());
+        idem_effects_settle(&p->fx, idem_now_ms());
         batch_drop_partitions(p, parts);
         for (int i = 0; i < parts->cnt; i++)
             idem_offsets_remove(&p->offs, parts->elems[i].topic,
@@ -707,7 +776,6 @@ idem_pipeline_t *idem_pipeline_new(const idem_conf_t *conf, idem_metrics_t *m,
     p->conf = conf;
     p->wake.fd[0] = p->wake.fd[1] = -1;
     idem_offsets_init(&p->offs);
-    idem_rejectguard_init(&p->rejects, conf->handler_max_consecutive_rejects);
     idem_flow_init(&p->flow, conf->retry_backoff_initial_ms,
                    conf->retry_backoff_max_ms);
     p->m = m;
@@ -753,6 +821,23 @@ idem_pipeline_t *idem_pipeline_new(const idem_conf_t *conf, idem_metrics_t *m,
     if (!(p->dlq =
               idem_dlq_new(conf, idem_deadletter_report, errstr, errstr_size)))
         goto fail;
+    p->fx = (idem_effects_t){
+        .conf = conf,
+        .m = m,
+        .acc = p->acc,
+        .dlq = p->dlq,
+        .rt = p->rt,
+        .rules = p->rules,
+        .apply = &p->apply,
+        .recs = &p->recs,
+        .offs = &p->offs,
+        .positions = &p->positions,
+        .progress = &p->progress,
+        .owner = p->owner,
+        .cap = p->cap,
+    };
+    idem_rejectguard_init(&p->fx.rejects,
+                          conf->handler_max_consecutive_rejects);
     idem_handler_ctx_t ctx = {
         .conf = conf,
         .arg = arg,
@@ -828,10 +913,7 @@ void idem_pipeline_destroy(idem_pipeline_t *p)
     idem_store_destroy(p->store);
     idem_offsets_term(&p->offs);
     idem_records_term(&p->recs);
-    free(p->rs);
-    free(p->views);
-    free(p->hres);
-    free(p->parts);
+    idem_effects_term(&p->fx);
     idem_metrics_acc_destroy(p->acc); /* merges what is left */
     free(p);
 }
@@ -866,7 +948,7 @@ static void batch_add(idem_pipeline_t *p, rd_kafka_message_t *msg)
     idem_records_push(&p->recs, r);
     p->cnt = p->recs.live;
     r->msg = msg;
-    r->polled_us = p->clock_us;
+    r->polled_us = p->fx.clock_us;
     idem_record_t *v = &r->view;
     v->topic = pt->topic;
     v->partition = msg->partition;
@@ -896,13 +978,13 @@ static void batch_fill(idem_pipeline_t *p, volatile int *stop)
 {
     size_t max = (size_t)p->conf->batch_max_messages;
     size_t added = 0, start = p->cnt;
-    if (p->inflight && !idem_loop_store_busy(p)) {
+    if (p->fx.inflight && !idem_loop_store_busy(p)) {
         /* An effect is in flight that no reply on the store's connection
          * ends: take what is already fetched, then let the next collect
          * wait for results instead of Kafka (a webhook's response, a
          * broker's acknowledgement). */
         rd_kafka_message_t *msg;
-        p->clock_us = idem_now_us();
+        p->fx.clock_us = idem_now_us();
         while (added < max && !*stop &&
                (msg = rd_kafka_consumer_poll(p->rk, 0))) {
             batch_add(p, msg);
@@ -914,10 +996,10 @@ static void batch_fill(idem_pipeline_t *p, volatile int *stop)
     }
     int64_t now0 = idem_now_ms();
     int64_t deadline = now0 + WAIT_MAX_MS;
-    if (!p->inflight && p->cnt && p->flow.next_attempt_ms > now0 &&
+    if (!p->fx.inflight && p->cnt && p->flow.next_attempt_ms > now0 &&
         p->flow.next_attempt_ms < deadline)
         deadline = p->flow.next_attempt_ms; /* a retry time */
-    p->clock_us = idem_now_us();
+    p->fx.clock_us = idem_now_us();
     while (added < max && !*stop) {
         /* What is fetched already comes without a clock read; the clock
          * is read only before a wait. */
@@ -926,24 +1008,24 @@ static void batch_fill(idem_pipeline_t *p, volatile int *stop)
             batch_add(p, msg);
             size_t was = added;
             added = p->cnt > start ? p->cnt - start : 0;
-            if (!was && added && !p->inflight) /* the handler is free */
-                deadline = p->clock_us / 1000 + p->conf->batch_max_wait_ms;
+            if (!was && added && !p->fx.inflight) /* the handler is free */
+                deadline = p->fx.clock_us / 1000 + p->conf->batch_max_wait_ms;
             continue;
         }
         int64_t now = idem_now_ms();
         if (now >= deadline)
             break;
         int fd = -1;
-        if (p->inflight && (fd = idem_store_reply_fd(p->store)) < 0)
+        if (p->fx.inflight && (fd = idem_store_reply_fd(p->store)) < 0)
             break; /* its reply is there already */
         int why = idem_wake_wait(&p->wake, fd, (int)(deadline - now));
-        p->clock_us = idem_now_us();
+        p->fx.clock_us = idem_now_us();
         if (why & IDEM_WAKE_FD)
             break; /* the reply: read late, it delays its records and the
                       next request */
-        if ((why & p->wake_dlq) && !p->inflight)
+        if ((why & p->wake_dlq) && !p->fx.inflight)
             break; /* acknowledgements that may finish records */
-        if (!why && !p->inflight && !p->cnt)
+        if (!why && !p->fx.inflight && !p->cnt)
             break; /* idle: let the loop do its housekeeping */
     }
 }
@@ -970,16 +1052,16 @@ int idem_pipeline_run(idem_pipeline_t *p, volatile int *stop, char *errstr,
 
     while (!*stop) {
         int64_t now = idem_now_ms();
-        p->wall_offset_us = idem_wall_us() - idem_now_us();
+        p->fx.wall_offset_us = idem_wall_us() - idem_now_us();
         idem_metrics_heartbeat(p->m);
         if (p->flow.down || p->paused) {
             /* Waiting: keep the membership alive, retry when due. */
             rd_kafka_message_t *msg = rd_kafka_consumer_poll(p->rk, 50);
-            p->clock_us = idem_now_us();
+            p->fx.clock_us = idem_now_us();
             if (msg)
                 batch_add(p, msg);
             if (now >= p->flow.next_attempt_ms) {
-                if (p->cnt || p->inflight) {
+                if (p->cnt || p->fx.inflight) {
                     attempt(p);
                 } else if (positions_sync(p, cerr, sizeof(cerr)) == 0) {
                     if (idem_flow_ok(&p->flow, 0))
@@ -1000,7 +1082,7 @@ int idem_pipeline_run(idem_pipeline_t *p, volatile int *stop, char *errstr,
                 idem_dlq_wait(p->dlq, 5);
             else
                 batch_fill(p, stop);
-            if (p->cnt || p->inflight)
+            if (p->cnt || p->fx.inflight)
                 attempt(p);
         }
         retry_release(p, idem_now_ms());
@@ -1009,7 +1091,7 @@ int idem_pipeline_run(idem_pipeline_t *p, volatile int *stop, char *errstr,
         /* While idle, the server (and its memory policy) every second:
          * this also notices a Redis that went away, and maybe lost writes,
          * while there was nothing to do (work() checks while busy). */
-        if (!p->cnt && !p->inflight && !p->flow.down && !p->refused &&
+        if (!p->cnt && !p->fx.inflight && !p->flow.down && !p->refused &&
             idem_store_check(p->store, IDLE_CHECK_INTERVAL_MS, cerr,
                              sizeof(cerr))) {
             infra_failed(p, cerr, now);
@@ -1046,7 +1128,7 @@ int idem_pipeline_run(idem_pipeline_t *p, volatile int *stop, char *errstr,
     if (!p->flow.down && !p->fatal[0])
         drain(p, p->stop_by_ms);
     else
-        idem_loop_handler_settle(p, idem_now_ms());
+        idem_effects_settle(&p->fx, idem_now_ms());
     commit_offsets(p, NULL, 1);
     rd_kafka_resp_err_t err = rd_kafka_consumer_close(p->rk);
     idem_metrics_acc_merge(p->acc); /* the final figures are complete */
