@@ -3,6 +3,7 @@
 #include "dev/producer.h"
 
 #include "conf/conf.h"
+#include "kafka/produce.h"
 #include "base/log.h"
 #include "base/util.h"
 
@@ -197,43 +198,30 @@ int idem_producer_send(idem_producer_t *p, const void *key, size_t key_len,
                        const char *hdr_idempotency_key, char *errstr,
                        size_t errstr_size)
 {
-    for (;;) {
-        rd_kafka_headers_t *hdrs = NULL;
-        if (hdr_message_id || hdr_idempotency_key) {
-            hdrs = rd_kafka_headers_new(2);
-            if (hdr_message_id)
-                rd_kafka_header_add(hdrs, "message_id", -1, hdr_message_id, -1);
-            if (hdr_idempotency_key)
-                rd_kafka_header_add(hdrs, "idempotency_key", -1,
-                                    hdr_idempotency_key, -1);
-        }
-        rd_kafka_resp_err_t err = rd_kafka_producev(
-            p->rk, RD_KAFKA_V_RKT(p->rkt),
-            RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY),
-            RD_KAFKA_V_KEY(key, key ? key_len : 0),
-            RD_KAFKA_V_VALUE((void *)value, value_len),
-            RD_KAFKA_V_HEADERS(hdrs),
-            RD_KAFKA_V_OPAQUE(
-                (void *)(intptr_t)(p->ack_latency ? idem_wall_ms() : 0)),
-            RD_KAFKA_V_END);
-        if (!err) { /* the headers belong to the message now */
-            p->stats.enqueued++;
-            return 0;
-        }
-        if (hdrs)
-            rd_kafka_headers_destroy(hdrs);
-        if (err == RD_KAFKA_RESP_ERR__QUEUE_FULL) {
-            /* Delivery reports free queue space; serve them and retry. */
-            rd_kafka_poll(p->rk, 100);
-            continue;
-        }
-        p->stats.failed++;
-        snprintf(errstr, errstr_size, "%s", rd_kafka_err2str(err));
-        if (!p->stats.first_error[0])
-            snprintf(p->stats.first_error, sizeof(p->stats.first_error), "%s",
-                     rd_kafka_err2str(err));
-        return -1;
+    idem_kafka_msg_t m = {
+        .rkt = p->rkt,
+        .msgflags = RD_KAFKA_MSG_F_COPY,
+        .key = key,
+        .key_len = key_len,
+        .value = (void *)value,
+        .value_len = value_len,
+        .headers =
+            idem_kafka_envelope_headers(hdr_message_id, hdr_idempotency_key),
+        .opaque = (void *)(intptr_t)(p->ack_latency ? idem_wall_ms() : 0),
+    };
+    rd_kafka_resp_err_t err = idem_kafka_produce(p->rk, &m, 100);
+    if (!err) { /* the headers belong to the message now */
+        p->stats.enqueued++;
+        return 0;
     }
+    if (m.headers)
+        rd_kafka_headers_destroy(m.headers);
+    p->stats.failed++;
+    snprintf(errstr, errstr_size, "%s", rd_kafka_err2str(err));
+    if (!p->stats.first_error[0])
+        snprintf(p->stats.first_error, sizeof(p->stats.first_error), "%s",
+                 rd_kafka_err2str(err));
+    return -1;
 }
 
 void idem_producer_ack_latency_on(idem_producer_t *p)

@@ -6,6 +6,7 @@
 #include "input/envelope.h"
 #include "effect/handler.h"
 #include "kafka/kafka.h"
+#include "kafka/produce.h"
 #include "base/log.h"
 #include "base/util.h"
 
@@ -167,17 +168,15 @@ static ticket_t *forward_write(forward_t *f, const idem_record_t *rec,
         rd_kafka_header_add(h, "processed_at", -1, ts, -1);
     }
     ticket_t *t = idem_xcalloc(1, sizeof(*t));
-    for (;;) {
-        *err = rd_kafka_producev(f->rk, RD_KAFKA_V_RKT(f->rkt),
-                                 RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_FREE),
-                                 RD_KAFKA_V_KEY(rec->key, rec->key_len),
-                                 RD_KAFKA_V_VALUE(value, value_len),
-                                 RD_KAFKA_V_HEADERS(h), RD_KAFKA_V_OPAQUE(t),
-                                 RD_KAFKA_V_END);
-        if (*err != RD_KAFKA_RESP_ERR__QUEUE_FULL)
-            break;
-        rd_kafka_poll(f->rk, 100);
-    }
+    idem_kafka_msg_t m = {.rkt = f->rkt,
+                          .msgflags = RD_KAFKA_MSG_F_FREE,
+                          .key = rec->key,
+                          .key_len = rec->key_len,
+                          .value = value,
+                          .value_len = value_len,
+                          .headers = h,
+                          .opaque = t};
+    *err = idem_kafka_produce(f->rk, &m, 100);
     if (*err) {
         free(value);
         free(t);

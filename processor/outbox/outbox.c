@@ -3,6 +3,7 @@
  * marks (or deletes) them in the transaction that claimed them. */
 #include "outbox/outbox.h"
 #include "kafka/kafka.h"
+#include "kafka/produce.h"
 #include "outbox/outboxrow.h"
 #include "base/log.h"
 #include "base/util.h"
@@ -688,18 +689,17 @@ static void row_produce(idem_outbox_t *o, PGresult *res, int i)
             value = unescaped;
         }
     }
-    rd_kafka_resp_err_t err;
-    for (;;) {
-        err = rd_kafka_producev(o->rk, RD_KAFKA_V_TOPIC(topic),
-                                RD_KAFKA_V_KEY(key, key ? strlen(key) : 0),
-                                RD_KAFKA_V_VALUE(value, vlen),
-                                RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY),
-                                RD_KAFKA_V_HEADERS(h), RD_KAFKA_V_OPAQUE(row),
-                                RD_KAFKA_V_END);
-        if (err != RD_KAFKA_RESP_ERR__QUEUE_FULL)
-            break;
-        rd_kafka_poll(o->rk, 10);
-    }
+    idem_kafka_msg_t m = {
+        .topic = topic,
+        .msgflags = RD_KAFKA_MSG_F_COPY,
+        .key = key,
+        .key_len = key ? strlen(key) : 0,
+        .value = value,
+        .value_len = vlen,
+        .headers = h,
+        .opaque = row,
+    };
+    rd_kafka_resp_err_t err = idem_kafka_produce(o->rk, &m, 10);
     if (unescaped)
         PQfreemem(unescaped);
     if (err) {
