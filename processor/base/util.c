@@ -180,3 +180,16 @@ const char *idem_closest_name(const char *word, const char *const *names,
     }
     return best_d <= 1 + strlen(word) / 4 ? best : NULL;
 }
+
+char *idem_put_u64(char *p, uint64_t v)
+{
+    char t[20];
+    size_t n = 0;
+    do {
+        t[n++] = (char)('0' + v % 10);
+        v /= 10;
+    } while (v);
+    while (n)
+        *p++ = t[--n];
+    return p;
+}

@@ -27,20 +27,6 @@ typedef struct {
     size_t n, cap;
 } ledger_t;
 
-/* Writes v in decimal at p (no NUL); returns the end. */
-static char *put_u64(char *p, uint64_t v)
-{
-    char t[20];
-    size_t n = 0;
-    do {
-        t[n++] = (char)('0' + v % 10);
-        v /= 10;
-    } while (v);
-    while (n)
-        *p++ = t[--n];
-    return p;
-}
-
 /* The store's per-record arguments (idem_store_args_fn): rec is an
  * idem_record_t; the amount's text lives in l->nums until the send
  * returns. */
@@ -62,7 +48,7 @@ static size_t ledger_args(const void *rec, const char **argv, size_t *argvlen,
     int64_t v = env->amount_minor;
     if (v < 0)
         *e++ = '-';
-    e = put_u64(e, v < 0 ? 0 - (uint64_t)v : (uint64_t)v);
+    e = idem_put_u64(e, v < 0 ? 0 - (uint64_t)v : (uint64_t)v);
     argv[4] = num;
     argvlen[4] = (size_t)(e - num);
     return LEDGER_ARGS;

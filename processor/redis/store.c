@@ -604,20 +604,6 @@ static void result_from_string(idem_store_result_t *res, const char *str,
     }
 }
 
-/* Writes v in decimal at p (no NUL); returns the end. */
-static char *put_u64(char *p, uint64_t v)
-{
-    char t[20];
-    size_t n = 0;
-    do {
-        t[n++] = (char)('0' + v % 10);
-        v /= 10;
-    } while (v);
-    while (n)
-        *p++ = t[--n];
-    return p;
-}
-
 /* Fills the per-record arguments of record `env` for the claim and mark
  * scripts (identity, message_id) at argv; returns their number. */
 static size_t record_args(const idem_envelope_t *env, const char **argv,
@@ -656,12 +642,12 @@ static void req_command(idem_store_t *s, size_t argc, const char *const *argv,
     req_reserve(s, need);
     char *p = s->req + s->req_len;
     *p++ = '*';
-    p = put_u64(p, argc);
+    p = idem_put_u64(p, argc);
     *p++ = '\r';
     *p++ = '\n';
     for (size_t i = 0; i < argc; i++) {
         *p++ = '$';
-        p = put_u64(p, argvlen[i]);
+        p = idem_put_u64(p, argvlen[i]);
         *p++ = '\r';
         *p++ = '\n';
         memcpy(p, argv[i], argvlen[i]);
