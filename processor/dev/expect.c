@@ -267,6 +267,33 @@ json_t *idem_expect_load(const char *path, char *errstr, size_t errstr_size)
         json_decref(e);
         return NULL;
     }
+    /* A misspelt member ("dlq" for "poison") would check nothing. */
+    static const char *const known[] = {"sent",   "unique",  "duplicates",
+                                        "poison", "applied", "identities",
+                                        "ledger", "output",  "redis"};
+    const char *mk;
+    json_t *mv;
+    json_object_foreach(e, mk, mv)
+    {
+        size_t i = 0;
+        while (i < sizeof(known) / sizeof(known[0]) && strcmp(known[i], mk))
+            i++;
+        if (i == sizeof(known) / sizeof(known[0])) {
+            snprintf(errstr, errstr_size,
+                     "--expect %s: unknown member \"%.100s\" (known: sent, "
+                     "unique, duplicates, poison, applied, identities, "
+                     "ledger, output, redis)",
+                     path, mk);
+            json_decref(e);
+            return NULL;
+        }
+    }
+    if (json_integer_value(applied) < 0) {
+        snprintf(errstr, errstr_size,
+                 "--expect %s: \"applied\" must not be negative", path);
+        json_decref(e);
+        return NULL;
+    }
     const char *cur;
     json_t *users;
     json_object_foreach(ledger, cur, users)
@@ -290,6 +317,20 @@ json_t *idem_expect_load(const char *path, char *errstr, size_t errstr_size)
         expect_int_map(path, "poison reason", poison, errstr, errstr_size)) {
         json_decref(e);
         return NULL;
+    }
+    const char *pr;
+    json_t *pc;
+    json_object_foreach(poison, pr, pc)
+    {
+        const char *why = idem_reason_parse(pr) < 0    ? "is not a DLQ reason"
+                          : json_integer_value(pc) < 0 ? "must not be negative"
+                                                       : NULL;
+        if (why) {
+            snprintf(errstr, errstr_size, "--expect %s: poison \"%.100s\" %s",
+                     path, pr, why);
+            json_decref(e);
+            return NULL;
+        }
     }
     char buf[512];
     const char *bad = expect_members_bad(e, buf, sizeof(buf));

@@ -41,6 +41,14 @@ Test(verify, bad_expect_files_are_usage_errors)
         {"badpoison.json",
          "{\"ledger\":{},\"applied\":0,\"poison\":{\"not-json\":true}}\n",
          "poison reason \"not-json\" must be an integer"},
+        {"negapplied.json", "{\"applied\":-3}\n",
+         "\"applied\" must not be negative"},
+        {"negpoison.json", "{\"applied\":0,\"poison\":{\"not-json\":-1}}\n",
+         "poison \"not-json\" must not be negative"},
+        {"badreason.json", "{\"applied\":0,\"poison\":{\"nope\":1}}\n",
+         "poison \"nope\" is not a DLQ reason"},
+        {"unknown.json", "{\"applied\":0,\"dlq\":5}\n",
+         "unknown member \"dlq\""},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         char path[512], want[512];
