@@ -2,6 +2,7 @@
  * `produce --input` sends, writing and loading it. */
 #include "dev/expect.h"
 #include "input/envelope.h"
+#include "kafka/produce.h"
 #include "base/outcome.h"
 #include "base/util.h"
 
@@ -44,15 +45,8 @@ void idem_expect_add(idem_expect_t *e, const void *value, size_t len,
     idem_reason_t reason;
     char err[256];
     e->sent++;
-    rd_kafka_headers_t *h = NULL;
-    if (hdr_message_id || hdr_idempotency_key) {
-        h = rd_kafka_headers_new(2);
-        if (hdr_message_id)
-            rd_kafka_header_add(h, "message_id", -1, hdr_message_id, -1);
-        if (hdr_idempotency_key)
-            rd_kafka_header_add(h, "idempotency_key", -1, hdr_idempotency_key,
-                                -1);
-    }
+    rd_kafka_headers_t *h =
+        idem_kafka_envelope_headers(hdr_message_id, hdr_idempotency_key);
     int bad = idem_envelope_read(e->rules, value, len, h, key, key_len, &env,
                                  &reason, err, sizeof(err));
     if (h)
