@@ -10,41 +10,32 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* One item "<digits><unit>" of retry.topics (already trimmed, NUL-ended).
- * Returns the delay in ms, or -1 with errstr. */
+/* One item "<digits><unit>" of retry.topics (already trimmed, NUL-ended),
+ * read by the one duration parser; here the unit is required. Returns the
+ * delay in ms, or -1 with errstr. */
 static int64_t delay_parse(const char *item, char *errstr, size_t errstr_size)
 {
     const char *u = item;
     while (isdigit((unsigned char)*u))
         u++;
-    if (u == item) {
+    int64_t ms = 0;
+    int rc = u == item || !*u ? IDEM_DURATION_SYNTAX
+                              : idem_duration_parse(item, 1, &ms);
+    if (u == item)
         snprintf(errstr, errstr_size,
                  "retry.topics: \"%s\" is not a delay (digits and a unit: "
                  "200ms, 5s, 1m, 2h)",
                  item);
-        return -1;
-    }
-    int64_t mult = !strcmp(u, "ms")  ? 1
-                   : !strcmp(u, "s") ? 1000
-                   : !strcmp(u, "m") ? 60000
-                   : !strcmp(u, "h") ? 3600000
-                                     : 0;
-    if (!mult) {
+    else if (rc == IDEM_DURATION_SYNTAX)
         snprintf(errstr, errstr_size,
-                 "retry.topics: \"%s\" %s (use ms, s, m or h)", item,
+                 "retry.topics: \"%s\" %s (use ms, s, m, h or d)", item,
                  *u ? "has an unknown unit" : "needs a unit");
-        return -1;
-    }
-    errno = 0;
-    char *end;
-    unsigned long long v = strtoull(item, &end, 10);
-    if (errno || end != u || v == 0 ||
-        v > (unsigned long long)(IDEM_RETRY_DELAY_MAX_MS / mult)) {
+    else if (rc || ms <= 0 || ms > IDEM_RETRY_DELAY_MAX_MS) {
         snprintf(errstr, errstr_size,
                  "retry.topics: \"%s\" is out of range (1ms..7d)", item);
         return -1;
     }
-    return (int64_t)v * mult;
+    return rc ? -1 : ms;
 }
 
 int idem_retrytopic_parse(const char *spec, int64_t *delays_ms, size_t *n,
