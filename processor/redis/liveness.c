@@ -33,24 +33,30 @@ static const char list_lua[] =
     "for i = 2, #v, 2 do v[i] = tostring(tonumber(v[i]) - now) end\n"
     "return v\n";
 
-/* Runs `lua` by EVALSHA (loading it first, and again after NOSCRIPT),
- * as the store does: the documented ACL grants +script|load +evalsha, not
- * +eval. `nkeys` keys then `nargs` arguments. The reply, or NULL. */
-static redisReply *script_call(redisContext *c, const char *lua, int nargs,
-                               const char **args)
+/* Runs `lua` by EVALSHA, as the store does (the documented ACL grants
+ * +script|load +evalsha, not +eval): `sha` caches its digest (41 bytes,
+ * "" at first); it is loaded when empty and again after NOSCRIPT (a
+ * restarted Redis). `nargs` arguments follow the digest: the key count,
+ * the keys, the rest. The reply, or NULL. */
+static redisReply *script_call(redisContext *c, const char *lua, char *sha,
+                               int nargs, const char **args)
 {
     for (int attempt = 0; attempt < 2; attempt++) {
-        redisReply *sha = redisCommand(c, "SCRIPT LOAD %s", lua);
-        if (!sha || sha->type != REDIS_REPLY_STRING)
-            return sha;
-        const char *argv[8] = {"EVALSHA", sha->str};
+        if (!sha[0]) {
+            redisReply *l = redisCommand(c, "SCRIPT LOAD %s", lua);
+            if (!l || l->type != REDIS_REPLY_STRING || l->len != 40)
+                return l;
+            memcpy(sha, l->str, 41);
+            freeReplyObject(l);
+        }
+        const char *argv[8] = {"EVALSHA", sha};
         for (int i = 0; i < nargs && i < 6; i++)
             argv[2 + i] = args[i];
         redisReply *r = redisCommandArgv(c, 2 + nargs, argv, NULL);
-        freeReplyObject(sha);
         if (r && r->type == REDIS_REPLY_ERROR &&
             !strncmp(r->str, "NOSCRIPT", 8)) {
             freeReplyObject(r);
+            sha[0] = 0;
             continue;
         }
         return r;
@@ -70,6 +76,7 @@ struct idem_liveness_s {
     int stop; /* under lock */
     idem_redisconn_t *rc;
     int failing; /* the last beat failed (logged once per outage) */
+    char beat_sha[41], leave_sha[41]; /* script digests, "" until loaded */
 };
 
 static void members_key(const idem_conf_t *conf, char *buf, size_t size)
@@ -79,8 +86,9 @@ static void members_key(const idem_conf_t *conf, char *buf, size_t size)
 
 /* One script on l's connection, connecting first when needed. Returns 0,
  * or -1 with errstr (the connection is dropped). */
-static int liveness_command(idem_liveness_t *l, const char *lua, int nargs,
-                            const char **args, char *errstr, size_t errstr_size)
+static int liveness_command(idem_liveness_t *l, const char *lua, char *sha,
+                            int nargs, const char **args, char *errstr,
+                            size_t errstr_size)
 {
     if (!l->rc) {
         l->rc = idem_redisconn_open(l->conf, 0, errstr, errstr_size);
@@ -88,7 +96,7 @@ static int liveness_command(idem_liveness_t *l, const char *lua, int nargs,
             return -1;
     }
     redisReply *r =
-        script_call(idem_redisconn_context(l->rc), lua, nargs, args);
+        script_call(idem_redisconn_context(l->rc), lua, sha, nargs, args);
     if (!r || r->type == REDIS_REPLY_ERROR) {
         snprintf(errstr, errstr_size, "redis: member heartbeat: %s",
                  r ? r->str : idem_redisconn_context(l->rc)->errstr);
@@ -106,7 +114,8 @@ static void beat(idem_liveness_t *l)
     char ttl[24], errstr[512];
     snprintf(ttl, sizeof(ttl), "%d", IDEM_LIVENESS_TTL_MS);
     const char *args[] = {"1", l->key, l->conf->member_id, ttl};
-    if (liveness_command(l, beat_lua, 4, args, errstr, sizeof(errstr))) {
+    if (liveness_command(l, beat_lua, l->beat_sha, 4, args, errstr,
+                         sizeof(errstr))) {
         if (!l->failing)
             idem_log_kv(IDEM_LOG_WARN,
                         "member heartbeat in redis failed: `idemproc offsets "
@@ -177,7 +186,8 @@ void idem_liveness_stop(idem_liveness_t *l)
     pthread_join(l->thread, NULL);
     char errstr[512];
     const char *args[] = {"1", l->key, l->conf->member_id};
-    if (liveness_command(l, leave_lua, 3, args, errstr, sizeof(errstr)))
+    if (liveness_command(l, leave_lua, l->leave_sha, 3, args, errstr,
+                         sizeof(errstr)))
         idem_log_kv(IDEM_LOG_WARN,
                     "removing the member heartbeat from redis failed: it "
                     "expires by itself",
@@ -199,7 +209,9 @@ int idem_liveness_list(const idem_conf_t *conf, idem_liveness_member_t **out,
     if (!rc)
         return -1;
     const char *args[] = {"1", key};
-    redisReply *r = script_call(idem_redisconn_context(rc), list_lua, 2, args);
+    char sha[41] = "";
+    redisReply *r =
+        script_call(idem_redisconn_context(rc), list_lua, sha, 2, args);
     int ret = 0;
     if (!r || r->type != REDIS_REPLY_ARRAY || r->elements % 2) {
         snprintf(errstr, errstr_size, "redis: live members of %s: %s",
