@@ -517,21 +517,24 @@ static int round_send(idem_cluster_t *cl, int d, int slot,
         char host[256];
         int port;
         node = &cl->nodes[d];
-        switch (reply_kind(r, node, host, sizeof(host), &port)) {
+        reply_kind_t kind = reply_kind(r, node, host, sizeof(host), &port);
+        /* A redirection for another slot: the command's key is not in the
+         * slot the caller named, a caller's error, its answer. */
+        if ((kind == REPLY_MOVED || kind == REPLY_ASK) &&
+            redirect_slot(r) != slot)
+            kind = REPLY_FINAL;
+        switch (kind) {
         case REPLY_FINAL:
             replies[i] = r;
             ask_node[i] = -1;
             continue;
-        case REPLY_MOVED: {
+        case REPLY_MOVED:
             node->st.moved++;
-            int s = redirect_slot(r);
-            int to = node_index(cl, host, port); /* may move cl->nodes */
-            if (s >= 0 && s < IDEM_CLUSTER_SLOTS)
-                cl->slot_node[s] = (int16_t)to;
+            /* node_index may move cl->nodes: node is not used after it. */
+            cl->slot_node[slot] = (int16_t)node_index(cl, host, port);
             cl->moved_count++;
             ask_node[i] = -1;
             break;
-        }
         case REPLY_ASK:
             node->st.ask++;
             ask_node[i] = node_index(cl, host, port);

@@ -79,8 +79,10 @@ void idem_cluster_destroy(idem_cluster_t *cl);
  * primary of the slot of `key` (key_len bytes) and returns its reply
  * (caller frees with freeReplyObject): the command's own answer, error
  * replies included (WRONGTYPE, a script's error), after following MOVED,
- * ASK and TRYAGAIN. NULL with *err on an outage; a command whose reply
- * was lost may have been applied, so resend only what is idempotent. */
+ * ASK and TRYAGAIN; a MOVED or ASK for another slot than key's (the
+ * command's key is elsewhere: a caller's error) is returned as its reply. NULL
+ * with *err on an outage; a command whose reply was lost may have been applied,
+ * so resend only what is idempotent. */
 redisReply *idem_cluster_command(idem_cluster_t *cl, const char *key,
                                  size_t key_len, int argc, const char **argv,
                                  const size_t *argvlen,
