@@ -459,3 +459,69 @@ Test(cluster, clusterdown_is_an_outage)
     cr_assert_gt(totals(cl).conn_errors, 0);
     idem_cluster_destroy(cl);
 }
+
+/* ---- TRYAGAIN --------------------------------------------------------- */
+
+typedef struct {
+    int slot, from, to, moved;
+} finisher_t;
+
+static void *finish_migration(void *arg)
+{
+    finisher_t *f = arg;
+    usleep(100 * 1000);
+    f->moved = th_cluster_migrate_keys(&clu, f->slot, f->from, f->to, 100);
+    return NULL;
+}
+
+static redisReply *mget_ab(idem_cluster_t *cl, idem_cluster_err_t *err)
+{
+    const char *argv[] = {"MGET", "{m}:a", "{m}:b"};
+    return idem_cluster_command(cl, "{m}:a", 5, 3, argv, NULL, err);
+}
+
+/* A command on two keys of a slot whose keys are split by a migration is
+ * told TRYAGAIN: the client backs off and sends it again; while the split
+ * lasts that is an outage after the last round, and once the keys have
+ * all moved it is followed (ASK) and answered. */
+Test(cluster, tryagain_backs_off_and_resends)
+{
+    cr_assert_eq(th_cluster_start(&clu, 3, 1), 0, "cluster did not start");
+    idem_cluster_t *cl = client(clu.seeds);
+    const char *set[] = {"MSET", "{m}:a", "1", "{m}:b", "2"};
+    idem_cluster_err_t err;
+    redisReply *r = idem_cluster_command(cl, "{m}", 3, 5, set, NULL, &err);
+    cr_assert(r, "%s", err.str);
+    freeReplyObject(r);
+    finisher_t f = {.slot = slot_of_str("{m}"), .to = -1};
+    f.from = th_cluster_owner(&clu, f.slot);
+    for (int s = 0; s < IDEM_CLUSTER_SLOTS && f.to < 0; s += 1000) {
+        int o = th_cluster_owner(&clu, s);
+        if (o >= 0 && o != f.from)
+            f.to = o;
+    }
+    cr_assert_geq(f.to, 0);
+    cr_assert_eq(th_cluster_migrate_begin(&clu, f.slot, f.from, f.to), 0);
+    cr_assert_eq(th_cluster_migrate_keys(&clu, f.slot, f.from, f.to, 1), 1);
+
+    r = mget_ab(cl, &err);
+    cr_assert_null(r, "answered while the keys were split");
+    cr_assert_eq(err.cls, IDEM_CLUSTER_ERR_REDIRECTS, "%s", err.str);
+    uint64_t tries = totals(cl).tryagain;
+    cr_assert_geq(tries, 2, "TRYAGAIN not resent");
+
+    pthread_t th;
+    cr_assert_eq(pthread_create(&th, NULL, finish_migration, &f), 0);
+    r = mget_ab(cl, &err);
+    pthread_join(th, NULL);
+    cr_assert_eq(f.moved, 1);
+    cr_assert(r, "%s", err.str);
+    cr_assert_eq(r->type, REDIS_REPLY_ARRAY);
+    cr_assert_eq(r->elements, 2);
+    cr_assert_str_eq(r->element[0]->str, "1");
+    cr_assert_str_eq(r->element[1]->str, "2");
+    freeReplyObject(r);
+    cr_assert_gt(totals(cl).ask, 0, "the moved keys were not asked for");
+    cr_assert_eq(th_cluster_migrate_end(&clu, f.slot, f.from, f.to), 0);
+    idem_cluster_destroy(cl);
+}
