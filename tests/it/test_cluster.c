@@ -525,3 +525,93 @@ Test(cluster, tryagain_backs_off_and_resends)
     cr_assert_eq(th_cluster_migrate_end(&clu, f.slot, f.from, f.to), 0);
     idem_cluster_destroy(cl);
 }
+
+/* ---- redis-cli --cluster reshard, mid-stream -------------------------- */
+
+/* redis-cli moves 2000 slots (and the keys in them) from one primary to
+ * another while a writer's INCR pipelines go on: every INCR answered once
+ * with the count so far, the sum exact, and the client follows the slots
+ * that moved. */
+Test(cluster, reshard_by_redis_cli_exact)
+{
+    cr_assert_eq(th_cluster_start(&clu, 3, 1), 0, "cluster did not start");
+    idem_cluster_t *cl = client(clu.seeds);
+    static long long expected[TAGS][KEYS_PER_TAG];
+    memset(expected, 0, sizeof(expected));
+    int from = th_cluster_owner(&clu, 0), to = -1;
+    for (int s = 0; s < IDEM_CLUSTER_SLOTS && to < 0; s += 1000) {
+        int o = th_cluster_owner(&clu, s);
+        if (o >= 0 && o != from)
+            to = o;
+    }
+    cr_assert(from >= 0 && to >= 0);
+    char *fid = th_cluster_cmd(&clu, from, "CLUSTER MYID");
+    char *tid = th_cluster_cmd(&clu, to, "CLUSTER MYID");
+    cr_assert(fid && tid);
+    char addr[32];
+    snprintf(addr, sizeof(addr), "127.0.0.1:%d", clu.node[from].port);
+    int owner_before[TAGS];
+    for (int t = 0; t < TAGS; t++) {
+        char tag[16];
+        snprintf(tag, sizeof(tag), "t%d", t);
+        owner_before[t] = th_cluster_owner(&clu, slot_of_str(tag));
+    }
+    incr_round(cl, expected);
+    char *argv[] = {"/usr/bin/redis-cli",
+                    "--cluster",
+                    "reshard",
+                    addr,
+                    "--cluster-from",
+                    fid,
+                    "--cluster-to",
+                    tid,
+                    "--cluster-slots",
+                    "2000",
+                    "--cluster-yes",
+                    "--cluster-pipeline",
+                    "10",
+                    NULL};
+    pid_t pid = th_spawn(argv, NULL, NULL, NULL);
+    cr_assert_gt(pid, 0);
+    int rounds = 1, rc = -1;
+    while ((rc = th_wait(pid, 0)) < 0) {
+        cr_assert_lt(rounds, 100000, "reshard never ended");
+        incr_round(cl, expected);
+        rounds++;
+    }
+    cr_assert_eq(rc, 0, "redis-cli --cluster reshard failed");
+    incr_round(cl, expected);
+    rounds++;
+    cr_assert_eq(th_cluster_wait_ok(&clu, 30000), 0);
+    int moved_tags = 0;
+    for (int t = 0; t < TAGS; t++) {
+        char tag[16];
+        snprintf(tag, sizeof(tag), "t%d", t);
+        int now = th_cluster_owner(&clu, slot_of_str(tag));
+        if (now != owner_before[t]) {
+            moved_tags++;
+            cr_assert_eq(now, to);
+        }
+    }
+    cr_assert_gt(moved_tags, 0, "no tag's slot moved");
+    long long sum = 0;
+    for (int t = 0; t < TAGS; t++)
+        for (int k = 0; k < KEYS_PER_TAG; k++) {
+            char key[32];
+            snprintf(key, sizeof(key), "{t%d}:k%d", t, k);
+            cr_assert_eq(get_int(cl, key), expected[t][k], "%s", key);
+            sum += expected[t][k];
+        }
+    cr_assert_eq(sum, (long long)rounds * TAGS * KEYS_PER_TAG);
+    idem_cluster_node_stats_t st = totals(cl);
+    cr_assert_gt(st.moved, 0);
+    fprintf(stderr,
+            "cluster reshard: %d rounds while 2000 slots moved (%d of %d "
+            "tags), %lld INCRs exact; moved %" PRIu64 ", ask %" PRIu64
+            ", tryagain %" PRIu64 ", refreshes %" PRIu64 "\n",
+            rounds, moved_tags, TAGS, sum, st.moved, st.ask, st.tryagain,
+            idem_cluster_refreshes(cl));
+    free(fid);
+    free(tid);
+    idem_cluster_destroy(cl);
+}
