@@ -59,6 +59,8 @@ typedef struct {
     uint64_t timeouts;    /* connects or replies that timed out */
 } idem_cluster_node_stats_t;
 
+/* A client is used by one thread at a time (blocking calls, as the
+ * store's connection is). */
 typedef struct idem_cluster_s idem_cluster_t;
 
 /* Reads the slot map from the first of `seeds` ("host:port,host:port",

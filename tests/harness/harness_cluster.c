@@ -69,6 +69,11 @@ char *th_cluster_cmd(th_cluster_t *c, int i, const char *fmt, ...)
         return NULL;
     }
     redisSetTimeout(rc, tv);
+    if (c->password[0]) {
+        redisReply *a = redisCommand(rc, "AUTH %s", c->password);
+        if (a)
+            freeReplyObject(a);
+    }
     va_list ap;
     va_start(ap, fmt);
     redisReply *r = redisvCommand(rc, fmt, ap);
@@ -229,6 +234,12 @@ void th_cluster_stop(th_cluster_t *c)
 
 int th_cluster_start(th_cluster_t *c, int primaries, int replicas)
 {
+    return th_cluster_start_auth(c, primaries, replicas, NULL);
+}
+
+int th_cluster_start_auth(th_cluster_t *c, int primaries, int replicas,
+                          const char *password)
+{
     memset(c, 0, sizeof(*c));
     int total = primaries * (1 + replicas);
     if (primaries < 3 || total > TH_CLUSTER_MAX)
@@ -248,6 +259,16 @@ int th_cluster_start(th_cluster_t *c, int primaries, int replicas)
         size_t l = strlen(c->seeds);
         snprintf(c->seeds + l, sizeof(c->seeds) - l, "%s%s", i ? "," : "",
                  addrs[i]);
+    }
+    if (password && password[0]) {
+        for (int i = 0; i < total; i++) {
+            free(th_cluster_cmd(c, i, "CONFIG SET masterauth %s", password));
+            free(th_cluster_cmd(c, i, "CONFIG SET requirepass %s", password));
+        }
+        snprintf(c->password, sizeof(c->password), "%s", password);
+        argv[an++] = "-a";
+        argv[an++] = c->password;
+        argv[an++] = "--no-auth-warning";
     }
     char reps[8];
     snprintf(reps, sizeof(reps), "%d", replicas);

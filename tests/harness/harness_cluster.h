@@ -14,6 +14,7 @@ typedef struct {
     th_redis_t node[TH_CLUSTER_MAX]; /* node[i].pid is 0 while killed */
     int n;
     char seeds[TH_CLUSTER_MAX * 24]; /* "127.0.0.1:p1,127.0.0.1:p2,..." */
+    char password[64]; /* requirepass of every node; "" for none */
 } th_cluster_t;
 
 /* Starts primaries * (1 + replicas) nodes (at most TH_CLUSTER_MAX) with a
@@ -21,6 +22,13 @@ typedef struct {
  * create --cluster-replicas <replicas> and waits for th_cluster_wait_ok.
  * 0 when the cluster is up; on failure everything started is stopped. */
 int th_cluster_start(th_cluster_t *c, int primaries, int replicas);
+
+/* th_cluster_start with requirepass (and masterauth) `password` on every
+ * node, set before the cluster is created; th_cluster_cmd then sends
+ * AUTH first. A node of such a cluster cannot be restarted (its PING
+ * check knows no password). */
+int th_cluster_start_auth(th_cluster_t *c, int primaries, int replicas,
+                          const char *password);
 
 /* Kills every node (SIGKILL) and removes their dirs. Safe to call twice
  * and on a zeroed struct. */

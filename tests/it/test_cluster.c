@@ -615,3 +615,51 @@ Test(cluster, reshard_by_redis_cli_exact)
     free(tid);
     idem_cluster_destroy(cl);
 }
+
+/* ---- AUTH through redisconn ------------------------------------------- */
+
+/* The nodes want a password: the client sends redis.password through the
+ * single-Redis connection code to every primary it uses; a wrong one is
+ * refused with the reply's code and the node, never the password. */
+Test(cluster, auth_through_redisconn)
+{
+    cr_assert_eq(th_cluster_start_auth(&clu, 3, 1, "s3cret-cluster"), 0,
+                 "cluster did not start");
+    char errstr[512];
+    const char *wrong[] = {"redis.password=not-it", NULL};
+    idem_conf_t *bad = conf_load(wrong, errstr, sizeof(errstr));
+    cr_assert(bad, "%s", errstr);
+    idem_cluster_err_t err;
+    idem_cluster_t *cl = idem_cluster_new(bad, clu.seeds, &err);
+    cr_assert_null(cl);
+    cr_assert_eq(err.cls, IDEM_CLUSTER_ERR_SLOTS, "%s", err.str);
+    cr_assert_str_eq(err.code, "WRONGPASS", "%s", err.str);
+    cr_assert_geq(node_of_addr(err.node), 0, "%s", err.str);
+    cr_assert_null(strstr(err.str, "not-it"), "%s", err.str);
+    idem_conf_destroy(bad);
+
+    const char *right[] = {"redis.password=s3cret-cluster", NULL};
+    idem_conf_t *good = conf_load(right, errstr, sizeof(errstr));
+    cr_assert(good, "%s", errstr);
+    cl = idem_cluster_new(good, clu.seeds, &err);
+    cr_assert(cl, "%s", err.str);
+    /* Keys on every primary: one connection each, all authenticated. */
+    int seen[TH_CLUSTER_MAX] = {0}, primaries = 0;
+    for (int i = 0; i < 200 && primaries < 3; i++) {
+        char key[16];
+        snprintf(key, sizeof(key), "a%d", i);
+        const char *argv[] = {"SET", key, "v"};
+        redisReply *r =
+            idem_cluster_command(cl, key, strlen(key), 3, argv, NULL, &err);
+        cr_assert(r, "%s", err.str);
+        cr_assert_eq(r->type, REDIS_REPLY_STATUS, "%s", r->str);
+        freeReplyObject(r);
+        int n = node_of_addr(idem_cluster_slot_node(cl, slot_of_str(key)));
+        cr_assert_geq(n, 0);
+        if (!seen[n]++)
+            primaries++;
+    }
+    cr_assert_eq(primaries, 3);
+    idem_cluster_destroy(cl);
+    idem_conf_destroy(good);
+}
