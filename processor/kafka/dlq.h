@@ -49,7 +49,8 @@ int idem_dlq_send(idem_dlq_t *d, const rd_kafka_message_t *msg,
  * `topic` (RD_KAFKA_PARTITION_UA: where its key hashes) with headers `h`,
  * which it takes over (also on failure), through the same idempotent
  * producer: a retry topic's copy (retrytopic.h). `report` gets `opaque`
- * back with the result (an error when the topic has no such partition).
+ * back with the result. A partition the producer already knows the topic
+ * lacks is replaced by RD_KAFKA_PARTITION_UA (logged).
  * Returns 0, or -1 when it could not be queued (errstr; no report
  * follows). */
 int idem_dlq_send_to(idem_dlq_t *d, const char *topic, int32_t partition,

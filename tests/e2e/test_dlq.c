@@ -900,3 +900,47 @@ Test(dlq, replay_writes_each_dead_letter_to_its_original_partition,
     th_recs_free(&other);
     th_stack_stop(&stk);
 }
+
+static int copy_reports, copy_errors;
+static void copy_report(void *opaque, rd_kafka_resp_err_t err)
+{
+    (void)opaque;
+    copy_reports++;
+    copy_errors += err != 0;
+}
+
+/* A copy for a partition number its topic is known not to have (the
+ * member's start check could not be made, or the topic was created again
+ * with fewer partitions) goes where its key hashes instead of being
+ * refused for ever, which would hold its partition as an outage. */
+Test(dlq, a_copy_for_a_missing_partition_goes_where_its_key_hashes,
+     .timeout = 60)
+{
+    const char *topics[] = {"short:1", NULL};
+    cr_assert_eq(th_stack_start_topics(&stk, 2, topics, NULL), 0);
+    char err[512];
+    idem_conf_t *conf =
+        idem_conf_load(stk.conf, NULL, NULL, 0, err, sizeof(err));
+    cr_assert(conf, "%s", err);
+    idem_dlq_t *d = idem_dlq_new(conf, copy_report, err, sizeof(err));
+    cr_assert(d, "%s", err);
+    rd_kafka_message_t m = {
+        .key = "k-1", .key_len = 3, .payload = "v", .len = 1};
+    /* The first write teaches the producer the topic's partitions. */
+    cr_assert_eq(idem_dlq_send_to(d, "short", 0, &m, rd_kafka_headers_new(1),
+                                  NULL, err, sizeof(err)),
+                 0, "%s", err);
+    cr_assert_eq(idem_dlq_flush(d, 10000), 0);
+    cr_assert_eq(idem_dlq_send_to(d, "short", 3, &m, rd_kafka_headers_new(1),
+                                  NULL, err, sizeof(err)),
+                 0, "%s", err);
+    cr_assert_eq(idem_dlq_flush(d, 10000), 0);
+    cr_expect_eq(copy_reports, 2);
+    cr_expect_eq(copy_errors, 0);
+    idem_dlq_destroy(d);
+    idem_conf_destroy(conf);
+    th_recs_t t = th_topic_read(stk.broker.bootstrap, "short");
+    cr_expect_eq(t.n, 2);
+    th_recs_free(&t);
+    th_stack_stop(&stk);
+}
