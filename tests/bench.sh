@@ -54,6 +54,8 @@ BIN=${1:-build/idemproc}
 if [[ ${BENCH_ONLY:-} == outbox || "${*:2}" == outbox ]]; then
     exec "$(dirname "$0")/bench_outbox.sh" "$BIN"
 fi
+# BENCH_ONLY=state (or the one row "state"): the dedup state's baseline (tests/bench_state.sh).
+[[ ${BENCH_ONLY:-} != state && "${*:2}" != state ]] || exec "$(dirname "$0")/bench_state.sh" "$BIN"
 SRC=$(cd "$(dirname "$0")/.." && pwd)
 BIN=$(cd "$(dirname "$BIN")" && pwd)/$(basename "$BIN")
 TOOLS=$(dirname "$BIN")/bench

@@ -852,6 +852,8 @@ idem_pipeline_t *idem_pipeline_new(const idem_conf_t *conf, idem_metrics_t *m,
     if (!(p->rk = consumer_new(p, errstr, errstr_size)))
         goto fail;
     p->positions.rk = p->rk;
+    if (idem_retrytopics_check(p->rt, p->rk, 10000, errstr, errstr_size))
+        goto fail;
     if (conf->fetch_stall_ms > 0 &&
         (conf->stats_interval_ms > 0 ||
          idem_kafka_user_set(conf, "statistics.interval.ms"))) {
