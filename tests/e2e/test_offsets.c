@@ -635,3 +635,45 @@ Test(offsets, offset_without_our_metadata_and_no_position_starts_at_kafka,
     cr_expect_eq(th_stop(m, 15000), 0);
     th_stack_stop(&stk);
 }
+
+/* The same loss found later: the member is assigned its partitions while
+ * Redis is down (their positions cannot be read then), and Redis comes back
+ * empty. The first look at the positions finds none where a member
+ * committed: lost, paused, not ready, nothing applied. */
+Test(offsets, partitions_assigned_while_redis_is_down_are_judged_lost_later,
+     .timeout = 300)
+{
+    cr_assert_eq(th_stack_start(&stk, 2, NULL), 0);
+    const char *before[] = {"--count", "300", "--seed", "2125", NULL};
+    cr_assert_eq(th_stack_produce(&stk, before), 0);
+    member_until_read("m1", NULL);
+    const char *flush[] = {"FLUSHALL", NULL};
+    th_redis_ok(&stk.redis, flush);
+    cr_assert_eq(th_redis_kill(&stk.redis), 0);
+    const char *after[] = {"--count", "200", "--seed", "2126", NULL};
+    cr_assert_eq(th_stack_produce(&stk, after), 0);
+    int port = th_free_port();
+    char listen[64];
+    snprintf(listen, sizeof(listen), "http.listen=127.0.0.1:%d", port);
+    const char *sets[] = {listen, NULL};
+    pid_t m = th_stack_member(&stk, "m2", sets);
+    const char *assigned = "partitions assigned";
+    for (int t = 0; t < 300 && !th_stack_log_count(&stk, "m2", assigned); t++)
+        usleep(100000);
+    cr_assert_eq(th_stack_log_count(&stk, "m2", assigned), 1);
+    cr_expect_eq(th_stack_log_count(&stk, "m2", lost_said), 0);
+    cr_assert_eq(th_redis_restart(&stk.redis), 0);
+    for (int t = 0; t < 300 && th_stack_log_count(&stk, "m2", lost_said) < 2;
+         t++)
+        usleep(100000);
+    cr_expect_eq(th_stack_log_count(&stk, "m2", lost_said), 2);
+    char *body = NULL;
+    cr_expect_eq(th_http_get(port, "/readyz", &body), 503);
+    cr_expect(body && strstr(body, "redis lost its state of payments ["), "%s",
+              body ? body : "");
+    free(body);
+    sleep(3);
+    cr_expect_eq(th_stack_applied(&stk), 0);
+    cr_expect_eq(th_stop(m, 15000), 0);
+    th_stack_stop(&stk);
+}
