@@ -5,6 +5,7 @@
 #include "conf/conf.h"
 #include "dev/expect.h"
 #include "dev/gen.h"
+#include "dev/inputfile.h"
 #include "dev/inputline.h"
 #include "base/log.h"
 #include "base/outcome.h"
@@ -624,27 +625,28 @@ static int split_key(const produce_args_t *a, const char *line, size_t len,
     return 1;
 }
 
-/* Sends every non-empty line of fp (borrowed); each value sent is also
- * judged by `expect` (may be NULL). Returns 0, or -1 with errstr after a
- * read error. */
-static int produce_input(produce_args_t *a, FILE *fp, idem_producer_t *p,
-                         idem_expect_t *expect, progress_t *pg, counts_t *cnt,
-                         char *errstr, size_t errstr_size)
+/* Sends every non-empty line of in (borrowed; a mapped file's values are
+ * read in place by librdkafka, so in must stay open until the producer is
+ * flushed); each value sent is also judged by `expect` (may be NULL).
+ * Returns 0, or -1 with errstr after a read error. */
+static int produce_input(produce_args_t *a, idem_inputfile_t *in,
+                         idem_producer_t *p, idem_expect_t *expect,
+                         progress_t *pg, counts_t *cnt, char *errstr,
+                         size_t errstr_size)
 {
     bucket_t bucket;
     bucket_init(&bucket, a->rate);
-    char *line = NULL, *edited = NULL;
-    size_t cap = 0, edited_cap = 0;
-    ssize_t len;
+    char *edited = NULL;
+    size_t edited_cap = 0;
+    const char *line;
+    long len;
     char serr[256];
     idem_inputline_t il;
     idem_inputline_init(&il);
     const char *field = a->key_field ? a->key_field : "order_id";
     int64_t lineno = 0;
-    while (!produce_stop && (len = getline(&line, &cap, fp)) >= 0) {
+    while (!produce_stop && (len = idem_inputfile_next(in, &line)) >= 0) {
         lineno++;
-        while (len > 0 && (line[len - 1] == '\n' || line[len - 1] == '\r'))
-            line[--len] = '\0';
         if (len == 0) {
             cnt->empty++;
             continue;
@@ -699,17 +701,20 @@ static int produce_input(produce_args_t *a, FILE *fp, idem_producer_t *p,
         if (expect)
             idem_expect_add(expect, value, value_len, key, key_len, mid,
                             il.idempotency_key);
-        idem_producer_send(p, key, key_len, value, value_len, mid,
-                           il.idempotency_key, serr, sizeof(serr));
+        if (value != edited && idem_inputfile_kept(in))
+            idem_producer_send_kept(p, key, key_len, value, value_len, mid,
+                                    il.idempotency_key, serr, sizeof(serr));
+        else
+            idem_producer_send(p, key, key_len, value, value_len, mid,
+                               il.idempotency_key, serr, sizeof(serr));
         idem_producer_poll(p, 0);
         progress_show(pg, cnt->sent, 0, 0);
     }
-    int failed = ferror(fp);
+    int failed = !idem_inputfile_kept(in) && ferror(in->fp);
     if (failed)
         snprintf(errstr, errstr_size, "--input %s: read error: %m",
                  a->input_path);
     idem_inputline_term(&il);
-    free(line);
     free(edited);
     return failed ? -1 : 0;
 }
@@ -904,12 +909,18 @@ int idem_cmd_produce(int argc, char **argv, char **envp)
     counts_t cnt = {0};
     int64_t start_us = idem_now_us();
     int input_failed = 0;
-    if (gen)
+    idem_inputfile_t lines;
+    if (gen) {
         produce_generated(&a, gen, p, &pg, &cnt);
-    else
-        input_failed =
-            produce_input(&a, in, p, expect, &pg, &cnt, errstr, sizeof(errstr));
+    } else {
+        idem_inputfile_open(&lines, in);
+        input_failed = produce_input(&a, &lines, p, expect, &pg, &cnt, errstr,
+                                     sizeof(errstr));
+    }
+    /* Mapped lines are read in place until every message is delivered. */
     idem_producer_flush(p, idem_signals_abort_flag());
+    if (!gen)
+        idem_inputfile_close(&lines);
     progress_show(&pg, cnt.sent, gen ? idem_gen_total(gen) : 0, 1);
     progress_end(&pg);
     double secs = (double)(idem_now_us() - start_us) / 1e6;

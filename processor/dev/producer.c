@@ -192,15 +192,16 @@ int idem_producer_wait_broker(idem_producer_t *p, int timeout_ms, char *errstr,
     return 0;
 }
 
-int idem_producer_send(idem_producer_t *p, const void *key, size_t key_len,
-                       const void *value, size_t value_len,
-                       const char *hdr_message_id,
-                       const char *hdr_idempotency_key, char *errstr,
-                       size_t errstr_size)
+/* Sends with msgflags RD_KAFKA_MSG_F_COPY or 0 (the value read in place). */
+static int producer_send(idem_producer_t *p, int msgflags, const void *key,
+                         size_t key_len, const void *value, size_t value_len,
+                         const char *hdr_message_id,
+                         const char *hdr_idempotency_key, char *errstr,
+                         size_t errstr_size)
 {
     idem_kafka_msg_t m = {
         .rkt = p->rkt,
-        .msgflags = RD_KAFKA_MSG_F_COPY,
+        .msgflags = msgflags,
         .key = key,
         .key_len = key_len,
         .value = (void *)value,
@@ -222,6 +223,27 @@ int idem_producer_send(idem_producer_t *p, const void *key, size_t key_len,
         snprintf(p->stats.first_error, sizeof(p->stats.first_error), "%s",
                  rd_kafka_err2str(err));
     return -1;
+}
+
+int idem_producer_send(idem_producer_t *p, const void *key, size_t key_len,
+                       const void *value, size_t value_len,
+                       const char *hdr_message_id,
+                       const char *hdr_idempotency_key, char *errstr,
+                       size_t errstr_size)
+{
+    return producer_send(p, RD_KAFKA_MSG_F_COPY, key, key_len, value, value_len,
+                         hdr_message_id, hdr_idempotency_key, errstr,
+                         errstr_size);
+}
+
+int idem_producer_send_kept(idem_producer_t *p, const void *key, size_t key_len,
+                            const void *value, size_t value_len,
+                            const char *hdr_message_id,
+                            const char *hdr_idempotency_key, char *errstr,
+                            size_t errstr_size)
+{
+    return producer_send(p, 0, key, key_len, value, value_len, hdr_message_id,
+                         hdr_idempotency_key, errstr, errstr_size);
 }
 
 void idem_producer_ack_latency_on(idem_producer_t *p)
