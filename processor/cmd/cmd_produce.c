@@ -126,7 +126,12 @@ void idem_cmd_produce_usage(FILE *out)
         "                           stable = derived from the line's bytes, "
         "so a re-sent\n"
         "                           file counts as redeliveries (default "
-        "random)\n\n"
+        "random)\n"
+        "  --no-envelope-headers    send key and value only, as kcat -P does: "
+        "no\n"
+        "                           message_id/idempotency_key headers (a "
+        "consumer must\n"
+        "                           read the identity from the value)\n\n"
         "The embedded broker keeps only about 5 MiB per partition: size "
         "partitions\n"
         "for large runs (idemproc broker --topic NAME:P).\n");
@@ -146,6 +151,7 @@ enum {
     OPT_KEY_FIELD,
     OPT_KEY_DELIMITER,
     OPT_ADD_MESSAGE_ID,
+    OPT_NO_ENVELOPE_HEADERS,
     OPT_TIMEOUT,
 };
 
@@ -166,6 +172,7 @@ typedef struct {
     const char *key_delim;  /* key_delim_buf, or NULL */
     size_t key_delim_len;
     int add_message_id; /* MID_* */
+    int no_headers;     /* --no-envelope-headers */
     const char *config_path;
     int64_t timeout_s;
     int timeout_set;
@@ -259,6 +266,7 @@ static int args_parse(int argc, char **argv, produce_args_t *a)
         {"key-field", required_argument, 0, OPT_KEY_FIELD},
         {"key-delimiter", required_argument, 0, OPT_KEY_DELIMITER},
         {"add-message-id", optional_argument, 0, OPT_ADD_MESSAGE_ID},
+        {"no-envelope-headers", no_argument, 0, OPT_NO_ENVELOPE_HEADERS},
         {"config", required_argument, 0, 'c'},
         {"timeout", required_argument, 0, OPT_TIMEOUT},
         {0, 0, 0, 0}};
@@ -394,6 +402,9 @@ static int args_parse(int argc, char **argv, produce_args_t *a)
                 return -1;
             }
             break;
+        case OPT_NO_ENVELOPE_HEADERS:
+            a->no_headers = 1;
+            break;
         case ':':
             fprintf(stderr, "idemproc produce: missing value for %s\n", flag);
             return -1;
@@ -418,11 +429,13 @@ static int args_parse(int argc, char **argv, produce_args_t *a)
                 a->gen_flag);
         return -1;
     }
-    if (!a->input_path && (a->key_field || a->add_message_id || a->key_delim)) {
+    if (!a->input_path &&
+        (a->key_field || a->add_message_id || a->key_delim || a->no_headers)) {
         fprintf(stderr, "idemproc produce: %s: only with --input\n",
-                a->key_field   ? "--key-field"
-                : a->key_delim ? "--key-delimiter"
-                               : "--add-message-id");
+                a->key_field        ? "--key-field"
+                : a->key_delim      ? "--key-delimiter"
+                : a->add_message_id ? "--add-message-id"
+                                    : "--no-envelope-headers");
         return -1;
     }
     return 0;
@@ -698,15 +711,18 @@ static int produce_input(produce_args_t *a, idem_inputfile_t *in,
         }
         bucket_take(&bucket, p);
         counts_send(cnt, a->rate);
+        /* The envelope's headers, unless the user asked for none. */
+        const char *hmid = a->no_headers ? NULL : mid;
+        const char *hikey = a->no_headers ? NULL : il.idempotency_key;
         if (expect)
-            idem_expect_add(expect, value, value_len, key, key_len, mid,
-                            il.idempotency_key);
+            idem_expect_add(expect, value, value_len, key, key_len, hmid,
+                            hikey);
         if (value != edited && idem_inputfile_kept(in))
-            idem_producer_send_kept(p, key, key_len, value, value_len, mid,
-                                    il.idempotency_key, serr, sizeof(serr));
+            idem_producer_send_kept(p, key, key_len, value, value_len, hmid,
+                                    hikey, serr, sizeof(serr));
         else
-            idem_producer_send(p, key, key_len, value, value_len, mid,
-                               il.idempotency_key, serr, sizeof(serr));
+            idem_producer_send(p, key, key_len, value, value_len, hmid, hikey,
+                               serr, sizeof(serr));
         idem_producer_poll(p, 0);
         progress_show(pg, cnt->sent, 0, 0);
     }
