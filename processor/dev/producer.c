@@ -8,6 +8,7 @@
 #include "base/util.h"
 
 #include <ctype.h>
+#include <malloc.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -108,6 +109,18 @@ idem_producer_t *idem_producer_new(const char *bootstrap, const char *topic,
                                    size_t max_value_bytes, FILE *dump,
                                    char *errstr, size_t errstr_size)
 {
+    /* No fastbins in this process: each message's header memory (the
+     * rd_kafka_headers_t, its list and the two headers, all under 128 bytes)
+     * then comes from chunks that free() has merged with their neighbours,
+     * next to the message librdkafka allocates for it, instead of from
+     * fastbin chunks freed by an earlier delivery report, scattered and out
+     * of cache when librdkafka's broker thread reads them to write the
+     * batch. Measured: 2.9-3.3 -> 1.7-2.1 µs of CPU a record with the two
+     * envelope headers (docs/design.md, the producing path). Nothing else
+     * in `produce` depends on fastbins. */
+#ifdef M_MXFAST
+    mallopt(M_MXFAST, 0);
+#endif
     idem_producer_t *p = idem_xcalloc(1, sizeof(*p));
     rd_kafka_conf_t *conf = rd_kafka_conf_new();
     int max_bytes_set = 0;
