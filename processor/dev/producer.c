@@ -115,7 +115,7 @@ idem_producer_t *idem_producer_new(const char *bootstrap, const char *topic,
      * next to the message librdkafka allocates for it, instead of from
      * fastbin chunks freed by an earlier delivery report, scattered and out
      * of cache when librdkafka's broker thread reads them to write the
-     * batch. Measured: 2.9-3.3 -> 1.7-2.1 µs of CPU a record with the two
+     * batch. Measured: 2.0-3.3 -> 2.0-2.2 µs of CPU a record with the two
      * envelope headers (docs/design.md, the producing path). Nothing else
      * in `produce` depends on fastbins. */
 #ifdef M_MXFAST
