@@ -23,7 +23,8 @@
 #              arrives); BENCH_LATENCY_PRODUCE_ARGS adds produce options
 #   produce    `idemproc produce` against `kcat -P` for BENCH_PRODUCE_COUNT
 #              (1,000,000) records, the same keys and values, and against
-#              `kcat -P -H` carrying two headers as produce does
+#              `kcat -P -H` carrying two headers as produce does; `produce
+#              --input --no-envelope-headers` sends what kcat -P sends
 #   webhook    one member, handler=webhook, a service answering in 5 ms
 #   outbox     the outbox relay's rows (tests/bench_outbox.sh)
 #   script     not by default: handler=script against the ledger on their own
@@ -133,7 +134,7 @@ for ((rep = 1; rep <= REPS; rep++)); do
     LATENCY_TOPICS+=(--topic "latency$rep:$PARTITIONS" --topic "latency$rep.dlq:4")
 done
 broker_start --topic "payments:$PARTITIONS" --topic payments.dlq:4 "${LATENCY_TOPICS[@]}" \
-    --topic p1m:128 --topic p1mi:128 --topic p1mk:128 --topic p1mh:128 --topic hooks:16 --topic hooks.dlq:1
+    --topic p1m:128 --topic p1mi:128 --topic p1mk:128 --topic p1mh:128 --topic p1mb:128 --topic hooks:16 --topic hooks.dlq:1
 redis_start
 
 # --- the workload ---------------------------------------------------------
@@ -478,6 +479,12 @@ if want produce; then
             "$BIN" produce -b "$BOOT" -t p1mi --input "$DIR/p1m.lines" --key-delimiter '\t' \
                 2>"$DIR/p1mi-$rep.log" || die "produce --input failed: $(tail -2 "$DIR/p1mi-$rep.log")"
             ;;
+        bare)
+            # The very records kcat -P sends: key and value, no headers.
+            "$BIN" produce -b "$BOOT" -t p1mb --input "$DIR/p1m.lines" --key-delimiter '\t' \
+                --no-envelope-headers 2>"$DIR/p1mb-$rep.log" ||
+                die "produce --input --no-envelope-headers failed: $(tail -2 "$DIR/p1mb-$rep.log")"
+            ;;
         kcat)
             kcat -P -b "$BOOT" -t p1mk -K '\t' -X enable.idempotence=true -X acks=all \
                 -l "$DIR/p1m.lines" 2>"$DIR/kcatp-$rep.log" || die "kcat -P failed"
@@ -499,7 +506,7 @@ if want produce; then
     }
     # per_rec MS_OR_US FACTOR: µs per produced record.
     per_rec() { awk -v v="$1" -v f="$2" -v n="$PRODUCE_COUNT" 'BEGIN { printf "%.2f", v * f / n }'; }
-    ORDERS=("gen input kcat kcath" "kcath kcat input gen" "input kcath gen kcat")
+    ORDERS=("gen input bare kcat kcath" "kcath kcat bare input gen" "input kcath gen kcat bare")
     for ((rep = 1; rep <= REPS; rep++)); do
         declare -A RATE=() CPU=() BCPU=()
         for what in ${ORDERS[(rep - 1) % 3]}; do
@@ -520,8 +527,10 @@ if want produce; then
             kcath_rate="${RATE[kcath]}" kcath_cpu_us="${CPU[kcath]}" \
             kcath_broker_cpu_us="${BCPU[kcath]}" load="$load"
         emit produce_input "$rep" rate="${RATE[input]}" \
-            cpu_us="${CPU[input]}" broker_cpu_us="${BCPU[input]}" load="$load"
-        say "produce run $rep (${ORDERS[(rep - 1) % 3]}; load $load): produce ${RATE[gen]}/s, produce --input ${RATE[input]}/s, kcat -P ${RATE[kcat]}/s, kcat -P -H (two headers) ${RATE[kcath]}/s; CPU us/record producer ${CPU[gen]} / ${CPU[input]} / ${CPU[kcat]} / ${CPU[kcath]}, broker ${BCPU[gen]} / ${BCPU[input]} / ${BCPU[kcat]} / ${BCPU[kcath]}"
+            cpu_us="${CPU[input]}" broker_cpu_us="${BCPU[input]}" \
+            bare_rate="${RATE[bare]}" bare_cpu_us="${CPU[bare]}" \
+            bare_broker_cpu_us="${BCPU[bare]}" load="$load"
+        say "produce run $rep (${ORDERS[(rep - 1) % 3]}; load $load): produce ${RATE[gen]}/s, produce --input ${RATE[input]}/s, --no-envelope-headers ${RATE[bare]}/s, kcat -P ${RATE[kcat]}/s, kcat -P -H (two headers) ${RATE[kcath]}/s; CPU us/record producer ${CPU[gen]} / ${CPU[input]} / ${CPU[bare]} / ${CPU[kcat]} / ${CPU[kcath]}, broker ${BCPU[gen]} / ${BCPU[input]} / ${BCPU[bare]} / ${BCPU[kcat]} / ${BCPU[kcath]}"
     done
     rm -f "$DIR/p1m.lines"
     row_done produce "$T_ROW"
@@ -614,7 +623,8 @@ jq -s --arg commit "$(git -C "$SRC" rev-parse --short HEAD 2>/dev/null || echo u
                 idemproc1_over_kcat: ratio($rows.idemproc1.rate.median; $rows.kcat.rate.median),
                 produce_over_kcat_p: ratio($rows.produce.rate.median; $rows.produce.kcat_rate.median),
                 produce_input_over_kcat_p: ratio($rows.produce_input.rate.median; $rows.produce.kcat_rate.median),
-                produce_input_over_kcat_p_headers: ratio($rows.produce_input.rate.median; $rows.produce.kcath_rate.median)},
+                produce_input_over_kcat_p_headers: ratio($rows.produce_input.rate.median; $rows.produce.kcath_rate.median),
+                produce_input_bare_over_kcat_p: ratio($rows.produce_input.bare_rate.median; $rows.produce.kcat_rate.median)},
        goals: {over_classic: 100, over_redis_alone: 0.8, member_cpu_us: 2.5,
                redis_us: 2.5, bytes_per_mark: 40, rss_mib: 64, p99_ms: 20}}
     ' "$DIR/rows.jsonl" >"$OUT/results.json"
@@ -655,6 +665,7 @@ jq -r '
         .rows as $r |
         (if $r.produce then "kcat -P, the same \(.workload.produce_records) records: \($r.produce.kcat_rate.min) / \($r.produce.kcat_rate.median) / \($r.produce.kcat_rate.max) records/s (produce / kcat -P = \(.ratios.produce_over_kcat_p | x); produce --input / kcat -P = \(.ratios.produce_input_over_kcat_p | x), goal >= 0.8x)",
             "kcat -P -H with the two headers produce sends: \($r.produce.kcath_rate.min) / \($r.produce.kcath_rate.median) / \($r.produce.kcath_rate.max) records/s (produce --input / kcat -P -H = \(.ratios.produce_input_over_kcat_p_headers | x)); CPU us/record producer / broker \($r.produce.kcath_cpu_us.median) / \($r.produce.kcath_broker_cpu_us.median)",
+            "produce --input --no-envelope-headers (the records kcat -P sends): \($r.produce_input.bare_rate.min) / \($r.produce_input.bare_rate.median) / \($r.produce_input.bare_rate.max) records/s (/ kcat -P = \(.ratios.produce_input_bare_over_kcat_p | x)); CPU us/record producer / broker \($r.produce_input.bare_cpu_us.median) / \($r.produce_input.bare_broker_cpu_us.median)",
             "  CPU us/record (median), producer / embedded broker: produce \($r.produce.cpu_us.median) / \($r.produce.broker_cpu_us.median), produce --input \($r.produce_input.cpu_us.median) / \($r.produce_input.broker_cpu_us.median), kcat -P \($r.produce.kcat_cpu_us.median) / \($r.produce.kcat_broker_cpu_us.median)" else empty end),
         (if $r.idemproc1 and $r.classic then "idemproc / classic: 1 member \(.ratios.idemproc1_over_classic | x), 2 members \(.ratios.idemproc2_over_classic | x) (goal >= 100x)" else empty end),
         (if $r.idemproc1 and $r.redis then "idemproc / Redis alone: 1 member \(.ratios.idemproc1_over_redis_alone | x), 2 members \(.ratios.idemproc2_over_redis_alone | x) (goal >= 0.8x)" else empty end),

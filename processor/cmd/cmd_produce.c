@@ -5,6 +5,7 @@
 #include "conf/conf.h"
 #include "dev/expect.h"
 #include "dev/gen.h"
+#include "dev/inputfile.h"
 #include "dev/inputline.h"
 #include "base/log.h"
 #include "base/outcome.h"
@@ -125,7 +126,12 @@ void idem_cmd_produce_usage(FILE *out)
         "                           stable = derived from the line's bytes, "
         "so a re-sent\n"
         "                           file counts as redeliveries (default "
-        "random)\n\n"
+        "random)\n"
+        "  --no-envelope-headers    send key and value only, as kcat -P does: "
+        "no\n"
+        "                           message_id/idempotency_key headers (a "
+        "consumer must\n"
+        "                           read the identity from the value)\n\n"
         "The embedded broker keeps only about 5 MiB per partition: size "
         "partitions\n"
         "for large runs (idemproc broker --topic NAME:P).\n");
@@ -145,6 +151,7 @@ enum {
     OPT_KEY_FIELD,
     OPT_KEY_DELIMITER,
     OPT_ADD_MESSAGE_ID,
+    OPT_NO_ENVELOPE_HEADERS,
     OPT_TIMEOUT,
 };
 
@@ -165,6 +172,7 @@ typedef struct {
     const char *key_delim;  /* key_delim_buf, or NULL */
     size_t key_delim_len;
     int add_message_id; /* MID_* */
+    int no_headers;     /* --no-envelope-headers */
     const char *config_path;
     int64_t timeout_s;
     int timeout_set;
@@ -258,6 +266,7 @@ static int args_parse(int argc, char **argv, produce_args_t *a)
         {"key-field", required_argument, 0, OPT_KEY_FIELD},
         {"key-delimiter", required_argument, 0, OPT_KEY_DELIMITER},
         {"add-message-id", optional_argument, 0, OPT_ADD_MESSAGE_ID},
+        {"no-envelope-headers", no_argument, 0, OPT_NO_ENVELOPE_HEADERS},
         {"config", required_argument, 0, 'c'},
         {"timeout", required_argument, 0, OPT_TIMEOUT},
         {0, 0, 0, 0}};
@@ -393,6 +402,9 @@ static int args_parse(int argc, char **argv, produce_args_t *a)
                 return -1;
             }
             break;
+        case OPT_NO_ENVELOPE_HEADERS:
+            a->no_headers = 1;
+            break;
         case ':':
             fprintf(stderr, "idemproc produce: missing value for %s\n", flag);
             return -1;
@@ -417,11 +429,13 @@ static int args_parse(int argc, char **argv, produce_args_t *a)
                 a->gen_flag);
         return -1;
     }
-    if (!a->input_path && (a->key_field || a->add_message_id || a->key_delim)) {
+    if (!a->input_path &&
+        (a->key_field || a->add_message_id || a->key_delim || a->no_headers)) {
         fprintf(stderr, "idemproc produce: %s: only with --input\n",
-                a->key_field   ? "--key-field"
-                : a->key_delim ? "--key-delimiter"
-                               : "--add-message-id");
+                a->key_field        ? "--key-field"
+                : a->key_delim      ? "--key-delimiter"
+                : a->add_message_id ? "--add-message-id"
+                                    : "--no-envelope-headers");
         return -1;
     }
     return 0;
@@ -624,27 +638,28 @@ static int split_key(const produce_args_t *a, const char *line, size_t len,
     return 1;
 }
 
-/* Sends every non-empty line of fp (borrowed); each value sent is also
- * judged by `expect` (may be NULL). Returns 0, or -1 with errstr after a
- * read error. */
-static int produce_input(produce_args_t *a, FILE *fp, idem_producer_t *p,
-                         idem_expect_t *expect, progress_t *pg, counts_t *cnt,
-                         char *errstr, size_t errstr_size)
+/* Sends every non-empty line of in (borrowed; a mapped file's values are
+ * read in place by librdkafka, so in must stay open until the producer is
+ * flushed); each value sent is also judged by `expect` (may be NULL).
+ * Returns 0, or -1 with errstr after a read error. */
+static int produce_input(produce_args_t *a, idem_inputfile_t *in,
+                         idem_producer_t *p, idem_expect_t *expect,
+                         progress_t *pg, counts_t *cnt, char *errstr,
+                         size_t errstr_size)
 {
     bucket_t bucket;
     bucket_init(&bucket, a->rate);
-    char *line = NULL, *edited = NULL;
-    size_t cap = 0, edited_cap = 0;
-    ssize_t len;
+    char *edited = NULL;
+    size_t edited_cap = 0;
+    const char *line;
+    long len;
     char serr[256];
     idem_inputline_t il;
     idem_inputline_init(&il);
     const char *field = a->key_field ? a->key_field : "order_id";
     int64_t lineno = 0;
-    while (!produce_stop && (len = getline(&line, &cap, fp)) >= 0) {
+    while (!produce_stop && (len = idem_inputfile_next(in, &line)) >= 0) {
         lineno++;
-        while (len > 0 && (line[len - 1] == '\n' || line[len - 1] == '\r'))
-            line[--len] = '\0';
         if (len == 0) {
             cnt->empty++;
             continue;
@@ -696,20 +711,26 @@ static int produce_input(produce_args_t *a, FILE *fp, idem_producer_t *p,
         }
         bucket_take(&bucket, p);
         counts_send(cnt, a->rate);
+        /* The envelope's headers, unless the user asked for none. */
+        const char *hmid = a->no_headers ? NULL : mid;
+        const char *hikey = a->no_headers ? NULL : il.idempotency_key;
         if (expect)
-            idem_expect_add(expect, value, value_len, key, key_len, mid,
-                            il.idempotency_key);
-        idem_producer_send(p, key, key_len, value, value_len, mid,
-                           il.idempotency_key, serr, sizeof(serr));
+            idem_expect_add(expect, value, value_len, key, key_len, hmid,
+                            hikey);
+        if (value != edited && idem_inputfile_kept(in))
+            idem_producer_send_kept(p, key, key_len, value, value_len, hmid,
+                                    hikey, serr, sizeof(serr));
+        else
+            idem_producer_send(p, key, key_len, value, value_len, hmid, hikey,
+                               serr, sizeof(serr));
         idem_producer_poll(p, 0);
         progress_show(pg, cnt->sent, 0, 0);
     }
-    int failed = ferror(fp);
+    int failed = !idem_inputfile_kept(in) && ferror(in->fp);
     if (failed)
         snprintf(errstr, errstr_size, "--input %s: read error: %m",
                  a->input_path);
     idem_inputline_term(&il);
-    free(line);
     free(edited);
     return failed ? -1 : 0;
 }
@@ -904,12 +925,18 @@ int idem_cmd_produce(int argc, char **argv, char **envp)
     counts_t cnt = {0};
     int64_t start_us = idem_now_us();
     int input_failed = 0;
-    if (gen)
+    idem_inputfile_t lines;
+    if (gen) {
         produce_generated(&a, gen, p, &pg, &cnt);
-    else
-        input_failed =
-            produce_input(&a, in, p, expect, &pg, &cnt, errstr, sizeof(errstr));
+    } else {
+        idem_inputfile_open(&lines, in);
+        input_failed = produce_input(&a, &lines, p, expect, &pg, &cnt, errstr,
+                                     sizeof(errstr));
+    }
+    /* Mapped lines are read in place until every message is delivered. */
     idem_producer_flush(p, idem_signals_abort_flag());
+    if (!gen)
+        idem_inputfile_close(&lines);
     progress_show(&pg, cnt.sent, gen ? idem_gen_total(gen) : 0, 1);
     progress_end(&pg);
     double secs = (double)(idem_now_us() - start_us) / 1e6;

@@ -8,6 +8,7 @@
 #include "base/util.h"
 
 #include <ctype.h>
+#include <malloc.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -108,6 +109,18 @@ idem_producer_t *idem_producer_new(const char *bootstrap, const char *topic,
                                    size_t max_value_bytes, FILE *dump,
                                    char *errstr, size_t errstr_size)
 {
+    /* No fastbins in this process: each message's header memory (the
+     * rd_kafka_headers_t, its list and the two headers, all under 128 bytes)
+     * then comes from chunks that free() has merged with their neighbours,
+     * next to the message librdkafka allocates for it, instead of from
+     * fastbin chunks freed by an earlier delivery report, scattered and out
+     * of cache when librdkafka's broker thread reads them to write the
+     * batch. Measured: 2.0-3.3 -> 2.0-2.2 µs of CPU a record with the two
+     * envelope headers (docs/design.md, the producing path). Nothing else
+     * in `produce` depends on fastbins. */
+#ifdef M_MXFAST
+    mallopt(M_MXFAST, 0);
+#endif
     idem_producer_t *p = idem_xcalloc(1, sizeof(*p));
     rd_kafka_conf_t *conf = rd_kafka_conf_new();
     int max_bytes_set = 0;
@@ -192,15 +205,16 @@ int idem_producer_wait_broker(idem_producer_t *p, int timeout_ms, char *errstr,
     return 0;
 }
 
-int idem_producer_send(idem_producer_t *p, const void *key, size_t key_len,
-                       const void *value, size_t value_len,
-                       const char *hdr_message_id,
-                       const char *hdr_idempotency_key, char *errstr,
-                       size_t errstr_size)
+/* Sends with msgflags RD_KAFKA_MSG_F_COPY or 0 (the value read in place). */
+static int producer_send(idem_producer_t *p, int msgflags, const void *key,
+                         size_t key_len, const void *value, size_t value_len,
+                         const char *hdr_message_id,
+                         const char *hdr_idempotency_key, char *errstr,
+                         size_t errstr_size)
 {
     idem_kafka_msg_t m = {
         .rkt = p->rkt,
-        .msgflags = RD_KAFKA_MSG_F_COPY,
+        .msgflags = msgflags,
         .key = key,
         .key_len = key_len,
         .value = (void *)value,
@@ -222,6 +236,27 @@ int idem_producer_send(idem_producer_t *p, const void *key, size_t key_len,
         snprintf(p->stats.first_error, sizeof(p->stats.first_error), "%s",
                  rd_kafka_err2str(err));
     return -1;
+}
+
+int idem_producer_send(idem_producer_t *p, const void *key, size_t key_len,
+                       const void *value, size_t value_len,
+                       const char *hdr_message_id,
+                       const char *hdr_idempotency_key, char *errstr,
+                       size_t errstr_size)
+{
+    return producer_send(p, RD_KAFKA_MSG_F_COPY, key, key_len, value, value_len,
+                         hdr_message_id, hdr_idempotency_key, errstr,
+                         errstr_size);
+}
+
+int idem_producer_send_kept(idem_producer_t *p, const void *key, size_t key_len,
+                            const void *value, size_t value_len,
+                            const char *hdr_message_id,
+                            const char *hdr_idempotency_key, char *errstr,
+                            size_t errstr_size)
+{
+    return producer_send(p, 0, key, key_len, value, value_len, hdr_message_id,
+                         hdr_idempotency_key, errstr, errstr_size);
 }
 
 void idem_producer_ack_latency_on(idem_producer_t *p)

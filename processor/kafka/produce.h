@@ -13,8 +13,9 @@
 typedef struct {
     rd_kafka_topic_t *rkt; /* a topic handle the caller keeps */
     const char *topic;     /* or a topic by name */
-    int msgflags;          /* RD_KAFKA_MSG_F_COPY or RD_KAFKA_MSG_F_FREE */
-    const void *key;       /* NULL = no key */
+    int msgflags;    /* RD_KAFKA_MSG_F_COPY, RD_KAFKA_MSG_F_FREE, or 0: the
+                      * value is read in place until its delivery report */
+    const void *key; /* NULL = no key */
     size_t key_len;
     void *value; /* NULL = no value */
     size_t value_len;

@@ -336,6 +336,79 @@ Test(produce, input_key_delimiter_as_kcat)
     th_broker_stop(&b);
 }
 
+/* A regular file is mapped and its values read in place by librdkafka; a
+ * pipe is read line by line. Both give the very same records (key, the
+ * envelope's headers, value), whatever the line ends; with
+ * --no-envelope-headers the same keys and values without headers. */
+Test(produce, input_file_and_pipe_send_the_same_records)
+{
+    th_broker_t b;
+    cr_assert_eq(th_broker_start(&b, NULL), 0);
+    char *dir = th_tmpdir();
+    char path[512];
+    snprintf(path, sizeof(path), "%s/in.jsonl", dir);
+    cr_assert_eq(
+        th_write_file(path,
+                      "{\"message_id\":\"m-1\",\"idempotency_key\":\"i-1\","
+                      "\"order_id\":\"O-1\"}\r\n"
+                      "\n"
+                      "K-2\t{\"message_id\":\"m-2\",\"order_id\":\"O-2\"}\n"
+                      "not json\r\n"
+                      "{\"idempotency_key\":\"i-4\",\"order_id\":\"O-4\"}"),
+        0);
+    char cmd[4096];
+    snprintf(cmd, sizeof(cmd),
+             "%s produce -b %s -t mapped --input %s --key-delimiter '\\t' && "
+             "cat %s | %s produce -b %s -t piped --input - "
+             "--key-delimiter '\\t' && "
+             "%s produce -b %s -t bare --input %s --key-delimiter '\\t' "
+             "--no-envelope-headers",
+             th_bin(), b.bootstrap, path, path, th_bin(), b.bootstrap, th_bin(),
+             b.bootstrap, path);
+    char *argv[] = {"/bin/sh", "-c", cmd, NULL};
+    char *err = NULL;
+    int rc = th_run(argv, NULL, &err, 60000);
+    cr_assert_eq(rc, 0, "%s", err);
+    cr_expect_eq(count_lines(err), 3, "%s", err);
+    char *bare = kcat_read(b.bootstrap, "bare");
+    size_t nb;
+    char **lb = lines_sorted(bare, &nb);
+    cr_assert_eq(nb, 4, "%s", bare);
+    cr_expect_str_eq(lb[0], "\t\tnot json");
+    cr_expect_str_eq(lb[1], "K-2\t\t{\"message_id\":\"m-2\",\"order_id\":"
+                            "\"O-2\"}");
+    cr_expect_str_eq(lb[2], "O-1\t\t{\"message_id\":\"m-1\",\"idempotency_"
+                            "key\":\"i-1\",\"order_id\":\"O-1\"}");
+    cr_expect_str_eq(lb[3], "O-4\t\t{\"idempotency_key\":\"i-4\",\"order_"
+                            "id\":\"O-4\"}");
+    free(lb);
+    free(bare);
+    char *mapped = kcat_read(b.bootstrap, "mapped");
+    char *piped = kcat_read(b.bootstrap, "piped");
+    size_t nm, np;
+    char **lm = lines_sorted(mapped, &nm), **lp = lines_sorted(piped, &np);
+    cr_assert_eq(nm, 4, "%s", mapped);
+    cr_assert_eq(np, 4);
+    for (size_t i = 0; i < 4; i++)
+        cr_expect_str_eq(lm[i], lp[i]);
+    cr_expect_str_eq(lm[1], "K-2\tmessage_id=m-2\t{\"message_id\":\"m-2\","
+                            "\"order_id\":\"O-2\"}");
+    cr_expect_str_eq(lm[2], "O-1\tmessage_id=m-1,idempotency_key=i-1\t"
+                            "{\"message_id\":\"m-1\",\"idempotency_key\":"
+                            "\"i-1\",\"order_id\":\"O-1\"}");
+    cr_expect_str_eq(lm[3], "O-4\tidempotency_key=i-4\t{\"idempotency_key\":"
+                            "\"i-4\",\"order_id\":\"O-4\"}");
+    cr_expect_str_eq(lm[0], "\t\tnot json");
+    free(lm);
+    free(lp);
+    free(mapped);
+    free(piped);
+    free(err);
+    th_rmrf(dir);
+    free(dir);
+    th_broker_stop(&b);
+}
+
 Test(produce, bad_flags_exit_2_with_one_line)
 {
     const char *cases[][5] = {
@@ -356,6 +429,7 @@ Test(produce, bad_flags_exit_2_with_one_line)
         {"--timeout", "0", NULL, NULL, "--timeout"},
         {"--input", "-", "--poison", "0.1", "--poison"},
         {"--key-field", "id", NULL, NULL, "--key-field"},
+        {"--no-envelope-headers", NULL, NULL, NULL, "--no-envelope-headers"},
         {"--count", NULL, NULL, NULL, "--count"},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
