@@ -14,6 +14,7 @@
 #include "kafka/dlq.h"
 #include "kafka/retrytopic.h"
 #include "loop/apply.h"
+#include "loop/due.h"
 #include "loop/offsets.h"
 #include "loop/positions.h"
 #include "loop/progress.h"
@@ -62,10 +63,14 @@ typedef struct {
     int retry_waiting;          /* a record may wait for its retry time:
                                    idem_effects_next_retry walks */
     idem_rejectguard_t rejects; /* handler.max.consecutive.rejects */
-    rec_t **rs;                 /* scratch: records handed to a handler */
-    idem_record_t **views;      /* scratch: their views */
-    idem_result_t *hres;        /* scratch: what the handler said */
-    idem_part_t **parts;        /* scratch: the records' partitions */
+    idem_due_t due;             /* what may start now, by `ordering` (set
+                                   up at the first feed, from the handler) */
+    int due_ready;
+    int64_t census_us;     /* when the ordering gauges were last taken */
+    rec_t **rs;            /* scratch: records handed to a handler */
+    idem_record_t **views; /* scratch: their views */
+    idem_result_t *hres;   /* scratch: what the handler said */
+    idem_part_t **parts;   /* scratch: the records' partitions */
     size_t scratch_cap;
 } idem_effects_t;
 

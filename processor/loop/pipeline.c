@@ -1055,8 +1055,16 @@ int idem_pipeline_run(idem_pipeline_t *p, volatile int *stop, char *errstr,
         p->fx.wall_offset_us = idem_wall_us() - idem_now_us();
         idem_metrics_heartbeat(p->m);
         if (p->flow.down || p->paused) {
-            /* Waiting: keep the membership alive, retry when due. */
-            rd_kafka_message_t *msg = rd_kafka_consumer_poll(p->rk, 50);
+            /* Waiting: keep the membership alive, retry when due. Paused
+             * with full hands while an external effect runs, wait for its
+             * results instead (collect), not 50 ms for Kafka per turn:
+             * that was ~40 ms per record at one request in flight. */
+            int wait_ms = 50;
+            if (!p->flow.down && p->fx.inflight && !idem_loop_store_busy(p)) {
+                wait_ms = 0;
+                p->collect_wait_ms = EXTERNAL_WAIT_MS;
+            }
+            rd_kafka_message_t *msg = rd_kafka_consumer_poll(p->rk, wait_ms);
             p->fx.clock_us = idem_now_us();
             if (msg)
                 batch_add(p, msg);
@@ -1078,7 +1086,9 @@ int idem_pipeline_run(idem_pipeline_t *p, volatile int *stop, char *errstr,
         } else {
             /* Fill the next batch while Redis runs the previous one; with
              * full hands wait a moment for acknowledgements instead. */
-            if (batch_full(p))
+            if (batch_full(p) && p->fx.inflight && !idem_loop_store_busy(p))
+                p->collect_wait_ms = EXTERNAL_WAIT_MS; /* its results */
+            else if (batch_full(p))
                 idem_dlq_wait(p->dlq, 5);
             else
                 batch_fill(p, stop);

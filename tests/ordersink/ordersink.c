@@ -1,7 +1,9 @@
 /* ordersink: an HTTP service for the ordering tests and the ordering bench
  * that judges the order in which a webhook member's requests arrive, per
  * Kafka key (X-Kafka-Key; a record without one counts under its partition,
- * X-Kafka-Partition). It answers each POST after a delay drawn uniformly
+ * X-Kafka-Partition; with --by-partition every request counts under its
+ * partition: one at a time per partition is then the order judged). It
+ * answers each POST after a delay drawn uniformly
  * from [--delay-min-ms, --delay-max-ms] (microsecond steps), with 503 for
  * --fail-percent of the requests (seeded), else 200, and counts:
  *
@@ -49,6 +51,7 @@ typedef struct {
 typedef struct {
     int delay_min_us, delay_max_us;
     int fail_percent;
+    int by_partition;     /* group requests by partition, not by key */
     pthread_mutex_t lock; /* guards everything below */
     uint64_t rng;
     table_t keys, ids;
@@ -153,13 +156,14 @@ static enum MHD_Result answer(struct MHD_Connection *conn, unsigned status,
 }
 
 /* The request's key: "k:<X-Kafka-Key>", or "p:<partition>" without one. */
-static void key_of(struct MHD_Connection *conn, char *out, size_t cap)
+static void key_of(const sink_t *s, struct MHD_Connection *conn, char *out,
+                   size_t cap)
 {
     const char *k =
         MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "X-Kafka-Key");
     const char *p =
         MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "X-Kafka-Partition");
-    if (k)
+    if (k && !s->by_partition)
         snprintf(out, cap, "k:%s", k);
     else
         snprintf(out, cap, "p:%s", p ? p : "?");
@@ -168,7 +172,7 @@ static void key_of(struct MHD_Connection *conn, char *out, size_t cap)
 static enum MHD_Result on_post(sink_t *s, struct MHD_Connection *conn)
 {
     char key[512];
-    key_of(conn, key, sizeof(key));
+    key_of(s, conn, key, sizeof(key));
     const char *id =
         MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Idempotency-Key");
     const char *off_s =
@@ -268,7 +272,7 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
 static int usage(void)
 {
     fprintf(stderr, "usage: ordersink [--delay-min-ms N] [--delay-max-ms N] "
-                    "[--fail-percent P] [--seed S]\n");
+                    "[--fail-percent P] [--seed S] [--by-partition]\n");
     return 2;
 }
 
@@ -276,6 +280,10 @@ int main(int argc, char **argv)
 {
     static sink_t s = {.delay_max_us = 5000, .rng = 88172645463325252ULL};
     for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--by-partition")) {
+            s.by_partition = 1;
+            continue;
+        }
         if (i + 1 >= argc)
             return usage();
         double v = atof(argv[i + 1]);
