@@ -419,3 +419,21 @@ Test(apply, store_handler_gets_everything_and_the_positions)
     idem_apply_stop(&a);
     cr_expect(fh.stopped);
 }
+
+/* ordering= holds back only what the handler does not order itself: a
+ * store handler's one request applies its records in poll order, and a
+ * handler that keeps order (forward: one producer) gets them as due. */
+Test(apply, ordering_by_key_for_external_effects_only)
+{
+    start(&external_ops);
+    cr_expect_eq(idem_apply_ordering(&a), IDEM_ORDERING_KEY, "the default");
+    idem_apply_stop(&a);
+    start(&store_ops);
+    cr_expect_eq(idem_apply_ordering(&a), IDEM_ORDERING_NONE);
+    idem_apply_stop(&a);
+    static idem_handler_ops_t keeps; /* outlives the test: teardown stops it */
+    keeps = external_ops;
+    keeps.keeps_order = 1;
+    start(&keeps);
+    cr_expect_eq(idem_apply_ordering(&a), IDEM_ORDERING_NONE);
+}
