@@ -56,6 +56,8 @@ if [[ ${BENCH_ONLY:-} == outbox || "${*:2}" == outbox ]]; then
 fi
 # BENCH_ONLY=ordering (or the one row "ordering"): tests/bench_ordering.sh alone.
 [[ ${BENCH_ONLY:-} == ordering || "${*:2}" == ordering ]] && exec "$(dirname "$0")/bench_ordering.sh" "$BIN"
+# BENCH_ONLY=state (or the one row "state"): the dedup state's baseline (tests/bench_state.sh).
+[[ ${BENCH_ONLY:-} != state && "${*:2}" != state ]] || exec "$(dirname "$0")/bench_state.sh" "$BIN"
 SRC=$(cd "$(dirname "$0")/.." && pwd)
 BIN=$(cd "$(dirname "$BIN")" && pwd)/$(basename "$BIN")
 TOOLS=$(dirname "$BIN")/bench

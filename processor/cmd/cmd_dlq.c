@@ -43,8 +43,10 @@ void idem_cmd_dlq_usage(FILE *out)
         "the value\n"
         "           is cut to --max-bytes (default 1024) unless --value\n"
         "  replay   re-publishes the selected dead letters to their "
-        "original topic (or\n"
-        "           --to) with the idempotent producer: same key, value and "
+        "original topic and\n"
+        "           partition (or --to: the same partition number where it "
+        "has it, else\n"
+        "           by key) with the idempotent producer: same key, value and "
         "headers minus\n"
         "           dlq.*, plus dlq.replayed.from and dlq.replay.count; the "
         "message id is\n"
@@ -428,11 +430,19 @@ typedef struct {
     int64_t committed;  /* last committed position; -1 none */
 } cursor_t;
 
+/* A target topic's partition count, asked once per run. */
+typedef struct {
+    char *topic;
+    int count; /* 0: the topic does not exist */
+} target_t;
+
 typedef struct {
     const idem_conf_t *conf;
     const dlq_opts_t *o;
     idem_dlqread_t *rd;
-    rd_kafka_t *rk; /* NULL on a dry run */
+    rd_kafka_t *rk; /* also on a dry run (asks partition counts, sends none) */
+    target_t *targets;
+    size_t target_cnt;
     slot_t **slots; /* in flight since the last wait */
     size_t slot_cnt;
     cursor_t *cur;
@@ -536,6 +546,58 @@ static void pace(replay_t *rp)
     }
 }
 
+/* The partition count of `topic` (0: it does not exist), asked of the
+ * brokers the first time only; -1 with errstr when none answered. */
+static int target_partitions(replay_t *rp, const char *topic, char *errstr,
+                             size_t errstr_size)
+{
+    for (size_t i = 0; i < rp->target_cnt; i++)
+        if (!strcmp(rp->targets[i].topic, topic))
+            return rp->targets[i].count;
+    int n =
+        idem_kafka_partition_count(rp->rk, topic, 30000, errstr, errstr_size);
+    if (n < 0)
+        return -1;
+    rp->targets =
+        idem_xrealloc(rp->targets, (rp->target_cnt + 1) * sizeof(*rp->targets));
+    rp->targets[rp->target_cnt++] = (target_t){idem_xstrdup(topic), n};
+    return n;
+}
+
+/* Where the replay of r goes in `target`: back to the partition number it
+ * came from (dlq.original.partition), so it stays in line with its key's
+ * other records whatever partitioner wrote them, and its dedup state is
+ * the partition's it was first read from. Where its key hashes
+ * (RD_KAFKA_PARTITION_UA) when it names no partition, and with --to when
+ * the target has no partition of that number. Returns the partition, or
+ * -2 with why: the original topic has no such partition (deleted and
+ * created again with fewer) or is gone, or no broker answered. */
+static int32_t replay_partition(replay_t *rp, const idem_dlqrec_t *r,
+                                const char *target, char *why, size_t why_size)
+{
+    if (r->orig_partition < 0)
+        return RD_KAFKA_PARTITION_UA;
+    int n = target_partitions(rp, target, why, why_size);
+    if (n < 0)
+        return -2;
+    if (r->orig_partition < n)
+        return r->orig_partition;
+    if (rp->o->to)
+        return RD_KAFKA_PARTITION_UA;
+    if (!n)
+        snprintf(why, why_size,
+                 "original topic %s does not exist (replay with --to TOPIC)",
+                 target);
+    else
+        snprintf(why, why_size,
+                 "dlq.original.partition %" PRId32
+                 " is not a partition of %s, which has %d (was the topic "
+                 "created again?): replay with --to TOPIC to send it where "
+                 "its key hashes",
+                 r->orig_partition, target, n);
+    return -2;
+}
+
 static int replay_cb(const idem_dlqrec_t *r, size_t pi, void *opaque)
 {
     replay_t *rp = opaque;
@@ -552,10 +614,17 @@ static int replay_cb(const idem_dlqrec_t *r, size_t pi, void *opaque)
         progress(rp, 0);
         return 0;
     }
-    /* Back to the partition it came from, so it stays in line with its
-     * key's other records (whatever partitioner wrote them). */
-    int32_t part = !o->to && r->orig_partition >= 0 ? r->orig_partition
-                                                    : RD_KAFKA_PARTITION_UA;
+    int32_t part = replay_partition(rp, r, target, why, sizeof(why));
+    if (part == -2) {
+        rp->failed++;
+        fprintf(stderr, "failed %s/%" PRId32 "/%" PRId64 ": %s\n", r->dlq_topic,
+                r->partition, r->offset, why);
+        handled(rp, pi, r->offset);
+        if (r->offset < rp->cur[pi].first_fail)
+            rp->cur[pi].first_fail = r->offset;
+        progress(rp, 0);
+        return 0;
+    }
     if (o->dry_run) {
         printf("would replay %s/%" PRId32 "/%" PRId64 " (%s) to %s",
                r->dlq_topic, r->partition, r->offset,
@@ -619,20 +688,20 @@ static int run_replay(const idem_conf_t *conf, const dlq_opts_t *o,
     rp.cur = idem_xcalloc(n + 1, sizeof(*rp.cur));
     for (size_t i = 0; i < n; i++)
         rp.cur[i] = (cursor_t){parts[i].start, INT64_MAX, parts[i].start};
-    if (!o->dry_run) {
-        rd_kafka_conf_t *kc =
-            idem_kafka_writer_conf(conf, 1000000000, errstr, sizeof(errstr));
-        if (kc) {
-            rd_kafka_conf_set_opaque(kc, &rp);
-            rd_kafka_conf_set_dr_msg_cb(kc, replay_dr_cb);
-            rp.rk = idem_kafka_new(RD_KAFKA_PRODUCER, kc, "replay producer",
-                                   errstr, sizeof(errstr));
-        }
-        if (!rp.rk) {
-            fprintf(stderr, "idemproc %s: %s\n", o->name, errstr);
-            free(rp.cur);
-            return IDEM_EXIT_FAIL;
-        }
+    /* A dry run needs it too: where each replay would go depends on the
+     * target's partition count. */
+    rd_kafka_conf_t *kc =
+        idem_kafka_writer_conf(conf, 1000000000, errstr, sizeof(errstr));
+    if (kc) {
+        rd_kafka_conf_set_opaque(kc, &rp);
+        rd_kafka_conf_set_dr_msg_cb(kc, replay_dr_cb);
+        rp.rk = idem_kafka_new(RD_KAFKA_PRODUCER, kc, "replay producer", errstr,
+                               sizeof(errstr));
+    }
+    if (!rp.rk) {
+        fprintf(stderr, "idemproc %s: %s\n", o->name, errstr);
+        free(rp.cur);
+        return IDEM_EXIT_FAIL;
     }
     int rc = scan(conf, o, rd, &rp.read_cnt, replay_cb, replay_skip, &rp,
                   errstr, sizeof(errstr));
@@ -651,8 +720,10 @@ static int run_replay(const idem_conf_t *conf, const dlq_opts_t *o,
            rp.read_cnt, rp.matched, o->dry_run ? "would send" : "sent", rp.sent,
            rp.acked, rp.refused, rp.failed);
     fflush(stdout);
-    if (rp.rk)
-        rd_kafka_destroy(rp.rk);
+    rd_kafka_destroy(rp.rk);
+    for (size_t i = 0; i < rp.target_cnt; i++)
+        free(rp.targets[i].topic);
+    free(rp.targets);
     free(rp.slots);
     free(rp.cur);
     return rc < 0 || rp.failed || rp.commit_failed ? IDEM_EXIT_FAIL

@@ -43,9 +43,11 @@ void idem_cmd_offsets_usage(FILE *out)
         "Redis's\n"
         "         position and whether a member would use it (use, cluster, "
         "record,\n"
-        "         past-end: posval), where a member starts, the watermarks "
-        "and the lag;\n"
-        "         a total line. --json: one JSON object.\n"
+        "         past-end: posval; lost: none while Kafka holds a member's "
+        "offset,\n"
+        "         kept paused until a reset), where a member starts, the "
+        "watermarks and\n"
+        "         the lag; a total line. --json: one JSON object.\n"
         "  reset  prints the plan (each partition's start, its new offset, "
         "the records\n"
         "         skipped or read again); with --execute, refuses while the "
@@ -414,14 +416,19 @@ static int load(offsets_t *x, char *errstr, size_t errstr_size)
                 : IDEM_POSVAL_USE;
         pt->start = idem_offreset_start(
             pt->pos.offset, pt->verdict == IDEM_POSVAL_USE, pt->kafka,
+            idem_offreset_committed_by(pt->kafka_meta, strlen(pt->kafka_meta)),
             x->earliest, pt->low, pt->high, &pt->from);
     }
     free(items);
     return rc;
 }
 
+/* The verdict on Redis's position: "lost" when Redis holds none while
+ * Kafka holds a member's offset (a member keeps the partition paused). */
 static const char *verdict_text(const part_t *pt)
 {
+    if (pt->from == IDEM_OFFRESET_FROM_NOWHERE)
+        return "lost";
     return pt->pos.offset < 0 ? "none" : idem_posval_verdict2str(pt->verdict);
 }
 
@@ -505,6 +512,16 @@ static void show_text(const offsets_t *x, FILE *out)
                 pt->high - pt->start);
     }
     fprintf(out, "total: %zu partitions, lag %" PRId64 "\n", x->n, lag);
+    for (size_t i = 0; i < x->n; i++)
+        if (x->parts[i].from == IDEM_OFFRESET_FROM_NOWHERE)
+            fprintf(out,
+                    "%s [%" PRId32 "]: redis holds no position while kafka "
+                    "holds a member's offset: redis lost its state of the "
+                    "partition (how far back is unknown); members keep it "
+                    "paused until idemproc offsets reset --topic %s:%" PRId32
+                    " --to-... --execute\n",
+                    x->parts[i].topic, x->parts[i].partition, x->parts[i].topic,
+                    x->parts[i].partition);
 }
 
 /* ---- reset ---- */

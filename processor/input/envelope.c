@@ -5,6 +5,7 @@
 #include "input/envscan.h"
 #include "base/util.h"
 
+#include <errno.h>
 #include <inttypes.h>
 #include <jansson.h>
 #include <stdatomic.h>
@@ -889,34 +890,91 @@ typedef struct {
     json_t *root;
     const void *value;
     size_t len;
-    json_t *exact; /* the second reading, made on first use */
+    json_t *exact;    /* the second reading, made on first use */
+    int exact_failed; /* jansson refused the second reading */
 } doc_t;
+
+/* The literal of the number at JSON Pointer `ptr` in the raw value, found
+ * by the fast scan (its tokens decoded into one step each), into lit
+ * (NUL-terminated). Returns 0, or -1 when the scan cannot tell (see
+ * envscan.h: an array on the way, \u escapes, exponents, ...) or the value
+ * there is not a number. */
+static int number_literal(const void *value, size_t len, const char *ptr,
+                          char *lit, size_t lit_size)
+{
+    idem_envscan_step_t steps[IDEM_ENVSCAN_STEPS_MAX];
+    size_t n = 0, plen = strlen(ptr);
+    char *names = idem_xmalloc(plen + 1), *w = names;
+    const char *p = ptr;
+    int rc = -1;
+    while (*p == '/') {
+        p++;
+        char *start = w;
+        while (*p && *p != '/') {
+            if (*p == '~' && p[1]) {
+                *w++ = p[1] == '1' ? '/' : '~';
+                p += 2;
+            } else {
+                *w++ = *p++;
+            }
+        }
+        if (n == IDEM_ENVSCAN_STEPS_MAX)
+            goto out;
+        steps[n] =
+            (idem_envscan_step_t){start, (size_t)(w - start), (int)n - 1};
+        n++;
+    }
+    idem_envscan_field_t f[IDEM_ENVSCAN_STEPS_MAX];
+    if (!n || idem_envscan(value, len, steps, n, f) ||
+        f[n - 1].kind != IDEM_ENVSCAN_NUMBER || f[n - 1].text_len >= lit_size)
+        goto out;
+    memcpy(lit, f[n - 1].text, f[n - 1].text_len);
+    lit[f[n - 1].text_len] = '\0';
+    rc = 0;
+out:
+    free(names);
+    return rc;
+}
 
 /* A number at `ptr` as its decimal text when it is a JSON integer within
  * 64 bits (12345, -7; not 1.0, 1e3): a numeric identity such as
  * Debezium's is the same identity as its digits in a string. Returns 1
- * found, -1 otherwise (errstr). */
+ * found, -1 otherwise (errstr). The tree reads every number as a real, so
+ * the value is read again with integers kept; jansson refuses that reading
+ * when any other integer of the value is beyond 64 bits, and then the
+ * literal itself is read, as jansson would read it (strtoll). */
 static int integer_text(doc_t *doc, const src_t *src, char *out,
                         size_t out_size, size_t *out_len, char *errstr,
                         size_t errstr_size)
 {
-    if (!doc->exact) {
+    if (!doc->exact && !doc->exact_failed) {
         json_error_t jerr;
         doc->exact =
             json_loadb(doc->value, doc->len,
                        JSON_DECODE_ANY | JSON_REJECT_DUPLICATES, &jerr);
+        doc->exact_failed = !doc->exact;
     }
-    json_t *v = doc->exact ? pointer_get(doc->exact, src->arg) : NULL;
-    if (!json_is_integer(v)) {
-        snprintf(errstr, errstr_size,
-                 "%s: must be a string or an integer (within 64 bits)",
-                 src->name);
-        return -1;
+    long long i;
+    if (doc->exact) {
+        json_t *v = pointer_get(doc->exact, src->arg);
+        if (!json_is_integer(v))
+            goto invalid;
+        i = (long long)json_integer_value(v);
+    } else {
+        char lit[32], *end;
+        if (number_literal(doc->value, doc->len, src->arg, lit, sizeof(lit)))
+            goto invalid;
+        errno = 0;
+        i = strtoll(lit, &end, 10);
+        if (errno || *end)
+            goto invalid; /* beyond 64 bits, a fraction */
     }
-    int n =
-        snprintf(out, out_size, "%" JSON_INTEGER_FORMAT, json_integer_value(v));
-    *out_len = (size_t)n;
+    *out_len = (size_t)snprintf(out, out_size, "%lld", i);
     return 1;
+invalid:
+    snprintf(errstr, errstr_size,
+             "%s: must be a string or an integer (within 64 bits)", src->name);
+    return -1;
 }
 
 /* Reads source `src` into out (its bytes and count). Returns 1 found,
@@ -1012,7 +1070,7 @@ static int fast_first(const src_t *list, size_t n,
                       size_t out_size, size_t *out_len)
 {
     char e[128];
-    doc_t none = {NULL, NULL, 0, NULL};
+    doc_t none = {NULL, NULL, 0, NULL, 0};
     for (size_t i = 0; i < n; i++) {
         if (list[i].kind != SRC_VALUE) {
             int r = source_read(&list[i], &none, headers, key, key_len, out,
@@ -1234,7 +1292,7 @@ static int read_record(const idem_envelope_rules_t *rules, const void *value,
 
     int r = -1;
     *reason = IDEM_REASON_INVALID_FIELD;
-    doc_t doc = {root, value, len, NULL};
+    doc_t doc = {root, value, len, NULL, 0};
     int have_mid =
         sources_first(rules->mid, rules->mid_cnt, &doc, headers, key, key_len,
                       out->message_id, sizeof(out->message_id),

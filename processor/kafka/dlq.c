@@ -272,18 +272,33 @@ int idem_dlq_send(idem_dlq_t *d, const rd_kafka_message_t *msg,
     return 0;
 }
 
-int idem_dlq_send_to(idem_dlq_t *d, const char *topic,
+int idem_dlq_send_to(idem_dlq_t *d, const char *topic, int32_t partition,
                      const rd_kafka_message_t *msg, rd_kafka_headers_t *h,
                      void *opaque, char *errstr, size_t errstr_size)
 {
     rd_kafka_resp_err_t err;
     for (;;) {
-        err = rd_kafka_producev(d->rk, RD_KAFKA_V_TOPIC(topic),
-                                RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY),
-                                RD_KAFKA_V_KEY(msg->key, msg->key_len),
-                                RD_KAFKA_V_VALUE(msg->payload, msg->len),
-                                RD_KAFKA_V_HEADERS(h),
-                                RD_KAFKA_V_OPAQUE(opaque), RD_KAFKA_V_END);
+        err = rd_kafka_producev(
+            d->rk, RD_KAFKA_V_TOPIC(topic), RD_KAFKA_V_PARTITION(partition),
+            RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY),
+            RD_KAFKA_V_KEY(msg->key, msg->key_len),
+            RD_KAFKA_V_VALUE(msg->payload, msg->len), RD_KAFKA_V_HEADERS(h),
+            RD_KAFKA_V_OPAQUE(opaque), RD_KAFKA_V_END);
+        if (err == RD_KAFKA_RESP_ERR__UNKNOWN_PARTITION &&
+            partition != RD_KAFKA_PARTITION_UA) {
+            /* Refused at once: the topic is known to have fewer
+             * partitions (the check at start could not be made, or the
+             * topic was created again). Where the key hashes beats a
+             * partition that waits forever; the copy still finds the
+             * first's mark (global marks). */
+            char num[16];
+            snprintf(num, sizeof(num), "%" PRId32, partition);
+            idem_log_kv(IDEM_LOG_WARN,
+                        "copy sent where its key hashes: no such partition",
+                        "topic", topic, "partition", num, NULL);
+            partition = RD_KAFKA_PARTITION_UA;
+            continue;
+        }
         if (err != RD_KAFKA_RESP_ERR__QUEUE_FULL)
             break;
         rd_kafka_poll(d->rk, 100);

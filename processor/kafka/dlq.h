@@ -45,12 +45,15 @@ int idem_dlq_send(idem_dlq_t *d, const rd_kafka_message_t *msg,
                   const char *error, int attempts, int drop_value, void *opaque,
                   char *errstr, size_t errstr_size);
 
-/* Queues a copy of `msg` (borrowed: its key and value) to `topic` with
- * headers `h`, which it takes over (also on failure), through the same
- * idempotent producer: a retry topic's copy (retrytopic.h). `report` gets
- * `opaque` back with the result. Returns 0, or -1 when it could not be
- * queued (errstr; no report follows). */
-int idem_dlq_send_to(idem_dlq_t *d, const char *topic,
+/* Queues a copy of `msg` (borrowed: its key and value) to `partition` of
+ * `topic` (RD_KAFKA_PARTITION_UA: where its key hashes) with headers `h`,
+ * which it takes over (also on failure), through the same idempotent
+ * producer: a retry topic's copy (retrytopic.h). `report` gets `opaque`
+ * back with the result. A partition the producer already knows the topic
+ * lacks is replaced by RD_KAFKA_PARTITION_UA (logged).
+ * Returns 0, or -1 when it could not be queued (errstr; no report
+ * follows). */
+int idem_dlq_send_to(idem_dlq_t *d, const char *topic, int32_t partition,
                      const rd_kafka_message_t *msg, rd_kafka_headers_t *h,
                      void *opaque, char *errstr, size_t errstr_size);
 

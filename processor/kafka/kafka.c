@@ -184,6 +184,13 @@ int idem_kafka_check(const idem_conf_t *conf, int timeout_ms, FILE *out,
             conf->input_topics, conf->retry_delays_ms, conf->retry_tiers);
         for (size_t i = 0; i < idem_retrytopics_count(rt); i++)
             check_topic(md, "retry", idem_retrytopics_at(rt, i), out);
+        if (!missing &&
+            idem_retrytopics_check_md(rt, md, errstr, errstr_size)) {
+            idem_retrytopics_destroy(rt);
+            rd_kafka_metadata_destroy(md);
+            rd_kafka_destroy(rk);
+            return -1;
+        }
         idem_retrytopics_destroy(rt);
     }
     rd_kafka_metadata_destroy(md);
@@ -196,4 +203,22 @@ int idem_kafka_check(const idem_conf_t *conf, int timeout_ms, FILE *out,
         return -1;
     }
     return 0;
+}
+
+int idem_kafka_partition_count(rd_kafka_t *rk, const char *topic,
+                               int timeout_ms, char *errstr, size_t errstr_size)
+{
+    const rd_kafka_metadata_t *md = NULL;
+    rd_kafka_resp_err_t err = rd_kafka_metadata(rk, 1, NULL, &md, timeout_ms);
+    if (err) {
+        snprintf(errstr, errstr_size, "topic %s: metadata: %s", topic,
+                 rd_kafka_err2str(err));
+        return -1;
+    }
+    int n = 0;
+    for (int i = 0; i < md->topic_cnt; i++)
+        if (!md->topics[i].err && !strcmp(md->topics[i].topic, topic))
+            n = md->topics[i].partition_cnt;
+    rd_kafka_metadata_destroy(md);
+    return n;
 }

@@ -55,10 +55,20 @@ int idem_kafka_fatal(rd_kafka_t *rk, const char *who, char *buf, size_t size);
  * to out how many brokers answered and whether the input, DLQ and (forward)
  * output topics exist (the outbox scope: outbox.topic, if set); a missing
  * input topic is an error (the member would consume nothing), a missing
- * topic it writes is only reported. Returns 0, or -1 with errstr naming
- * the bootstrap servers when none answered, or the first missing input
- * topic. */
+ * topic it writes is only reported; so is a retry topic missing or with
+ * fewer partitions than its input (idem_retrytopics_check_md). Returns 0,
+ * or -1 with errstr naming the bootstrap servers when none answered, the
+ * first missing input topic or the retry topic. */
 int idem_kafka_check(const idem_conf_t *conf, int timeout_ms, FILE *out,
                      char *errstr, size_t errstr_size);
+
+/* The partition count of `topic` from rk's brokers (rk borrowed, any
+ * client), from the metadata of all topics, so asking never creates a
+ * topic where the cluster auto-creates them. Returns the count, 0 when the
+ * topic does not exist, or -1 with errstr when no broker answered within
+ * timeout_ms. */
+int idem_kafka_partition_count(rd_kafka_t *rk, const char *topic,
+                               int timeout_ms, char *errstr,
+                               size_t errstr_size);
 
 #endif

@@ -67,13 +67,24 @@ int idem_offreset_sel_match(const idem_offreset_sel_t *sel, size_t n,
     return 0;
 }
 
+int idem_offreset_redis_lost(int64_t redis, int64_t kafka,
+                             idem_offreset_by_t by)
+{
+    return redis < 0 && kafka >= 0 && by == IDEM_OFFRESET_BY_MEMBER;
+}
+
 int64_t idem_offreset_start(int64_t redis, int redis_use, int64_t kafka,
-                            int earliest, int64_t low, int64_t high,
+                            idem_offreset_by_t kafka_by, int earliest,
+                            int64_t low, int64_t high,
                             idem_offreset_from_t *from)
 {
     if (redis >= 0 && redis_use) {
         *from = IDEM_OFFRESET_FROM_REDIS;
         return redis;
+    }
+    if (idem_offreset_redis_lost(redis, kafka, kafka_by)) {
+        *from = IDEM_OFFRESET_FROM_NOWHERE;
+        return kafka;
     }
     if (kafka >= 0) {
         *from = IDEM_OFFRESET_FROM_KAFKA;
@@ -92,6 +103,8 @@ const char *idem_offreset_from2str(idem_offreset_from_t from)
         return "kafka";
     case IDEM_OFFRESET_FROM_AUTO:
         return "auto.offset.reset";
+    case IDEM_OFFRESET_FROM_NOWHERE:
+        return "paused:redis-lost";
     }
     return "?";
 }

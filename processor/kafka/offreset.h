@@ -30,13 +30,39 @@ typedef enum {
     IDEM_OFFRESET_FROM_REDIS = 0, /* Redis's position, usable */
     IDEM_OFFRESET_FROM_KAFKA,     /* Kafka's committed offset */
     IDEM_OFFRESET_FROM_AUTO,      /* auto.offset.reset */
+    IDEM_OFFRESET_FROM_NOWHERE,   /* Redis lost its state of the partition
+                                     (idem_offreset_redis_lost): a member
+                                     keeps it paused until a reset */
 } idem_offreset_from_t;
 
+/* Who committed an offset (idem_offreset_committed_by). */
+typedef enum {
+    IDEM_OFFRESET_BY_OTHER = 0, /* another tool (kafka-consumer-groups), or
+                                   a member older than the metadata */
+    IDEM_OFFRESET_BY_MEMBER,    /* a member's commit */
+    IDEM_OFFRESET_BY_RESET,     /* idemproc offsets reset */
+} idem_offreset_by_t;
+
+/* Whether Redis lost everything of a partition: it holds no position at
+ * all (redis < 0) while Kafka holds an offset (kafka >= 0) that a member
+ * committed (by). Members write a position before their first effect and
+ * before every commit, so that Redis once held one and lost it with every
+ * effect after it, and no one can say how far back: the partition must not
+ * start anywhere until `idemproc offsets reset` writes both sides. An
+ * offset of another tool or of `offsets reset` (an upgrade from before the
+ * metadata, a group new to idemproc) is not: Kafka's offset applies. */
+int idem_offreset_redis_lost(int64_t redis, int64_t kafka,
+                             idem_offreset_by_t by);
+
 /* redis: Redis's position (-1 none), usable when redis_use; kafka: the
- * committed offset (-1 none); earliest: auto.offset.reset is earliest (else
- * latest); low, high the watermarks. Returns the offset, *from says which. */
+ * committed offset (-1 none), kafka_by who committed it; earliest:
+ * auto.offset.reset is earliest (else latest); low, high the watermarks.
+ * Returns the offset, *from says which; when Redis lost the partition
+ * (idem_offreset_redis_lost) Kafka's offset with *from NOWHERE: a member
+ * does not start there. */
 int64_t idem_offreset_start(int64_t redis, int redis_use, int64_t kafka,
-                            int earliest, int64_t low, int64_t high,
+                            idem_offreset_by_t kafka_by, int earliest,
+                            int64_t low, int64_t high,
                             idem_offreset_from_t *from);
 const char *idem_offreset_from2str(idem_offreset_from_t from);
 
@@ -72,13 +98,6 @@ int64_t idem_offreset_time_query(int64_t at_ms);
  * how a member tells an offset of ours from one another tool moved. */
 #define IDEM_OFFRESET_META_MEMBER "idemproc"
 #define IDEM_OFFRESET_META_RESET  "idemproc offsets reset"
-
-typedef enum {
-    IDEM_OFFRESET_BY_OTHER = 0, /* another tool (kafka-consumer-groups), or
-                                   a member older than the metadata */
-    IDEM_OFFRESET_BY_MEMBER,    /* a member's commit */
-    IDEM_OFFRESET_BY_RESET,     /* idemproc offsets reset */
-} idem_offreset_by_t;
 
 /* Who committed an offset, from its commit metadata (meta of len bytes,
  * borrowed; NULL for none). */

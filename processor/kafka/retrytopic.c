@@ -1,6 +1,7 @@
 /* retrytopic: delays, names and headers of the retry topics
  * (retrytopic.h). */
 #include "kafka/retrytopic.h"
+#include "base/log.h"
 #include "base/util.h"
 
 #include <ctype.h>
@@ -342,4 +343,62 @@ int64_t idem_retrytopics_delay(const idem_retrytopics_t *rt, int tier)
 size_t idem_retrytopics_tiers(const idem_retrytopics_t *rt)
 {
     return rt ? rt->tiers : 0;
+}
+
+/* The partition count of `topic` in md, 0 when it is not there. */
+static int md_partitions(const rd_kafka_metadata_t *md, const char *topic)
+{
+    for (int i = 0; i < md->topic_cnt; i++)
+        if (!md->topics[i].err && !strcmp(md->topics[i].topic, topic))
+            return md->topics[i].partition_cnt;
+    return 0;
+}
+
+int idem_retrytopics_check_md(const idem_retrytopics_t *rt,
+                              const rd_kafka_metadata_t *md, char *errstr,
+                              size_t errstr_size)
+{
+    for (size_t i = 0; rt && i < rt->cnt; i++) {
+        int in = md_partitions(md, rt->v[i].input);
+        if (!in)
+            continue;
+        int n = md_partitions(md, rt->v[i].name);
+        if (!n) {
+            snprintf(errstr, errstr_size,
+                     "retry topic %s does not exist: create it with at least "
+                     "%d partition%s, the partition count of input topic %s "
+                     "(retry.topics)",
+                     rt->v[i].name, in, in == 1 ? "" : "s", rt->v[i].input);
+            return -1;
+        }
+        if (n < in) {
+            snprintf(errstr, errstr_size,
+                     "retry topic %s has %d partition%s, input topic %s has "
+                     "%d: a copy goes to its record's partition number, so "
+                     "every retry topic needs at least its input's partition "
+                     "count (add partitions to %s)",
+                     rt->v[i].name, n, n == 1 ? "" : "s", rt->v[i].input, in,
+                     rt->v[i].name);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+int idem_retrytopics_check(const idem_retrytopics_t *rt, rd_kafka_t *rk,
+                           int timeout_ms, char *errstr, size_t errstr_size)
+{
+    if (!rt || !rt->cnt)
+        return 0;
+    const rd_kafka_metadata_t *md = NULL;
+    rd_kafka_resp_err_t err = rd_kafka_metadata(rk, 1, NULL, &md, timeout_ms);
+    if (err) {
+        idem_log_kv(IDEM_LOG_WARN,
+                    "retry topics' partition counts not checked: no metadata",
+                    "error", rd_kafka_err2str(err), NULL);
+        return 0;
+    }
+    int rc = idem_retrytopics_check_md(rt, md, errstr, errstr_size);
+    rd_kafka_metadata_destroy(md);
+    return rc;
 }

@@ -106,6 +106,25 @@ const char *idem_retrytopics_topic(const idem_retrytopics_t *rt,
 const char *idem_retrytopics_next(const idem_retrytopics_t *rt,
                                   const char *topic);
 
+/* Whether every retry topic has at least its input topic's partition
+ * count in md (borrowed; metadata of all topics): a copy goes to the
+ * partition number of the record it copies (idem_retryloop_send), so a
+ * retry topic with fewer partitions could not take it. An input topic
+ * missing from md is not checked (nothing of it can be consumed). Returns
+ * 0, or -1 with errstr naming the retry topic and both counts, or the
+ * missing retry topic and the count to create it with. */
+int idem_retrytopics_check_md(const idem_retrytopics_t *rt,
+                              const rd_kafka_metadata_t *md, char *errstr,
+                              size_t errstr_size);
+
+/* idem_retrytopics_check_md on the metadata of all topics that rk
+ * (borrowed, any client) gets from its brokers within timeout_ms. When
+ * none answers in that time the check cannot be made: logged as a
+ * warning, and 0 (the member starts; a copy to a missing partition then
+ * fails and is dead-lettered). Returns 0, or -1 with errstr. */
+int idem_retrytopics_check(const idem_retrytopics_t *rt, rd_kafka_t *rk,
+                           int timeout_ms, char *errstr, size_t errstr_size);
+
 /* The delay of tier `tier` (1..n), 0 when out of range; and n. */
 int64_t idem_retrytopics_delay(const idem_retrytopics_t *rt, int tier);
 size_t idem_retrytopics_tiers(const idem_retrytopics_t *rt);

@@ -22,6 +22,9 @@ typedef struct {
     int64_t saved;         /* position Redis acknowledged */
     int64_t saving;        /* position in the Redis request in flight */
     int checked;           /* Redis's position was read since assignment */
+    int lost;              /* Redis holds no position while Kafka holds a
+                              member's offset (idem_offreset_redis_lost):
+                              kept paused, nothing applied or committed */
     int64_t start;         /* the first position this assignment read from
                               Redis or wrote there (-1): where a member goes
                               back to when Redis lost every later one */

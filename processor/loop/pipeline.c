@@ -157,6 +157,8 @@ static void set_ready(idem_pipeline_t *p)
                                           p->joined, p->brokers_down);
     if (!why)
         why = idem_fetchwatch_not_ready(p->fw);
+    if (!why)
+        why = idem_positions_not_ready(&p->positions, &p->offs);
     idem_metrics_ready_set(p->m, why == NULL, why);
 }
 
@@ -347,7 +349,7 @@ static void pause_all(idem_pipeline_t *p, int pause)
         rd_kafka_topic_partition_list_new((int)p->offs.cnt);
     /* A retry partition waiting for its head record stays paused. */
     for (size_t i = 0; i < p->offs.cnt; i++)
-        if (pause || !p->offs.v[i].hold_until_ms)
+        if (pause || (!p->offs.v[i].hold_until_ms && !p->offs.v[i].lost))
             rd_kafka_topic_partition_list_add(l, p->offs.v[i].topic,
                                               p->offs.v[i].partition);
     idem_rebalance_pause(p->rk, l, pause);
@@ -584,6 +586,9 @@ static void rebalance_cb(rd_kafka_t *rk, rd_kafka_resp_err_t err,
          * fetched. */
         rd_kafka_topic_partition_list_t *late =
             idem_rebalance_pause_preset(rk, parts, p->paused);
+        /* A partition Redis lost stays paused, the member not ready. */
+        idem_positions_preset_lost(&p->positions, &p->offs, parts, &late);
+        set_ready(p);
         /* (A failed assign is logged; librdkafka then serves the
          * partitions to no one, and the coordinator reassigns them.) */
         idem_rebalance_assign(rk, parts, rerr, sizeof(rerr));
@@ -653,7 +658,7 @@ static void fetchwatch_member(void *opaque, const char *topic,
     idem_pipeline_t *p = opaque;
     idem_part_t *pt = idem_loop_part_find(p, topic, partition);
     out->held = pt != NULL;
-    out->paused = p->paused || (pt && pt->hold_until_ms);
+    out->paused = p->paused || (pt && (pt->hold_until_ms || pt->lost));
     out->position = !pt                    ? -1
                     : pt->high_seen >= 0   ? pt->high_seen + 1
                     : pt->next_offset >= 0 ? pt->next_offset
@@ -852,6 +857,8 @@ idem_pipeline_t *idem_pipeline_new(const idem_conf_t *conf, idem_metrics_t *m,
     if (!(p->rk = consumer_new(p, errstr, errstr_size)))
         goto fail;
     p->positions.rk = p->rk;
+    if (idem_retrytopics_check(p->rt, p->rk, 10000, errstr, errstr_size))
+        goto fail;
     if (conf->fetch_stall_ms > 0 &&
         (conf->stats_interval_ms > 0 ||
          idem_kafka_user_set(conf, "statistics.interval.ms"))) {
@@ -937,7 +944,7 @@ static void batch_add(idem_pipeline_t *p, rd_kafka_message_t *msg)
     }
     idem_part_t *pt =
         idem_loop_part_find(p, rd_kafka_topic_name(msg->rkt), msg->partition);
-    if (!pt || msg->offset <= pt->high_seen ||
+    if (!pt || pt->lost || msg->offset <= pt->high_seen ||
         (pt->next_offset >= 0 && msg->offset < pt->next_offset)) {
         rd_kafka_message_destroy(msg); /* not ours, or already in hand */
         return;

@@ -132,7 +132,8 @@ int idem_positions_first(idem_positions_t *ps, idem_offsets_t *offs,
      * at. */
     int missing = 0;
     for (size_t i = 0; i < offs->cnt && !missing; i++)
-        missing = offs->v[i].saved < 0 && offs->v[i].saving < 0;
+        missing =
+            offs->v[i].saved < 0 && offs->v[i].saving < 0 && !offs->v[i].lost;
     if (!missing)
         return 0;
     size_t cnt = 0;
@@ -140,7 +141,7 @@ int idem_positions_first(idem_positions_t *ps, idem_offsets_t *offs,
     for (size_t i = 0; i < n; i++) {
         idem_part_t *pt =
             idem_offsets_find(offs, rs[i]->view.topic, rs[i]->view.partition);
-        if (!pt || pt->saved >= 0 || pt->saving >= 0)
+        if (!pt || pt->saved >= 0 || pt->saving >= 0 || pt->lost)
             continue;
         int dup = 0;
         for (size_t j = 0; j < cnt && !dup; j++)
@@ -291,6 +292,34 @@ static void kafka_moved(idem_positions_t *ps, idem_part_t *pt, int64_t redis,
                 "kafka_offset", k, "kafka_metadata", meta, NULL);
 }
 
+/* Redis holds no position of pt while Kafka holds the offset `kafka` a
+ * member committed (e: its commit): Redis lost everything of pt, and how
+ * far back is unknown (idem_offreset_redis_lost). pt is marked lost: kept
+ * paused and not ready until `idemproc offsets reset` writes both sides.
+ * Logged and counted as Redis going back in time (alert
+ * IdemprocRedisWentBackInTime). */
+static void partition_lost(idem_positions_t *ps, idem_part_t *pt, int64_t kafka,
+                           const rd_kafka_topic_partition_t *e)
+{
+    pt->lost = 1;
+    idem_metrics_redis_behind_add(ps->m, 1);
+    char part[16], k[24], meta[96];
+    snprintf(part, sizeof(part), "%" PRId32, pt->partition);
+    snprintf(k, sizeof(k), "%" PRId64, kafka);
+    snprintf(meta, sizeof(meta), "%.*s",
+             e->metadata ? (int)(e->metadata_size < 95 ? e->metadata_size : 95)
+                         : 0,
+             e->metadata ? (const char *)e->metadata : "");
+    idem_log_kv(IDEM_LOG_ERROR,
+                "redis lost its state of a partition: it holds no position "
+                "while kafka holds an offset a member committed; how far back "
+                "redis lost is unknown, so the partition stays paused and the "
+                "member not ready until idemproc offsets reset --execute "
+                "writes both sides",
+                "topic", pt->topic, "partition", part, "redis_offset", "-1",
+                "kafka_offset", k, "kafka_metadata", meta, NULL);
+}
+
 /* Logs that a partition starts where `idemproc offsets reset` put it
  * (e: its commit, metadata "idemproc offsets reset <time>"). */
 static void reset_honoured(const idem_part_t *pt, int64_t offset,
@@ -387,6 +416,64 @@ static int positions_judge(idem_positions_t *ps, const idem_store_pos_t *pos,
     return 0;
 }
 
+/* Pauses pt in librdkafka (a partition it holds). */
+static void pause_one(idem_positions_t *ps, const idem_part_t *pt)
+{
+    rd_kafka_topic_partition_list_t *l = rd_kafka_topic_partition_list_new(1);
+    rd_kafka_topic_partition_list_add(l, pt->topic, pt->partition);
+    rd_kafka_pause_partitions(ps->rk, l);
+    rd_kafka_topic_partition_list_destroy(l);
+}
+
+/* The partitions of offs not checked since their assignment (Redis could
+ * not be asked then) for which Redis holds no position (pos[], one per
+ * partition of offs) are judged as idem_positions_assign judges them:
+ * lost when Kafka holds a member's offset, which are then paused, their
+ * records in hand dropped. Returns 0, or -1 with errstr when Kafka did not
+ * answer (retriable). */
+static int unchecked_lost(idem_positions_t *ps, idem_offsets_t *offs,
+                          const idem_store_pos_t *pos, char *errstr,
+                          size_t errstr_size)
+{
+    rd_kafka_topic_partition_list_t *l = NULL;
+    for (size_t i = 0; i < offs->cnt; i++) {
+        if (offs->v[i].checked || offs->v[i].lost || pos[i].offset >= 0)
+            continue;
+        if (!l)
+            l = rd_kafka_topic_partition_list_new((int)offs->cnt);
+        rd_kafka_topic_partition_list_add(l, offs->v[i].topic,
+                                          offs->v[i].partition);
+    }
+    if (!l)
+        return 0;
+    rd_kafka_resp_err_t err = rd_kafka_committed(ps->rk, l, 5000);
+    if (err) {
+        snprintf(errstr, errstr_size, "kafka: committed offsets: %s",
+                 rd_kafka_err2str(err));
+        rd_kafka_topic_partition_list_destroy(l);
+        return -1;
+    }
+    for (int i = 0; i < l->cnt; i++) {
+        const rd_kafka_topic_partition_t *e = &l->elems[i];
+        idem_part_t *pt = idem_offsets_find(offs, e->topic, e->partition);
+        int64_t kafka = e->err ? -1 : e->offset;
+        if (!pt ||
+            !idem_offreset_redis_lost(
+                -1, kafka,
+                idem_offreset_committed_by(e->metadata, e->metadata_size)))
+            continue;
+        pt->committed = kafka;
+        if (ps->before_rewind)
+            ps->before_rewind(ps->ctx, pt);
+        if (held_by_librdkafka(ps->rk, pt))
+            pause_one(ps, pt);
+        partition_lost(ps, pt, kafka, e);
+        pt->checked = 1;
+    }
+    rd_kafka_topic_partition_list_destroy(l);
+    return 0;
+}
+
 /* After every new connection to Redis (and for partitions assigned while
  * Redis could not be asked) reads the positions Redis holds and rewinds
  * every partition whose position is behind what the member holds: a
@@ -429,8 +516,14 @@ int idem_positions_sync(idem_positions_t *ps, idem_offsets_t *offs,
         free(verdict);
         return -1;
     }
+    if (unchecked_lost(ps, offs, pos, errstr, errstr_size)) {
+        free(verdict);
+        return -1;
+    }
     for (size_t i = 0; i < offs->cnt; i++) {
         idem_part_t *pt = &offs->v[i];
+        if (pt->lost)
+            continue;
         int64_t r = verdict[i] == IDEM_POSVAL_USE ? pos[i].offset : -1;
         idem_offsets_rewind_t d = idem_offsets_rewind_decide(
             pt, r, part_hold(recs, offs, pt), reconnected, other_server);
@@ -505,6 +598,11 @@ void idem_positions_assign(idem_positions_t *ps, idem_offsets_t *offs,
                                                 : committed->elems[i].offset;
         if (kafka >= 0)
             pt->committed = kafka;
+        const rd_kafka_topic_partition_t *e = &committed->elems[i];
+        idem_offreset_by_t by =
+            idem_offreset_committed_by(e->metadata, e->metadata_size);
+        if (idem_offreset_redis_lost(pos[i].offset, kafka, by))
+            partition_lost(ps, pt, kafka, e);
         if (pos[i].offset >= 0 && verdict[i] == IDEM_POSVAL_USE) {
             parts->elems[i].offset = pos[i].offset;
             pt->saved = pos[i].offset;
@@ -513,9 +611,6 @@ void idem_positions_assign(idem_positions_t *ps, idem_offsets_t *offs,
                 pt->fp = pos[i].val.rec;
             /* Who moved Kafka's offset tells a reset, another tool and
              * a Redis that lost writes apart (kafka/offreset.h). */
-            const rd_kafka_topic_partition_t *e = &committed->elems[i];
-            idem_offreset_by_t by =
-                idem_offreset_committed_by(e->metadata, e->metadata_size);
             if (kafka >= 0 && by == IDEM_OFFRESET_BY_OTHER &&
                 pos[i].offset != kafka)
                 kafka_moved(ps, pt, pos[i].offset, kafka, e);
@@ -525,9 +620,54 @@ void idem_positions_assign(idem_positions_t *ps, idem_offsets_t *offs,
                 reset_honoured(pt, kafka, e);
         }
         /* Else Kafka's committed offset (or auto.offset.reset) applies, and
-         * the first request writes a position of this cluster first. */
+         * the first request writes a position of this cluster first; or the
+         * partition is lost (idem_positions_preset_lost keeps it paused). */
         pt->checked = 1;
     }
     free(verdict);
     rd_kafka_topic_partition_list_destroy(committed);
+}
+
+void idem_positions_preset_lost(idem_positions_t *ps,
+                                const idem_offsets_t *offs,
+                                const rd_kafka_topic_partition_list_t *parts,
+                                rd_kafka_topic_partition_list_t **late)
+{
+    for (int i = 0; i < parts->cnt; i++) {
+        const idem_part_t *pt =
+            idem_offsets_find((idem_offsets_t *)offs, parts->elems[i].topic,
+                              parts->elems[i].partition);
+        if (!pt || !pt->lost)
+            continue;
+        rd_kafka_topic_partition_list_t *l =
+            rd_kafka_topic_partition_list_new(1);
+        rd_kafka_topic_partition_list_add(l, pt->topic, pt->partition);
+        rd_kafka_resp_err_t err = rd_kafka_pause_partitions(ps->rk, l);
+        if (err || l->elems[0].err) {
+            /* Unknown to librdkafka yet: paused after the assign. */
+            if (!*late)
+                *late = rd_kafka_topic_partition_list_new(parts->cnt);
+            rd_kafka_topic_partition_list_add(*late, pt->topic, pt->partition);
+        }
+        rd_kafka_topic_partition_list_destroy(l);
+    }
+}
+
+const char *idem_positions_not_ready(idem_positions_t *ps,
+                                     const idem_offsets_t *offs)
+{
+    size_t n = 0;
+    const idem_part_t *first = NULL;
+    for (size_t i = 0; i < offs->cnt; i++)
+        if (offs->v[i].lost && n++ == 0)
+            first = &offs->v[i];
+    if (!first)
+        return NULL;
+    snprintf(ps->why, sizeof(ps->why),
+             "redis lost its state of %s [%" PRId32 "]%s (no position, kafka "
+             "holds a member's offset %" PRId64 "): paused until idemproc "
+             "offsets reset --execute",
+             first->topic, first->partition,
+             n > 1 ? " and other partitions" : "", first->committed);
+    return ps->why;
 }

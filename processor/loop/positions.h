@@ -40,6 +40,7 @@ typedef struct {
      * or abandon what it holds and drops pt's records in hand. */
     void (*before_rewind)(void *ctx, const idem_part_t *pt);
     void *ctx;
+    char why[320]; /* scratch of idem_positions_not_ready */
 } idem_positions_t;
 
 /* Embedded in the loop: the borrowed handles are set by the caller
@@ -82,5 +83,21 @@ int idem_positions_first(idem_positions_t *ps, idem_offsets_t *offs,
  * up; when Redis cannot be asked now, idem_positions_sync does it later. */
 void idem_positions_assign(idem_positions_t *ps, idem_offsets_t *offs,
                            rd_kafka_topic_partition_list_t *parts);
+
+/* A partition of which Redis lost everything (idem_part_t.lost: no
+ * position in Redis, a member's offset in Kafka) stays paused: called
+ * after idem_positions_assign and the loop's own pause preset, before
+ * librdkafka's assign, it pauses the lost ones of `parts`; those librdkafka
+ * does not know yet are added to *late (created when NULL), which the
+ * caller pauses after the assign. */
+void idem_positions_preset_lost(idem_positions_t *ps,
+                                const idem_offsets_t *offs,
+                                const rd_kafka_topic_partition_list_t *parts,
+                                rd_kafka_topic_partition_list_t **late);
+
+/* Why the member is not ready because of a lost partition (borrowed, valid
+ * until the next call), or NULL when none is lost. */
+const char *idem_positions_not_ready(idem_positions_t *ps,
+                                     const idem_offsets_t *offs);
 
 #endif

@@ -80,8 +80,13 @@ int idem_retryloop_send(const idem_retrytopics_t *rt, idem_dlq_t *dlq, rec_t *r,
     rd_kafka_headers_t *h = idem_retrytopic_headers_new(
         orig, &origin, r->prior_attempts + r->attempts, idem_wall_ms() + delay,
         r->error);
+    /* The partition number the record first came from, whatever its key
+     * hashes to: what the record's dedup state is kept under stays the
+     * same through every tier (the start checks that every retry topic
+     * has that partition: idem_retrytopics_check). */
     char e[400];
-    if (idem_dlq_send_to(dlq, topic, r->msg, h, t, e, sizeof(e))) {
+    if (idem_dlq_send_to(dlq, topic, origin.partition, r->msg, h, t, e,
+                         sizeof(e))) {
         snprintf(errstr, errstr_size, "retry: %s", e);
         return -1;
     }

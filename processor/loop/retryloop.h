@@ -39,7 +39,9 @@ int idem_retryloop_release(idem_part_t *pt, int64_t now);
 size_t idem_retryloop_held(const idem_offsets_t *offs);
 
 /* Queues the copy of r for its next tier (r->to_tier) on dlq (borrowed)
- * with ticket t. Its headers keep where the record first came from.
+ * with ticket t, to the partition number the record first came from (not
+ * where its key hashes). Its headers keep where the record first came
+ * from.
  * Returns 0, or -1 when the producer refused to queue it (infrastructure:
  * errstr). */
 int idem_retryloop_send(const idem_retrytopics_t *rt, idem_dlq_t *dlq, rec_t *r,

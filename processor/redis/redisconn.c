@@ -528,6 +528,11 @@ static int session_setup(idem_redisconn_t *rc, const idem_conf_t *conf,
     return primary ? 0 : -1;
 }
 
+static idem_redisconn_t *open_at(const idem_conf_t *conf,
+                                 const idem_redisconn_url_t *u,
+                                 const char *host, int port, int replica_ok,
+                                 idem_redisconn_err_t *err);
+
 idem_redisconn_t *idem_redisconn_open(const idem_conf_t *conf, int replica_ok,
                                       char *errstr, size_t errstr_size)
 {
@@ -557,19 +562,48 @@ idem_redisconn_t *idem_redisconn_open_err(const idem_conf_t *conf,
                               errstr_size))
             return NULL;
     }
+    idem_redisconn_t *rc = open_at(conf, &u, host, port, replica_ok, err);
+    if (rc && set(conf->redis_sentinels))
+        idem_log_kv(IDEM_LOG_INFO, "redis primary from sentinels", "master",
+                    conf->redis_sentinel_master, "addr", rc->addr, NULL);
+    return rc;
+}
+
+idem_redisconn_t *idem_redisconn_open_node(const idem_conf_t *conf,
+                                           const char *host, int port,
+                                           int replica_ok,
+                                           idem_redisconn_err_t *err)
+{
+    err->cls = IDEM_REDISCONN_ERR_CONNECTION;
+    err->code[0] = '\0';
+    idem_redisconn_url_t u;
+    if (idem_redisconn_url_parse(conf->redis_url, &u, err->str,
+                                 sizeof(err->str)))
+        return NULL;
+    if (u.scheme == IDEM_REDIS_UNIX)
+        u.scheme = IDEM_REDIS_TCP; /* a node is an address, never a socket */
+    return open_at(conf, &u, host, port, replica_ok, err);
+}
+
+/* The transport to host:port and the session on it (AUTH, SELECT, ROLE),
+ * with the failure's class in *err. */
+static idem_redisconn_t *open_at(const idem_conf_t *conf,
+                                 const idem_redisconn_url_t *u,
+                                 const char *host, int port, int replica_ok,
+                                 idem_redisconn_err_t *err)
+{
+    char *errstr = err->str;
+    size_t errstr_size = sizeof(err->str);
     idem_redisconn_t *rc = idem_xcalloc(1, sizeof(*rc));
     rc->cls = IDEM_REDISCONN_ERR_CONNECTION;
-    if (transport_open(rc, conf, &u, host, port, errstr, errstr_size) ||
-        session_setup(rc, conf, &u, replica_ok, errstr, errstr_size)) {
+    if (transport_open(rc, conf, u, host, port, errstr, errstr_size) ||
+        session_setup(rc, conf, u, replica_ok, errstr, errstr_size)) {
         tls_reason(rc, conf, errstr, errstr_size);
         err->cls = rc->cls;
         snprintf(err->code, sizeof(err->code), "%s", rc->code);
         idem_redisconn_close(rc);
         return NULL;
     }
-    if (set(conf->redis_sentinels))
-        idem_log_kv(IDEM_LOG_INFO, "redis primary from sentinels", "master",
-                    conf->redis_sentinel_master, "addr", rc->addr, NULL);
     return rc;
 }
 

@@ -81,6 +81,18 @@ idem_redisconn_t *idem_redisconn_open_err(const idem_conf_t *conf,
                                           int replica_ok,
                                           idem_redisconn_err_t *err);
 
+/* Opens a connection to the node host:port (a Redis Cluster node): the
+ * scheme (TLS for rediss://), user, password and database of redis.url
+ * and the redis.* keys, as idem_redisconn_open does, without the
+ * sentinels; a unix:// redis.url counts as redis:// here. With replica_ok
+ * 0 the ROLE check refuses a replica (IDEM_REDISCONN_ERR_NOT_PRIMARY).
+ * Returns a handle (caller closes with idem_redisconn_close), or NULL
+ * with the failure's class in *err. conf and host are borrowed. */
+idem_redisconn_t *idem_redisconn_open_node(const idem_conf_t *conf,
+                                           const char *host, int port,
+                                           int replica_ok,
+                                           idem_redisconn_err_t *err);
+
 /* The blocking hiredis context of the connection (borrowed: valid until
  * idem_redisconn_close). Timeouts are set to redis.timeout.ms. */
 redisContext *idem_redisconn_context(idem_redisconn_t *rc);

@@ -22,10 +22,20 @@
  * ledger it writes is the one the configuration's prefix names, so
  * `idemproc verify` (without --dlq) can check it.
  *
+ * With --effect-only it sends, for the same requests over the same
+ * connections, only the effect: one EVALSHA per request of a script that
+ * sums the amounts per (currency, user) and applies one HINCRBY each, as
+ * the ledger script does, with no mark read or written and no position;
+ * a repeated identity is left out in the driver (as a member holding its
+ * partitions' marks would), so the ledger still comes out exact. That is
+ * the Redis work a layout whose marks cost Redis nothing would leave
+ * (docs/design.md, "Dedup state layout").
+ *
  * Links idemproc's library objects; not part of the product binary. */
 #include "conf/conf.h"
 #include "effect/handler.h"
 #include "input/envelope.h"
+#include "redis/redisconn.h"
 #include "redis/store.h"
 #include "base/util.h"
 
@@ -36,6 +46,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include <hiredis/hiredis.h>
 #include <librdkafka/rdkafka.h>
 
 #define MAX_CONNECTIONS 16
@@ -198,10 +209,178 @@ static size_t request_positions(const records_t *r, size_t from, size_t to,
     return n;
 }
 
+/* The effect alone: the ledger script's increments without its marks. */
+static const char effect_lua[] =
+    "local prefix = ARGV[1]\n"
+    "local sums = {}\n"
+    "for b = 2, #ARGV, 3 do\n"
+    "  local h = prefix .. 'ledger:' .. ARGV[b]\n"
+    "  sums[h] = sums[h] or {}\n"
+    "  local f = ARGV[b + 1]\n"
+    "  sums[h][f] = (sums[h][f] or 0) + tonumber(ARGV[b + 2])\n"
+    "end\n"
+    "for h, fields in pairs(sums) do\n"
+    "  for f, x in pairs(fields) do\n"
+    "    redis.call('HINCRBY', h, f, string.format('%.0f', x))\n"
+    "  end\n"
+    "end\n"
+    "redis.call('INCRBY', prefix .. 'ledger:applied', (#ARGV - 1) / 3)\n"
+    "return (#ARGV - 1) / 3\n";
+
+/* FNV-1a of an identity, for the driver's set of identities seen. */
+static uint64_t fnv(const char *p, size_t n)
+{
+    uint64_t h = 1469598103934665603ULL;
+    for (size_t i = 0; i < n; i++)
+        h = (h ^ (unsigned char)p[i]) * 1099511628211ULL;
+    return h;
+}
+
+/* Marks keep[i] = 0 for each record whose identity came earlier (an open
+ * addressing set of indexes). Returns how many are left. */
+static size_t first_occurrences(const records_t *r, unsigned char *keep)
+{
+    size_t cap = 1;
+    while (cap < r->n * 2 + 2)
+        cap <<= 1;
+    size_t *slot = idem_xcalloc(cap, sizeof(*slot)); /* index + 1; 0 empty */
+    size_t left = 0;
+    for (size_t i = 0; i < r->n; i++) {
+        const idem_envelope_t *e = &r->env[i];
+        size_t k = (size_t)fnv(e->identity, e->identity_len) & (cap - 1);
+        keep[i] = 1;
+        for (; slot[k]; k = (k + 1) & (cap - 1)) {
+            const idem_envelope_t *o = &r->env[slot[k] - 1];
+            if (o->identity_len == e->identity_len &&
+                !memcmp(o->identity, e->identity, e->identity_len)) {
+                keep[i] = 0;
+                break;
+            }
+        }
+        if (keep[i]) {
+            slot[k] = i + 1;
+            left++;
+        }
+    }
+    free(slot);
+    return left;
+}
+
+/* Appends the EVALSHA of records [from, to) that keep[] keeps to c. */
+static void effect_append(redisContext *c, const char *sha, const char *prefix,
+                          const records_t *r, const unsigned char *keep,
+                          size_t from, size_t to)
+{
+    size_t max = 4 + 3 * (to - from);
+    const char **argv = idem_xmalloc(max * sizeof(*argv));
+    size_t *len = idem_xmalloc(max * sizeof(*len));
+    char *nums = idem_xmalloc((to - from + 1) * 24);
+    size_t n = 0, kept = 0;
+    argv[n] = "EVALSHA", len[n++] = 7;
+    argv[n] = sha, len[n++] = strlen(sha);
+    argv[n] = "0", len[n++] = 1;
+    argv[n] = prefix, len[n++] = strlen(prefix);
+    for (size_t i = from; i < to; i++) {
+        if (!keep[i])
+            continue;
+        const idem_envelope_t *e = &r->env[i];
+        char *a = nums + 24 * kept++;
+        snprintf(a, 24, "%" PRId64, e->amount_minor);
+        argv[n] = e->currency, len[n++] = strlen(e->currency);
+        argv[n] = e->user_id, len[n++] = strlen(e->user_id);
+        argv[n] = a, len[n++] = strlen(a);
+    }
+    redisAppendCommandArgv(c, (int)n, argv, len);
+    free(argv);
+    free(len);
+    free(nums);
+}
+
+/* --effect-only: see the file's comment. Prints the same line as the
+ * ledger run (applied: the records sent, duplicates: those left out).
+ * Returns 0 or 1. */
+static int effect_only(const idem_conf_t *conf, const records_t *recs,
+                       int conns)
+{
+    char errstr[1024];
+    const char *prefix = conf->redis_prefix;
+    unsigned char *keep = idem_xmalloc(recs->n + 1);
+    size_t unique = first_occurrences(recs, keep);
+    size_t batch = (size_t)conf->batch_max_messages;
+    idem_redisconn_t *rc[MAX_CONNECTIONS];
+    redisContext *c[MAX_CONNECTIONS];
+    char sha[64] = "";
+    for (int i = 0; i < conns; i++) {
+        if (!(rc[i] = idem_redisconn_open(conf, 0, errstr, sizeof(errstr)))) {
+            fprintf(stderr, "redisalone: %s\n", errstr);
+            return 1;
+        }
+        c[i] = idem_redisconn_context(rc[i]);
+        /* Long requests: no client timeout. */
+        redisSetTimeout(c[i], (struct timeval){0, 0});
+    }
+    redisReply *rep = redisCommand(c[0], "SCRIPT LOAD %s", effect_lua);
+    if (!rep || rep->type != REDIS_REPLY_STRING) {
+        fprintf(stderr, "redisalone: SCRIPT LOAD: %s\n",
+                rep ? rep->str : c[0]->errstr);
+        return 1;
+    }
+    snprintf(sha, sizeof(sha), "%s", rep->str);
+    freeReplyObject(rep);
+    size_t next = 0, inflight[MAX_CONNECTIONS] = {0};
+    uint64_t requests = 0, applied = 0;
+    int64_t t0 = idem_now_us();
+    for (int i = 0; i < conns && next < recs->n; i++) {
+        size_t to = next + batch < recs->n ? next + batch : recs->n;
+        effect_append(c[i], sha, prefix, recs, keep, next, to);
+        inflight[i] = 1;
+        next = to;
+    }
+    int rcode = 0;
+    for (int i = 0, busy = 1; busy && !rcode; i = (i + 1) % conns) {
+        if (inflight[i]) {
+            void *r = NULL;
+            if (redisGetReply(c[i], &r) != REDIS_OK || !r ||
+                ((redisReply *)r)->type != REDIS_REPLY_INTEGER) {
+                fprintf(stderr, "redisalone: effect script: %s\n",
+                        r && ((redisReply *)r)->str ? ((redisReply *)r)->str
+                                                    : c[i]->errstr);
+                rcode = 1;
+            } else {
+                applied += (uint64_t)((redisReply *)r)->integer;
+            }
+            freeReplyObject(r);
+            requests++;
+            inflight[i] = 0;
+            if (next < recs->n && !rcode) {
+                size_t to = next + batch < recs->n ? next + batch : recs->n;
+                effect_append(c[i], sha, prefix, recs, keep, next, to);
+                inflight[i] = 1;
+                next = to;
+            }
+        }
+        busy = 0;
+        for (int k = 0; k < conns; k++)
+            busy |= inflight[k] > 0;
+    }
+    double secs = (double)(idem_now_us() - t0) / 1e6;
+    if (!rcode)
+        printf("redisalone: topic_records %" PRIu64 " sent %zu applied %" PRIu64
+               " duplicates %zu requests %" PRIu64
+               " connections %d seconds %.3f rate %.0f\n",
+               recs->topic_records, recs->n, applied, recs->n - unique,
+               requests, conns, secs,
+               secs > 0 ? (double)recs->topic_records / secs : 0);
+    for (int i = 0; i < conns; i++)
+        idem_redisconn_close(rc[i]);
+    free(keep);
+    return rcode;
+}
+
 static void usage(FILE *out)
 {
     fprintf(out, "usage: redisalone -c FILE [--set k=v]... "
-                 "[--connections N]\n"
+                 "[--connections N] [--effect-only]\n"
                  "  the configuration of an `idemproc run` member (ledger "
                  "handler): its input\n"
                  "  topic is read, its Redis, prefix and group.id written\n");
@@ -213,11 +392,13 @@ int main(int argc, char **argv)
     char *sets[MAX_SETS];
     size_t nsets = 0;
     int conns = 2;
-    enum { OPT_SET = 256, OPT_CONNECTIONS };
+    int effect = 0;
+    enum { OPT_SET = 256, OPT_CONNECTIONS, OPT_EFFECT_ONLY };
     static const struct option opts[] = {
         {"config", required_argument, 0, 'c'},
         {"set", required_argument, 0, OPT_SET},
         {"connections", required_argument, 0, OPT_CONNECTIONS},
+        {"effect-only", no_argument, 0, OPT_EFFECT_ONLY},
         {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0}};
     int o;
@@ -240,6 +421,9 @@ int main(int argc, char **argv)
                         MAX_CONNECTIONS);
                 return 2;
             }
+            break;
+        case OPT_EFFECT_ONLY:
+            effect = 1;
             break;
         case 'h':
             usage(stdout);
@@ -279,6 +463,15 @@ int main(int argc, char **argv)
     if (read_topic(conf, topic, rules, &recs, errstr, sizeof(errstr))) {
         fprintf(stderr, "redisalone: %s\n", errstr);
         return 1;
+    }
+    if (effect) {
+        int erc = effect_only(conf, &recs, conns);
+        free(recs.env);
+        free(recs.partition);
+        free(recs.offset);
+        idem_envelope_rules_destroy(rules);
+        idem_conf_destroy(conf);
+        return erc;
     }
     size_t batch = (size_t)conf->batch_max_messages;
     idem_store_t *store[MAX_CONNECTIONS];

@@ -803,3 +803,144 @@ Test(dlq, inspect_shows_identity_and_headers_and_filters_by_group,
     free(out);
     free(errs);
 }
+
+/* Writes one hand-made dead letter of payments (as a member would) keyed
+ * `key`, whose dlq.original.partition is `partition`, to DLQ partition 0. */
+static void put_letter_from(rd_kafka_t *rk, const char *key, int partition)
+{
+    rd_kafka_headers_t *h = rd_kafka_headers_new(8);
+    char part[16];
+    snprintf(part, sizeof(part), "%d", partition);
+    rd_kafka_header_add(h, "dlq.reason", -1, "handler-rejected", -1);
+    rd_kafka_header_add(h, "dlq.error", -1, "refused", -1);
+    rd_kafka_header_add(h, "dlq.original.topic", -1, "payments", -1);
+    rd_kafka_header_add(h, "dlq.original.partition", -1, part, -1);
+    rd_kafka_header_add(h, "dlq.original.offset", -1, "7", -1);
+    rd_kafka_header_add(h, "dlq.failed.at", -1, "2026-01-01T00:00:00.000Z", -1);
+    cr_assert_eq(rd_kafka_producev(rk, RD_KAFKA_V_TOPIC("payments.dlq"),
+                                   RD_KAFKA_V_PARTITION(0),
+                                   RD_KAFKA_V_KEY((void *)key, strlen(key)),
+                                   RD_KAFKA_V_VALUE((void *)key, strlen(key)),
+                                   RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY),
+                                   RD_KAFKA_V_HEADERS(h), RD_KAFKA_V_END),
+                 0);
+}
+
+/* Each replay goes back to the partition number its record came from, not
+ * where its key hashes; with --to, to the same partition number where the
+ * target has it, else by key. A dead letter whose original partition is
+ * gone (the topic created again with fewer) fails with the reason and
+ * holds the checkpoint back. */
+Test(dlq, replay_writes_each_dead_letter_to_its_original_partition,
+     .timeout = 120)
+{
+    const char *topics[] = {"payments.other:2", NULL};
+    cr_assert_eq(th_stack_start_topics(&stk, 4, topics, NULL), 0);
+    char err[512];
+    rd_kafka_conf_t *kc = rd_kafka_conf_new();
+    rd_kafka_conf_set(kc, "bootstrap.servers", stk.broker.bootstrap, err,
+                      sizeof(err));
+    rd_kafka_t *rk = rd_kafka_new(RD_KAFKA_PRODUCER, kc, err, sizeof(err));
+    cr_assert(rk, "%s", err);
+    const int letters = 16;
+    for (int i = 0; i < letters; i++) {
+        char key[16];
+        snprintf(key, sizeof(key), "k-%d", i);
+        put_letter_from(rk, key, i % 4);
+    }
+    put_letter_from(rk, "gone", 9);
+    cr_assert_eq(rd_kafka_flush(rk, 30000), 0);
+    rd_kafka_destroy(rk);
+
+    char *out = NULL, *e = NULL;
+    const char *dry[] = {"--dry-run", NULL};
+    cr_expect_eq(dlq_cmd("replay", dry, &out, &e), 1, "%s", e);
+    cr_expect(strstr(out, "to payments/3 as replay 1"), "%s", out);
+    free(out);
+    free(e);
+
+    const char *cp[] = {"--checkpoint", "cp", NULL};
+    cr_expect_eq(dlq_cmd("replay", cp, &out, &e), 1, "%s", e);
+    cr_expect(strstr(e, "dlq.original.partition 9 is not a partition of "
+                        "payments, which has 4"),
+              "%s", e);
+    char summary[160];
+    snprintf(summary, sizeof(summary),
+             "replay: read %d, matched %d, sent %d, acked %d, refused 0, "
+             "failed 1\n",
+             letters + 1, letters + 1, letters, letters);
+    cr_expect(strstr(out, summary), "%s", out);
+    free(out);
+    free(e);
+    th_recs_t in = th_topic_read(stk.broker.bootstrap, "payments");
+    cr_assert_eq(in.n, (size_t)letters);
+    for (size_t i = 0; i < in.n; i++)
+        cr_expect_eq(in.v[i].partition, atoi(in.v[i].key + 2) % 4, "%s",
+                     in.v[i].key);
+    th_recs_free(&in);
+
+    /* The failed one holds the checkpoint: offered again, and only it. */
+    cr_expect_eq(dlq_cmd("replay", cp, &out, &e), 1, "%s", e);
+    cr_expect(strstr(out, "replay: read 1, matched 1, sent 0"), "%s", out);
+    free(out);
+    free(e);
+
+    const char *to[] = {"--to", "payments.other", NULL};
+    cr_expect_eq(dlq_cmd("replay", to, &out, &e), 0, "%s", e);
+    free(out);
+    free(e);
+    th_recs_t other = th_topic_read(stk.broker.bootstrap, "payments.other");
+    cr_assert_eq(other.n, (size_t)letters + 1);
+    for (size_t i = 0; i < other.n; i++) {
+        int orig =
+            strcmp(other.v[i].key, "gone") ? atoi(other.v[i].key + 2) % 4 : 9;
+        if (orig < 2)
+            cr_expect_eq(other.v[i].partition, orig, "%s", other.v[i].key);
+    }
+    th_recs_free(&other);
+    th_stack_stop(&stk);
+}
+
+static int copy_reports, copy_errors;
+static void copy_report(void *opaque, rd_kafka_resp_err_t err)
+{
+    (void)opaque;
+    copy_reports++;
+    copy_errors += err != 0;
+}
+
+/* A copy for a partition number its topic is known not to have (the
+ * member's start check could not be made, or the topic was created again
+ * with fewer partitions) goes where its key hashes instead of being
+ * refused for ever, which would hold its partition as an outage. */
+Test(dlq, a_copy_for_a_missing_partition_goes_where_its_key_hashes,
+     .timeout = 60)
+{
+    const char *topics[] = {"short:1", NULL};
+    cr_assert_eq(th_stack_start_topics(&stk, 2, topics, NULL), 0);
+    char err[512];
+    idem_conf_t *conf =
+        idem_conf_load(stk.conf, NULL, NULL, 0, err, sizeof(err));
+    cr_assert(conf, "%s", err);
+    idem_dlq_t *d = idem_dlq_new(conf, copy_report, err, sizeof(err));
+    cr_assert(d, "%s", err);
+    rd_kafka_message_t m = {
+        .key = "k-1", .key_len = 3, .payload = "v", .len = 1};
+    /* The first write teaches the producer the topic's partitions. */
+    cr_assert_eq(idem_dlq_send_to(d, "short", 0, &m, rd_kafka_headers_new(1),
+                                  NULL, err, sizeof(err)),
+                 0, "%s", err);
+    cr_assert_eq(idem_dlq_flush(d, 10000), 0);
+    cr_assert_eq(idem_dlq_send_to(d, "short", 3, &m, rd_kafka_headers_new(1),
+                                  NULL, err, sizeof(err)),
+                 0, "%s", err);
+    cr_assert_eq(idem_dlq_flush(d, 10000), 0);
+    cr_expect_eq(copy_reports, 2);
+    cr_expect_eq(copy_errors, 0);
+    idem_dlq_destroy(d);
+    idem_conf_destroy(conf);
+    th_recs_t t = th_topic_read(stk.broker.bootstrap, "short");
+    cr_expect_eq(t.n, 2);
+    th_recs_free(&t);
+    th_stack_stop(&stk);
+}

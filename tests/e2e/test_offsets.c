@@ -8,6 +8,7 @@
 
 #include <criterion/criterion.h>
 #include <jansson.h>
+#include <inttypes.h>
 #include <librdkafka/rdkafka.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -440,6 +441,239 @@ Test(offsets, kafka_offset_moved_by_another_tool_is_named_not_honoured,
         member_metric(port, "idemproc_records_total{outcome=\"duplicate\"}"),
         0);
     cr_expect_eq(th_stack_applied(&stk), unique);
+    cr_expect_eq(th_stop(m, 15000), 0);
+    th_stack_stop(&stk);
+}
+
+/* Kafka's committed offset of each partition (2), from show. */
+static void committed_offsets(int64_t out[2])
+{
+    json_t *doc = show_json();
+    json_t *parts = json_object_get(doc, "partitions");
+    cr_assert_eq(json_array_size(parts), 2);
+    for (size_t i = 0; i < 2; i++)
+        out[i] = (int64_t)json_integer_value(
+            json_object_get(json_array_get(parts, i), "kafka_committed"));
+    json_decref(doc);
+}
+
+static const char lost_said[] = "redis lost its state of a partition";
+
+/* A member whose partitions Redis lost (both of 2): it says so once per
+ * partition, counts it as Redis going back in time, is not ready naming
+ * the partition, and applies nothing of the records after Kafka's offsets
+ * (`fresh` of them wait there). Stops it. */
+static void member_keeps_lost_partitions_paused(const char *name, long fresh)
+{
+    int port = th_free_port();
+    char listen[64];
+    snprintf(listen, sizeof(listen), "http.listen=127.0.0.1:%d", port);
+    const char *sets[] = {listen, NULL};
+    pid_t m = th_stack_member(&stk, name, sets);
+    for (int t = 0; t < 300 && th_stack_log_count(&stk, name, lost_said) < 2;
+         t++)
+        usleep(100000);
+    cr_expect_eq(th_stack_log_count(&stk, name, lost_said), 2);
+    char *body = NULL;
+    int st = 0;
+    for (int t = 0;
+         t < 100 && (st = th_http_get(port, "/readyz", &body)) != 503; t++) {
+        free(body);
+        body = NULL;
+        usleep(100000);
+    }
+    cr_expect_eq(st, 503, "ready although redis lost its partitions");
+    cr_expect(body && strstr(body, "redis lost its state of payments ["), "%s",
+              body ? body : "");
+    free(body);
+    cr_expect_eq(member_metric(port, "idemproc_redis_position_behind_total"),
+                 2);
+    /* Joined and judged: the fetched records of a lost partition would be
+     * applied within the same seconds; none is. */
+    sleep(3);
+    cr_expect_eq(th_stack_applied(&stk), 0);
+    cr_expect_eq(show_lag(), fresh);
+    cr_expect_eq(th_http_get(port, "/readyz", NULL), 503);
+    cr_expect_eq(th_stop(m, 15000), 0, "%s did not stop cleanly", name);
+}
+
+/* Redis lost everything (FLUSHALL) while Kafka holds the offsets the
+ * members committed: no member can say how far back Redis lost, so it
+ * starts nowhere (before, it started at Kafka's offset and what Redis lost
+ * was never applied again). show says "lost"; a reset to the earliest
+ * offsets writes both sides, and the next member applies it all: exact. */
+Test(offsets, redis_flushed_partitions_stay_paused_until_reset, .timeout = 300)
+{
+    cr_assert_eq(th_stack_start(&stk, 2, NULL), 0);
+    const char *traffic[] = {"--count", "300", "--seed", "2120", NULL};
+    cr_assert_eq(th_stack_produce(&stk, traffic), 0);
+    long unique = th_stack_expect_unique(&stk);
+    member_until_read("m1", NULL);
+    cr_assert_eq(th_stack_applied(&stk), unique);
+    const char *flush[] = {"FLUSHALL", NULL};
+    th_redis_ok(&stk.redis, flush);
+
+    char *out = NULL, *err = NULL;
+    cr_assert_eq(offsets_cmd("show", NULL, &out, &err), 0, "%s", err);
+    cr_expect(strstr(out, " lost "), "%s", out);
+    cr_expect(strstr(out, " paused:redis-lost "), "%s", out);
+    cr_expect(strstr(out, "payments [1]: redis holds no position while kafka "
+                          "holds a member's offset"),
+              "%s", out);
+    cr_expect(strstr(out, "idemproc offsets reset --topic payments:0"), "%s",
+              out);
+    free(out);
+    free(err);
+    json_t *doc = show_json();
+    json_t *p0 = json_array_get(json_object_get(doc, "partitions"), 0);
+    cr_expect_str_eq(json_string_value(json_object_get(p0, "start_from")),
+                     "paused:redis-lost");
+    json_decref(doc);
+
+    member_keeps_lost_partitions_paused("m2", 0);
+
+    const char *earliest[] = {"--to-earliest", "--execute", NULL};
+    cr_assert_eq(offsets_cmd("reset", earliest, &out, &err), 0, "%s", err);
+    cr_expect(strstr(out, "reset: done"), "%s", out);
+    free(out);
+    free(err);
+    pid_t m = th_stack_member(&stk, "m3", NULL);
+    TH_ASSERT_VERIFIED(&stk, 0, NULL, 90000);
+    wait_no_lag(60000);
+    cr_expect_eq(th_stack_applied(&stk), unique);
+    cr_expect_eq(th_stack_log_count(&stk, "m3", lost_said), 0);
+    cr_expect_eq(th_stop(m, 15000), 0);
+    th_stack_stop(&stk);
+}
+
+/* Redis replaced by a fresh, empty one on another port, and new records
+ * after the members' offsets: nothing of them is applied while the
+ * partitions are lost (before, they were, on top of a Redis without the
+ * old state). A reset of each partition to Kafka's offset (the operator's
+ * choice: the old effects are gone with the old Redis) lets the next
+ * member apply exactly the new records. */
+Test(offsets, fresh_redis_partitions_stay_paused_until_reset_to_offset,
+     .timeout = 300)
+{
+    cr_assert_eq(th_stack_start(&stk, 2, NULL), 0);
+    const char *before[] = {"--count", "300", "--seed", "2121", NULL};
+    cr_assert_eq(th_stack_produce(&stk, before), 0);
+    member_until_read("m1", NULL);
+    int64_t kafka[2];
+    committed_offsets(kafka);
+    th_redis_stop(&stk.redis);
+    th_redis_t fresh = {0};
+    cr_assert_eq(th_redis_start(&fresh), 0);
+    cr_assert_neq(fresh.port, stk.redis.port);
+    stk.redis = fresh;
+    /* Members and the tools see the new one (the environment wins over the
+     * file); this test's process only. */
+    setenv("IDEMPROC_REDIS_URL", stk.redis.url, 1);
+    const char *after[] = {"--count", "200", "--seed", "2122", NULL};
+    cr_assert_eq(th_stack_produce(&stk, after), 0);
+    long unique = th_stack_expect_unique(&stk);
+
+    member_keeps_lost_partitions_paused("m2", 200);
+
+    for (int p = 0; p < 2; p++) {
+        char topic[32], to[32];
+        snprintf(topic, sizeof(topic), "payments:%d", p);
+        snprintf(to, sizeof(to), "%" PRId64, kafka[p]);
+        const char *reset[] = {"--topic", topic,       "--to-offset",
+                               to,        "--execute", NULL};
+        char *out = NULL, *err = NULL;
+        cr_assert_eq(offsets_cmd("reset", reset, &out, &err), 0, "%s", err);
+        free(out);
+        free(err);
+    }
+    pid_t m = th_stack_member(&stk, "m3", NULL);
+    TH_ASSERT_VERIFIED(&stk, 0, NULL, 90000);
+    wait_no_lag(60000);
+    cr_expect_eq(th_stack_applied(&stk), unique);
+    cr_expect_eq(th_stack_log_count(&stk, "m3", lost_said), 0);
+    cr_expect_eq(th_stop(m, 15000), 0);
+    th_stack_stop(&stk);
+    unsetenv("IDEMPROC_REDIS_URL");
+}
+
+/* An upgrade from a version that committed without metadata (or a group
+ * moved by kafka-consumer-groups), with no position in Redis: Kafka's
+ * offset is used as before, nothing is called lost. */
+Test(offsets, offset_without_our_metadata_and_no_position_starts_at_kafka,
+     .timeout = 240)
+{
+    cr_assert_eq(th_stack_start(&stk, 2, NULL), 0);
+    const char *old[] = {"--count", "300", "--seed", "2123", NULL};
+    cr_assert_eq(th_stack_produce(&stk, old), 0);
+    json_t *doc = show_json();
+    for (int p = 0; p < 2; p++)
+        foreign_commit(p, (int64_t)json_integer_value(json_object_get(
+                              json_array_get(json_object_get(doc, "partitions"),
+                                             (size_t)p),
+                              "high")));
+    json_decref(doc);
+    char *out = NULL, *err = NULL;
+    cr_assert_eq(offsets_cmd("show", NULL, &out, &err), 0, "%s", err);
+    cr_expect(!strstr(out, " lost "), "%s", out);
+    cr_expect(strstr(out, " kafka "), "%s", out);
+    free(out);
+    free(err);
+    const char *fresh[] = {"--count", "200", "--seed", "2124", NULL};
+    cr_assert_eq(th_stack_produce(&stk, fresh), 0);
+    long unique = th_stack_expect_unique(&stk);
+    int port = th_free_port();
+    char listen[64];
+    snprintf(listen, sizeof(listen), "http.listen=127.0.0.1:%d", port);
+    const char *sets[] = {listen, NULL};
+    pid_t m = th_stack_member(&stk, "m1", sets);
+    TH_ASSERT_VERIFIED(&stk, 0, NULL, 90000);
+    cr_expect_eq(th_stack_applied(&stk), unique);
+    cr_expect_eq(th_http_get(port, "/readyz", NULL), 200);
+    cr_expect_eq(member_metric(port, "idemproc_redis_position_behind_total"),
+                 0);
+    cr_expect_eq(th_stack_log_count(&stk, "m1", lost_said), 0);
+    cr_expect_eq(th_stop(m, 15000), 0);
+    th_stack_stop(&stk);
+}
+
+/* The same loss found later: the member is assigned its partitions while
+ * Redis is down (their positions cannot be read then), and Redis comes back
+ * empty. The first look at the positions finds none where a member
+ * committed: lost, paused, not ready, nothing applied. */
+Test(offsets, partitions_assigned_while_redis_is_down_are_judged_lost_later,
+     .timeout = 300)
+{
+    cr_assert_eq(th_stack_start(&stk, 2, NULL), 0);
+    const char *before[] = {"--count", "300", "--seed", "2125", NULL};
+    cr_assert_eq(th_stack_produce(&stk, before), 0);
+    member_until_read("m1", NULL);
+    const char *flush[] = {"FLUSHALL", NULL};
+    th_redis_ok(&stk.redis, flush);
+    cr_assert_eq(th_redis_kill(&stk.redis), 0);
+    const char *after[] = {"--count", "200", "--seed", "2126", NULL};
+    cr_assert_eq(th_stack_produce(&stk, after), 0);
+    int port = th_free_port();
+    char listen[64];
+    snprintf(listen, sizeof(listen), "http.listen=127.0.0.1:%d", port);
+    const char *sets[] = {listen, NULL};
+    pid_t m = th_stack_member(&stk, "m2", sets);
+    const char *assigned = "partitions assigned";
+    for (int t = 0; t < 300 && !th_stack_log_count(&stk, "m2", assigned); t++)
+        usleep(100000);
+    cr_assert_eq(th_stack_log_count(&stk, "m2", assigned), 1);
+    cr_expect_eq(th_stack_log_count(&stk, "m2", lost_said), 0);
+    cr_assert_eq(th_redis_restart(&stk.redis), 0);
+    for (int t = 0; t < 300 && th_stack_log_count(&stk, "m2", lost_said) < 2;
+         t++)
+        usleep(100000);
+    cr_expect_eq(th_stack_log_count(&stk, "m2", lost_said), 2);
+    char *body = NULL;
+    cr_expect_eq(th_http_get(port, "/readyz", &body), 503);
+    cr_expect(body && strstr(body, "redis lost its state of payments ["), "%s",
+              body ? body : "");
+    free(body);
+    sleep(3);
+    cr_expect_eq(th_stack_applied(&stk), 0);
     cr_expect_eq(th_stop(m, 15000), 0);
     th_stack_stop(&stk);
 }

@@ -139,7 +139,7 @@ static size_t aof_parse(const char *buf, size_t len, aof_cmd_t **out)
 }
 
 /* Cuts the newest incr AOF of r in the middle of a command inside the last
- * MULTI/EXEC block that holds at least two commands (a script's writes),
+ * MULTI/EXEC block of a chunk's effects (a script's writes),
  * the way a host crash cuts a file the OS had not written out: found by
  * parsing the file, not by a byte count. Returns the bytes cut. */
 static long aof_cut_inside_multi(th_redis_t *r)
@@ -158,7 +158,13 @@ static long aof_cut_inside_multi(th_redis_t *r)
         size_t m = i;
         while (m-- > 0 && strcasecmp(cmd[m].name, "MULTI"))
             ;
-        if (m < i && i - m >= 3) { /* MULTI, two or more writes, EXEC */
+        /* MULTI, two or more writes, EXEC, of a chunk of effects (an
+         * HINCRBY of the ledger): not the members' heartbeat script, whose
+         * block comes every second and holds no effect and no position. */
+        int effects = 0;
+        for (size_t k = m + 1; k < i && m < i; k++)
+            effects |= !strcasecmp(cmd[k].name, "HINCRBY");
+        if (m < i && i - m >= 3 && effects) {
             const aof_cmd_t *last = &cmd[i - 1];
             cut = last->start + (last->end - last->start) / 2;
         }

@@ -372,3 +372,118 @@ Test(retrytopic_run, full_hands_do_not_wait_for_a_retry_copy)
     cr_assert_eq(th_stop(m, 15000), 0);
     th_stack_stop(&stk);
 }
+
+/* Writes {"idempotency_key":"<prefix>-i","order_id":"<prefix>-i"} keyed
+ * "<prefix>-i" to partition i % partitions of payments: not where the key
+ * hashes, as a producer with its own partitioner would. */
+static void produce_to_partitions(const char *prefix, int count, int partitions)
+{
+    char err[512];
+    rd_kafka_conf_t *kc = rd_kafka_conf_new();
+    rd_kafka_conf_set(kc, "bootstrap.servers", stk.broker.bootstrap, err,
+                      sizeof(err));
+    rd_kafka_t *rk = rd_kafka_new(RD_KAFKA_PRODUCER, kc, err, sizeof(err));
+    cr_assert(rk, "%s", err);
+    for (int i = 0; i < count; i++) {
+        char key[32], value[128];
+        snprintf(key, sizeof(key), "%s-%d", prefix, i);
+        snprintf(value, sizeof(value),
+                 "{\"idempotency_key\":\"%s\",\"order_id\":\"%s\"}", key, key);
+        cr_assert_eq(rd_kafka_producev(rk, RD_KAFKA_V_TOPIC("payments"),
+                                       RD_KAFKA_V_PARTITION(i % partitions),
+                                       RD_KAFKA_V_KEY(key, strlen(key)),
+                                       RD_KAFKA_V_VALUE(value, strlen(value)),
+                                       RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY),
+                                       RD_KAFKA_V_END),
+                     0);
+    }
+    cr_assert_eq(rd_kafka_flush(rk, 30000), 0);
+    rd_kafka_destroy(rk);
+}
+
+/* A copy goes to the partition number its record was read from, not
+ * where its key hashes: the input's records are written to partitions
+ * their keys do not hash to, and the retry topics have more partitions
+ * than the input (allowed), so hashing would scatter the copies. Each
+ * key's effect still once. */
+Test(retrytopic_run, copies_keep_the_partition_number_of_their_record)
+{
+    srv = th_hook_start((th_hook_reply_t){.status = 200}, 1);
+    cr_assert(srv);
+    /* One key in ten fails (more would trip the webhook's breaker, an
+     * outage retried in place), a third of them twice; in both input
+     * partitions. */
+    const int keys = 120, flaky = 12, twice = 4;
+    for (int i = 0; i < flaky; i++) {
+        char key[16];
+        snprintf(key, sizeof(key), "c-%d", i * 10 + i % 2);
+        th_hook_script(srv, key, (th_hook_reply_t){503, 0, NULL, "busy"});
+        if (i % 3 == 0)
+            th_hook_script(srv, key, (th_hook_reply_t){503, 0, NULL, "busy"});
+    }
+    const char *topics[] = {"payments.retry.200ms:5", "payments.retry.400ms:3",
+                            NULL};
+    const char *props[] = {"retry.topics=200ms,400ms", NULL};
+    cr_assert_eq(th_stack_start_topics(&stk, 2, topics, props), 0);
+    produce_to_partitions("c", keys, 2);
+    int port = th_free_port();
+    pid_t m = start_member("p1", port);
+    int64_t end = idem_now_ms() + 60000;
+    while (idem_now_ms() < end &&
+           th_hook_keys_acked(srv, "c-", NULL) < (size_t)keys)
+        usleep(100 * 1000);
+    size_t acks;
+    cr_assert_eq(th_hook_keys_acked(srv, "c-", &acks), (size_t)keys);
+    cr_expect_eq(acks, (size_t)keys, "an effect was applied twice");
+
+    th_recs_t in = th_topic_read(stk.broker.bootstrap, "payments");
+    th_recs_t t1 = th_topic_read(stk.broker.bootstrap, "payments.retry.200ms");
+    th_recs_t t2 = th_topic_read(stk.broker.bootstrap, "payments.retry.400ms");
+    cr_assert_eq(t1.n, (size_t)flaky);
+    cr_assert_eq(t2.n, (size_t)twice, "%zu in the second tier", t2.n);
+    for (size_t i = 0; i < t1.n + t2.n; i++) {
+        const th_rec_t *r = i < t1.n ? &t1.v[i] : &t2.v[i - t1.n];
+        const th_rec_t *o = input_of(&in, r->key);
+        cr_expect_eq(o->partition, atoi(r->key + 2) % 2, "%s", r->key);
+        cr_expect_eq(atoi(hdr(r, "retry.original.partition")), o->partition);
+        cr_expect_eq(r->partition, o->partition,
+                     "%s: copy in partition %d, its record in %d", r->key,
+                     (int)r->partition, (int)o->partition);
+    }
+    th_recs_free(&t1);
+    th_recs_free(&t2);
+    th_recs_free(&in);
+    cr_assert_eq(th_stop(m, 15000), 0);
+    th_stack_stop(&stk);
+}
+
+/* A retry topic with fewer partitions than its input could not take a
+ * copy at its record's partition number: the member refuses to start and
+ * check-config --connect fails, both naming the two counts. */
+Test(retrytopic_run, a_retry_topic_with_fewer_partitions_is_refused)
+{
+    const char *topics[] = {"payments.retry.1s:4", "payments.retry.1m:2", NULL};
+    const char *props[] = {"retry.topics=1s,1m", NULL};
+    cr_assert_eq(th_stack_start_topics(&stk, 4, topics, props), 0);
+    const char *why = "retry topic payments.retry.1m has 2 partitions, input "
+                      "topic payments has 4";
+    pid_t m = th_stack_member(&stk, "r1", NULL);
+    int rc = th_wait(m, 60000);
+    cr_assert_neq(rc, -1, "the member did not stop");
+    cr_expect_neq(rc, 0);
+    char *log = th_stack_member_log(&stk, "r1");
+    cr_expect(strstr(log, why), "%s", log);
+    free(log);
+
+    char *argv[] = {
+        (char *)th_bin(), "check-config", "--connect", "-c", stk.conf, NULL};
+    char *out = NULL, *err = NULL;
+    cr_expect_neq(th_run(argv, &out, &err, 60000), 0, "%s", out);
+    cr_expect(strstr(err, why), "%s", err);
+    cr_expect(strstr(out, "check-config: kafka: retry topic payments.retry.1m: "
+                          "2 partitions\n"),
+              "%s", out);
+    free(out);
+    free(err);
+    th_stack_stop(&stk);
+}

@@ -214,23 +214,99 @@ Test(store, evicting_policy_refused_unless_allowed, .timeout = 120)
 
 /* Cuts the last `fraction` of the newest incr AOF file in dir, the way a
  * host crash loses what the OS had not written yet. Returns bytes cut. */
-static long aof_cut_tail(const char *dir, double fraction)
+/* The newest incr AOF file of dir (by its sequence number, not its name:
+ * "10" sorts before "9") into path. */
+static void aof_newest_incr(const char *dir, char *path, size_t size)
 {
     char adir[600];
     snprintf(adir, sizeof(adir), "%s/appendonlydir", dir);
     DIR *d = opendir(adir);
     cr_assert(d, "no %s", adir);
-    char best[900] = "";
+    long best = -1;
     struct dirent *e;
-    while ((e = readdir(d)))
-        if (strstr(e->d_name, ".incr.aof") &&
-            (!best[0] || strcmp(e->d_name, strrchr(best, '/') + 1) > 0))
-            snprintf(best, sizeof(best), "%s/%s", adir, e->d_name);
+    while ((e = readdir(d))) {
+        const char *at = strstr(e->d_name, ".aof.");
+        if (!at || !strstr(e->d_name, ".incr.aof") || atol(at + 5) <= best)
+            continue;
+        best = atol(at + 5);
+        snprintf(path, size, "%s/%s", adir, e->d_name);
+    }
     closedir(d);
-    cr_assert(best[0], "no incr AOF in %s", adir);
+    cr_assert_geq(best, 0, "no incr AOF in %s", adir);
+}
+
+/* Where, in the AOF text buf[len], the first position of every partition
+ * of payments (0..partitions-1) has been written: the end of the first
+ * HSET of the group's positions hash that names the last of them. -1 when
+ * one never was. Commands are RESP arrays of bulk strings. */
+static long aof_first_positions_end(const char *buf, size_t len, int partitions)
+{
+    static const char key[] = "idemproc:pos:test-group";
+    const int all = (1 << partitions) - 1;
+    int seen = 0;
+    long end = -1;
+    size_t p = 0;
+    while (p < len && buf[p] == '*' && seen != all) {
+        long argc = atol(buf + p + 1);
+        const char *nl = memchr(buf + p, '\n', len - p);
+        if (!nl)
+            break;
+        p = (size_t)(nl - buf) + 1;
+        int hset = 0, ours = 0, ok = 1;
+        for (long a = 0; a < argc && ok; a++) {
+            nl = p < len && buf[p] == '$' ? memchr(buf + p, '\n', len - p)
+                                          : NULL;
+            long l = nl ? atol(buf + p + 1) : -1;
+            if (!nl || (size_t)(nl - buf) + 1 + (size_t)l + 2 > len) {
+                ok = 0;
+                break;
+            }
+            const char *arg = nl + 1;
+            p = (size_t)(nl - buf) + 1 + (size_t)l + 2;
+            if (a == 0)
+                hset = l == 4 && !strncasecmp(arg, "HSET", 4);
+            else if (a == 1)
+                ours = hset && (size_t)l == strlen(key) && !memcmp(arg, key, l);
+            else if (ours && a % 2 == 0 && l > 9 &&
+                     !memcmp(arg, "payments:", 9)) {
+                int part = atoi(arg + 9);
+                if (part >= 0 && part < partitions)
+                    seen |= 1 << part;
+            }
+        }
+        if (!ok)
+            break;
+        if (seen == all)
+            end = (long)p; /* this command named the last one */
+    }
+    return end;
+}
+
+/* Cuts the tail of dir's newest incr AOF: `fraction` of its bytes, or
+ * less when that would take the first position of one of `partitions`
+ * partitions (0: no such bound). Returns the bytes cut. */
+static long aof_cut_tail(const char *dir, double fraction, int partitions)
+{
+    char best[900];
+    aof_newest_incr(dir, best, sizeof(best));
     struct stat st;
     cr_assert_eq(stat(best, &st), 0);
     off_t keep = (off_t)((double)st.st_size * (1.0 - fraction));
+    if (partitions) {
+        size_t len = 0;
+        char *buf = th_slurp(best, &len);
+        cr_assert(buf, "cannot read %s", best);
+        long first = aof_first_positions_end(buf, len, partitions);
+        free(buf);
+        cr_assert_geq(first, 0, "%s: a partition's first position is missing",
+                      best);
+        cr_log_info("AOF %ld bytes: every first position written by byte "
+                    "%ld, cutting from byte %ld",
+                    (long)st.st_size, first,
+                    (long)(keep < first ? first : keep));
+        if (keep < first)
+            keep = first;
+    }
     cr_assert_eq(truncate(best, keep), 0);
     return (long)(st.st_size - keep);
 }
@@ -261,7 +337,7 @@ Test(store, lost_aof_tail_is_read_again_exact, .timeout = 240)
     kill(stk.redis.pid, SIGKILL);
     th_wait(stk.redis.pid, 5000);
     stk.redis.pid = 0;
-    long cut = aof_cut_tail(stk.redis.dir, 0.6);
+    long cut = aof_cut_tail(stk.redis.dir, 0.6, 0);
     cr_assert_gt(cut, 0);
     stk.redis.extra[0] = "--appendonly";
     stk.redis.extra[1] = "yes";
@@ -383,11 +459,45 @@ static long positions_sum(th_stack_t *s)
     return sum;
 }
 
+/* The lines of member `name`'s log that tell what happened to positions
+ * and fetching (for a failure's message; caller frees). */
+static char *member_log_digest(const char *name)
+{
+    static const char *const words[] = {"position",     "rewound",  "lost",
+                                        "back in time", "fetched",  "assigned",
+                                        "paused",       "resuming", "error"};
+    char *log = th_stack_member_log(&stk, name);
+    size_t cap = 16384, n = 0;
+    char *out = calloc(1, cap);
+    for (char *l = log, *nl; l && *l; l = nl ? nl + 1 : NULL) {
+        nl = strchr(l, '\n');
+        size_t len = nl ? (size_t)(nl - l) : strlen(l);
+        int keep = 0;
+        for (size_t w = 0; w < sizeof(words) / sizeof(words[0]) && !keep; w++)
+            keep = memmem(l, len, words[w], strlen(words[w])) != NULL;
+        if (keep && n + len + 2 < cap) {
+            memcpy(out + n, l, len);
+            n += len;
+            out[n++] = '\n';
+        }
+    }
+    free(log);
+    return out;
+}
+
 /* Redis loses the tail of its AOF while no member runs (the whole group
  * was down, or restarted with it). Kafka's committed offsets are at the
  * end, Redis's positions are not: the next member starts each partition at
  * the position Redis holds, says that Redis went back in time, and applies
- * the lost records again: exact. */
+ * the lost records again: exact.
+ *
+ * The cut keeps every partition's first position. A partition whose first
+ * position comes late in the file (its fetch started seconds after the
+ * others', as librdkafka sometimes does: the fetch watch repairs it) lost
+ * everything with a plain half cut: Redis held no position of it, the
+ * next member started it at Kafka's end, and the ledger stayed short (the
+ * one failure seen in a full run). Such a partition is now lost, kept
+ * paused until a reset (test_offsets.c), never guessed. */
 Test(store, member_starts_at_the_position_redis_holds, .timeout = 240)
 {
     cr_assert_eq(th_stack_start(&stk, 4, NULL), 0);
@@ -413,7 +523,7 @@ Test(store, member_starts_at_the_position_redis_holds, .timeout = 240)
     kill(stk.redis.pid, SIGKILL);
     th_wait(stk.redis.pid, 5000);
     stk.redis.pid = 0;
-    cr_assert_gt(aof_cut_tail(stk.redis.dir, 0.5), 0);
+    cr_assert_gt(aof_cut_tail(stk.redis.dir, 0.5, 4), 0);
     stk.redis.extra[0] = "--appendonly";
     stk.redis.extra[1] = "yes";
     cr_assert_eq(th_redis_restart(&stk.redis), 0);
@@ -421,9 +531,19 @@ Test(store, member_starts_at_the_position_redis_holds, .timeout = 240)
     cr_log_info("positions after the cut: %ld of %ld records", kept, sent);
     cr_assert(kept > 0 && kept < sent, "positions after the cut: %ld of %ld",
               kept, sent);
+    const char *hlen[] = {"HLEN", "idemproc:pos:test-group", NULL};
+    char *parts = th_redis_cli(&stk.redis, hlen);
+    cr_assert(parts && atoi(parts) == 4, "positions kept: %s", parts);
+    free(parts);
 
     m = th_stack_member(&stk, "m2", NULL);
-    TH_ASSERT_VERIFIED(&stk, 1, NULL, 120000);
+    char *vout = NULL;
+    if (th_stack_wait_verified(&stk, 1, NULL, 120000, &vout)) {
+        char *d1 = member_log_digest("m1"), *d2 = member_log_digest("m2");
+        cr_assert_fail("verify never exact:\n%s\nm1:\n%s\nm2:\n%s", vout, d1,
+                       d2);
+    }
+    free(vout);
     char *log = th_stack_member_log(&stk, "m2");
     cr_expect(strstr(log, "redis went back in time"), "not detected: %s", log);
     free(log);

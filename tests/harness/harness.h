@@ -84,8 +84,6 @@ void th_broker_stop(th_broker_t *b);
 int th_run_env(char *const argv[], char *const env[], char **out, char **err,
                int timeout_ms);
 
-#endif
-
 /* Minimal HTTP/1.0 GET to 127.0.0.1:port. Returns the status code (and
  * the body, caller frees) or -1 when nothing answered. */
 int th_http_get(int port, const char *path, char **body);
@@ -205,3 +203,5 @@ th_recs_t th_topic_read(const char *bootstrap, const char *topic);
 
 /* Records in a topic: the sum of its partitions' watermark spans. */
 long th_topic_size(const char *bootstrap, const char *topic);
+
+#endif

@@ -220,6 +220,21 @@ Test(envelope, integer_identities_are_their_decimal_text)
         {"value:/event_id", "{\"event_id\":1e3}", NULL},
         {"value:/event_id", "{\"event_id\":1.5}", NULL},
         {"value:/event_id", "{\"event_id\":99999999999999999999}", NULL},
+        /* Another member's integer beyond 64 bits does not change the
+         * verdict on the identity (jansson refuses to read integers
+         * exactly in such a value; the identity's literal decides). */
+        {"value:/event_id",
+         "{\"event_id\":-5,\"d\":16786666666666666666669012345}", "-5"},
+        {"value:/meta/event_id",
+         "{\"d\":16786666666666666666669012345,\"meta\":{\"event_id\":"
+         "9223372036854775807}}",
+         "9223372036854775807"},
+        {"value:/event_id",
+         "{\"event_id\":9223372036854775808,\"d\":"
+         "16786666666666666666669012345}",
+         NULL},
+        {"value:/event_id",
+         "{\"event_id\":2.5,\"d\":16786666666666666666669012345}", NULL},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         for (int fast = 0; fast < 2; fast++) {

@@ -33,15 +33,43 @@ Test(offreset, topic_selections_parse_and_match)
 Test(offreset, a_member_starts_at_redis_then_kafka_then_auto_reset)
 {
     idem_offreset_from_t from;
-    cr_expect_eq(idem_offreset_start(40, 1, 30, 1, 0, 50, &from), 40);
+    const idem_offreset_by_t other = IDEM_OFFRESET_BY_OTHER;
+    cr_expect_eq(idem_offreset_start(40, 1, 30, other, 1, 0, 50, &from), 40);
     cr_expect_eq(from, IDEM_OFFRESET_FROM_REDIS);
-    cr_expect_eq(idem_offreset_start(40, 0, 30, 1, 0, 50, &from), 30);
+    cr_expect_eq(idem_offreset_start(40, 0, 30, other, 1, 0, 50, &from), 30);
     cr_expect_eq(from, IDEM_OFFRESET_FROM_KAFKA);
-    cr_expect_eq(idem_offreset_start(-1, 1, -1, 1, 5, 50, &from), 5);
+    cr_expect_eq(idem_offreset_start(-1, 1, -1, other, 1, 5, 50, &from), 5);
     cr_expect_eq(from, IDEM_OFFRESET_FROM_AUTO);
-    cr_expect_eq(idem_offreset_start(-1, 1, -1, 0, 5, 50, &from), 50);
+    cr_expect_eq(idem_offreset_start(-1, 1, -1, other, 0, 5, 50, &from), 50);
     cr_expect_str_eq(idem_offreset_from2str(IDEM_OFFRESET_FROM_AUTO),
                      "auto.offset.reset");
+}
+
+/* Redis holds no position while Kafka holds a member's offset: Redis lost
+ * everything of the partition, and it starts nowhere. Another tool's
+ * offset (an upgrade from before the metadata, kafka-consumer-groups) or a
+ * reset's is used as before; a position not usable here is no loss. */
+Test(offreset, a_member_offset_without_a_redis_position_starts_nowhere)
+{
+    idem_offreset_from_t from;
+    cr_expect(idem_offreset_redis_lost(-1, 30, IDEM_OFFRESET_BY_MEMBER));
+    cr_expect_eq(idem_offreset_start(-1, 1, 30, IDEM_OFFRESET_BY_MEMBER, 1, 0,
+                                     50, &from),
+                 30);
+    cr_expect_eq(from, IDEM_OFFRESET_FROM_NOWHERE);
+    cr_expect_str_eq(idem_offreset_from2str(from), "paused:redis-lost");
+    cr_expect(!idem_offreset_redis_lost(-1, 30, IDEM_OFFRESET_BY_OTHER));
+    cr_expect(!idem_offreset_redis_lost(-1, 30, IDEM_OFFRESET_BY_RESET));
+    cr_expect(!idem_offreset_redis_lost(-1, -1, IDEM_OFFRESET_BY_MEMBER));
+    cr_expect(!idem_offreset_redis_lost(20, 30, IDEM_OFFRESET_BY_MEMBER));
+    cr_expect_eq(
+        idem_offreset_start(-1, 1, 30, IDEM_OFFRESET_BY_OTHER, 1, 0, 50, &from),
+        30);
+    cr_expect_eq(from, IDEM_OFFRESET_FROM_KAFKA);
+    cr_expect_eq(idem_offreset_start(20, 0, 30, IDEM_OFFRESET_BY_MEMBER, 1, 0,
+                                     50, &from),
+                 30);
+    cr_expect_eq(from, IDEM_OFFRESET_FROM_KAFKA);
 }
 
 Test(offreset, targets_stay_within_the_watermarks)

@@ -223,3 +223,80 @@ Test(retrytopic, conf_checks_the_topics_it_would_use)
 }
 
 #define LINE(fp, ...) fprintf((fp), __VA_ARGS__), fputc('\n', (fp))
+
+/* Metadata as the brokers would give it: "name:count" items, NULL-ended. */
+static rd_kafka_metadata_t *md_of(const char *const topics[],
+                                  rd_kafka_metadata_topic_t *t, size_t room)
+{
+    static rd_kafka_metadata_t md;
+    size_t n = 0;
+    for (; topics[n] && n < room; n++) {
+        const char *colon = strchr(topics[n], ':');
+        t[n] = (rd_kafka_metadata_topic_t){
+            .topic = strndup(topics[n], (size_t)(colon - topics[n])),
+            .partition_cnt = atoi(colon + 1)};
+    }
+    md = (rd_kafka_metadata_t){.topic_cnt = (int)n, .topics = t};
+    return &md;
+}
+
+static void md_free(rd_kafka_metadata_t *md)
+{
+    for (int i = 0; i < md->topic_cnt; i++)
+        free(md->topics[i].topic);
+}
+
+/* A copy keeps its partition number, so each retry topic needs at least
+ * its input's partition count: fewer is refused with both counts, a
+ * missing one with the count to create it with; more is fine, and an
+ * input that is not there yet is not checked. */
+Test(retrytopic, partition_counts_of_the_retry_topics_are_checked)
+{
+    const int64_t d[] = {500, 60000};
+    idem_retrytopics_t *rt = idem_retrytopics_new("a,b", d, 2);
+    rd_kafka_metadata_topic_t t[8];
+    char err[512] = "";
+
+    const char *ok[] = {"a:4",
+                        "b:1",
+                        "a.retry.500ms:4",
+                        "a.retry.1m:6",
+                        "b.retry.500ms:1",
+                        "b.retry.1m:3",
+                        NULL};
+    rd_kafka_metadata_t *md = md_of(ok, t, 8);
+    cr_expect_eq(idem_retrytopics_check_md(rt, md, err, sizeof(err)), 0, "%s",
+                 err);
+    md_free(md);
+
+    const char *fewer[] = {"a:4",
+                           "b:1",
+                           "a.retry.500ms:4",
+                           "a.retry.1m:2",
+                           "b.retry.500ms:1",
+                           "b.retry.1m:1",
+                           NULL};
+    md = md_of(fewer, t, 8);
+    cr_expect_eq(idem_retrytopics_check_md(rt, md, err, sizeof(err)), -1);
+    cr_expect(strstr(err, "retry topic a.retry.1m has 2 partitions, input "
+                          "topic a has 4"),
+              "%s", err);
+    md_free(md);
+
+    const char *missing[] = {"a:4",          "b:3",          "a.retry.500ms:4",
+                             "a.retry.1m:4", "b.retry.1m:3", NULL};
+    md = md_of(missing, t, 8);
+    cr_expect_eq(idem_retrytopics_check_md(rt, md, err, sizeof(err)), -1);
+    cr_expect(strstr(err, "retry topic b.retry.500ms does not exist: create "
+                          "it with at least 3 partitions, the partition "
+                          "count of input topic b"),
+              "%s", err);
+    md_free(md);
+
+    const char *no_input[] = {"a:2", "a.retry.500ms:2", "a.retry.1m:2", NULL};
+    md = md_of(no_input, t, 8);
+    cr_expect_eq(idem_retrytopics_check_md(rt, md, err, sizeof(err)), 0, "%s",
+                 err);
+    md_free(md);
+    idem_retrytopics_destroy(rt);
+}
