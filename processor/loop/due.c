@@ -250,6 +250,49 @@ size_t idem_due_select(idem_due_t *d, const idem_records_t *recs,
     return n;
 }
 
+size_t idem_due_key_holds(idem_due_t *d, const idem_records_t *recs,
+                          idem_offsets_t *offs, int64_t now, size_t bound)
+{
+    /* Per partition: blocked counts the waiting records, waiting is set
+     * once one of them may start (scratch of this walk). */
+    for (size_t i = 0; i < offs->cnt; i++) {
+        offs->v[i].blocked = 0;
+        offs->v[i].waiting = 0;
+    }
+    int by_key = d->ordering == IDEM_ORDERING_KEY;
+    if (d->ordering != IDEM_ORDERING_NONE && recs->live >= bound) {
+        pass_begin(d, recs->live);
+        rec_t *r;
+        for (size_t i = 0; (r = idem_records_next(recs, &i));) {
+            if (r->state == REC_DONE || r->to_tier)
+                continue;
+            int fresh;
+            group_meet(d, r, by_key, &fresh);
+            if (r->sent)
+                continue; /* with the handler: not waiting in hand */
+            idem_part_t *pt =
+                idem_offsets_find(offs, r->view.topic, r->view.partition);
+            if (!pt)
+                continue;
+            pt->blocked++;
+            if (fresh && r->parsed && !r->poison && r->retry_at_ms <= now &&
+                !(d->one_per_identity && id_has(d, r)))
+                pt->waiting = 1; /* a head that may start */
+            else if (!r->parsed)
+                pt->waiting = 1; /* not judged yet: no reason to hold */
+        }
+    }
+    size_t held = 0;
+    for (size_t i = 0; i < offs->cnt; i++) {
+        idem_part_t *pt = &offs->v[i];
+        pt->key_hold = !pt->waiting && bound && (size_t)pt->blocked >= bound;
+        held += (size_t)pt->key_hold;
+        pt->blocked = 0;
+        pt->waiting = 0;
+    }
+    return held;
+}
+
 void idem_due_census(idem_due_t *d, const idem_records_t *recs,
                      size_t *keys_waiting, size_t *depth_hwm)
 {

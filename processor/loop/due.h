@@ -78,6 +78,17 @@ size_t idem_due_select(idem_due_t *d, const idem_records_t *recs,
                        idem_offsets_t *offs, int64_t now, size_t max,
                        rec_t **out);
 
+/* Whether each partition's fetch should pause behind busy keys (by key
+ * or partition; none: never), into its key_hold: a walk over every record
+ * in hand after a pass. A partition holds when at least `bound` of its
+ * unfinished records wait, not with the handler, and none of them may
+ * start (each is behind an unfinished record of its group, or is a head
+ * that waits: sent, poison, its retry time, its identity with the
+ * handler); it stops holding as soon as one may start or fewer than
+ * `bound` wait. Returns how many partitions hold. */
+size_t idem_due_key_holds(idem_due_t *d, const idem_records_t *recs,
+                          idem_offsets_t *offs, int64_t now, size_t bound);
+
 /* A walk over every record in hand, grouped by the ordering's group (by
  * key for none): *keys_waiting gets the groups holding more than one
  * unfinished record (the later ones wait, by key or partition), and the

@@ -166,6 +166,25 @@ static void ordering_census(idem_effects_t *fx)
                               (int64_t)hwm);
 }
 
+/* How often at most the key holds are judged (a walk over the records in
+ * hand once there are hold_bound of them). */
+#define HOLDS_INTERVAL_US 1000
+
+/* Judges which partitions wait behind busy keys (due.h), after a feed:
+ * the loop pauses their fetch. By key or partition only. */
+static void key_holds(idem_effects_t *fx)
+{
+    /* A hold ends as soon as it may (each feed while one lasts); one
+     * starts within HOLDS_INTERVAL_US. */
+    if (!fx->hold_bound || due_state(fx)->ordering == IDEM_ORDERING_NONE ||
+        (!fx->key_holds && (fx->recs->live < fx->hold_bound ||
+                            fx->clock_us - fx->holds_us < HOLDS_INTERVAL_US)))
+        return;
+    fx->holds_us = fx->clock_us;
+    fx->key_holds = idem_due_key_holds(&fx->due, fx->recs, fx->offs,
+                                       idem_now_ms(), fx->hold_bound);
+}
+
 /* Turns results res[n] into outcomes. `answer`: they are what the effect
  * answered (collected), not what a claim knew at once; an answer that is
  * no outage says the effect's service (or Redis) answers, and a store
@@ -338,14 +357,18 @@ int idem_effects_feed(idem_effects_t *fx, char *errstr, size_t errstr_size)
         return 0;
     ordering_census(fx);
     size_t room = idem_apply_room(fx->apply);
-    if (!room)
-        return 0;
-    /* The first in poll order: partitions (and keys) keep their order. */
-    size_t n = due_records(fx, idem_now_ms(), room);
-    if (n && idem_positions_first(fx->positions, fx->offs, fx->recs, fx->rs, n,
-                                  errstr, errstr_size))
-        return -1;
-    return n ? handler_submit(fx, n, errstr, errstr_size) : 0;
+    int rc = 0;
+    if (room) {
+        /* The first in poll order: partitions (and keys) keep their
+         * order. */
+        size_t n = due_records(fx, idem_now_ms(), room);
+        if (n && idem_positions_first(fx->positions, fx->offs, fx->recs, fx->rs,
+                                      n, errstr, errstr_size))
+            return -1;
+        rc = n ? handler_submit(fx, n, errstr, errstr_size) : 0;
+    }
+    key_holds(fx);
+    return rc;
 }
 
 /* ------------------------------------------------------ the batch cycle */

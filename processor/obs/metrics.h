@@ -147,6 +147,9 @@ void idem_metrics_retry_waiting_set(idem_metrics_t *m, int64_t partitions);
  * first call on. */
 void idem_metrics_ordering_set(idem_metrics_t *m, int64_t inflight,
                                int64_t keys_waiting, int64_t depth_hwm);
+/* Partitions paused now because their records in hand all wait behind
+ * busy keys (a rise counts into the holds' total). */
+void idem_metrics_key_holds_set(idem_metrics_t *m, int64_t partitions);
 
 /* Readiness (idemproc_ready and /readyz). reason is borrowed and copied;
  * NULL or "" when ready. */

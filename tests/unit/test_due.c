@@ -302,3 +302,111 @@ Test(due, census_counts_keys_waiting_and_the_deepest_key)
     cr_expect_eq(hwm, 3, "a high-water mark stays");
     idem_due_term(&d);
 }
+
+/* The partitions that hold behind busy keys (bound `bound`), as "p p ..."
+ * and their count; the records marked sent are with the handler. */
+static const char *holds(idem_ordering_t ordering, int64_t now, size_t bound,
+                         size_t *n)
+{
+    static char buf[64];
+    idem_due_t d;
+    idem_due_init(&d, ordering, 1);
+    rec_t *r;
+    for (size_t i = 0; (r = idem_records_next(&recs, &i));)
+        if (r->sent)
+            idem_due_sent(&d, r);
+    *n = idem_due_key_holds(&d, &recs, &offs, now, bound);
+    idem_due_term(&d);
+    buf[0] = '\0';
+    for (size_t i = 0; i < offs.cnt; i++) {
+        cr_expect_eq(offs.v[i].blocked, 0, "scratch left set");
+        cr_expect_eq(offs.v[i].waiting, 0, "scratch left set");
+        if (offs.v[i].key_hold) {
+            size_t len = strlen(buf);
+            snprintf(buf + len, sizeof(buf) - len, "%s%d", len ? " " : "",
+                     (int)offs.v[i].partition);
+        }
+    }
+    return buf;
+}
+
+Test(due, a_partition_holds_when_its_records_all_wait_behind_busy_keys)
+{
+    size_t n;
+    /* Partition 0: one hot key, its head with the handler, 3 waiting;
+     * partition 1: two keys, each head with the handler, one waiting. */
+    reck(0, 1, "a1", "hot")->sent = 1;
+    reck(1, 1, "b1", "x")->sent = 1;
+    reck(0, 2, "a2", "hot");
+    reck(1, 2, "b2", "y")->sent = 1;
+    reck(0, 3, "a3", "hot");
+    reck(0, 4, "a4", "hot");
+    reck(1, 3, "b3", "x");
+    cr_expect_str_eq(holds(IDEM_ORDERING_KEY, 1000, 3, &n), "0");
+    cr_expect_eq(n, 1);
+    /* Below the bound nothing holds; at 2, both partitions do. */
+    cr_expect_str_eq(holds(IDEM_ORDERING_KEY, 1000, 4, &n), "");
+    cr_expect_eq(n, 0);
+    cr_expect_str_eq(holds(IDEM_ORDERING_KEY, 1000, 1, &n), "0 1");
+    cr_expect_eq(n, 2);
+    /* Bound 0: never. */
+    cr_expect_str_eq(holds(IDEM_ORDERING_KEY, 1000, 0, &n), "");
+    /* As ordering=none nothing waits behind a key. */
+    cr_expect_str_eq(holds(IDEM_ORDERING_NONE, 1000, 1, &n), "");
+    cr_expect_eq(n, 0);
+}
+
+Test(due, a_hold_ends_as_soon_as_one_record_of_the_partition_may_start)
+{
+    size_t n;
+    rec_t *head = reck(0, 1, "a1", "hot");
+    head->sent = 1;
+    reck(0, 2, "a2", "hot");
+    reck(0, 3, "a3", "hot");
+    rec_t *other = reck(0, 4, "c1", "cold");
+    other->sent = 1;
+    cr_expect_str_eq(holds(IDEM_ORDERING_KEY, 1000, 2, &n), "0");
+    /* The cold key's next record may start: no hold. */
+    reck(0, 5, "c2", "cold");
+    other->state = REC_DONE;
+    other->sent = 0;
+    cr_expect_str_eq(holds(IDEM_ORDERING_KEY, 1000, 2, &n), "");
+    /* The hot key's head finished: its next may start. */
+    rs[nrs - 1]->sent = 1;
+    cr_expect_str_eq(holds(IDEM_ORDERING_KEY, 1000, 2, &n), "0");
+    head->state = REC_DONE;
+    head->sent = 0;
+    cr_expect_str_eq(holds(IDEM_ORDERING_KEY, 1000, 2, &n), "");
+}
+
+Test(due, a_head_waiting_for_its_retry_or_dead_letter_holds_by_partition)
+{
+    size_t n;
+    reck(1, 1, "a1", "k")->retry_at_ms = 5000; /* an in-place retry */
+    reck(1, 2, "a2", "k");
+    reck(1, 3, "a3", "j");
+    /* By key the other key may start; by partition nothing may. */
+    cr_expect_str_eq(holds(IDEM_ORDERING_KEY, 1000, 2, &n), "");
+    cr_expect_str_eq(holds(IDEM_ORDERING_PARTITION, 1000, 2, &n), "1");
+    /* Once due, the head may start. */
+    cr_expect_str_eq(holds(IDEM_ORDERING_PARTITION, 6000, 2, &n), "");
+    /* A poison head (its dead letter in flight) holds likewise. */
+    rs[0]->retry_at_ms = 0;
+    rs[0]->poison = 1;
+    cr_expect_str_eq(holds(IDEM_ORDERING_PARTITION, 6000, 2, &n), "1");
+    /* A record sent to a retry topic released its key. */
+    rs[0]->to_tier = 1;
+    cr_expect_str_eq(holds(IDEM_ORDERING_PARTITION, 6000, 2, &n), "");
+}
+
+Test(due, an_unparsed_record_or_an_identity_with_the_handler)
+{
+    size_t n;
+    reck(0, 1, "same", "a")->sent = 1;
+    reck(0, 2, "same", "b"); /* its identity is with the handler */
+    reck(0, 3, "x", "a");
+    cr_expect_str_eq(holds(IDEM_ORDERING_KEY, 1000, 2, &n), "0");
+    rec_t *r = reck(0, 4, "y", "c");
+    r->parsed = 0; /* not read yet: no reason to hold */
+    cr_expect_str_eq(holds(IDEM_ORDERING_KEY, 1000, 2, &n), "");
+}
