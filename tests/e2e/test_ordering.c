@@ -223,3 +223,117 @@ Test(ordering, partition_is_strict_key_runs_keys_side_by_side_none_overlaps)
                  "ordering=none kept a key's order");
     th_stack_stop(&stk);
 }
+
+/* CRC-32 (IEEE), as librdkafka's default partitioner hashes a key. */
+static uint32_t crc32_of(const char *s)
+{
+    uint32_t c = 0xffffffffu;
+    for (; *s; s++) {
+        c ^= (unsigned char)*s;
+        for (int k = 0; k < 8; k++)
+            c = (c >> 1) ^ (0xedb88320u & (0u - (c & 1u)));
+    }
+    return c ^ 0xffffffffu;
+}
+
+/* One gauge or counter of a member's /metrics. */
+static double metric_of(int port, const char *name)
+{
+    char *body = NULL;
+    cr_assert_eq(th_http_get(port, "/metrics", &body), 200);
+    double v = th_metric(body, name);
+    free(body);
+    return v;
+}
+
+/* A hot key in one partition whose first request the service holds: its
+ * later records all wait behind it, so that partition pauses its fetch
+ * instead of filling the hands (600 records in hand at most here: 3
+ * batches of 200) with the hot key's 1500 records, and the other
+ * partition's 1000 records all take effect while the hot key still waits.
+ * Then the service lets the hot key go: everything exactly once, in
+ * order per key. Without the per-partition pause the hands fill with hot
+ * records and the other partition's stall behind them. */
+Test(ordering, a_hot_key_pauses_its_partition_the_other_goes_on)
+{
+    cr_assert_eq(th_stack_start(&stk, 2, NULL), 0);
+    /* The hot key and 40 normal keys hashed to the other partition. */
+    const char *hot = "hot-key";
+    uint32_t hp = crc32_of(hot) % 2;
+    const size_t n_hot = 1500, n_cold = 1000;
+    char path[600], key[32];
+    snprintf(path, sizeof(path), "%s/hot.lines", stk.dir);
+    FILE *fp = fopen(path, "w");
+    cr_assert(fp);
+    for (size_t i = 0; i < n_hot; i++)
+        fprintf(fp, "%s\t{\"idempotency_key\":\"h-%zu\",\"n\":%zu}\n", hot, i,
+                i);
+    size_t made = 0;
+    for (int k = 0; made < n_cold; k++) {
+        snprintf(key, sizeof(key), "key-%d", k % 4000);
+        if (crc32_of(key) % 2 == hp)
+            continue;
+        fprintf(fp, "%s\t{\"idempotency_key\":\"c-%zu\",\"n\":%zu}\n", key,
+                made, made);
+        made++;
+    }
+    fclose(fp);
+    const char *pargs[] = {"--input", path, "--key-delimiter", "\\t", NULL};
+    cr_assert_eq(th_stack_produce(&stk, pargs), 0);
+
+    char url[128];
+    const char *sargs[] = {
+        "--delay-min-ms", "0", "--delay-max-ms", "1", "--hold-key", hot, NULL};
+    int sp = sink_start(stk.dir, sargs, url, sizeof(url));
+    int port = th_free_port();
+    char u[160], listen[64];
+    snprintf(u, sizeof(u), "webhook.url=%s", url);
+    snprintf(listen, sizeof(listen), "http.listen=127.0.0.1:%d", port);
+    const char *sets[] = {"handler=webhook",
+                          u,
+                          listen,
+                          "group.id=hot",
+                          "redis.prefix=hot:",
+                          "ordering=key",
+                          "batch.max.messages=200",
+                          "webhook.max.inflight=16",
+                          "webhook.timeout.ms=120000",
+                          "dedup.lease.ms=120000",
+                          "shutdown.timeout.ms=4000",
+                          NULL};
+    pid_t m = th_stack_member(&stk, "hot", sets);
+
+    /* Every normal record takes effect while the hot key's first request
+     * is still held. */
+    cr_assert_eq(wait_applied(sp, (long long)n_cold, 120000), 0,
+                 "%lld of the other partition's %zu applied while the hot "
+                 "key waits (the hands full of it?)",
+                 stat_of(sp, "applied"), n_cold);
+    cr_expect_eq(stat_of(sp, "hold_applied"), 0);
+    cr_expect_eq(stat_of(sp, "applied"), (long long)n_cold);
+    cr_expect_eq(metric_of(port, "idemproc_ordering_partitions_held"), 1,
+                 "the hot key's partition is not paused behind it");
+    cr_expect_geq(metric_of(port, "idemproc_ordering_partition_holds_total"),
+                  1);
+    /* Only the hot partition's records are in hand now: the bound (100)
+     * and at most two polls of 200, far below the hands' 600. */
+    double in_hand = metric_of(port, "idemproc_inflight_records");
+    cr_expect_leq(in_hand, 500, "%.0f records in hand", in_hand);
+    cr_expect_geq(in_hand, 100, "%.0f records in hand", in_hand);
+
+    char *body = NULL;
+    cr_assert_eq(th_http_get(sp, "/release", &body), 200);
+    free(body);
+    cr_assert_eq(wait_applied(sp, (long long)(n_hot + n_cold), 180000), 0,
+                 "%lld of %zu applied after the release",
+                 stat_of(sp, "applied"), n_hot + n_cold);
+    cr_expect_eq(metric_of(port, "idemproc_ordering_partitions_held"), 0);
+    cr_assert_eq(th_stop(m, 15000), 0);
+    cr_expect_eq(stat_of(sp, "violations"), 0);
+    cr_expect_eq(stat_of(sp, "reorders"), 0);
+    cr_expect_eq(stat_of(sp, "repeats"), 0);
+    cr_expect_eq(stat_of(sp, "applied"), (long long)(n_hot + n_cold));
+    cr_expect_eq(stat_of(sp, "hold_applied"), (long long)n_hot);
+    sink_stop();
+    th_stack_stop(&stk);
+}

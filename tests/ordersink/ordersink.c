@@ -16,6 +16,10 @@
  *   repeats     2xx answers to an identity already applied (at least once
  *               after a crash: the key lets the service drop them)
  *
+ * With --hold-key K the requests of Kafka key K wait (unanswered) until
+ * a GET /release; /stats then also counts hold_applied, the identities
+ * of K applied.
+ *
  * Prints its URL on the first line of stdout. GET /stats answers the
  * counts as one JSON object, with the span from the first request's
  * arrival to the last answer and the process's CPU time; so does SIGTERM
@@ -52,7 +56,11 @@ typedef struct {
     int delay_min_us, delay_max_us;
     int fail_percent;
     int by_partition;     /* group requests by partition, not by key */
+    const char *hold_key; /* --hold-key: its requests wait for /release */
     pthread_mutex_t lock; /* guards everything below */
+    pthread_cond_t released_cv;
+    int released;
+    uint64_t hold_applied;
     uint64_t rng;
     table_t keys, ids;
     uint64_t requests, ok, failed, violations, reorders, applied, repeats;
@@ -138,9 +146,10 @@ static void stats_json(sink_t *s, char *out, size_t cap)
              "{\"requests\":%" PRIu64 ",\"ok\":%" PRIu64 ",\"failed\":%" PRIu64
              ",\"violations\":%" PRIu64 ",\"reorders\":%" PRIu64
              ",\"applied\":%" PRIu64 ",\"repeats\":%" PRIu64
-             ",\"keys\":%zu,\"span_us\":%" PRId64 ",\"cpu_us\":%" PRId64 "}",
+             ",\"hold_applied\":%" PRIu64 ",\"keys\":%zu,\"span_us\":%" PRId64
+             ",\"cpu_us\":%" PRId64 "}",
              s->requests, s->ok, s->failed, s->violations, s->reorders,
-             s->applied, s->repeats, s->keys.used,
+             s->applied, s->repeats, s->hold_applied, s->keys.used,
              s->first_us ? s->last_us - s->first_us : 0, cpu);
     pthread_mutex_unlock(&s->lock);
 }
@@ -178,6 +187,9 @@ static enum MHD_Result on_post(sink_t *s, struct MHD_Connection *conn)
     const char *off_s =
         MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "X-Kafka-Offset");
     int64_t off = off_s ? strtoll(off_s, NULL, 10) : -1;
+    const char *kk =
+        MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "X-Kafka-Key");
+    int held = s->hold_key && kk && !strcmp(kk, s->hold_key);
 
     pthread_mutex_lock(&s->lock);
     int64_t t = now_us();
@@ -208,6 +220,8 @@ static enum MHD_Result on_post(sink_t *s, struct MHD_Connection *conn)
     }
 
     pthread_mutex_lock(&s->lock);
+    while (held && !s->released && running)
+        pthread_cond_wait(&s->released_cv, &s->lock);
     if (fail) {
         s->failed++;
     } else {
@@ -219,6 +233,7 @@ static enum MHD_Result on_post(sink_t *s, struct MHD_Connection *conn)
         } else {
             e->applied = 1;
             s->applied++;
+            s->hold_applied += (uint64_t)held;
             if (off >= 0 && off < k->max_offset)
                 s->reorders++;
             if (off > k->max_offset)
@@ -237,10 +252,16 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn,
                                   const char *version, const char *upload_data,
                                   size_t *upload_data_size, void **con_cls)
 {
-    (void)url;
     (void)version;
     (void)upload_data;
     sink_t *s = cls;
+    if (!strcmp(method, "GET") && !strcmp(url, "/release")) {
+        pthread_mutex_lock(&s->lock);
+        s->released = 1;
+        pthread_cond_broadcast(&s->released_cv);
+        pthread_mutex_unlock(&s->lock);
+        return answer(conn, 200, "released");
+    }
     if (!strcmp(method, "GET")) {
         char js[1024];
         stats_json(s, js, sizeof(js));
@@ -272,7 +293,8 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
 static int usage(void)
 {
     fprintf(stderr, "usage: ordersink [--delay-min-ms N] [--delay-max-ms N] "
-                    "[--fail-percent P] [--seed S] [--by-partition]\n");
+                    "[--fail-percent P] [--seed S] [--by-partition] "
+                    "[--hold-key K]\n");
     return 2;
 }
 
@@ -293,6 +315,8 @@ int main(int argc, char **argv)
             s.delay_max_us = (int)(v * 1000);
         else if (!strcmp(argv[i], "--fail-percent"))
             s.fail_percent = (int)v;
+        else if (!strcmp(argv[i], "--hold-key"))
+            s.hold_key = argv[i + 1];
         else if (!strcmp(argv[i], "--seed"))
             s.rng = (uint64_t)strtoull(argv[i + 1], NULL, 10) | 1;
         else
@@ -303,6 +327,7 @@ int main(int argc, char **argv)
         s.fail_percent < 0 || s.fail_percent > 100)
         return usage();
     pthread_mutex_init(&s.lock, NULL);
+    pthread_cond_init(&s.released_cv, NULL);
     struct sigaction sa;
     memset(&sa, 0, sizeof(sa));
     sa.sa_handler = on_signal;
@@ -329,6 +354,9 @@ int main(int argc, char **argv)
     fflush(stdout);
     while (running)
         usleep(50 * 1000);
+    pthread_mutex_lock(&s.lock); /* held requests end too */
+    pthread_cond_broadcast(&s.released_cv);
+    pthread_mutex_unlock(&s.lock);
     MHD_stop_daemon(d);
     char js[1024];
     stats_json(&s, js, sizeof(js));
