@@ -175,12 +175,15 @@ static void ordering_census(idem_effects_t *fx)
 static void key_holds(idem_effects_t *fx)
 {
     /* A hold ends as soon as it may (each feed while one lasts); one
-     * starts within HOLDS_INTERVAL_US. */
+     * starts once new records came in (a poll's batch: the hands do not
+     * fill between two walks), else within HOLDS_INTERVAL_US. */
     if (!fx->hold_bound || due_state(fx)->ordering == IDEM_ORDERING_NONE ||
         (!fx->key_holds && (fx->recs->live < fx->hold_bound ||
-                            fx->clock_us - fx->holds_us < HOLDS_INTERVAL_US)))
+                            (fx->parsed_n == fx->holds_parsed_n &&
+                             fx->clock_us - fx->holds_us < HOLDS_INTERVAL_US))))
         return;
     fx->holds_us = fx->clock_us;
+    fx->holds_parsed_n = fx->parsed_n;
     fx->key_holds = idem_due_key_holds(&fx->due, fx->recs, fx->offs,
                                        idem_now_ms(), fx->hold_bound);
 }
@@ -385,6 +388,7 @@ void idem_effects_parse(idem_effects_t *fx)
         if (r->parsed)
             continue;
         r->parsed = 1;
+        fx->parsed_n++;
         /* The headers are parsed only when the envelope or the handler
          * reads them (most records carry their identity in the value). */
         const rd_kafka_headers_t *h = NULL;

@@ -69,13 +69,15 @@ typedef struct {
     idem_due_t due;             /* what may start now, by `ordering` (set
                                    up at the first feed, from the handler) */
     int due_ready;
-    int64_t census_us;     /* when the ordering gauges were last taken */
-    int64_t holds_us;      /* when the key holds were last judged */
-    size_t key_holds;      /* partitions whose key_hold is set */
-    rec_t **rs;            /* scratch: records handed to a handler */
-    idem_record_t **views; /* scratch: their views */
-    idem_result_t *hres;   /* scratch: what the handler said */
-    idem_part_t **parts;   /* scratch: the records' partitions */
+    int64_t census_us;       /* when the ordering gauges were last taken */
+    int64_t holds_us;        /* when the key holds were last judged */
+    size_t key_holds;        /* partitions whose key_hold is set */
+    uint64_t parsed_n;       /* records read (idem_effects_parse) */
+    uint64_t holds_parsed_n; /* parsed_n when the key holds were judged */
+    rec_t **rs;              /* scratch: records handed to a handler */
+    idem_record_t **views;   /* scratch: their views */
+    idem_result_t *hres;     /* scratch: what the handler said */
+    idem_part_t **parts;     /* scratch: the records' partitions */
     size_t scratch_cap;
 } idem_effects_t;
 

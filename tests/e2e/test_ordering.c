@@ -300,9 +300,22 @@ Test(ordering, a_hot_key_pauses_its_partition_the_other_goes_on)
                           "webhook.timeout.ms=120000",
                           "dedup.lease.ms=120000",
                           "shutdown.timeout.ms=4000",
+                          "kafka.queued.min.messages=150",
                           NULL};
     pid_t m = th_stack_member(&stk, "hot", sets);
 
+    /* The hot key's partition pauses behind it (once it is fetched). */
+    int64_t end = idem_now_ms() + 60000;
+    double held = 0;
+    while (held < 1 && idem_now_ms() < end) {
+        char *b = NULL;
+        if (th_http_get(port, "/metrics", &b) == 200)
+            held = th_metric(b, "idemproc_ordering_partitions_held");
+        free(b);
+        if (held < 1)
+            usleep(50 * 1000);
+    }
+    cr_assert_geq(held, 1, "the hot key's partition never paused");
     /* Every normal record takes effect while the hot key's first request
      * is still held. */
     cr_assert_eq(wait_applied(sp, (long long)n_cold, 120000), 0,
