@@ -81,6 +81,8 @@ TIER_BINS := $(TIERS:%=$(BUILD)/idemproc-%)
 BIN       := $(BUILD)/idemproc
 # The benchmark's webhook service: the tests' scripted HTTP server.
 HOOKSINK  := $(BUILD)/hooksink
+# The ordering tests' and bench's service: judges the order per key.
+ORDERSINK := $(BUILD)/ordersink
 
 # Handler plugins (handler=plugin:PATH.so): each is built from its one
 # source and the public header alone (processor/include), never against
@@ -271,7 +273,7 @@ check: check-format check-includes $(BUILD)/idemproc-unit
 	$(call run_tiers,unit)
 
 # make test: every tier, the README's test command.
-test: check-format check-includes check-deploy $(BIN) $(TIER_BINS) $(PLUGINS) $(HOOKSINK) \
+test: check-format check-includes check-deploy $(BIN) $(TIER_BINS) $(PLUGINS) $(HOOKSINK) $(ORDERSINK) \
       $(TEST_PLUGINS)
 	$(call run_tiers,$(TIERS))
 
@@ -299,6 +301,10 @@ $(HOOKSINK): tests/hooksink/hooksink.c tests/harness/hooksrv.c tests/harness/hoo
 	$(CC) -std=c11 -D_GNU_SOURCE $(WARN) $(CFLAGS) $(PKG_CFLAGS) -o $@ \
 	  tests/hooksink/hooksink.c tests/harness/hooksrv.c $(LDFLAGS) $(LDLIBS_ALL)
 
+$(ORDERSINK): tests/ordersink/ordersink.c | deps-check $(BUILD)/obj
+	$(CC) -std=c11 -D_GNU_SOURCE $(WARN) $(CFLAGS) $(PKG_CFLAGS) -o $@ \
+	  tests/ordersink/ordersink.c $(LDFLAGS) $(LDLIBS_ALL)
+
 # The benchmark's own programs (tests/bench/, not part of the product):
 # the classic per-message design (hiredis + librdkafka + jansson only) and
 # the "Redis alone" driver, which sends the ledger chunks through
@@ -319,7 +325,7 @@ $(BENCH_REDISALONE): tests/bench/redisalone.c $(LIB_OBJS) | deps-check
 # produce webhook outbox (all when none is named); e.g.
 # make bench BENCH_ROWS="kcat idemproc1". BENCH_REPS (3) repetitions.
 BENCH_ROWS ?=
-bench: $(BIN) $(HOOKSINK) $(BENCH_CLASSIC) $(BENCH_REDISALONE) | deps-check-bench
+bench: $(BIN) $(HOOKSINK) $(ORDERSINK) $(BENCH_CLASSIC) $(BENCH_REDISALONE) | deps-check-bench
 	@PG_BINDIR=$(PG_BINDIR) BENCH_ONLY=$(BENCH_ONLY) tests/bench.sh $(BIN) $(BENCH_ROWS)
 
 # ThreadSanitizer: the HTTP thread against a thread updating the metrics as

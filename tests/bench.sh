@@ -55,6 +55,8 @@ BIN=${1:-build/idemproc}
 if [[ ${BENCH_ONLY:-} == outbox || "${*:2}" == outbox ]]; then
     exec "$(dirname "$0")/bench_outbox.sh" "$BIN"
 fi
+# BENCH_ONLY=ordering (or the one row "ordering"): tests/bench_ordering.sh alone.
+[[ ${BENCH_ONLY:-} == ordering || "${*:2}" == ordering ]] && exec "$(dirname "$0")/bench_ordering.sh" "$BIN"
 # BENCH_ONLY=state (or the one row "state"): the dedup state's baseline (tests/bench_state.sh).
 [[ ${BENCH_ONLY:-} != state && "${*:2}" != state ]] || exec "$(dirname "$0")/bench_state.sh" "$BIN"
 SRC=$(cd "$(dirname "$0")/.." && pwd)
@@ -707,3 +709,5 @@ plot "$DIR/chart.dat" using 0:2:3:4:(0.3):xtic(1) with boxerrorbars lc rgb "#447
 GP
 fi
 say "results: $OUT/results.json, $OUT/table.txt, $OUT/records_per_s.png"
+# With no row named, the ordering bench too (its own broker and Redis).
+[[ -n ${2:-} ]] || "$SRC/tests/bench_ordering.sh" "$BIN"

@@ -252,6 +252,13 @@ typedef struct idem_handler_ops_s {
      * (forward: output.topic; 0 with forward.processed.at), or NULL when
      * the effect is not a topic. May be NULL: not a topic. */
     const char *(*output)(const idem_conf_t *conf, int *as_sent);
+
+    /* 1: the handler applies a partition's effects in submit order itself
+     * (forward: one idempotent producer writes them in order), so
+     * `ordering` holds nothing back for it; 0 (webhook, plugin): the
+     * loop's effect adapter starts a key's records one after the other
+     * (ordering=key, the default; loop/due.h). */
+    int keeps_order;
 } idem_handler_ops_t;
 
 /* The handlers this build knows. The registry is the array in handler.c:

@@ -304,6 +304,7 @@ const idem_handler_ops_t idem_handler_forward = {
     .api_version = IDEM_HANDLER_API_VERSION,
     .name = "forward",
     .effect = IDEM_EFFECT_EXTERNAL,
+    .keeps_order = 1, /* one producer: each partition's output in order */
     .doc = "each new record copied to output.topic (key, value, headers) "
            "under a lease, marked done once the broker acknowledged it",
     .keys = forward_keys,

@@ -4,6 +4,10 @@
 
 #include <curl/curl.h>
 #include <errno.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
+#include <unistd.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -21,7 +25,9 @@ typedef struct {
     uint64_t tag;
     int busy; /* submitted and not yet finished */
     int64_t start_us;
-    int attempts;    /* requests sent for this one (libcurl may resend) */
+    int attempts;   /* requests sent for this one (libcurl may resend) */
+    int local_port; /* of the connection it goes out on (pre-request) */
+    struct idem_httpclient_s *client;
     size_t body_len; /* response bytes kept in body */
     char body[IDEM_HTTPCLIENT_BODY_MAX + 1];
     char error[CURL_ERROR_SIZE];
@@ -43,6 +49,12 @@ struct idem_httpclient_s {
 
     idem_http_result_t *done; /* finished, not yet collected: a ring */
     size_t done_head, done_cnt;
+
+    struct sock_s {
+        curl_socket_t fd;
+        int port; /* local port; 0: not read yet */
+    } * socks;    /* the connections libcurl opened and did not close */
+    size_t sock_cnt, sock_cap;
 };
 
 static void err_set(char *errstr, size_t errstr_size, const char *fmt, ...)
@@ -270,6 +282,72 @@ static size_t write_cb(char *ptr, size_t size, size_t nmemb, void *userdata)
     return n; /* the rest is read and dropped */
 }
 
+/* libcurl's header callback: fires on the processing thread (inside
+ * curl_multi_perform) for each response header line. At the status line
+ * the connection's pending ACK goes out at once (TCP_QUICKACK): a service
+ * that writes its headers and its body in two writes with Nagle on (the
+ * default; Python's http.server does) holds the body until the headers
+ * are acknowledged, and Linux delays that ACK by up to 40 ms on a
+ * request/response connection. That was ~45 of the ~50 ms per record at
+ * webhook.max.inflight=1 (docs/design.md, "Order per key"). */
+static size_t header_cb(char *ptr, size_t size, size_t nmemb, void *userdata)
+{
+    slot_t *s = userdata;
+    size_t n = size * nmemb;
+    if (n < 5 || memcmp(ptr, "HTTP/", 5) || !s->local_port)
+        return n;
+    idem_httpclient_t *c = s->client;
+    for (size_t i = 0; i < c->sock_cnt; i++) {
+        struct sock_s *k = &c->socks[i];
+        if (!k->port) {
+            struct sockaddr_storage a;
+            socklen_t al = sizeof(a);
+            if (getsockname(k->fd, (struct sockaddr *)&a, &al))
+                continue;
+            k->port = a.ss_family == AF_INET6
+                          ? ntohs(((struct sockaddr_in6 *)&a)->sin6_port)
+                          : ntohs(((struct sockaddr_in *)&a)->sin_port);
+        }
+        if (k->port == s->local_port) {
+#ifdef TCP_QUICKACK
+            int one = 1;
+            (void)setsockopt(k->fd, IPPROTO_TCP, TCP_QUICKACK, &one,
+                             sizeof(one));
+#endif
+            break;
+        }
+    }
+    return n;
+}
+
+/* libcurl's socket callbacks (on the processing thread): the connections
+ * it opens and closes, for header_cb to find a transfer's socket by its
+ * local port (CURLINFO_ACTIVESOCKET says nothing during a transfer). */
+static int sockopt_cb(void *clientp, curl_socket_t fd, curlsocktype purpose)
+{
+    idem_httpclient_t *c = clientp;
+    if (purpose != CURLSOCKTYPE_IPCXN)
+        return CURL_SOCKOPT_OK;
+    if (c->sock_cnt == c->sock_cap) {
+        c->sock_cap = c->sock_cap ? 2 * c->sock_cap : 16;
+        c->socks = idem_xrealloc(c->socks, c->sock_cap * sizeof(*c->socks));
+    }
+    c->socks[c->sock_cnt].fd = fd;
+    c->socks[c->sock_cnt++].port = 0;
+    return CURL_SOCKOPT_OK;
+}
+
+static int closesocket_cb(void *clientp, curl_socket_t fd)
+{
+    idem_httpclient_t *c = clientp;
+    for (size_t i = 0; i < c->sock_cnt; i++)
+        if (c->socks[i].fd == fd) {
+            c->socks[i] = c->socks[--c->sock_cnt];
+            break;
+        }
+    return close(fd);
+}
+
 idem_httpclient_t *idem_httpclient_new(const idem_httpclient_conf_t *conf,
                                        char *errstr, size_t errstr_size)
 {
@@ -299,8 +377,10 @@ idem_httpclient_t *idem_httpclient_new(const idem_httpclient_conf_t *conf,
     c->slots = idem_xcalloc(c->slot_cnt, sizeof(*c->slots));
     c->free_slots = idem_xcalloc(c->slot_cnt, sizeof(*c->free_slots));
     c->done = idem_xcalloc(c->slot_cnt, sizeof(*c->done));
-    for (size_t i = 0; i < c->slot_cnt; i++)
+    for (size_t i = 0; i < c->slot_cnt; i++) {
+        c->slots[i].client = c;
         c->free_slots[c->free_cnt++] = c->slot_cnt - 1 - i;
+    }
     /* Every slot may hold its own connection; keep them all open. */
     curl_multi_setopt(c->multi, CURLMOPT_MAX_TOTAL_CONNECTIONS,
                       (long)c->slot_cnt);
@@ -321,7 +401,8 @@ void idem_httpclient_destroy(idem_httpclient_t *c)
         }
         curl_slist_free_all(s->hdrs);
     }
-    curl_multi_cleanup(c->multi);
+    curl_multi_cleanup(c->multi); /* closes through closesocket_cb */
+    free(c->socks);
     curl_slist_free_all(c->base);
     free(c->slots);
     free(c->free_slots);
@@ -411,9 +492,9 @@ static int prereq_cb(void *clientp, char *conn_primary_ip, char *conn_local_ip,
     (void)conn_primary_ip;
     (void)conn_local_ip;
     (void)conn_primary_port;
-    (void)conn_local_port;
     slot_t *s = clientp;
     s->attempts++;
+    s->local_port = conn_local_port;
     return CURL_PREREQFUNC_OK;
 }
 
@@ -441,6 +522,12 @@ static int slot_prepare(idem_httpclient_t *c, slot_t *s, const void *body,
     SET(CURLOPT_HTTPHEADER, s->hdrs);
     SET(CURLOPT_WRITEFUNCTION, write_cb);
     SET(CURLOPT_WRITEDATA, s);
+    SET(CURLOPT_HEADERFUNCTION, header_cb);
+    SET(CURLOPT_HEADERDATA, s);
+    SET(CURLOPT_SOCKOPTFUNCTION, sockopt_cb);
+    SET(CURLOPT_SOCKOPTDATA, c);
+    SET(CURLOPT_CLOSESOCKETFUNCTION, closesocket_cb);
+    SET(CURLOPT_CLOSESOCKETDATA, c);
     SET(CURLOPT_ERRORBUFFER, s->error);
     SET(CURLOPT_PRIVATE, s);
     SET(CURLOPT_PREREQFUNCTION, prereq_cb);

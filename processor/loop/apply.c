@@ -18,6 +18,8 @@ static void scratch_reserve(idem_apply_t *a, size_t n)
     a->done_at = idem_xrealloc(a->done_at, n * sizeof(*a->done_at));
     a->res = idem_xrealloc(a->res, n * sizeof(*a->res));
     a->verdict = idem_xrealloc(a->verdict, n * sizeof(*a->verdict));
+    free(a->noparts);
+    a->noparts = idem_xcalloc(n, sizeof(*a->noparts));
 }
 
 int idem_apply_start(idem_apply_t *a, const idem_handler_ops_t *ops,
@@ -30,6 +32,11 @@ int idem_apply_start(idem_apply_t *a, const idem_handler_ops_t *ops,
     a->leased = ops->effect == IDEM_EFFECT_EXTERNAL;
     a->lease = lease;
     a->lease_ms = lease_ms;
+    a->ordering = IDEM_ORDERING_NONE;
+    if (a->leased && !ops->keeps_order)
+        a->ordering =
+            ctx->conf ? (idem_ordering_t)idem_conf_int(ctx->conf, "ordering")
+                      : IDEM_ORDERING_KEY;
     idem_handler_ctx_t c = *ctx;
     if (a->leased)
         c.store = NULL; /* an external effect never touches Redis */
@@ -48,6 +55,11 @@ size_t idem_apply_room(const idem_apply_t *a)
 int idem_apply_one_per_identity(const idem_apply_t *a)
 {
     return a->leased;
+}
+
+idem_ordering_t idem_apply_ordering(const idem_apply_t *a)
+{
+    return a->ordering;
 }
 
 int idem_apply_takes_positions(const idem_apply_t *a)
@@ -77,7 +89,12 @@ int idem_apply_submit(idem_apply_t *a, const char *owner, idem_record_t **recs,
     scratch_reserve(a, n);
     for (size_t i = 0; i < n; i++)
         a->envs[i] = recs[i]->env;
-    if (idem_lease_claim(&a->lease, owner, a->envs, part, n, a->res, a->verdict,
+    /* By key or partition the pass took one record per group: a record
+     * that cannot go now holds back its group through its own result, and
+     * must not hold back the other keys of its partition. */
+    idem_part_t *const *by =
+        a->ordering == IDEM_ORDERING_NONE ? part : a->noparts;
+    if (idem_lease_claim(&a->lease, owner, a->envs, by, n, a->res, a->verdict,
                          errstr, errstr_size))
         return -1;
     size_t go = 0;
@@ -184,6 +201,8 @@ void idem_apply_stop(idem_apply_t *a)
     free(a->done_at);
     free(a->res);
     free(a->verdict);
+    free(a->noparts);
+    a->noparts = NULL;
     a->envs = NULL;
     a->done_at = NULL;
     a->res = NULL;

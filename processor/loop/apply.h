@@ -14,6 +14,7 @@
 #include <stdint.h>
 
 #include "effect/handler.h"
+#include "loop/due.h"
 #include "loop/lease.h"
 #include "loop/offsets.h"
 
@@ -24,18 +25,24 @@ typedef struct {
                                  effect); 0: the handler's own request marks */
     idem_lease_store_t lease; /* the marks of a leased effect */
     int64_t lease_ms;         /* dedup.lease.ms */
+    idem_ordering_t ordering; /* what a pass may start (due.h): `ordering`
+                                 for an external effect that does not keep
+                                 order itself, else none */
     size_t inflight;          /* records with the handler, not collected */
     size_t cap;               /* scratch size */
     const idem_envelope_t **envs;  /* scratch: envelopes claimed or marked */
     size_t *done_at;               /* scratch: the results to mark */
     idem_store_result_t *res;      /* scratch: what the store said */
     idem_lease_verdict_t *verdict; /* scratch: what a claim said */
+    idem_part_t **noparts;         /* scratch: all NULL (key, partition) */
 } idem_apply_t;
 
 /* Starts ops's handler with ctx (borrowed: lives until stop). A leased
  * (external) handler gets ctx->store NULL and its marks go through `lease`
- * (borrowed seam) for dedup.lease.ms `lease_ms`. Returns 0, or -1 with
- * errstr (the handler cannot start). */
+ * (borrowed seam) for dedup.lease.ms `lease_ms`; unless it keeps order
+ * itself (ops->keeps_order) its records start by ctx->conf's `ordering`
+ * (key without a conf). Returns 0, or -1 with errstr (the handler cannot
+ * start). */
 int idem_apply_start(idem_apply_t *a, const idem_handler_ops_t *ops,
                      const idem_handler_ctx_t *ctx, idem_lease_store_t lease,
                      int64_t lease_ms, char *errstr, size_t errstr_size);
@@ -51,6 +58,12 @@ size_t idem_apply_room(const idem_apply_t *a);
  * (the store script orders them). */
 int idem_apply_one_per_identity(const idem_apply_t *a);
 
+/* Which records a pass may start (due.h): ordering=key, partition or
+ * none for an external effect that does not keep order itself; none for
+ * the others (forward writes a partition in order; a store handler's one
+ * request applies its records in poll order). */
+idem_ordering_t idem_apply_ordering(const idem_apply_t *a);
+
 /* 1 when submit writes the positions it is given with the effects, in the
  * same request (stored once that request's results come without an
  * OUTAGE); 0: the loop saves them itself. */
@@ -63,8 +76,11 @@ int idem_apply_takes_positions(const idem_apply_t *a);
  * known at once (room for n: a claim found a DUPLICATE, or a lease held
  * elsewhere: BUSY with retry_after_ms), and the other records were not
  * taken (an identity already claimed in this call, or behind such a
- * record in its partition: due again next pass). Returns 0, or -1 with
- * errstr (an outage: nothing taken; now[] still holds what a claim said). */
+ * record in its partition: due again next pass). By key or partition a
+ * pass holds one record per group, so a record leased elsewhere holds
+ * back only its group (its BUSY result's retry time), not its partition.
+ * Returns 0, or -1 with errstr (an outage: nothing taken; now[] still holds
+ * what a claim said). */
 int idem_apply_submit(idem_apply_t *a, const char *owner, idem_record_t **recs,
                       idem_part_t *const *part, size_t n,
                       const idem_store_pos_t *pos, size_t npos, size_t *taken,

@@ -128,12 +128,64 @@ static void scratch_reserve(idem_effects_t *fx)
     fx->parts = idem_xrealloc(fx->parts, fx->scratch_cap * sizeof(*fx->parts));
 }
 
-/* Collects the records due now into fx->rs (due.c). */
-static size_t due_records(idem_effects_t *fx, int64_t now)
+/* The scheduler, set up once the handler is known. */
+static idem_due_t *due_state(idem_effects_t *fx)
+{
+    if (!fx->due_ready) {
+        idem_due_init(&fx->due, idem_apply_ordering(fx->apply),
+                      idem_apply_one_per_identity(fx->apply));
+        fx->due_ready = 1;
+    }
+    return &fx->due;
+}
+
+/* Collects into fx->rs the first `max` records that may start now
+ * (due.c: by key, partition or as due). */
+static size_t due_records(idem_effects_t *fx, int64_t now, size_t max)
 {
     scratch_reserve(fx);
-    return idem_due_select(fx->recs, fx->offs,
-                           idem_apply_one_per_identity(fx->apply), now, fx->rs);
+    return idem_due_select(due_state(fx), fx->recs, fx->offs, now, max, fx->rs);
+}
+
+/* How often the ordering gauges are taken (a walk over the records in
+ * hand). */
+#define CENSUS_INTERVAL_US 100000
+
+/* The ordering gauges of an external effect: records in flight, keys
+ * waiting, the deepest key (obs/metrics.h), at most every
+ * CENSUS_INTERVAL_US. */
+static void ordering_census(idem_effects_t *fx)
+{
+    if (!fx->m || !idem_apply_one_per_identity(fx->apply) ||
+        fx->clock_us - fx->census_us < CENSUS_INTERVAL_US)
+        return;
+    fx->census_us = fx->clock_us;
+    size_t waiting, hwm;
+    idem_due_census(due_state(fx), fx->recs, &waiting, &hwm);
+    idem_metrics_ordering_set(fx->m, (int64_t)fx->inflight, (int64_t)waiting,
+                              (int64_t)hwm);
+}
+
+/* How often at most the key holds are judged (a walk over the records in
+ * hand once there are hold_bound of them). */
+#define HOLDS_INTERVAL_US 1000
+
+/* Judges which partitions wait behind busy keys (due.h), after a feed:
+ * the loop pauses their fetch. By key or partition only. */
+static void key_holds(idem_effects_t *fx)
+{
+    /* A hold ends as soon as it may (each feed while one lasts); one
+     * starts once new records came in (a poll's batch: the hands do not
+     * fill between two walks), else within HOLDS_INTERVAL_US. */
+    if (!fx->hold_bound || due_state(fx)->ordering == IDEM_ORDERING_NONE ||
+        (!fx->key_holds && (fx->recs->live < fx->hold_bound ||
+                            (fx->parsed_n == fx->holds_parsed_n &&
+                             fx->clock_us - fx->holds_us < HOLDS_INTERVAL_US))))
+        return;
+    fx->holds_us = fx->clock_us;
+    fx->holds_parsed_n = fx->parsed_n;
+    fx->key_holds = idem_due_key_holds(&fx->due, fx->recs, fx->offs,
+                                       idem_now_ms(), fx->hold_bound);
 }
 
 /* Turns results res[n] into outcomes. `answer`: they are what the effect
@@ -148,6 +200,8 @@ static int results_apply(idem_effects_t *fx, const idem_result_t *res, size_t n,
     int64_t now = idem_now_ms();
     for (size_t i = 0; i < n; i++, res++) {
         rec_t *r = res->rec->loop;
+        if (r->sent)
+            idem_due_back(due_state(fx), r);
         r->sent = 0;
         fx->inflight--;
         if (answer && res->kind != IDEM_RESULT_OUTAGE)
@@ -237,8 +291,11 @@ static int handler_submit(idem_effects_t *fx, size_t n, char *errstr,
     for (size_t i = 0; i < npos; i++)
         idem_offsets_find(fx->offs, pos[i].topic, pos[i].partition)->saving =
             pos[i].offset;
-    for (size_t i = 0; i < taken; i++)
-        ((rec_t *)fx->views[i]->loop)->sent = 1;
+    for (size_t i = 0; i < taken; i++) {
+        rec_t *r = fx->views[i]->loop;
+        r->sent = 1;
+        idem_due_sent(due_state(fx), r);
+    }
     if (taken)
         idem_metrics_batch_observe(fx->m, (double)taken);
     return 0;
@@ -285,6 +342,7 @@ void idem_effects_settle(idem_effects_t *fx, int64_t deadline_ms)
         rec_t *r;
         for (size_t i = 0; (r = idem_records_next(fx->recs, &i));)
             r->sent = 0;
+        idem_due_forget(due_state(fx));
         fx->inflight = 0;
         idem_apply_forget(fx->apply);
     }
@@ -300,16 +358,20 @@ int idem_effects_feed(idem_effects_t *fx, char *errstr, size_t errstr_size)
 {
     if (fx->draining)
         return 0;
+    ordering_census(fx);
     size_t room = idem_apply_room(fx->apply);
-    if (!room)
-        return 0;
-    size_t n = due_records(fx, idem_now_ms());
-    if (n > room)
-        n = room; /* the first in poll order: partitions keep their order */
-    if (n && idem_positions_first(fx->positions, fx->offs, fx->recs, fx->rs, n,
-                                  errstr, errstr_size))
-        return -1;
-    return n ? handler_submit(fx, n, errstr, errstr_size) : 0;
+    int rc = 0;
+    if (room) {
+        /* The first in poll order: partitions (and keys) keep their
+         * order. */
+        size_t n = due_records(fx, idem_now_ms(), room);
+        if (n && idem_positions_first(fx->positions, fx->offs, fx->recs, fx->rs,
+                                      n, errstr, errstr_size))
+            return -1;
+        rc = n ? handler_submit(fx, n, errstr, errstr_size) : 0;
+    }
+    key_holds(fx);
+    return rc;
 }
 
 /* ------------------------------------------------------ the batch cycle */
@@ -326,6 +388,7 @@ void idem_effects_parse(idem_effects_t *fx)
         if (r->parsed)
             continue;
         r->parsed = 1;
+        fx->parsed_n++;
         /* The headers are parsed only when the envelope or the handler
          * reads them (most records carry their identity in the value). */
         const rd_kafka_headers_t *h = NULL;
@@ -489,6 +552,8 @@ int64_t idem_effects_next_retry(idem_effects_t *fx)
 
 void idem_effects_term(idem_effects_t *fx)
 {
+    idem_due_term(&fx->due);
+    fx->due_ready = 0;
     free(fx->rs);
     free(fx->views);
     free(fx->hres);

@@ -14,6 +14,7 @@
 #include "kafka/dlq.h"
 #include "kafka/retrytopic.h"
 #include "loop/apply.h"
+#include "loop/due.h"
 #include "loop/offsets.h"
 #include "loop/positions.h"
 #include "loop/progress.h"
@@ -44,6 +45,9 @@ typedef struct {
     const char *owner;            /* "lease:<member>:<epoch>" */
     size_t cap;                   /* the records in hand expected at most:
                                      the scratch's first size */
+    size_t hold_bound;            /* a partition with this many records in
+                                     hand all behind busy keys pauses its
+                                     fetch (due.h; 0: never) */
 
     /* Its own. */
     int64_t clock_us;           /* idem_now_us() of the current step: one
@@ -62,10 +66,18 @@ typedef struct {
     int retry_waiting;          /* a record may wait for its retry time:
                                    idem_effects_next_retry walks */
     idem_rejectguard_t rejects; /* handler.max.consecutive.rejects */
-    rec_t **rs;                 /* scratch: records handed to a handler */
-    idem_record_t **views;      /* scratch: their views */
-    idem_result_t *hres;        /* scratch: what the handler said */
-    idem_part_t **parts;        /* scratch: the records' partitions */
+    idem_due_t due;             /* what may start now, by `ordering` (set
+                                   up at the first feed, from the handler) */
+    int due_ready;
+    int64_t census_us;       /* when the ordering gauges were last taken */
+    int64_t holds_us;        /* when the key holds were last judged */
+    size_t key_holds;        /* partitions whose key_hold is set */
+    uint64_t parsed_n;       /* records read (idem_effects_parse) */
+    uint64_t holds_parsed_n; /* parsed_n when the key holds were judged */
+    rec_t **rs;              /* scratch: records handed to a handler */
+    idem_record_t **views;   /* scratch: their views */
+    idem_result_t *hres;     /* scratch: what the handler said */
+    idem_part_t **parts;     /* scratch: the records' partitions */
     size_t scratch_cap;
 } idem_effects_t;
 
@@ -82,7 +94,9 @@ int idem_effects_collect(idem_effects_t *fx, int timeout_ms, char *errstr,
 void idem_effects_settle(idem_effects_t *fx, int64_t deadline_ms);
 
 /* Gives the handler what is due, no more than it can start now; nothing
- * while draining. Returns 0 or -1 (outage: errstr). */
+ * while draining. Then judges which partitions wait behind busy keys
+ * (each partition's key_hold, fx->key_holds: the loop pauses their
+ * fetch). Returns 0 or -1 (outage: errstr). */
 int idem_effects_feed(idem_effects_t *fx, char *errstr, size_t errstr_size);
 
 /* Reads new records by the envelope rules and fills their views. */

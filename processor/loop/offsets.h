@@ -36,6 +36,9 @@ typedef struct {
     int retry_tier;        /* 0: an input topic; k: the k-th retry topic */
     int64_t hold_until_ms; /* a retry partition paused until its records
                               in hand are due (idem_now_ms); 0: not held */
+    int key_hold;          /* due.c's word: its records in hand all wait
+                              behind busy keys (idem_due_key_holds) */
+    int key_held;          /* the loop paused its fetch for that */
 } idem_part_t;
 
 /* The partitions held (embedded in the loop: _init/_term). */

@@ -135,6 +135,10 @@ struct idem_metrics_s {
     _Atomic int retry_tiers; /* 0: retry topics off, nothing rendered */
     _Atomic uint64_t retry_topic[RETRY_TIERS_MAX];
     _Atomic int64_t retry_waiting;
+    _Atomic int ordering_on; /* an external effect reports its ordering */
+    _Atomic int64_t effects_inflight, keys_waiting, key_depth_hwm;
+    _Atomic int64_t key_holds;    /* partitions paused behind busy keys */
+    _Atomic uint64_t key_holds_n; /* such pauses since start */
 
     pthread_mutex_t lag_lock; /* guards lags, lag_cnt, lag_seen */
     lag_entry_t *lags;
@@ -270,6 +274,12 @@ idem_metrics_t *idem_metrics_new(void)
     atomic_init(&m->webhook_on, 0);
     atomic_init(&m->retry_tiers, 0);
     atomic_init(&m->retry_waiting, 0);
+    atomic_init(&m->ordering_on, 0);
+    atomic_init(&m->effects_inflight, 0);
+    atomic_init(&m->keys_waiting, 0);
+    atomic_init(&m->key_holds, 0);
+    atomic_init(&m->key_holds_n, 0);
+    atomic_init(&m->key_depth_hwm, 0);
     for (int i = 0; i < RETRY_TIERS_MAX; i++)
         atomic_init(&m->retry_topic[i], 0);
     for (int i = 0; i < WEBHOOK_CLASS_CNT; i++)
@@ -585,6 +595,24 @@ uint64_t idem_metrics_retry_topic_get(idem_metrics_t *m, int tier)
     if (tier < 1 || tier > RETRY_TIERS_MAX)
         return 0;
     return counter_get(&m->retry_topic[tier - 1]);
+}
+
+void idem_metrics_ordering_set(idem_metrics_t *m, int64_t inflight,
+                               int64_t keys_waiting, int64_t depth_hwm)
+{
+    atomic_store_explicit(&m->effects_inflight, inflight, memory_order_relaxed);
+    atomic_store_explicit(&m->keys_waiting, keys_waiting, memory_order_relaxed);
+    atomic_store_explicit(&m->key_depth_hwm, depth_hwm, memory_order_relaxed);
+    atomic_store_explicit(&m->ordering_on, 1, memory_order_relaxed);
+}
+
+void idem_metrics_key_holds_set(idem_metrics_t *m, int64_t partitions)
+{
+    int64_t was = atomic_exchange_explicit(&m->key_holds, partitions,
+                                           memory_order_relaxed);
+    if (partitions > was)
+        atomic_fetch_add_explicit(&m->key_holds_n, (uint64_t)(partitions - was),
+                                  memory_order_relaxed);
 }
 
 void idem_metrics_retry_waiting_set(idem_metrics_t *m, int64_t partitions)
@@ -1046,6 +1074,35 @@ void idem_metrics_render(idem_metrics_t *m, FILE *out)
                    "is due.");
         put_i64(out, "idemproc_retry_partitions_waiting",
                 atomic_load_explicit(&m->retry_waiting, memory_order_relaxed));
+    }
+
+    if (atomic_load_explicit(&m->ordering_on, memory_order_relaxed)) {
+        put_header(out, "idemproc_effects_in_flight", "gauge",
+                   "Records with an external effect's handler now.");
+        put_i64(
+            out, "idemproc_effects_in_flight",
+            atomic_load_explicit(&m->effects_inflight, memory_order_relaxed));
+        put_header(out, "idemproc_ordering_keys_waiting", "gauge",
+                   "Keys (ordering=key; partitions with ordering=partition) "
+                   "with records in hand held back behind an earlier record "
+                   "of theirs.");
+        put_i64(out, "idemproc_ordering_keys_waiting",
+                atomic_load_explicit(&m->keys_waiting, memory_order_relaxed));
+        put_header(out, "idemproc_ordering_key_depth_max", "gauge",
+                   "Most unfinished records of one key (or partition) in "
+                   "hand at once since start: the deepest per-key queue.");
+        put_i64(out, "idemproc_ordering_key_depth_max",
+                atomic_load_explicit(&m->key_depth_hwm, memory_order_relaxed));
+        put_header(out, "idemproc_ordering_partitions_held", "gauge",
+                   "Partitions whose fetch is paused because their records "
+                   "in hand all wait behind busy keys.");
+        put_i64(out, "idemproc_ordering_partitions_held",
+                atomic_load_explicit(&m->key_holds, memory_order_relaxed));
+        put_header(out, "idemproc_ordering_partition_holds_total", "counter",
+                   "Times a partition's fetch paused because its records in "
+                   "hand all waited behind busy keys.");
+        put_u64(out, "idemproc_ordering_partition_holds_total", NULL, NULL,
+                atomic_load_explicit(&m->key_holds_n, memory_order_relaxed));
     }
 
     render_histogram(out, &m->latency);

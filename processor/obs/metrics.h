@@ -141,6 +141,16 @@ void idem_metrics_retry_topic_add(idem_metrics_t *m, int tier, uint64_t n);
 uint64_t idem_metrics_retry_topic_get(idem_metrics_t *m, int tier);
 void idem_metrics_retry_waiting_set(idem_metrics_t *m, int64_t partitions);
 
+/* An external effect's scheduling (ordering=): records with the handler,
+ * keys with records held back behind an earlier one of theirs, and the
+ * deepest per-key queue seen. The three gauges are rendered from the
+ * first call on. */
+void idem_metrics_ordering_set(idem_metrics_t *m, int64_t inflight,
+                               int64_t keys_waiting, int64_t depth_hwm);
+/* Partitions paused now because their records in hand all wait behind
+ * busy keys (a rise counts into the holds' total). */
+void idem_metrics_key_holds_set(idem_metrics_t *m, int64_t partitions);
+
 /* Readiness (idemproc_ready and /readyz). reason is borrowed and copied;
  * NULL or "" when ready. */
 void idem_metrics_ready_set(idem_metrics_t *m, int ready, const char *reason);

@@ -285,6 +285,7 @@ Test(apply, external_claims_runs_and_marks)
 Test(apply, leased_elsewhere_is_busy_again_waits_behind_is_not_taken)
 {
     start(&external_ops);
+    a.ordering = IDEM_ORDERING_NONE; /* as due: a partition waits whole */
     /* k1 leased by another member. */
     fs.mark[0].state = 1;
     snprintf(fs.mark[0].id, sizeof(fs.mark[0].id), "k1");
@@ -312,6 +313,43 @@ Test(apply, leased_elsewhere_is_busy_again_waits_behind_is_not_taken)
                  "asked again after a quarter lease");
     cr_expect_str_eq(now[0].detail, "lease:b:7");
     cr_expect_eq(fh.n, 1, "AGAIN and BEHIND are not taken: due again");
+}
+
+/* By key (the default) a pass holds one record per key, and a record that
+ * cannot go now holds back only its own key: k3 goes though k2's second
+ * record, before it in its partition, waits. */
+Test(apply, by_key_a_record_that_waits_holds_back_no_other_key)
+{
+    start(&external_ops);
+    /* k1 leased by another member. */
+    fs.mark[0].state = 1;
+    snprintf(fs.mark[0].id, sizeof(fs.mark[0].id), "k1");
+    snprintf(fs.mark[0].owner, sizeof(fs.mark[0].owner), "lease:b:7");
+    fs.cnt = 1;
+    idem_offsets_add(&offs, "t", 1);
+    idem_part_t *p0 = idem_offsets_find(&offs, "t", 0);
+    idem_part_t *p1 = idem_offsets_find(&offs, "t", 1);
+    /* p1: k2, k2 again (AGAIN), k3 behind it. p0: k1 (leased). */
+    idem_record_t *r[] = {rec(0, "k2", "m2"), rec(1, "k2", "m2b"),
+                          rec(2, "k3", "m3"), rec(3, "k1", "m1")};
+    idem_part_t *pt[] = {p1, p1, p1, p0};
+    idem_result_t now[4];
+    size_t taken, nnow;
+    char err[128];
+    cr_assert_eq(idem_apply_submit(&a, "lease:a:1", r, pt, 4, NULL, 0, &taken,
+                                   now, &nnow, err, sizeof(err)),
+                 0);
+    cr_expect_eq(idem_apply_ordering(&a), IDEM_ORDERING_KEY);
+    cr_assert_eq(taken, 2);
+    cr_expect_eq(r[0], &recs[0], "the one taken first");
+    cr_expect_eq(r[1], &recs[2], "k3: not behind k2's second");
+    cr_assert_eq(nnow, 1);
+    cr_expect_eq(now[0].rec, &recs[3]);
+    cr_expect_eq(now[0].kind, IDEM_RESULT_BUSY);
+    cr_expect_eq(now[0].retry_after_ms, 4000 / 4 + 50,
+                 "asked again after a quarter lease");
+    cr_expect_str_eq(now[0].detail, "lease:b:7");
+    cr_expect_eq(fh.n, 2, "AGAIN is not taken: due again");
 }
 
 Test(apply, a_failed_mark_is_an_outage_and_stays_unmarked)
@@ -380,4 +418,22 @@ Test(apply, store_handler_gets_everything_and_the_positions)
     cr_expect_eq(idem_apply_room(&a), SIZE_MAX);
     idem_apply_stop(&a);
     cr_expect(fh.stopped);
+}
+
+/* ordering= holds back only what the handler does not order itself: a
+ * store handler's one request applies its records in poll order, and a
+ * handler that keeps order (forward: one producer) gets them as due. */
+Test(apply, ordering_by_key_for_external_effects_only)
+{
+    start(&external_ops);
+    cr_expect_eq(idem_apply_ordering(&a), IDEM_ORDERING_KEY, "the default");
+    idem_apply_stop(&a);
+    start(&store_ops);
+    cr_expect_eq(idem_apply_ordering(&a), IDEM_ORDERING_NONE);
+    idem_apply_stop(&a);
+    static idem_handler_ops_t keeps; /* outlives the test: teardown stops it */
+    keeps = external_ops;
+    keeps.keeps_order = 1;
+    start(&keeps);
+    cr_expect_eq(idem_apply_ordering(&a), IDEM_ORDERING_NONE);
 }
