@@ -4,99 +4,12 @@
  * our own (a handler ops table, the lease seam). */
 #include "loop/apply.h"
 
+#include "fake_lease.h"
+
 #include <criterion/criterion.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
-
-/* The fake store: one mark per identity: free, leased to an owner, or
- * done with the message id that made it. */
-#define FAKE_MAX 16
-typedef struct {
-    struct {
-        char id[32];
-        int state; /* 0 free, 1 leased, 2 done */
-        char owner[64];
-        char mid[32];
-    } mark[FAKE_MAX];
-    size_t cnt;
-    int down;  /* 1: every call fails */
-    int marks; /* mark calls made */
-} fake_store_t;
-
-static int fake_find(fake_store_t *f, const idem_envelope_t *e)
-{
-    for (size_t i = 0; i < f->cnt; i++)
-        if (strlen(f->mark[i].id) == e->identity_len &&
-            !memcmp(f->mark[i].id, e->identity, e->identity_len))
-            return (int)i;
-    cr_assert_lt(f->cnt, FAKE_MAX);
-    snprintf(f->mark[f->cnt].id, sizeof(f->mark[0].id), "%.*s",
-             (int)e->identity_len, e->identity);
-    return (int)f->cnt++;
-}
-
-static int fake_claim(void *ctx, const char *owner,
-                      const idem_envelope_t *const *env, size_t n,
-                      idem_store_result_t *res, char *errstr,
-                      size_t errstr_size)
-{
-    fake_store_t *f = ctx;
-    if (f->down) {
-        snprintf(errstr, errstr_size, "redis: connection refused");
-        return -1;
-    }
-    for (size_t i = 0; i < n; i++) {
-        memset(&res[i], 0, sizeof(res[i]));
-        int again = 0;
-        for (size_t j = 0; j < i && !again; j++)
-            again = env[j]->identity_len == env[i]->identity_len &&
-                    !memcmp(env[j]->identity, env[i]->identity,
-                            env[i]->identity_len);
-        int k = fake_find(f, env[i]);
-        if (again) {
-            res[i].mark = IDEM_MARK_AGAIN;
-        } else if (f->mark[k].state == 2) {
-            res[i].mark = IDEM_MARK_DONE;
-            res[i].prior_mid_len = strlen(f->mark[k].mid);
-            memcpy(res[i].prior_mid, f->mark[k].mid, res[i].prior_mid_len);
-        } else if (f->mark[k].state == 1 && strcmp(f->mark[k].owner, owner)) {
-            res[i].mark = IDEM_MARK_BUSY;
-            snprintf(res[i].detail, sizeof(res[i].detail), "%s",
-                     f->mark[k].owner);
-        } else {
-            f->mark[k].state = 1;
-            snprintf(f->mark[k].owner, sizeof(f->mark[k].owner), "%s", owner);
-            res[i].mark = IDEM_MARK_NEW;
-        }
-    }
-    return 0;
-}
-
-static int fake_mark(void *ctx, const char *owner,
-                     const idem_envelope_t *const *env, size_t n,
-                     idem_store_result_t *res, char *errstr, size_t errstr_size)
-{
-    fake_store_t *f = ctx;
-    f->marks++;
-    if (f->down) {
-        snprintf(errstr, errstr_size, "redis: connection refused");
-        return -1;
-    }
-    for (size_t i = 0; i < n; i++) {
-        memset(&res[i], 0, sizeof(res[i]));
-        int k = fake_find(f, env[i]);
-        if (f->mark[k].state == 1 && strcmp(f->mark[k].owner, owner)) {
-            res[i].mark = IDEM_MARK_LOST;
-            continue;
-        }
-        f->mark[k].state = 2;
-        snprintf(f->mark[k].mid, sizeof(f->mark[k].mid), "%.*s",
-                 (int)env[i]->message_id_len, env[i]->message_id);
-        res[i].mark = IDEM_MARK_NEW;
-    }
-    return 0;
-}
 
 /* The fake handler: keeps what it was given; collect answers each with
  * `answer` (DONE unless set). */
@@ -112,7 +25,8 @@ typedef struct {
 } fake_handler_t;
 
 static fake_handler_t fh;
-static fake_store_t fs;
+static fake_lease_t fs;
+static idem_lease_store_t fs_st;
 
 static void *h_start(const idem_handler_ctx_t *ctx, char *errstr,
                      size_t errstr_size)
@@ -205,7 +119,7 @@ static idem_apply_t a;
 static void setup(void)
 {
     memset(&fh, 0, sizeof(fh));
-    memset(&fs, 0, sizeof(fs));
+    fs_st = fake_lease_init(&fs);
     memset(&a, 0, sizeof(a));
     fh.answer = IDEM_RESULT_DONE;
     idem_offsets_init(&offs);
@@ -225,9 +139,8 @@ static void start(const idem_handler_ops_t *ops)
     char err[128];
     int store; /* any non-NULL pointer stands for the store */
     idem_handler_ctx_t ctx = {.store = (idem_store_t *)&store};
-    idem_lease_store_t st = {fake_claim, fake_mark, &fs};
-    cr_assert_eq(idem_apply_start(&a, ops, &ctx, st, 4000, err, sizeof(err)), 0,
-                 "%s", err);
+    cr_assert_eq(idem_apply_start(&a, ops, &ctx, fs_st, 4000, err, sizeof(err)),
+                 0, "%s", err);
 }
 
 static idem_record_t *rec(size_t i, const char *id, const char *mid)
@@ -287,10 +200,7 @@ Test(apply, leased_elsewhere_is_busy_again_waits_behind_is_not_taken)
     start(&external_ops);
     a.ordering = IDEM_ORDERING_NONE; /* as due: a partition waits whole */
     /* k1 leased by another member. */
-    fs.mark[0].state = 1;
-    snprintf(fs.mark[0].id, sizeof(fs.mark[0].id), "k1");
-    snprintf(fs.mark[0].owner, sizeof(fs.mark[0].owner), "lease:b:7");
-    fs.cnt = 1;
+    fake_lease_hold(&fs, "k1", "lease:b:7");
     idem_offsets_add(&offs, "t", 1);
     idem_part_t *p0 = idem_offsets_find(&offs, "t", 0);
     idem_part_t *p1 = idem_offsets_find(&offs, "t", 1);
@@ -322,10 +232,7 @@ Test(apply, by_key_a_record_that_waits_holds_back_no_other_key)
 {
     start(&external_ops);
     /* k1 leased by another member. */
-    fs.mark[0].state = 1;
-    snprintf(fs.mark[0].id, sizeof(fs.mark[0].id), "k1");
-    snprintf(fs.mark[0].owner, sizeof(fs.mark[0].owner), "lease:b:7");
-    fs.cnt = 1;
+    fake_lease_hold(&fs, "k1", "lease:b:7");
     idem_offsets_add(&offs, "t", 1);
     idem_part_t *p0 = idem_offsets_find(&offs, "t", 0);
     idem_part_t *p1 = idem_offsets_find(&offs, "t", 1);

@@ -3,108 +3,20 @@
  * (loop/lease.h), and how a claim keeps each partition's order. */
 #include "loop/lease.h"
 
+#include "fake_lease.h"
+
 #include <criterion/criterion.h>
 #include <stdio.h>
 #include <string.h>
 
-/* The fake store: one mark per identity, free, leased to an owner, or
- * done with the message id of the record that made it. */
-#define FAKE_MAX 16
-typedef struct {
-    struct {
-        char id[32];
-        int state; /* 0 free, 1 leased, 2 done */
-        char owner[64];
-        char mid[32];
-    } mark[FAKE_MAX];
-    size_t cnt;
-    int down;   /* 1: every call fails (an outage) */
-    int claims; /* calls made */
-} fake_t;
-
-static int fake_find(fake_t *f, const idem_envelope_t *e)
-{
-    for (size_t i = 0; i < f->cnt; i++)
-        if (strlen(f->mark[i].id) == e->identity_len &&
-            !memcmp(f->mark[i].id, e->identity, e->identity_len))
-            return (int)i;
-    cr_assert_lt(f->cnt, FAKE_MAX);
-    snprintf(f->mark[f->cnt].id, sizeof(f->mark[0].id), "%.*s",
-             (int)e->identity_len, e->identity);
-    return (int)f->cnt++;
-}
-
-static int fake_claim(void *ctx, const char *owner,
-                      const idem_envelope_t *const *env, size_t n,
-                      idem_store_result_t *res, char *errstr,
-                      size_t errstr_size)
-{
-    fake_t *f = ctx;
-    f->claims++;
-    if (f->down) {
-        snprintf(errstr, errstr_size, "redis: connection refused");
-        return -1;
-    }
-    for (size_t i = 0; i < n; i++) {
-        memset(&res[i], 0, sizeof(res[i]));
-        int again = 0;
-        for (size_t j = 0; j < i && !again; j++)
-            again = env[j]->identity_len == env[i]->identity_len &&
-                    !memcmp(env[j]->identity, env[i]->identity,
-                            env[i]->identity_len);
-        int k = fake_find(f, env[i]);
-        if (again) {
-            res[i].mark = IDEM_MARK_AGAIN;
-        } else if (f->mark[k].state == 2) {
-            res[i].mark = IDEM_MARK_DONE;
-            res[i].prior_mid_len = strlen(f->mark[k].mid);
-            memcpy(res[i].prior_mid, f->mark[k].mid, res[i].prior_mid_len);
-        } else if (f->mark[k].state == 1 && strcmp(f->mark[k].owner, owner)) {
-            res[i].mark = IDEM_MARK_BUSY;
-        } else {
-            f->mark[k].state = 1;
-            snprintf(f->mark[k].owner, sizeof(f->mark[k].owner), "%s", owner);
-            res[i].mark = IDEM_MARK_NEW;
-        }
-    }
-    return 0;
-}
-
-static int fake_mark(void *ctx, const char *owner,
-                     const idem_envelope_t *const *env, size_t n,
-                     idem_store_result_t *res, char *errstr, size_t errstr_size)
-{
-    fake_t *f = ctx;
-    if (f->down) {
-        snprintf(errstr, errstr_size, "redis: connection refused");
-        return -1;
-    }
-    for (size_t i = 0; i < n; i++) {
-        memset(&res[i], 0, sizeof(res[i]));
-        int k = fake_find(f, env[i]);
-        if (f->mark[k].state == 1 && strcmp(f->mark[k].owner, owner)) {
-            res[i].mark = IDEM_MARK_LOST;
-            snprintf(res[i].detail, sizeof(res[i].detail), "%s",
-                     f->mark[k].owner);
-            continue;
-        }
-        f->mark[k].state = 2;
-        snprintf(f->mark[k].mid, sizeof(f->mark[k].mid), "%.*s",
-                 (int)env[i]->message_id_len, env[i]->message_id);
-        res[i].mark = IDEM_MARK_NEW;
-    }
-    return 0;
-}
-
-static fake_t fake;
+static fake_lease_t fake;
 static idem_lease_store_t st;
 static idem_offsets_t offs;
 static idem_envelope_t envs[8];
 
 static void setup(void)
 {
-    memset(&fake, 0, sizeof(fake));
-    st = (idem_lease_store_t){fake_claim, fake_mark, &fake};
+    st = fake_lease_init(&fake);
     idem_offsets_init(&offs);
     idem_offsets_add(&offs, "t", 0);
     idem_offsets_add(&offs, "t", 1);
