@@ -99,18 +99,6 @@ redis_snap() {
         /^used_cpu_sys:/ { c += $2 } /^used_cpu_user:/ { c += $2 }
         END { printf "%d %d %d\n", u, m, c * 1000000 }'
 }
-# keys_bytes PREFIX: MEMORY USAGE summed over the ledger and position keys
-# under PREFIX (what is not a dedup mark).
-keys_bytes() {
-    local k sum=0 b
-    while IFS= read -r k; do
-        [[ -n $k ]] || continue
-        b=$(rcli memory usage "$k" samples 0)
-        sum=$((sum + ${b:-0}))
-    done < <(rcli --scan --pattern "$1ledger:*"
-        rcli --scan --pattern "$1pos:*")
-    echo "$sum"
-}
 # emit ROW REP key=value...: one repetition's figures (numbers stay numbers).
 emit() {
     local row=$1 rep=$2 kv k v json

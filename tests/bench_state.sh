@@ -48,17 +48,6 @@ UNIQUE=$(expect_num "$DIR/expect.json" unique)
 say "workload: $SENT records, $UNIQUE unique, $PARTITIONS partitions"
 
 used_memory() { rcli info memory | tr -d '\r' | awk -F: '/^used_memory:/ { print $2 }'; }
-# other_bytes: MEMORY USAGE of the ledger and position keys (not marks).
-other_bytes() {
-    local k sum=0 b
-    while IFS= read -r k; do
-        [[ -n $k ]] || continue
-        b=$(rcli memory usage "$k" samples 0)
-        sum=$((sum + ${b:-0}))
-    done < <(rcli --scan --pattern "idemproc:ledger:*"
-        rcli --scan --pattern "idemproc:pos:*")
-    echo "$sum"
-}
 # us_per NUM_TICKS: Redis CPU µs per topic record.
 us_per() { awk -v t="$1" -v k="$TICK_US" -v n="$SENT" 'BEGIN { printf "%.2f", t * k / n }'; }
 b_per() { awk -v b="$1" -v n="$UNIQUE" 'BEGIN { printf "%.1f", b / n }'; }
@@ -80,7 +69,7 @@ driver() {
     line=$("$TOOLS/redisalone" -c "$conf" --connections 2 "$@" 2>"$DIR/$mode-$row-$rep.log") ||
         die "redisalone $row failed: $(tail -3 "$DIR/$mode-$row-$rep.log")"
     c1=$(cpu_ticks "$RPID") m1=$(used_memory)
-    other=$(other_bytes)
+    other=$(keys_bytes "idemproc:")
     read -r _ _ _ _ _ _ applied _ _ _ _ _ _ _ _ _ _ <<<"$line"
     ((applied == UNIQUE)) || die "$row run $rep: applied $applied of $UNIQUE"
     verify_exact "$conf" "$DIR/$mode-$row-$rep.verify" "$row run $rep"
@@ -113,7 +102,7 @@ member_run() {
     rss=$(vm_hwm_kb "${PID[$name]}")
     stop "$name" TERM 60 || die "$name exited with $? on SIGTERM"
     c1=$(cpu_ticks "$RPID") m1=$(used_memory)
-    other=$(other_bytes)
+    other=$(keys_bytes "idemproc:")
     verify_exact "$conf" "$DIR/$name.verify" "$name"
     emit "{\"mode\":\"$mode\",\"row\":\"member\",\"rep\":$rep,\"redis_us\":$(us_per $((c1 - c0))),\"bytes_per_mark\":$(b_per $((m1 - m0 - other))),\"rate\":$((SENT * 1000000 / us)),\"rss_mib\":$(awk -v k="$rss" 'BEGIN { printf "%.1f", k / 1024 }')}"
     say "$mode member run $rep: $((SENT * 1000000 / us)) records/s (first to last outcome), RSS $((rss / 1024)) MiB"

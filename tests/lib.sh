@@ -227,6 +227,18 @@ lib_redis_pong() { [[ $(redis-cli -h 127.0.0.1 -p "$REDIS_PORT" ping 2>/dev/null
 
 # rcli ARG...: redis-cli against the Redis of redis_start.
 rcli() { redis-cli -h 127.0.0.1 -p "$REDIS_PORT" "$@"; }
+# keys_bytes PREFIX: MEMORY USAGE summed over the ledger and position keys
+# under PREFIX (what is not a dedup mark; the benches' bytes per mark).
+keys_bytes() {
+    local k sum=0 b
+    while IFS= read -r k; do
+        [[ -n $k ]] || continue
+        b=$(rcli memory usage "$k" samples 0)
+        sum=$((sum + ${b:-0}))
+    done < <(rcli --scan --pattern "$1ledger:*"
+        rcli --scan --pattern "$1pos:*")
+    echo "$sum"
+}
 
 # member_props FILE GROUP TOPIC [KEY=VALUE...]: an `idemproc run`
 # configuration for the broker BOOT and the Redis REDIS_PORT: TOPIC in,
