@@ -269,6 +269,38 @@ static rd_kafka_t *group_client(const idem_conf_t *conf, int *earliest,
                           errstr_size);
 }
 
+/* Whether each --topic names an input topic of the cluster and partitions
+ * it has. Returns 0, or -1 with errstr naming the topic and partitions. */
+static int check_selection(const offsets_t *x,
+                           const struct rd_kafka_metadata *md, char *errstr,
+                           size_t errstr_size)
+{
+    for (size_t i = 0; i < x->o->nsel; i++) {
+        const idem_offreset_sel_t *sel = &x->o->sel[i];
+        const struct rd_kafka_metadata_topic *mt = NULL;
+        for (int t = 0; t < md->topic_cnt && !mt; t++)
+            if (!md->topics[t].err && !strcmp(md->topics[t].topic, sel->topic))
+                mt = &md->topics[t];
+        if (!mt || !input_topic(x->conf->input_topics, sel->topic)) {
+            snprintf(errstr, errstr_size,
+                     "--topic %s: %s is not a topic of input.topics (%s) in "
+                     "the cluster",
+                     sel->topic, sel->topic, x->conf->input_topics);
+            return -1;
+        }
+        int32_t *ids =
+            idem_xcalloc((size_t)mt->partition_cnt + 1, sizeof(*ids));
+        for (int p = 0; p < mt->partition_cnt; p++)
+            ids[p] = mt->partitions[p].id;
+        int rc = idem_offreset_sel_check(sel, ids, (size_t)mt->partition_cnt,
+                                         errstr, errstr_size);
+        free(ids);
+        if (rc)
+            return -1;
+    }
+    return 0;
+}
+
 /* The selected partitions of input.topics, from the metadata. */
 static int load_partitions(offsets_t *x, char *errstr, size_t errstr_size)
 {
@@ -310,19 +342,10 @@ static int load_partitions(offsets_t *x, char *errstr, size_t errstr_size)
             pt->partition = id;
         }
     }
+    int rc = check_selection(x, md, errstr, errstr_size);
     rd_kafka_metadata_destroy(md);
-    for (size_t i = 0; i < x->o->nsel; i++) {
-        int hit = 0;
-        for (size_t j = 0; j < x->n; j++)
-            hit |= !strcmp(x->parts[j].topic, x->o->sel[i].topic);
-        if (!hit) {
-            snprintf(errstr, errstr_size,
-                     "--topic %s: no such partition of input.topics (%s) in "
-                     "the cluster",
-                     x->o->sel[i].topic, x->conf->input_topics);
-            return -1;
-        }
-    }
+    if (rc)
+        return -1;
     if (!x->n) {
         snprintf(errstr, errstr_size,
                  "input.topics (%s): no such topic in the cluster",

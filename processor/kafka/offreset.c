@@ -3,6 +3,8 @@
 #include "base/util.h"
 
 #include <errno.h>
+#include <inttypes.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -65,6 +67,75 @@ int idem_offreset_sel_match(const idem_offreset_sel_t *sel, size_t n,
                 return 1;
     }
     return 0;
+}
+
+static int has_id(const int32_t *ids, size_t n, int32_t id)
+{
+    for (size_t i = 0; i < n; i++)
+        if (ids[i] == id)
+            return 1;
+    return 0;
+}
+
+/* Appends fmt to buf[size] at *len, cut at the end of buf. */
+static void append(char *buf, size_t size, size_t *len, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static void append(char *buf, size_t size, size_t *len, const char *fmt, ...)
+{
+    if (*len >= size)
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    int w = vsnprintf(buf + *len, size - *len, fmt, ap);
+    va_end(ap);
+    *len = w < 0 ? size : *len + (size_t)w;
+}
+
+int idem_offreset_sel_check(const idem_offreset_sel_t *sel, const int32_t *ids,
+                            size_t n, char *errstr, size_t errstr_size)
+{
+    size_t missing = 0;
+    for (size_t j = 0; j < sel->nparts; j++)
+        missing += !has_id(ids, n, sel->parts[j]);
+    if (!missing)
+        return 0;
+    size_t len = 0;
+    append(errstr, errstr_size, &len, "--topic %s:", sel->topic);
+    for (size_t j = 0; j < sel->nparts; j++)
+        append(errstr, errstr_size, &len, "%s%" PRId32, j ? "," : "",
+               sel->parts[j]);
+    append(errstr, errstr_size, &len, ": %s has no partition%s", sel->topic,
+           missing > 1 ? "s" : "");
+    const char *sep = " ";
+    for (size_t j = 0; j < sel->nparts; j++) {
+        if (has_id(ids, n, sel->parts[j]))
+            continue;
+        append(errstr, errstr_size, &len, "%s%" PRId32, sep, sel->parts[j]);
+        sep = ", ";
+    }
+    /* The partitions there are, as ranges in order: 0-23, or 0-3, 5. */
+    append(errstr, errstr_size, &len, " (it has ");
+    int32_t max = -1;
+    for (size_t i = 0; i < n; i++)
+        if (ids[i] > max)
+            max = ids[i];
+    sep = "";
+    for (int32_t id = 0; id <= max; id++) {
+        if (!has_id(ids, n, id))
+            continue;
+        int32_t last = id;
+        while (last < max && has_id(ids, n, last + 1))
+            last++;
+        if (last > id)
+            append(errstr, errstr_size, &len, "%s%" PRId32 "-%" PRId32, sep, id,
+                   last);
+        else
+            append(errstr, errstr_size, &len, "%s%" PRId32, sep, id);
+        sep = ", ";
+        id = last;
+    }
+    append(errstr, errstr_size, &len, "%s)", n ? "" : "no partitions");
+    return -1;
 }
 
 int idem_offreset_redis_lost(int64_t redis, int64_t kafka,

@@ -25,6 +25,13 @@ void idem_offreset_sel_clear(idem_offreset_sel_t *sel);
 int idem_offreset_sel_match(const idem_offreset_sel_t *sel, size_t n,
                             const char *topic, int32_t partition);
 
+/* Whether every partition sel names exists: ids[n] are the partitions the
+ * cluster has of sel->topic (any order). Returns 0, or -1 with errstr naming
+ * the --topic, the missing partitions and the ones there are
+ * ("--topic payments:7: payments has no partition 7 (it has 0-1)"). */
+int idem_offreset_sel_check(const idem_offreset_sel_t *sel, const int32_t *ids,
+                            size_t n, char *errstr, size_t errstr_size);
+
 /* Where a member starts a partition, and from what. */
 typedef enum {
     IDEM_OFFRESET_FROM_REDIS = 0, /* Redis's position, usable */

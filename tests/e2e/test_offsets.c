@@ -143,7 +143,24 @@ Test(offsets, show_text_and_json_say_what_kafka_and_redis_hold, .timeout = 240)
     free(err);
     const char *none[] = {"--topic", "nosuch", NULL};
     cr_expect_eq(offsets_cmd("show", none, NULL, &err), 1);
-    cr_expect(strstr(err, "--topic nosuch: no such partition"), "%s", err);
+    cr_expect(strstr(err, "--topic nosuch: nosuch is not a topic of "
+                          "input.topics (payments)"),
+              "%s", err);
+    free(err);
+    /* A partition the topic lacks, alone or beside one it has: named, with
+     * the partitions there are (a reset too, before it changes anything). */
+    const char *seven[] = {"--topic", "payments:7", NULL};
+    cr_expect_eq(offsets_cmd("show", seven, NULL, &err), 1);
+    cr_expect(strstr(err, "--topic payments:7: payments has no partition 7 "
+                          "(it has 0-1)"),
+              "%s", err);
+    free(err);
+    const char *mixed[] = {"--topic", "payments:0,7", "--to-earliest",
+                           "--execute", NULL};
+    cr_expect_eq(offsets_cmd("reset", mixed, NULL, &err), 1);
+    cr_expect(strstr(err, "--topic payments:0,7: payments has no partition 7 "
+                          "(it has 0-1)"),
+              "%s", err);
     free(err);
     th_stack_stop(&stk);
 }

@@ -30,6 +30,33 @@ Test(offreset, topic_selections_parse_and_match)
     }
 }
 
+Test(offreset, a_partition_the_topic_lacks_is_named_with_those_it_has)
+{
+    idem_offreset_sel_t s;
+    char err[256];
+    const int32_t two[] = {1, 0};
+    cr_assert_eq(idem_offreset_sel_parse("payments:7", &s, err, sizeof(err)),
+                 0);
+    cr_assert_eq(idem_offreset_sel_check(&s, two, 2, err, sizeof(err)), -1);
+    cr_expect_str_eq(err, "--topic payments:7: payments has no partition 7 "
+                          "(it has 0-1)");
+    idem_offreset_sel_clear(&s);
+    const int32_t gaps[] = {5, 0, 1, 2, 3, 9};
+    cr_assert_eq(idem_offreset_sel_parse("orders:1,8,12", &s, err, sizeof(err)),
+                 0);
+    cr_assert_eq(idem_offreset_sel_check(&s, gaps, 6, err, sizeof(err)), -1);
+    cr_expect_str_eq(err, "--topic orders:1,8,12: orders has no partitions 8, "
+                          "12 (it has 0-3, 5, 9)");
+    idem_offreset_sel_clear(&s);
+    cr_assert_eq(idem_offreset_sel_parse("orders:0,9", &s, err, sizeof(err)),
+                 0);
+    cr_expect_eq(idem_offreset_sel_check(&s, gaps, 6, err, sizeof(err)), 0);
+    idem_offreset_sel_clear(&s);
+    cr_assert_eq(idem_offreset_sel_parse("orders", &s, err, sizeof(err)), 0);
+    cr_expect_eq(idem_offreset_sel_check(&s, gaps, 6, err, sizeof(err)), 0);
+    idem_offreset_sel_clear(&s);
+}
+
 Test(offreset, a_member_starts_at_redis_then_kafka_then_auto_reset)
 {
     idem_offreset_from_t from;
