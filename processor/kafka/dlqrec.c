@@ -205,8 +205,42 @@ static int relative_parse(const char *s, int64_t now_ms, int64_t *out)
     return 0;
 }
 
-/* RFC 3339 date-time or a plain date (midnight UTC). Returns 0 or -1. */
-static int rfc3339_parse(const char *s, int64_t *out)
+/* Days in month mo (1..12) of year y, Gregorian. */
+static int month_days(int y, int mo)
+{
+    static const int days[] = {31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31};
+    int leap = (y % 4 == 0 && y % 100 != 0) || y % 400 == 0;
+    return mo == 2 && leap ? 29 : days[mo - 1];
+}
+
+/* Whether y-mo-d h:mi:sec names a moment that exists (timegm would roll
+ * 2026-02-31 over into March): -1 with why, naming the value, or 0. A
+ * leap second (23:59:60) exists. */
+static int moment_check(const char *s, int y, int mo, int d, int h, int mi,
+                        int sec, char *why, size_t why_size)
+{
+    if (mo < 1 || mo > 12) {
+        snprintf(why, why_size, "\"%s\": no month %02d (01..12)", s, mo);
+        return -1;
+    }
+    if (d < 1 || d > month_days(y, mo)) {
+        snprintf(why, why_size, "\"%s\": no day %02d in %04d-%02d (%d days)", s,
+                 d, y, mo, month_days(y, mo));
+        return -1;
+    }
+    if (h > 23 || mi > 59 || sec > 60 || (sec == 60 && (h != 23 || mi != 59))) {
+        snprintf(why, why_size,
+                 "\"%s\": no time of day %02d:%02d:%02d (00:00:00..23:59:59)",
+                 s, h, mi, sec);
+        return -1;
+    }
+    return 0;
+}
+
+/* RFC 3339 date-time or a plain date (midnight UTC). Returns 0, -1 when s
+ * is not written as one, -2 when it is but names no moment (why says so). */
+static int rfc3339_parse(const char *s, int64_t *out, char *why,
+                         size_t why_size)
 {
     int y, mo, d, h = 0, mi = 0, sec = 0, n = 0;
     if (sscanf(s, "%4d-%2d-%2d%n", &y, &mo, &d, &n) != 3 || n != 10)
@@ -243,8 +277,8 @@ static int rfc3339_parse(const char *s, int64_t *out)
         if (*p)
             return -1;
     }
-    if (mo < 1 || mo > 12 || d < 1 || d > 31 || h > 23 || mi > 59 || sec > 60)
-        return -1;
+    if (moment_check(s, y, mo, d, h, mi, sec, why, why_size))
+        return -2;
     struct tm tm = {.tm_year = y - 1900,
                     .tm_mon = mo - 1,
                     .tm_mday = d,
@@ -259,8 +293,11 @@ static int rfc3339_parse(const char *s, int64_t *out)
 int idem_dlqtime_parse(const char *s, int64_t now_ms, int64_t *out,
                        char *errstr, size_t errstr_size)
 {
-    if (s && (!relative_parse(s, now_ms, out) || !rfc3339_parse(s, out)))
+    if (s && !relative_parse(s, now_ms, out))
         return 0;
+    int rc = s ? rfc3339_parse(s, out, errstr, errstr_size) : -1;
+    if (rc == 0 || rc == -2)
+        return rc ? -1 : 0;
     snprintf(errstr, errstr_size,
              "\"%s\" is not a time: use RFC 3339 (2026-11-30T16:00:00Z) or "
              "a duration ago (90s, 15m, 2h, 7d)",

@@ -61,7 +61,6 @@ Test(dlqrec, times_rfc3339_and_relative)
                          "-2h",
                          "h",
                          "2026-12-01T00:00:00", /* no offset */
-                         "2026-13-01T00:00:00Z",
                          "2026-12-01T00:00Z",
                          "yesterday",
                          "2026-12-01T00:00:00Zjunk"};
@@ -69,6 +68,40 @@ Test(dlqrec, times_rfc3339_and_relative)
         cr_expect_neq(idem_dlqtime_parse(bad[i], NOW, &t, err, sizeof(err)), 0,
                       "\"%s\" accepted", bad[i]);
         cr_expect(strstr(err, "is not a time"), "%s", err);
+    }
+}
+
+/* A date or time that does not exist is refused, naming it, instead of
+ * rolling over (2026-02-31 was read as 2026-03-03). */
+Test(dlqrec, times_that_do_not_exist_are_refused)
+{
+    int64_t t;
+    char err[256];
+    const char *ok[] = {"2024-02-29", "2000-02-29T12:00:00Z",
+                        "2026-12-31T23:59:60Z", "2026-04-30T23:59:59+14:00"};
+    for (size_t i = 0; i < sizeof(ok) / sizeof(ok[0]); i++)
+        cr_expect_eq(idem_dlqtime_parse(ok[i], NOW, &t, err, sizeof(err)), 0,
+                     "%s: %s", ok[i], err);
+    static const struct {
+        const char *in, *err;
+    } bad[] = {
+        {"2026-02-31", "\"2026-02-31\": no day 31 in 2026-02 (28 days)"},
+        {"2026-02-29", "\"2026-02-29\": no day 29 in 2026-02 (28 days)"},
+        {"1900-02-29T00:00:00Z", "no day 29 in 1900-02 (28 days)"},
+        {"2026-04-31T00:00:00Z", "no day 31 in 2026-04 (30 days)"},
+        {"2026-12-00", "no day 00 in 2026-12 (31 days)"},
+        {"2026-13-01", "\"2026-13-01\": no month 13 (01..12)"},
+        {"2026-00-10", "no month 00"},
+        {"2026-12-01T24:61:00Z", "\"2026-12-01T24:61:00Z\": no time of day "
+                                 "24:61:00"},
+        {"2026-12-01T23:60:00Z", "no time of day 23:60:00"},
+        {"2026-12-01T12:00:60Z", "no time of day 12:00:60"},
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        err[0] = '\0';
+        cr_expect_neq(idem_dlqtime_parse(bad[i].in, NOW, &t, err, sizeof(err)),
+                      0, "\"%s\" accepted", bad[i].in);
+        cr_expect(strstr(err, bad[i].err), "%s: %s", bad[i].in, err);
     }
 }
 
