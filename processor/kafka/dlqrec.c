@@ -305,15 +305,16 @@ int idem_dlqtime_parse(const char *s, int64_t now_ms, int64_t *out,
     return -1;
 }
 
-/* Length of p[0..max) cut back to a UTF-8 character boundary. */
+/* Length of p[0..max) cut back to a UTF-8 character boundary: by at most
+ * 3 bytes, so a run of stray continuation bytes is still cut near max. */
 static size_t utf8_cut(const unsigned char *p, size_t len, size_t max)
 {
     if (len <= max)
         return len;
     size_t n = max;
-    while (n > 0 && (p[n] & 0xC0) == 0x80) /* p[n] continues a character */
+    while (n > 0 && max - n < 3 && (p[n] & 0xC0) == 0x80) /* continues */
         n--;
-    return n;
+    return (p[n] & 0xC0) == 0x80 ? max : n;
 }
 
 /* Sets name to the bytes as a JSON string, or name_hex when they are not
@@ -426,39 +427,108 @@ void idem_dlqrec_print_json(const idem_dlqrec_t *r, long max_bytes, FILE *out)
     json_decref(o);
 }
 
-/* Writes bytes for a person: printable ASCII and UTF-8 as they are,
- * control bytes as \xNN. */
+/* The length of the well-formed UTF-8 character at b[0..n) (RFC 3629: no
+ * overlong forms, no surrogates, at most U+10FFFF), or 0 when there is
+ * none. */
+static size_t utf8_char(const unsigned char *b, size_t n)
+{
+    size_t len;
+    unsigned min;
+    unsigned c;
+    if (b[0] < 0x80)
+        return 1;
+    if (b[0] >= 0xC2 && b[0] <= 0xDF)
+        len = 2, min = 0x80, c = b[0] & 0x1F;
+    else if (b[0] >= 0xE0 && b[0] <= 0xEF)
+        len = 3, min = 0x800, c = b[0] & 0x0F;
+    else if (b[0] >= 0xF0 && b[0] <= 0xF4)
+        len = 4, min = 0x10000, c = b[0] & 0x07;
+    else
+        return 0;
+    if (n < len)
+        return 0;
+    for (size_t i = 1; i < len; i++) {
+        if ((b[i] & 0xC0) != 0x80)
+            return 0;
+        c = c << 6 | (b[i] & 0x3F);
+    }
+    if (c < min || c > 0x10FFFF || (c >= 0xD800 && c <= 0xDFFF))
+        return 0;
+    return len;
+}
+
+/* Writes bytes for a person's terminal: well-formed UTF-8 and printable
+ * ASCII as they are; control characters (C0, DEL, C1) and every byte that
+ * is not part of a well-formed UTF-8 character as \xNN, so a dead letter
+ * can neither garble the terminal nor hide what it holds. */
 static void text_bytes(const void *p, size_t n, FILE *out)
 {
     const unsigned char *b = p;
-    for (size_t i = 0; i < n; i++) {
-        if (b[i] < 0x20 || b[i] == 0x7f)
-            fprintf(out, "\\x%02x", b[i]);
-        else
-            fputc(b[i], out);
+    for (size_t i = 0; i < n;) {
+        size_t len = utf8_char(b + i, n - i);
+        int control = len == 1 ? b[i] < 0x20 || b[i] == 0x7f
+                               : len == 2 && b[i] == 0xC2 && b[i + 1] < 0xA0;
+        if (len && !control) {
+            fwrite(b + i, 1, len, out);
+            i += len;
+            continue;
+        }
+        for (size_t k = 0; k < (len ? len : 1); k++)
+            fprintf(out, "\\x%02x", b[i + k]);
+        i += len ? len : 1;
     }
+}
+
+/* text_bytes of p[0..n) cut to max_bytes (-1: whole) on a character
+ * boundary, saying how long it really was when cut. */
+static void text_field(const void *p, size_t n, long max_bytes, FILE *out)
+{
+    size_t shown = n;
+    if (max_bytes >= 0)
+        shown = utf8_cut(p, n, (size_t)max_bytes);
+    text_bytes(p, shown, out);
+    if (shown < n)
+        fprintf(out, " ... (%zu of %zu bytes)", shown, n);
+}
+
+/* A decoded dlq.* header for text (escaped like any other bytes), or
+ * `missing` (printed as it is) when the header was not there. */
+static void text_str(const char *v, const char *missing, long max_bytes,
+                     FILE *out)
+{
+    if (v)
+        text_field(v, strlen(v), max_bytes, out);
+    else
+        fputs(missing, out);
 }
 
 void idem_dlqrec_print_text(const idem_dlqrec_t *r, long max_bytes, FILE *out)
 {
-    fprintf(out, "%s/%" PRId32 "/%" PRId64 "  %s  %s\n", r->dlq_topic,
-            r->partition, r->offset, r->reason ? r->reason : "(no reason)",
-            r->failed_at ? r->failed_at : "(no dlq.failed.at)");
-    fprintf(out, "  error:    %s\n", r->error ? r->error : "");
-    fprintf(out, "  original: %s/%" PRId32 "/%" PRId64,
-            r->orig_topic ? r->orig_topic : "?", r->orig_partition,
-            r->orig_offset);
+    fprintf(out, "%s/%" PRId32 "/%" PRId64 "  ", r->dlq_topic, r->partition,
+            r->offset);
+    text_str(r->reason, "(no reason)", max_bytes, out);
+    fputs("  ", out);
+    text_str(r->failed_at, "(no dlq.failed.at)", max_bytes, out);
+    fputs("\n  error:    ", out);
+    text_str(r->error, "", max_bytes, out);
+    fputs("\n  original: ", out);
+    text_str(r->orig_topic, "?", max_bytes, out);
+    fprintf(out, "/%" PRId32 "/%" PRId64, r->orig_partition, r->orig_offset);
     if (r->orig_timestamp >= 0) {
         char ts[40];
         fprintf(out, " at %s", idem_rfc3339(r->orig_timestamp, ts, sizeof(ts)));
     }
-    fprintf(out, ", group %s, attempts %d, replays %d\n",
-            r->group ? r->group : "?", r->attempts, r->replay_count);
-    if (r->replayed_from)
-        fprintf(out, "  replayed from: %s\n", r->replayed_from);
+    fputs(", group ", out);
+    text_str(r->group, "?", max_bytes, out);
+    fprintf(out, ", attempts %d, replays %d\n", r->attempts, r->replay_count);
+    if (r->replayed_from) {
+        fputs("  replayed from: ", out);
+        text_str(r->replayed_from, "", max_bytes, out);
+        fputc('\n', out);
+    }
     if (r->identity) {
         fputs("  identity: ", out);
-        text_bytes(r->identity, r->identity_len, out);
+        text_field(r->identity, r->identity_len, max_bytes, out);
         fputc('\n', out);
     } else if (r->identity_error) {
         fprintf(out, "  identity: (none: %s)\n", r->identity_error);
@@ -471,25 +541,22 @@ void idem_dlqrec_print_text(const idem_dlqrec_t *r, long max_bytes, FILE *out)
          i++) {
         if (added_in_dlq(name))
             continue;
-        fprintf(out, "  header:   %s: ", name);
+        fputs("  header:   ", out);
+        text_field(name, strlen(name), max_bytes, out);
+        fputs(": ", out);
         if (v)
-            text_bytes(v, n, out);
+            text_field(v, n, max_bytes, out);
         else
             fputs("(null)", out);
         fputc('\n', out);
     }
     fputs("  key:      ", out);
     if (r->key)
-        text_bytes(r->key, r->key_len, out);
+        text_field(r->key, r->key_len, max_bytes, out);
     else
         fputs("(null)", out);
     fputs("\n  value:    ", out);
-    size_t shown = r->value_len;
-    if (max_bytes >= 0)
-        shown = utf8_cut(r->value, r->value_len, (size_t)max_bytes);
-    text_bytes(r->value, shown, out);
-    if (shown < r->value_len)
-        fprintf(out, " ... (%zu of %zu bytes)", shown, r->value_len);
+    text_field(r->value, r->value_len, max_bytes, out);
     if (r->value_dropped >= 0)
         fprintf(out, "(dropped: %" PRId64 " bytes, too large for the DLQ)",
                 r->value_dropped);

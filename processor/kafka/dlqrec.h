@@ -77,7 +77,10 @@ int idem_dlqtime_parse(const char *s, int64_t now_ms, int64_t *out,
 
 /* Output of inspect: one line per record. max_bytes bounds the value shown
  * (-1 = all); a cut value ends on a UTF-8 character boundary and the line
- * says how long the value really was. Both show the identity (when set)
+ * says how long the value really was. Text cuts every field (key, header
+ * names and values, identity, dlq.* texts) so, and writes control
+ * characters and bytes that are not well-formed UTF-8 as \xNN; JSON keeps
+ * headers and key whole. Both show the identity (when set)
  * and the record's original headers, in their order: every header but the
  * dlq.* and kafka_dlt-* ones the DLQ added (those are shown decoded). In
  * JSON "headers" is a list of [name, value] pairs (a header may repeat; a

@@ -303,6 +303,76 @@ Test(dlqrec, lines_show_original_headers_and_identity)
     rd_kafka_headers_destroy(h);
 }
 
+/* inspect's text escapes what is not well-formed UTF-8 and control
+ * characters, and cuts long header values, keys and values at --max-bytes
+ * (saying how long they were); -1 shows them whole; JSON stays exact. */
+Test(dlqrec, text_escapes_bytes_and_cuts_long_fields)
+{
+    rd_kafka_headers_t *h = ours("not-json\x1b[2J", "2026-12-01T00:00:00Z");
+    char big[3000];
+    memset(big, 'h', sizeof(big));
+    rd_kafka_header_add(h, "big", -1, big, sizeof(big));
+    /* a bare continuation byte, an overlong '/', a surrogate, C1 NEL, a
+     * cut-off 3-byte character at the end; and é, which is fine */
+    const char bad[] = "a\x80"
+                       "b\xc0\xaf"
+                       "c\xed\xa0\x80"
+                       "d\xc2\x85\xc3\xa9\xe2\x82";
+    rd_kafka_header_add(h, "odd", -1, bad, sizeof(bad) - 1);
+    idem_dlqrec_t r;
+    char key[600];
+    memset(key, 'k', sizeof(key));
+    const char *value = "{\"x\":\"\xff\xfe\t\"}";
+    idem_dlqrec_decode(&r, "payments.dlq", 0, 5, NOW, key, sizeof(key), value,
+                       strlen(value), h);
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *fp = open_memstream(&buf, &len);
+    idem_dlqrec_print_text(&r, 256, fp);
+    fclose(fp);
+    cr_expect(strstr(buf, "  not-json\\x1b[2J  "), "%s", buf);
+    cr_expect(strstr(buf, "\n  header:   big: hhhhhhhh"), "%s", buf);
+    cr_expect(strstr(buf, "h ... (256 of 3000 bytes)\n"), "%s", buf);
+    cr_expect(strstr(buf, "\n  header:   odd: a\\x80b\\xc0\\xafc\\xed\\xa0"
+                          "\\x80d\\xc2\\x85\xc3\xa9\\xe2\\x82\n"),
+              "%s", buf);
+    cr_expect(strstr(buf, "k ... (256 of 600 bytes)\n"), "%s", buf);
+    cr_expect(strstr(buf, "\n  value:    {\"x\":\"\\xff\\xfe\\x09\"}\n"), "%s",
+              buf);
+    for (size_t i = 0; i < len; i++)
+        cr_assert(buf[i] == '\n' || ((unsigned char)buf[i] >= 0x20 &&
+                                     (unsigned char)buf[i] != 0x7f &&
+                                     (unsigned char)buf[i] != 0xff),
+                  "raw byte 0x%02x at %zu", (unsigned char)buf[i], i);
+    free(buf);
+    buf = NULL;
+    fp = open_memstream(&buf, &len);
+    idem_dlqrec_print_text(&r, -1, fp);
+    fclose(fp);
+    cr_expect_null(strstr(buf, " bytes)"), "%s", buf);
+    cr_expect(strstr(buf, "hhh\n"), "%s", buf);
+    free(buf);
+    /* JSON: every byte of every header, whatever the cut of the value. */
+    json_t *o = json_line(&r, 4);
+    json_t *hs = json_object_get(o, "headers");
+    json_t *bigv = NULL, *oddv = NULL;
+    for (size_t i = 0; i < json_array_size(hs); i++) {
+        const char *n =
+            json_string_value(json_array_get(json_array_get(hs, i), 0));
+        if (n && !strcmp(n, "big"))
+            bigv = json_array_get(json_array_get(hs, i), 1);
+        if (n && !strcmp(n, "odd"))
+            oddv = json_array_get(json_array_get(hs, i), 1);
+    }
+    cr_expect_eq(json_string_length(bigv), sizeof(big));
+    cr_expect_eq(strlen(json_string_value(json_object_get(oddv, "hex"))),
+                 2 * (sizeof(bad) - 1));
+    cr_expect_eq(json_string_length(json_object_get(o, "key")), sizeof(key));
+    json_decref(o);
+    idem_dlqrec_clear(&r);
+    rd_kafka_headers_destroy(h);
+}
+
 static const char *hget(const rd_kafka_headers_t *h, const char *name,
                         char *buf, size_t size)
 {
