@@ -570,6 +570,9 @@ typedef struct {
     long count;
 } tally_t;
 
+#define NO_HEADER "(none)"  /* the tally of records without the header */
+#define NO_VALUE  "(empty)" /* how text shows an empty value's tally */
+
 typedef struct {
     int32_t partition;
     int64_t low, high;
@@ -634,8 +637,8 @@ void idem_dlqstats_add(idem_dlqstats_t *s, const idem_dlqrec_t *r)
     s->written++;
     if (r->replay_count > 0)
         s->replays++;
-    tally(&s->reasons, &s->reason_cnt, r->reason ? r->reason : "(none)");
-    tally(&s->topics, &s->topic_cnt, r->orig_topic ? r->orig_topic : "(none)");
+    tally(&s->reasons, &s->reason_cnt, r->reason ? r->reason : NO_HEADER);
+    tally(&s->topics, &s->topic_cnt, r->orig_topic ? r->orig_topic : NO_HEADER);
     char buf[600];
     if (r->orig_topic && r->orig_partition >= 0 && r->orig_offset >= 0)
         snprintf(buf, sizeof(buf), "%s/%" PRId32 "/%" PRId64, r->orig_topic,
@@ -701,6 +704,19 @@ static int64_t gone(const idem_dlqstats_t *s)
     return n;
 }
 
+/* Rows of a table: an empty name as (empty), which would be a blank row;
+ * *empty and *none are set when such rows were printed. */
+static void tally_print(const tally_t *t, size_t n, int *empty, int *none,
+                        FILE *out)
+{
+    for (size_t i = 0; i < n; i++) {
+        const char *name = t[i].name[0] ? t[i].name : NO_VALUE;
+        *empty |= !t[i].name[0];
+        *none |= !strcmp(t[i].name, NO_HEADER);
+        fprintf(out, "  %-18s %8ld\n", name, t[i].count);
+    }
+}
+
 void idem_dlqstats_print(idem_dlqstats_t *s, const char *dlq_topic, FILE *out)
 {
     if (!s->written) {
@@ -731,12 +747,24 @@ void idem_dlqstats_print(idem_dlqstats_t *s, const char *dlq_topic, FILE *out)
         qsort(s->reasons, s->reason_cnt, sizeof(*s->reasons), tally_cmp);
     if (s->topic_cnt)
         qsort(s->topics, s->topic_cnt, sizeof(*s->topics), tally_cmp);
+    int empty = 0, none = 0;
     fputs("by reason:\n", out);
-    for (size_t i = 0; i < s->reason_cnt; i++)
-        fprintf(out, "  %-18s %8ld\n", s->reasons[i].name, s->reasons[i].count);
+    tally_print(s->reasons, s->reason_cnt, &empty, &none, out);
+    if (empty)
+        fputs("  (empty: dlq.reason is there but empty; --reason '' selects "
+              "them)\n",
+              out);
+    if (none)
+        fputs("  (none: no dlq.reason header, as in a dead letter another "
+              "tool wrote)\n",
+              out);
+    empty = none = 0;
     fputs("by original topic:\n", out);
-    for (size_t i = 0; i < s->topic_cnt; i++)
-        fprintf(out, "  %-18s %8ld\n", s->topics[i].name, s->topics[i].count);
+    tally_print(s->topics, s->topic_cnt, &empty, &none, out);
+    if (empty)
+        fputs("  (empty: dlq.original.topic is there but empty)\n", out);
+    if (none)
+        fputs("  (none: no dlq.original.topic header)\n", out);
 }
 
 void idem_dlqstats_print_json(idem_dlqstats_t *s, const char *dlq_topic,

@@ -373,6 +373,42 @@ Test(dlqrec, text_escapes_bytes_and_cuts_long_fields)
     rd_kafka_headers_destroy(h);
 }
 
+/* An empty dlq.reason is a row of its own that says so, not a blank one;
+ * a missing one is (none); JSON keeps the empty name as it is. */
+Test(dlqrec, stats_show_empty_and_missing_reasons)
+{
+    idem_dlqstats_t *s = idem_dlqstats_new();
+    idem_dlqstats_partition(s, 0, 0, 3);
+    const char *reasons[] = {"", "", NULL};
+    for (int i = 0; i < 3; i++) {
+        rd_kafka_headers_t *h = ours("x", "2026-12-01T00:00:00Z");
+        rd_kafka_header_remove(h, "dlq.reason");
+        if (reasons[i])
+            rd_kafka_header_add(h, "dlq.reason", -1, reasons[i], 0);
+        idem_dlqrec_t r;
+        idem_dlqrec_decode(&r, "payments.dlq", 0, i, NOW, NULL, 0, "x", 1, h);
+        idem_dlqstats_add(s, &r);
+        idem_dlqrec_clear(&r);
+        rd_kafka_headers_destroy(h);
+    }
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *fp = open_memstream(&buf, &len);
+    idem_dlqstats_print(s, "payments.dlq", fp);
+    idem_dlqstats_print_json(s, "payments.dlq", fp);
+    fclose(fp);
+    cr_expect(strstr(buf, "by reason:\n  (empty)                   2\n  "
+                          "(none)                    1\n"),
+              "%s", buf);
+    cr_expect(strstr(buf, "(empty: dlq.reason is there but empty"), "%s", buf);
+    cr_expect(strstr(buf, "(none: no dlq.reason header"), "%s", buf);
+    cr_expect_null(strstr(buf, "\n                     "), "blank row: %s",
+                   buf);
+    cr_expect(strstr(buf, "\"by_reason\":{\"\":2,\"(none)\":1}"), "%s", buf);
+    free(buf);
+    idem_dlqstats_destroy(s);
+}
+
 static const char *hget(const rd_kafka_headers_t *h, const char *name,
                         char *buf, size_t size)
 {
