@@ -91,9 +91,12 @@ void idem_cmd_produce_usage(FILE *out)
         "cycling\n"
         "                           too-large, not-json, not-object, "
         "no-identity, invalid-field\n"
-        "  --too-large-bytes N      size of too-large values (default: the "
-        "processor's\n"
-        "                           message.max.bytes default + 1)\n"
+        "  --too-large-bytes N      size of too-large values (default: "
+        "message.max.bytes + 1,\n"
+        "                           of -c FILE, else the processor's "
+        "default); a size not\n"
+        "                           above the message.max.bytes -c sets is "
+        "refused\n"
         "  --expect FILE            write the expected outcome (counts and "
         "ledger) as JSON;\n"
         "                           also with --input, judged with -c's "
@@ -181,6 +184,7 @@ typedef struct {
     char **kafka_props;      /* "name=value" from conf, owned */
     size_t kafka_prop_cnt;
     const char *gen_flag; /* a generator-only flag that was given */
+    int too_large_set;    /* --too-large-bytes given */
 } produce_args_t;
 
 static int parse_i64(const char *flag, const char *s, int64_t min, int64_t max,
@@ -368,6 +372,7 @@ static int args_parse(int argc, char **argv, produce_args_t *a)
             break;
         case OPT_TOO_LARGE:
             a->gen_flag = "--too-large-bytes";
+            a->too_large_set = 1;
             if (parse_i64("--too-large-bytes", optarg, 1024, INT64_C(100000000),
                           &a->gen.too_large_bytes))
                 return -1;
@@ -446,6 +451,48 @@ static int args_parse(int argc, char **argv, produce_args_t *a)
  * open: bootstrap servers, the topic (input.topics when it names exactly
  * one topic) and the kafka.* properties (before -X, so -X wins). Returns
  * 0, or -1 after one line on stderr. */
+/* --too-large-bytes against the member's message.max.bytes. When -c or
+ * IDEMPROC_* set it: by default one byte above it, and a size at or below
+ * it is refused, since the member would apply those records instead of
+ * dead-lettering them as too-large and the expectation would be wrong.
+ * When they leave it at the default, a size at or below the default only
+ * gets a warning: the member may lower it (`run --set
+ * message.max.bytes=4096`, as the README's first session does). Returns 0
+ * or -1 (printed). */
+static int too_large_resolve(produce_args_t *a)
+{
+    idem_conf_t *defaults = idem_conf_new();
+    int64_t dflt = defaults->message_max_bytes;
+    idem_conf_destroy(defaults);
+    int64_t limit = a->conf->message_max_bytes;
+    const char *from =
+        a->config_path ? a->config_path : "IDEMPROC_MESSAGE_MAX_BYTES";
+    if (limit == dflt) {
+        if (a->config_path && a->too_large_set &&
+            a->gen.too_large_bytes <= dflt)
+            fprintf(stderr,
+                    "idemproc produce: warning: --too-large-bytes %" PRId64
+                    " is not above message.max.bytes %" PRId64
+                    " (the default; %s does not set it): too-large only for "
+                    "a member run with a lower message.max.bytes\n",
+                    a->gen.too_large_bytes, limit, from);
+        return 0;
+    }
+    if (!a->too_large_set) {
+        a->gen.too_large_bytes = limit + 1 < 1024 ? 1024 : limit + 1;
+        return 0;
+    }
+    if (a->gen.too_large_bytes > limit)
+        return 0;
+    fprintf(stderr,
+            "idemproc produce: --too-large-bytes %" PRId64
+            ": not above the member's message.max.bytes %" PRId64
+            " (%s): it would apply those records, not dead-letter them as "
+            "too-large; use at least %" PRId64 ", or leave the flag out\n",
+            a->gen.too_large_bytes, limit, from, limit + 1);
+    return -1;
+}
+
 static int args_resolve(produce_args_t *a, char **envp)
 {
     char errstr[512];
@@ -479,6 +526,8 @@ static int args_resolve(produce_args_t *a, char **envp)
                         "FILE with input.topics)\n");
         return -1;
     }
+    if (too_large_resolve(a))
+        return -1;
     a->kafka_props = idem_xcalloc(c->kafka_cnt + 1, sizeof(*a->kafka_props));
     for (size_t i = 0; i < c->kafka_cnt; i++) {
         size_t n = strlen(c->kafka[i].name) + strlen(c->kafka[i].value) + 2;

@@ -500,6 +500,64 @@ Test(produce, config_file_kafka_settings_reach_the_producer)
     free(dir);
 }
 
+/* With -c, too-large records are sized by the member's message.max.bytes:
+ * one byte above it by default (the producer's own limit then follows, as
+ * -v shows), and a size the member would accept is refused in one line. */
+Test(produce, too_large_bytes_follow_the_members_limit)
+{
+    char *dir = th_tmpdir();
+    char conf[512], text[256];
+    snprintf(conf, sizeof(conf), "%s/c.properties", dir);
+    snprintf(text, sizeof(text),
+             "kafka.bootstrap.servers=127.0.0.1:%d\ninput.topics=t\n"
+             "message.max.bytes=2000000\n",
+             th_free_port());
+    cr_assert_eq(th_write_file(conf, text), 0);
+    char *small[] = {(char *)th_bin(),    "produce", "-c", conf,
+                     "--too-large-bytes", "5000",    NULL};
+    char *err = NULL;
+    cr_expect_eq(th_run(small, NULL, &err, 30000), 2, "%s", err);
+    cr_expect_eq(count_lines(err), 1, "%s", err);
+    cr_expect(strstr(err, "--too-large-bytes 5000: not above the member's "
+                          "message.max.bytes 2000000"),
+              "%s", err);
+    cr_expect(strstr(err, "use at least 2000001"), "%s", err);
+    free(err);
+    /* default: 2000001-byte values, so the producer allows 2000001 + 64 KiB
+     * (without -c's limit it would be the processor's default + 1) */
+    char *dflt[] = {(char *)th_bin(), "produce", "-c",      conf, "-v",
+                    "--timeout",      "1",       "--count", "1",  NULL};
+    err = NULL;
+    cr_expect_eq(th_run(dflt, NULL, &err, 30000), 1, "%s", err);
+    cr_expect(strstr(err, "message.max.bytes=2065537\n"), "%s", err);
+    free(err);
+    char *above[] = {
+        (char *)th_bin(), "produce", "-c",      conf, "-v",
+        "--timeout",      "1",       "--count", "1",  "--too-large-bytes",
+        "3000000",        NULL};
+    err = NULL;
+    cr_expect_eq(th_run(above, NULL, &err, 30000), 1, "%s", err);
+    cr_expect(strstr(err, "message.max.bytes=3065536\n"), "%s", err);
+    free(err);
+    /* a file that leaves message.max.bytes at the default: a warning, as
+     * the member may lower it with --set */
+    snprintf(text, sizeof(text),
+             "kafka.bootstrap.servers=127.0.0.1:%d\ninput.topics=t\n",
+             th_free_port());
+    cr_assert_eq(th_write_file(conf, text), 0);
+    char *unset[] = {(char *)th_bin(),    "produce", "-c",      conf,
+                     "--timeout",         "1",       "--count", "1",
+                     "--too-large-bytes", "5000",    NULL};
+    err = NULL;
+    cr_expect_eq(th_run(unset, NULL, &err, 30000), 1, "%s", err);
+    cr_expect(strstr(err, "warning: --too-large-bytes 5000 is not above "
+                          "message.max.bytes 1048576 (the default"),
+              "%s", err);
+    free(err);
+    th_rmrf(dir);
+    free(dir);
+}
+
 /* A missing --input file is a usage error before anything is sent: one
  * line, no all-zero summary. */
 Test(produce, missing_input_file_is_one_line)
