@@ -233,6 +233,11 @@ $(foreach t,$(TIERS),$(eval $(BUILD)/idemproc-$(t): \
     $(call tobjs,$(TIER_SRCS_$(t)))))
 $(TIER_BINS): $(LIB_OBJS)
 	$(CC) $(LDFLAGS) -o $@ $^ $(TEST_LIBS) $(LDLIBS_ALL)
+# What the e2e tests run besides themselves (the binary, the README's
+# hooksink, the ordering tests' ordersink, the plugins), so that `make
+# build/idemproc-e2e` then a --filter run works without `make test`;
+# order-only: they do not relink the tests.
+$(BUILD)/idemproc-e2e: | $(BIN) $(HOOKSINK) $(ORDERSINK) $(PLUGINS) $(TEST_PLUGINS)
 
 FORMAT_SRCS = $(wildcard $(SRC_DIRS:%=%/*.[ch]) processor/include/*/*.h) \
               $(wildcard tests/*/*.[ch]) \

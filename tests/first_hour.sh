@@ -25,10 +25,15 @@ set -u
 
 BIN=${1:?usage: first_hour.sh IDEMPROC_BIN [README]}
 BIN=$(cd "$(dirname "$BIN")" && pwd)/$(basename "$BIN")
-# The tests' HTTP service, built next to the binary (make test builds it).
+# The tests' HTTP service, built next to the binary (make test and make
+# build/idemproc-e2e build it).
 HOOKSINK=$(dirname "$BIN")/hooksink
 README=${2:-$(dirname "$0")/../README.md}
 [[ -r $README ]] || { echo "first_hour: cannot read $README" >&2; exit 2; }
+if grep -q 'build/hooksink' "$README" && [[ ! -x $HOOKSINK ]]; then
+    echo "first_hour: $HOOKSINK is missing (make build/idemproc-e2e or make test builds it)" >&2
+    exit 2
+fi
 README=$(cd "$(dirname "$README")" && pwd)/$(basename "$README")
 W=$(mktemp -d /tmp/idemproc-first-hour.XXXXXX)
 
