@@ -6,6 +6,7 @@
 #include "kafka/dlqread.h"
 #include "kafka/dlqrec.h"
 #include "kafka/kafka.h"
+#include "kafka/produce.h"
 #include "input/envelope.h"
 #include "base/outcome.h"
 #include "base/util.h"
@@ -646,18 +647,17 @@ static int replay_cb(const idem_dlqrec_t *r, size_t pi, void *opaque)
     s->partition = r->partition;
     s->offset = r->offset;
     rd_kafka_headers_t *h = idem_dlqrec_replay_headers(r);
-    rd_kafka_resp_err_t err;
-    for (;;) {
-        err = rd_kafka_producev(
-            rp->rk, RD_KAFKA_V_TOPIC(target), RD_KAFKA_V_PARTITION(part),
-            RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY),
-            RD_KAFKA_V_KEY(r->key, r->key_len),
-            RD_KAFKA_V_VALUE((void *)r->value, r->value_len),
-            RD_KAFKA_V_HEADERS(h), RD_KAFKA_V_OPAQUE(s), RD_KAFKA_V_END);
-        if (err != RD_KAFKA_RESP_ERR__QUEUE_FULL)
-            break;
-        rd_kafka_poll(rp->rk, 100);
-    }
+    idem_kafka_msg_t m = {.topic = target,
+                          .partitioned = part != RD_KAFKA_PARTITION_UA,
+                          .partition = part,
+                          .msgflags = RD_KAFKA_MSG_F_COPY,
+                          .key = r->key,
+                          .key_len = r->key_len,
+                          .value = (void *)r->value,
+                          .value_len = r->value_len,
+                          .headers = h,
+                          .opaque = s};
+    rd_kafka_resp_err_t err = idem_kafka_produce(rp->rk, &m, 100);
     handled(rp, pi, r->offset);
     if (err) {
         rd_kafka_headers_destroy(h); /* not taken over on failure */

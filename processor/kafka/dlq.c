@@ -1,6 +1,7 @@
 /* dlq: the dead-letter producer: poison records with their original key,
  * bytes and headers plus dlq.* headers that say why. */
 #include "kafka/dlq.h"
+#include "kafka/produce.h"
 #include "kafka/kafka.h"
 #include "base/log.h"
 #include "base/util.h"
@@ -243,26 +244,24 @@ int idem_dlq_send(idem_dlq_t *d, const rd_kafka_message_t *msg,
         idem_dlq_headers_new(orig, &o, reason, error, attempts);
     char num[32];
 
-    rd_kafka_resp_err_t err;
-    for (;;) {
-        if (drop_value) {
-            snprintf(num, sizeof(num), "%zu", msg->len);
-            hdr_add(h, "dlq.value.dropped", num);
-        }
-        err = rd_kafka_producev(
-            d->rk, RD_KAFKA_V_RKT(d->rkt),
-            RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY),
-            RD_KAFKA_V_KEY(msg->key, msg->key_len),
-            RD_KAFKA_V_VALUE(drop_value ? NULL : msg->payload,
-                             drop_value ? 0 : msg->len),
-            RD_KAFKA_V_HEADERS(h), RD_KAFKA_V_OPAQUE(opaque), RD_KAFKA_V_END);
-        if (err == RD_KAFKA_RESP_ERR_MSG_SIZE_TOO_LARGE && !drop_value) {
-            drop_value = 1; /* see idem_dlq_send's contract */
-            continue;
-        }
-        if (err != RD_KAFKA_RESP_ERR__QUEUE_FULL)
-            break;
-        rd_kafka_poll(d->rk, 100);
+    idem_kafka_msg_t m = {.rkt = d->rkt,
+                          .msgflags = RD_KAFKA_MSG_F_COPY,
+                          .key = msg->key,
+                          .key_len = msg->key_len,
+                          .value = drop_value ? NULL : msg->payload,
+                          .value_len = drop_value ? 0 : msg->len,
+                          .headers = h,
+                          .opaque = opaque};
+    snprintf(num, sizeof(num), "%zu", msg->len);
+    if (drop_value)
+        hdr_add(h, "dlq.value.dropped", num);
+    rd_kafka_resp_err_t err = idem_kafka_produce(d->rk, &m, 100);
+    if (err == RD_KAFKA_RESP_ERR_MSG_SIZE_TOO_LARGE && !drop_value) {
+        /* see idem_dlq_send's contract: refused at once, h is still ours */
+        hdr_add(h, "dlq.value.dropped", num);
+        m.value = NULL;
+        m.value_len = 0;
+        err = idem_kafka_produce(d->rk, &m, 100);
     }
     if (err) {
         rd_kafka_headers_destroy(h); /* not taken over on failure */
@@ -276,32 +275,29 @@ int idem_dlq_send_to(idem_dlq_t *d, const char *topic, int32_t partition,
                      const rd_kafka_message_t *msg, rd_kafka_headers_t *h,
                      void *opaque, char *errstr, size_t errstr_size)
 {
-    rd_kafka_resp_err_t err;
-    for (;;) {
-        err = rd_kafka_producev(
-            d->rk, RD_KAFKA_V_TOPIC(topic), RD_KAFKA_V_PARTITION(partition),
-            RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY),
-            RD_KAFKA_V_KEY(msg->key, msg->key_len),
-            RD_KAFKA_V_VALUE(msg->payload, msg->len), RD_KAFKA_V_HEADERS(h),
-            RD_KAFKA_V_OPAQUE(opaque), RD_KAFKA_V_END);
-        if (err == RD_KAFKA_RESP_ERR__UNKNOWN_PARTITION &&
-            partition != RD_KAFKA_PARTITION_UA) {
-            /* Refused at once: the topic is known to have fewer
-             * partitions (the check at start could not be made, or the
-             * topic was created again). Where the key hashes beats a
-             * partition that waits forever; the copy still finds the
-             * first's mark (global marks). */
-            char num[16];
-            snprintf(num, sizeof(num), "%" PRId32, partition);
-            idem_log_kv(IDEM_LOG_WARN,
-                        "copy sent where its key hashes: no such partition",
-                        "topic", topic, "partition", num, NULL);
-            partition = RD_KAFKA_PARTITION_UA;
-            continue;
-        }
-        if (err != RD_KAFKA_RESP_ERR__QUEUE_FULL)
-            break;
-        rd_kafka_poll(d->rk, 100);
+    idem_kafka_msg_t m = {.topic = topic,
+                          .partitioned = partition != RD_KAFKA_PARTITION_UA,
+                          .partition = partition,
+                          .msgflags = RD_KAFKA_MSG_F_COPY,
+                          .key = msg->key,
+                          .key_len = msg->key_len,
+                          .value = msg->payload,
+                          .value_len = msg->len,
+                          .headers = h,
+                          .opaque = opaque};
+    rd_kafka_resp_err_t err = idem_kafka_produce(d->rk, &m, 100);
+    if (err == RD_KAFKA_RESP_ERR__UNKNOWN_PARTITION && m.partitioned) {
+        /* Refused at once: the topic is known to have fewer partitions
+         * (the check at start could not be made, or the topic was created
+         * again). Where the key hashes beats a partition that waits
+         * forever; the copy still finds the first's mark (global marks). */
+        char num[16];
+        snprintf(num, sizeof(num), "%" PRId32, partition);
+        idem_log_kv(IDEM_LOG_WARN,
+                    "copy sent where its key hashes: no such partition",
+                    "topic", topic, "partition", num, NULL);
+        m.partitioned = 0;
+        err = idem_kafka_produce(d->rk, &m, 100);
     }
     if (err) {
         rd_kafka_headers_destroy(h); /* not taken over on failure */

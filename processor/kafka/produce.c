@@ -4,18 +4,20 @@
 rd_kafka_resp_err_t idem_kafka_produce(rd_kafka_t *rk,
                                        const idem_kafka_msg_t *m, int poll_ms)
 {
+    int32_t partition = m->partitioned ? m->partition : RD_KAFKA_PARTITION_UA;
     for (;;) {
         rd_kafka_resp_err_t err;
         if (m->rkt)
             err = rd_kafka_producev(
-                rk, RD_KAFKA_V_RKT(m->rkt), RD_KAFKA_V_MSGFLAGS(m->msgflags),
+                rk, RD_KAFKA_V_RKT(m->rkt), RD_KAFKA_V_PARTITION(partition),
+                RD_KAFKA_V_MSGFLAGS(m->msgflags),
                 RD_KAFKA_V_KEY(m->key, m->key ? m->key_len : 0),
                 RD_KAFKA_V_VALUE(m->value, m->value_len),
                 RD_KAFKA_V_HEADERS(m->headers), RD_KAFKA_V_OPAQUE(m->opaque),
                 RD_KAFKA_V_END);
         else
             err = rd_kafka_producev(
-                rk, RD_KAFKA_V_TOPIC(m->topic),
+                rk, RD_KAFKA_V_TOPIC(m->topic), RD_KAFKA_V_PARTITION(partition),
                 RD_KAFKA_V_MSGFLAGS(m->msgflags),
                 RD_KAFKA_V_KEY(m->key, m->key ? m->key_len : 0),
                 RD_KAFKA_V_VALUE(m->value, m->value_len),

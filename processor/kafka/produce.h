@@ -6,6 +6,7 @@
 #define IDEM_KAFKA_PRODUCE_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include <librdkafka/rdkafka.h>
 
@@ -13,6 +14,8 @@
 typedef struct {
     rd_kafka_topic_t *rkt; /* a topic handle the caller keeps */
     const char *topic;     /* or a topic by name */
+    int partitioned;       /* 1: to `partition`; 0: librdkafka's partitioner */
+    int32_t partition;
     int msgflags;    /* RD_KAFKA_MSG_F_COPY, RD_KAFKA_MSG_F_FREE, or 0: the
                       * value is read in place until its delivery report */
     const void *key; /* NULL = no key */
