@@ -1,5 +1,6 @@
 /* produce: the one way idemproc's writers hand a message to librdkafka
- * (produce, the outbox relay, forward's output): rd_kafka_producev, and
+ * (produce, the outbox relay, forward's output, the DLQ and retry copies,
+ * dlq replay): rd_kafka_producev, and
  * when librdkafka's queue is full, serving delivery reports until there is
  * room. The envelope's two headers are built here too. */
 #ifndef IDEM_KAFKA_PRODUCE_H
