@@ -90,13 +90,8 @@ static long expect_poison(const char *reason)
  * partition's earliest offset moves above 0. */
 static void fill_dlq_partition(int count, size_t bytes)
 {
-    char err[512];
-    rd_kafka_conf_t *kc = rd_kafka_conf_new();
-    rd_kafka_conf_set(kc, "bootstrap.servers", stk.broker.bootstrap, err,
-                      sizeof(err));
-    rd_kafka_conf_set(kc, "message.max.bytes", "1000000", err, sizeof(err));
-    rd_kafka_t *rk = rd_kafka_new(RD_KAFKA_PRODUCER, kc, err, sizeof(err));
-    cr_assert(rk, "%s", err);
+    const char *big[] = {"message.max.bytes=1000000", NULL};
+    rd_kafka_t *rk = th_producer(stk.broker.bootstrap, big);
     char *value = malloc(bytes);
     memset(value, 'x', bytes);
     for (int i = 0; i < count; i++) {
@@ -750,12 +745,7 @@ Test(dlq, inspect_shows_identity_and_headers_and_filters_by_group,
      .timeout = 90)
 {
     cr_assert_eq(th_stack_start(&stk, 1, NULL), 0);
-    char err[512];
-    rd_kafka_conf_t *kc = rd_kafka_conf_new();
-    rd_kafka_conf_set(kc, "bootstrap.servers", stk.broker.bootstrap, err,
-                      sizeof(err));
-    rd_kafka_t *rk = rd_kafka_new(RD_KAFKA_PRODUCER, kc, err, sizeof(err));
-    cr_assert(rk, "%s", err);
+    rd_kafka_t *rk = th_producer(stk.broker.bootstrap, NULL);
     put_dead_letter(rk, "orders-a", "{\"meta\":{\"event_id\":\"ev-1\"}}",
                     "00-aaaa-01");
     put_dead_letter(rk, "orders-b", "{\"meta\":{\"event_id\":\"ev-2\"}}",
@@ -836,12 +826,7 @@ Test(dlq, replay_writes_each_dead_letter_to_its_original_partition,
 {
     const char *topics[] = {"payments.other:2", NULL};
     cr_assert_eq(th_stack_start_topics(&stk, 4, topics, NULL), 0);
-    char err[512];
-    rd_kafka_conf_t *kc = rd_kafka_conf_new();
-    rd_kafka_conf_set(kc, "bootstrap.servers", stk.broker.bootstrap, err,
-                      sizeof(err));
-    rd_kafka_t *rk = rd_kafka_new(RD_KAFKA_PRODUCER, kc, err, sizeof(err));
-    cr_assert(rk, "%s", err);
+    rd_kafka_t *rk = th_producer(stk.broker.bootstrap, NULL);
     const int letters = 16;
     for (int i = 0; i < letters; i++) {
         char key[16];

@@ -80,6 +80,33 @@ static void member_until_read(const char *name, const char *const sets[])
     cr_assert_eq(th_stop(m, 15000), 0, "%s did not stop cleanly", name);
 }
 
+/* A member with its HTTP endpoints on a free port (*port). */
+static pid_t member_http(const char *name, int *port)
+{
+    *port = th_free_port();
+    char listen[64];
+    snprintf(listen, sizeof(listen), "http.listen=127.0.0.1:%d", *port);
+    const char *sets[] = {listen, NULL};
+    return th_stack_member(&stk, name, sets);
+}
+
+/* Waits up to 30 s until member `name` has logged `said` n times. */
+static void wait_said(const char *name, const char *said, int n)
+{
+    for (int t = 0; t < 300 && th_stack_log_count(&stk, name, said) < n; t++)
+        usleep(100000);
+}
+
+/* The stack (2 partitions) with `count` records of `seed`, all read by a
+ * member m1 that then stopped. */
+static void stack_read_by_m1(const char *count, const char *seed)
+{
+    cr_assert_eq(th_stack_start(&stk, 2, NULL), 0);
+    const char *traffic[] = {"--count", count, "--seed", seed, NULL};
+    cr_assert_eq(th_stack_produce(&stk, traffic), 0);
+    member_until_read("m1", NULL);
+}
+
 /* A value of a member's /metrics. */
 static double member_metric(int port, const char *name)
 {
@@ -221,11 +248,8 @@ Test(offsets, reset_to_earliest_applies_the_backlog_once, .timeout = 300)
                      "idemproc offsets reset "));
     json_decref(doc);
     /* Every record is read again: each one a duplicate, none applied. */
-    int port = th_free_port();
-    char listen[64];
-    snprintf(listen, sizeof(listen), "http.listen=127.0.0.1:%d", port);
-    const char *sets[] = {listen, NULL};
-    pid_t m = th_stack_member(&stk, "m2", sets);
+    int port;
+    pid_t m = member_http("m2", &port);
     wait_no_lag(90000);
     double dup = 0;
     for (int t = 0; t < 100 && dup < records; t++) {
@@ -432,21 +456,14 @@ static void foreign_commit(int32_t partition, int64_t offset)
 Test(offsets, kafka_offset_moved_by_another_tool_is_named_not_honoured,
      .timeout = 240)
 {
-    cr_assert_eq(th_stack_start(&stk, 2, NULL), 0);
-    const char *traffic[] = {"--count", "300", "--seed", "2110", NULL};
-    cr_assert_eq(th_stack_produce(&stk, traffic), 0);
+    stack_read_by_m1("300", "2110");
     long unique = th_stack_expect_unique(&stk);
-    member_until_read("m1", NULL);
     cr_assert_eq(th_stack_applied(&stk), unique);
     foreign_commit(0, 0);
-    int port = th_free_port();
-    char listen[64];
-    snprintf(listen, sizeof(listen), "http.listen=127.0.0.1:%d", port);
-    const char *sets[] = {listen, NULL};
-    pid_t m = th_stack_member(&stk, "m2", sets);
+    int port;
+    pid_t m = member_http("m2", &port);
     const char *said = "kafka's committed offset was moved by another tool";
-    for (int t = 0; t < 300 && !th_stack_log_count(&stk, "m2", said); t++)
-        usleep(100000);
+    wait_said("m2", said, 1);
     cr_expect_eq(th_stack_log_count(&stk, "m2", said), 1);
     cr_expect_eq(member_metric(port, "idemproc_kafka_offset_moved_total"), 1);
     cr_expect_eq(member_metric(port, "idemproc_redis_position_behind_total"),
@@ -482,14 +499,9 @@ static const char lost_said[] = "redis lost its state of a partition";
  * (`fresh` of them wait there). Stops it. */
 static void member_keeps_lost_partitions_paused(const char *name, long fresh)
 {
-    int port = th_free_port();
-    char listen[64];
-    snprintf(listen, sizeof(listen), "http.listen=127.0.0.1:%d", port);
-    const char *sets[] = {listen, NULL};
-    pid_t m = th_stack_member(&stk, name, sets);
-    for (int t = 0; t < 300 && th_stack_log_count(&stk, name, lost_said) < 2;
-         t++)
-        usleep(100000);
+    int port;
+    pid_t m = member_http(name, &port);
+    wait_said(name, lost_said, 2);
     cr_expect_eq(th_stack_log_count(&stk, name, lost_said), 2);
     char *body = NULL;
     int st = 0;
@@ -521,11 +533,8 @@ static void member_keeps_lost_partitions_paused(const char *name, long fresh)
  * offsets writes both sides, and the next member applies it all: exact. */
 Test(offsets, redis_flushed_partitions_stay_paused_until_reset, .timeout = 300)
 {
-    cr_assert_eq(th_stack_start(&stk, 2, NULL), 0);
-    const char *traffic[] = {"--count", "300", "--seed", "2120", NULL};
-    cr_assert_eq(th_stack_produce(&stk, traffic), 0);
+    stack_read_by_m1("300", "2120");
     long unique = th_stack_expect_unique(&stk);
-    member_until_read("m1", NULL);
     cr_assert_eq(th_stack_applied(&stk), unique);
     const char *flush[] = {"FLUSHALL", NULL};
     th_redis_ok(&stk.redis, flush);
@@ -572,10 +581,7 @@ Test(offsets, redis_flushed_partitions_stay_paused_until_reset, .timeout = 300)
 Test(offsets, fresh_redis_partitions_stay_paused_until_reset_to_offset,
      .timeout = 300)
 {
-    cr_assert_eq(th_stack_start(&stk, 2, NULL), 0);
-    const char *before[] = {"--count", "300", "--seed", "2121", NULL};
-    cr_assert_eq(th_stack_produce(&stk, before), 0);
-    member_until_read("m1", NULL);
+    stack_read_by_m1("300", "2121");
     int64_t kafka[2];
     committed_offsets(kafka);
     th_redis_stop(&stk.redis);
@@ -638,11 +644,8 @@ Test(offsets, offset_without_our_metadata_and_no_position_starts_at_kafka,
     const char *fresh[] = {"--count", "200", "--seed", "2124", NULL};
     cr_assert_eq(th_stack_produce(&stk, fresh), 0);
     long unique = th_stack_expect_unique(&stk);
-    int port = th_free_port();
-    char listen[64];
-    snprintf(listen, sizeof(listen), "http.listen=127.0.0.1:%d", port);
-    const char *sets[] = {listen, NULL};
-    pid_t m = th_stack_member(&stk, "m1", sets);
+    int port;
+    pid_t m = member_http("m1", &port);
     TH_ASSERT_VERIFIED(&stk, 0, NULL, 90000);
     cr_expect_eq(th_stack_applied(&stk), unique);
     cr_expect_eq(th_http_get(port, "/readyz", NULL), 200);
@@ -660,29 +663,20 @@ Test(offsets, offset_without_our_metadata_and_no_position_starts_at_kafka,
 Test(offsets, partitions_assigned_while_redis_is_down_are_judged_lost_later,
      .timeout = 300)
 {
-    cr_assert_eq(th_stack_start(&stk, 2, NULL), 0);
-    const char *before[] = {"--count", "300", "--seed", "2125", NULL};
-    cr_assert_eq(th_stack_produce(&stk, before), 0);
-    member_until_read("m1", NULL);
+    stack_read_by_m1("300", "2125");
     const char *flush[] = {"FLUSHALL", NULL};
     th_redis_ok(&stk.redis, flush);
     cr_assert_eq(th_redis_kill(&stk.redis), 0);
     const char *after[] = {"--count", "200", "--seed", "2126", NULL};
     cr_assert_eq(th_stack_produce(&stk, after), 0);
-    int port = th_free_port();
-    char listen[64];
-    snprintf(listen, sizeof(listen), "http.listen=127.0.0.1:%d", port);
-    const char *sets[] = {listen, NULL};
-    pid_t m = th_stack_member(&stk, "m2", sets);
+    int port;
+    pid_t m = member_http("m2", &port);
     const char *assigned = "partitions assigned";
-    for (int t = 0; t < 300 && !th_stack_log_count(&stk, "m2", assigned); t++)
-        usleep(100000);
+    wait_said("m2", assigned, 1);
     cr_assert_eq(th_stack_log_count(&stk, "m2", assigned), 1);
     cr_expect_eq(th_stack_log_count(&stk, "m2", lost_said), 0);
     cr_assert_eq(th_redis_restart(&stk.redis), 0);
-    for (int t = 0; t < 300 && th_stack_log_count(&stk, "m2", lost_said) < 2;
-         t++)
-        usleep(100000);
+    wait_said("m2", lost_said, 2);
     cr_expect_eq(th_stack_log_count(&stk, "m2", lost_said), 2);
     char *body = NULL;
     cr_expect_eq(th_http_get(port, "/readyz", &body), 503);

@@ -378,12 +378,7 @@ Test(retrytopic_run, full_hands_do_not_wait_for_a_retry_copy)
  * hashes, as a producer with its own partitioner would. */
 static void produce_to_partitions(const char *prefix, int count, int partitions)
 {
-    char err[512];
-    rd_kafka_conf_t *kc = rd_kafka_conf_new();
-    rd_kafka_conf_set(kc, "bootstrap.servers", stk.broker.bootstrap, err,
-                      sizeof(err));
-    rd_kafka_t *rk = rd_kafka_new(RD_KAFKA_PRODUCER, kc, err, sizeof(err));
-    cr_assert(rk, "%s", err);
+    rd_kafka_t *rk = th_producer(stk.broker.bootstrap, NULL);
     for (int i = 0; i < count; i++) {
         char key[32], value[128];
         snprintf(key, sizeof(key), "%s-%d", prefix, i);

@@ -742,6 +742,26 @@ th_recs_t th_topic_read(const char *bootstrap, const char *topic)
     return out;
 }
 
+rd_kafka_t *th_producer(const char *bootstrap, const char *const extra[])
+{
+    char err[512];
+    rd_kafka_conf_t *kc = rd_kafka_conf_new();
+    cr_assert_eq(
+        rd_kafka_conf_set(kc, "bootstrap.servers", bootstrap, err, sizeof(err)),
+        RD_KAFKA_CONF_OK, "%s", err);
+    for (size_t i = 0; extra && extra[i]; i++) {
+        const char *eq = strchr(extra[i], '=');
+        cr_assert(eq, "\"%s\" is not name=value", extra[i]);
+        char name[128];
+        snprintf(name, sizeof(name), "%.*s", (int)(eq - extra[i]), extra[i]);
+        cr_assert_eq(rd_kafka_conf_set(kc, name, eq + 1, err, sizeof(err)),
+                     RD_KAFKA_CONF_OK, "%s", err);
+    }
+    rd_kafka_t *rk = rd_kafka_new(RD_KAFKA_PRODUCER, kc, err, sizeof(err));
+    cr_assert(rk, "%s", err);
+    return rk;
+}
+
 /* Records in a topic: the sum of its partitions' high watermarks. */
 long th_topic_size(const char *bootstrap, const char *topic)
 {

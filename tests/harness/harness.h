@@ -4,6 +4,7 @@
 #ifndef IDEM_HARNESS_H
 #define IDEM_HARNESS_H
 
+#include <librdkafka/rdkafka.h>
 #include "testlib.h"
 
 #include <jansson.h>
@@ -193,6 +194,11 @@ typedef struct {
     th_rec_t *v;
     size_t n;
 } th_recs_t;
+
+/* A plain librdkafka producer to bootstrap (asserts it was made); the
+ * caller flushes and destroys it. extra: "name=value" properties,
+ * NULL-terminated (may be NULL). */
+rd_kafka_t *th_producer(const char *bootstrap, const char *const extra[]);
 
 /* Frees what th_topic_read returned. */
 void th_recs_free(th_recs_t *r);
