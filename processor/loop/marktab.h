@@ -16,9 +16,9 @@
  * tombstones pass 3/4 of the slots and shrinks after an expiry that leaves
  * it under 3/16 full. A mark costs 17 / load bytes: 22.7 B at 3/4, 45 B
  * right after doubling; 35.7 B per mark at 1M marks (2^21 slots), 23.8 B
- * at 1.5M (tests/bench/marktab_bench.c, docs/design.md). Expiring a window costs a pass over the control bytes
- * (1 B a slot) and nothing when no window is old enough; a removal next to
- * an empty slot leaves no tombstone.
+ * at 1.5M (tests/bench/marktab_bench.c, docs/design.md). Expiring a window
+ * costs a pass over the control bytes (1 B a slot) and nothing when no window
+ * is old enough; a removal next to an empty slot leaves no tombstone.
  *
  * Not thread-safe: one partition's table is used by the loop's thread. */
 #ifndef IDEM_MARKTAB_H
