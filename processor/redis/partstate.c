@@ -307,14 +307,16 @@ static int script_load(idem_partstate_t *p, char *errstr, size_t errstr_size)
     return 0;
 }
 
-/* Reads the chunk script's reply r into results and *window. */
-static int chunk_reply(idem_partstate_t *p, redisReply *r, size_t n,
-                       idem_partstate_result_t *results, int64_t *window,
-                       char *errstr, size_t errstr_size)
+/* Reads the chunk script's reply r into results and *window, and frees
+ * it. Returns 0, or -1 when its shape is not the script's. */
+static int chunk_reply(redisReply *r, size_t n,
+                       idem_partstate_result_t *results, int64_t *window)
 {
     if (r->type != REDIS_REPLY_ARRAY || r->elements != n + 1 ||
-        r->element[0]->type != REDIS_REPLY_INTEGER)
-        return unexpected(p, r, "EVALSHA partition chunk", errstr, errstr_size);
+        r->element[0]->type != REDIS_REPLY_INTEGER) {
+        freeReplyObject(r);
+        return -1;
+    }
     *window = r->element[0]->integer;
     for (size_t i = 0; i < n; i++) {
         const redisReply *e = r->element[i + 1];
@@ -334,9 +336,11 @@ static int chunk_reply(idem_partstate_t *p, redisReply *r, size_t n,
     return 0;
 }
 
-int idem_partstate_chunk(idem_partstate_t *p, const idem_partstate_chunk_t *ch,
-                         idem_partstate_result_t *results, int64_t *window,
-                         char *errstr, size_t errstr_size)
+/* The chunk's EVALSHA in RESP into *cmd (caller frees with
+ * redisFreeCommand); its length, or -1 with errstr. */
+static long long chunk_format(idem_partstate_t *p,
+                              const idem_partstate_chunk_t *ch, char **cmd,
+                              char *errstr, size_t errstr_size)
 {
     char st[640], kepoch[656], kidx[656], kseq[656], field[320], epoch[24],
         expect[24], ttl[24], win[24], pos[160] = "";
@@ -352,8 +356,6 @@ int idem_partstate_chunk(idem_partstate_t *p, const idem_partstate_chunk_t *ch,
     if (ch->newpos && !idem_posval_format(pos, sizeof(pos), ch->newpos->offset,
                                           &ch->newpos->val))
         snprintf(pos, sizeof(pos), "%" PRId64, ch->newpos->offset);
-    if (!p->sha[0] && script_load(p, errstr, errstr_size))
-        return -1;
     argv_reserve(p, 16 + ch->n * p->per);
     size_t a = 0;
     p->argv[a++] = "EVALSHA";
@@ -387,39 +389,89 @@ int idem_partstate_chunk(idem_partstate_t *p, const idem_partstate_chunk_t *ch,
         p->argvlen[a] = IDEM_PARTSTATE_MARK;
         a += got;
     }
-    for (int attempt = 0;; attempt++) {
-        redisContext *c = idem_store_ctx(p->store, 1, errstr, errstr_size);
-        if (!c)
-            return -1;
-        redisReply *r = redisCommandArgv(c, (int)a, p->argv, p->argvlen);
-        if (!r)
+    long long len = redisFormatCommandArgv(cmd, (int)a, p->argv, p->argvlen);
+    if (len < 0)
+        snprintf(errstr, errstr_size, "partition chunk: out of memory");
+    return len;
+}
+
+int idem_partstate_chunks(idem_partstate_t *p, const idem_partstate_chunk_t *ch,
+                          size_t k, idem_partstate_result_t *const *results,
+                          int64_t *windows, int *rcs, char *errstr,
+                          size_t errstr_size)
+{
+    if (!k)
+        return 0;
+    if (!p->sha[0] && script_load(p, errstr, errstr_size))
+        return -1;
+    redisContext *c = idem_store_ctx(p->store, 1, errstr, errstr_size);
+    if (!c)
+        return -1;
+    for (size_t i = 0; i < k; i++) {
+        char *cmd = NULL;
+        long long len = chunk_format(p, &ch[i], &cmd, errstr, errstr_size);
+        if (len < 0)
+            return -1; /* nothing was written to the connection yet */
+        int ok = redisAppendFormattedCommand(c, cmd, (size_t)len);
+        redisFreeCommand(cmd);
+        if (ok != REDIS_OK)
             return idem_store_ctx_fail(p->store, "EVALSHA", NULL, errstr,
                                        errstr_size);
-        if (r->type != REDIS_REPLY_ERROR)
-            return chunk_reply(p, r, ch->n, results, window, errstr,
-                               errstr_size);
-        int rc = 0;
-        if (!strncmp(r->str, "FENCED ", 7))
-            rc = IDEM_PARTSTATE_FENCED;
-        else if (!strncmp(r->str, "POSITION ", 9))
-            rc = IDEM_PARTSTATE_POSITION;
-        if (rc) {
-            snprintf(errstr, errstr_size, "redis: partition %s:%" PRId32 ": %s",
-                     ch->topic, ch->partition, r->str);
-            freeReplyObject(r);
-            return rc;
-        }
-        if (!strncmp(r->str, "NOSCRIPT", 8) && attempt == 0) {
-            freeReplyObject(r);
-            if (script_load(p, errstr, errstr_size))
-                return -1;
-            p->argv[1] = p->sha;
+    }
+    int failed = 0, noscript = 0;
+    char first[256] = "";
+    for (size_t i = 0; i < k; i++) {
+        redisReply *r = NULL;
+        if (redisGetReply(c, (void **)&r) != REDIS_OK || !r)
+            return idem_store_ctx_fail(p->store, "EVALSHA", NULL, errstr,
+                                       errstr_size);
+        rcs[i] = 0;
+        if (r->type != REDIS_REPLY_ERROR) {
+            if (chunk_reply(r, ch[i].n, results[i], &windows[i]) && !failed) {
+                failed = 1;
+                snprintf(first, sizeof(first), "unexpected reply");
+            }
             continue;
         }
-        char msg[256];
-        snprintf(msg, sizeof(msg), "%s", r->str);
+        if (!strncmp(r->str, "FENCED ", 7))
+            rcs[i] = IDEM_PARTSTATE_FENCED;
+        else if (!strncmp(r->str, "POSITION ", 9))
+            rcs[i] = IDEM_PARTSTATE_POSITION;
+        else if (!strncmp(r->str, "NOSCRIPT", 8))
+            noscript = 1;
+        else if (!failed) {
+            failed = 1;
+            snprintf(first, sizeof(first), "%s", r->str);
+        }
+        if (rcs[i])
+            snprintf(errstr, errstr_size, "redis: partition %s:%" PRId32 ": %s",
+                     ch[i].topic, ch[i].partition, r->str);
         freeReplyObject(r);
-        return idem_store_ctx_fail(p->store, "EVALSHA partition chunk", msg,
-                                   errstr, errstr_size);
     }
+    if (noscript) {
+        p->sha[0] = '\0'; /* loaded again by the next call */
+        snprintf(errstr, errstr_size,
+                 "redis: scripts were flushed; the chunks are sent again");
+        return -1;
+    }
+    if (failed)
+        return idem_store_ctx_fail(p->store, "EVALSHA partition chunk", first,
+                                   errstr, errstr_size);
+    return 0;
+}
+
+int idem_partstate_chunk(idem_partstate_t *p, const idem_partstate_chunk_t *ch,
+                         idem_partstate_result_t *results, int64_t *window,
+                         char *errstr, size_t errstr_size)
+{
+    int rc = 0;
+    /* A NOSCRIPT chunk wrote nothing: one chunk alone is sent again. */
+    for (int attempt = 0; attempt < 2; attempt++) {
+        if (!idem_partstate_chunks(p, ch, 1, &results, window, &rc, errstr,
+                                   errstr_size))
+            return rc;
+        if (p->sha[0])
+            return -1;
+    }
+    return -1;
 }

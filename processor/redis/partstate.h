@@ -107,4 +107,16 @@ int idem_partstate_chunk(idem_partstate_t *p, const idem_partstate_chunk_t *ch,
                          idem_partstate_result_t *results, int64_t *window,
                          char *errstr, size_t errstr_size);
 
+/* Chunks ch[k] (of different partitions, or one partition's in order)
+ * pipelined in one write: results[i] and windows[i] for chunk i, rcs[i] 0,
+ * IDEM_PARTSTATE_FENCED or IDEM_PARTSTATE_POSITION (errstr names the last
+ * such). Returns 0 when every reply came, or -1 (an outage, or scripts
+ * flushed: some chunks may have been applied; the caller resets their
+ * partitions' tables, reloads them and sends again what they do not
+ * hold). */
+int idem_partstate_chunks(idem_partstate_t *p, const idem_partstate_chunk_t *ch,
+                          size_t k, idem_partstate_result_t *const *results,
+                          int64_t *windows, int *rcs, char *errstr,
+                          size_t errstr_size);
+
 #endif

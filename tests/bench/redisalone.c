@@ -37,7 +37,7 @@
  * owning member would, answers duplicates itself and sends each request's
  * new records as one chunk script per partition (redis/partstate.c: epoch
  * and position checked, the ledger's effect, the marks and the position
- * written), one connection, one chunk at a time.
+ * written), a request's chunks pipelined in one write, one connection.
  *
  * Links idemproc's library objects; not part of the product binary. */
 #include "conf/conf.h"
@@ -464,20 +464,28 @@ static int partition_mode(const idem_conf_t *conf, const records_t *recs,
     size_t *order = idem_xmalloc((batch + 1) * sizeof(*order));
     uint64_t applied = 0, dups = 0, requests = 0;
     int64_t t0 = idem_now_us();
+    idem_partstate_chunk_t *ch = idem_xmalloc((batch + 1) * sizeof(*ch));
+    idem_store_pos_t *cpos = idem_xmalloc((batch + 1) * sizeof(*cpos));
+    idem_partstate_result_t **cr = idem_xmalloc((batch + 1) * sizeof(*cr));
+    int64_t *cw = idem_xmalloc((batch + 1) * sizeof(*cw));
+    int *crc = idem_xmalloc((batch + 1) * sizeof(*crc));
     for (size_t from = 0; from < recs->n; from += batch) {
         size_t to = from + batch < recs->n ? from + batch : recs->n;
-        /* the request's records by partition, poll order kept within */
-        size_t no = 0;
+        /* the request's records by partition (poll order kept within),
+         * one chunk each, all chunks in one pipelined write */
+        size_t no = 0, k = 0, used = 0;
         for (size_t i = from; i < to; i++)
             order[no++] = i;
-        for (size_t a = 0; a < no;) {
-            int32_t p = recs->partition[order[a]];
-            size_t n = 0;
+        while (no) {
+            int32_t p = recs->partition[order[0]];
+            size_t n = 0, keep = 0;
             int64_t last = -1;
-            for (size_t b = a; b < no; b++) {
+            for (size_t b = 0; b < no; b++) {
                 size_t i = order[b];
-                if (recs->partition[i] != p)
+                if (recs->partition[i] != p) {
+                    order[keep++] = i;
                     continue;
+                }
                 last = recs->offset[i];
                 idem_mark_t16 m;
                 const idem_envelope_t *e = &recs->env[i];
@@ -488,49 +496,51 @@ static int partition_mode(const idem_conf_t *conf, const records_t *recs,
                 if (got == IDEM_PART_DUPLICATE) {
                     dups++;
                 } else if (got == IDEM_PART_NEW) {
-                    crec[n] = e;
-                    memcpy(cmark[n++], m.b, 16);
+                    crec[used + n] = e;
+                    memcpy(cmark[used + n++], m.b, 16);
                 } else {
                     snprintf(errstr, sizeof(errstr), "lookup: %d", (int)got);
                     goto done;
                 }
             }
-            /* drop partition p's records from the rest of the request */
-            size_t k = a;
-            for (size_t b = a; b < no; b++)
-                if (recs->partition[order[b]] != p)
-                    order[k++] = order[b];
-            no = k;
-            idem_store_pos_t pos = {
+            no = keep;
+            cpos[k] = (idem_store_pos_t){
                 .topic = topic, .partition = p, .offset = last + 1};
-            idem_posval_init(&pos.val, NULL);
-            idem_partstate_chunk_t ch = {.topic = topic,
-                                         .partition = p,
-                                         .epoch = epoch[p],
-                                         .expect_offset = cur[p],
-                                         .newpos = &pos,
-                                         .recs = crec,
-                                         .marks = (const uint8_t(*)[16])cmark,
-                                         .n = n};
-            int64_t got_w = w;
-            int crc = idem_partstate_chunk(ps, &ch, cres, &got_w, errstr,
-                                           sizeof(errstr));
-            if (crc)
+            idem_posval_init(&cpos[k].val, NULL);
+            ch[k] = (idem_partstate_chunk_t){
+                .topic = topic,
+                .partition = p,
+                .epoch = epoch[p],
+                .expect_offset = cur[p],
+                .newpos = &cpos[k],
+                .recs = crec + used,
+                .marks = (const uint8_t(*)[16])(cmark + used),
+                .n = n};
+            cr[k] = cres + used;
+            used += n;
+            k++;
+        }
+        if (idem_partstate_chunks(ps, ch, k, cr, cw, crc, errstr,
+                                  sizeof(errstr)))
+            goto done;
+        requests++;
+        for (size_t c = 0; c < k; c++) {
+            if (crc[c])
                 goto done;
-            requests++;
-            cur[p] = last + 1;
-            for (size_t j = 0; j < n; j++) {
-                if (cres[j].outcome != IDEM_PARTSTATE_APPLIED) {
+            cur[ch[c].partition] = cpos[c].offset;
+            for (size_t j = 0; j < ch[c].n; j++) {
+                if (cr[c][j].outcome != IDEM_PARTSTATE_APPLIED) {
                     snprintf(errstr, sizeof(errstr), "record refused: %s",
-                             cres[j].detail);
+                             cr[c][j].detail);
                     goto done;
                 }
                 idem_mark_t16 m;
-                memcpy(m.b, cmark[j], 16);
-                idem_parttables_settle(tabs, topic, p, &m, w, got_w, 0);
+                memcpy(m.b, ch[c].marks[j], 16);
+                idem_parttables_settle(tabs, topic, ch[c].partition, &m, w,
+                                       cw[c], 0);
             }
-            applied += n;
-            w = got_w;
+            applied += ch[c].n;
+            w = cw[c];
         }
     }
     double secs = (double)(idem_now_us() - t0) / 1e6;
@@ -541,6 +551,11 @@ static int partition_mode(const idem_conf_t *conf, const records_t *recs,
            secs > 0 ? (double)recs->topic_records / secs : 0);
     rc = 0;
 done:
+    free(ch);
+    free(cpos);
+    free(cr);
+    free(cw);
+    free(crc);
     free(crec);
     free(cmark);
     free(cres);

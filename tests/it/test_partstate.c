@@ -469,3 +469,65 @@ Test(partstate, global_script_shares_the_effect)
     cr_expect_str_eq(q("GET idemproc:dedup:g:id-1", NULL, NULL), "done:m-1");
     cr_expect_str_eq(q("GET idemproc:ledger:applied", NULL, NULL), "2");
 }
+
+/* Chunks of several partitions in one write: each answered on its own (a
+ * fenced one writes nothing, the others apply); after SCRIPT FLUSH a
+ * single chunk loads the script again and applies. */
+Test(partstate, pipelined_chunks_answer_each_partition)
+{
+    start("86400");
+    char err[512];
+    int64_t e0 = 0, e1 = 0, e1b = 0;
+    cr_assert_eq(idem_partstate_epoch_bump(ps, "t", 0, &e0, err, sizeof(err)),
+                 0);
+    cr_assert_eq(idem_partstate_epoch_bump(ps, "t", 1, &e1, err, sizeof(err)),
+                 0);
+    cr_assert_eq(idem_partstate_epoch_bump(ps, "t", 1, &e1b, err, sizeof(err)),
+                 0); /* partition 1 has a newer owner */
+    first_position(0);
+    idem_store_pos_t p1 = {.topic = "t", .partition = 1, .offset = 0};
+    idem_posval_init(&p1.val, "c1");
+    cr_assert_eq(idem_store_positions_save(store, &p1, 1, err, sizeof(err)), 0);
+    const void *r0[] = {&three[0], &three[1]}, *r1[] = {&three[2]};
+    uint8_t m0[2][16], m1[1][16];
+    mark_of(m0[0], 1);
+    mark_of(m0[1], 2);
+    mark_of(m1[0], 3);
+    idem_partstate_chunk_t ch[2] = {
+        {.topic = "t",
+         .partition = 0,
+         .epoch = e0,
+         .expect_offset = 0,
+         .recs = r0,
+         .marks = (const uint8_t(*)[16])m0,
+         .n = 2},
+        {.topic = "t",
+         .partition = 1,
+         .epoch = e1,
+         .expect_offset = 0,
+         .recs = r1,
+         .marks = (const uint8_t(*)[16])m1,
+         .n = 1},
+    };
+    idem_partstate_result_t res0[2], res1[1];
+    idem_partstate_result_t *const res[2] = {res0, res1};
+    int64_t w[2] = {-1, -1};
+    int rcs[2] = {-1, -1};
+    cr_assert_eq(
+        idem_partstate_chunks(ps, ch, 2, res, w, rcs, err, sizeof(err)), 0,
+        "%s", err);
+    cr_expect_eq(rcs[0], 0);
+    cr_expect_eq(rcs[1], IDEM_PARTSTATE_FENCED);
+    cr_expect_geq(w[0], 0);
+    cr_expect_eq(res0[0].outcome, IDEM_PARTSTATE_APPLIED);
+    cr_expect_str_eq(q("GET idemproc:ledger:applied", NULL, NULL), "2");
+    cr_expect_str_eq(q("HGET idemproc:ledger:USD %s", "u1", NULL), "");
+    /* scripts flushed: one chunk alone is loaded again and applied */
+    freeReplyObject(redisCommand(cli, "SCRIPT FLUSH"));
+    ch[1].epoch = e1b;
+    int64_t w1;
+    cr_assert_eq(idem_partstate_chunk(ps, &ch[1], res1, &w1, err, sizeof(err)),
+                 0, "%s", err);
+    cr_expect_str_eq(q("HGET idemproc:ledger:USD %s", "u1", NULL), "-25");
+    cr_expect_str_eq(q("GET idemproc:ledger:applied", NULL, NULL), "3");
+}
