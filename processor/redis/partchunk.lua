@@ -13,8 +13,8 @@
 -- the window length in seconds, the position's field "<topic>:<partition>";
 -- then PER per record: its 16-byte mark (12 B keyed hash of the identity,
 -- 4 B digest of the message id; top bit of byte 13 set: "moved", the
--- record left the partition and only the mark is written), message_id, the
--- effect's own arguments.
+-- record left the partition and only the mark is written), the message id
+-- (sent empty: the mark carries its digest), the effect's own arguments.
 --
 -- Before any write: the stored epoch must equal the chunk's (else error
 -- FENCED: another member owns the partition now) and the stored position's

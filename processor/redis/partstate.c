@@ -387,6 +387,10 @@ static long long chunk_format(idem_partstate_t *p,
         }
         p->argv[a] = (const char *)ch->marks[i]; /* the mark, not identity */
         p->argvlen[a] = IDEM_PARTSTATE_MARK;
+        /* The chunk script reads no message id (the mark carries its
+         * digest): bytes Redis need not parse. */
+        p->argv[a + 1] = "";
+        p->argvlen[a + 1] = 0;
         a += got;
     }
     long long len = redisFormatCommandArgv(cmd, (int)a, p->argv, p->argvlen);
