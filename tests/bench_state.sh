@@ -14,6 +14,9 @@
 #   effect    redisalone --effect-only: the same chunks' HINCRBYs in Lua,
 #             no marks (repeated identities left out by the driver)
 #   member    one `idemproc run` member (ledger handler) on the same Redis
+#   partition redisalone --partition: the partition layout's chunk script
+#             (dedup.scope=partition: marks held by the driver, written in
+#             chunks with the effect and the position), one connection
 #
 # Per run: Redis CPU µs per record (utime + stime of the redis-server
 # process from /proc/PID/stat, over the topic's records), Redis bytes per
@@ -118,6 +121,7 @@ for mode in none aof; do
     for ((rep = 1; rep <= REPS; rep++)); do
         driver "$mode" ledger "$rep"
         driver "$mode" effect "$rep" --effect-only
+        driver "$mode" partition "$rep" --partition
         member_run "$mode" "$rep"
     done
     stop redis TERM 30 || true
@@ -131,7 +135,7 @@ jq -s --argjson sent "$SENT" --argjson unique "$UNIQUE" '
         value: {redis_us: stats(.redis_us), bytes_per_mark: stats(.bytes_per_mark),
                 rate: stats(.rate), rss_mib: stats(.rss_mib)}}) | from_entries)}' \
     "$DIR/rows.jsonl" >"$OUT/state.json"
-echo "dedup state, today's layout ($SENT records, $UNIQUE unique, $PARTITIONS partitions; min / median / max of $REPS)"
+echo "dedup state, today's layout and the partition layout ($SENT records, $UNIQUE unique, $PARTITIONS partitions; min / median / max of $REPS)"
 jq -r '.rows | to_entries[] | [.key,
     (.value | [.redis_us, .bytes_per_mark, .rate, .rss_mib]
         | map(if . == null then "-" else "\(.min) / \(.median) / \(.max)" end))[]] | @tsv' "$OUT/state.json" |

@@ -31,11 +31,21 @@
  * the Redis work a layout whose marks cost Redis nothing would leave
  * (docs/design.md, "Dedup state layout").
  *
+ * With --partition it sends the same requests through the partition
+ * layout (dedup.scope=partition; docs/design.md, "Dedup state layout"):
+ * the driver holds each partition's marks in loop/parttables.c, as the
+ * owning member would, answers duplicates itself and sends each request's
+ * new records as one chunk script per partition (redis/partstate.c: epoch
+ * and position checked, the ledger's effect, the marks and the position
+ * written), a request's chunks pipelined in one write, one connection.
+ *
  * Links idemproc's library objects; not part of the product binary. */
 #include "conf/conf.h"
 #include "effect/handler.h"
 #include "input/envelope.h"
 #include "redis/redisconn.h"
+#include "loop/parttables.h"
+#include "redis/partstate.h"
 #include "redis/store.h"
 #include "base/util.h"
 
@@ -377,10 +387,193 @@ static int effect_only(const idem_conf_t *conf, const records_t *recs,
     return rcode;
 }
 
+/* The ledger effect's arguments of an envelope for the partition chunk
+ * (identity, message id, currency, user, amount); opaque: the amounts as
+ * text, 24 bytes per record of recs. */
+typedef struct {
+    const records_t *recs;
+    char (*nums)[24];
+} part_args_t;
+
+static size_t part_args(const void *rec, const char **argv, size_t *argvlen,
+                        void *opaque)
+{
+    part_args_t *pa = opaque;
+    const idem_envelope_t *e = rec;
+    size_t i = (size_t)(e - pa->recs->env);
+    snprintf(pa->nums[i], 24, "%" PRId64, e->amount_minor);
+    const char *v[] = {e->identity, e->message_id, e->currency, e->user_id,
+                       pa->nums[i]};
+    const size_t l[] = {e->identity_len, e->message_id_len, strlen(e->currency),
+                        strlen(e->user_id), strlen(pa->nums[i])};
+    for (int k = 0; k < 5; k++) {
+        argv[k] = v[k];
+        argvlen[k] = l[k];
+    }
+    return 5;
+}
+
+#define PART_MAX 1024
+
+/* --partition: see the file's comment. Returns 0 or 1. */
+static int partition_mode(const idem_conf_t *conf, const records_t *recs,
+                          const char *topic)
+{
+    char errstr[1024];
+    extern const char idem_ledger_lua[];
+    extern const size_t idem_ledger_lua_len;
+    part_args_t pa = {recs, idem_xcalloc(recs->n + 1, sizeof(*pa.nums))};
+    idem_store_t *store = idem_store_new(conf, NULL);
+    idem_partstate_t *ps = NULL;
+    idem_parttables_t *tabs = NULL;
+    uint8_t key[16];
+    int rc = 1;
+    if (idem_store_effect_register(store, idem_ledger_lua, idem_ledger_lua_len,
+                                   5, part_args, &pa, errstr,
+                                   sizeof(errstr)) < 0 ||
+        !(ps = idem_partstate_new(store, conf, errstr, sizeof(errstr))) ||
+        idem_partstate_hashkey(ps, key, errstr, sizeof(errstr)))
+        goto out;
+    tabs = idem_parttables_new(key, SIZE_MAX);
+    int64_t epoch[PART_MAX], cur[PART_MAX], w = 0;
+    for (int32_t p = 0; p < PART_MAX; p++)
+        epoch[p] = cur[p] = -1;
+    for (size_t i = 0; i < recs->n; i++) {
+        int32_t p = recs->partition[i];
+        if (p < 0 || p >= PART_MAX) {
+            snprintf(errstr, sizeof(errstr), "partition %d: at most %d", (int)p,
+                     PART_MAX);
+            goto out;
+        }
+        if (epoch[p] >= 0)
+            continue;
+        idem_store_pos_t pos = {.topic = topic, .partition = p, .offset = 0};
+        idem_posval_init(&pos.val, NULL);
+        if (idem_partstate_epoch_bump(ps, topic, p, &epoch[p], errstr,
+                                      sizeof(errstr)) ||
+            idem_store_positions_save(store, &pos, 1, errstr, sizeof(errstr)) ||
+            idem_parttables_assign(tabs, topic, p, epoch[p]))
+            goto out;
+        idem_parttables_loaded(tabs, topic, p);
+        cur[p] = 0;
+    }
+    size_t batch = (size_t)conf->batch_max_messages;
+    const void **crec = idem_xmalloc((batch + 1) * sizeof(*crec));
+    uint8_t(*cmark)[16] = idem_xmalloc((batch + 1) * 16);
+    idem_partstate_result_t *cres = idem_xmalloc((batch + 1) * sizeof(*cres));
+    size_t *order = idem_xmalloc((batch + 1) * sizeof(*order));
+    uint64_t applied = 0, dups = 0, requests = 0;
+    int64_t t0 = idem_now_us();
+    idem_partstate_chunk_t *ch = idem_xmalloc((batch + 1) * sizeof(*ch));
+    idem_store_pos_t *cpos = idem_xmalloc((batch + 1) * sizeof(*cpos));
+    idem_partstate_result_t **cr = idem_xmalloc((batch + 1) * sizeof(*cr));
+    int64_t *cw = idem_xmalloc((batch + 1) * sizeof(*cw));
+    int *crc = idem_xmalloc((batch + 1) * sizeof(*crc));
+    for (size_t from = 0; from < recs->n; from += batch) {
+        size_t to = from + batch < recs->n ? from + batch : recs->n;
+        /* the request's records by partition (poll order kept within),
+         * one chunk each, all chunks in one pipelined write */
+        size_t no = 0, k = 0, used = 0;
+        for (size_t i = from; i < to; i++)
+            order[no++] = i;
+        while (no) {
+            int32_t p = recs->partition[order[0]];
+            size_t n = 0, keep = 0;
+            int64_t last = -1;
+            for (size_t b = 0; b < no; b++) {
+                size_t i = order[b];
+                if (recs->partition[i] != p) {
+                    order[keep++] = i;
+                    continue;
+                }
+                last = recs->offset[i];
+                idem_mark_t16 m;
+                const idem_envelope_t *e = &recs->env[i];
+                idem_parttables_mark(tabs, e->identity, e->identity_len,
+                                     e->message_id, e->message_id_len, &m);
+                idem_part_lookup_t got =
+                    idem_parttables_take(tabs, topic, p, &m, w, NULL);
+                if (got == IDEM_PART_DUPLICATE) {
+                    dups++;
+                } else if (got == IDEM_PART_NEW) {
+                    crec[used + n] = e;
+                    memcpy(cmark[used + n++], m.b, 16);
+                } else {
+                    snprintf(errstr, sizeof(errstr), "lookup: %d", (int)got);
+                    goto done;
+                }
+            }
+            no = keep;
+            cpos[k] = (idem_store_pos_t){
+                .topic = topic, .partition = p, .offset = last + 1};
+            idem_posval_init(&cpos[k].val, NULL);
+            ch[k] = (idem_partstate_chunk_t){
+                .topic = topic,
+                .partition = p,
+                .epoch = epoch[p],
+                .expect_offset = cur[p],
+                .newpos = &cpos[k],
+                .recs = crec + used,
+                .marks = (const uint8_t(*)[16])(cmark + used),
+                .n = n};
+            cr[k] = cres + used;
+            used += n;
+            k++;
+        }
+        if (idem_partstate_chunks(ps, ch, k, cr, cw, crc, errstr,
+                                  sizeof(errstr)))
+            goto done;
+        requests++;
+        for (size_t c = 0; c < k; c++) {
+            if (crc[c])
+                goto done;
+            cur[ch[c].partition] = cpos[c].offset;
+            for (size_t j = 0; j < ch[c].n; j++) {
+                if (cr[c][j].outcome != IDEM_PARTSTATE_APPLIED) {
+                    snprintf(errstr, sizeof(errstr), "record refused: %s",
+                             cr[c][j].detail);
+                    goto done;
+                }
+                idem_mark_t16 m;
+                memcpy(m.b, ch[c].marks[j], 16);
+                idem_parttables_settle(tabs, topic, ch[c].partition, &m, w,
+                                       cw[c], 0);
+            }
+            applied += ch[c].n;
+            w = cw[c];
+        }
+    }
+    double secs = (double)(idem_now_us() - t0) / 1e6;
+    printf("redisalone: topic_records %" PRIu64 " sent %zu applied %" PRIu64
+           " duplicates %" PRIu64 " requests %" PRIu64
+           " connections 1 seconds %.3f rate %.0f\n",
+           recs->topic_records, recs->n, applied, dups, requests, secs,
+           secs > 0 ? (double)recs->topic_records / secs : 0);
+    rc = 0;
+done:
+    free(ch);
+    free(cpos);
+    free(cr);
+    free(cw);
+    free(crc);
+    free(crec);
+    free(cmark);
+    free(cres);
+    free(order);
+out:
+    if (rc)
+        fprintf(stderr, "redisalone: %s\n", errstr);
+    idem_parttables_destroy(tabs);
+    idem_partstate_destroy(ps);
+    idem_store_destroy(store);
+    free(pa.nums);
+    return rc;
+}
+
 static void usage(FILE *out)
 {
     fprintf(out, "usage: redisalone -c FILE [--set k=v]... "
-                 "[--connections N] [--effect-only]\n"
+                 "[--connections N] [--effect-only | --partition]\n"
                  "  the configuration of an `idemproc run` member (ledger "
                  "handler): its input\n"
                  "  topic is read, its Redis, prefix and group.id written\n");
@@ -392,13 +585,14 @@ int main(int argc, char **argv)
     char *sets[MAX_SETS];
     size_t nsets = 0;
     int conns = 2;
-    int effect = 0;
-    enum { OPT_SET = 256, OPT_CONNECTIONS, OPT_EFFECT_ONLY };
+    int effect = 0, partition = 0;
+    enum { OPT_SET = 256, OPT_CONNECTIONS, OPT_EFFECT_ONLY, OPT_PARTITION };
     static const struct option opts[] = {
         {"config", required_argument, 0, 'c'},
         {"set", required_argument, 0, OPT_SET},
         {"connections", required_argument, 0, OPT_CONNECTIONS},
         {"effect-only", no_argument, 0, OPT_EFFECT_ONLY},
+        {"partition", no_argument, 0, OPT_PARTITION},
         {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0}};
     int o;
@@ -424,6 +618,9 @@ int main(int argc, char **argv)
             break;
         case OPT_EFFECT_ONLY:
             effect = 1;
+            break;
+        case OPT_PARTITION:
+            partition = 1;
             break;
         case 'h':
             usage(stdout);
@@ -464,8 +661,9 @@ int main(int argc, char **argv)
         fprintf(stderr, "redisalone: %s\n", errstr);
         return 1;
     }
-    if (effect) {
-        int erc = effect_only(conf, &recs, conns);
+    if (effect || partition) {
+        int erc = partition ? partition_mode(conf, &recs, topic)
+                            : effect_only(conf, &recs, conns);
         free(recs.env);
         free(recs.partition);
         free(recs.offset);
