@@ -615,3 +615,53 @@ Test(conf, kafka_durations_take_a_unit)
                   "%s: %s", bad[i][0], err);
     }
 }
+
+/* A directory given as the file (a mounted ConfigMap's folder instead of
+ * its file) was read as an empty file: the error then named a required
+ * key, never the path. A <key>.file that is a directory said "larger than
+ * 64 KiB". */
+Test(conf, a_directory_is_not_a_file)
+{
+    char *dir = th_tmpdir();
+    char err[512];
+    idem_conf_t *c = load(dir, NULL, NULL, 0, err, sizeof(err));
+    cr_assert_null(c);
+    cr_expect(strstr(err, dir) && strstr(err, "cannot read") &&
+                  strstr(err, "Is a directory"),
+              "%s", err);
+    char set[600];
+    snprintf(set, sizeof(set), "redis.password.file=%s", dir);
+    char *extra[] = {set};
+    c = load(NULL, NULL, extra, 1, err, sizeof(err));
+    cr_assert_null(c);
+    cr_expect(strstr(err, "redis.password") && strstr(err, "Is a directory"),
+              "%s", err);
+    th_rmrf(dir);
+    free(dir);
+}
+
+/* Editors on Windows save UTF-8 with a byte order mark; the first key
+ * then carried it and was "unknown (did you mean <the same key>?)". */
+Test(conf, a_byte_order_mark_is_skipped)
+{
+    char *dir = th_tmpdir();
+    char *path = write_tmp(dir, "bom.properties",
+                           "\xef\xbb\xbf"
+                           "batch.max.messages=10\n");
+    char err[512];
+    idem_conf_t *c = load(path, NULL, NULL, 0, err, sizeof(err));
+    cr_assert(c, "%s", err);
+    cr_expect_eq(c->batch_max_messages, 10);
+    idem_conf_destroy(c);
+    free(path);
+    /* Only at the start of the file: elsewhere it is a byte of the key. */
+    path = write_tmp(dir, "bom2.properties",
+                     "batch.max.wait.ms=5\n\xef\xbb\xbf"
+                     "batch.max.messages=10\n");
+    c = load(path, NULL, NULL, 0, err, sizeof(err));
+    cr_assert_null(c);
+    cr_expect(strstr(err, "bom2.properties:2:"), "%s", err);
+    th_rmrf(dir);
+    free(dir);
+    free(path);
+}
