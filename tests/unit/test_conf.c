@@ -665,3 +665,37 @@ Test(conf, a_byte_order_mark_is_skipped)
     free(dir);
     free(path);
 }
+
+/* A topic name Kafka refuses (a space, a colon, 250 characters) passed
+ * the configuration: a real broker then answered the subscription with
+ * an error and the member sat "ready", consuming nothing. Regexes are
+ * patterns, not names, and keep their own check. */
+Test(conf, topic_names_kafka_refuses_are_configuration_errors)
+{
+    char long_name[300];
+    memset(long_name, 'a', 250);
+    long_name[250] = '\0';
+    char set_long[320];
+    snprintf(set_long, sizeof(set_long), "input.topics=ok,%s", long_name);
+    const char *bad[][2] = {
+        {"input.topics=bad topic", "input.topics: \"bad topic\" is not a"},
+        {"input.topics=a,pay:ments", "input.topics: \"pay:ments\" is not a"},
+        {"input.topics=..", "input.topics: \"..\" is not a"},
+        {set_long, "is not a valid Kafka topic name"},
+        {"dlq.topic=dead letters", "dlq.topic: \"dead letters\" is not a"},
+    };
+    char err[512];
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        char *one[] = {(char *)bad[i][0]};
+        err[0] = '\0';
+        idem_conf_t *c = load(NULL, NULL, one, 1, err, sizeof(err));
+        cr_expect_null(c, "%s was taken", bad[i][0]);
+        idem_conf_destroy(c);
+        cr_expect(strstr(err, bad[i][1]), "%s: %s", bad[i][0], err);
+    }
+    char *good[] = {"input.topics=Pay_ments-1.v2,^pay ments.*",
+                    "dlq.topic=payments.dlq_1-x"};
+    idem_conf_t *c = load(NULL, NULL, good, 2, err, sizeof(err));
+    cr_assert(c, "%s", err);
+    idem_conf_destroy(c);
+}
