@@ -387,7 +387,9 @@ Test(http, client_errors_do_not_flood_the_log, .timeout = 60)
     int summaries = lines_with(path, "http server errors not logged", &summed);
     cr_expect_eq(errors, 1, "%d warn lines for %d clients", errors, CLIENTS);
     cr_expect_eq(summaries, 1);
-    cr_expect_eq(1 + summed, CLIENTS, "1 logged + %ld counted", summed);
+    /* A connection still open at the stop is closed without a line. */
+    cr_expect(summed >= 1 && 1 + summed <= CLIENTS, "1 logged + %ld counted",
+              summed);
     th_rmrf(dir);
     free(dir);
 }
