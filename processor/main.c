@@ -131,6 +131,9 @@ static int cmd_check_config(int argc, char **argv, char **envp)
         if (conf->redis_timeout_ms > o.timeout_ms)
             conf->redis_timeout_ms = o.timeout_ms;
         idem_store_t *store = idem_store_new(conf, NULL);
+        /* As `run` does: an evicting maxmemory-policy is refused (unless
+         * redis.allow.eviction=true), not "connected". */
+        idem_store_guard_eviction(store);
         char url[512];
         if (idem_store_connect(store, errstr, sizeof(errstr))) {
             fprintf(

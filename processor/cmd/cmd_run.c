@@ -4,6 +4,7 @@
 #include "cmd/cmdline.h"
 #include "cmd/signals.h"
 #include "conf/conf.h"
+#include "effect/fingerprint.h"
 #include "obs/http.h"
 #include "base/log.h"
 #include "obs/metrics.h"
@@ -87,8 +88,12 @@ int idem_cmd_run(int argc, char **argv, char **envp)
     idem_log_kv(IDEM_LOG_INFO, "started", "member", conf->member_id, "group",
                 conf->group_id, "topics", conf->input_topics, "handler",
                 conf->handler, "version", IDEM_VERSION, NULL);
-    /* Live for `idemproc offsets reset` (redis/liveness.h) while it runs. */
-    idem_liveness_t *beat = idem_liveness_start(conf, errstr, sizeof(errstr));
+    /* Live for `idemproc offsets reset` (redis/liveness.h) while it runs,
+     * and compared with the other members' effect settings. */
+    char *fingerprint = idem_effect_fingerprint(conf);
+    idem_liveness_t *beat =
+        idem_liveness_start(conf, fingerprint, m, errstr, sizeof(errstr));
+    free(fingerprint);
     if (!beat)
         idem_log_kv(IDEM_LOG_WARN, "no member heartbeat", "error", errstr,
                     NULL);

@@ -242,8 +242,17 @@ static char *read_secret_file(const char *key, const char *path, char *errstr,
     }
     char *buf = idem_xmalloc(65537);
     size_t n = fread(buf, 1, 65536, fp);
-    int toolong = !feof(fp);
+    /* A directory opens, then fails the read (EISDIR): say so, not "too
+     * large". */
+    int read_errno = ferror(fp) ? errno : 0;
+    int toolong = !read_errno && !feof(fp);
     fclose(fp);
+    if (read_errno) {
+        free(buf);
+        err_set(errstr, errstr_size, "%s: cannot read \"%s\": %s", key, path,
+                strerror(read_errno));
+        return NULL;
+    }
     if (toolong) {
         free(buf);
         err_set(errstr, errstr_size, "%s: \"%s\" is larger than 64 KiB", key,
@@ -506,6 +515,12 @@ int idem_conf_load_file(idem_conf_t *conf, const char *path, char *errstr,
     int r = 0;
     while ((len = getline(&line, &line_cap, fp)) >= 0) {
         lineno++;
+        /* A UTF-8 byte order mark (editors on Windows write one) is not
+         * part of the first key. */
+        if (lineno == 1 && len >= 3 && !memcmp(line, "\xef\xbb\xbf", 3)) {
+            memmove(line, line + 3, (size_t)len - 2);
+            len -= 3;
+        }
         /* A NUL byte would end the value early, silently: a key, a URL or
          * a password cut short is worse than a refusal. */
         if (memchr(line, '\0', (size_t)len)) {
@@ -534,6 +549,13 @@ int idem_conf_load_file(idem_conf_t *conf, const char *path, char *errstr,
             r = -1;
             break;
         }
+    }
+    /* getline's -1 is the end or an error: a directory opens, then fails
+     * the first read (EISDIR), and was read as an empty file. */
+    if (r == 0 && ferror(fp)) {
+        err_set(errstr, errstr_size, "%s: cannot read: %s", path,
+                strerror(errno));
+        r = -1;
     }
     free(line);
     fclose(fp);

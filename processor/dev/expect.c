@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 struct idem_expect_s {
     const idem_envelope_rules_t *rules;
@@ -233,6 +234,15 @@ json_t *idem_expect_load(const char *path, char *errstr, size_t errstr_size)
     if (!fp) {
         snprintf(errstr, errstr_size, "--expect %s: cannot open: %s", path,
                  strerror(errno));
+        return NULL;
+    }
+    /* fopen opens a directory for reading; json_loadf would then call it
+     * an empty file ("not JSON ... near end of file"). */
+    struct stat st;
+    if (fstat(fileno(fp), &st) == 0 && S_ISDIR(st.st_mode)) {
+        fclose(fp);
+        snprintf(errstr, errstr_size, "--expect %s: cannot read: %s", path,
+                 strerror(EISDIR));
         return NULL;
     }
     json_error_t jerr;

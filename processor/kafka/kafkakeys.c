@@ -6,6 +6,7 @@
 #include "kafka/retrytopic.h"
 #include "base/util.h"
 
+#include <ctype.h>
 #include <inttypes.h>
 #include <regex.h>
 #include <stdio.h>
@@ -192,9 +193,29 @@ static const idem_conf_key_t kafka_keys[] = {
 };
 /* clang-format on */
 
+/* 0 when name is a topic name Kafka takes (1 to 249 of [a-zA-Z0-9._-],
+ * not "." or ".."), else -1 with errstr naming key: a broker refuses any
+ * other, and a member subscribed to one would consume nothing. */
+static int topic_name_check(const char *key, const char *name, char *errstr,
+                            size_t errstr_size)
+{
+    size_t len = strlen(name);
+    int ok = len >= 1 && len <= 249 && strcmp(name, ".") && strcmp(name, "..");
+    for (const char *c = name; ok && *c; c++)
+        ok = isalnum((unsigned char)*c) || *c == '.' || *c == '_' || *c == '-';
+    if (ok)
+        return 0;
+    snprintf(errstr, errstr_size,
+             "%s: \"%.*s\" is not a valid Kafka topic name (1 to 249 of "
+             "a-z A-Z 0-9 . _ -)",
+             key, len > 260 ? 260 : (int)len, name);
+    return -1;
+}
+
 /* input.topics, parsed once into conf->input_topic[]: trimmed, none
- * empty, none that is (or whose regex matches) a topic the member writes
- * (a dead letter or an output would be consumed again as input). */
+ * empty, each a valid name (a regex excepted), none that is (or whose regex
+ * matches) a topic the member writes (a dead letter or an output would be
+ * consumed again as input). */
 static int input_topics_parse(idem_conf_t *conf, char *errstr,
                               size_t errstr_size)
 {
@@ -219,6 +240,9 @@ static int input_topics_parse(idem_conf_t *conf, char *errstr,
         }
         char *name = idem_conf_alloc(conf, (size_t)(b - a) + 1);
         memcpy(name, a, (size_t)(b - a));
+        if (*name != '^' &&
+            topic_name_check("input.topics", name, errstr, errstr_size))
+            return -1;
         v[n++] = name;
         if (!e)
             break;
@@ -226,6 +250,11 @@ static int input_topics_parse(idem_conf_t *conf, char *errstr,
     }
     conf->input_topic = v;
     conf->input_topic_cnt = n;
+    const char *wkey, *written;
+    for (size_t w = 0; (written = idem_conf_topic_written(conf, w, &wkey)); w++)
+        if (topic_name_check(wkey ? wkey : "topic", written, errstr,
+                             errstr_size))
+            return -1;
     for (size_t i = 0; i < n; i++) {
         const char *t = v[i], *key, *out;
         for (size_t w = 0; (out = idem_conf_topic_written(conf, w, &key));

@@ -7,6 +7,7 @@
 #include <microhttpd.h>
 #include <netdb.h>
 #include <netinet/in.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -30,13 +31,23 @@
  * connections) when the descriptor limit bounds the connections. */
 #define FDS_KEPT       256
 #define IDLE_TIMEOUT_S 10
+/* libmicrohttpd's log lines are mostly about clients (one that closes
+ * mid-request, a header too large): one a connection let any client, a
+ * scanner or a load balancer's TCP check flood the log. One line is
+ * logged a window, the others counted and the count logged with the next
+ * one, or on stop. */
+#define LOG_WINDOW_MS 60000
 
 struct idem_http_s {
     struct MHD_Daemon *daemon;
     idem_metrics_t *metrics; /* borrowed */
     int64_t stall_ms;
     int port;
-    char last_error[256]; /* libmicrohttpd's last log line, for errstr */
+    char last_error[256];        /* libmicrohttpd's last log line, for errstr */
+    pthread_mutex_t log_lock;    /* the window below: the daemon's thread and
+                                    the starting or stopping one */
+    int64_t log_window_start_ms; /* monotonic; 0: nothing logged yet */
+    long log_suppressed;         /* lines not logged in this window */
 };
 
 /* Splits "host:port" into an IPv4 socket address. An empty host or "*"
@@ -100,6 +111,17 @@ int idem_http_listen_check(const char *listen, char *errstr, size_t errstr_size)
     return listen_parse(listen, &sa, errstr, errstr_size);
 }
 
+/* Logs how many libmicrohttpd lines were not logged (none: nothing). */
+static void log_suppressed(long count)
+{
+    if (count <= 0)
+        return;
+    char n[32];
+    snprintf(n, sizeof(n), "%ld", count);
+    idem_log_kv(IDEM_LOG_WARN, "http server errors not logged", "count", n,
+                NULL);
+}
+
 /* libmicrohttpd's error log: fires on whichever thread hit the problem
  * (the caller of MHD_start_daemon, or the daemon's thread). */
 static void http_log(void *cls, const char *fmt, va_list ap)
@@ -113,6 +135,19 @@ static void http_log(void *cls, const char *fmt, va_list ap)
     /* Only read by idem_http_start after a failed start, when no daemon
      * thread exists; later writes from the daemon thread race nothing. */
     snprintf(h->last_error, sizeof(h->last_error), "%s", line);
+    pthread_mutex_lock(&h->log_lock);
+    int64_t now = idem_now_ms();
+    if (h->log_window_start_ms &&
+        now - h->log_window_start_ms < LOG_WINDOW_MS) {
+        h->log_suppressed++;
+        pthread_mutex_unlock(&h->log_lock);
+        return;
+    }
+    long suppressed = h->log_suppressed;
+    h->log_window_start_ms = now;
+    h->log_suppressed = 0;
+    pthread_mutex_unlock(&h->log_lock);
+    log_suppressed(suppressed);
     idem_log_kv(IDEM_LOG_WARN, "http server", "error", line, NULL);
 }
 
@@ -246,6 +281,7 @@ idem_http_t *idem_http_start(const char *listen, idem_metrics_t *m,
     idem_http_t *h = idem_xcalloc(1, sizeof(*h));
     h->metrics = m;
     h->stall_ms = stall_ms;
+    pthread_mutex_init(&h->log_lock, NULL);
     h->daemon = MHD_start_daemon(
         MHD_USE_AUTO_INTERNAL_THREAD | MHD_USE_ERROR_LOG,
         ntohs(sa.sin_port), /* only used in messages: SOCK_ADDR wins */
@@ -256,6 +292,7 @@ idem_http_t *idem_http_start(const char *listen, idem_metrics_t *m,
     if (!h->daemon) {
         snprintf(errstr, errstr_size, "http.listen: cannot listen on %s: %s",
                  listen, h->last_error[0] ? h->last_error : "unknown error");
+        pthread_mutex_destroy(&h->log_lock);
         free(h);
         return NULL;
     }
@@ -275,5 +312,7 @@ void idem_http_stop(idem_http_t *h)
     if (!h)
         return;
     MHD_stop_daemon(h->daemon);
+    log_suppressed(h->log_suppressed); /* the daemon's thread is gone */
+    pthread_mutex_destroy(&h->log_lock);
     free(h);
 }

@@ -108,6 +108,7 @@ struct idem_metrics_s {
     _Atomic uint64_t aof_rewrites[AOF_REWRITE_RESULT_CNT];
     _Atomic uint64_t mismatches[MISMATCH_REASON_CNT];
     _Atomic int64_t redis_eviction_allowed;
+    _Atomic int64_t group_config_mismatch;
     _Atomic uint64_t commits_ok;
     _Atomic uint64_t commits_error;
     _Atomic uint64_t rebalances[REB_CNT];
@@ -237,6 +238,7 @@ idem_metrics_t *idem_metrics_new(void)
     for (int i = 0; i < MISMATCH_REASON_CNT; i++)
         atomic_init(&m->mismatches[i], 0);
     atomic_init(&m->redis_eviction_allowed, 0);
+    atomic_init(&m->group_config_mismatch, 0);
     atomic_init(&m->commits_ok, 0);
     atomic_init(&m->commits_error, 0);
     atomic_init(&m->last_commit_wall_ms, 0);
@@ -385,6 +387,12 @@ void idem_metrics_position_mismatch_add(idem_metrics_t *m, const char *reason)
 void idem_metrics_redis_eviction_set(idem_metrics_t *m, int allowed)
 {
     atomic_store_explicit(&m->redis_eviction_allowed, allowed ? 1 : 0,
+                          memory_order_relaxed);
+}
+
+void idem_metrics_group_config_mismatch_set(idem_metrics_t *m, int64_t members)
+{
+    atomic_store_explicit(&m->group_config_mismatch, members,
                           memory_order_relaxed);
 }
 
@@ -1166,6 +1174,13 @@ void idem_metrics_render(idem_metrics_t *m, FILE *out)
     put_i64(
         out, "idemproc_redis_eviction_allowed",
         atomic_load_explicit(&m->redis_eviction_allowed, memory_order_relaxed));
+    put_header(out, "idemproc_group_config_mismatch", "gauge",
+               "Other live members of the group whose effect-defining "
+               "settings (handler, its keys, envelope) differ from this "
+               "member's, as of the last heartbeat.");
+    put_i64(
+        out, "idemproc_group_config_mismatch",
+        atomic_load_explicit(&m->group_config_mismatch, memory_order_relaxed));
 
     put_header(out, "idemproc_commits_total", "counter",
                "Offset commits by result.");

@@ -99,6 +99,10 @@ void idem_metrics_inflight_set(idem_metrics_t *m, int64_t records);
 /* idemproc_redis_eviction_allowed: 1 while redis.allow.eviction=true lets
  * the member run against an evicting maxmemory-policy. */
 void idem_metrics_redis_eviction_set(idem_metrics_t *m, int allowed);
+/* idemproc_group_config_mismatch: how many other live members of the
+ * group publish effect-defining settings unlike this member's
+ * (redis/liveness.h). */
+void idem_metrics_group_config_mismatch_set(idem_metrics_t *m, int64_t members);
 
 /* The labels of idemproc_redis_errors_total, NULL-terminated. */
 extern const char *const idem_metrics_redis_classes[];

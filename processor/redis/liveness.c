@@ -2,6 +2,7 @@
 #include "redis/liveness.h"
 #include "base/log.h"
 #include "base/util.h"
+#include "obs/metrics.h"
 #include "redis/redisconn.h"
 
 #include <errno.h>
@@ -13,15 +14,28 @@
 
 #include <hiredis.h>
 
-/* KEYS[1] the set, ARGV[1] the member, ARGV[2] the TTL (ms): renews the
- * member's entry and drops the expired ones, all by Redis's clock. */
+/* KEYS[1] the set, KEYS[2] the settings hash, ARGV[1] the member, ARGV[2]
+ * the TTL (ms), ARGV[3] the member's settings fingerprint: renews the
+ * member's entry and drops the expired ones, all by Redis's clock, and
+ * returns the fingerprints of the live members (member, fingerprint, ...),
+ * dropping those of members no longer live. */
 static const char beat_lua[] =
     "local t = redis.call('TIME')\n"
     "local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)\n"
     "redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)\n"
     "redis.call('ZADD', KEYS[1], now + tonumber(ARGV[2]), ARGV[1])\n"
     "redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[2]))\n"
-    "return 1\n";
+    "redis.call('HSET', KEYS[2], ARGV[1], ARGV[3])\n"
+    "redis.call('PEXPIRE', KEYS[2], tonumber(ARGV[2]))\n"
+    "local live = {}\n"
+    "for _, m in ipairs(redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. now,"
+    " '+inf')) do live[m] = true end\n"
+    "local h, out = redis.call('HGETALL', KEYS[2]), {}\n"
+    "for i = 1, #h, 2 do\n"
+    "  if live[h[i]] then out[#out + 1] = h[i]; out[#out + 1] = h[i + 1]\n"
+    "  else redis.call('HDEL', KEYS[2], h[i]) end\n"
+    "end\n"
+    "return out\n";
 
 /* KEYS[1] the set: the members not expired, each followed by the ms its
  * entry has left. Reads only. */
@@ -49,8 +63,8 @@ static redisReply *script_call(redisContext *c, const char *lua, char *sha,
             memcpy(sha, l->str, 41);
             freeReplyObject(l);
         }
-        const char *argv[8] = {"EVALSHA", sha};
-        for (int i = 0; i < nargs && i < 6; i++)
+        const char *argv[9] = {"EVALSHA", sha};
+        for (int i = 0; i < nargs && i < 7; i++)
             argv[2 + i] = args[i];
         redisReply *r = redisCommandArgv(c, 2 + nargs, argv, NULL);
         if (r && r->type == REDIS_REPLY_ERROR &&
@@ -64,12 +78,18 @@ static redisReply *script_call(redisContext *c, const char *lua, char *sha,
     return NULL;
 }
 
-/* KEYS[1] the set, ARGV[1] the member: its entry removed. */
-static const char leave_lua[] = "return redis.call('ZREM', KEYS[1], ARGV[1])\n";
+/* KEYS[1] the set, KEYS[2] the settings hash, ARGV[1] the member: its
+ * entries removed. */
+static const char leave_lua[] = "redis.call('HDEL', KEYS[2], ARGV[1])\n"
+                                "return redis.call('ZREM', KEYS[1], ARGV[1])\n";
 
 struct idem_liveness_s {
     const idem_conf_t *conf;
-    char key[512]; /* <prefix>members:<group.id> */
+    char key[512];     /* <prefix>members:<group.id> */
+    char fp_key[512];  /* <prefix>memberconf:<group.id> */
+    char *fingerprint; /* this member's (idem_liveness_start) */
+    idem_metrics_t *metrics;
+    char *warned; /* the mismatches last logged ("" when none) */
     pthread_t thread;
     pthread_mutex_t lock;
     pthread_cond_t cond;
@@ -84,11 +104,17 @@ static void members_key(const idem_conf_t *conf, char *buf, size_t size)
     snprintf(buf, size, "%smembers:%s", conf->redis_prefix, conf->group_id);
 }
 
-/* One script on l's connection, connecting first when needed. Returns 0,
- * or -1 with errstr (the connection is dropped). */
+static void settings_key(const idem_conf_t *conf, char *buf, size_t size)
+{
+    snprintf(buf, size, "%smemberconf:%s", conf->redis_prefix, conf->group_id);
+}
+
+/* One script on l's connection, connecting first when needed. Returns 0
+ * (the reply in *out when out is not NULL, the caller frees it), or -1
+ * with errstr (the connection is dropped). */
 static int liveness_command(idem_liveness_t *l, const char *lua, char *sha,
-                            int nargs, const char **args, char *errstr,
-                            size_t errstr_size)
+                            int nargs, const char **args, redisReply **out,
+                            char *errstr, size_t errstr_size)
 {
     if (!l->rc) {
         l->rc = idem_redisconn_open(l->conf, 0, errstr, errstr_size);
@@ -105,16 +131,140 @@ static int liveness_command(idem_liveness_t *l, const char *lua, char *sha,
         l->rc = NULL;
         return -1;
     }
-    freeReplyObject(r);
+    if (out)
+        *out = r;
+    else
+        freeReplyObject(r);
     return 0;
+}
+
+/* The value of `key` in fingerprint fp ("key=value" lines) into buf, or
+ * NULL when fp has no such line. */
+static const char *fp_get(const char *fp, const char *key, char *buf,
+                          size_t size)
+{
+    size_t kn = strlen(key);
+    for (const char *p = fp; p && *p;) {
+        const char *end = strchr(p, '\n');
+        size_t ln = end ? (size_t)(end - p) : strlen(p);
+        if (ln > kn && !strncmp(p, key, kn) && p[kn] == '=') {
+            size_t vn = ln - kn - 1;
+            if (vn >= size)
+                vn = size - 1;
+            memcpy(buf, p + kn + 1, vn);
+            buf[vn] = 0;
+            return buf;
+        }
+        p = end ? end + 1 : NULL;
+    }
+    return NULL;
+}
+
+/* Appends to buf (comma-separated) the keys of fingerprint `from` whose
+ * value in `other` differs or is missing; returns how many. */
+static int fp_diff_into(const char *from, const char *other, char *buf,
+                        size_t size, int n)
+{
+    for (const char *p = from; p && *p;) {
+        const char *end = strchr(p, '\n');
+        size_t ln = end ? (size_t)(end - p) : strlen(p);
+        const char *eq = memchr(p, '=', ln);
+        if (eq && eq > p) {
+            char key[128], a[512], b[512];
+            size_t kn = (size_t)(eq - p) < sizeof(key) - 1 ? (size_t)(eq - p)
+                                                           : sizeof(key) - 1;
+            memcpy(key, p, kn);
+            key[kn] = 0;
+            const char *va = fp_get(from, key, a, sizeof(a));
+            const char *vb = fp_get(other, key, b, sizeof(b));
+            int listed = 0;
+            size_t used = strlen(buf);
+            for (const char *q = buf; *q;) {
+                size_t qn = strcspn(q, ",");
+                if (qn == kn && !strncmp(q, key, kn))
+                    listed = 1;
+                q += qn + (q[qn] == ',');
+            }
+            if (!listed && (!vb || strcmp(va, vb))) {
+                snprintf(buf + used, size - used, "%s%s", used ? "," : "", key);
+                n++;
+            }
+        }
+        p = end ? end + 1 : NULL;
+    }
+    return n;
+}
+
+int idem_liveness_fp_diff(const char *mine, const char *theirs, char *buf,
+                          size_t size)
+{
+    buf[0] = 0;
+    int n = fp_diff_into(mine, theirs, buf, size, 0);
+    return fp_diff_into(theirs, mine, buf, size, n);
+}
+
+/* Compares the live members' fingerprints (the beat's reply: member,
+ * fingerprint, ...) with this member's: the metric, and a warning when
+ * the mismatches change (one line per other member). */
+static void check_members(idem_liveness_t *l, const redisReply *r)
+{
+    if (!r || r->type != REDIS_REPLY_ARRAY || r->elements % 2)
+        return;
+    int64_t differ = 0;
+    char all[4096] = "";
+    for (size_t i = 0; i + 1 < r->elements; i += 2) {
+        const redisReply *m = r->element[i], *f = r->element[i + 1];
+        if (m->type != REDIS_REPLY_STRING || f->type != REDIS_REPLY_STRING ||
+            !strcmp(m->str, l->conf->member_id))
+            continue;
+        char keys[1024];
+        if (!idem_liveness_fp_diff(l->fingerprint, f->str, keys, sizeof(keys)))
+            continue;
+        differ++;
+        size_t used = strlen(all);
+        snprintf(all + used, sizeof(all) - used, "%s=%s;", m->str, keys);
+    }
+    if (l->metrics)
+        idem_metrics_group_config_mismatch_set(l->metrics, differ);
+    if (!strcmp(all, l->warned ? l->warned : ""))
+        return;
+    free(l->warned);
+    l->warned = idem_xstrdup(all);
+    if (!differ) {
+        idem_log_kv(IDEM_LOG_INFO,
+                    "the group's live members agree on the effect settings",
+                    "member", l->conf->member_id, NULL);
+        return;
+    }
+    for (size_t i = 0; i + 1 < r->elements; i += 2) {
+        const redisReply *m = r->element[i], *f = r->element[i + 1];
+        if (m->type != REDIS_REPLY_STRING || f->type != REDIS_REPLY_STRING ||
+            !strcmp(m->str, l->conf->member_id))
+            continue;
+        char keys[1024], mine[256], theirs[256];
+        if (!idem_liveness_fp_diff(l->fingerprint, f->str, keys, sizeof(keys)))
+            continue;
+        const char *hm = fp_get(l->fingerprint, "handler", mine, sizeof(mine));
+        const char *ht = fp_get(f->str, "handler", theirs, sizeof(theirs));
+        idem_log_kv(IDEM_LOG_WARN,
+                    "another live member of the group applies a different "
+                    "effect: each applies its own to its share of the "
+                    "partitions (a rolling change passes through this; "
+                    "otherwise align the settings)",
+                    "member", l->conf->member_id, "other", m->str, "differing",
+                    keys, "handler", hm ? hm : "", "other_handler",
+                    ht ? ht : "", NULL);
+    }
 }
 
 static void beat(idem_liveness_t *l)
 {
     char ttl[24], errstr[512];
     snprintf(ttl, sizeof(ttl), "%d", IDEM_LIVENESS_TTL_MS);
-    const char *args[] = {"1", l->key, l->conf->member_id, ttl};
-    if (liveness_command(l, beat_lua, l->beat_sha, 4, args, errstr,
+    const char *args[] = {"2", l->key,        l->fp_key, l->conf->member_id,
+                          ttl, l->fingerprint};
+    redisReply *r = NULL;
+    if (liveness_command(l, beat_lua, l->beat_sha, 6, args, &r, errstr,
                          sizeof(errstr))) {
         if (!l->failing)
             idem_log_kv(IDEM_LOG_WARN,
@@ -125,6 +275,8 @@ static void beat(idem_liveness_t *l)
         return;
     }
     l->failing = 0;
+    check_members(l, r);
+    freeReplyObject(r);
 }
 
 static void *liveness_main(void *arg)
@@ -151,12 +303,17 @@ static void *liveness_main(void *arg)
     return NULL;
 }
 
-idem_liveness_t *idem_liveness_start(const idem_conf_t *conf, char *errstr,
+idem_liveness_t *idem_liveness_start(const idem_conf_t *conf,
+                                     const char *fingerprint,
+                                     idem_metrics_t *metrics, char *errstr,
                                      size_t errstr_size)
 {
     idem_liveness_t *l = idem_xcalloc(1, sizeof(*l));
     l->conf = conf;
+    l->fingerprint = idem_xstrdup(fingerprint ? fingerprint : "");
+    l->metrics = metrics;
     members_key(conf, l->key, sizeof(l->key));
+    settings_key(conf, l->fp_key, sizeof(l->fp_key));
     pthread_condattr_t ca;
     pthread_condattr_init(&ca);
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
@@ -169,6 +326,7 @@ idem_liveness_t *idem_liveness_start(const idem_conf_t *conf, char *errstr,
                  strerror(err));
         pthread_cond_destroy(&l->cond);
         pthread_mutex_destroy(&l->lock);
+        free(l->fingerprint);
         free(l);
         return NULL;
     }
@@ -185,8 +343,8 @@ void idem_liveness_stop(idem_liveness_t *l)
     pthread_mutex_unlock(&l->lock);
     pthread_join(l->thread, NULL);
     char errstr[512];
-    const char *args[] = {"1", l->key, l->conf->member_id};
-    if (liveness_command(l, leave_lua, l->leave_sha, 3, args, errstr,
+    const char *args[] = {"2", l->key, l->fp_key, l->conf->member_id};
+    if (liveness_command(l, leave_lua, l->leave_sha, 4, args, NULL, errstr,
                          sizeof(errstr)))
         idem_log_kv(IDEM_LOG_WARN,
                     "removing the member heartbeat from redis failed: it "
@@ -195,6 +353,8 @@ void idem_liveness_stop(idem_liveness_t *l)
     idem_redisconn_close(l->rc);
     pthread_cond_destroy(&l->cond);
     pthread_mutex_destroy(&l->lock);
+    free(l->fingerprint);
+    free(l->warned);
     free(l);
 }
 

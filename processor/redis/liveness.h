@@ -15,6 +15,7 @@
 #include <stdint.h>
 
 #include "conf/conf.h"
+#include "obs/metrics.h"
 
 #define IDEM_LIVENESS_BEAT_MS 1000  /* how often a member writes its entry */
 #define IDEM_LIVENESS_TTL_MS  10000 /* how long an entry lasts unrenewed */
@@ -26,9 +27,26 @@ typedef struct idem_liveness_s idem_liveness_t;
  * once and then every IDEM_LIVENESS_BEAT_MS. A failed write (Redis down) is
  * logged once per outage and tried again at the next beat. conf is borrowed
  * and must outlive the heartbeat. NULL with errstr only when the thread
- * cannot be started. */
-idem_liveness_t *idem_liveness_start(const idem_conf_t *conf, char *errstr,
+ * cannot be started.
+ *
+ * Each beat also publishes `fingerprint` (copied; "key=value" lines: what
+ * defines the member's effect, built by the caller) in the hash
+ * <prefix>memberconf:<group.id>, field member id, and reads the other live
+ * members' back: the number whose fingerprint differs goes to
+ * idemproc_group_config_mismatch (metrics may be NULL), and a warning
+ * naming both members and the differing keys is logged whenever the set
+ * of mismatches changes. A warning, not a refusal: a rolling change of
+ * settings passes through this state. */
+idem_liveness_t *idem_liveness_start(const idem_conf_t *conf,
+                                     const char *fingerprint,
+                                     idem_metrics_t *metrics, char *errstr,
                                      size_t errstr_size);
+
+/* The keys whose values differ between fingerprints `mine` and `theirs`
+ * ("key=value" lines; a key in only one counts), comma-separated into buf
+ * in the order met (mine's first). Returns how many. */
+int idem_liveness_fp_diff(const char *mine, const char *theirs, char *buf,
+                          size_t size);
 
 /* Stops the thread and removes the member's entry (one try). NULL is a
  * no-op. */

@@ -481,6 +481,7 @@ static const char *const acl_processor[] = {"ACL",
                                             "+zremrangebyscore",
                                             "+zrangebyscore",
                                             "+pexpire",
+                                            "+hdel",
                                             NULL};
 
 Test(redisconn, acl_user_with_only_the_needed_commands_runs_exactly,

@@ -5,6 +5,7 @@
 #include "obs/http.h"
 
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <criterion/criterion.h>
 #include <netinet/in.h>
 #include <stdio.h>
@@ -14,6 +15,7 @@
 #include <sys/time.h>
 #include <unistd.h>
 
+#include "base/log.h"
 #include "base/util.h"
 
 typedef struct {
@@ -325,4 +327,69 @@ Test(http, probes_answered_under_a_flood_of_idle_connections, .timeout = 60)
     reply_free(&r);
     for (size_t i = 0; i < open_cnt; i++)
         close(fds[i]);
+}
+
+/* Counts the lines of the file at path holding needle; *count_sum gets
+ * the sum of their "count" fields (0 when none). */
+static int lines_with(const char *path, const char *needle, long *count_sum)
+{
+    size_t len;
+    char *text = th_slurp(path, &len);
+    cr_assert(text, "cannot read %s", path);
+    int n = 0;
+    *count_sum = 0;
+    for (char *line = strtok(text, "\n"); line; line = strtok(NULL, "\n")) {
+        if (!strstr(line, needle))
+            continue;
+        n++;
+        const char *c = strstr(line, "\"count\":");
+        if (c)
+            *count_sum += strtol(c + 8, NULL, 10);
+    }
+    free(text);
+    return n;
+}
+
+/* Clients that give up mid-request (a port scanner, a load balancer's TCP
+ * check, a client that times out) wrote one warn line each: any client
+ * could flood the member's log. Now the first is logged, the rest of the
+ * minute counted, and the count logged (at the latest on stop). */
+Test(http, client_errors_do_not_flood_the_log, .timeout = 60)
+{
+    enum { CLIENTS = 50 };
+    char *dir = th_tmpdir();
+    char path[512];
+    snprintf(path, sizeof(path), "%s/log", dir);
+    int logfd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    cr_assert_geq(logfd, 0);
+    idem_log_setup(IDEM_LOG_INFO, IDEM_LOG_JSON);
+    idem_log_set_fd(logfd);
+    struct sockaddr_in a = {.sin_family = AF_INET,
+                            .sin_port = htons((uint16_t)port),
+                            .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    for (int i = 0; i < CLIENTS; i++) {
+        int fd = socket(AF_INET, SOCK_STREAM, 0);
+        cr_assert_geq(fd, 0);
+        cr_assert_eq(connect(fd, (struct sockaddr *)&a, sizeof(a)), 0);
+        const char part[] = "GET /metrics HTTP/1.1\r\nHost: x\r\n";
+        cr_assert_eq(write(fd, part, sizeof(part) - 1),
+                     (ssize_t)sizeof(part) - 1);
+        usleep(2000); /* the server reads the part before the close */
+        close(fd);
+    }
+    usleep(500 * 1000);
+    idem_http_stop(server);
+    server = NULL;
+    idem_log_set_fd(STDERR_FILENO);
+    close(logfd);
+    long logged_count, summed;
+    int errors = lines_with(path, "\"http server\"", &logged_count);
+    int summaries = lines_with(path, "http server errors not logged", &summed);
+    cr_expect_eq(errors, 1, "%d warn lines for %d clients", errors, CLIENTS);
+    cr_expect_eq(summaries, 1);
+    /* A connection still open at the stop is closed without a line. */
+    cr_expect(summed >= 1 && 1 + summed <= CLIENTS, "1 logged + %ld counted",
+              summed);
+    th_rmrf(dir);
+    free(dir);
 }

@@ -639,4 +639,87 @@ Test(conf, partition_scope_only_with_the_ledger)
     cr_assert_null(c);
     cr_expect(strstr(err, "dedup.scope=partition: handler \"forward\""), "%s",
               err);
+
+/* A directory given as the file (a mounted ConfigMap's folder instead of
+ * its file) was read as an empty file: the error then named a required
+ * key, never the path. A <key>.file that is a directory said "larger than
+ * 64 KiB". */
+Test(conf, a_directory_is_not_a_file)
+{
+    char *dir = th_tmpdir();
+    char err[512];
+    idem_conf_t *c = load(dir, NULL, NULL, 0, err, sizeof(err));
+    cr_assert_null(c);
+    cr_expect(strstr(err, dir) && strstr(err, "cannot read") &&
+                  strstr(err, "Is a directory"),
+              "%s", err);
+    char set[600];
+    snprintf(set, sizeof(set), "redis.password.file=%s", dir);
+    char *extra[] = {set};
+    c = load(NULL, NULL, extra, 1, err, sizeof(err));
+    cr_assert_null(c);
+    cr_expect(strstr(err, "redis.password") && strstr(err, "Is a directory"),
+              "%s", err);
+    th_rmrf(dir);
+    free(dir);
+}
+
+/* Editors on Windows save UTF-8 with a byte order mark; the first key
+ * then carried it and was "unknown (did you mean <the same key>?)". */
+Test(conf, a_byte_order_mark_is_skipped)
+{
+    char *dir = th_tmpdir();
+    char *path = write_tmp(dir, "bom.properties",
+                           "\xef\xbb\xbf"
+                           "batch.max.messages=10\n");
+    char err[512];
+    idem_conf_t *c = load(path, NULL, NULL, 0, err, sizeof(err));
+    cr_assert(c, "%s", err);
+    cr_expect_eq(c->batch_max_messages, 10);
+    idem_conf_destroy(c);
+    free(path);
+    /* Only at the start of the file: elsewhere it is a byte of the key. */
+    path = write_tmp(dir, "bom2.properties",
+                     "batch.max.wait.ms=5\n\xef\xbb\xbf"
+                     "batch.max.messages=10\n");
+    c = load(path, NULL, NULL, 0, err, sizeof(err));
+    cr_assert_null(c);
+    cr_expect(strstr(err, "bom2.properties:2:"), "%s", err);
+    th_rmrf(dir);
+    free(dir);
+    free(path);
+}
+
+/* A topic name Kafka refuses (a space, a colon, 250 characters) passed
+ * the configuration: a real broker then answered the subscription with
+ * an error and the member sat "ready", consuming nothing. Regexes are
+ * patterns, not names, and keep their own check. */
+Test(conf, topic_names_kafka_refuses_are_configuration_errors)
+{
+    char long_name[300];
+    memset(long_name, 'a', 250);
+    long_name[250] = '\0';
+    char set_long[320];
+    snprintf(set_long, sizeof(set_long), "input.topics=ok,%s", long_name);
+    const char *bad[][2] = {
+        {"input.topics=bad topic", "input.topics: \"bad topic\" is not a"},
+        {"input.topics=a,pay:ments", "input.topics: \"pay:ments\" is not a"},
+        {"input.topics=..", "input.topics: \"..\" is not a"},
+        {set_long, "is not a valid Kafka topic name"},
+        {"dlq.topic=dead letters", "dlq.topic: \"dead letters\" is not a"},
+    };
+    char err[512];
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        char *one[] = {(char *)bad[i][0]};
+        err[0] = '\0';
+        idem_conf_t *c = load(NULL, NULL, one, 1, err, sizeof(err));
+        cr_expect_null(c, "%s was taken", bad[i][0]);
+        idem_conf_destroy(c);
+        cr_expect(strstr(err, bad[i][1]), "%s: %s", bad[i][0], err);
+    }
+    char *good[] = {"input.topics=Pay_ments-1.v2,^pay ments.*",
+                    "dlq.topic=payments.dlq_1-x"};
+    idem_conf_t *c = load(NULL, NULL, good, 2, err, sizeof(err));
+    cr_assert(c, "%s", err);
+    idem_conf_destroy(c);
 }

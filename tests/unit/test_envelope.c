@@ -396,3 +396,31 @@ Test(envelope, fields_are_extracted_with_their_types)
         0);
     idem_envelope_rules_destroy(r);
 }
+
+/* The same header twice: the last one is the identity (README, "The
+ * envelope"), for the default sources and for header:<name>. */
+Test(envelope, a_repeated_header_counts_by_its_last_value)
+{
+    /* format 1: bytes, so the value: sources are skipped */
+    const char *const rules[] = {NULL, "header:event-id"};
+    const char *const names[] = {"idempotency_key", "event-id"};
+    for (int i = 0; i < 2; i++) {
+        char e[256], err[256];
+        idem_envelope_rules_t *r = idem_envelope_rules_new(
+            1, rules[i] ? rules[i] : IDEM_ENVELOPE_IDENTITY_DEFAULT, "", 0,
+            4096, e, sizeof(e));
+        cr_assert(r, "rules refused: %s", e);
+        rd_kafka_headers_t *h = rd_kafka_headers_new(2);
+        rd_kafka_header_add(h, names[i], -1, "first", -1);
+        rd_kafka_header_add(h, names[i], -1, "last", -1);
+        idem_envelope_t env;
+        idem_reason_t reason;
+        cr_assert_eq(idem_envelope_read(r, "x", 1, h, NULL, 0, &env, &reason,
+                                        err, sizeof(err)),
+                     0, "%s", err);
+        cr_expect_eq(env.identity_len, 4);
+        cr_expect(!memcmp(env.identity, "last", 4));
+        rd_kafka_headers_destroy(h);
+        idem_envelope_rules_destroy(r);
+    }
+}

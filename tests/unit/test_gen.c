@@ -2,6 +2,7 @@
  * duplicates of both kinds and placements, and its expectations. */
 #include "conf/conf.h"
 #include "input/envelope.h"
+#include "dev/expect.h"
 #include "dev/gen.h"
 #include "testlib.h"
 #include "base/outcome.h"
@@ -369,4 +370,19 @@ Test(gen, all_poison_means_no_duplicates)
     cr_assert_eq(json_integer_value(json_object_get(e, "unique")), 0);
     json_decref(e);
     free_all(all, n);
+}
+
+/* A directory given as --expect: said "DIR:1:0: not JSON ... near end of
+ * file", as if the file were empty. */
+Test(gen, expect_load_of_a_directory_says_so)
+{
+    char *dir = th_tmpdir();
+    char errstr[512] = "";
+    json_t *e = idem_expect_load(dir, errstr, sizeof(errstr));
+    cr_expect_null(e);
+    cr_expect(strstr(errstr, "cannot read: Is a directory"), "%s", errstr);
+    cr_expect_null(strstr(errstr, "not JSON"), "%s", errstr);
+    json_decref(e);
+    th_rmrf(dir);
+    free(dir);
 }
