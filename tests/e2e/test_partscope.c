@@ -439,6 +439,7 @@ Test(partscope, dlq_replay_then_reset_applies_once, .timeout = 240)
     cr_assert_eq(dl.n, 1, "one dead letter: the refused record");
     cr_expect_eq(recs_with(&dl, "payment-ORD-A"), 1);
     th_recs_free(&dl);
+    cr_expect_gt(partscope_keys(), 0, "no partition-scoped state in Redis");
 
     /* The fix, then the replay. */
     const char *fix[] = {"HDEL", "idemproc:ledger:EUR", "user-bad", NULL};
