@@ -10,7 +10,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* ledger.lua, as the build embeds it (Makefile: LUA_SRCS). */
+/* ledger.lua, as the build embeds it (Makefile: LUA_SRCS): the effect
+ * function, which the store composes into its dedup scripts. */
 extern const char idem_ledger_lua[];
 extern const size_t idem_ledger_lua_len;
 
@@ -63,7 +64,7 @@ static void *ledger_start(const idem_handler_ctx_t *ctx, char *errstr,
     }
     ledger_t *l = idem_xcalloc(1, sizeof(*l));
     l->store = ctx->store;
-    l->script = idem_store_script_register(l->store, idem_ledger_lua,
+    l->script = idem_store_effect_register(l->store, idem_ledger_lua,
                                            idem_ledger_lua_len, LEDGER_ARGS,
                                            ledger_args, l, errstr, errstr_size);
     if (l->script < 0) {

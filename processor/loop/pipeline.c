@@ -22,6 +22,7 @@
 #include "loop/retryloop.h"
 #include "loop/wake.h"
 #include "redis/store.h"
+#include "redis/rediskeys.h"
 #include "base/util.h"
 
 #include <inttypes.h>
@@ -839,6 +840,16 @@ idem_pipeline_t *idem_pipeline_new(const idem_conf_t *conf, idem_metrics_t *m,
         idem_handler_find(conf->handler, &arg, errstr, errstr_size);
     if (!hops)
         goto fail;
+    if (conf->dedup_scope == IDEM_DEDUP_SCOPE_PARTITION) {
+        /* The Redis side exists (redis/partstate.h); the loop's use of it
+         * does not yet: refuse rather than run the global layout under a
+         * setting that says otherwise. */
+        snprintf(errstr, errstr_size,
+                 "dedup.scope=partition: not run by this build yet (the "
+                 "member's partition tables are not built); use "
+                 "dedup.scope=global");
+        goto fail;
+    }
     if (conf->retry_tiers) {
         p->rt = idem_retrytopics_new(conf->input_topics, conf->retry_delays_ms,
                                      conf->retry_tiers);

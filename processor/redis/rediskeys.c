@@ -2,6 +2,7 @@
  * the dedup marks and leases, replication waits) and their checks
  * (conf.h). */
 #include "redis/redisconn.h"
+#include "redis/rediskeys.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -59,6 +60,11 @@ static const idem_conf_key_t redis_keys[] = {
         "how long a done mark is kept (the dedup window)"),
     IDEM_CONF_INT("dedup.lease.ms", dedup_lease_ms, "30000", 100, 3600000, 0, NULL,
         "lease on a record while an external effect is in flight"),
+    IDEM_CONF_ENUM("dedup.scope", dedup_scope, "global", 0,
+        "global: a mark key per identity; partition: each partition's marks held by its owner and written in chunks with the effect (handler=ledger only; producers must key by business key: docs/guarantees.md)",
+        "global", "partition"),
+    IDEM_CONF_INT("dedup.memory.max", dedup_memory_max, "1073741824", 1048576, INT64_C(1099511627776), 0, NULL,
+        "dedup.scope=partition: bytes all of a member's partition tables may hold; at the bound fetching pauses (never an eviction)"),
     {.name = NULL},
 };
 /* clang-format on */
@@ -72,6 +78,17 @@ static int redis_conf_check(const idem_conf_module_t *m, idem_conf_t *conf,
                  "redis.url: empty (leave it out for the default "
                  "redis://127.0.0.1:6379/0)");
         return -1;
+    }
+    if (conf->dedup_scope == IDEM_DEDUP_SCOPE_PARTITION) {
+        const char *h = conf->handler ? conf->handler : "";
+        size_t hl = strcspn(h, ":");
+        if (hl != 6 || strncmp(h, "ledger", 6)) {
+            snprintf(errstr, errstr_size,
+                     "dedup.scope=partition: handler \"%s\" cannot use it "
+                     "(only handler=ledger for now; use dedup.scope=global)",
+                     h);
+            return -1;
+        }
     }
     return idem_redisconn_conf_check(conf, errstr, errstr_size);
 }

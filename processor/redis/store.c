@@ -3,6 +3,7 @@
  * called with EVALSHA, pipelined per batch) and the reads verify needs. A
  * redisReply never leaves this module. */
 #include "redis/store.h"
+#include "redis/storectx.h"
 #include "base/log.h"
 #include "redis/aofgate.h"
 #include "redis/redisconn.h"
@@ -91,6 +92,10 @@ struct idem_store_s {
     const idem_conf_t *conf;
     user_script_t user[USER_SCRIPTS_MAX];
     size_t user_cnt;
+    char *effect; /* idem_store_effect_register's function, or NULL */
+    size_t effect_per;
+    idem_store_args_fn effect_args;
+    void *effect_opaque;
     idem_metrics_t *metrics;
     idem_redisconn_t *conn; /* owns c */
     redisContext *c;
@@ -165,6 +170,7 @@ void idem_store_destroy(idem_store_t *s)
     free(s->offs);
     for (size_t i = 0; i < s->user_cnt; i++)
         free(s->user[i].src);
+    free(s->effect);
     free(s);
 }
 
@@ -467,6 +473,27 @@ static int store_writable(idem_store_t *s, char *errstr, size_t errstr_size)
              "first write to this server (run_id %s)",
              s->run_id);
     return -1;
+}
+
+redisContext *idem_store_ctx(idem_store_t *s, int write, char *errstr,
+                             size_t errstr_size)
+{
+    if (s->pending_chunks) {
+        snprintf(errstr, errstr_size, "redis: a request is still in flight");
+        return NULL;
+    }
+    if (idem_store_connect(s, errstr, errstr_size) ||
+        (write && store_writable(s, errstr, errstr_size)))
+        return NULL;
+    return s->c;
+}
+
+int idem_store_ctx_fail(idem_store_t *s, const char *what, const char *detail,
+                        char *errstr, size_t errstr_size)
+{
+    if (!detail)
+        return store_io_fail(s, errstr, errstr_size, what);
+    return store_fail(s, errstr, errstr_size, what, detail);
 }
 
 int idem_store_refused(const idem_store_t *s, char *errstr, size_t errstr_size)
@@ -980,6 +1007,54 @@ int idem_store_script_register(idem_store_t *s, const char *lua, size_t len,
     u->args = args;
     u->opaque = opaque;
     return SCRIPT_CNT + (int)s->user_cnt++;
+}
+
+/* redis/dedup_global.lua, as the build embeds it (Makefile: LUA_SRCS). */
+extern const char idem_dedup_global_lua[];
+extern const size_t idem_dedup_global_lua_len;
+
+int idem_store_effect_register(idem_store_t *s, const char *effect, size_t len,
+                               size_t per_record, idem_store_args_fn args,
+                               void *opaque, char *errstr, size_t errstr_size)
+{
+    if (s->effect) {
+        snprintf(errstr, errstr_size, "redis: an effect is registered already");
+        return -1;
+    }
+    char head[48];
+    int hl = snprintf(head, sizeof(head), "local PER = %zu\n", per_record);
+    size_t total = (size_t)hl + len + 1 + idem_dedup_global_lua_len;
+    char *src = idem_xmalloc(total + 1);
+    memcpy(src, head, (size_t)hl);
+    memcpy(src + hl, effect, len);
+    src[hl + len] = '\n';
+    memcpy(src + hl + len + 1, idem_dedup_global_lua,
+           idem_dedup_global_lua_len);
+    src[total] = '\0';
+    int n = idem_store_script_register(s, src, total, per_record, args, opaque,
+                                       errstr, errstr_size);
+    free(src);
+    if (n < 0)
+        return -1;
+    s->effect = idem_xmalloc(len + 1);
+    memcpy(s->effect, effect, len);
+    s->effect[len] = '\0';
+    s->effect_per = per_record;
+    s->effect_args = args;
+    s->effect_opaque = opaque;
+    return n;
+}
+
+const char *idem_store_effect(const idem_store_t *s, size_t *per_record,
+                              idem_store_args_fn *args, void **opaque)
+{
+    if (per_record)
+        *per_record = s->effect_per;
+    if (args)
+        *args = s->effect_args;
+    if (opaque)
+        *opaque = s->effect_opaque;
+    return s->effect;
 }
 
 int idem_store_script_send(idem_store_t *s, int script, const void *const *recs,

@@ -153,7 +153,7 @@ int idem_store_mark_done(idem_store_t *s, const char *owner,
  *   "lease:<owner>..."  an external handler's lease: busy, nothing written
  *   "reject:<reason>"   the record's effect is refused (dead letter)
  * The done mark is the key <prefix>dedup:<group.id>:<identity>, value
- * "done:<message_id>", EX ttl (handlers/ledger.lua is the model). An error
+ * "done:<message_id>", EX ttl (redis/dedup_global.lua is the model). An error
  * reply is the server's state (OOM, READONLY, ...): an outage.
  *
  * Returns a script number for idem_store_script_send, or -1 with errstr. */
@@ -162,6 +162,24 @@ typedef size_t (*idem_store_args_fn)(const void *rec, const char **argv,
 int idem_store_script_register(idem_store_t *s, const char *lua, size_t len,
                                size_t per_record, idem_store_args_fn args,
                                void *opaque, char *errstr, size_t errstr_size);
+
+/* A handler whose script is an effect function only (handlers/ledger.lua
+ * is the model: `local function effect(first, js)`, arguments identity and
+ * message_id first, then its own, PER in all): the store composes the
+ * global dedup script (redis/dedup_global.lua, the contract above) from
+ * it, registers it as idem_store_script_register does, and keeps the
+ * effect so that the partition layout (redis/partstate.h) can compose its
+ * chunk script from the same function. One effect per store. Returns the
+ * script number, or -1 with errstr. */
+int idem_store_effect_register(idem_store_t *s, const char *effect, size_t len,
+                               size_t per_record, idem_store_args_fn args,
+                               void *opaque, char *errstr, size_t errstr_size);
+
+/* The effect registered with idem_store_effect_register (borrowed, NUL-
+ * terminated), its arguments per record in *per_record and its args
+ * function and opaque in *args and *opaque; NULL when none was. */
+const char *idem_store_effect(const idem_store_t *s, size_t *per_record,
+                              idem_store_args_fn *args, void **opaque);
 
 /* Sends script `script` for recs[n] (borrowed, e.g. idem_record_t; the
  * registered `args` is called once per record with recs[i], in order, and

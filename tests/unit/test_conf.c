@@ -1,6 +1,7 @@
 /* test_conf (unit): the configuration table, its sources and every error
  * path, loaded in-process. */
 #include "conf/conf.h"
+#include "redis/rediskeys.h"
 #include "testlib.h"
 
 #include <criterion/criterion.h>
@@ -614,4 +615,28 @@ Test(conf, kafka_durations_take_a_unit)
                       strstr(err, bad[i][1]),
                   "%s: %s", bad[i][0], err);
     }
+}
+
+/* dedup.scope=partition runs the ledger's effect in the partition chunk
+ * script: any other handler is refused, naming it; global is the default. */
+Test(conf, partition_scope_only_with_the_ledger)
+{
+    char err[512];
+    idem_conf_t *c = load(NULL, NULL, NULL, 0, err, sizeof(err));
+    cr_assert(c, "%s", err);
+    cr_expect_eq(c->dedup_scope, IDEM_DEDUP_SCOPE_GLOBAL);
+    cr_expect_eq(c->dedup_memory_max, 1073741824);
+    idem_conf_destroy(c);
+    char *ok[] = {"dedup.scope=partition", "dedup.memory.max=2097152"};
+    c = load(NULL, NULL, ok, 2, err, sizeof(err));
+    cr_assert(c, "%s", err);
+    cr_expect_eq(c->dedup_scope, IDEM_DEDUP_SCOPE_PARTITION);
+    cr_expect_eq(c->dedup_memory_max, 2097152);
+    idem_conf_destroy(c);
+    char *bad[] = {"dedup.scope=partition", "handler=forward",
+                   "output.topic=out"};
+    c = load(NULL, NULL, bad, 3, err, sizeof(err));
+    cr_assert_null(c);
+    cr_expect(strstr(err, "dedup.scope=partition: handler \"forward\""), "%s",
+              err);
 }

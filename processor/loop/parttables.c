@@ -1,0 +1,235 @@
+/* parttables: a member's partition tables of dedup marks: path, mark,
+ * lookup, settling, reset, expiry and the memory bound. */
+#include "loop/parttables.h"
+#include "base/siphash.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct {
+    char *topic;
+    int32_t partition;
+    int64_t epoch;
+    int loaded;
+    idem_marktab_t *tab;
+} part_t;
+
+struct idem_parttables_s {
+    uint8_t key[16];
+    size_t memory_max;
+    part_t *parts;
+    size_t n, cap;
+};
+
+idem_parttables_t *idem_parttables_new(const uint8_t key[16], size_t memory_max)
+{
+    idem_parttables_t *t = calloc(1, sizeof(*t));
+    if (!t)
+        return NULL;
+    memcpy(t->key, key, 16);
+    t->memory_max = memory_max;
+    return t;
+}
+
+void idem_parttables_destroy(idem_parttables_t *t)
+{
+    if (!t)
+        return;
+    for (size_t i = 0; i < t->n; i++) {
+        free(t->parts[i].topic);
+        idem_marktab_destroy(t->parts[i].tab);
+    }
+    free(t->parts);
+    free(t);
+}
+
+idem_part_path_t idem_parttables_path(int from_retry_topic, int replayed,
+                                      size_t key_len)
+{
+    if (from_retry_topic || replayed || key_len == 0)
+        return IDEM_PART_PATH_GLOBAL;
+    return IDEM_PART_PATH_PARTITION;
+}
+
+void idem_parttables_mark(const idem_parttables_t *t, const void *identity,
+                          size_t identity_len, const void *message_id,
+                          size_t message_id_len, idem_mark_t16 *out)
+{
+    uint8_t h[16];
+    idem_siphash24_128(t->key, identity, identity_len, h);
+    memcpy(out->b, h, 12);
+    uint32_t d = (uint32_t)idem_siphash24(t->key, message_id, message_id_len) &
+                 0x7fffffffu;
+    out->b[12] = (uint8_t)(d >> 24);
+    out->b[13] = (uint8_t)(d >> 16);
+    out->b[14] = (uint8_t)(d >> 8);
+    out->b[15] = (uint8_t)d;
+}
+
+static part_t *find(const idem_parttables_t *t, const char *topic,
+                    int32_t partition)
+{
+    for (size_t i = 0; i < t->n; i++)
+        if (t->parts[i].partition == partition &&
+            !strcmp(t->parts[i].topic, topic))
+            return &t->parts[i];
+    return NULL;
+}
+
+int idem_parttables_assign(idem_parttables_t *t, const char *topic,
+                           int32_t partition, int64_t epoch)
+{
+    part_t *p = find(t, topic, partition);
+    if (!p) {
+        if (t->n == t->cap) {
+            size_t cap = t->cap ? 2 * t->cap : 8;
+            part_t *np = realloc(t->parts, cap * sizeof(*np));
+            if (!np)
+                return -1;
+            t->parts = np;
+            t->cap = cap;
+        }
+        idem_marktab_t *tab = idem_marktab_new();
+        char *name = strdup(topic);
+        if (!tab || !name) {
+            idem_marktab_destroy(tab);
+            free(name);
+            return -1;
+        }
+        p = &t->parts[t->n++];
+        *p = (part_t){.topic = name, .partition = partition, .tab = tab};
+    }
+    idem_marktab_clear(p->tab);
+    p->epoch = epoch;
+    p->loaded = 0;
+    return 0;
+}
+
+void idem_parttables_drop(idem_parttables_t *t, const char *topic,
+                          int32_t partition)
+{
+    part_t *p = find(t, topic, partition);
+    if (!p)
+        return;
+    free(p->topic);
+    idem_marktab_destroy(p->tab);
+    *p = t->parts[--t->n];
+}
+
+void idem_parttables_reset(idem_parttables_t *t, const char *topic,
+                           int32_t partition)
+{
+    part_t *p = find(t, topic, partition);
+    if (!p)
+        return;
+    idem_marktab_clear(p->tab);
+    p->loaded = 0;
+}
+
+int idem_parttables_load(idem_parttables_t *t, const char *topic,
+                         int32_t partition, const uint8_t *marks, size_t n,
+                         int64_t w)
+{
+    part_t *p = find(t, topic, partition);
+    if (!p)
+        return -1;
+    for (size_t i = 0; i < n; i++) {
+        idem_mark_t16 m;
+        memcpy(m.b, marks + 16 * i, 16);
+        if (idem_marktab_add(p->tab, &m, w))
+            return -1;
+    }
+    return idem_marktab_bytes(p->tab) > t->memory_max ? -2 : 0;
+}
+
+void idem_parttables_loaded(idem_parttables_t *t, const char *topic,
+                            int32_t partition)
+{
+    part_t *p = find(t, topic, partition);
+    if (p)
+        p->loaded = 1;
+}
+
+int idem_parttables_ready(const idem_parttables_t *t, const char *topic,
+                          int32_t partition, int64_t *epoch)
+{
+    const part_t *p = find(t, topic, partition);
+    if (!p || !p->loaded)
+        return 0;
+    if (epoch)
+        *epoch = p->epoch;
+    return 1;
+}
+
+idem_part_lookup_t idem_parttables_take(idem_parttables_t *t, const char *topic,
+                                        int32_t partition,
+                                        const idem_mark_t16 *m, int64_t w,
+                                        uint32_t *prior)
+{
+    part_t *p = find(t, topic, partition);
+    if (!p || !p->loaded)
+        return IDEM_PART_NOT_READY;
+    idem_mark_t16 held;
+    if (idem_marktab_find(p->tab, m->b, &held)) {
+        if (idem_mark_moved(&held))
+            return IDEM_PART_MOVED;
+        if (prior)
+            *prior = (uint32_t)held.b[12] << 24 | (uint32_t)held.b[13] << 16 |
+                     (uint32_t)held.b[14] << 8 | held.b[15];
+        return IDEM_PART_DUPLICATE;
+    }
+    return idem_marktab_add(p->tab, m, w) ? IDEM_PART_NOMEM : IDEM_PART_NEW;
+}
+
+int idem_parttables_settle(idem_parttables_t *t, const char *topic,
+                           int32_t partition, const idem_mark_t16 *m,
+                           int64_t w_taken, int64_t w_redis, int rejected)
+{
+    part_t *p = find(t, topic, partition);
+    if (!p)
+        return 0; /* revoked meanwhile: nothing to keep */
+    if (!rejected && w_taken == w_redis)
+        return 0;
+    idem_marktab_remove(p->tab, m->b, w_taken);
+    idem_mark_t16 k = *m;
+    if (rejected) {
+        k.b[12] = 0x80;
+        k.b[13] = k.b[14] = k.b[15] = 0;
+    }
+    return idem_marktab_add(p->tab, &k, w_redis);
+}
+
+int64_t idem_parttables_min_window(int64_t now, int64_t window_s, int64_t ttl_s)
+{
+    int64_t x = now - ttl_s;
+    int64_t q = x / window_s;
+    if (x % window_s && x < 0)
+        q--; /* floor, not truncation */
+    return q;
+}
+
+void idem_parttables_expire(idem_parttables_t *t, int64_t min_w)
+{
+    for (size_t i = 0; i < t->n; i++)
+        idem_marktab_expire(t->parts[i].tab, min_w);
+}
+
+size_t idem_parttables_bytes(const idem_parttables_t *t)
+{
+    size_t b = 0;
+    for (size_t i = 0; i < t->n; i++)
+        b += idem_marktab_bytes(t->parts[i].tab);
+    return b;
+}
+
+int idem_parttables_full(const idem_parttables_t *t)
+{
+    return idem_parttables_bytes(t) >= t->memory_max;
+}
+
+size_t idem_parttables_count(const idem_parttables_t *t, const char *topic,
+                             int32_t partition)
+{
+    const part_t *p = find(t, topic, partition);
+    return p ? idem_marktab_count(p->tab) : 0;
+}

@@ -1,0 +1,110 @@
+/* partstate: the partition layout of the dedup state in Redis
+ * (dedup.scope=partition; docs/design.md, "Dedup state layout"): per
+ * partition an owner epoch, the chunks of 16-byte marks the owner's
+ * scripts wrote, their index, and the chunk script that checks epoch and
+ * position, runs the handler's effect and writes marks and position in one
+ * call. The member holds the marks (loop/marktab.h); this module only
+ * writes and reads them back. It speaks on the store's connection. */
+#ifndef IDEM_PARTSTATE_H
+#define IDEM_PARTSTATE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "conf/conf.h"
+#include "redis/store.h"
+
+#define IDEM_PARTSTATE_MARK  16    /* bytes of one mark */
+#define IDEM_PARTSTATE_MOVED 0x80u /* in byte 12 of a mark: "moved" */
+
+typedef struct idem_partstate_s idem_partstate_t;
+
+/* The partition layout of store (borrowed; must outlive it) for conf
+ * (borrowed). The store must have an effect registered
+ * (idem_store_effect_register): the chunk script is composed from it.
+ * NULL with errstr when none is. Free with idem_partstate_destroy (NULL is
+ * a no-op). */
+idem_partstate_t *idem_partstate_new(idem_store_t *store,
+                                     const idem_conf_t *conf, char *errstr,
+                                     size_t errstr_size);
+void idem_partstate_destroy(idem_partstate_t *p);
+
+/* The group's key of the keyed hash of identities: SET NX of 16 random
+ * bytes at <prefix>dedupkey:<group>, then read back (whoever set it first
+ * wins, every member reads the same). 0, or -1 with errstr (retriable). */
+int idem_partstate_hashkey(idem_partstate_t *p, uint8_t key[16], char *errstr,
+                           size_t errstr_size);
+
+/* The window length in seconds: dedup.ttl.seconds / 8, at least 1. A
+ * chunk of window w expires at (w + 1) * length + TTL (Redis's clock). */
+int64_t idem_partstate_window_seconds(const idem_partstate_t *p);
+
+/* The first second at which window w's marks are gone. */
+int64_t idem_partstate_window_end(const idem_partstate_t *p, int64_t w);
+
+/* Redis's clock (TIME), seconds. 0, or -1 with errstr. */
+int idem_partstate_now(idem_partstate_t *p, int64_t *now, char *errstr,
+                       size_t errstr_size);
+
+/* A new owner of topic/partition: INCR of its epoch, before it loads
+ * anything, so a previous owner's chunk scripts are refused from now on.
+ * The new epoch in *epoch. 0, or -1 with errstr (retriable). */
+int idem_partstate_epoch_bump(idem_partstate_t *p, const char *topic,
+                              int32_t partition, int64_t *epoch, char *errstr,
+                              size_t errstr_size);
+
+/* Called by idem_partstate_load with marks[n] (n * 16 bytes, borrowed for
+ * the call) of window `window`. Returns 0 to go on, else the load stops
+ * and returns -1 (errstr "stopped by the caller"). */
+typedef int (*idem_partstate_marks_fn)(const uint8_t *marks, size_t n,
+                                       int64_t window, void *opaque);
+
+/* Reads every live chunk of topic/partition back: the index (LRANGE), then
+ * each chunk with GETRANGE in pieces of at most piece_bytes (rounded down
+ * to whole marks; 0: 1 MiB), so one big chunk never blocks Redis for long.
+ * A chunk that expired meanwhile is skipped. *pieces (may be NULL) counts
+ * the GETRANGEs. 0, or -1 with errstr. */
+int idem_partstate_load(idem_partstate_t *p, const char *topic,
+                        int32_t partition, size_t piece_bytes,
+                        idem_partstate_marks_fn cb, void *opaque,
+                        size_t *pieces, char *errstr, size_t errstr_size);
+
+/* What the chunk script said of one record. */
+typedef enum {
+    IDEM_PARTSTATE_APPLIED = 0, /* effect and mark written */
+    IDEM_PARTSTATE_MOVED_MARK,  /* a "moved" mark sent: written, no effect */
+    IDEM_PARTSTATE_REJECTED,    /* effect refused (detail); a moved mark */
+} idem_partstate_outcome_t;
+
+typedef struct {
+    idem_partstate_outcome_t outcome;
+    char detail[256]; /* the refusal */
+} idem_partstate_result_t;
+
+/* One chunk of one partition. */
+typedef struct {
+    const char *topic; /* borrowed */
+    int32_t partition;
+    int64_t epoch;                  /* idem_partstate_epoch_bump's */
+    int64_t expect_offset;          /* the offset Redis's position holds */
+    const idem_store_pos_t *newpos; /* written at the end; NULL: none */
+    const void *const *recs;        /* the store effect's records */
+    const uint8_t (*marks)[IDEM_PARTSTATE_MARK]; /* one per record */
+    size_t n;
+} idem_partstate_chunk_t;
+
+/* The chunk script's answers besides success. */
+#define IDEM_PARTSTATE_FENCED   1 /* another owner's epoch */
+#define IDEM_PARTSTATE_POSITION 2 /* Redis's position is not expect_offset */
+
+/* Runs one chunk: results[ch->n] and the chunk's window in *window. Returns
+ * 0; IDEM_PARTSTATE_FENCED or IDEM_PARTSTATE_POSITION (nothing written,
+ * errstr says what Redis holds; the connection is kept); or -1 (an outage:
+ * a server error, nothing written, or a failed connection, after which the
+ * chunk may or may not have been applied: the caller drops its table,
+ * reloads it and sends again what the table does not hold). */
+int idem_partstate_chunk(idem_partstate_t *p, const idem_partstate_chunk_t *ch,
+                         idem_partstate_result_t *results, int64_t *window,
+                         char *errstr, size_t errstr_size);
+
+#endif

@@ -1,0 +1,471 @@
+/* test_partstate (it): the partition layout's Redis side against a real
+ * redis-server: the chunk script applies the ledger's effect with its
+ * marks and position; a stale epoch (FENCED) and a position that differs
+ * (POSITION) write nothing; the loader reads a partition back in pieces;
+ * chunks expire at their window's end plus the TTL; a refused increment
+ * leaves a "moved" mark; the global script, composed from the same effect,
+ * still marks per identity. */
+#include "conf/conf.h"
+#include "fixture_redisconn.h"
+#include "harness.h"
+#include "redis/partstate.h"
+#include "redis/store.h"
+
+#include <criterion/criterion.h>
+#include <hiredis.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+extern const char idem_ledger_lua[];
+extern const size_t idem_ledger_lua_len;
+
+static th_redis_t rds;
+static idem_conf_t *conf;
+static idem_store_t *store;
+static idem_partstate_t *ps;
+static redisContext *cli;
+
+typedef struct {
+    const char *id, *mid, *cur, *user, *amt;
+} trec_t;
+
+/* The ledger's five arguments of a test record. */
+static size_t targs(const void *rec, const char **argv, size_t *argvlen,
+                    void *opaque)
+{
+    (void)opaque;
+    const trec_t *t = rec;
+    const char *v[] = {t->id, t->mid, t->cur, t->user, t->amt};
+    for (int i = 0; i < 5; i++) {
+        argv[i] = v[i];
+        argvlen[i] = strlen(v[i]);
+    }
+    return 5;
+}
+
+/* Redis, a store with the ledger's effect and the partition layout, for
+ * group g with dedup.ttl.seconds ttl. */
+static void start(const char *ttl)
+{
+    quiet();
+    cr_assert_eq(th_redis_start(&rds), 0);
+    char url[128], t[64], err[512] = "";
+    snprintf(url, sizeof(url), "redis.url=%s", rds.url);
+    snprintf(t, sizeof(t), "dedup.ttl.seconds=%s", ttl);
+    char *sets[] = {url,
+                    "group.id=g",
+                    "handler=ledger",
+                    "input.topics=t",
+                    "dlq.topic=d",
+                    "kafka.bootstrap.servers=127.0.0.1:1",
+                    t};
+    conf = idem_conf_load(NULL, NULL, sets, 7, err, sizeof(err));
+    cr_assert(conf, "%s", err);
+    store = idem_store_new(conf, NULL);
+    cr_assert_geq(idem_store_effect_register(store, idem_ledger_lua,
+                                             idem_ledger_lua_len, 5, targs,
+                                             NULL, err, sizeof(err)),
+                  0, "%s", err);
+    ps = idem_partstate_new(store, conf, err, sizeof(err));
+    cr_assert(ps, "%s", err);
+    cli = redisConnect("127.0.0.1", rds.port);
+    cr_assert(cli && !cli->err);
+}
+
+static void fini(void)
+{
+    if (cli)
+        redisFree(cli);
+    cli = NULL;
+    idem_partstate_destroy(ps);
+    ps = NULL;
+    idem_store_destroy(store);
+    store = NULL;
+    idem_conf_destroy(conf);
+    conf = NULL;
+    if (rds.dir)
+        th_redis_stop(&rds);
+}
+
+TestSuite(partstate, .fini = fini, .timeout = 60);
+
+/* The reply of a redis-cli command as text ("" for nil; an integer as its
+ * digits). */
+static char *q(const char *fmt, const char *a, const char *b)
+{
+    static char out[4][256];
+    static int k;
+    redisReply *r = redisCommand(cli, fmt, a, b);
+    cr_assert(r);
+    char *o = out[k++ % 4];
+    if (r->type == REDIS_REPLY_INTEGER)
+        snprintf(o, 256, "%lld", r->integer);
+    else if (r->type == REDIS_REPLY_STRING || r->type == REDIS_REPLY_STATUS ||
+             r->type == REDIS_REPLY_ERROR)
+        snprintf(o, 256, "%s", r->str);
+    else
+        o[0] = '\0';
+    freeReplyObject(r);
+    return o;
+}
+
+/* Writes the first position of t:0 (offset off), as the loop does before
+ * its first effect. */
+static void first_position(int64_t off)
+{
+    idem_store_pos_t pos = {.topic = "t", .partition = 0, .offset = off};
+    idem_posval_init(&pos.val, "c1");
+    char err[512];
+    cr_assert_eq(idem_store_positions_save(store, &pos, 1, err, sizeof(err)), 0,
+                 "%s", err);
+}
+
+/* A mark: byte i is seed + i, the last four the message id's digest. */
+static void mark_of(uint8_t m[16], int seed)
+{
+    for (int i = 0; i < 16; i++)
+        m[i] = (uint8_t)(seed * 31 + i);
+    m[12] &= 0x7f;
+}
+
+/* Runs a chunk of t:0: n records of trecs with marks seeded from seed0. */
+static int chunk(int64_t epoch, int64_t expect, int64_t newoff,
+                 const trec_t *recs, size_t n, int seed0,
+                 idem_partstate_result_t *res, char *err, size_t errsz)
+{
+    const void **rp = calloc(n ? n : 1, sizeof(*rp));
+    uint8_t(*marks)[16] = calloc(n ? n : 1, 16);
+    for (size_t i = 0; i < n; i++) {
+        rp[i] = &recs[i];
+        mark_of(marks[i], seed0 + (int)i);
+    }
+    idem_store_pos_t pos = {.topic = "t", .partition = 0, .offset = newoff};
+    idem_posval_init(&pos.val, "c1");
+    idem_partstate_chunk_t ch = {.topic = "t",
+                                 .partition = 0,
+                                 .epoch = epoch,
+                                 .expect_offset = expect,
+                                 .newpos = newoff >= 0 ? &pos : NULL,
+                                 .recs = (const void *const *)rp,
+                                 .marks = (const uint8_t(*)[16])marks,
+                                 .n = n};
+    int64_t w = -1;
+    int rc = idem_partstate_chunk(ps, &ch, res, &w, err, errsz);
+    if (rc == 0)
+        cr_assert_geq(w, 0);
+    free(rp);
+    free(marks);
+    return rc;
+}
+
+typedef struct {
+    uint8_t *buf;
+    size_t n, calls;
+    int64_t window;
+} loaded_t;
+
+static int collect(const uint8_t *marks, size_t n, int64_t window, void *opaque)
+{
+    loaded_t *l = opaque;
+    l->buf = realloc(l->buf, (l->n + n) * 16);
+    memcpy(l->buf + l->n * 16, marks, n * 16);
+    l->n += n;
+    l->calls++;
+    l->window = window;
+    return 0;
+}
+
+static const trec_t three[] = {
+    {"id-1", "m-1", "EUR", "u1", "150"},
+    {"id-2", "m-2", "EUR", "u2", "200"},
+    {"id-3", "m-3", "USD", "u1", "-25"},
+};
+
+Test(partstate, chunk_applies_effect_marks_and_position)
+{
+    start("86400");
+    char err[512];
+    int64_t epoch = 0;
+    cr_assert_eq(
+        idem_partstate_epoch_bump(ps, "t", 0, &epoch, err, sizeof(err)), 0,
+        "%s", err);
+    cr_assert_eq(epoch, 1);
+    first_position(100);
+    idem_partstate_result_t res[3];
+    cr_assert_eq(chunk(epoch, 100, 103, three, 3, 1, res, err, sizeof(err)), 0,
+                 "%s", err);
+    for (int i = 0; i < 3; i++)
+        cr_expect_eq(res[i].outcome, IDEM_PARTSTATE_APPLIED);
+    cr_expect_str_eq(q("HGET idemproc:ledger:EUR %s", "u1", NULL), "150");
+    cr_expect_str_eq(q("HGET idemproc:ledger:EUR %s", "u2", NULL), "200");
+    cr_expect_str_eq(q("HGET idemproc:ledger:USD %s", "u1", NULL), "-25");
+    cr_expect_str_eq(q("GET idemproc:ledger:applied", NULL, NULL), "3");
+    cr_expect(!strncmp(q("HGET idemproc:pos:g %s", "t:0", NULL), "103 c1", 6));
+    /* no global marks: the partition's chunk holds them */
+    cr_expect_str_eq(q("EXISTS idemproc:dedup:g:id-1", NULL, NULL), "0");
+    cr_expect_str_eq(q("LLEN %s", "idemproc:st{g:t:0}:idx", NULL), "1");
+    char key[256];
+    snprintf(key, sizeof(key), "%s",
+             q("LINDEX %s 0", "idemproc:st{g:t:0}:idx", NULL));
+    cr_expect_str_eq(q("STRLEN %s", key, NULL), "48");
+    long long ttl = atoll(q("TTL %s", key, NULL));
+    cr_expect(ttl > 86400 && ttl <= 86400 + 86400 / 8, "ttl %lld", ttl);
+    loaded_t l = {0};
+    cr_assert_eq(
+        idem_partstate_load(ps, "t", 0, 0, collect, &l, NULL, err, sizeof(err)),
+        0, "%s", err);
+    cr_assert_eq(l.n, 3);
+    for (int i = 0; i < 3; i++) {
+        uint8_t m[16];
+        mark_of(m, 1 + i);
+        cr_expect_arr_eq(l.buf + i * 16, m, 16);
+    }
+    int64_t now = 0;
+    cr_assert_eq(idem_partstate_now(ps, &now, err, sizeof(err)), 0);
+    cr_expect_eq(l.window, now / idem_partstate_window_seconds(ps));
+    free(l.buf);
+}
+
+Test(partstate, stale_epoch_is_fenced_and_writes_nothing)
+{
+    start("86400");
+    char err[512];
+    int64_t old = 0, cur = 0;
+    cr_assert_eq(idem_partstate_epoch_bump(ps, "t", 0, &old, err, sizeof(err)),
+                 0);
+    first_position(0);
+    idem_partstate_result_t res[3];
+    cr_assert_eq(chunk(old, 0, 1, three, 1, 1, res, err, sizeof(err)), 0, "%s",
+                 err);
+    /* a new owner bumps the epoch: the old owner's next chunk is refused */
+    cr_assert_eq(idem_partstate_epoch_bump(ps, "t", 0, &cur, err, sizeof(err)),
+                 0);
+    cr_assert_eq(cur, old + 1);
+    cr_expect_eq(chunk(old, 1, 3, three + 1, 2, 2, res, err, sizeof(err)),
+                 IDEM_PARTSTATE_FENCED);
+    cr_expect(strstr(err, "FENCED"), "%s", err);
+    cr_expect_str_eq(q("HGET idemproc:ledger:EUR %s", "u2", NULL), "");
+    cr_expect_str_eq(q("GET idemproc:ledger:applied", NULL, NULL), "1");
+    cr_expect_str_eq(q("LLEN %s", "idemproc:st{g:t:0}:idx", NULL), "1");
+    cr_expect(!strncmp(q("HGET idemproc:pos:g %s", "t:0", NULL), "1 ", 2));
+    /* the connection stays usable, and the owner's chunk goes through */
+    cr_expect_eq(chunk(cur, 1, 3, three + 1, 2, 2, res, err, sizeof(err)), 0,
+                 "%s", err);
+    cr_expect_str_eq(q("GET idemproc:ledger:applied", NULL, NULL), "3");
+}
+
+Test(partstate, position_other_than_expected_writes_nothing)
+{
+    start("86400");
+    char err[512];
+    int64_t epoch = 0;
+    cr_assert_eq(
+        idem_partstate_epoch_bump(ps, "t", 0, &epoch, err, sizeof(err)), 0);
+    idem_partstate_result_t res[3];
+    /* no position at all (Redis lost it with everything after it) */
+    cr_expect_eq(chunk(epoch, 50, 53, three, 3, 1, res, err, sizeof(err)),
+                 IDEM_PARTSTATE_POSITION);
+    cr_expect(strstr(err, "holds none"), "%s", err);
+    /* a position behind the member's (a lost tail) */
+    first_position(40);
+    cr_expect_eq(chunk(epoch, 50, 53, three, 3, 1, res, err, sizeof(err)),
+                 IDEM_PARTSTATE_POSITION);
+    cr_expect(strstr(err, "redis holds 40"), "%s", err);
+    cr_expect_str_eq(q("EXISTS idemproc:ledger:EUR", NULL, NULL), "0");
+    cr_expect_str_eq(q("EXISTS idemproc:ledger:applied", NULL, NULL), "0");
+    cr_expect_str_eq(q("EXISTS %s", "idemproc:st{g:t:0}:idx", NULL), "0");
+    cr_expect(!strncmp(q("HGET idemproc:pos:g %s", "t:0", NULL), "40 ", 3));
+    cr_expect_eq(chunk(epoch, 40, 43, three, 3, 1, res, err, sizeof(err)), 0,
+                 "%s", err);
+    cr_expect_str_eq(q("GET idemproc:ledger:applied", NULL, NULL), "3");
+}
+
+Test(partstate, loader_reads_a_partition_in_pieces)
+{
+    start("86400");
+    char err[512];
+    int64_t epoch = 0;
+    cr_assert_eq(
+        idem_partstate_epoch_bump(ps, "t", 0, &epoch, err, sizeof(err)), 0);
+    first_position(0);
+    enum { CHUNKS = 4, PER_CHUNK = 700 };
+    trec_t *recs = calloc(PER_CHUNK, sizeof(*recs));
+    static char ids[PER_CHUNK][16];
+    for (int i = 0; i < PER_CHUNK; i++) {
+        snprintf(ids[i], sizeof(ids[i]), "i%d", i);
+        recs[i] = (trec_t){ids[i], ids[i], "EUR", "u9", "1"};
+    }
+    idem_partstate_result_t *res = calloc(PER_CHUNK, sizeof(*res));
+    for (int c = 0; c < CHUNKS; c++)
+        cr_assert_eq(chunk(epoch, c * PER_CHUNK, (c + 1) * PER_CHUNK, recs,
+                           PER_CHUNK, c * PER_CHUNK, res, err, sizeof(err)),
+                     0, "%s", err);
+    cr_expect_str_eq(q("HGET idemproc:ledger:EUR %s", "u9", NULL), "2800");
+    /* 700 marks = 11,200 bytes a chunk; pieces of 4 KiB: 3 per chunk */
+    loaded_t l = {0};
+    size_t pieces = 0;
+    cr_assert_eq(idem_partstate_load(ps, "t", 0, 4096, collect, &l, &pieces,
+                                     err, sizeof(err)),
+                 0, "%s", err);
+    cr_expect_eq(l.n, CHUNKS * PER_CHUNK);
+    cr_expect_eq(pieces, CHUNKS * 3);
+    cr_expect_eq(l.calls, CHUNKS * 3);
+    for (int i = 0; i < CHUNKS * PER_CHUNK && i < (int)l.n; i++) {
+        uint8_t m[16];
+        mark_of(m, i);
+        cr_assert_arr_eq(l.buf + i * 16, m, 16, "mark %d", i);
+    }
+    /* a piece size that is not whole marks is rounded down to them */
+    loaded_t l2 = {0};
+    cr_assert_eq(idem_partstate_load(ps, "t", 0, 1000, collect, &l2, &pieces,
+                                     err, sizeof(err)),
+                 0, "%s", err);
+    cr_expect_eq(l2.n, CHUNKS * PER_CHUNK);
+    free(l.buf);
+    free(l2.buf);
+    free(recs);
+    free(res);
+}
+
+Test(partstate, chunks_expire_at_window_end_plus_ttl)
+{
+    start("2"); /* window 1 s: a chunk lives 2-3 s */
+    cr_assert_eq(idem_partstate_window_seconds(ps), 1);
+    char err[512];
+    int64_t epoch = 0, now = 0;
+    cr_assert_eq(
+        idem_partstate_epoch_bump(ps, "t", 0, &epoch, err, sizeof(err)), 0);
+    first_position(0);
+    idem_partstate_result_t res[3];
+    cr_assert_eq(chunk(epoch, 0, 3, three, 3, 1, res, err, sizeof(err)), 0,
+                 "%s", err);
+    cr_assert_eq(idem_partstate_now(ps, &now, err, sizeof(err)), 0);
+    char key[256];
+    snprintf(key, sizeof(key), "%s",
+             q("LINDEX %s 0", "idemproc:st{g:t:0}:idx", NULL));
+    int64_t w = -1;
+    sscanf(strstr(key, ":w") + 2, "%" SCNd64, &w);
+    long long at = atoll(q("EXPIRETIME %s", key, NULL));
+    cr_expect_eq(at, idem_partstate_window_end(ps, w));
+    cr_expect_geq(at, now + 2); /* never less than the TTL */
+    loaded_t l = {0};
+    cr_assert_eq(
+        idem_partstate_load(ps, "t", 0, 0, collect, &l, NULL, err, sizeof(err)),
+        0);
+    cr_expect_eq(l.n, 3);
+    /* past the window's end plus the TTL, Redis's clock: gone */
+    for (int i = 0; i < 100 && now < at; i++) {
+        usleep(100 * 1000);
+        cr_assert_eq(idem_partstate_now(ps, &now, err, sizeof(err)), 0);
+    }
+    cr_assert_geq(now, at);
+    loaded_t l2 = {0};
+    cr_assert_eq(idem_partstate_load(ps, "t", 0, 0, collect, &l2, NULL, err,
+                                     sizeof(err)),
+                 0, "%s", err);
+    cr_expect_eq(l2.n, 0);
+    /* the next chunk trims the index's expired head */
+    cr_assert_eq(chunk(epoch, 3, 4, three, 1, 9, res, err, sizeof(err)), 0,
+                 "%s", err);
+    cr_expect_str_eq(q("LLEN %s", "idemproc:st{g:t:0}:idx", NULL), "1");
+    cr_expect_str_neq(q("LINDEX %s 0", "idemproc:st{g:t:0}:idx", NULL), key);
+    free(l.buf);
+    free(l2.buf);
+}
+
+Test(partstate, refused_increment_leaves_a_moved_mark)
+{
+    start("86400");
+    freeReplyObject(
+        redisCommand(cli, "HSET idemproc:ledger:EUR u1 9223372036854775807"));
+    char err[512];
+    int64_t epoch = 0;
+    cr_assert_eq(
+        idem_partstate_epoch_bump(ps, "t", 0, &epoch, err, sizeof(err)), 0);
+    first_position(0);
+    /* u1 overflows (both of its records); u2 applies; the third record's
+     * mark is sent as "moved" (it left the partition): no effect */
+    const trec_t recs[] = {
+        {"id-1", "m-1", "EUR", "u1", "1"},
+        {"id-2", "m-2", "EUR", "u2", "5"},
+        {"id-3", "m-3", "EUR", "u1", "2"},
+        {"id-4", "m-4", "EUR", "u2", "7"},
+    };
+    const void *rp[4] = {&recs[0], &recs[1], &recs[2], &recs[3]};
+    uint8_t marks[4][16];
+    for (int i = 0; i < 4; i++)
+        mark_of(marks[i], 1 + i);
+    marks[3][12] |= IDEM_PARTSTATE_MOVED;
+    idem_partstate_chunk_t ch = {.topic = "t",
+                                 .partition = 0,
+                                 .epoch = epoch,
+                                 .expect_offset = 0,
+                                 .recs = rp,
+                                 .marks = (const uint8_t(*)[16])marks,
+                                 .n = 4};
+    idem_partstate_result_t res[4];
+    int64_t w;
+    cr_assert_eq(idem_partstate_chunk(ps, &ch, res, &w, err, sizeof(err)), 0,
+                 "%s", err);
+    cr_expect_eq(res[0].outcome, IDEM_PARTSTATE_REJECTED);
+    cr_expect(strstr(res[0].detail, "overflow"), "%s", res[0].detail);
+    cr_expect_eq(res[1].outcome, IDEM_PARTSTATE_APPLIED);
+    cr_expect_eq(res[2].outcome, IDEM_PARTSTATE_REJECTED);
+    cr_expect_eq(res[3].outcome, IDEM_PARTSTATE_MOVED_MARK);
+    cr_expect_str_eq(q("HGET idemproc:ledger:EUR %s", "u2", NULL), "5");
+    cr_expect_str_eq(q("HGET idemproc:ledger:EUR %s", "u1", NULL),
+                     "9223372036854775807");
+    cr_expect_str_eq(q("GET idemproc:ledger:applied", NULL, NULL), "1");
+    /* no position given: the stored one stays */
+    cr_expect(!strncmp(q("HGET idemproc:pos:g %s", "t:0", NULL), "0 ", 2));
+    loaded_t l = {0};
+    cr_assert_eq(
+        idem_partstate_load(ps, "t", 0, 0, collect, &l, NULL, err, sizeof(err)),
+        0);
+    cr_assert_eq(l.n, 4);
+    for (int i = 0; i < 4; i++) {
+        int moved = i != 1;
+        cr_expect_arr_eq(l.buf + i * 16, marks[i], 12, "mark %d's hash", i);
+        cr_expect_eq(!!(l.buf[i * 16 + 12] & IDEM_PARTSTATE_MOVED), moved,
+                     "mark %d moved", i);
+        if (!moved)
+            cr_expect_arr_eq(l.buf + i * 16, marks[i], 16);
+    }
+    free(l.buf);
+}
+
+/* The global script is composed from the same effect: marks per identity,
+ * a duplicate within the chunk answered with the first's message id. */
+Test(partstate, global_script_shares_the_effect)
+{
+    start("86400");
+    char err[512];
+    /* the store registered the effect once; its script number is 2 (after
+     * the claim and mark scripts): ask by registering none again */
+    cr_expect_lt(idem_store_effect_register(store, idem_ledger_lua,
+                                            idem_ledger_lua_len, 5, targs, NULL,
+                                            err, sizeof(err)),
+                 0);
+    const trec_t recs[] = {
+        {"id-1", "m-1", "EUR", "u1", "10"},
+        {"id-1", "m-1b", "EUR", "u1", "10"},
+        {"id-2", "m-2", "EUR", "u1", "5"},
+    };
+    const void *rp[3] = {&recs[0], &recs[1], &recs[2]};
+    idem_store_result_t res[3];
+    cr_assert_eq(
+        idem_store_script_send(store, 2, rp, 3, NULL, 0, err, sizeof(err)), 0,
+        "%s", err);
+    cr_assert_eq(idem_store_script_recv(store, 3, res, err, sizeof(err)), 0,
+                 "%s", err);
+    cr_expect_eq(res[0].mark, IDEM_MARK_NEW);
+    cr_expect_eq(res[1].mark, IDEM_MARK_DONE);
+    cr_expect_str_eq(res[1].prior_mid, "m-1");
+    cr_expect_eq(res[2].mark, IDEM_MARK_NEW);
+    cr_expect_str_eq(q("HGET idemproc:ledger:EUR %s", "u1", NULL), "15");
+    cr_expect_str_eq(q("GET idemproc:dedup:g:id-1", NULL, NULL), "done:m-1");
+    cr_expect_str_eq(q("GET idemproc:ledger:applied", NULL, NULL), "2");
+}
