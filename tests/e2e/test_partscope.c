@@ -117,6 +117,21 @@ static void wait_committed(int partitions, int timeout_ms)
               "the member never finished the input");
 }
 
+/* Starts member `name` and fails at once, with its log, when it exits
+ * during its first 1.5 s (a refused setting) instead of letting the test
+ * wait for records that will never be applied. */
+static pid_t member(const char *name)
+{
+    pid_t pid = th_stack_member(&stk, name, NULL);
+    cr_assert_gt(pid, 0);
+    int rc = th_wait(pid, 1500);
+    if (rc != -1) {
+        char *log = th_stack_member_log(&stk, name);
+        cr_assert_fail("member %s exited (%d) at start:\n%s", name, rc, log);
+    }
+    return pid;
+}
+
 /* One payment as a JSON line (EUR; key: its order_id). */
 static void payment(FILE *f, const char *mid, const char *order,
                     const char *user, const char *amount)
@@ -197,7 +212,7 @@ Test(partscope, zombie_owner_is_fenced, .timeout = 300)
                     NULL};
     pid_t prod = th_spawn(argv, NULL, NULL, NULL);
     cr_assert_gt(prod, 0);
-    pid_t a = th_stack_member(&stk, "ma", NULL);
+    pid_t a = member("ma");
     cr_assert_eq(th_stack_wait_applied(&stk, 1500, 90000), 0);
     cr_assert_eq(kill(a, SIGSTOP), 0);
     long at_stop = th_stack_applied(&stk);
@@ -206,7 +221,7 @@ Test(partscope, zombie_owner_is_fenced, .timeout = 300)
         epochs_before += epoch_of(p);
     cr_expect_geq(epochs_before, 4, "A bumped no epoch at assignment");
 
-    pid_t b = th_stack_member(&stk, "mb", NULL);
+    pid_t b = member("mb");
     /* B owns the partitions once A's session expired (6 s). */
     cr_assert_eq(th_stack_wait_applied(&stk, at_stop + 3000, 120000), 0,
                  "B never took over from the stopped A");
@@ -298,7 +313,7 @@ Test(partscope, aof_tail_lost_twice_table_reloaded, .timeout = 360)
         "--count", "12000", "--duplicates", "0.1", "--seed", "2425", NULL};
     cr_assert_eq(th_stack_produce(&stk, traffic), 0);
     long unique = th_stack_expect_unique(&stk);
-    pid_t m = th_stack_member(&stk, "m1", NULL);
+    pid_t m = member("m1");
     cr_assert_eq(th_stack_wait_applied(&stk, unique / 3, 90000), 0);
 
     cr_log_info("cut %ld bytes", redis_crash_cut_tail(&stk.redis));
@@ -330,7 +345,7 @@ Test(partscope, window_expiry_applies_a_late_duplicate_again, .timeout = 180)
 {
     const char *props[] = {PARTSCOPE_PROPS, "dedup.ttl.seconds=8", NULL};
     cr_assert_eq(th_stack_start(&stk, 1, props), 0);
-    pid_t m = th_stack_member(&stk, "m1", NULL);
+    pid_t m = member("m1");
     PRODUCE_LINES("first", payment(f_, "1", "ORD-1", "user-1", "10.00"));
     cr_assert_eq(th_stack_wait_applied(&stk, 1, 90000), 0);
     struct timespec t0;
@@ -390,7 +405,7 @@ Test(partscope, chunk_duplicates_with_a_refused_increment, .timeout = 180)
                   payment(f_, "10", "ORD-G", "user-good", "1.00");
                   payment(f_, "11", "ORD-G", "user-good", "1.00");
                   payment(f_, "20", "ORD-H", "user-good", "2.00"));
-    pid_t m = th_stack_member(&stk, "m1", NULL);
+    pid_t m = member("m1");
     wait_committed(1, 60000);
     cr_expect_eq(th_stack_applied(&stk), 2);
     expect_balance("user-good", "300");
@@ -408,7 +423,7 @@ Test(partscope, chunk_duplicates_with_a_refused_increment, .timeout = 180)
     PRODUCE_LINES("again", payment(f_, "12", "ORD-G", "user-good", "1.00");
                   payment(f_, "20", "ORD-H", "user-good", "2.00");
                   payment(f_, "3", "ORD-A", "user-bad", "5.00"));
-    m = th_stack_member(&stk, "m2", NULL);
+    m = member("m2");
     wait_committed(1, 60000);
     cr_expect_eq(th_stack_applied(&stk), 2);
     expect_balance("user-good", "300");
@@ -432,7 +447,7 @@ Test(partscope, dlq_replay_then_reset_applies_once, .timeout = 240)
                   payment(f_, "10", "ORD-G", "user-good", "1.00");
                   payment(f_, "11", "ORD-G", "user-good", "1.00");
                   payment(f_, "20", "ORD-H", "user-good", "2.00"));
-    pid_t m = th_stack_member(&stk, "m1", NULL);
+    pid_t m = member("m1");
     wait_committed(2, 60000);
     cr_expect_eq(th_stack_applied(&stk), 2);
     th_recs_t dl = dead_letters();
@@ -478,7 +493,7 @@ Test(partscope, dlq_replay_then_reset_applies_once, .timeout = 240)
                  out, err);
     free(out);
     free(err);
-    m = th_stack_member(&stk, "m2", NULL);
+    m = member("m2");
     wait_committed(2, 60000);
     cr_expect_eq(th_stack_applied(&stk), 3);
     expect_balance("user-bad", "700");
