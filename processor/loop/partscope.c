@@ -24,6 +24,8 @@ struct idem_partscope_s {
     idem_parttables_t *tables; /* NULL until the group's hash key is read */
     int64_t window;            /* the last window Redis answered (-1) */
     int64_t expired_below;     /* windows below are dropped from tables */
+    int64_t redis_now;         /* Redis's TIME (s) when last read */
+    int64_t clock_read_ms;     /* our clock then (idem_now_ms) */
     uint64_t connections;      /* the store's connects when last seen */
     char run_id[48];           /* its server then */
     size_t cap;                /* scratch size (records) */
@@ -174,11 +176,18 @@ static int tables_ready(idem_partscope_t *ps, char *errstr, size_t errstr_size)
         ps->connections = idem_store_connections(ps->store);
         ps->window = -1;
     }
-    if (ps->window < 0) {
+    /* Redis's clock, at most once a second: the expiry of the tables
+     * follows it (a duplicate the table answers asks Redis nothing). */
+    int64_t ms = idem_now_ms();
+    if (ps->window < 0 || ms - ps->clock_read_ms >= 1000) {
         int64_t now;
         if (idem_partstate_now(ps->state, &now, errstr, errstr_size))
             return -1;
-        ps->window = now / idem_partstate_window_seconds(ps->state);
+        ps->clock_read_ms = ms;
+        ps->redis_now = now;
+        int64_t w = now / idem_partstate_window_seconds(ps->state);
+        if (w > ps->window)
+            ps->window = w;
     }
     return 0;
 }
@@ -314,8 +323,10 @@ int idem_partscope_submit(idem_partscope_t *ps, idem_record_t **recs,
      * (w + 1) * W + TTL; the start of the window Redis last answered is
      * at or before its clock, so nothing alive is dropped. */
     int64_t wsec = idem_partstate_window_seconds(ps->state);
-    int64_t min_w = idem_parttables_min_window(ps->window * wsec, wsec,
-                                               ps->conf->dedup_ttl_seconds);
+    int64_t clock_s =
+        ps->window * wsec > ps->redis_now ? ps->window * wsec : ps->redis_now;
+    int64_t min_w =
+        idem_parttables_min_window(clock_s, wsec, ps->conf->dedup_ttl_seconds);
     if (min_w > ps->expired_below) {
         idem_parttables_expire(ps->tables, min_w);
         ps->expired_below = min_w;
