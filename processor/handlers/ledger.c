@@ -18,6 +18,10 @@ extern const size_t idem_ledger_lua_len;
 /* Arguments per record: identity, message_id, currency, user_id, amount. */
 #define LEDGER_ARGS 5
 
+/* Amount texts kept for the records of one partition chunk: at least the
+ * largest chunk (loop/partscope.c's CHUNK_MAX). */
+#define LEDGER_RING 1024
+
 typedef struct {
     idem_store_t *store;
     int script;           /* idem_store_script_register's number */
@@ -25,6 +29,10 @@ typedef struct {
     idem_store_result_t *res;
     char (*nums)[24]; /* amounts as text, one per record of a send */
     size_t nums_next; /* the next of nums the args function fills */
+    int in_submit;    /* 1: the args function fills nums, else ring */
+    char (*ring)[24]; /* amounts of a partition chunk (redis/partstate.c
+                         formats each chunk before the next): reused */
+    size_t ring_next;
     size_t n, cap;
 } ledger_t;
 
@@ -45,7 +53,17 @@ static size_t ledger_args(const void *rec, const char **argv, size_t *argvlen,
     argv[3] = env->user_id;
     argvlen[3] = strlen(env->user_id);
     /* As "%" PRId64 would print it, without the cost of printf. */
-    char *num = l->nums[l->nums_next++], *e = num;
+    char *num, *e;
+    if (l->in_submit) {
+        num = l->nums[l->nums_next++];
+    } else {
+        /* A partition chunk's record (dedup.scope=partition): its text
+         * lives until the chunk is formatted, LEDGER_RING records later. */
+        if (!l->ring)
+            l->ring = idem_xcalloc(LEDGER_RING, sizeof(*l->ring));
+        num = l->ring[l->ring_next++ % LEDGER_RING];
+    }
+    e = num;
     int64_t v = env->amount_minor;
     if (v < 0)
         *e++ = '-';
@@ -91,8 +109,12 @@ static int ledger_submit(void *h, idem_record_t *const *recs, size_t n,
     }
     memcpy(l->recs, recs, n * sizeof(*recs));
     l->nums_next = 0;
-    if (idem_store_script_send(l->store, l->script, (const void *const *)recs,
-                               n, pos, npos, errstr, errstr_size))
+    l->in_submit = 1;
+    int rc =
+        idem_store_script_send(l->store, l->script, (const void *const *)recs,
+                               n, pos, npos, errstr, errstr_size);
+    l->in_submit = 0;
+    if (rc)
         return -1;
     l->n = n;
     return 0;
@@ -160,6 +182,7 @@ static void ledger_stop(void *h)
     free(l->recs);
     free(l->res);
     free(l->nums);
+    free(l->ring);
     free(l);
 }
 

@@ -3,6 +3,7 @@
 #include "loop/apply.h"
 #include "base/log.h"
 #include "base/util.h"
+#include "redis/rediskeys.h"
 
 #include <stdint.h>
 #include <stdio.h>
@@ -42,6 +43,60 @@ int idem_apply_start(idem_apply_t *a, const idem_handler_ops_t *ops,
         c.store = NULL; /* an external effect never touches Redis */
     if (!(a->h = ops->start(&c, errstr, errstr_size)))
         return -1;
+    a->ps_store = ctx->store;
+    if (!a->leased && ctx->conf && ctx->store &&
+        ctx->conf->dedup_scope == IDEM_DEDUP_SCOPE_PARTITION &&
+        !(a->ps =
+              idem_partscope_new(ctx->store, ctx->conf, errstr, errstr_size))) {
+        ops->stop(a->h);
+        a->h = NULL;
+        return -1;
+    }
+    return 0;
+}
+
+void idem_apply_partition_drop(idem_apply_t *a, const char *topic,
+                               int32_t partition)
+{
+    idem_partscope_drop(a->ps, topic, partition);
+}
+
+void idem_apply_partition_reset(idem_apply_t *a, const char *topic,
+                                int32_t partition)
+{
+    idem_partscope_reset(a->ps, topic, partition);
+}
+
+size_t idem_apply_table_bytes(const idem_apply_t *a)
+{
+    return idem_partscope_bytes(a->ps);
+}
+
+/* Under dedup.scope=partition: partition-path records answered by their
+ * chunks (in now[]), the rest to the handler's global script. */
+static int submit_partscope(idem_apply_t *a, idem_record_t **recs,
+                            idem_part_t *const *part, size_t n,
+                            const idem_store_pos_t *pos, size_t npos,
+                            size_t *taken, idem_result_t *now, size_t *nnow,
+                            char *errstr, size_t errstr_size)
+{
+    size_t rest, nrpos;
+    const idem_store_pos_t *rpos;
+    if (idem_partscope_submit(a->ps, recs, part, n, pos, npos, now, nnow, &rest,
+                              &rpos, &nrpos, errstr, errstr_size))
+        return -1;
+    if (!rest) {
+        /* No request for the handler: the positions no chunk carried are
+         * written on their own. */
+        if (nrpos && idem_store_positions_save(a->ps_store, rpos, nrpos, errstr,
+                                               errstr_size))
+            return -1;
+        return 0; /* the loop takes them as saved (nothing taken) */
+    }
+    if (a->ops->submit(a->h, recs, rest, rpos, nrpos, errstr, errstr_size))
+        return -1;
+    *taken = rest;
+    a->inflight += rest;
     return 0;
 }
 
@@ -76,6 +131,9 @@ int idem_apply_submit(idem_apply_t *a, const char *owner, idem_record_t **recs,
     *taken = *nnow = 0;
     if (!n)
         return 0;
+    if (a->ps)
+        return submit_partscope(a, recs, part, n, pos, npos, taken, now, nnow,
+                                errstr, errstr_size);
     if (!a->leased) {
         if (a->ops->submit(a->h, recs, n, pos, npos, errstr, errstr_size))
             return -1;
@@ -194,6 +252,8 @@ int idem_apply_fatal(idem_apply_t *a, char *errstr, size_t errstr_size)
 
 void idem_apply_stop(idem_apply_t *a)
 {
+    idem_partscope_destroy(a->ps);
+    a->ps = NULL;
     if (a->h)
         a->ops->stop(a->h);
     a->h = NULL;

@@ -17,6 +17,7 @@
 #include "loop/due.h"
 #include "loop/lease.h"
 #include "loop/offsets.h"
+#include "loop/partscope.h"
 
 typedef struct {
     const idem_handler_ops_t *ops; /* the handler (borrowed, static) */
@@ -35,6 +36,9 @@ typedef struct {
     idem_store_result_t *res;      /* scratch: what the store said */
     idem_lease_verdict_t *verdict; /* scratch: what a claim said */
     idem_part_t **noparts;         /* scratch: all NULL (key, partition) */
+    idem_partscope_t *ps;   /* dedup.scope=partition (in-Redis effect): the
+                               partition path; NULL: the handler takes all */
+    idem_store_t *ps_store; /* the store it writes positions to (borrowed) */
 } idem_apply_t;
 
 /* Starts ops's handler with ctx (borrowed: lives until stop). A leased
@@ -108,6 +112,17 @@ void idem_apply_forget(idem_apply_t *a);
 
 /* The handler's fatal (handler.h): 1 with errstr, else 0. */
 int idem_apply_fatal(idem_apply_t *a, char *errstr, size_t errstr_size);
+
+/* Under dedup.scope=partition: the partition's table goes (revoked,
+ * lost), or is loaded again before its next chunk (rewound, reset). No-ops
+ * otherwise. */
+void idem_apply_partition_drop(idem_apply_t *a, const char *topic,
+                               int32_t partition);
+void idem_apply_partition_reset(idem_apply_t *a, const char *topic,
+                                int32_t partition);
+
+/* Bytes of the partition tables (0 under dedup.scope=global). */
+size_t idem_apply_table_bytes(const idem_apply_t *a);
 
 /* Stops the handler and frees the scratch. Safe on a zeroed struct. */
 void idem_apply_stop(idem_apply_t *a);

@@ -288,9 +288,16 @@ static int handler_submit(idem_effects_t *fx, size_t n, char *errstr,
                 fx->rs[i]->store_sent = 1;
         return -1;
     }
-    for (size_t i = 0; i < npos; i++)
-        idem_offsets_find(fx->offs, pos[i].topic, pos[i].partition)->saving =
-            pos[i].offset;
+    for (size_t i = 0; i < npos; i++) {
+        idem_part_t *pt =
+            idem_offsets_find(fx->offs, pos[i].topic, pos[i].partition);
+        /* Nothing taken (dedup.scope=partition answered every record at
+         * once): the positions were written before submit returned. */
+        if (taken)
+            pt->saving = pos[i].offset;
+        else
+            pt->saved = pos[i].offset;
+    }
     for (size_t i = 0; i < taken; i++) {
         rec_t *r = fx->views[i]->loop;
         r->sent = 1;

@@ -312,6 +312,9 @@ static void before_rewind(void *ctx, const idem_part_t *pt)
     idem_effects_settle(&p->fx, idem_now_ms() + idem_loop_wait_budget_ms(p));
     idem_loop_batch_remove_if(p, rec_in_part, pt);
     idem_metrics_inflight_set(p->m, (int64_t)p->cnt);
+    /* dedup.scope=partition: its table is loaded again before its next
+     * chunk (the position it goes back to may be behind the marks). */
+    idem_apply_partition_reset(&p->apply, pt->topic, pt->partition);
 }
 
 /* Positions from Redis after a reconnect (positions.c), only with no
@@ -653,9 +656,12 @@ static void rebalance_cb(rd_kafka_t *rk, rd_kafka_resp_err_t err,
         }
         idem_effects_settle(&p->fx, idem_now_ms());
         batch_drop_partitions(p, parts);
-        for (int i = 0; i < parts->cnt; i++)
+        for (int i = 0; i < parts->cnt; i++) {
+            idem_apply_partition_drop(&p->apply, parts->elems[i].topic,
+                                      parts->elems[i].partition);
             idem_offsets_remove(&p->offs, parts->elems[i].topic,
                                 parts->elems[i].partition);
+        }
         idem_rebalance_unassign(rk, parts, rerr, sizeof(rerr));
         char cnt[16];
         snprintf(cnt, sizeof(cnt), "%d", parts->cnt);
@@ -840,16 +846,6 @@ idem_pipeline_t *idem_pipeline_new(const idem_conf_t *conf, idem_metrics_t *m,
         idem_handler_find(conf->handler, &arg, errstr, errstr_size);
     if (!hops)
         goto fail;
-    if (conf->dedup_scope == IDEM_DEDUP_SCOPE_PARTITION) {
-        /* The Redis side exists (redis/partstate.h); the loop's use of it
-         * does not yet: refuse rather than run the global layout under a
-         * setting that says otherwise. */
-        snprintf(errstr, errstr_size,
-                 "dedup.scope=partition: not run by this build yet (the "
-                 "member's partition tables are not built); use "
-                 "dedup.scope=global");
-        goto fail;
-    }
     if (conf->retry_tiers) {
         p->rt = idem_retrytopics_new(conf->input_topics, conf->retry_delays_ms,
                                      conf->retry_tiers);

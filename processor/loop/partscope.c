@@ -1,0 +1,528 @@
+/* partscope: records split by dedup path, partition chunks through the
+ * member's tables (partscope.h). */
+#include "loop/partscope.h"
+#include "base/log.h"
+#include "base/util.h"
+#include "loop/parttables.h"
+#include "loop/rec.h"
+#include "redis/partstate.h"
+
+#include <inttypes.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Records of one chunk at most: the ledger's arguments for a chunk are
+ * kept in a ring of this many (handlers/ledger.c). */
+#define CHUNK_MAX 1024
+
+struct idem_partscope_s {
+    idem_store_t *store;
+    const idem_conf_t *conf;
+    idem_partstate_t *state;
+    idem_parttables_t *tables; /* NULL until the group's hash key is read */
+    int64_t window;            /* the last window Redis answered (-1) */
+    int64_t expired_below;     /* windows below are dropped from tables */
+    int64_t redis_now;         /* Redis's TIME (s) when last read */
+    int64_t clock_read_ms;     /* our clock then (idem_now_ms) */
+    uint64_t connections;      /* the store's connects when last seen */
+    char run_id[48];           /* its server then */
+    size_t cap;                /* scratch size (records) */
+    idem_mark_t16 *marks;      /* per record: its mark */
+    int *path;                 /* per record: 0 rest, 1 chunk, 2 held
+                                  (in-chunk duplicate), 3 answered, 4 wait */
+    int64_t *w_taken;          /* per record: window it was taken in */
+    size_t *first;             /* per held record: the chunk record first */
+    idem_record_t **chunkrecs; /* scratch: records in chunk order */
+    size_t *chunk_at;          /* scratch: index in recs of each */
+    idem_partstate_result_t *res;
+    idem_mark_t16 *cmarks;  /* scratch: marks in chunk order */
+    idem_store_pos_t *rpos; /* positions for the handler */
+    size_t rpos_cap;
+    idem_store_pos_t *cpos; /* positions chunks carry */
+    idem_partstate_chunk_t *ch;
+    idem_partstate_result_t **chres;
+    int64_t *windows;
+    int *rcs;
+    idem_part_t **chpart; /* per chunk: its partition */
+    size_t ch_cap;
+};
+
+idem_partscope_t *idem_partscope_new(idem_store_t *store,
+                                     const idem_conf_t *conf, char *errstr,
+                                     size_t errstr_size)
+{
+    idem_partscope_t *ps = idem_xcalloc(1, sizeof(*ps));
+    ps->store = store;
+    ps->conf = conf;
+    ps->window = -1;
+    ps->expired_below = -1;
+    if (!(ps->state = idem_partstate_new(store, conf, errstr, errstr_size))) {
+        free(ps);
+        return NULL;
+    }
+    return ps;
+}
+
+void idem_partscope_destroy(idem_partscope_t *ps)
+{
+    if (!ps)
+        return;
+    idem_partstate_destroy(ps->state);
+    idem_parttables_destroy(ps->tables);
+    free(ps->marks);
+    free(ps->path);
+    free(ps->w_taken);
+    free(ps->first);
+    free(ps->chunkrecs);
+    free(ps->chunk_at);
+    free(ps->res);
+    free(ps->cmarks);
+    free(ps->rpos);
+    free(ps->cpos);
+    free(ps->ch);
+    free(ps->chres);
+    free(ps->windows);
+    free(ps->rcs);
+    free(ps->chpart);
+    free(ps);
+}
+
+void idem_partscope_drop(idem_partscope_t *ps, const char *topic,
+                         int32_t partition)
+{
+    if (ps && ps->tables)
+        idem_parttables_drop(ps->tables, topic, partition);
+}
+
+void idem_partscope_reset(idem_partscope_t *ps, const char *topic,
+                          int32_t partition)
+{
+    if (ps && ps->tables)
+        idem_parttables_reset(ps->tables, topic, partition);
+}
+
+size_t idem_partscope_bytes(const idem_partscope_t *ps)
+{
+    return ps && ps->tables ? idem_parttables_bytes(ps->tables) : 0;
+}
+
+static void reserve(idem_partscope_t *ps, size_t n, size_t npos)
+{
+    if (ps->cap < n) {
+        ps->cap = n;
+        ps->marks = idem_xrealloc(ps->marks, n * sizeof(*ps->marks));
+        ps->path = idem_xrealloc(ps->path, n * sizeof(*ps->path));
+        ps->w_taken = idem_xrealloc(ps->w_taken, n * sizeof(*ps->w_taken));
+        ps->first = idem_xrealloc(ps->first, n * sizeof(*ps->first));
+        ps->chunkrecs =
+            idem_xrealloc(ps->chunkrecs, n * sizeof(*ps->chunkrecs));
+        ps->chunk_at = idem_xrealloc(ps->chunk_at, n * sizeof(*ps->chunk_at));
+        ps->res = idem_xrealloc(ps->res, n * sizeof(*ps->res));
+        ps->cmarks = idem_xrealloc(ps->cmarks, n * sizeof(*ps->cmarks));
+    }
+    /* Chunks: at most one per record, plus none. */
+    size_t k = n + 1;
+    if (ps->ch_cap < k) {
+        ps->ch_cap = k;
+        ps->ch = idem_xrealloc(ps->ch, k * sizeof(*ps->ch));
+        ps->chres = idem_xrealloc(ps->chres, k * sizeof(*ps->chres));
+        ps->windows = idem_xrealloc(ps->windows, k * sizeof(*ps->windows));
+        ps->rcs = idem_xrealloc(ps->rcs, k * sizeof(*ps->rcs));
+        ps->chpart = idem_xrealloc(ps->chpart, k * sizeof(*ps->chpart));
+        ps->cpos = idem_xrealloc(ps->cpos, k * sizeof(*ps->cpos));
+    }
+    if (ps->rpos_cap < npos + 1) {
+        ps->rpos_cap = npos + 1;
+        ps->rpos = idem_xrealloc(ps->rpos, ps->rpos_cap * sizeof(*ps->rpos));
+    }
+}
+
+/* The group's hash key and the tables, once; Redis's window. */
+static int tables_ready(idem_partscope_t *ps, char *errstr, size_t errstr_size)
+{
+    if (!ps->tables) {
+        uint8_t key[16];
+        if (idem_partstate_hashkey(ps->state, key, errstr, errstr_size))
+            return -1;
+        ps->tables =
+            idem_parttables_new(key, (size_t)ps->conf->dedup_memory_max);
+        if (!ps->tables) {
+            snprintf(errstr, errstr_size, "partition tables: out of memory");
+            return -1;
+        }
+    }
+    /* A new connection may be a server that lost writes (a restart, a
+     * failover): marks the tables hold may have effects that are gone.
+     * Every table is loaded again. */
+    uint64_t c = idem_store_connections(ps->store);
+    if (c != ps->connections) {
+        if (ps->connections)
+            idem_log_kv(IDEM_LOG_INFO,
+                        "redis connection renewed: partition tables are "
+                        "loaded again",
+                        "run_id", idem_store_run_id(ps->store), NULL);
+        idem_parttables_destroy(ps->tables);
+        uint8_t key[16];
+        if (idem_partstate_hashkey(ps->state, key, errstr, errstr_size))
+            return -1;
+        ps->tables =
+            idem_parttables_new(key, (size_t)ps->conf->dedup_memory_max);
+        if (!ps->tables) {
+            snprintf(errstr, errstr_size, "partition tables: out of memory");
+            return -1;
+        }
+        ps->connections = idem_store_connections(ps->store);
+        ps->window = -1;
+    }
+    /* Redis's clock, at most once a second: the expiry of the tables
+     * follows it (a duplicate the table answers asks Redis nothing). */
+    int64_t ms = idem_now_ms();
+    if (ps->window < 0 || ms - ps->clock_read_ms >= 1000) {
+        int64_t now;
+        if (idem_partstate_now(ps->state, &now, errstr, errstr_size))
+            return -1;
+        ps->clock_read_ms = ms;
+        ps->redis_now = now;
+        int64_t w = now / idem_partstate_window_seconds(ps->state);
+        if (w > ps->window)
+            ps->window = w;
+    }
+    return 0;
+}
+
+typedef struct {
+    idem_partscope_t *ps;
+    const char *topic;
+    int32_t partition;
+    int rc;
+} load_t;
+
+static int load_marks(const uint8_t *marks, size_t n, int64_t window,
+                      void *opaque)
+{
+    load_t *l = opaque;
+    l->rc = idem_parttables_load(l->ps->tables, l->topic, l->partition, marks,
+                                 n, window);
+    return l->rc ? 1 : 0;
+}
+
+/* A new owner's (or a reset table's) load: the epoch bump first, so a
+ * previous owner's chunks are refused from then on, then the position
+ * Redis holds (the next chunk's start), then the marks. */
+static int part_load(idem_partscope_t *ps, idem_part_t *pt, char *errstr,
+                     size_t errstr_size)
+{
+    int64_t epoch;
+    if (idem_partstate_epoch_bump(ps->state, pt->topic, pt->partition, &epoch,
+                                  errstr, errstr_size))
+        return -1;
+    idem_store_pos_t pos = {.topic = pt->topic, .partition = pt->partition};
+    if (idem_store_positions_load(ps->store, &pos, 1, errstr, errstr_size))
+        return -1;
+    if (pos.offset != pt->saved) {
+        char a[24], b[24], part[16];
+        snprintf(a, sizeof(a), "%" PRId64, pt->saved);
+        snprintf(b, sizeof(b), "%" PRId64, pos.offset);
+        snprintf(part, sizeof(part), "%" PRId32, pt->partition);
+        idem_log_kv(IDEM_LOG_INFO,
+                    "partition table load: the position redis holds is the "
+                    "next chunk's start",
+                    "topic", pt->topic, "partition", part, "believed", a,
+                    "redis", b, NULL);
+        pt->saved = pos.offset;
+    }
+    if (idem_parttables_assign(ps->tables, pt->topic, pt->partition, epoch)) {
+        snprintf(errstr, errstr_size, "partition table: out of memory");
+        return -1;
+    }
+    load_t l = {ps, pt->topic, pt->partition, 0};
+    size_t pieces = 0;
+    if (idem_partstate_load(ps->state, pt->topic, pt->partition, 0, load_marks,
+                            &l, &pieces, errstr, errstr_size)) {
+        if (l.rc == -2)
+            snprintf(errstr, errstr_size,
+                     "dedup.memory.max reached: the table of %s/%" PRId32
+                     " alone does not fit in %" PRId64 " bytes",
+                     pt->topic, pt->partition, ps->conf->dedup_memory_max);
+        else if (l.rc)
+            snprintf(errstr, errstr_size, "partition table: out of memory");
+        idem_parttables_reset(ps->tables, pt->topic, pt->partition);
+        return -1;
+    }
+    idem_parttables_loaded(ps->tables, pt->topic, pt->partition);
+    char part[16], cnt[24];
+    snprintf(part, sizeof(part), "%" PRId32, pt->partition);
+    snprintf(cnt, sizeof(cnt), "%zu",
+             idem_parttables_count(ps->tables, pt->topic, pt->partition));
+    idem_log_kv(IDEM_LOG_DEBUG, "partition table loaded", "topic", pt->topic,
+                "partition", part, "marks", cnt, NULL);
+    return 0;
+}
+
+static int replayed(const idem_record_t *r)
+{
+    const void *v;
+    size_t len;
+    return r->headers &&
+           !rd_kafka_header_get_last((rd_kafka_headers_t *)r->headers,
+                                     "dlq.replayed.from", &v, &len);
+}
+
+static idem_part_path_t rec_path(const idem_record_t *r)
+{
+    const rec_t *lr = r->loop;
+    size_t key_len = r->msg && r->msg->key ? r->msg->key_len : 0;
+    return idem_parttables_path(lr && lr->tier > 0, replayed(r), key_len);
+}
+
+/* The message id's digest in a mark (its last 4 bytes, moved bit off). */
+static uint32_t mark_digest(const idem_mark_t16 *m)
+{
+    return ((uint32_t)(m->b[12] & 0x7f) << 24) | ((uint32_t)m->b[13] << 16) |
+           ((uint32_t)m->b[14] << 8) | m->b[15];
+}
+
+static void answer_duplicate(idem_result_t *r, idem_record_t *rec,
+                             uint32_t prior, const idem_mark_t16 *own)
+{
+    idem_result_set(r, rec, IDEM_RESULT_DUPLICATE, NULL);
+    /* The table holds the first's digest, not its id: the same digest is
+     * told as the same message (a redelivery). */
+    r->prior_mid_len = 0;
+    r->prior_mid[0] = '\0';
+    if (rec->message_id_len && prior == mark_digest(own) &&
+        rec->message_id_len < sizeof(r->prior_mid)) {
+        memcpy(r->prior_mid, rec->message_id, rec->message_id_len);
+        r->prior_mid[rec->message_id_len] = '\0';
+        r->prior_mid_len = rec->message_id_len;
+    }
+}
+
+/* Resets every partition of a failed request's chunks. */
+static void reset_chunks(idem_partscope_t *ps, size_t k)
+{
+    for (size_t c = 0; c < k; c++)
+        idem_parttables_reset(ps->tables, ps->ch[c].topic, ps->ch[c].partition);
+}
+
+int idem_partscope_submit(idem_partscope_t *ps, idem_record_t **recs,
+                          idem_part_t *const *part, size_t n,
+                          const idem_store_pos_t *pos, size_t npos,
+                          idem_result_t *now, size_t *nnow, size_t *nrest,
+                          const idem_store_pos_t **rpos, size_t *nrpos,
+                          char *errstr, size_t errstr_size)
+{
+    *nnow = *nrest = *nrpos = 0;
+    *rpos = NULL;
+    reserve(ps, n, npos);
+    if (tables_ready(ps, errstr, errstr_size))
+        return -1;
+    /* Expiry by Redis's window: a chunk of window w lives until
+     * (w + 1) * W + TTL; the start of the window Redis last answered is
+     * at or before its clock, so nothing alive is dropped. */
+    int64_t wsec = idem_partstate_window_seconds(ps->state);
+    int64_t clock_s =
+        ps->window * wsec > ps->redis_now ? ps->window * wsec : ps->redis_now;
+    int64_t min_w =
+        idem_parttables_min_window(clock_s, wsec, ps->conf->dedup_ttl_seconds);
+    if (min_w > ps->expired_below) {
+        idem_parttables_expire(ps->tables, min_w);
+        ps->expired_below = min_w;
+    }
+    /* Which path each record takes; a partition's table is loaded before
+     * its first lookup. */
+    int full = 0;
+    for (size_t i = 0; i < n; i++) {
+        idem_record_t *r = recs[i];
+        idem_part_t *pt = part[i];
+        ps->path[i] = 0;
+        if (!pt || rec_path(r) != IDEM_PART_PATH_PARTITION)
+            continue;
+        idem_parttables_mark(ps->tables, r->identity, r->identity_len,
+                             r->message_id, r->message_id_len, &ps->marks[i]);
+        if (!idem_parttables_ready(ps->tables, pt->topic, pt->partition,
+                                   NULL) &&
+            part_load(ps, pt, errstr, errstr_size)) {
+            /* Records taken so far are only optimistic entries: reset. */
+            for (size_t j = 0; j < i; j++)
+                if (part[j] && ps->path[j] == 1)
+                    idem_parttables_reset(ps->tables, part[j]->topic,
+                                          part[j]->partition);
+            *nnow = 0;
+            return -1;
+        }
+        uint32_t prior = 0;
+        ps->w_taken[i] = ps->window;
+        switch (idem_parttables_take(ps->tables, pt->topic, pt->partition,
+                                     &ps->marks[i], ps->window, &prior)) {
+        case IDEM_PART_NEW:
+            ps->path[i] = 1;
+            break;
+        case IDEM_PART_DUPLICATE: {
+            /* A first of this identity in this very request waits for
+             * its chunk's answer (a refused first is no done mark). */
+            size_t f = i;
+            for (size_t j = 0; j < i && f == i; j++)
+                if (ps->path[j] == 1 && part[j] == pt &&
+                    !memcmp(ps->marks[j].b, ps->marks[i].b, 12))
+                    f = j;
+            if (f != i) {
+                ps->path[i] = 2;
+                ps->first[i] = f;
+            } else {
+                ps->path[i] = 3;
+                answer_duplicate(&now[(*nnow)++], r, prior, &ps->marks[i]);
+            }
+            break;
+        }
+        case IDEM_PART_MOVED: /* it left the partition once: global */
+            break;
+        case IDEM_PART_NOT_READY:
+        case IDEM_PART_NOMEM:
+            ps->path[i] = 4;
+            full = 1;
+            break;
+        }
+    }
+    /* Chunks: per partition, its records in poll order (at most
+     * CHUNK_MAX each; only the last carries the position). */
+    size_t k = 0, nc = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (ps->path[i] != 1)
+            continue;
+        idem_part_t *pt = part[i];
+        /* Already chunked (as part of an earlier partition's pass)? */
+        int seen = 0;
+        for (size_t c = 0; c < k && !seen; c++)
+            seen = ps->chpart[c] == pt;
+        if (seen)
+            continue;
+        int64_t epoch = 0;
+        idem_parttables_ready(ps->tables, pt->topic, pt->partition, &epoch);
+        size_t start = nc;
+        for (size_t j = i; j < n; j++) {
+            if (ps->path[j] != 1 || part[j] != pt)
+                continue;
+            if (nc - start == CHUNK_MAX) {
+                idem_partstate_chunk_t *c = &ps->ch[k];
+                memset(c, 0, sizeof(*c));
+                c->topic = pt->topic;
+                c->partition = pt->partition;
+                c->epoch = epoch;
+                c->expect_offset = pt->saved;
+                c->recs = (const void *const *)&ps->chunkrecs[start];
+                c->n = nc - start;
+                ps->chpart[k++] = pt;
+                start = nc;
+            }
+            ps->chunkrecs[nc] = recs[j];
+            ps->chunk_at[nc++] = j;
+        }
+        idem_partstate_chunk_t *c = &ps->ch[k];
+        memset(c, 0, sizeof(*c));
+        c->topic = pt->topic;
+        c->partition = pt->partition;
+        c->epoch = epoch;
+        c->expect_offset = pt->saved;
+        c->recs = (const void *const *)&ps->chunkrecs[start];
+        c->n = nc - start;
+        for (size_t q = 0; q < npos; q++)
+            if (pos[q].partition == pt->partition &&
+                !strcmp(pos[q].topic, pt->topic)) {
+                ps->cpos[k] = pos[q];
+                c->newpos = &ps->cpos[k];
+            }
+        ps->chpart[k++] = pt;
+    }
+    /* Marks in chunk order, results per chunk. */
+    idem_mark_t16 *cm = ps->cmarks;
+    for (size_t q = 0; q < nc; q++)
+        cm[q] = ps->marks[ps->chunk_at[q]];
+    for (size_t c = 0, at = 0; c < k; c++) {
+        ps->ch[c].marks = (const uint8_t(*)[IDEM_PARTSTATE_MARK])cm[at].b;
+        ps->chres[c] = &ps->res[at];
+        at += ps->ch[c].n;
+    }
+    if (k) {
+        /* A chunk whose expected start is not Redis's gets POSITION; a
+         * chunk of a partition Redis holds no position for is not sent. */
+        int rc =
+            idem_partstate_chunks(ps->state, ps->ch, k, ps->chres, ps->windows,
+                                  ps->rcs, errstr, errstr_size);
+        if (rc) {
+            reset_chunks(ps, k);
+            *nnow = 0;
+            return -1;
+        }
+        int failed = 0;
+        for (size_t c = 0, at = 0; c < k; at += ps->ch[c].n, c++) {
+            idem_partstate_chunk_t *ch = &ps->ch[c];
+            if (ps->rcs[c]) {
+                idem_parttables_reset(ps->tables, ch->topic, ch->partition);
+                failed = 1;
+                continue;
+            }
+            if (ps->windows[c] > ps->window)
+                ps->window = ps->windows[c];
+            for (size_t q = 0; q < ch->n; q++) {
+                size_t i = ps->chunk_at[at + q];
+                const idem_partstate_result_t *res = &ps->res[at + q];
+                int rej = res->outcome == IDEM_PARTSTATE_REJECTED;
+                if (idem_parttables_settle(ps->tables, ch->topic, ch->partition,
+                                           &ps->marks[i], ps->w_taken[i],
+                                           ps->windows[c], rej))
+                    idem_parttables_reset(ps->tables, ch->topic, ch->partition);
+                ps->path[i] = rej ? 6 : 5; /* 5 done, 6 refused */
+                if (rej)
+                    idem_result_set(&now[(*nnow)++], recs[i],
+                                    IDEM_RESULT_REJECT, "%s", res->detail);
+                else
+                    idem_result_set(&now[(*nnow)++], recs[i], IDEM_RESULT_DONE,
+                                    NULL);
+            }
+            if (ch->newpos)
+                ps->chpart[c]->saved = ch->newpos->offset;
+        }
+        if (failed) {
+            /* Records of the failed chunks stay due (sent again once the
+             * table is loaded again); the others were answered. */
+            for (size_t i = 0; i < n; i++)
+                if (ps->path[i] == 2 && ps->path[ps->first[i]] == 5)
+                    answer_duplicate(&now[(*nnow)++], recs[i],
+                                     mark_digest(&ps->marks[ps->first[i]]),
+                                     &ps->marks[i]);
+            return -1;
+        }
+    }
+    /* Held duplicates of a first in this request: a duplicate when it was
+     * applied; due again when it was refused (its moved mark then sends
+     * it the global way). */
+    for (size_t i = 0; i < n; i++)
+        if (ps->path[i] == 2 && ps->path[ps->first[i]] == 5)
+            answer_duplicate(&now[(*nnow)++], recs[i],
+                             mark_digest(&ps->marks[ps->first[i]]),
+                             &ps->marks[i]);
+    if (full) {
+        snprintf(errstr, errstr_size,
+                 "dedup.memory.max reached (%zu bytes in partition tables)",
+                 idem_parttables_bytes(ps->tables));
+        return -1;
+    }
+    /* The rest for the handler, with the positions no chunk carried. */
+    for (size_t i = 0; i < n; i++)
+        if (ps->path[i] == 0)
+            recs[(*nrest)++] = recs[i];
+    for (size_t q = 0; q < npos; q++) {
+        int carried = 0;
+        for (size_t c = 0; c < k && !carried; c++)
+            carried = ps->ch[c].newpos &&
+                      ps->ch[c].partition == pos[q].partition &&
+                      !strcmp(ps->ch[c].topic, pos[q].topic);
+        if (!carried)
+            ps->rpos[(*nrpos)++] = pos[q];
+    }
+    *rpos = ps->rpos;
+    return 0;
+}

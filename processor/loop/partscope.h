@@ -1,0 +1,56 @@
+/* partscope: the in-Redis effect under dedup.scope=partition (docs/
+ * design.md, "Dedup state layout"): records on a partition's path are
+ * looked up in the member's table (parttables.h) and sent as that
+ * partition's chunks (redis/partstate.h); the rest (retry topics, replays,
+ * keyless records, identities marked moved) go back to the handler's
+ * global script. A table is loaded before its partition's first chunk
+ * (epoch bump, then the marks), and dropped and loaded again whenever it
+ * cannot be trusted. */
+#ifndef IDEM_PARTSCOPE_H
+#define IDEM_PARTSCOPE_H
+
+#include <stddef.h>
+
+#include "conf/conf.h"
+#include "effect/handler.h"
+#include "loop/offsets.h"
+#include "redis/store.h"
+
+typedef struct idem_partscope_s idem_partscope_t;
+
+/* For store (borrowed; an effect registered) and conf (borrowed). NULL
+ * with errstr. Free with idem_partscope_destroy (NULL is a no-op). */
+idem_partscope_t *idem_partscope_new(idem_store_t *store,
+                                     const idem_conf_t *conf, char *errstr,
+                                     size_t errstr_size);
+void idem_partscope_destroy(idem_partscope_t *ps);
+
+/* Takes recs[n] (part[i] the partition of record i) with the positions
+ * due pos[npos]. Records on a partition path are answered in now[]
+ * (*nnow; DONE, DUPLICATE, REJECT), or left for the next pass; the rest
+ * are moved to recs[0..*nrest) for the handler, with the positions no
+ * chunk carried in *rpos[0..*nrpos) (scratch, valid until the next call).
+ * A partition whose chunk carried its position gets part->saved set.
+ * Returns 0, or -1 with errstr (an outage: a chunk failed, was fenced or
+ * found another position, or dedup.memory.max was reached; the tables
+ * concerned were reset; nothing is left for the handler). */
+int idem_partscope_submit(idem_partscope_t *ps, idem_record_t **recs,
+                          idem_part_t *const *part, size_t n,
+                          const idem_store_pos_t *pos, size_t npos,
+                          idem_result_t *now, size_t *nnow, size_t *nrest,
+                          const idem_store_pos_t **rpos, size_t *nrpos,
+                          char *errstr, size_t errstr_size);
+
+/* Revoked or lost: the partition's table goes. */
+void idem_partscope_drop(idem_partscope_t *ps, const char *topic,
+                         int32_t partition);
+
+/* The partition is read again from another place (a rewind, offsets
+ * reset): its table is loaded again before its next chunk. */
+void idem_partscope_reset(idem_partscope_t *ps, const char *topic,
+                          int32_t partition);
+
+/* Bytes the tables hold. */
+size_t idem_partscope_bytes(const idem_partscope_t *ps);
+
+#endif

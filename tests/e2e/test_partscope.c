@@ -1,0 +1,506 @@
+/* test_partscope: the traps of the partition-scoped dedup layout
+ * (dedup.scope=partition with handler=ledger; docs/design.md, "Dedup state
+ * layout"), each with real members, the embedded broker and a real Redis:
+ * a zombie owner fenced, an AOF tail lost twice under a member that holds
+ * the marks, window expiry, duplicates inside one chunk with a refused
+ * increment, and a dead letter replayed and then read again after an
+ * offsets reset. Every case checks the ledger to the cent. */
+#include "harness.h"
+
+#include <criterion/criterion.h>
+#include <dirent.h>
+#include <librdkafka/rdkafka.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+/* At file scope (see test_pipeline.c): the suite's .fini needs it. */
+static th_stack_t stk;
+
+TestSuite(partscope, .fini = th_stack_cleanup);
+
+#define PARTSCOPE_PROPS                                                        \
+    "dedup.scope=partition", "handler=ledger", "batch.max.messages=100"
+
+/* Runs `idemproc <cmd> <verb> -c <conf>` plus args (NULL-terminated);
+ * returns the exit code, *out / *err (may be NULL; caller frees). */
+static int cli(const char *cmd, const char *verb, const char *const args[],
+               char **out, char **err)
+{
+    char *argv[32] = {(char *)th_bin(), (char *)cmd, (char *)verb, "-c",
+                      stk.conf};
+    int n = 5;
+    for (int i = 0; args && args[i] && n < 31; i++)
+        argv[n++] = (char *)args[i];
+    argv[n] = NULL;
+    return th_run(argv, out, err, 60000);
+}
+
+/* A Redis reply as a number (0 when nil). */
+static long redis_num(const char *const args[])
+{
+    char *out = th_redis_cli(&stk.redis, args);
+    long v = out ? atol(out) : 0;
+    free(out);
+    return v;
+}
+
+/* HGET of the EUR ledger for user (caller frees; "" when none). */
+static char *balance(const char *user)
+{
+    const char *args[] = {"HGET", "idemproc:ledger:EUR", user, NULL};
+    char *out = th_redis_cli(&stk.redis, args);
+    return out ? out : strdup("");
+}
+
+static void expect_balance(const char *user, const char *want)
+{
+    char *got = balance(user);
+    cr_expect_str_eq(got, want, "balance of %s", user);
+    free(got);
+}
+
+/* How many keys of the partition layout the group has in Redis: proves
+ * the member wrote partition-scoped state, not today's global marks. */
+static long partscope_keys(void)
+{
+    const char *args[] = {"EVAL", "return #redis.call('KEYS', ARGV[1])", "0",
+                          "idemproc:st{test-group:payments:*", NULL};
+    return redis_num(args);
+}
+
+static long epoch_of(int partition)
+{
+    char key[128];
+    snprintf(key, sizeof(key), "idemproc:st{test-group:payments:%d}:epoch",
+             partition);
+    const char *args[] = {"GET", key, NULL};
+    return redis_num(args);
+}
+
+/* Whether test-group committed every partition of `payments` to its end
+ * (so every record read has its outcome). */
+static int committed_to_end(int partitions)
+{
+    char err[512];
+    rd_kafka_conf_t *kc = rd_kafka_conf_new();
+    rd_kafka_conf_set(kc, "bootstrap.servers", stk.broker.bootstrap, err,
+                      sizeof(err));
+    rd_kafka_conf_set(kc, "group.id", "test-group", err, sizeof(err));
+    rd_kafka_t *rk = rd_kafka_new(RD_KAFKA_CONSUMER, kc, err, sizeof(err));
+    cr_assert(rk, "%s", err);
+    rd_kafka_topic_partition_list_t *l =
+        rd_kafka_topic_partition_list_new(partitions);
+    for (int p = 0; p < partitions; p++)
+        rd_kafka_topic_partition_list_add(l, "payments", p);
+    int done = rd_kafka_committed(rk, l, 10000) == 0;
+    for (int i = 0; done && i < l->cnt; i++) {
+        int64_t lo, hi;
+        done = rd_kafka_query_watermark_offsets(rk, "payments", i, &lo, &hi,
+                                                10000) == 0 &&
+               l->elems[i].offset >= hi;
+    }
+    rd_kafka_topic_partition_list_destroy(l);
+    rd_kafka_destroy(rk);
+    return done;
+}
+
+static void wait_committed(int partitions, int timeout_ms)
+{
+    for (int t = 0; t < timeout_ms && !committed_to_end(partitions); t += 100)
+        usleep(100000);
+    cr_assert(committed_to_end(partitions),
+              "the member never finished the input");
+}
+
+/* Starts member `name` and fails at once, with its log, when it exits
+ * during its first 1.5 s (a refused setting) instead of letting the test
+ * wait for records that will never be applied. */
+static pid_t member(const char *name)
+{
+    pid_t pid = th_stack_member(&stk, name, NULL);
+    cr_assert_gt(pid, 0);
+    int rc = th_wait(pid, 1500);
+    if (rc != -1) {
+        char *log = th_stack_member_log(&stk, name);
+        cr_assert_fail("member %s exited (%d) at start:\n%s", name, rc, log);
+    }
+    return pid;
+}
+
+/* One payment as a JSON line (EUR; key: its order_id). */
+static void payment(FILE *f, const char *mid, const char *order,
+                    const char *user, const char *amount)
+{
+    fprintf(f,
+            "{\"message_id\":\"00000000-0000-4000-8000-%012d\","
+            "\"idempotency_key\":\"payment-%s\",\"order_id\":\"%s\","
+            "\"user_id\":\"%s\",\"amount\":%s,\"currency\":\"EUR\"}\n",
+            atoi(mid), order, order, user, amount);
+}
+
+/* Sends the lines of `text` (a JSON line each) to payments, keyed by
+ * order_id. */
+static void produce_text(const char *name, const char *text)
+{
+    char path[700];
+    snprintf(path, sizeof(path), "%s/%s.jsonl", stk.dir, name);
+    cr_assert_eq(th_write_file(path, text), 0);
+    char *argv[] = {(char *)th_bin(),
+                    "produce",
+                    "-b",
+                    stk.broker.bootstrap,
+                    "-t",
+                    "payments",
+                    "--input",
+                    path,
+                    NULL};
+    char *err = NULL;
+    int rc = th_run(argv, NULL, &err, 60000);
+    cr_assert_eq(rc, 0, "produce: %s", err);
+    free(err);
+}
+
+/* Builds lines with payment() into a memory buffer, then sends them. */
+#define PRODUCE_LINES(name, ...)                                               \
+    do {                                                                       \
+        char *buf_ = NULL;                                                     \
+        size_t len_ = 0;                                                       \
+        FILE *f_ = open_memstream(&buf_, &len_);                               \
+        cr_assert(f_);                                                         \
+        __VA_ARGS__;                                                           \
+        fclose(f_);                                                            \
+        produce_text((name), buf_);                                            \
+        free(buf_);                                                            \
+    } while (0)
+
+/* The dead letters' values (a record per line; caller frees). */
+static th_recs_t dead_letters(void)
+{
+    return th_topic_read(stk.broker.bootstrap, "payments.dlq");
+}
+
+/* A zombie owner: member A is stopped (SIGSTOP) with records in hand while
+ * traffic flows, past the session timeout; B takes every partition (a new
+ * epoch each) and applies; then A runs again and sends what it held under
+ * its old epoch. The chunk script must refuse it (FENCED): nothing is
+ * applied twice, the ledger is exact. */
+Test(partscope, zombie_owner_is_fenced, .timeout = 300)
+{
+    const char *props[] = {PARTSCOPE_PROPS, NULL};
+    cr_assert_eq(th_stack_start(&stk, 4, props), 0);
+    char *argv[] = {(char *)th_bin(),
+                    "produce",
+                    "-b",
+                    stk.broker.bootstrap,
+                    "-t",
+                    "payments",
+                    "--expect",
+                    stk.expect,
+                    "--count",
+                    "16000",
+                    "--duplicates",
+                    "0.1",
+                    "--seed",
+                    "2424",
+                    "--rate",
+                    "1500",
+                    NULL};
+    pid_t prod = th_spawn(argv, NULL, NULL, NULL);
+    cr_assert_gt(prod, 0);
+    pid_t a = member("ma");
+    cr_assert_eq(th_stack_wait_applied(&stk, 1500, 90000), 0);
+    cr_assert_eq(kill(a, SIGSTOP), 0);
+    long at_stop = th_stack_applied(&stk);
+    long epochs_before = 0;
+    for (int p = 0; p < 4; p++)
+        epochs_before += epoch_of(p);
+    cr_expect_geq(epochs_before, 4, "A bumped no epoch at assignment");
+
+    pid_t b = member("mb");
+    /* B owns the partitions once A's session expired (6 s). */
+    cr_assert_eq(th_stack_wait_applied(&stk, at_stop + 3000, 120000), 0,
+                 "B never took over from the stopped A");
+    for (int p = 0; p < 4; p++)
+        cr_expect_geq(epoch_of(p), 2, "partition %d: no new owner epoch", p);
+    cr_assert_eq(kill(a, SIGCONT), 0);
+
+    cr_assert_eq(th_wait(prod, 120000), 0, "produce failed");
+    TH_ASSERT_VERIFIED(&stk, 0, NULL, 150000);
+    cr_expect_gt(partscope_keys(), 0, "no partition-scoped state in Redis");
+    cr_log_info("A's log: %d fenced", th_stack_log_count(&stk, "ma", "fenced"));
+    cr_expect_eq(th_stop(b, 15000), 0);
+    cr_expect_eq(th_stop(a, 15000), 0);
+    th_stack_stop(&stk);
+}
+
+/* AOF on with an fsync per write, the first rewrite done. */
+static void aof_on(th_redis_t *r)
+{
+    const char *aof[] = {"CONFIG", "SET", "appendonly", "yes", NULL};
+    th_redis_ok(r, aof);
+    const char *fsync[] = {"CONFIG", "SET", "appendfsync", "always", NULL};
+    th_redis_ok(r, fsync);
+    for (int t = 0; t < 100; t++) {
+        if (th_redis_info(r, "aof_rewrite_in_progress") == 0 &&
+            th_redis_info(r, "aof_rewrite_scheduled") == 0)
+            break;
+        usleep(100000);
+    }
+    r->extra[0] = "--appendonly";
+    r->extra[1] = "yes";
+    r->extra[2] = "--appendfsync";
+    r->extra[3] = "always";
+}
+
+/* kill -9, then the newest incr AOF cut in the middle of its last HINCRBY
+ * (a torn write: that chunk's effects, marks and position are lost), then
+ * a restart from the AOF on the same port. Returns the bytes cut. */
+static long redis_crash_cut_tail(th_redis_t *r)
+{
+    kill(r->pid, SIGKILL);
+    th_wait(r->pid, 5000);
+    r->pid = 0;
+    char adir[600], path[900] = "";
+    snprintf(adir, sizeof(adir), "%s/appendonlydir", r->dir);
+    DIR *d = opendir(adir);
+    cr_assert(d, "no %s", adir);
+    long best = -1;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        const char *at = strstr(e->d_name, ".aof.");
+        if (!at || !strstr(e->d_name, ".incr.aof"))
+            continue;
+        if (atol(at + 5) > best) {
+            best = atol(at + 5);
+            snprintf(path, sizeof(path), "%s/%s", adir, e->d_name);
+        }
+    }
+    closedir(d);
+    cr_assert_geq(best, 0, "no incr AOF in %s", adir);
+    size_t len = 0;
+    char *buf = th_slurp(path, &len);
+    cr_assert(buf, "cannot read %s", path);
+    const char *needle = "$7\r\nHINCRBY\r\n";
+    long last = -1;
+    for (const char *p = buf;
+         (p = memmem(p, len - (size_t)(p - buf), needle, strlen(needle))); p++)
+        last = p - buf;
+    free(buf);
+    cr_assert_geq(last, 0, "no HINCRBY in %s", path);
+    long cut = last + 6; /* inside the command's name */
+    cr_assert_eq(truncate(path, cut), 0);
+    cr_assert_eq(th_redis_restart(r), 0);
+    return (long)len - cut;
+}
+
+/* Redis killed with its AOF's tail cut, twice: once while the member
+ * works, once when it is idle (every record committed in Kafka). The
+ * member still holds marks of records whose effects Redis lost: it must
+ * drop its table and load it again from Redis (whose run_id changed), go
+ * back to Redis's position and apply those records again. Exact after
+ * each, and after a third, clean restart. */
+Test(partscope, aof_tail_lost_twice_table_reloaded, .timeout = 360)
+{
+    const char *props[] = {PARTSCOPE_PROPS, NULL};
+    cr_assert_eq(th_stack_start(&stk, 2, props), 0);
+    aof_on(&stk.redis);
+    const char *traffic[] = {
+        "--count", "12000", "--duplicates", "0.1", "--seed", "2425", NULL};
+    cr_assert_eq(th_stack_produce(&stk, traffic), 0);
+    long unique = th_stack_expect_unique(&stk);
+    pid_t m = member("m1");
+    cr_assert_eq(th_stack_wait_applied(&stk, unique / 3, 90000), 0);
+
+    cr_log_info("cut %ld bytes", redis_crash_cut_tail(&stk.redis));
+    long after = th_stack_applied(&stk);
+    cr_expect_lt(after, unique, "Redis lost nothing: the test proves nothing");
+    TH_ASSERT_VERIFIED(&stk, 0, NULL, 150000);
+    cr_expect_gt(partscope_keys(), 0, "no partition-scoped state in Redis");
+
+    /* Idle now: the cut takes effects whose records Kafka has as
+     * committed, and whose marks the member holds. */
+    wait_committed(2, 60000);
+    long before = th_stack_applied(&stk);
+    cr_log_info("cut %ld bytes", redis_crash_cut_tail(&stk.redis));
+    cr_expect_lt(th_stack_applied(&stk), before,
+                 "the second cut lost no effect: the test proves nothing");
+    TH_ASSERT_VERIFIED(&stk, 0, NULL, 150000);
+
+    cr_assert_eq(th_redis_kill(&stk.redis), 0); /* and cleanly */
+    cr_assert_eq(th_redis_restart(&stk.redis), 0);
+    TH_ASSERT_VERIFIED(&stk, 0, NULL, 150000);
+    cr_expect_eq(th_stop(m, 15000), 0);
+    th_stack_stop(&stk);
+}
+
+/* Marks live dedup.ttl.seconds (plus at most one window, TTL / 8): a
+ * duplicate inside the TTL is not applied, one after it is applied again,
+ * as docs/guarantees.md says of the dedup window. */
+Test(partscope, window_expiry_applies_a_late_duplicate_again, .timeout = 180)
+{
+    const char *props[] = {PARTSCOPE_PROPS, "dedup.ttl.seconds=15", NULL};
+    cr_assert_eq(th_stack_start(&stk, 1, props), 0);
+    pid_t m = member("m1");
+    PRODUCE_LINES("first", payment(f_, "1", "ORD-1", "user-1", "10.00"));
+    cr_assert_eq(th_stack_wait_applied(&stk, 1, 90000), 0);
+    struct timespec t0;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+
+    /* Inside the TTL: a redelivery and a resend, not applied. */
+    PRODUCE_LINES("inside", payment(f_, "1", "ORD-1", "user-1", "10.00");
+                  payment(f_, "2", "ORD-1", "user-1", "10.00"));
+    wait_committed(1, 60000);
+    struct timespec t1;
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    cr_assert_lt(t1.tv_sec - t0.tv_sec, 13,
+                 "the duplicates took longer than the TTL to be read: "
+                 "nothing proved");
+    cr_expect_eq(th_stack_applied(&stk), 1);
+    expect_balance("user-1", "1000");
+    cr_expect_gt(partscope_keys(), 0, "no partition-scoped state in Redis");
+
+    /* After TTL + one window (15 + 1 s) and a margin: applied again. */
+    sleep(20);
+    PRODUCE_LINES("after", payment(f_, "3", "ORD-1", "user-1", "10.00"));
+    cr_expect_eq(th_stack_wait_applied(&stk, 2, 60000), 0,
+                 "a duplicate after the TTL was not applied again");
+    wait_committed(1, 60000);
+    cr_expect_eq(th_stack_applied(&stk), 2);
+    expect_balance("user-1", "2000");
+    cr_expect_eq(th_stop(m, 15000), 0);
+    th_stack_stop(&stk);
+}
+
+/* Returns how many of the records hold `text` in their value. */
+static size_t recs_with(const th_recs_t *r, const char *text)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < r->n; i++)
+        n += memmem(r->v[i].value, r->v[i].len, text, strlen(text)) != NULL;
+    return n;
+}
+
+/* One chunk holds a record whose increment Redis refuses (user-bad's
+ * balance is not an integer) and its redelivery and resend, beside a
+ * good record with its own duplicates. The refused record and its
+ * duplicates apply nothing (the table takes back the mark it added for
+ * them); the good ones apply once. A second member, whose table is loaded
+ * from Redis, then reads more copies of both: still nothing twice. */
+Test(partscope, chunk_duplicates_with_a_refused_increment, .timeout = 180)
+{
+    const char *props[] = {PARTSCOPE_PROPS, NULL};
+    cr_assert_eq(th_stack_start(&stk, 1, props), 0);
+    const char *bad[] = {"HSET", "idemproc:ledger:EUR", "user-bad",
+                         "not-a-number", NULL};
+    free(th_redis_cli(&stk.redis, bad));
+    PRODUCE_LINES("chunk", payment(f_, "1", "ORD-A", "user-bad", "5.00");
+                  payment(f_, "10", "ORD-G", "user-good", "1.00");
+                  payment(f_, "1", "ORD-A", "user-bad", "5.00");
+                  payment(f_, "2", "ORD-A", "user-bad", "5.00");
+                  payment(f_, "10", "ORD-G", "user-good", "1.00");
+                  payment(f_, "11", "ORD-G", "user-good", "1.00");
+                  payment(f_, "20", "ORD-H", "user-good", "2.00"));
+    pid_t m = member("m1");
+    wait_committed(1, 60000);
+    cr_expect_eq(th_stack_applied(&stk), 2);
+    expect_balance("user-good", "300");
+    expect_balance("user-bad", "not-a-number");
+    th_recs_t dl = dead_letters();
+    cr_expect_geq(dl.n, 1, "the refused record was not dead-lettered");
+    cr_expect_eq(recs_with(&dl, "payment-ORD-A"), dl.n,
+                 "a dead letter that is not the refused record's");
+    th_recs_free(&dl);
+    cr_expect_gt(partscope_keys(), 0, "no partition-scoped state in Redis");
+    cr_expect_eq(th_stop(m, 15000), 0);
+
+    /* A new member loads the table from Redis: G and H are held, A is not
+     * (or held as moved): more copies apply nothing. */
+    PRODUCE_LINES("again", payment(f_, "12", "ORD-G", "user-good", "1.00");
+                  payment(f_, "20", "ORD-H", "user-good", "2.00");
+                  payment(f_, "3", "ORD-A", "user-bad", "5.00"));
+    m = member("m2");
+    wait_committed(1, 60000);
+    cr_expect_eq(th_stack_applied(&stk), 2);
+    expect_balance("user-good", "300");
+    expect_balance("user-bad", "not-a-number");
+    cr_expect_eq(th_stop(m, 15000), 0);
+    th_stack_stop(&stk);
+}
+
+/* A record dead-lettered because its increment was refused, replayed with
+ * `dlq replay` after the fix, is applied once (its copy finds no mark and
+ * writes the global one); an `offsets reset --to-earliest` afterwards
+ * reads the original and the copy again: neither applies twice. */
+Test(partscope, dlq_replay_then_reset_applies_once, .timeout = 240)
+{
+    const char *props[] = {PARTSCOPE_PROPS, NULL};
+    cr_assert_eq(th_stack_start(&stk, 2, props), 0);
+    const char *bad[] = {"HSET", "idemproc:ledger:EUR", "user-bad",
+                         "not-a-number", NULL};
+    free(th_redis_cli(&stk.redis, bad));
+    PRODUCE_LINES("first", payment(f_, "1", "ORD-A", "user-bad", "7.00");
+                  payment(f_, "10", "ORD-G", "user-good", "1.00");
+                  payment(f_, "11", "ORD-G", "user-good", "1.00");
+                  payment(f_, "20", "ORD-H", "user-good", "2.00"));
+    pid_t m = member("m1");
+    wait_committed(2, 60000);
+    cr_expect_eq(th_stack_applied(&stk), 2);
+    th_recs_t dl = dead_letters();
+    cr_assert_eq(dl.n, 1, "one dead letter: the refused record");
+    cr_expect_eq(recs_with(&dl, "payment-ORD-A"), 1);
+    th_recs_free(&dl);
+    cr_expect_gt(partscope_keys(), 0, "no partition-scoped state in Redis");
+
+    /* The fix, then the replay. */
+    const char *fix[] = {"HDEL", "idemproc:ledger:EUR", "user-bad", NULL};
+    free(th_redis_cli(&stk.redis, fix));
+    char *out = NULL, *err = NULL;
+    cr_assert_eq(cli("dlq", "replay", NULL, &out, &err), 0, "%s\n%s", out, err);
+    free(out);
+    free(err);
+    cr_assert_eq(th_stack_wait_applied(&stk, 3, 60000), 0,
+                 "the replayed record was not applied");
+    wait_committed(2, 60000);
+    expect_balance("user-bad", "700");
+    expect_balance("user-good", "300");
+
+    /* The copy went to the original's partition. */
+    th_recs_t in = th_topic_read(stk.broker.bootstrap, "payments");
+    int32_t part = -1;
+    size_t copies = 0;
+    for (size_t i = 0; i < in.n; i++) {
+        if (!memmem(in.v[i].value, in.v[i].len, "payment-ORD-A", 13))
+            continue;
+        copies++;
+        if (part < 0)
+            part = in.v[i].partition;
+        cr_expect_eq(in.v[i].partition, part,
+                     "the replayed copy left the original's partition");
+    }
+    cr_expect_eq(copies, 2, "the original and its replayed copy");
+    th_recs_free(&in);
+    cr_expect_eq(th_stop(m, 15000), 0);
+
+    /* Everything read again: the original (moved) and the copy find the
+     * global mark, the others their partition's marks. */
+    const char *earliest[] = {"--to-earliest", "--execute", NULL};
+    cr_assert_eq(cli("offsets", "reset", earliest, &out, &err), 0, "%s\n%s",
+                 out, err);
+    free(out);
+    free(err);
+    m = member("m2");
+    wait_committed(2, 60000);
+    cr_expect_eq(th_stack_applied(&stk), 3);
+    expect_balance("user-bad", "700");
+    expect_balance("user-good", "300");
+    dl = dead_letters();
+    cr_expect_eq(dl.n, 1, "the replay or the re-read was dead-lettered");
+    th_recs_free(&dl);
+    cr_expect_eq(th_stop(m, 15000), 0);
+    th_stack_stop(&stk);
+}
