@@ -97,6 +97,10 @@ char *idem_effect_fingerprint(const idem_conf_t *conf)
     snprintf(num, sizeof(num), "%d", conf->envelope_format);
     add_value(&t, "envelope.format", num);
     add_value(&t, "envelope.identity", conf->envelope_identity);
+    /* Where the marks live: members of one group under different scopes
+     * do not see each other's marks (docs/guarantees.md). */
+    snprintf(num, sizeof(num), "%d", conf->dedup_scope);
+    add_value(&t, "dedup.scope", num);
     const char *arg;
     char errstr[256];
     const idem_handler_ops_t *ops =

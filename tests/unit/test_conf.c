@@ -639,6 +639,7 @@ Test(conf, partition_scope_only_with_the_ledger)
     cr_assert_null(c);
     cr_expect(strstr(err, "dedup.scope=partition: handler \"forward\""), "%s",
               err);
+}
 
 /* A directory given as the file (a mounted ConfigMap's folder instead of
  * its file) was read as an empty file: the error then named a required
