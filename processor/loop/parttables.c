@@ -233,3 +233,13 @@ size_t idem_parttables_count(const idem_parttables_t *t, const char *topic,
     const part_t *p = find(t, topic, partition);
     return p ? idem_marktab_count(p->tab) : 0;
 }
+
+idem_part_count_t idem_parttables_count_verdict(int64_t recorded,
+                                                int64_t current)
+{
+    if (current <= 0)
+        return IDEM_PART_COUNT_UNKNOWN;
+    if (recorded < 0)
+        return IDEM_PART_COUNT_RECORD;
+    return recorded == current ? IDEM_PART_COUNT_SAME : IDEM_PART_COUNT_CHANGED;
+}
