@@ -136,6 +136,11 @@ size_t idem_partscope_bytes(const idem_partscope_t *ps)
     return ps && ps->tables ? idem_parttables_bytes(ps->tables) : 0;
 }
 
+size_t idem_partscope_marks(const idem_partscope_t *ps)
+{
+    return ps && ps->tables ? idem_parttables_marks(ps->tables) : 0;
+}
+
 static void reserve(idem_partscope_t *ps, size_t n, size_t npos)
 {
     if (ps->cap < n) {

@@ -59,7 +59,8 @@ void idem_partscope_drop(idem_partscope_t *ps, const char *topic,
 void idem_partscope_reset(idem_partscope_t *ps, const char *topic,
                           int32_t partition);
 
-/* Bytes the tables hold. */
+/* Bytes and marks the tables hold. */
 size_t idem_partscope_bytes(const idem_partscope_t *ps);
+size_t idem_partscope_marks(const idem_partscope_t *ps);
 
 #endif

@@ -222,6 +222,14 @@ size_t idem_parttables_bytes(const idem_parttables_t *t)
     return b;
 }
 
+size_t idem_parttables_marks(const idem_parttables_t *t)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < t->n; i++)
+        n += idem_marktab_count(t->parts[i].tab);
+    return n;
+}
+
 int idem_parttables_full(const idem_parttables_t *t)
 {
     return idem_parttables_bytes(t) >= t->memory_max;

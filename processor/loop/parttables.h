@@ -123,6 +123,9 @@ typedef enum {
 idem_part_count_t idem_parttables_count_verdict(int64_t recorded,
                                                 int64_t current);
 
+/* Marks held by all tables. */
+size_t idem_parttables_marks(const idem_parttables_t *t);
+
 /* Marks held by the partition's table (0 when not assigned). */
 size_t idem_parttables_count(const idem_parttables_t *t, const char *topic,
                              int32_t partition);

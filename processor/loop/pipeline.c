@@ -279,6 +279,7 @@ static void advance_offsets(idem_pipeline_t *p)
     idem_offsets_advance_begin(&p->offs);
     idem_loop_batch_remove_if(p, rec_committable, NULL);
     idem_metrics_inflight_set(p->m, (int64_t)p->cnt);
+    idem_apply_table_gauges(&p->apply, p->m, p->conf->dedup_memory_max);
 }
 
 /* Drops the records of `parts` from the batch without finishing them

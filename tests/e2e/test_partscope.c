@@ -568,17 +568,45 @@ Test(partscope, changed_input_partition_count_holds_the_topic, .timeout = 180)
     th_stack_stop(&stk);
 }
 
-/* The first member records the count it sees. */
+/* A member's /metrics (GET must answer 200) value of `name`; -1 absent. */
+static double member_metric(int port, const char *name)
+{
+    char *body = NULL;
+    cr_assert_eq(th_http_get(port, "/metrics", &body), 200);
+    double v = th_metric(body, name);
+    free(body);
+    return v;
+}
+
+/* The first member records the count it sees, and its tables' gauges say
+ * what they hold: one mark per applied record of its partitions. */
 Test(partscope, first_member_records_the_input_partition_count, .timeout = 120)
 {
-    const char *props[] = {PARTSCOPE_PROPS, NULL};
+    const char *props[] = {PARTSCOPE_PROPS, "dedup.memory.max=2097152", NULL};
     cr_assert_eq(th_stack_start(&stk, 3, props), 0);
-    pid_t m = member("m1");
-    PRODUCE_LINES("first", payment(f_, "1", "ORD-1", "user-1", "10.00"));
-    cr_assert_eq(th_stack_wait_applied(&stk, 1, 90000), 0);
+    int port = th_free_port();
+    char listen[64];
+    snprintf(listen, sizeof(listen), "http.listen=127.0.0.1:%d", port);
+    const char *sets[] = {listen, NULL};
+    pid_t m = th_stack_member(&stk, "m1", sets);
+    cr_assert_gt(m, 0);
+    PRODUCE_LINES("first", payment(f_, "1", "ORD-1", "user-1", "10.00");
+                  payment(f_, "2", "ORD-2", "user-2", "20.00"));
+    cr_assert_eq(th_stack_wait_applied(&stk, 2, 90000), 0);
     const char *get[] = {"GET", "idemproc:st{test-group:payments}:partitions",
                          NULL};
     cr_expect_eq(redis_num(get), 3);
+    /* The gauges are taken as offsets move: wait for the second mark. */
+    double marks = -1;
+    for (int t = 0; t < 100 && marks != 2; t++) {
+        marks = member_metric(port, "idemproc_dedup_table_marks");
+        if (marks != 2)
+            usleep(100000);
+    }
+    cr_expect_eq(marks, 2);
+    cr_expect_gt(member_metric(port, "idemproc_dedup_table_bytes"), 0);
+    cr_expect_eq(member_metric(port, "idemproc_dedup_memory_max_bytes"),
+                 2097152);
     cr_expect_eq(th_stop(m, 15000), 0);
     th_stack_stop(&stk);
 }
