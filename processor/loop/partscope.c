@@ -107,8 +107,8 @@ void idem_partscope_counter(idem_partscope_t *ps, idem_partscope_count_fn fn,
     ps->count_opaque = opaque;
 }
 
-/* Counts checked are asked again after a rebalance (partitions added to a
- * topic its members subscribe to bring one). */
+/* Counts checked hold for one submit: a later load (a partition newly
+ * assigned, cooperatively or not, or a table reset) asks again. */
 static void counts_forget(idem_partscope_t *ps)
 {
     for (size_t i = 0; i < ps->ncounts; i++)
@@ -118,8 +118,6 @@ static void counts_forget(idem_partscope_t *ps)
 void idem_partscope_drop(idem_partscope_t *ps, const char *topic,
                          int32_t partition)
 {
-    if (ps)
-        counts_forget(ps);
     if (ps && ps->tables)
         idem_parttables_drop(ps->tables, topic, partition);
 }
@@ -425,6 +423,7 @@ int idem_partscope_submit(idem_partscope_t *ps, idem_record_t **recs,
 {
     *nnow = *nrest = *nrpos = 0;
     *rpos = NULL;
+    counts_forget(ps);
     reserve(ps, n, npos);
     if (tables_ready(ps, errstr, errstr_size))
         return -1;
