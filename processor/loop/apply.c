@@ -72,6 +72,22 @@ size_t idem_apply_table_bytes(const idem_apply_t *a)
     return idem_partscope_bytes(a->ps);
 }
 
+void idem_apply_table_gauges(const idem_apply_t *a, idem_metrics_t *m,
+                             int64_t max_bytes)
+{
+    if (a->ps && m)
+        idem_metrics_dedup_table_set(m, (int64_t)idem_partscope_bytes(a->ps),
+                                     (int64_t)idem_partscope_marks(a->ps),
+                                     max_bytes);
+}
+
+void idem_apply_partition_counter(idem_apply_t *a, idem_partscope_count_fn fn,
+                                  void *opaque)
+{
+    if (a->ps)
+        idem_partscope_counter(a->ps, fn, opaque);
+}
+
 /* Under dedup.scope=partition: partition-path records answered by their
  * chunks (in now[]), the rest to the handler's global script. */
 static int submit_partscope(idem_apply_t *a, idem_record_t **recs,

@@ -124,6 +124,16 @@ void idem_apply_partition_reset(idem_apply_t *a, const char *topic,
 /* Bytes of the partition tables (0 under dedup.scope=global). */
 size_t idem_apply_table_bytes(const idem_apply_t *a);
 
+/* Under dedup.scope=partition, the tables' bytes and marks into the
+ * gauges (obs/metrics.h); a no-op otherwise. */
+void idem_apply_table_gauges(const idem_apply_t *a, idem_metrics_t *m,
+                             int64_t max_bytes);
+
+/* Under dedup.scope=partition, how an input topic's partition count is
+ * asked of Kafka (partscope.h); a no-op otherwise. */
+void idem_apply_partition_counter(idem_apply_t *a, idem_partscope_count_fn fn,
+                                  void *opaque);
+
 /* Stops the handler and frees the scratch. Safe on a zeroed struct. */
 void idem_apply_stop(idem_apply_t *a);
 

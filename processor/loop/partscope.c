@@ -47,6 +47,14 @@ struct idem_partscope_s {
     int *rcs;
     idem_part_t **chpart; /* per chunk: its partition */
     size_t ch_cap;
+    idem_partscope_count_fn count_fn; /* the input's partition count now */
+    void *count_opaque;
+    struct topic_count { /* topics whose count matched the recorded one */
+        char *topic;
+        int64_t recorded, current; /* last seen (changed: logged once) */
+        int same;
+    } * counts;
+    size_t ncounts;
 };
 
 idem_partscope_t *idem_partscope_new(idem_store_t *store,
@@ -86,7 +94,25 @@ void idem_partscope_destroy(idem_partscope_t *ps)
     free(ps->windows);
     free(ps->rcs);
     free(ps->chpart);
+    for (size_t i = 0; i < ps->ncounts; i++)
+        free(ps->counts[i].topic);
+    free(ps->counts);
     free(ps);
+}
+
+void idem_partscope_counter(idem_partscope_t *ps, idem_partscope_count_fn fn,
+                            void *opaque)
+{
+    ps->count_fn = fn;
+    ps->count_opaque = opaque;
+}
+
+/* Counts checked hold for one submit: a later load (a partition newly
+ * assigned, cooperatively or not, or a table reset) asks again. */
+static void counts_forget(idem_partscope_t *ps)
+{
+    for (size_t i = 0; i < ps->ncounts; i++)
+        ps->counts[i].same = 0;
 }
 
 void idem_partscope_drop(idem_partscope_t *ps, const char *topic,
@@ -106,6 +132,11 @@ void idem_partscope_reset(idem_partscope_t *ps, const char *topic,
 size_t idem_partscope_bytes(const idem_partscope_t *ps)
 {
     return ps && ps->tables ? idem_parttables_bytes(ps->tables) : 0;
+}
+
+size_t idem_partscope_marks(const idem_partscope_t *ps)
+{
+    return ps && ps->tables ? idem_parttables_marks(ps->tables) : 0;
 }
 
 static void reserve(idem_partscope_t *ps, size_t n, size_t npos)
@@ -208,12 +239,88 @@ static int load_marks(const uint8_t *marks, size_t n, int64_t window,
     return l->rc ? 1 : 0;
 }
 
+/* The input topic's partition count against the one recorded in Redis
+ * (the first member records it): keys map to partitions by the count, so
+ * marks written under another count do not find their duplicates. A
+ * changed count holds the topic's partitions (an outage naming topic and
+ * counts, logged once per change) until the operator says what to do
+ * (docs/guarantees.md). 0, or -1 with errstr. */
+static int count_check(idem_partscope_t *ps, const char *topic, char *errstr,
+                       size_t errstr_size)
+{
+    struct topic_count *tc = NULL;
+    for (size_t i = 0; i < ps->ncounts && !tc; i++)
+        if (!strcmp(ps->counts[i].topic, topic))
+            tc = &ps->counts[i];
+    if (tc && tc->same)
+        return 0;
+    if (!tc) {
+        ps->counts =
+            idem_xrealloc(ps->counts, (ps->ncounts + 1) * sizeof(*ps->counts));
+        tc = &ps->counts[ps->ncounts++];
+        tc->topic = idem_xstrdup(topic);
+        tc->recorded = tc->current = -1;
+        tc->same = 0;
+    }
+    char kerr[256] = "";
+    int64_t current =
+        ps->count_fn ? ps->count_fn(ps->count_opaque, topic, kerr, sizeof(kerr))
+                     : -1;
+    int64_t recorded = -1;
+    idem_part_count_t v = idem_parttables_count_verdict(-1, current);
+    if (v != IDEM_PART_COUNT_UNKNOWN) {
+        if (idem_partstate_partitions(ps->state, topic, current, &recorded,
+                                      errstr, errstr_size))
+            return -1;
+        v = idem_parttables_count_verdict(recorded, current);
+    }
+    switch (v) {
+    case IDEM_PART_COUNT_SAME:
+    case IDEM_PART_COUNT_RECORD:
+        tc->same = 1;
+        return 0;
+    case IDEM_PART_COUNT_UNKNOWN:
+        snprintf(errstr, errstr_size,
+                 "partition count of input topic %s not known (%s): its "
+                 "partitions wait (dedup.scope=partition)",
+                 topic, kerr[0] ? kerr : "no answer");
+        return -1;
+    case IDEM_PART_COUNT_CHANGED:
+        break;
+    }
+    snprintf(errstr, errstr_size,
+             "input topic %s has %" PRId64 " partitions, %" PRId64
+             " recorded in redis: its partitions wait (dedup.scope=partition)",
+             topic, current, recorded);
+    if (tc->recorded != recorded || tc->current != current) {
+        tc->recorded = recorded;
+        tc->current = current;
+        char r[24], c[24], k[640];
+        snprintf(r, sizeof(r), "%" PRId64, recorded);
+        snprintf(c, sizeof(c), "%" PRId64, current);
+        snprintf(k, sizeof(k), "%sst{%s:%s}:partitions", ps->conf->redis_prefix,
+                 ps->conf->group_id ? ps->conf->group_id : "", topic);
+        idem_log_kv(
+            IDEM_LOG_ERROR,
+            "input partition count changed under dedup.scope=partition: "
+            "keys now map to other partitions, so this topic's "
+            "partitions wait. Run the group with dedup.scope=global "
+            "for one dedup.ttl.seconds, then set the recorded count "
+            "to the current one (redis SET of key) and go back to "
+            "partition (docs/guarantees.md)",
+            "topic", topic, "recorded", r, "current", c, "key", k, NULL);
+    }
+    return -1;
+}
+
 /* A new owner's (or a reset table's) load: the epoch bump first, so a
  * previous owner's chunks are refused from then on, then the position
  * Redis holds (the next chunk's start), then the marks. */
 static int part_load(idem_partscope_t *ps, idem_part_t *pt, char *errstr,
                      size_t errstr_size)
 {
+    if (count_check(ps, pt->topic, errstr, errstr_size))
+        return -1;
     int64_t epoch;
     if (idem_partstate_epoch_bump(ps->state, pt->topic, pt->partition, &epoch,
                                   errstr, errstr_size))
@@ -316,6 +423,7 @@ int idem_partscope_submit(idem_partscope_t *ps, idem_record_t **recs,
 {
     *nnow = *nrest = *nrpos = 0;
     *rpos = NULL;
+    counts_forget(ps);
     reserve(ps, n, npos);
     if (tables_ready(ps, errstr, errstr_size))
         return -1;

@@ -41,6 +41,15 @@ int idem_partscope_submit(idem_partscope_t *ps, idem_record_t **recs,
                           const idem_store_pos_t **rpos, size_t *nrpos,
                           char *errstr, size_t errstr_size);
 
+/* How partscope learns an input topic's partition count now: count(opaque,
+ * topic) returns it, 0 when the topic does not exist, -1 when Kafka did not
+ * answer (with errstr). Without one, no partition is loaded (each says
+ * the count is not known). */
+typedef int (*idem_partscope_count_fn)(void *opaque, const char *topic,
+                                       char *errstr, size_t errstr_size);
+void idem_partscope_counter(idem_partscope_t *ps, idem_partscope_count_fn fn,
+                            void *opaque);
+
 /* Revoked or lost: the partition's table goes. */
 void idem_partscope_drop(idem_partscope_t *ps, const char *topic,
                          int32_t partition);
@@ -50,7 +59,8 @@ void idem_partscope_drop(idem_partscope_t *ps, const char *topic,
 void idem_partscope_reset(idem_partscope_t *ps, const char *topic,
                           int32_t partition);
 
-/* Bytes the tables hold. */
+/* Bytes and marks the tables hold. */
 size_t idem_partscope_bytes(const idem_partscope_t *ps);
+size_t idem_partscope_marks(const idem_partscope_t *ps);
 
 #endif

@@ -222,6 +222,14 @@ size_t idem_parttables_bytes(const idem_parttables_t *t)
     return b;
 }
 
+size_t idem_parttables_marks(const idem_parttables_t *t)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < t->n; i++)
+        n += idem_marktab_count(t->parts[i].tab);
+    return n;
+}
+
 int idem_parttables_full(const idem_parttables_t *t)
 {
     return idem_parttables_bytes(t) >= t->memory_max;
@@ -232,4 +240,14 @@ size_t idem_parttables_count(const idem_parttables_t *t, const char *topic,
 {
     const part_t *p = find(t, topic, partition);
     return p ? idem_marktab_count(p->tab) : 0;
+}
+
+idem_part_count_t idem_parttables_count_verdict(int64_t recorded,
+                                                int64_t current)
+{
+    if (current <= 0)
+        return IDEM_PART_COUNT_UNKNOWN;
+    if (recorded < 0)
+        return IDEM_PART_COUNT_RECORD;
+    return recorded == current ? IDEM_PART_COUNT_SAME : IDEM_PART_COUNT_CHANGED;
 }

@@ -109,6 +109,23 @@ void idem_parttables_expire(idem_parttables_t *t, int64_t min_w);
 size_t idem_parttables_bytes(const idem_parttables_t *t);
 int idem_parttables_full(const idem_parttables_t *t);
 
+/* The input topic's partition count, recorded in Redis (recorded; -1: no
+ * record yet) against the one Kafka reports now (current; <= 0: not
+ * known). Keys map to partitions by the count, so a table is only right
+ * for the count its marks were written under. */
+typedef enum {
+    IDEM_PART_COUNT_SAME = 0, /* recorded == current: go on */
+    IDEM_PART_COUNT_RECORD,   /* no record: current is recorded, go on */
+    IDEM_PART_COUNT_CHANGED,  /* differ: the topic's partitions wait */
+    IDEM_PART_COUNT_UNKNOWN,  /* Kafka did not say: wait, ask again */
+} idem_part_count_t;
+
+idem_part_count_t idem_parttables_count_verdict(int64_t recorded,
+                                                int64_t current);
+
+/* Marks held by all tables. */
+size_t idem_parttables_marks(const idem_parttables_t *t);
+
 /* Marks held by the partition's table (0 when not assigned). */
 size_t idem_parttables_count(const idem_parttables_t *t, const char *topic,
                              int32_t partition);

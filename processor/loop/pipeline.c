@@ -279,6 +279,7 @@ static void advance_offsets(idem_pipeline_t *p)
     idem_offsets_advance_begin(&p->offs);
     idem_loop_batch_remove_if(p, rec_committable, NULL);
     idem_metrics_inflight_set(p->m, (int64_t)p->cnt);
+    idem_apply_table_gauges(&p->apply, p->m, p->conf->dedup_memory_max);
 }
 
 /* Drops the records of `parts` from the batch without finishing them
@@ -731,6 +732,15 @@ static int consumer_stats_cb(rd_kafka_t *rk, char *json, size_t len,
     return 0;
 }
 
+/* An input topic's partition count now (dedup.scope=partition checks it
+ * against the one recorded in Redis before loading a partition's table). */
+static int input_partitions(void *opaque, const char *topic, char *errstr,
+                            size_t errstr_size)
+{
+    idem_pipeline_t *p = opaque;
+    return idem_kafka_partition_count(p->rk, topic, 3000, errstr, errstr_size);
+}
+
 static rd_kafka_t *consumer_new(idem_pipeline_t *p, char *errstr,
                                 size_t errstr_size)
 {
@@ -904,6 +914,7 @@ idem_pipeline_t *idem_pipeline_new(const idem_conf_t *conf, idem_metrics_t *m,
     if (!(p->rk = consumer_new(p, errstr, errstr_size)))
         goto fail;
     p->positions.rk = p->rk;
+    idem_apply_partition_counter(&p->apply, input_partitions, p);
     if (idem_retrytopics_check(p->rt, p->rk, 10000, errstr, errstr_size))
         goto fail;
     if (conf->fetch_stall_ms > 0 &&

@@ -140,6 +140,8 @@ struct idem_metrics_s {
     _Atomic int64_t effects_inflight, keys_waiting, key_depth_hwm;
     _Atomic int64_t key_holds;    /* partitions paused behind busy keys */
     _Atomic uint64_t key_holds_n; /* such pauses since start */
+    _Atomic int table_on;         /* dedup.scope=partition reports its tables */
+    _Atomic int64_t table_bytes, table_marks, table_max;
 
     pthread_mutex_t lag_lock; /* guards lags, lag_cnt, lag_seen */
     lag_entry_t *lags;
@@ -281,6 +283,10 @@ idem_metrics_t *idem_metrics_new(void)
     atomic_init(&m->keys_waiting, 0);
     atomic_init(&m->key_holds, 0);
     atomic_init(&m->key_holds_n, 0);
+    atomic_init(&m->table_on, 0);
+    atomic_init(&m->table_bytes, 0);
+    atomic_init(&m->table_marks, 0);
+    atomic_init(&m->table_max, 0);
     atomic_init(&m->key_depth_hwm, 0);
     for (int i = 0; i < RETRY_TIERS_MAX; i++)
         atomic_init(&m->retry_topic[i], 0);
@@ -621,6 +627,15 @@ void idem_metrics_key_holds_set(idem_metrics_t *m, int64_t partitions)
     if (partitions > was)
         atomic_fetch_add_explicit(&m->key_holds_n, (uint64_t)(partitions - was),
                                   memory_order_relaxed);
+}
+
+void idem_metrics_dedup_table_set(idem_metrics_t *m, int64_t bytes,
+                                  int64_t marks, int64_t max_bytes)
+{
+    atomic_store_explicit(&m->table_bytes, bytes, memory_order_relaxed);
+    atomic_store_explicit(&m->table_marks, marks, memory_order_relaxed);
+    atomic_store_explicit(&m->table_max, max_bytes, memory_order_relaxed);
+    atomic_store_explicit(&m->table_on, 1, memory_order_relaxed);
 }
 
 void idem_metrics_retry_waiting_set(idem_metrics_t *m, int64_t partitions)
@@ -1111,6 +1126,23 @@ void idem_metrics_render(idem_metrics_t *m, FILE *out)
                    "hand all waited behind busy keys.");
         put_u64(out, "idemproc_ordering_partition_holds_total", NULL, NULL,
                 atomic_load_explicit(&m->key_holds_n, memory_order_relaxed));
+    }
+
+    if (atomic_load_explicit(&m->table_on, memory_order_relaxed)) {
+        put_header(out, "idemproc_dedup_table_bytes", "gauge",
+                   "Bytes of the member's partition tables of dedup marks "
+                   "(dedup.scope=partition).");
+        put_i64(out, "idemproc_dedup_table_bytes",
+                atomic_load_explicit(&m->table_bytes, memory_order_relaxed));
+        put_header(out, "idemproc_dedup_table_marks", "gauge",
+                   "Dedup marks the member's partition tables hold.");
+        put_i64(out, "idemproc_dedup_table_marks",
+                atomic_load_explicit(&m->table_marks, memory_order_relaxed));
+        put_header(out, "idemproc_dedup_memory_max_bytes", "gauge",
+                   "dedup.memory.max: the bound of the partition tables; at "
+                   "it, records that need a new mark wait (never evicted).");
+        put_i64(out, "idemproc_dedup_memory_max_bytes",
+                atomic_load_explicit(&m->table_max, memory_order_relaxed));
     }
 
     render_histogram(out, &m->latency);

@@ -155,6 +155,11 @@ void idem_metrics_ordering_set(idem_metrics_t *m, int64_t inflight,
  * busy keys (a rise counts into the holds' total). */
 void idem_metrics_key_holds_set(idem_metrics_t *m, int64_t partitions);
 
+/* dedup.scope=partition: bytes and marks the member's partition tables
+ * hold, and dedup.memory.max. Rendered from the first call on. */
+void idem_metrics_dedup_table_set(idem_metrics_t *m, int64_t bytes,
+                                  int64_t marks, int64_t max_bytes);
+
 /* Readiness (idemproc_ready and /readyz). reason is borrowed and copied;
  * NULL or "" when ready. */
 void idem_metrics_ready_set(idem_metrics_t *m, int ready, const char *reason);

@@ -194,6 +194,34 @@ int idem_partstate_epoch_bump(idem_partstate_t *p, const char *topic,
     return 0;
 }
 
+int idem_partstate_partitions(idem_partstate_t *p, const char *topic,
+                              int64_t current, int64_t *recorded, char *errstr,
+                              size_t errstr_size)
+{
+    char k[640], v[24];
+    snprintf(k, sizeof(k), "%sst{%s:%s}:partitions", p->conf->redis_prefix,
+             p->conf->group_id ? p->conf->group_id : "", topic);
+    snprintf(v, sizeof(v), "%" PRId64, current);
+    const char *sargv[] = {"SET", k, v, "NX"};
+    redisReply *r = command(p, 1, 4, sargv, NULL, errstr, errstr_size);
+    if (!r)
+        return -1;
+    freeReplyObject(r);
+    const char *gargv[] = {"GET", k};
+    r = command(p, 0, 2, gargv, NULL, errstr, errstr_size);
+    if (!r)
+        return -1;
+    char *end = NULL;
+    long long n = -1;
+    if (r->type == REDIS_REPLY_STRING)
+        n = strtoll(r->str, &end, 10);
+    if (r->type != REDIS_REPLY_STRING || end == r->str || *end || n < 0)
+        return unexpected(p, r, "GET partitions", errstr, errstr_size);
+    *recorded = n;
+    freeReplyObject(r);
+    return 0;
+}
+
 /* The window of a chunk key "<stem>w<window>:<seq>", or -1. */
 static int64_t key_window(const char *key, size_t len)
 {

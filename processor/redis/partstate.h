@@ -53,6 +53,15 @@ int idem_partstate_epoch_bump(idem_partstate_t *p, const char *topic,
                               int32_t partition, int64_t *epoch, char *errstr,
                               size_t errstr_size);
 
+/* The input topic's partition count recorded at
+ * <prefix>st{<group>:<topic>}:partitions: SET NX of current (> 0), then
+ * read back into *recorded (the first member to use the topic records
+ * it; a different value is a count that changed since). 0, or -1 with
+ * errstr (retriable). */
+int idem_partstate_partitions(idem_partstate_t *p, const char *topic,
+                              int64_t current, int64_t *recorded, char *errstr,
+                              size_t errstr_size);
+
 /* Called by idem_partstate_load with marks[n] (n * 16 bytes, borrowed for
  * the call) of window `window`. Returns 0 to go on, else the load stops
  * and returns -1 (errstr "stopped by the caller"). */

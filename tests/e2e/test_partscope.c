@@ -83,7 +83,7 @@ static long epoch_of(int partition)
 }
 
 /* Whether test-group committed every partition of `payments` to its end
- * (so every record read has its outcome). */
+ * (so every record read has its outcome); an empty partition is done. */
 static int committed_to_end(int partitions)
 {
     char err[512];
@@ -102,7 +102,7 @@ static int committed_to_end(int partitions)
         int64_t lo, hi;
         done = rd_kafka_query_watermark_offsets(rk, "payments", i, &lo, &hi,
                                                 10000) == 0 &&
-               l->elems[i].offset >= hi;
+               (l->elems[i].offset >= hi || hi == lo); /* empty: nothing */
     }
     rd_kafka_topic_partition_list_destroy(l);
     rd_kafka_destroy(rk);
@@ -501,6 +501,112 @@ Test(partscope, dlq_replay_then_reset_applies_once, .timeout = 240)
     dl = dead_letters();
     cr_expect_eq(dl.n, 1, "the replay or the re-read was dead-lettered");
     th_recs_free(&dl);
+    cr_expect_eq(th_stop(m, 15000), 0);
+    th_stack_stop(&stk);
+}
+
+/* The input's partition count is recorded in Redis by the first member;
+ * one that finds another count recorded (here: 2 recorded, the topic has
+ * 4, as after partitions were added) applies nothing, is not ready, and
+ * says so naming topic and counts. Once the operator records the current
+ * count, the same member goes on and applies each record once. */
+Test(partscope, changed_input_partition_count_holds_the_topic, .timeout = 180)
+{
+    const char *props[] = {PARTSCOPE_PROPS, NULL};
+    cr_assert_eq(th_stack_start(&stk, 4, props), 0);
+    const char *key = "idemproc:st{test-group:payments}:partitions";
+    const char *set2[] = {"SET", key, "2", NULL};
+    th_redis_ok(&stk.redis, set2);
+    PRODUCE_LINES("first", payment(f_, "1", "ORD-1", "user-1", "10.00");
+                  payment(f_, "2", "ORD-2", "user-2", "20.00");
+                  payment(f_, "3", "ORD-3", "user-3", "30.00");
+                  payment(f_, "1", "ORD-1", "user-1", "10.00"));
+    int port = th_free_port();
+    char listen[64];
+    snprintf(listen, sizeof(listen), "http.listen=127.0.0.1:%d", port);
+    const char *sets[] = {listen, NULL};
+    pid_t m = th_stack_member(&stk, "m1", sets);
+    cr_assert_gt(m, 0);
+    const char *said = "input partition count changed";
+    for (int t = 0; t < 600 && th_stack_log_count(&stk, "m1", said) < 1; t++)
+        usleep(100000);
+    char *log = th_stack_member_log(&stk, "m1");
+    cr_assert_eq(th_stack_log_count(&stk, "m1", said), 1, "%s", log ? log : "");
+    cr_expect(log && strstr(log, "\"topic\":\"payments\"") &&
+                  strstr(log, "\"recorded\":\"2\"") &&
+                  strstr(log, "\"current\":\"4\""),
+              "%s", log ? log : "");
+    free(log);
+    char *body = NULL;
+    cr_expect_eq(th_wait_unready(port, "recorded in redis", 20000, &body), 503,
+                 "%s", body ? body : "");
+    free(body);
+    /* Records in hand, none applied, no table loaded (no epoch taken),
+     * and the record left as it was. */
+    sleep(3);
+    cr_expect_eq(th_stack_applied(&stk), 0);
+    for (int p = 0; p < 4; p++)
+        cr_expect_eq(epoch_of(p), 0, "partition %d loaded", p);
+    const char *get[] = {"GET", key, NULL};
+    cr_expect_eq(redis_num(get), 2);
+    cr_expect_eq(th_stack_log_count(&stk, "m1", said), 1, "logged once");
+
+    /* The operator records the current count: the member goes on. */
+    const char *set4[] = {"SET", key, "4", NULL};
+    th_redis_ok(&stk.redis, set4);
+    if (th_stack_wait_applied(&stk, 3, 90000)) {
+        log = th_stack_member_log(&stk, "m1");
+        cr_assert_fail("not applied once the count was recorded:\n%s",
+                       log ? log : "");
+    }
+    wait_committed(4, 90000);
+    cr_expect_eq(th_stack_applied(&stk), 3);
+    expect_balance("user-1", "1000");
+    expect_balance("user-2", "2000");
+    expect_balance("user-3", "3000");
+    cr_expect_eq(th_stop(m, 15000), 0);
+    th_stack_stop(&stk);
+}
+
+/* A member's /metrics (GET must answer 200) value of `name`; -1 absent. */
+static double member_metric(int port, const char *name)
+{
+    char *body = NULL;
+    cr_assert_eq(th_http_get(port, "/metrics", &body), 200);
+    double v = th_metric(body, name);
+    free(body);
+    return v;
+}
+
+/* The first member records the count it sees, and its tables' gauges say
+ * what they hold: one mark per applied record of its partitions. */
+Test(partscope, first_member_records_the_input_partition_count, .timeout = 120)
+{
+    const char *props[] = {PARTSCOPE_PROPS, "dedup.memory.max=2097152", NULL};
+    cr_assert_eq(th_stack_start(&stk, 3, props), 0);
+    int port = th_free_port();
+    char listen[64];
+    snprintf(listen, sizeof(listen), "http.listen=127.0.0.1:%d", port);
+    const char *sets[] = {listen, NULL};
+    pid_t m = th_stack_member(&stk, "m1", sets);
+    cr_assert_gt(m, 0);
+    PRODUCE_LINES("first", payment(f_, "1", "ORD-1", "user-1", "10.00");
+                  payment(f_, "2", "ORD-2", "user-2", "20.00"));
+    cr_assert_eq(th_stack_wait_applied(&stk, 2, 90000), 0);
+    const char *get[] = {"GET", "idemproc:st{test-group:payments}:partitions",
+                         NULL};
+    cr_expect_eq(redis_num(get), 3);
+    /* The gauges are taken as offsets move: wait for the second mark. */
+    double marks = -1;
+    for (int t = 0; t < 100 && marks != 2; t++) {
+        marks = member_metric(port, "idemproc_dedup_table_marks");
+        if (marks != 2)
+            usleep(100000);
+    }
+    cr_expect_eq(marks, 2);
+    cr_expect_gt(member_metric(port, "idemproc_dedup_table_bytes"), 0);
+    cr_expect_eq(member_metric(port, "idemproc_dedup_memory_max_bytes"),
+                 2097152);
     cr_expect_eq(th_stop(m, 15000), 0);
     th_stack_stop(&stk);
 }

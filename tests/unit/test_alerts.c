@@ -92,6 +92,8 @@ static void exported_names(names_t *out)
     /* A script request Redis cannot end, as a stuck member renders it. */
     idem_metrics_script_unkillable_set(m, "payments", 0, 5, 1);
     idem_metrics_member_set(m, "payments", "member-1"); /* as run does */
+    /* The partition tables' gauges, as dedup.scope=partition renders them. */
+    idem_metrics_dedup_table_set(m, 1024, 50, 1073741824);
     char *buf = NULL;
     size_t len = 0;
     FILE *fp = open_memstream(&buf, &len);

@@ -285,6 +285,28 @@ Test(metrics, webhook_series_only_once_enabled)
     idem_metrics_destroy(m);
 }
 
+/* The partition tables' gauges appear once dedup.scope=partition reports
+ * them, with the values given. */
+Test(metrics, dedup_table_gauges_only_once_reported)
+{
+    idem_metrics_t *m = idem_metrics_new();
+    char *t = render(m);
+    cr_expect_null(strstr(t, "idemproc_dedup_table"), "%s", t);
+    free(t);
+    idem_metrics_dedup_table_set(m, 41216, 2048, 1048576);
+    t = render(m);
+    expect_line(t, "# TYPE idemproc_dedup_table_bytes gauge");
+    expect_line(t, "idemproc_dedup_table_bytes 41216");
+    expect_line(t, "idemproc_dedup_table_marks 2048");
+    expect_line(t, "idemproc_dedup_memory_max_bytes 1048576");
+    free(t);
+    idem_metrics_dedup_table_set(m, 0, 0, 1048576);
+    t = render(m);
+    expect_line(t, "idemproc_dedup_table_bytes 0");
+    free(t);
+    idem_metrics_destroy(m);
+}
+
 /* A script request Redis refused to end: counted, and one series names
  * its first record (and how many records it holds) while it is in flight,
  * the one before replaced, gone once it is over. */

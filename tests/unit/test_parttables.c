@@ -161,3 +161,15 @@ Test(parttables, memory_bound_is_reached_never_evicted)
     cr_expect(!idem_parttables_full(t));
     idem_parttables_destroy(t);
 }
+
+Test(parttables, a_changed_input_partition_count_holds_the_topic)
+{
+    cr_expect_eq(idem_parttables_count_verdict(-1, 4), IDEM_PART_COUNT_RECORD);
+    cr_expect_eq(idem_parttables_count_verdict(4, 4), IDEM_PART_COUNT_SAME);
+    /* partitions added (or a topic made again with fewer): keys moved */
+    cr_expect_eq(idem_parttables_count_verdict(4, 6), IDEM_PART_COUNT_CHANGED);
+    cr_expect_eq(idem_parttables_count_verdict(6, 4), IDEM_PART_COUNT_CHANGED);
+    /* Kafka did not answer: never taken as a count to record */
+    cr_expect_eq(idem_parttables_count_verdict(-1, 0), IDEM_PART_COUNT_UNKNOWN);
+    cr_expect_eq(idem_parttables_count_verdict(4, -1), IDEM_PART_COUNT_UNKNOWN);
+}
