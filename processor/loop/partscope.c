@@ -170,23 +170,29 @@ static void reserve(idem_partscope_t *ps, size_t n, size_t npos)
     }
 }
 
+/* New, empty tables keyed with the group's hash key. */
+static int tables_new(idem_partscope_t *ps, char *errstr, size_t errstr_size)
+{
+    uint8_t key[16];
+    if (idem_partstate_hashkey(ps->state, key, errstr, errstr_size))
+        return -1;
+    ps->tables = idem_parttables_new(key, (size_t)ps->conf->dedup_memory_max);
+    if (!ps->tables) {
+        snprintf(errstr, errstr_size, "partition tables: out of memory");
+        return -1;
+    }
+    return 0;
+}
+
 /* The group's hash key and the tables, once; Redis's window. */
 static int tables_ready(idem_partscope_t *ps, char *errstr, size_t errstr_size)
 {
-    if (!ps->tables) {
-        uint8_t key[16];
-        if (idem_partstate_hashkey(ps->state, key, errstr, errstr_size))
-            return -1;
-        ps->tables =
-            idem_parttables_new(key, (size_t)ps->conf->dedup_memory_max);
-        if (!ps->tables) {
-            snprintf(errstr, errstr_size, "partition tables: out of memory");
-            return -1;
-        }
-    }
+    if (!ps->tables && tables_new(ps, errstr, errstr_size))
+        return -1;
     /* A new connection may be a server that lost writes (a restart, a
      * failover): marks the tables hold may have effects that are gone.
-     * Every table is loaded again. */
+     * Every table is loaded again. The tables are NULL until new ones
+     * exist, so a failure here leaves nothing freed behind. */
     uint64_t c = idem_store_connections(ps->store);
     if (c != ps->connections) {
         if (ps->connections)
@@ -195,15 +201,9 @@ static int tables_ready(idem_partscope_t *ps, char *errstr, size_t errstr_size)
                         "loaded again",
                         "run_id", idem_store_run_id(ps->store), NULL);
         idem_parttables_destroy(ps->tables);
-        uint8_t key[16];
-        if (idem_partstate_hashkey(ps->state, key, errstr, errstr_size))
+        ps->tables = NULL;
+        if (tables_new(ps, errstr, errstr_size))
             return -1;
-        ps->tables =
-            idem_parttables_new(key, (size_t)ps->conf->dedup_memory_max);
-        if (!ps->tables) {
-            snprintf(errstr, errstr_size, "partition tables: out of memory");
-            return -1;
-        }
         ps->connections = idem_store_connections(ps->store);
         ps->window = -1;
     }
