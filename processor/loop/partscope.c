@@ -414,6 +414,23 @@ static void reset_chunks(idem_partscope_t *ps, size_t k)
         idem_parttables_reset(ps->tables, ps->ch[c].topic, ps->ch[c].partition);
 }
 
+/* Chunk k: pt's records chunkrecs[start..nc), sent at the owner epoch
+ * and expecting the position the member last saw acknowledged. */
+static idem_partstate_chunk_t *chunk_fill(idem_partscope_t *ps, size_t k,
+                                          const idem_part_t *pt, int64_t epoch,
+                                          size_t start, size_t nc)
+{
+    idem_partstate_chunk_t *c = &ps->ch[k];
+    memset(c, 0, sizeof(*c));
+    c->topic = pt->topic;
+    c->partition = pt->partition;
+    c->epoch = epoch;
+    c->expect_offset = pt->saved;
+    c->recs = (const void *const *)&ps->chunkrecs[start];
+    c->n = nc - start;
+    return c;
+}
+
 int idem_partscope_submit(idem_partscope_t *ps, idem_record_t **recs,
                           idem_part_t *const *part, size_t n,
                           const idem_store_pos_t *pos, size_t npos,
@@ -514,28 +531,14 @@ int idem_partscope_submit(idem_partscope_t *ps, idem_record_t **recs,
             if (ps->path[j] != 1 || part[j] != pt)
                 continue;
             if (nc - start == CHUNK_MAX) {
-                idem_partstate_chunk_t *c = &ps->ch[k];
-                memset(c, 0, sizeof(*c));
-                c->topic = pt->topic;
-                c->partition = pt->partition;
-                c->epoch = epoch;
-                c->expect_offset = pt->saved;
-                c->recs = (const void *const *)&ps->chunkrecs[start];
-                c->n = nc - start;
+                chunk_fill(ps, k, pt, epoch, start, nc);
                 ps->chpart[k++] = pt;
                 start = nc;
             }
             ps->chunkrecs[nc] = recs[j];
             ps->chunk_at[nc++] = j;
         }
-        idem_partstate_chunk_t *c = &ps->ch[k];
-        memset(c, 0, sizeof(*c));
-        c->topic = pt->topic;
-        c->partition = pt->partition;
-        c->epoch = epoch;
-        c->expect_offset = pt->saved;
-        c->recs = (const void *const *)&ps->chunkrecs[start];
-        c->n = nc - start;
+        idem_partstate_chunk_t *c = chunk_fill(ps, k, pt, epoch, start, nc);
         for (size_t q = 0; q < npos; q++)
             if (pos[q].partition == pt->partition &&
                 !strcmp(pos[q].topic, pt->topic)) {
