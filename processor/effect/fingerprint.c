@@ -2,6 +2,8 @@
 #include "effect/fingerprint.h"
 #include "base/util.h"
 #include "effect/handler.h"
+#include "redis/layout.h"
+#include "redis/rediskeys.h"
 
 #include <inttypes.h>
 #include <stdio.h>
@@ -113,5 +115,20 @@ char *idem_effect_fingerprint(const idem_conf_t *conf)
             if (!strncmp(conf->hkeys[i].name, ops->key_prefix,
                          strlen(ops->key_prefix)))
                 add_value(&t, conf->hkeys[i].name, conf->hkeys[i].value);
+    /* The dedup layouts this binary runs and the one it wants, in clear:
+     * the switch to partition waits until every live member supports the
+     * layout key and wants it (redis/layout.h). */
+    char line[128];
+    snprintf(line, sizeof(line), "%s=%s\n%s=%s\n", IDEM_LAYOUT_FP_SUPPORTS,
+             IDEM_LAYOUT_FP_ALL, IDEM_LAYOUT_FP_WANTS,
+             conf->dedup_scope == IDEM_DEDUP_SCOPE_PARTITION ? "partition"
+                                                             : "global");
+    size_t ln = strlen(line);
+    if (t.len + ln + 1 > t.cap) {
+        t.cap = t.len + ln + 1;
+        t.s = idem_xrealloc(t.s, t.cap);
+    }
+    memcpy(t.s + t.len, line, ln + 1);
+    t.len += ln;
     return t.s;
 }

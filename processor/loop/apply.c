@@ -44,8 +44,11 @@ int idem_apply_start(idem_apply_t *a, const idem_handler_ops_t *ops,
     if (!(a->h = ops->start(&c, errstr, errstr_size)))
         return -1;
     a->ps_store = ctx->store;
+    /* An effect the store frames (handler=ledger) runs under the group's
+     * dedup layout key whatever dedup.scope wants (loop/partscope.h). */
     if (!a->leased && ctx->conf && ctx->store &&
-        ctx->conf->dedup_scope == IDEM_DEDUP_SCOPE_PARTITION &&
+        (ctx->conf->dedup_scope == IDEM_DEDUP_SCOPE_PARTITION ||
+         idem_store_effect(ctx->store, NULL, NULL, NULL)) &&
         !(a->ps =
               idem_partscope_new(ctx->store, ctx->conf, errstr, errstr_size))) {
         ops->stop(a->h);
@@ -214,6 +217,13 @@ size_t idem_apply_collect(idem_apply_t *a, const char *owner,
         return 0;
     size_t n = a->ops->collect(a->h, out, max, timeout_ms);
     a->inflight -= n < a->inflight ? n : a->inflight;
+    /* A failed request may be the global script's LAYOUT refusal: the
+     * layout key is read again before the records go again. */
+    for (size_t i = 0; a->ps && i < n; i++)
+        if (out[i].kind == IDEM_RESULT_OUTAGE) {
+            idem_partscope_layout_recheck(a->ps);
+            break;
+        }
     if (!a->leased || !n)
         return n;
     scratch_reserve(a, n);

@@ -5,6 +5,8 @@
 #include "base/util.h"
 #include "loop/parttables.h"
 #include "loop/rec.h"
+#include "redis/layout.h"
+#include "redis/rediskeys.h"
 #include "redis/partstate.h"
 
 #include <inttypes.h>
@@ -55,6 +57,12 @@ struct idem_partscope_s {
         int same;
     } * counts;
     size_t ncounts;
+    idem_layout_t layout;   /* the group's layout key as last read */
+    int layout_known;       /* read once at least */
+    int layout_recheck;     /* read it again at the next submit */
+    int rollback_checked;   /* the start's rollback considered */
+    int64_t layout_read_ms; /* our clock when read */
+    char layout_sha[41];    /* the switch script's digest */
 };
 
 idem_partscope_t *idem_partscope_new(idem_store_t *store,
@@ -431,6 +439,89 @@ static idem_partstate_chunk_t *chunk_fill(idem_partscope_t *ps, size_t k,
     return c;
 }
 
+void idem_partscope_layout_recheck(idem_partscope_t *ps)
+{
+    if (ps)
+        ps->layout_recheck = 1;
+}
+
+/* Tables go (a layout change, the end of a transition): loaded again when
+ * needed. */
+static void tables_drop_all(idem_partscope_t *ps)
+{
+    idem_parttables_destroy(ps->tables);
+    ps->tables = NULL;
+    ps->window = -1;
+}
+
+/* The group's layout key, read at most once a second (and at once after a
+ * LAYOUT answer): a stale belief is safe, since every script checks the
+ * key with its writes and refuses. At the first read, a member that wants
+ * global and finds partition switches the key back (a rollback, with
+ * since = now: the partition marks are honoured for one TTL). A changed
+ * layout drops the tables. The effect's global framing is told the
+ * layout. 0, or -1 with errstr (retriable). */
+static int layout_refresh(idem_partscope_t *ps, char *errstr,
+                          size_t errstr_size)
+{
+    int64_t ms = idem_now_ms();
+    if (ps->layout_known && !ps->layout_recheck &&
+        ms - ps->layout_read_ms < 1000)
+        return 0;
+    idem_layout_t l;
+    if (idem_layout_store_read(ps->store, ps->conf, &l, errstr, errstr_size))
+        return -1;
+    if (!ps->rollback_checked &&
+        ps->conf->dedup_scope != IDEM_DEDUP_SCOPE_PARTITION &&
+        l.layout == IDEM_LAYOUT_PARTITION) {
+        int rc = idem_layout_store_switch(
+            ps->store, ps->conf, ps->layout_sha, IDEM_LAYOUT_PARTITION,
+            IDEM_LAYOUT_GLOBAL, &l, errstr, errstr_size);
+        if (rc < 0)
+            return -1;
+        if (rc == 1)
+            idem_log_kv(IDEM_LOG_WARN,
+                        "dedup layout switched back to global: this member "
+                        "wants dedup.scope=global; the partition marks are "
+                        "honoured for one dedup.ttl.seconds",
+                        "member", ps->conf->member_id, NULL);
+    }
+    ps->rollback_checked = 1;
+    if (ps->layout_known &&
+        (l.layout != ps->layout.layout || l.since != ps->layout.since)) {
+        char since[24];
+        snprintf(since, sizeof(since), "%" PRId64, l.since);
+        idem_log_kv(IDEM_LOG_INFO,
+                    "dedup layout changed: partition tables are loaded again",
+                    "layout", idem_layout_kind2str(l.layout), "from",
+                    idem_layout_kind2str(l.from), "since", since, NULL);
+        tables_drop_all(ps);
+    }
+    ps->layout = l;
+    ps->layout_known = 1;
+    ps->layout_recheck = 0;
+    ps->layout_read_ms = ms;
+    idem_store_effect_layout(ps->store, idem_layout_kind2str(l.layout));
+    return 0;
+}
+
+/* A record the global layout applied (the chunk's "global:<mark>"): a
+ * duplicate, with the first's message id from its mark "done:<id>". */
+static void answer_global(idem_result_t *r, idem_record_t *rec,
+                          const char *mark)
+{
+    idem_result_set(r, rec, IDEM_RESULT_DUPLICATE, NULL);
+    r->prior_mid_len = 0;
+    r->prior_mid[0] = '\0';
+    if (!strncmp(mark, "done:", 5)) {
+        size_t len = strlen(mark + 5);
+        if (len < sizeof(r->prior_mid)) {
+            memcpy(r->prior_mid, mark + 5, len + 1);
+            r->prior_mid_len = len;
+        }
+    }
+}
+
 int idem_partscope_submit(idem_partscope_t *ps, idem_record_t **recs,
                           idem_part_t *const *part, size_t n,
                           const idem_store_pos_t *pos, size_t npos,
@@ -440,6 +531,27 @@ int idem_partscope_submit(idem_partscope_t *ps, idem_record_t **recs,
 {
     *nnow = *nrest = *nrpos = 0;
     *rpos = NULL;
+    if (layout_refresh(ps, errstr, errstr_size))
+        return -1;
+    /* Under the global layout, past any transition: everything goes to
+     * the handler. Under global for one TTL after a rollback (readonly):
+     * the tables are loaded but never written to Redis, and a record they
+     * hold was applied under partition. Under partition for one TTL after
+     * the switch: chunks carry the identities, the script answers those
+     * the global layout applied. */
+    int64_t lnow = ps->layout.now + (idem_now_ms() - ps->layout_read_ms) / 1000;
+    int honour =
+        idem_layout_honours(&ps->layout, ps->conf->dedup_ttl_seconds, lnow);
+    int readonly = ps->layout.layout != IDEM_LAYOUT_PARTITION;
+    if (readonly && !honour) {
+        if (ps->tables)
+            tables_drop_all(ps);
+        *nrest = n;
+        *rpos = pos;
+        *nrpos = npos;
+        return 0;
+    }
+    idem_partstate_honour_global(ps->state, !readonly && honour);
     counts_forget(ps);
     reserve(ps, n, npos);
     if (tables_ready(ps, errstr, errstr_size))
@@ -483,7 +595,16 @@ int idem_partscope_submit(idem_partscope_t *ps, idem_record_t **recs,
         switch (idem_parttables_take(ps->tables, pt->topic, pt->partition,
                                      &ps->marks[i], ps->window, &prior)) {
         case IDEM_PART_NEW:
-            ps->path[i] = 1;
+            if (!readonly) {
+                ps->path[i] = 1;
+                break;
+            }
+            /* Not held: the global path, and a moved mark in the table,
+             * so a repeat in this request goes there too. */
+            if (idem_parttables_settle(ps->tables, pt->topic, pt->partition,
+                                       &ps->marks[i], ps->window, ps->window,
+                                       1))
+                idem_parttables_reset(ps->tables, pt->topic, pt->partition);
             break;
         case IDEM_PART_DUPLICATE: {
             /* A first of this identity in this very request waits for
@@ -511,6 +632,7 @@ int idem_partscope_submit(idem_partscope_t *ps, idem_record_t **recs,
             break;
         }
     }
+    int layout_failed = 0;
     /* Chunks: per partition, its records in poll order (at most
      * CHUNK_MAX each; only the last carries the position). */
     size_t k = 0, nc = 0;
@@ -559,6 +681,8 @@ int idem_partscope_submit(idem_partscope_t *ps, idem_record_t **recs,
     if (k) {
         /* A chunk whose expected start is not Redis's gets POSITION; a
          * chunk of a partition Redis holds no position for is not sent. */
+        for (size_t c = 0; c < k; c++)
+            ps->rcs[c] = 0;
         int rc =
             idem_partstate_chunks(ps->state, ps->ch, k, ps->chres, ps->windows,
                                   ps->rcs, errstr, errstr_size);
@@ -570,6 +694,12 @@ int idem_partscope_submit(idem_partscope_t *ps, idem_record_t **recs,
         int failed = 0;
         for (size_t c = 0, at = 0; c < k; at += ps->ch[c].n, c++) {
             idem_partstate_chunk_t *ch = &ps->ch[c];
+            if (ps->rcs[c] == IDEM_PARTSTATE_LAYOUT) {
+                /* Nothing written: its records stay due, routed again
+                 * after the key is read again (below). */
+                layout_failed = 1;
+                continue;
+            }
             if (ps->rcs[c]) {
                 idem_parttables_reset(ps->tables, ch->topic, ch->partition);
                 failed = 1;
@@ -581,12 +711,15 @@ int idem_partscope_submit(idem_partscope_t *ps, idem_record_t **recs,
                 size_t i = ps->chunk_at[at + q];
                 const idem_partstate_result_t *res = &ps->res[at + q];
                 int rej = res->outcome == IDEM_PARTSTATE_REJECTED;
+                int gdone = res->outcome == IDEM_PARTSTATE_GLOBAL_DONE;
                 if (idem_parttables_settle(ps->tables, ch->topic, ch->partition,
                                            &ps->marks[i], ps->w_taken[i],
                                            ps->windows[c], rej))
                     idem_parttables_reset(ps->tables, ch->topic, ch->partition);
                 ps->path[i] = rej ? 6 : 5; /* 5 done, 6 refused */
-                if (rej)
+                if (gdone)
+                    answer_global(&now[(*nnow)++], recs[i], res->detail);
+                else if (rej)
                     idem_result_set(&now[(*nnow)++], recs[i],
                                     IDEM_RESULT_REJECT, "%s", res->detail);
                 else
@@ -615,6 +748,17 @@ int idem_partscope_submit(idem_partscope_t *ps, idem_record_t **recs,
             answer_duplicate(&now[(*nnow)++], recs[i],
                              mark_digest(&ps->marks[ps->first[i]]),
                              &ps->marks[i]);
+    if (layout_failed) {
+        idem_log_kv(IDEM_LOG_INFO,
+                    "a chunk found the dedup layout changed: its records are "
+                    "routed again",
+                    "member", ps->conf->member_id, NULL);
+        ps->layout_recheck = 1;
+        if (layout_refresh(ps, errstr, errstr_size))
+            return -1;
+        if (ps->tables)
+            tables_drop_all(ps);
+    }
     if (full) {
         snprintf(errstr, errstr_size,
                  "dedup.memory.max reached (%zu bytes in partition tables)",
@@ -628,7 +772,7 @@ int idem_partscope_submit(idem_partscope_t *ps, idem_record_t **recs,
     for (size_t q = 0; q < npos; q++) {
         int carried = 0;
         for (size_t c = 0; c < k && !carried; c++)
-            carried = ps->ch[c].newpos &&
+            carried = ps->ch[c].newpos && !ps->rcs[c] &&
                       ps->ch[c].partition == pos[q].partition &&
                       !strcmp(ps->ch[c].topic, pos[q].topic);
         if (!carried)

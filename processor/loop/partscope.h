@@ -50,6 +50,11 @@ typedef int (*idem_partscope_count_fn)(void *opaque, const char *topic,
 void idem_partscope_counter(idem_partscope_t *ps, idem_partscope_count_fn fn,
                             void *opaque);
 
+/* The group's dedup layout key (redis/layout.h) is read again before the
+ * next submit: called after a failed request of the handler (its global
+ * script refuses with LAYOUT when the key changed). */
+void idem_partscope_layout_recheck(idem_partscope_t *ps);
+
 /* Revoked or lost: the partition's table goes. */
 void idem_partscope_drop(idem_partscope_t *ps, const char *topic,
                          int32_t partition);

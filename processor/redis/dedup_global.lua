@@ -2,8 +2,10 @@
 -- layout (dedup.scope=global, and records that leave their partition
 -- under dedup.scope=partition). The store prepends `local PER = <n>` and
 -- the handler's effect function (handlers/ledger.lua is the model) at
--- registration. ARGV = prefix, group.id, dedup.ttl.seconds, then PER per
--- record: identity, message_id, the effect's own.
+-- registration. ARGV = prefix, group.id, dedup.ttl.seconds, the layout
+-- the member runs ("global", or "partition" for the records that leave
+-- their partition), then PER per record: identity, message_id, the
+-- effect's own.
 --
 -- For each record a done or lease mark means "not applied" (the mark is
 -- returned); else the effect and the done mark happen together inside
@@ -12,7 +14,15 @@
 -- unmarked and returns "reject:<error>", as do the repeats of its identity
 -- later in the chunk. A server error of the effect is the reply.
 local group, ttl = ARGV[2], ARGV[3]
-local FIRST = 3
+local FIRST = 4
+-- Layout check (redis/layout.h): the group's layout key must say what
+-- the member runs (absent: global), else nothing is written and the
+-- member reads the key again and routes the records again.
+local runs = redis.call('HGET', ARGV[1] .. 'layout:' .. group, 'layout')
+if (runs or 'global') ~= ARGV[4] then
+  return redis.error_reply('LAYOUT redis runs ' .. (runs or 'global') ..
+                           ', the member ' .. ARGV[4])
+end
 local n = (#ARGV - FIRST) / PER
 local keys = {}
 for j = 1, n do

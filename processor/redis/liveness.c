@@ -3,6 +3,8 @@
 #include "base/log.h"
 #include "base/util.h"
 #include "obs/metrics.h"
+#include "redis/layout.h"
+#include "redis/rediskeys.h"
 #include "redis/redisconn.h"
 
 #include <errno.h>
@@ -97,6 +99,8 @@ struct idem_liveness_s {
     idem_redisconn_t *rc;
     int failing; /* the last beat failed (logged once per outage) */
     char beat_sha[41], leave_sha[41]; /* script digests, "" until loaded */
+    char layout_sha[41];              /* the layout switch's */
+    char *layout_blocked; /* who blocks the switch, last logged ("" none) */
 };
 
 static void members_key(const idem_conf_t *conf, char *buf, size_t size)
@@ -257,6 +261,59 @@ static void check_members(idem_liveness_t *l, const redisReply *r)
     }
 }
 
+/* A member that wants the partition layout switches the group's layout
+ * key to it (compare and set: only if it still says global) once every
+ * live member's fingerprint (the beat's reply: member, fingerprint, ...,
+ * this member's included) supports the key and wants partition. Who
+ * blocks it is logged when that changes. */
+static void layout_consider(idem_liveness_t *l, const redisReply *r)
+{
+    if (l->conf->dedup_scope != IDEM_DEDUP_SCOPE_PARTITION || !r ||
+        r->type != REDIS_REPLY_ARRAY || r->elements % 2 || !l->rc)
+        return;
+    size_t n = r->elements / 2, k = 0;
+    const char **fps = idem_xcalloc(n + 1, sizeof(*fps));
+    const char **who = idem_xcalloc(n + 1, sizeof(*who));
+    for (size_t i = 0; i + 1 < r->elements; i += 2)
+        if (r->element[i]->type == REDIS_REPLY_STRING &&
+            r->element[i + 1]->type == REDIS_REPLY_STRING) {
+            who[k] = r->element[i]->str;
+            fps[k++] = r->element[i + 1]->str;
+        }
+    size_t b = 0;
+    char why[64] = "", blocked[512] = "";
+    if (!idem_layout_decide(fps, k, IDEM_LAYOUT_PARTITION, &b, why,
+                            sizeof(why)))
+        snprintf(blocked, sizeof(blocked), "%s %s", who[b], why);
+    free(fps);
+    free(who);
+    if (strcmp(blocked, l->layout_blocked ? l->layout_blocked : "")) {
+        free(l->layout_blocked);
+        l->layout_blocked = idem_xstrdup(blocked);
+        if (blocked[0])
+            idem_log_kv(IDEM_LOG_INFO,
+                        "dedup layout stays as it is: a live member does not "
+                        "support or want partition",
+                        "member", l->conf->member_id, "blocker", blocked, NULL);
+    }
+    if (blocked[0])
+        return;
+    idem_layout_t st;
+    char errstr[512];
+    int rc = idem_layout_switch(
+        idem_redisconn_context(l->rc), l->conf, l->layout_sha,
+        IDEM_LAYOUT_GLOBAL, IDEM_LAYOUT_PARTITION, &st, errstr, sizeof(errstr));
+    if (rc < 0)
+        idem_log_kv(IDEM_LOG_WARN, "dedup layout switch failed", "error",
+                    errstr, NULL);
+    else if (rc == 1)
+        idem_log_kv(IDEM_LOG_WARN,
+                    "dedup layout switched to partition: every live member "
+                    "supports and wants it; global marks are honoured for "
+                    "one dedup.ttl.seconds",
+                    "member", l->conf->member_id, NULL);
+}
+
 static void beat(idem_liveness_t *l)
 {
     char ttl[24], errstr[512];
@@ -276,6 +333,7 @@ static void beat(idem_liveness_t *l)
     }
     l->failing = 0;
     check_members(l, r);
+    layout_consider(l, r);
     freeReplyObject(r);
 }
 
@@ -355,6 +413,7 @@ void idem_liveness_stop(idem_liveness_t *l)
     pthread_mutex_destroy(&l->lock);
     free(l->fingerprint);
     free(l->warned);
+    free(l->layout_blocked);
     free(l);
 }
 

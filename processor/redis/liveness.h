@@ -36,7 +36,12 @@ typedef struct idem_liveness_s idem_liveness_t;
  * idemproc_group_config_mismatch (metrics may be NULL), and a warning
  * naming both members and the differing keys is logged whenever the set
  * of mismatches changes. A warning, not a refusal: a rolling change of
- * settings passes through this state. */
+ * settings passes through this state.
+ *
+ * With dedup.scope=partition, each beat also switches the group's dedup
+ * layout key to partition once every live member's fingerprint supports
+ * the key and wants partition (redis/layout.h: idem_layout_decide, then
+ * a compare and set from global). */
 idem_liveness_t *idem_liveness_start(const idem_conf_t *conf,
                                      const char *fingerprint,
                                      idem_metrics_t *metrics, char *errstr,

@@ -6,15 +6,19 @@
 -- of the partition's marks and sends only records it does not hold.
 --
 -- KEYS = the partition's epoch, index and sequence (under the partition's
--- hash tag) and the positions hash <prefix>pos:<group>.
+-- hash tag) and the positions hash <prefix>pos:<group>; LAST, the layout
+-- key <prefix>layout:<group> (the layout block below).
 -- ARGV = prefix, group.id, dedup.ttl.seconds, the chunk keys' name stem
 -- "<prefix>st{<group>:<topic>:<partition>}:", the owner epoch, the offset
 -- the stored position must hold, the new position value ("" to leave it),
 -- the window length in seconds, the position's field "<topic>:<partition>";
--- then PER per record: its 16-byte mark (12 B keyed hash of the identity,
+-- LAST of the fixed ones, "1" when the message-id slots carry identities
+-- (the layout block); then PER per record: its 16-byte mark (12 B keyed hash of the identity,
 -- 4 B digest of the message id; top bit of byte 13 set: "moved", the
 -- record left the partition and only the mark is written), the message id
--- (sent empty: the mark carries its digest), the effect's own arguments.
+-- (sent empty: the mark carries its digest; the identity while a switch
+-- from the global layout is younger than the TTL), the effect's own
+-- arguments.
 --
 -- Before any write: the stored epoch must equal the chunk's (else error
 -- FENCED: another member owns the partition now) and the stored position's
@@ -26,10 +30,12 @@
 -- expiring at the window's end plus the TTL, appended to the index (whose
 -- expired head is trimmed), and the new position is written. Reply: the
 -- window, then one string per record: "" applied, "moved" (a moved mark
--- written), "reject:<error>" (refused; a moved mark written).
+-- written), "reject:<error>" (refused; a moved mark written),
+-- "global:<mark>" (applied under the global layout: not applied again,
+-- its mark written).
 local ttl, stem, epoch = tonumber(ARGV[3]), ARGV[4], ARGV[5]
 local expect, newpos, W, field = ARGV[6], ARGV[7], tonumber(ARGV[8]), ARGV[9]
-local FIRST = 9
+local FIRST = 10
 local cur = redis.call('GET', KEYS[1])
 if cur ~= epoch then
   return redis.error_reply('FENCED owner epoch ' .. (cur or 'none') ..
@@ -42,10 +48,38 @@ if off ~= expect then
                            ', chunk starts at ' .. expect)
 end
 local n = (#ARGV - FIRST) / PER
+-- Layout block (redis/layout.h): chunks only under the partition layout
+-- (error LAYOUT otherwise, nothing written: the member reads the key again
+-- and routes the records again). For one TTL after a switch from global,
+-- a record whose global mark <prefix>dedup:<group>:<identity> exists was
+-- applied under the global layout: it is answered "global:<mark>", not
+-- applied, and still gets its partition mark. The member must then send
+-- the identities (ARGV[FIRST] = "1"), else LAYOUT.
+local lay = redis.call('HMGET', KEYS[#KEYS], 'layout', 'since', 'from')
+if lay[1] ~= 'partition' then
+  return redis.error_reply('LAYOUT redis runs ' .. (lay[1] or 'global') ..
+                           ', the chunk partition')
+end
+local gdone = {}
+if (lay[3] or 'global') ~= 'partition' and n > 0 and
+    tonumber(redis.call('TIME')[1]) < (tonumber(lay[2]) or 0) + ttl then
+  if ARGV[FIRST] ~= '1' then
+    return redis.error_reply('LAYOUT switched from global within the TTL, ' ..
+                             'the chunk carries no identities')
+  end
+  local gk = {}
+  for j = 1, n do
+    gk[j] = ARGV[1] .. 'dedup:' .. ARGV[2] .. ':' ..
+            ARGV[FIRST + (j - 1) * PER + 2]
+  end
+  gdone = redis.call('MGET', unpack(gk))
+end
 local out, js = {}, {}
 for j = 1, n do
   if string.byte(ARGV[FIRST + (j - 1) * PER + 1], 13) >= 128 then
     out[j] = 'moved'
+  elseif gdone[j] then
+    out[j] = 'global:' .. gdone[j]
   else
     js[#js + 1] = j
     out[j] = ''

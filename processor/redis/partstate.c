@@ -3,6 +3,7 @@
  * the handler's effect), on the store's connection. */
 #include "redis/partstate.h"
 #include "base/util.h"
+#include "redis/layout.h"
 #include "redis/storectx.h"
 
 #include <errno.h>
@@ -32,6 +33,8 @@ struct idem_partstate_s {
     const char **argv; /* scratch, reused across chunks */
     size_t *argvlen;
     size_t argv_cap;
+    char layout_key[512]; /* the group's layout key (redis/layout.h) */
+    int honour_global;    /* identities in the message-id slots */
 };
 
 idem_partstate_t *idem_partstate_new(idem_store_t *store,
@@ -58,6 +61,7 @@ idem_partstate_t *idem_partstate_new(idem_store_t *store,
         conf->dedup_ttl_seconds / 8 > 0 ? conf->dedup_ttl_seconds / 8 : 1;
     snprintf(p->pos_key, sizeof(p->pos_key), "%spos:%s", conf->redis_prefix,
              conf->group_id ? conf->group_id : "");
+    idem_layout_key(conf, p->layout_key, sizeof(p->layout_key));
     char head[48];
     int hl = snprintf(head, sizeof(head), "local PER = %zu\n", per);
     size_t el = strlen(effect);
@@ -355,6 +359,9 @@ static int chunk_reply(redisReply *r, size_t n,
             continue;
         if (!strcmp(e->str, "moved")) {
             res->outcome = IDEM_PARTSTATE_MOVED_MARK;
+        } else if (!strncmp(e->str, "global:", 7)) {
+            res->outcome = IDEM_PARTSTATE_GLOBAL_DONE;
+            snprintf(res->detail, sizeof(res->detail), "%s", e->str + 7);
         } else if (!strncmp(e->str, "reject:", 7)) {
             res->outcome = IDEM_PARTSTATE_REJECTED;
             snprintf(res->detail, sizeof(res->detail), "%s", e->str + 7);
@@ -384,15 +391,16 @@ static long long chunk_format(idem_partstate_t *p,
     if (ch->newpos && !idem_posval_format(pos, sizeof(pos), ch->newpos->offset,
                                           &ch->newpos->val))
         snprintf(pos, sizeof(pos), "%" PRId64, ch->newpos->offset);
-    argv_reserve(p, 16 + ch->n * p->per);
+    argv_reserve(p, 18 + ch->n * p->per);
     size_t a = 0;
     p->argv[a++] = "EVALSHA";
     p->argv[a++] = p->sha;
-    p->argv[a++] = "4";
+    p->argv[a++] = "5";
     p->argv[a++] = kepoch;
     p->argv[a++] = kidx;
     p->argv[a++] = kseq;
     p->argv[a++] = p->pos_key;
+    p->argv[a++] = p->layout_key; /* the layout block's, last */
     p->argv[a++] = p->conf->redis_prefix;
     p->argv[a++] = p->conf->group_id ? p->conf->group_id : "";
     p->argv[a++] = ttl;
@@ -402,6 +410,7 @@ static long long chunk_format(idem_partstate_t *p,
     p->argv[a++] = pos;
     p->argv[a++] = win;
     p->argv[a++] = field;
+    p->argv[a++] = p->honour_global ? "1" : "0"; /* the layout block's */
     for (size_t i = 0; i < a; i++)
         p->argvlen[i] = strlen(p->argv[i]);
     for (size_t i = 0; i < ch->n; i++) {
@@ -413,12 +422,13 @@ static long long chunk_format(idem_partstate_t *p,
                      got, p->per);
             return -1;
         }
+        /* The chunk script reads no message id (the mark carries its
+         * digest): bytes Redis need not parse. While a switch from the
+         * global layout is honoured, the identity goes there instead. */
+        p->argv[a + 1] = p->honour_global ? p->argv[a] : "";
+        p->argvlen[a + 1] = p->honour_global ? p->argvlen[a] : 0;
         p->argv[a] = (const char *)ch->marks[i]; /* the mark, not identity */
         p->argvlen[a] = IDEM_PARTSTATE_MARK;
-        /* The chunk script reads no message id (the mark carries its
-         * digest): bytes Redis need not parse. */
-        p->argv[a + 1] = "";
-        p->argvlen[a + 1] = 0;
         a += got;
     }
     long long len = redisFormatCommandArgv(cmd, (int)a, p->argv, p->argvlen);
@@ -469,6 +479,8 @@ int idem_partstate_chunks(idem_partstate_t *p, const idem_partstate_chunk_t *ch,
             rcs[i] = IDEM_PARTSTATE_FENCED;
         else if (!strncmp(r->str, "POSITION ", 9))
             rcs[i] = IDEM_PARTSTATE_POSITION;
+        else if (!strncmp(r->str, "LAYOUT ", 7))
+            rcs[i] = IDEM_PARTSTATE_LAYOUT;
         else if (!strncmp(r->str, "NOSCRIPT", 8))
             noscript = 1;
         else if (!failed) {
@@ -490,6 +502,11 @@ int idem_partstate_chunks(idem_partstate_t *p, const idem_partstate_chunk_t *ch,
         return idem_store_ctx_fail(p->store, "EVALSHA partition chunk", first,
                                    errstr, errstr_size);
     return 0;
+}
+
+void idem_partstate_honour_global(idem_partstate_t *p, int on)
+{
+    p->honour_global = on;
 }
 
 int idem_partstate_chunk(idem_partstate_t *p, const idem_partstate_chunk_t *ch,

@@ -83,6 +83,8 @@ typedef enum {
     IDEM_PARTSTATE_APPLIED = 0, /* effect and mark written */
     IDEM_PARTSTATE_MOVED_MARK,  /* a "moved" mark sent: written, no effect */
     IDEM_PARTSTATE_REJECTED,    /* effect refused (detail); a moved mark */
+    IDEM_PARTSTATE_GLOBAL_DONE, /* applied under the global layout (its
+                                   mark in detail): not applied, marked */
 } idem_partstate_outcome_t;
 
 typedef struct {
@@ -105,6 +107,16 @@ typedef struct {
 /* The chunk script's answers besides success. */
 #define IDEM_PARTSTATE_FENCED   1 /* another owner's epoch */
 #define IDEM_PARTSTATE_POSITION 2 /* Redis's position is not expect_offset */
+#define IDEM_PARTSTATE_LAYOUT                                                  \
+    3 /* the layout key does not say partition,                                \
+         or a switch from global is honoured                                   \
+         and the chunk had no identities */
+
+/* With on set, chunks carry each record's identity (the effect's first
+ * argument) in its message-id slot, so that for one TTL after a switch
+ * from the global layout the chunk script finds the records that layout
+ * applied (IDEM_PARTSTATE_GLOBAL_DONE; redis/layout.h). */
+void idem_partstate_honour_global(idem_partstate_t *p, int on);
 
 /* Runs one chunk: results[ch->n] and the chunk's window in *window. Returns
  * 0; IDEM_PARTSTATE_FENCED or IDEM_PARTSTATE_POSITION (nothing written,

@@ -96,6 +96,8 @@ struct idem_store_s {
     size_t effect_per;
     idem_store_args_fn effect_args;
     void *effect_opaque;
+    int effect_script;         /* its script number (-1 none) */
+    const char *effect_layout; /* the layout its framing is told (static) */
     idem_metrics_t *metrics;
     idem_redisconn_t *conn; /* owns c */
     redisContext *c;
@@ -764,7 +766,10 @@ static int store_send(idem_store_t *s, int script, const char *arg3,
     const user_script_t *u =
         script >= SCRIPT_CNT ? &s->user[script - SCRIPT_CNT] : NULL;
     size_t per = u ? u->per_record : 2;
-    size_t fixed = 3 /* EVALSHA sha numkeys */ + 3 + (owner ? 1 : 0);
+    /* The effect's global framing also gets the layout the member runs
+     * (redis/dedup_global.lua; redis/layout.h). */
+    int layout = s->effect && script == s->effect_script;
+    size_t fixed = 3 /* EVALSHA sha numkeys */ + 3 + (owner ? 1 : 0) + layout;
     if (s->pending_chunks) {
         snprintf(errstr, errstr_size, "redis: a request is still in flight");
         return -1;
@@ -787,6 +792,8 @@ static int store_send(idem_store_t *s, int script, const char *arg3,
         s->argv[a++] = arg3;
         if (owner)
             s->argv[a++] = owner;
+        if (layout)
+            s->argv[a++] = s->effect_layout;
         for (size_t i = 0; i < a; i++)
             s->argvlen[i] = strlen(s->argv[i]);
         for (size_t i = 0; i < cnt; i++)
@@ -1042,7 +1049,14 @@ int idem_store_effect_register(idem_store_t *s, const char *effect, size_t len,
     s->effect_per = per_record;
     s->effect_args = args;
     s->effect_opaque = opaque;
+    s->effect_script = n;
+    s->effect_layout = "global";
     return n;
+}
+
+void idem_store_effect_layout(idem_store_t *s, const char *layout)
+{
+    s->effect_layout = layout;
 }
 
 const char *idem_store_effect(const idem_store_t *s, size_t *per_record,

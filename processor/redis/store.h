@@ -175,6 +175,12 @@ int idem_store_effect_register(idem_store_t *s, const char *effect, size_t len,
                                size_t per_record, idem_store_args_fn args,
                                void *opaque, char *errstr, size_t errstr_size);
 
+/* The layout the effect's global framing is told the member runs
+ * ("global", the default, or "partition"; static text, borrowed): the
+ * script refuses with an error LAYOUT when the group's layout key says
+ * otherwise (redis/layout.h). */
+void idem_store_effect_layout(idem_store_t *s, const char *layout);
+
 /* The effect registered with idem_store_effect_register (borrowed, NUL-
  * terminated), its arguments per record in *per_record and its args
  * function and opaque in *args and *opaque; NULL when none was. */
