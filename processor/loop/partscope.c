@@ -65,6 +65,9 @@ struct idem_partscope_s {
     char layout_sha[41];    /* the switch script's digest */
 };
 
+static int layout_refresh(idem_partscope_t *ps, char *errstr,
+                          size_t errstr_size);
+
 idem_partscope_t *idem_partscope_new(idem_store_t *store,
                                      const idem_conf_t *conf, char *errstr,
                                      size_t errstr_size)
@@ -78,6 +81,14 @@ idem_partscope_t *idem_partscope_new(idem_store_t *store,
         free(ps);
         return NULL;
     }
+    /* The layout key at start (a rollback switches it back now, not at
+     * the first records); Redis not there yet: at the first submit. */
+    char lerr[512];
+    if (layout_refresh(ps, lerr, sizeof(lerr)))
+        idem_log_kv(IDEM_LOG_INFO,
+                    "dedup layout key not read at start: read at the first "
+                    "records",
+                    "error", lerr, NULL);
     return ps;
 }
 
