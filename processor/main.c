@@ -177,6 +177,10 @@ static void usage(FILE *out)
             "                                 letters back through dedup\n"
             "  offsets show|reset -c FILE     Kafka's and Redis's positions; "
             "rewind or skip\n"
+            "  layout [show|set L] -c FILE    the group's dedup layout "
+            "(global or partition)\n"
+            "                                 and what live members want; "
+            "switch it\n"
             "  check-config -c FILE           validate and print the "
             "effective configuration\n"
             "                                 (--connect: also reach Kafka "
@@ -205,6 +209,7 @@ static const command_t commands[] = {
     {"dlq", idem_cmd_dlq, idem_cmd_dlq_usage},
     {"outbox", idem_cmd_outbox, idem_cmd_outbox_usage},
     {"offsets", idem_cmd_offsets, idem_cmd_offsets_usage},
+    {"layout", idem_cmd_layout, idem_cmd_layout_usage},
     {"check-config", cmd_check_config, check_config_usage},
 };
 
