@@ -61,7 +61,7 @@ static const idem_conf_key_t redis_keys[] = {
     IDEM_CONF_INT("dedup.lease.ms", dedup_lease_ms, "30000", 100, 3600000, 0, NULL,
         "lease on a record while an external effect is in flight"),
     IDEM_CONF_ENUM("dedup.scope", dedup_scope, "global", 0,
-        "global: a mark key per identity; partition: each partition's marks held by its owner and written in chunks with the effect (handler=ledger only; producers must key by business key: docs/guarantees.md)",
+        "the layout this member wants (the group runs the one its Redis layout key says: idemproc layout show): global: a mark key per identity; partition: each partition's marks held by its owner and written in chunks with the effect (handler=ledger only; producers must key by business key: docs/guarantees.md)",
         "global", "partition"),
     IDEM_CONF_INT("dedup.memory.max", dedup_memory_max, "1073741824", 1048576, INT64_C(1099511627776), 0, NULL,
         "dedup.scope=partition: bytes all of a member's partition tables may hold; at the bound fetching pauses (never an eviction)"),
