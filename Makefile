@@ -321,6 +321,8 @@ BENCH_REDISALONE := $(BUILD)/bench/redisalone
 BENCH_MARKTAB    := $(BUILD)/bench/marktab_bench
 # The member's partition lookup on the hot path (ns per record); by hand.
 BENCH_PARTTABLES := $(BUILD)/bench/parttables_bench
+# The assignment-time load of a partition of 1M marks (tests/bench_member.sh).
+BENCH_PARTLOAD   := $(BUILD)/bench/partload_bench
 
 $(BENCH_CLASSIC): tests/bench/classic.c | deps-check
 	@mkdir -p $(@D)
@@ -339,11 +341,15 @@ $(BENCH_PARTTABLES): tests/bench/parttables_bench.c $(LIB_OBJS) | deps-check
 	@mkdir -p $(@D)
 	$(CC) $(ALL_CFLAGS) -Iprocessor -o $@ $< $(LIB_OBJS) $(LDFLAGS) $(LDLIBS_ALL)
 
+$(BENCH_PARTLOAD): tests/bench/partload_bench.c $(LIB_OBJS) | deps-check
+	@mkdir -p $(@D)
+	$(CC) $(ALL_CFLAGS) -Iprocessor -o $@ $< $(LIB_OBJS) $(LDFLAGS) $(LDLIBS_ALL)
+
 # Rows of `make bench`: kcat classic redis idemproc1 idemproc2 latency
 # produce webhook outbox (all when none is named); e.g.
 # make bench BENCH_ROWS="kcat idemproc1". BENCH_REPS (3) repetitions.
 BENCH_ROWS ?=
-bench: $(BIN) $(HOOKSINK) $(ORDERSINK) $(BENCH_CLASSIC) $(BENCH_REDISALONE) $(BENCH_MARKTAB) $(BENCH_PARTTABLES) | deps-check-bench
+bench: $(BIN) $(HOOKSINK) $(ORDERSINK) $(BENCH_CLASSIC) $(BENCH_REDISALONE) $(BENCH_MARKTAB) $(BENCH_PARTTABLES) $(BENCH_PARTLOAD) | deps-check-bench
 	@PG_BINDIR=$(PG_BINDIR) BENCH_ONLY=$(BENCH_ONLY) tests/bench.sh $(BIN) $(BENCH_ROWS)
 
 # ThreadSanitizer: the HTTP thread against a thread updating the metrics as
@@ -421,4 +427,4 @@ clean:
 
 -include $(OBJS:.o=.d) $(TEST_OBJS:.o=.d) $(FUZZ_OBJS:.o=.d) \
          $(PLUGINS:.so=.d) $(TEST_PLUGINS:.so=.d) \
-         $(BENCH_CLASSIC).d $(BENCH_REDISALONE).d $(BENCH_MARKTAB).d $(BENCH_PARTTABLES).d
+         $(BENCH_CLASSIC).d $(BENCH_REDISALONE).d $(BENCH_MARKTAB).d $(BENCH_PARTTABLES).d $(BENCH_PARTLOAD).d
