@@ -131,7 +131,8 @@ help:
 	@echo "make demo-outbox  PostgreSQL outbox -> relay -> processor -> verify"
 	@echo "make bench      throughput side by side (kcat, the classic per-message design,"
 	@echo "                Redis alone, idemproc with 1 and 2 members), CPU and memory per"
-	@echo "                record, latency, produce vs kcat -P, webhook and outbox rows;"
+	@echo "                record, latency, produce vs kcat -P, webhook, outbox and member"
+	@echo "                (dedup.scope global/partition, 1M-mark load) rows;"
 	@echo "                BENCH_ROWS=\"kcat idemproc1 ...\" picks rows, BENCH_REPS repetitions"
 	@echo "make chaos      kills, Redis kill -9, broker faults at once; exact or fail"
 	@echo "                (CHAOS_SEED, CHAOS_RECORDS, CHAOS_SECONDS)"
@@ -346,7 +347,9 @@ $(BENCH_PARTLOAD): tests/bench/partload_bench.c $(LIB_OBJS) | deps-check
 	$(CC) $(ALL_CFLAGS) -Iprocessor -o $@ $< $(LIB_OBJS) $(LDFLAGS) $(LDLIBS_ALL)
 
 # Rows of `make bench`: kcat classic redis idemproc1 idemproc2 latency
-# produce webhook outbox (all when none is named); e.g.
+# produce webhook outbox member (all when none is named; member: the dedup
+# state's member rows, tests/bench_member.sh, alone with BENCH_ONLY=member
+# and its own BENCH_MEMBER_ROWS / BENCH_MEMBER_MODES); e.g.
 # make bench BENCH_ROWS="kcat idemproc1". BENCH_REPS (3) repetitions.
 BENCH_ROWS ?=
 bench: $(BIN) $(HOOKSINK) $(ORDERSINK) $(BENCH_CLASSIC) $(BENCH_REDISALONE) $(BENCH_MARKTAB) $(BENCH_PARTTABLES) $(BENCH_PARTLOAD) | deps-check-bench

@@ -159,6 +159,7 @@ static int load_once(idem_partstate_t *ps, const uint8_t key[16],
     int rc = -1;
     int64_t t0 = idem_now_us(), epoch;
     feed_t f = {tabs, topic, partition, 0};
+    *pieces = 0; /* idem_partstate_load adds to it */
     if (idem_partstate_epoch_bump(ps, topic, partition, &epoch, errstr,
                                   errstr_size) ||
         idem_parttables_assign(tabs, topic, partition, epoch) ||
