@@ -131,7 +131,8 @@ help:
 	@echo "make demo-outbox  PostgreSQL outbox -> relay -> processor -> verify"
 	@echo "make bench      throughput side by side (kcat, the classic per-message design,"
 	@echo "                Redis alone, idemproc with 1 and 2 members), CPU and memory per"
-	@echo "                record, latency, produce vs kcat -P, webhook and outbox rows;"
+	@echo "                record, latency, produce vs kcat -P, webhook, outbox and member"
+	@echo "                (dedup.scope global/partition, 1M-mark load) rows;"
 	@echo "                BENCH_ROWS=\"kcat idemproc1 ...\" picks rows, BENCH_REPS repetitions"
 	@echo "make chaos      kills, Redis kill -9, broker faults at once; exact or fail"
 	@echo "                (CHAOS_SEED, CHAOS_RECORDS, CHAOS_SECONDS)"
@@ -319,6 +320,10 @@ BENCH_REDISALONE := $(BUILD)/bench/redisalone
 # The member's mark table alone (ns per add and find, B/mark at 1M marks);
 # run by hand: build/bench/marktab_bench [marks].
 BENCH_MARKTAB    := $(BUILD)/bench/marktab_bench
+# The member's partition lookup on the hot path (ns per record); by hand.
+BENCH_PARTTABLES := $(BUILD)/bench/parttables_bench
+# The assignment-time load of a partition of 1M marks (tests/bench_member.sh).
+BENCH_PARTLOAD   := $(BUILD)/bench/partload_bench
 
 $(BENCH_CLASSIC): tests/bench/classic.c | deps-check
 	@mkdir -p $(@D)
@@ -333,11 +338,21 @@ $(BENCH_MARKTAB): tests/bench/marktab_bench.c $(LIB_OBJS) | deps-check
 	@mkdir -p $(@D)
 	$(CC) $(ALL_CFLAGS) -Iprocessor -o $@ $< $(LIB_OBJS) $(LDFLAGS) $(LDLIBS_ALL)
 
+$(BENCH_PARTTABLES): tests/bench/parttables_bench.c $(LIB_OBJS) | deps-check
+	@mkdir -p $(@D)
+	$(CC) $(ALL_CFLAGS) -Iprocessor -o $@ $< $(LIB_OBJS) $(LDFLAGS) $(LDLIBS_ALL)
+
+$(BENCH_PARTLOAD): tests/bench/partload_bench.c $(LIB_OBJS) | deps-check
+	@mkdir -p $(@D)
+	$(CC) $(ALL_CFLAGS) -Iprocessor -o $@ $< $(LIB_OBJS) $(LDFLAGS) $(LDLIBS_ALL)
+
 # Rows of `make bench`: kcat classic redis idemproc1 idemproc2 latency
-# produce webhook outbox (all when none is named); e.g.
+# produce webhook outbox member (all when none is named; member: the dedup
+# state's member rows, tests/bench_member.sh, alone with BENCH_ONLY=member
+# and its own BENCH_MEMBER_ROWS / BENCH_MEMBER_MODES); e.g.
 # make bench BENCH_ROWS="kcat idemproc1". BENCH_REPS (3) repetitions.
 BENCH_ROWS ?=
-bench: $(BIN) $(HOOKSINK) $(ORDERSINK) $(BENCH_CLASSIC) $(BENCH_REDISALONE) $(BENCH_MARKTAB) | deps-check-bench
+bench: $(BIN) $(HOOKSINK) $(ORDERSINK) $(BENCH_CLASSIC) $(BENCH_REDISALONE) $(BENCH_MARKTAB) $(BENCH_PARTTABLES) $(BENCH_PARTLOAD) | deps-check-bench
 	@PG_BINDIR=$(PG_BINDIR) BENCH_ONLY=$(BENCH_ONLY) tests/bench.sh $(BIN) $(BENCH_ROWS)
 
 # ThreadSanitizer: the HTTP thread against a thread updating the metrics as
@@ -415,4 +430,4 @@ clean:
 
 -include $(OBJS:.o=.d) $(TEST_OBJS:.o=.d) $(FUZZ_OBJS:.o=.d) \
          $(PLUGINS:.so=.d) $(TEST_PLUGINS:.so=.d) \
-         $(BENCH_CLASSIC).d $(BENCH_REDISALONE).d $(BENCH_MARKTAB).d
+         $(BENCH_CLASSIC).d $(BENCH_REDISALONE).d $(BENCH_MARKTAB).d $(BENCH_PARTTABLES).d $(BENCH_PARTLOAD).d

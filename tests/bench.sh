@@ -27,6 +27,11 @@
 #              --input --no-envelope-headers` sends what kcat -P sends
 #   webhook    one member, handler=webhook, a service answering in 5 ms
 #   outbox     the outbox relay's rows (tests/bench_outbox.sh)
+#   member     the dedup state's member rows (tests/bench_member.sh, its own
+#              broker and Redis): one member under dedup.scope=global and
+#              under partition, two members (partition), the classic
+#              design, without persistence and with AOF everysec; member
+#              RSS and bytes per mark; the load of a partition of 1M marks
 #   script     not by default: handler=script against the ledger on their own
 #              broker and Redis (tests/bench_script.sh; its own lines, not in
 #              the table)
@@ -58,6 +63,8 @@ fi
 # BENCH_ONLY=ordering (or the one row "ordering"): tests/bench_ordering.sh alone.
 [[ ${BENCH_ONLY:-} == ordering || "${*:2}" == ordering ]] && exec "$(dirname "$0")/bench_ordering.sh" "$BIN"
 # BENCH_ONLY=state (or the one row "state"): the dedup state's baseline (tests/bench_state.sh).
+# BENCH_ONLY=member: only the member rows (tests/bench_member.sh).
+[[ ${BENCH_ONLY:-} != member ]] || exec "$(dirname "$0")/bench_member.sh" "$BIN"
 [[ ${BENCH_ONLY:-} != state && "${*:2}" != state ]] || exec "$(dirname "$0")/bench_state.sh" "$BIN"
 SRC=$(cd "$(dirname "$0")/.." && pwd)
 BIN=$(cd "$(dirname "$BIN")" && pwd)/$(basename "$BIN")
@@ -73,7 +80,7 @@ WORKLOAD=(--duplicates 0.1 --poison 0.01 --too-large-bytes 5000
     --currencies EUR,USD,TRY --users 3000)
 
 ROWS=("${@:2}")
-((${#ROWS[@]})) || ROWS=(kcat classic redis idemproc1 idemproc2 latency produce webhook outbox)
+((${#ROWS[@]})) || ROWS=(kcat classic redis idemproc1 idemproc2 latency produce webhook outbox member)
 want() {
     local r
     for r in "${ROWS[@]}"; do [[ $r == "$1" ]] && return 0; done
@@ -577,6 +584,14 @@ if want outbox; then
     row_done outbox "$T_ROW"
 fi
 
+if want member; then
+    T_ROW=$(now_us)
+    # its own broker and Redis (AOF rows need a Redis of their own); its
+    # figures land in member.json and results.json's "member"
+    BENCH_OUT=$OUT "$SRC/tests/bench_member.sh" "$BIN" | tee "$DIR/member.out" >&2
+    row_done member "$T_ROW"
+fi
+
 # --- results.json, the table, the chart ------------------------------------
 T_END=$(now_us)
 jq -s --arg commit "$(git -C "$SRC" rev-parse --short HEAD 2>/dev/null || echo unknown)" \
@@ -618,6 +633,10 @@ jq -s --arg commit "$(git -C "$SRC" rev-parse --short HEAD 2>/dev/null || echo u
        goals: {over_classic: 100, over_redis_alone: 0.8, member_cpu_us: 2.5,
                redis_us: 2.5, bytes_per_mark: 40, rss_mib: 64, p99_ms: 20}}
     ' "$DIR/rows.jsonl" >"$OUT/results.json"
+if want member && [[ -s $OUT/member.json ]]; then
+    jq --slurpfile m "$OUT/member.json" '.member = $m[0]' "$OUT/results.json" >"$OUT/results.json.new"
+    mv "$OUT/results.json.new" "$OUT/results.json"
+fi
 
 # The table: one line per row, min / median / max of records/s and the
 # medians of the per-record figures ("-": not measured for this row).
@@ -667,6 +686,7 @@ jq -r '
         "goals (medians): member <= 2.5 us/rec: \($r.idemproc1.member_cpu_us.median // "-"); Redis <= 2.5 us/rec: \($r.idemproc1.redis_us.median // "-"); <= 40 B/mark: \($r.idemproc1.bytes_per_mark.median // "-"); RSS <= 64 MiB: \($r.idemproc1.rss_mib.median // "-")",
         "\(.workload.records) records (\(.workload.unique_payments) applied), \(.workload.partitions) partitions, \(.workload.repetitions) repetitions, \(.seconds) s; \(.machine.cpus) CPUs shared by every process, load \(.machine.load_start) -> \(.machine.load_end); commit \(.commit)"
         ' "$OUT/results.json"
+    [[ ! -s ${DIR}/member.out ]] || cat "$DIR/member.out"
 } | tee "$OUT/table.txt" | sed 's/^/bench: /'
 
 # The chart: records/s per row (median, min-max bars), log scale.

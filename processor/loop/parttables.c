@@ -7,18 +7,25 @@
 #include <string.h>
 
 typedef struct {
-    char *topic;
-    int32_t partition;
     int64_t epoch;
     int loaded;
     idem_marktab_t *tab;
 } part_t;
 
+/* One topic's partitions, indexed by partition number: a lookup is a
+ * compare of the topic (a member reads one or a few) and an array index,
+ * not a scan of every partition held (it runs twice per record). */
+typedef struct {
+    char *name;
+    part_t **by_partition; /* [cap]; NULL: not held */
+    int32_t cap;
+} topic_t;
+
 struct idem_parttables_s {
     uint8_t key[16];
     size_t memory_max;
-    part_t *parts;
-    size_t n, cap;
+    topic_t *topics;
+    size_t ntopics, topics_cap;
 };
 
 idem_parttables_t *idem_parttables_new(const uint8_t key[16], size_t memory_max)
@@ -31,16 +38,40 @@ idem_parttables_t *idem_parttables_new(const uint8_t key[16], size_t memory_max)
     return t;
 }
 
+static void part_free(part_t *p)
+{
+    if (!p)
+        return;
+    idem_marktab_destroy(p->tab);
+    free(p);
+}
+
 void idem_parttables_destroy(idem_parttables_t *t)
 {
     if (!t)
         return;
-    for (size_t i = 0; i < t->n; i++) {
-        free(t->parts[i].topic);
-        idem_marktab_destroy(t->parts[i].tab);
+    for (size_t i = 0; i < t->ntopics; i++) {
+        for (int32_t k = 0; k < t->topics[i].cap; k++)
+            part_free(t->topics[i].by_partition[k]);
+        free(t->topics[i].by_partition);
+        free(t->topics[i].name);
     }
-    free(t->parts);
+    free(t->topics);
     free(t);
+}
+
+/* Every held partition p of t, in topic then partition order. */
+#define EACH_PART(t, p)                                                        \
+    for (size_t ti_ = 0; ti_ < (t)->ntopics; ti_++)                            \
+        for (int32_t k_ = 0; k_ < (t)->topics[ti_].cap; k_++)                  \
+            if (((p) = (t)->topics[ti_].by_partition[k_]) != NULL)
+
+static topic_t *topic_find(const idem_parttables_t *t, const char *topic)
+{
+    for (size_t i = 0; i < t->ntopics; i++)
+        if (!strcmp(t->topics[i].name, topic))
+            return &t->topics[i];
+    return NULL;
 }
 
 idem_part_path_t idem_parttables_path(int from_retry_topic, int replayed,
@@ -69,35 +100,67 @@ void idem_parttables_mark(const idem_parttables_t *t, const void *identity,
 static part_t *find(const idem_parttables_t *t, const char *topic,
                     int32_t partition)
 {
-    for (size_t i = 0; i < t->n; i++)
-        if (t->parts[i].partition == partition &&
-            !strcmp(t->parts[i].topic, topic))
-            return &t->parts[i];
-    return NULL;
+    topic_t *tp = topic_find(t, topic);
+    if (!tp || partition < 0 || partition >= tp->cap)
+        return NULL;
+    return tp->by_partition[partition];
+}
+
+/* The topic's entry, added when new. NULL when out of memory. */
+static topic_t *topic_get(idem_parttables_t *t, const char *topic)
+{
+    topic_t *tp = topic_find(t, topic);
+    if (tp)
+        return tp;
+    if (t->ntopics == t->topics_cap) {
+        size_t cap = t->topics_cap ? 2 * t->topics_cap : 4;
+        topic_t *nt = realloc(t->topics, cap * sizeof(*nt));
+        if (!nt)
+            return NULL;
+        t->topics = nt;
+        t->topics_cap = cap;
+    }
+    char *name = strdup(topic);
+    if (!name)
+        return NULL;
+    tp = &t->topics[t->ntopics++];
+    *tp = (topic_t){.name = name};
+    return tp;
+}
+
+/* Makes room for partition number partition in tp. 0, or -1. */
+static int topic_reserve(topic_t *tp, int32_t partition)
+{
+    if (partition < tp->cap)
+        return 0;
+    int32_t cap = tp->cap ? tp->cap : 8;
+    while (cap <= partition)
+        cap = cap > INT32_MAX / 2 ? INT32_MAX : 2 * cap;
+    part_t **np = realloc(tp->by_partition, (size_t)cap * sizeof(*np));
+    if (!np)
+        return -1;
+    memset(np + tp->cap, 0, (size_t)(cap - tp->cap) * sizeof(*np));
+    tp->by_partition = np;
+    tp->cap = cap;
+    return 0;
 }
 
 int idem_parttables_assign(idem_parttables_t *t, const char *topic,
                            int32_t partition, int64_t epoch)
 {
+    if (partition < 0)
+        return -1;
     part_t *p = find(t, topic, partition);
     if (!p) {
-        if (t->n == t->cap) {
-            size_t cap = t->cap ? 2 * t->cap : 8;
-            part_t *np = realloc(t->parts, cap * sizeof(*np));
-            if (!np)
-                return -1;
-            t->parts = np;
-            t->cap = cap;
-        }
-        idem_marktab_t *tab = idem_marktab_new();
-        char *name = strdup(topic);
-        if (!tab || !name) {
-            idem_marktab_destroy(tab);
-            free(name);
+        topic_t *tp = topic_get(t, topic);
+        if (!tp || topic_reserve(tp, partition))
+            return -1;
+        p = calloc(1, sizeof(*p));
+        if (!p || !(p->tab = idem_marktab_new())) {
+            free(p);
             return -1;
         }
-        p = &t->parts[t->n++];
-        *p = (part_t){.topic = name, .partition = partition, .tab = tab};
+        tp->by_partition[partition] = p;
     }
     idem_marktab_clear(p->tab);
     p->epoch = epoch;
@@ -111,9 +174,8 @@ void idem_parttables_drop(idem_parttables_t *t, const char *topic,
     part_t *p = find(t, topic, partition);
     if (!p)
         return;
-    free(p->topic);
-    idem_marktab_destroy(p->tab);
-    *p = t->parts[--t->n];
+    part_free(p);
+    topic_find(t, topic)->by_partition[partition] = NULL;
 }
 
 void idem_parttables_reset(idem_parttables_t *t, const char *topic,
@@ -210,23 +272,26 @@ int64_t idem_parttables_min_window(int64_t now, int64_t window_s, int64_t ttl_s)
 
 void idem_parttables_expire(idem_parttables_t *t, int64_t min_w)
 {
-    for (size_t i = 0; i < t->n; i++)
-        idem_marktab_expire(t->parts[i].tab, min_w);
+    part_t *p;
+    EACH_PART(t, p)
+    idem_marktab_expire(p->tab, min_w);
 }
 
 size_t idem_parttables_bytes(const idem_parttables_t *t)
 {
     size_t b = 0;
-    for (size_t i = 0; i < t->n; i++)
-        b += idem_marktab_bytes(t->parts[i].tab);
+    const part_t *p;
+    EACH_PART(t, p)
+    b += idem_marktab_bytes(p->tab);
     return b;
 }
 
 size_t idem_parttables_marks(const idem_parttables_t *t)
 {
     size_t n = 0;
-    for (size_t i = 0; i < t->n; i++)
-        n += idem_marktab_count(t->parts[i].tab);
+    const part_t *p;
+    EACH_PART(t, p)
+    n += idem_marktab_count(p->tab);
     return n;
 }
 

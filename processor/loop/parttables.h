@@ -40,7 +40,10 @@ void idem_parttables_mark(const idem_parttables_t *t, const void *identity,
                           size_t message_id_len, idem_mark_t16 *out);
 
 /* A partition this member now owns, at epoch (its INCR): an empty table,
- * not loaded. Returns 0, or -1 out of memory. An existing entry is reset. */
+ * not loaded. Returns 0, or -1 out of memory or a negative partition. An
+ * existing entry is reset. Tables are indexed by topic, then partition
+ * number: every call below finds its partition in O(1) of the partitions
+ * held (a compare per topic held, then an array index). */
 int idem_parttables_assign(idem_parttables_t *t, const char *topic,
                            int32_t partition, int64_t epoch);
 

@@ -173,3 +173,57 @@ Test(parttables, a_changed_input_partition_count_holds_the_topic)
     cr_expect_eq(idem_parttables_count_verdict(-1, 0), IDEM_PART_COUNT_UNKNOWN);
     cr_expect_eq(idem_parttables_count_verdict(4, -1), IDEM_PART_COUNT_UNKNOWN);
 }
+
+/* The lookup is indexed by topic, then partition number: each (topic,
+ * partition) is its own table, whatever the order of assignment, with
+ * sparse and growing partition numbers, and the totals cover every topic. */
+Test(parttables, partitions_of_several_topics_are_kept_apart)
+{
+    static const char *const topics[] = {"in", "in.retry1", "other"};
+    static const int32_t nums[] = {40, 0, 7, 1023, 8, 3};
+    idem_parttables_t *t = idem_parttables_new(key1, 1 << 30);
+    for (size_t k = 0; k < 3; k++)
+        for (size_t i = 0; i < 6; i++) {
+            cr_assert_eq(idem_parttables_assign(t, topics[k], nums[i],
+                                                (int64_t)(10 * k + i)),
+                         0);
+            idem_parttables_loaded(t, topics[k], nums[i]);
+        }
+    cr_expect(!idem_parttables_ready(t, "in", 1, NULL), "never assigned");
+    cr_expect(!idem_parttables_ready(t, "in", 1024, NULL), "past the last");
+    cr_expect(!idem_parttables_ready(t, "in", -1, NULL));
+    cr_expect(!idem_parttables_ready(t, "i", 0, NULL), "a prefix is not it");
+    cr_expect_eq(idem_parttables_assign(t, "in", -1, 1), -1);
+    /* identity "x" taken in every table once: new each time */
+    idem_mark_t16 x = mark(t, "x", "1");
+    for (size_t k = 0; k < 3; k++)
+        for (size_t i = 0; i < 6; i++) {
+            int64_t epoch = -1;
+            cr_assert(idem_parttables_ready(t, topics[k], nums[i], &epoch));
+            cr_expect_eq(epoch, (int64_t)(10 * k + i), "%s/%d", topics[k],
+                         nums[i]);
+            cr_expect_eq(
+                idem_parttables_take(t, topics[k], nums[i], &x, 1, NULL),
+                IDEM_PART_NEW, "%s/%d", topics[k], nums[i]);
+        }
+    cr_expect_eq(idem_parttables_marks(t), 18);
+    size_t all = idem_parttables_bytes(t);
+    /* dropping one leaves its neighbours and the other topics' alone */
+    idem_parttables_drop(t, "in.retry1", 1023);
+    idem_parttables_drop(t, "in.retry1", 1023); /* twice: no-op */
+    cr_expect(!idem_parttables_ready(t, "in.retry1", 1023, NULL));
+    cr_expect_eq(idem_parttables_count(t, "in", 1023), 1);
+    cr_expect_eq(idem_parttables_count(t, "other", 1023), 1);
+    cr_expect_eq(idem_parttables_take(t, "in.retry1", 8, &x, 1, NULL),
+                 IDEM_PART_DUPLICATE);
+    cr_expect_eq(idem_parttables_marks(t), 17);
+    cr_expect_lt(idem_parttables_bytes(t), all);
+    /* a dropped partition assigned again starts empty and unloaded */
+    cr_assert_eq(idem_parttables_assign(t, "in.retry1", 1023, 99), 0);
+    cr_expect(!idem_parttables_ready(t, "in.retry1", 1023, NULL));
+    cr_expect_eq(idem_parttables_count(t, "in.retry1", 1023), 0);
+    /* expiry reaches every topic's tables */
+    idem_parttables_expire(t, 2);
+    cr_expect_eq(idem_parttables_marks(t), 0);
+    idem_parttables_destroy(t);
+}
