@@ -135,15 +135,23 @@ static const char read_lua[] =
     "local v = redis.call('HMGET', KEYS[1], 'layout', 'since', 'from')\n"
     "return {v[1], v[2], v[3], redis.call('TIME')[1]}\n";
 
-/* KEYS[1] the layout key, ARGV[1] the layout expected, ARGV[2] the new
- * one: switched only when the key still says ARGV[1] (absent: global);
- * returns 1 or 0, then the key's fields and the clock. */
+/* KEYS[1] the layout key, KEYS[2] the group's positions hash, ARGV[1]
+ * the layout expected, ARGV[2] the new one: switched only when the key
+ * still says ARGV[1] (absent: global); returns 1 or 0, then the key's
+ * fields and the clock. A group that never ran (no key, no positions:
+ * every member writes its partitions' positions before it applies a
+ * record) has no marks of the other layout to honour: since = 0. */
 static const char switch_lua[] =
-    "local cur = redis.call('HGET', KEYS[1], 'layout') or 'global'\n"
+    "local had = redis.call('HGET', KEYS[1], 'layout')\n"
+    "local cur = had or 'global'\n"
     "local t = redis.call('TIME')[1]\n"
     "local did = 0\n"
     "if cur == ARGV[1] and cur ~= ARGV[2] then\n"
-    "  redis.call('HSET', KEYS[1], 'layout', ARGV[2], 'since', t,\n"
+    "  local since = t\n"
+    "  if not had and redis.call('EXISTS', KEYS[2]) == 0 then\n"
+    "    since = 0\n"
+    "  end\n"
+    "  redis.call('HSET', KEYS[1], 'layout', ARGV[2], 'since', since,\n"
     "             'from', cur)\n"
     "  did = 1\n"
     "end\n"
@@ -207,11 +215,13 @@ int idem_layout_switch(redisContext *c, const idem_conf_t *conf, char *sha,
                        idem_layout_kind_t expect, idem_layout_kind_t to,
                        idem_layout_t *out, char *errstr, size_t errstr_size)
 {
-    char key[512];
+    char key[512], pos[512];
     idem_layout_key(conf, key, sizeof(key));
-    const char *argv[] = {"1", key, idem_layout_kind2str(expect),
+    snprintf(pos, sizeof(pos), "%spos:%s", conf->redis_prefix,
+             conf->group_id ? conf->group_id : "");
+    const char *argv[] = {"2", key, pos, idem_layout_kind2str(expect),
                           idem_layout_kind2str(to)};
-    redisReply *r = script_call(c, switch_lua, sha, 4, argv);
+    redisReply *r = script_call(c, switch_lua, sha, 5, argv);
     if (!r || r->type != REDIS_REPLY_ARRAY || r->elements != 5 ||
         r->element[0]->type != REDIS_REPLY_INTEGER)
         return failed(c, r, "switch", errstr, errstr_size);

@@ -22,6 +22,7 @@
 #include "base/util.h"
 #include "conf/conf.h"
 #include "loop/parttables.h"
+#include "redis/layout.h"
 #include "redis/partstate.h"
 #include "redis/store.h"
 
@@ -30,6 +31,25 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+/* The group runs the partition layout (the layout key; a fresh Redis: a
+ * group that never ran switches with nothing of the global layout to
+ * honour). 0, or -1 with errstr. */
+static int switch_to_partition(idem_store_t *store, const idem_conf_t *conf,
+                               char *errstr, size_t errstr_size)
+{
+    char sha[41] = "";
+    idem_layout_t l;
+    if (idem_layout_store_switch(store, conf, sha, IDEM_LAYOUT_GLOBAL,
+                                 IDEM_LAYOUT_PARTITION, &l, errstr,
+                                 errstr_size) < 0)
+        return -1;
+    if (l.layout != IDEM_LAYOUT_PARTITION) {
+        snprintf(errstr, errstr_size, "dedup layout: not partition");
+        return -1;
+    }
+    return 0;
+}
 
 #define CHUNK     1024 /* records per chunk, as the loop's largest */
 #define PIPELINED 16   /* chunks per write */
@@ -274,7 +294,8 @@ int main(int argc, char **argv)
                                    sizeof(errstr)) < 0 ||
         !(ps = idem_partstate_new(store, conf, errstr, sizeof(errstr))) ||
         idem_partstate_hashkey(ps, key, errstr, sizeof(errstr)) ||
-        !(tabs = idem_parttables_new(key, SIZE_MAX)))
+        !(tabs = idem_parttables_new(key, SIZE_MAX)) ||
+        switch_to_partition(store, conf, errstr, sizeof(errstr)))
         goto out;
     int64_t t0 = idem_now_us();
     if (seed(store, ps, tabs, topic, partition, recs, n, &chunks, errstr,

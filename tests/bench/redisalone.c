@@ -45,6 +45,7 @@
 #include "input/envelope.h"
 #include "redis/redisconn.h"
 #include "loop/parttables.h"
+#include "redis/layout.h"
 #include "redis/partstate.h"
 #include "redis/store.h"
 #include "base/util.h"
@@ -58,6 +59,25 @@
 
 #include <hiredis/hiredis.h>
 #include <librdkafka/rdkafka.h>
+
+/* The group runs the partition layout (the layout key; a fresh Redis: a
+ * group that never ran switches with nothing of the global layout to
+ * honour). 0, or -1 with errstr. */
+static int switch_to_partition(idem_store_t *store, const idem_conf_t *conf,
+                               char *errstr, size_t errstr_size)
+{
+    char sha[41] = "";
+    idem_layout_t l;
+    if (idem_layout_store_switch(store, conf, sha, IDEM_LAYOUT_GLOBAL,
+                                 IDEM_LAYOUT_PARTITION, &l, errstr,
+                                 errstr_size) < 0)
+        return -1;
+    if (l.layout != IDEM_LAYOUT_PARTITION) {
+        snprintf(errstr, errstr_size, "dedup layout: not partition");
+        return -1;
+    }
+    return 0;
+}
 
 #define MAX_CONNECTIONS 16
 #define MAX_SETS        32
@@ -432,7 +452,8 @@ static int partition_mode(const idem_conf_t *conf, const records_t *recs,
                                    5, part_args, &pa, errstr,
                                    sizeof(errstr)) < 0 ||
         !(ps = idem_partstate_new(store, conf, errstr, sizeof(errstr))) ||
-        idem_partstate_hashkey(ps, key, errstr, sizeof(errstr)))
+        idem_partstate_hashkey(ps, key, errstr, sizeof(errstr)) ||
+        switch_to_partition(store, conf, errstr, sizeof(errstr)))
         goto out;
     tabs = idem_parttables_new(key, SIZE_MAX);
     int64_t epoch[PART_MAX], cur[PART_MAX], w = 0;

@@ -304,6 +304,9 @@ Test(layout, switch_is_a_compare_and_set)
                                     IDEM_LAYOUT_GLOBAL, &l, err, sizeof(err)),
                  0, "%s", err);
     cr_expect_str_eq(q("EXISTS idemproc:layout:g", NULL, NULL), "0");
+    /* the group has run (a member wrote its positions): global marks may
+     * exist, so the switch honours them for a TTL */
+    freeReplyObject(redisCommand(cli, "HSET idemproc:pos:g t:0 5"));
     cr_expect_eq(idem_layout_switch(cli, conf, sha, IDEM_LAYOUT_GLOBAL,
                                     IDEM_LAYOUT_PARTITION, &l, err,
                                     sizeof(err)),
@@ -318,4 +321,26 @@ Test(layout, switch_is_a_compare_and_set)
                  0, "%s", err);
     cr_expect_eq(idem_layout_honours(&l, 86400, l.now), 1);
     cr_expect_eq(idem_layout_honours(&l, 86400, l.since + 86400), 0);
+}
+
+Test(layout, a_group_that_never_ran_switches_with_nothing_to_honour)
+{
+    start("86400");
+    char err[512], sha[41] = "";
+    idem_layout_t l;
+    /* no layout key, no positions: no member ever applied a record */
+    cr_expect_eq(idem_layout_switch(cli, conf, sha, IDEM_LAYOUT_GLOBAL,
+                                    IDEM_LAYOUT_PARTITION, &l, err,
+                                    sizeof(err)),
+                 1, "%s", err);
+    cr_expect_eq(l.layout, IDEM_LAYOUT_PARTITION);
+    cr_expect_eq(l.since, 0);
+    cr_expect_eq(idem_layout_honours(&l, 86400, l.now), 0);
+    /* a rollback always honours the partition marks it leaves */
+    cr_expect_eq(idem_layout_switch(cli, conf, sha, IDEM_LAYOUT_PARTITION,
+                                    IDEM_LAYOUT_GLOBAL, &l, err, sizeof(err)),
+                 1, "%s", err);
+    cr_expect_eq(l.from, IDEM_LAYOUT_PARTITION);
+    cr_expect_geq(l.since, l.now - 1);
+    cr_expect_eq(idem_layout_honours(&l, 86400, l.now), 1);
 }

@@ -73,6 +73,10 @@ static void start(const char *ttl)
     cr_assert(ps, "%s", err);
     cli = redisConnect("127.0.0.1", rds.port);
     cr_assert(cli && !cli->err);
+    /* the chunk script runs only under the partition layout (the layout
+     * key; tests/it/test_layout.c has its refusals) */
+    freeReplyObject(redisCommand(
+        cli, "HSET idemproc:layout:g layout partition since 0 from partition"));
 }
 
 static void fini(void)
@@ -459,6 +463,9 @@ Test(partstate, global_script_shares_the_effect)
     };
     const void *rp[3] = {&recs[0], &recs[1], &recs[2]};
     idem_store_result_t res[3];
+    /* the key says partition (start()): the global script runs for the
+     * records that take it under that layout */
+    idem_store_effect_layout(store, "partition");
     cr_assert_eq(
         idem_store_script_send(store, 2, rp, 3, NULL, 0, err, sizeof(err)), 0,
         "%s", err);
