@@ -1,54 +1,97 @@
 -- partchunk: the chunk script of the partition layout (dedup.scope=
 -- partition; docs/design.md, "Dedup state layout"). The store prepends
 -- `local PER = <n>` and the handler's effect function (handlers/ledger.lua)
--- when redis/partstate.c composes it. One call = one chunk of one
--- partition, whose member has already looked every record up in its table
--- of the partition's marks and sends only records it does not hold.
+-- when redis/partstate.c composes it. One call = the chunks of one or more
+-- partitions (a whole request on a single Redis; one partition's, one
+-- slot, on Redis Cluster), whose member has already looked every record up
+-- in its table of the partition's marks and sends only records it does not
+-- hold.
 --
--- KEYS = the partition's epoch, index and sequence (under the partition's
--- hash tag) and the positions hash <prefix>pos:<group>.
--- ARGV = prefix, group.id, dedup.ttl.seconds, the chunk keys' name stem
--- "<prefix>st{<group>:<topic>:<partition>}:", the owner epoch, the offset
--- the stored position must hold, the new position value ("" to leave it),
--- the window length in seconds, the position's field "<topic>:<partition>";
--- then PER per record: its 16-byte mark (12 B keyed hash of the identity,
--- 4 B digest of the message id; top bit of byte 13 set: "moved", the
--- record left the partition and only the mark is written), the message id
--- (sent empty: the mark carries its digest), the effect's own arguments.
+-- KEYS = each chunk's partition epoch key (under the partition's hash
+-- tag), in chunk order, then the positions hash <prefix>pos:<group>.
+-- ARGV = prefix, group.id, dedup.ttl.seconds, the window length in
+-- seconds, C the number of chunks; then 6 per chunk: its partition's key
+-- stem "<prefix>st{<group>:<topic>:<partition>}:", the owner epoch, the
+-- offset the stored position must hold, the new position value ("" to
+-- leave it), the position's field "<topic>:<partition>", its record count;
+-- then PER per record, chunk after chunk: its 16-byte mark (12 B keyed
+-- hash of the identity, 4 B digest of the message id; top bit of byte 13
+-- set: "moved", the record left the partition and only the mark is
+-- written), the message id (sent empty: the mark carries its digest), the
+-- effect's own arguments. Fixed ARGVs added later go right before the
+-- per-record ones (FIRST counts them).
 --
--- Before any write: the stored epoch must equal the chunk's (else error
--- FENCED: another member owns the partition now) and the stored position's
--- offset the chunk's (else error POSITION: Redis lost a tail, or another
--- writer moved it). Then the effect; a record whose effect Redis refused
+-- Before any write, per chunk: the stored epoch must equal the chunk's
+-- (else "FENCED ...": another member owns the partition now) and the stored
+-- position's offset the chunk's (else "POSITION ...": Redis lost a tail,
+-- or another writer moved it). A refused chunk writes nothing (no effect,
+-- no mark, no position); the others go on. Then one effect over the
+-- records of every accepted chunk; a record whose effect Redis refused
 -- gets a "moved" mark instead of its own, so that a later copy of it (a
--- replay) goes through the global marks. The chunk's marks are one string
--- key <stem>w<window>:<seq> (window = floor(TIME / window length)),
--- expiring at the window's end plus the TTL, appended to the index (whose
--- expired head is trimmed), and the new position is written. Reply: the
--- window, then one string per record: "" applied, "moved" (a moved mark
--- written), "reject:<error>" (refused; a moved mark written).
-local ttl, stem, epoch = tonumber(ARGV[3]), ARGV[4], ARGV[5]
-local expect, newpos, W, field = ARGV[6], ARGV[7], tonumber(ARGV[8]), ARGV[9]
-local FIRST = 9
-local cur = redis.call('GET', KEYS[1])
-if cur ~= epoch then
-  return redis.error_reply('FENCED owner epoch ' .. (cur or 'none') ..
-                           ', chunk of epoch ' .. epoch)
+-- replay) goes through the global marks. Each chunk's marks are APPENDed
+-- to its partition's window key <stem>w<window> (window = floor(TIME /
+-- window length), one TIME per call), which expires at the window's end
+-- plus the TTL (EXPIREAT set when the APPEND created it), and the new
+-- positions are written with one HSET. Reply: the window, then per chunk
+-- its status ("" accepted, else the refusal's text), then one string per
+-- record: "" applied, "moved" (a moved mark written), "reject:<error>"
+-- (refused; a moved mark written); a refused chunk's records are "".
+local ttl, W, C = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
+local HEAD, FIX = 5, 6
+local FIRST = HEAD + C * FIX
+local SLICE = 512 -- keys per MGET/HMGET, values per HSET (Lua's stack)
+
+-- The replies of cmd (MGET, HMGET: one value per x) over the list xs in
+-- slices, as one table; key, if any, goes first in each.
+local function sliced(cmd, key, xs)
+  local out = {}
+  for i = 1, #xs, SLICE do
+    local part
+    if key then
+      part = redis.call(cmd, key, unpack(xs, i, math.min(i + SLICE - 1, #xs)))
+    else
+      part = redis.call(cmd, unpack(xs, i, math.min(i + SLICE - 1, #xs)))
+    end
+    for q = 1, #part do
+      out[#out + 1] = part[q]
+    end
+  end
+  return out
 end
-local p = redis.call('HGET', KEYS[4], field)
-local off = p and string.match(p, '^%-?%d+')
-if off ~= expect then
-  return redis.error_reply('POSITION redis holds ' .. (off or 'none') ..
-                           ', chunk starts at ' .. expect)
+
+local keys, fields = {}, {}
+for c = 1, C do
+  keys[c] = KEYS[c]
+  fields[c] = ARGV[HEAD + (c - 1) * FIX + 5]
 end
-local n = (#ARGV - FIRST) / PER
-local out, js = {}, {}
-for j = 1, n do
-  if string.byte(ARGV[FIRST + (j - 1) * PER + 1], 13) >= 128 then
-    out[j] = 'moved'
+local epochs = sliced('MGET', nil, keys)
+local posv = sliced('HMGET', KEYS[C + 1], fields)
+local status, out, js = {}, {}, {}
+local j = 0
+for c = 1, C do
+  local a = HEAD + (c - 1) * FIX
+  local epoch, expect, n = ARGV[a + 2], ARGV[a + 3], tonumber(ARGV[a + 6])
+  local cur, p = epochs[c], posv[c]
+  local off = p and string.match(p, '^%-?%d+')
+  if cur ~= epoch then
+    status[c] = 'FENCED owner epoch ' .. (cur or 'none') ..
+                ', chunk of epoch ' .. epoch
+  elseif off ~= expect then
+    status[c] = 'POSITION redis holds ' .. (off or 'none') ..
+                ', chunk starts at ' .. expect
   else
-    js[#js + 1] = j
+    status[c] = ''
+  end
+  for _ = 1, n do
+    j = j + 1
     out[j] = ''
+    if status[c] == '' then
+      if string.byte(ARGV[FIRST + (j - 1) * PER + 1], 13) >= 128 then
+        out[j] = 'moved'
+      else
+        js[#js + 1] = j
+      end
+    end
   end
 end
 local refused, err = effect(FIRST, js)
@@ -57,30 +100,46 @@ if not refused then
 end
 local now = tonumber(redis.call('TIME')[1])
 local w = math.floor(now / W)
-if n > 0 then
-  local marks = {}
-  for j = 1, n do
-    local m = ARGV[FIRST + (j - 1) * PER + 1]
-    if refused[j] then
-      out[j] = 'reject:' .. refused[j]
-      m = string.sub(m, 1, 12) .. '\128\0\0\0'
+local at = (w + 1) * W + ttl
+local pos = {}
+j = 0
+for c = 1, C do
+  local a = HEAD + (c - 1) * FIX
+  local n = tonumber(ARGV[a + 6])
+  if status[c] ~= '' then
+    j = j + n
+  else
+    local marks = {}
+    for q = 1, n do
+      j = j + 1
+      local m = ARGV[FIRST + (j - 1) * PER + 1]
+      if refused[j] then
+        out[j] = 'reject:' .. refused[j]
+        m = string.sub(m, 1, 12) .. '\128\0\0\0'
+      end
+      marks[q] = m
     end
-    marks[j] = m
+    if n > 0 then
+      local blob = table.concat(marks)
+      local k = ARGV[a + 1] .. 'w' .. w
+      if redis.call('APPEND', k, blob) == #blob then
+        redis.call('EXPIREAT', k, at)
+      end
+    end
+    if ARGV[a + 4] ~= '' then
+      pos[#pos + 1] = fields[c]
+      pos[#pos + 1] = ARGV[a + 4]
+    end
   end
-  local k = stem .. 'w' .. w .. ':' .. redis.call('INCR', KEYS[3])
-  redis.call('SET', k, table.concat(marks), 'EXAT', (w + 1) * W + ttl)
-  redis.call('RPUSH', KEYS[2], k)
 end
-while true do
-  local h = redis.call('LINDEX', KEYS[2], 0)
-  local hw = h and tonumber(string.match(h, ':w(%d+):%d+$'))
-  if not hw or (hw + 1) * W + ttl > now then
-    break
-  end
-  redis.call('LPOP', KEYS[2])
+for i = 1, #pos, SLICE do -- SLICE is even: field and value stay together
+  redis.call('HSET', KEYS[C + 1], unpack(pos, i, math.min(i + SLICE - 1, #pos)))
 end
-if newpos ~= '' then
-  redis.call('HSET', KEYS[4], field, newpos)
+local reply = {w}
+for c = 1, C do
+  reply[c + 1] = status[c]
 end
-table.insert(out, 1, w)
-return out
+for q = 1, j do
+  reply[C + 1 + q] = out[q]
+end
+return reply
