@@ -591,3 +591,98 @@ Test(partstate, pipelined_chunks_answer_each_partition)
     cr_expect_str_eq(q("HGET idemproc:ledger:USD %s", "u1", NULL), "-25");
     cr_expect_str_eq(q("GET idemproc:ledger:applied", NULL, NULL), "3");
 }
+
+/* Three chunks in one script call (one EVALSHA): two of partition 0 (the
+ * first without a position, as a partition past one chunk's size sends
+ * them) and one of partition 1 whose position Redis does not hold. The
+ * refused partition writes nothing (no effect, no mark, no position); the
+ * others apply, their marks appended in order to partition 0's window
+ * key, and the positions written. */
+Test(partstate, one_call_for_several_partitions)
+{
+    start("86400");
+    char err[512];
+    int64_t e0 = 0, e1 = 0;
+    cr_assert_eq(idem_partstate_epoch_bump(ps, "t", 0, &e0, err, sizeof(err)),
+                 0);
+    cr_assert_eq(idem_partstate_epoch_bump(ps, "t", 1, &e1, err, sizeof(err)),
+                 0);
+    first_position(10);
+    idem_store_pos_t p1 = {.topic = "t", .partition = 1, .offset = 5};
+    idem_posval_init(&p1.val, "c1");
+    cr_assert_eq(idem_store_positions_save(store, &p1, 1, err, sizeof(err)), 0);
+    freeReplyObject(redisCommand(cli, "CONFIG RESETSTAT"));
+    const void *ra[] = {&three[0]}, *rb[] = {&three[1]}, *rc[] = {&three[2]};
+    uint8_t ma[1][16], mb[1][16], mc[1][16];
+    mark_of(ma[0], 1);
+    mark_of(mb[0], 2);
+    mark_of(mc[0], 3);
+    idem_store_pos_t np0 = {.topic = "t", .partition = 0, .offset = 12};
+    idem_posval_init(&np0.val, "c1");
+    idem_store_pos_t np1 = {.topic = "t", .partition = 1, .offset = 9};
+    idem_posval_init(&np1.val, "c1");
+    idem_partstate_chunk_t ch[3] = {
+        {.topic = "t",
+         .partition = 0,
+         .epoch = e0,
+         .expect_offset = 10,
+         .recs = ra,
+         .marks = (const uint8_t(*)[16])ma,
+         .n = 1},
+        {.topic = "t",
+         .partition = 1,
+         .epoch = e1,
+         .expect_offset = 7, /* Redis holds 5 */
+         .newpos = &np1,
+         .recs = rc,
+         .marks = (const uint8_t(*)[16])mc,
+         .n = 1},
+        {.topic = "t",
+         .partition = 0,
+         .epoch = e0,
+         .expect_offset = 10,
+         .newpos = &np0,
+         .recs = rb,
+         .marks = (const uint8_t(*)[16])mb,
+         .n = 1},
+    };
+    idem_partstate_result_t ra_[1], rb_[1], rc_[1];
+    idem_partstate_result_t *const res[3] = {ra_, rc_, rb_};
+    int64_t w[3] = {-1, -1, -1};
+    int rcs[3] = {-1, -1, -1};
+    cr_assert_eq(
+        idem_partstate_chunks(ps, ch, 3, res, w, rcs, err, sizeof(err)), 0,
+        "%s", err);
+    cr_expect_eq(rcs[0], 0);
+    cr_expect_eq(rcs[1], IDEM_PARTSTATE_POSITION);
+    cr_expect(strstr(err, "t:1") && strstr(err, "redis holds 5"), "%s", err);
+    cr_expect_eq(rcs[2], 0);
+    cr_expect_eq(ra_[0].outcome, IDEM_PARTSTATE_APPLIED);
+    cr_expect_eq(rb_[0].outcome, IDEM_PARTSTATE_APPLIED);
+    cr_expect_geq(w[0], 0);
+    cr_expect_eq(w[2], w[0]);
+    /* one script call */
+    redisReply *info = redisCommand(cli, "INFO commandstats");
+    cr_assert(info && info->type == REDIS_REPLY_STRING);
+    cr_expect(strstr(info->str, "cmdstat_evalsha:calls=1,"), "%s", info->str);
+    freeReplyObject(info);
+    cr_expect_str_eq(q("HGET idemproc:ledger:EUR %s", "u1", NULL), "150");
+    cr_expect_str_eq(q("HGET idemproc:ledger:EUR %s", "u2", NULL), "200");
+    cr_expect_str_eq(q("HGET idemproc:ledger:USD %s", "u1", NULL), "");
+    cr_expect_str_eq(q("GET idemproc:ledger:applied", NULL, NULL), "2");
+    cr_expect(!strncmp(q("HGET idemproc:pos:g %s", "t:0", NULL), "12 ", 3));
+    cr_expect(!strncmp(q("HGET idemproc:pos:g %s", "t:1", NULL), "5 ", 2));
+    char k0[256], k1[256];
+    snprintf(k0, sizeof(k0), "idemproc:st{g:t:0}:w%" PRId64, w[0]);
+    snprintf(k1, sizeof(k1), "idemproc:st{g:t:1}:w%" PRId64, w[0]);
+    cr_expect_str_eq(q("STRLEN %s", k0, NULL), "32");
+    cr_expect_str_eq(q("EXISTS %s", k1, NULL), "0");
+    loaded_t l = {0};
+    cr_assert_eq(
+        idem_partstate_load(ps, "t", 0, 0, collect, &l, NULL, err, sizeof(err)),
+        0, "%s", err);
+    cr_assert_eq(l.n, 2);
+    cr_expect_arr_eq(l.buf, ma[0], 16);
+    cr_expect_arr_eq(l.buf + 16, mb[0], 16);
+    free(l.buf);
+}
