@@ -10,16 +10,17 @@
 -- KEYS = each chunk's partition epoch key (under the partition's hash
 -- tag), in chunk order, then the positions hash <prefix>pos:<group>.
 -- ARGV = prefix, group.id, dedup.ttl.seconds, the window length in
--- seconds, C the number of chunks; then 6 per chunk: its partition's key
--- stem "<prefix>st{<group>:<topic>:<partition>}:", the owner epoch, the
--- offset the stored position must hold, the new position value ("" to
--- leave it), the position's field "<topic>:<partition>", its record count;
--- then PER per record, chunk after chunk: its 16-byte mark (12 B keyed
--- hash of the identity, 4 B digest of the message id; top bit of byte 13
--- set: "moved", the record left the partition and only the mark is
--- written), the message id (sent empty: the mark carries its digest), the
--- effect's own arguments. Fixed ARGVs added later go right before the
--- per-record ones (FIRST counts them).
+-- seconds, C the number of chunks; then FIX = 7 per chunk: its partition's
+-- key stem "<prefix>st{<group>:<topic>:<partition>}:", the owner epoch,
+-- the offset the stored position must hold, the new position value ("" to
+-- leave it), the position's field "<topic>:<partition>", its record count
+-- n, its n marks as one string (16 B each: 12 B keyed hash of the
+-- identity, 4 B digest of the message id; top bit of byte 13 set: "moved",
+-- the record left the partition and only its mark is written); then PER
+-- per record, chunk after chunk: the identity and the message id, both
+-- sent empty (the marks carry them), the effect's own arguments. Fixed
+-- ARGVs added later go right before the per-record ones (FIRST counts
+-- them).
 --
 -- Before any write, per chunk: the stored epoch must equal the chunk's
 -- (else "FENCED ...": another member owns the partition now) and the stored
@@ -33,11 +34,12 @@
 -- window length), one TIME per call), which expires at the window's end
 -- plus the TTL (EXPIREAT set when the APPEND created it), and the new
 -- positions are written with one HSET. Reply: the window, then per chunk
--- its status ("" accepted, else the refusal's text), then one string per
--- record: "" applied, "moved" (a moved mark written), "reject:<error>"
--- (refused; a moved mark written); a refused chunk's records are "".
+-- its status ("" accepted, else the refusal's text), then a pair per
+-- record of an accepted chunk that was not simply applied: its number in
+-- the call (from 1) and "moved" (a moved mark written, no effect) or
+-- "reject:<error>" (the effect refused it; a moved mark written).
 local ttl, W, C = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
-local HEAD, FIX = 5, 6
+local HEAD, FIX = 5, 7
 local FIRST = HEAD + C * FIX
 local SLICE = 512 -- keys per MGET/HMGET, values per HSET (Lua's stack)
 
@@ -66,11 +68,16 @@ for c = 1, C do
 end
 local epochs = sliced('MGET', nil, keys)
 local posv = sliced('HMGET', KEYS[C + 1], fields)
-local status, out, js = {}, {}, {}
+local status, js, notes = {}, {}, {}
 local j = 0
 for c = 1, C do
   local a = HEAD + (c - 1) * FIX
   local epoch, expect, n = ARGV[a + 2], ARGV[a + 3], tonumber(ARGV[a + 6])
+  local marks = ARGV[a + 7]
+  if #marks ~= 16 * n then
+    return redis.error_reply('ERR partition chunk ' .. c .. ': ' .. #marks ..
+                             ' bytes of marks for ' .. n .. ' records')
+  end
   local cur, p = epochs[c], posv[c]
   local off = p and string.match(p, '^%-?%d+')
   if cur ~= epoch then
@@ -81,23 +88,22 @@ for c = 1, C do
                 ', chunk starts at ' .. expect
   else
     status[c] = ''
-  end
-  for _ = 1, n do
-    j = j + 1
-    out[j] = ''
-    if status[c] == '' then
-      if string.byte(ARGV[FIRST + (j - 1) * PER + 1], 13) >= 128 then
-        out[j] = 'moved'
+    for q = 1, n do
+      if string.byte(marks, q * 16 - 3) >= 128 then
+        notes[#notes + 1] = j + q
+        notes[#notes + 1] = 'moved'
       else
-        js[#js + 1] = j
+        js[#js + 1] = j + q
       end
     end
   end
+  j = j + n
 end
 local refused, err = effect(FIRST, js)
 if not refused then
   return redis.error_reply(err)
 end
+local any_refused = next(refused) ~= nil
 local now = tonumber(redis.call('TIME')[1])
 local w = math.floor(now / W)
 local at = (w + 1) * W + ttl
@@ -106,21 +112,22 @@ j = 0
 for c = 1, C do
   local a = HEAD + (c - 1) * FIX
   local n = tonumber(ARGV[a + 6])
-  if status[c] ~= '' then
-    j = j + n
-  else
-    local marks = {}
-    for q = 1, n do
-      j = j + 1
-      local m = ARGV[FIRST + (j - 1) * PER + 1]
-      if refused[j] then
-        out[j] = 'reject:' .. refused[j]
-        m = string.sub(m, 1, 12) .. '\128\0\0\0'
+  if status[c] == '' then
+    local blob = ARGV[a + 7]
+    if any_refused then
+      local marks = {}
+      for q = 1, n do
+        local m = string.sub(blob, q * 16 - 15, q * 16)
+        if refused[j + q] then
+          notes[#notes + 1] = j + q
+          notes[#notes + 1] = 'reject:' .. refused[j + q]
+          m = string.sub(m, 1, 12) .. '\128\0\0\0'
+        end
+        marks[q] = m
       end
-      marks[q] = m
+      blob = table.concat(marks)
     end
     if n > 0 then
-      local blob = table.concat(marks)
       local k = ARGV[a + 1] .. 'w' .. w
       if redis.call('APPEND', k, blob) == #blob then
         redis.call('EXPIREAT', k, at)
@@ -131,6 +138,7 @@ for c = 1, C do
       pos[#pos + 1] = ARGV[a + 4]
     end
   end
+  j = j + n
 end
 for i = 1, #pos, SLICE do -- SLICE is even: field and value stay together
   redis.call('HSET', KEYS[C + 1], unpack(pos, i, math.min(i + SLICE - 1, #pos)))
@@ -139,7 +147,7 @@ local reply = {w}
 for c = 1, C do
   reply[c + 1] = status[c]
 end
-for q = 1, j do
-  reply[C + 1 + q] = out[q]
+for i = 1, #notes do
+  reply[C + 1 + i] = notes[i]
 end
 return reply

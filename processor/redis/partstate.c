@@ -341,21 +341,6 @@ static int script_load(idem_partstate_t *p, char *errstr, size_t errstr_size)
     return 0;
 }
 
-/* One record's answer e (of the chunk script's reply) into res. */
-static void record_reply(const redisReply *e, idem_partstate_result_t *res)
-{
-    res->detail[0] = '\0';
-    res->outcome = IDEM_PARTSTATE_APPLIED;
-    if (e->type != REDIS_REPLY_STRING || !e->len)
-        return;
-    if (!strcmp(e->str, "moved")) {
-        res->outcome = IDEM_PARTSTATE_MOVED_MARK;
-    } else if (!strncmp(e->str, "reject:", 7)) {
-        res->outcome = IDEM_PARTSTATE_REJECTED;
-        snprintf(res->detail, sizeof(res->detail), "%s", e->str + 7);
-    }
-}
-
 /* Reads the reply r of the call of chunks ch[0..k) into results, windows
  * and rcs (a refused chunk's text into errstr), and frees it. Returns 0,
  * or -1 when its shape is not the script's. */
@@ -363,10 +348,8 @@ static int call_reply(redisReply *r, const idem_partstate_chunk_t *ch, size_t k,
                       idem_partstate_result_t *const *results, int64_t *windows,
                       int *rcs, char *errstr, size_t errstr_size)
 {
-    size_t nrec = 0;
-    for (size_t c = 0; c < k; c++)
-        nrec += ch[c].n;
-    int ok = r->type == REDIS_REPLY_ARRAY && r->elements == 1 + k + nrec &&
+    int ok = r->type == REDIS_REPLY_ARRAY && r->elements >= 1 + k &&
+             (r->elements - 1 - k) % 2 == 0 &&
              r->element[0]->type == REDIS_REPLY_INTEGER;
     for (size_t c = 0; ok && c < k; c++)
         ok = r->element[1 + c]->type == REDIS_REPLY_STRING;
@@ -374,8 +357,7 @@ static int call_reply(redisReply *r, const idem_partstate_chunk_t *ch, size_t k,
         freeReplyObject(r);
         return -1;
     }
-    size_t at = 1 + k;
-    for (size_t c = 0; c < k; at += ch[c].n, c++) {
+    for (size_t c = 0; c < k; c++) {
         const redisReply *st = r->element[1 + c];
         windows[c] = r->element[0]->integer;
         rcs[c] = 0;
@@ -386,11 +368,35 @@ static int call_reply(redisReply *r, const idem_partstate_chunk_t *ch, size_t k,
                      ch[c].topic, ch[c].partition, st->str);
             continue;
         }
-        for (size_t i = 0; i < ch[c].n; i++)
-            record_reply(r->element[at + i], &results[c][i]);
+        for (size_t i = 0; i < ch[c].n; i++) {
+            results[c][i].outcome = IDEM_PARTSTATE_APPLIED;
+            results[c][i].detail[0] = '\0';
+        }
+    }
+    /* Records not simply applied: (number in the call from 1, text). */
+    for (size_t e = 1 + k; e + 1 < r->elements; e += 2) {
+        const redisReply *num = r->element[e], *txt = r->element[e + 1];
+        if (num->type != REDIS_REPLY_INTEGER || txt->type != REDIS_REPLY_STRING)
+            ok = 0;
+        size_t c = 0, j = ok && num->integer > 0 ? (size_t)num->integer : 0;
+        while (j && c < k && j > ch[c].n)
+            j -= ch[c++].n;
+        if (!j || c == k || rcs[c]) {
+            ok = 0;
+            continue;
+        }
+        idem_partstate_result_t *res = &results[c][j - 1];
+        if (!strcmp(txt->str, "moved")) {
+            res->outcome = IDEM_PARTSTATE_MOVED_MARK;
+        } else if (!strncmp(txt->str, "reject:", 7)) {
+            res->outcome = IDEM_PARTSTATE_REJECTED;
+            snprintf(res->detail, sizeof(res->detail), "%s", txt->str + 7);
+        } else {
+            ok = 0;
+        }
     }
     freeReplyObject(r);
-    return 0;
+    return ok ? 0 : -1;
 }
 
 /* The EVALSHA of chunks ch[0..k) as one script call, in RESP, into
@@ -405,7 +411,7 @@ static int call_format(idem_partstate_t *p, const idem_partstate_chunk_t *ch,
     char num[32], st[640], key[672];
     p->cmd_len = 0;
     int hl = snprintf(num, sizeof(num), "*%zu\r\n",
-                      3 + (k + 1) + 5 + 6 * k + nrec * p->per);
+                      3 + (k + 1) + 5 + 7 * k + nrec * p->per);
     cmd_put(p, num, (size_t)hl);
     cmd_str(p, "EVALSHA");
     cmd_str(p, p->sha);
@@ -441,6 +447,8 @@ static int call_format(idem_partstate_t *p, const idem_partstate_chunk_t *ch,
         cmd_str(p, key);
         snprintf(num, sizeof(num), "%zu", ch[c].n);
         cmd_str(p, num);
+        cmd_arg(p, ch[c].n ? (const char *)ch[c].marks[0] : "",
+                ch[c].n * IDEM_PARTSTATE_MARK);
     }
     /* Each record's arguments go into the command at once: the handler's
      * texts for them need live only until its next records (the ledger
@@ -459,9 +467,9 @@ static int call_format(idem_partstate_t *p, const idem_partstate_chunk_t *ch,
                          got, p->per);
                 return -1;
             }
-            /* The mark, not the identity; no message id (the mark carries
-             * its digest): bytes Redis need not parse. */
-            cmd_arg(p, (const char *)ch[c].marks[i], IDEM_PARTSTATE_MARK);
+            /* No identity, no message id: the chunk's marks carry them,
+             * and bytes Redis need not parse are not sent. */
+            cmd_arg(p, "", 0);
             cmd_arg(p, "", 0);
             for (size_t a = 2; a < got; a++)
                 cmd_arg(p, p->argv[a], p->argvlen[a]);
