@@ -1,5 +1,5 @@
 /* partstate: the partition layout of the dedup state in Redis: epochs,
- * chunks of marks, their index and the chunk script (partchunk.lua with
+ * window keys of marks and the chunk script (partchunk.lua with
  * the handler's effect), on the store's connection. */
 #include "redis/partstate.h"
 #include "base/util.h"
