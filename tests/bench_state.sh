@@ -15,13 +15,17 @@
 #             no marks (repeated identities left out by the driver)
 #   member    one `idemproc run` member (ledger handler) on the same Redis
 #   partition redisalone --partition: the partition layout's chunk script
-#             (dedup.scope=partition: marks held by the driver, written in
-#             chunks with the effect and the position), one connection
+#             (dedup.scope=partition: marks held by the driver; each
+#             request's chunks, one per partition, in one script call that
+#             checks epochs and positions, applies the effect, APPENDs the
+#             marks to each partition's window key and writes the
+#             positions), one connection
 #
 # Per run: Redis CPU µs per record (utime + stime of the redis-server
 # process from /proc/PID/stat, over the topic's records), Redis bytes per
 # dedup mark (used_memory growth minus the ledger and position keys, over
-# the marks written; ledger and member only), for the member its records/s
+# the marks written; every row but the effect alone, so the partition
+# row's includes APPEND's spare room and the epoch keys), for the member its records/s
 # (from the first outcome seen to the last, polled every 0.1 s) and peak
 # RSS (VmHWM). Prints medians (min / median / max) and writes
 # BENCH_OUT/state.json. Needs bash >= 5, redis-server/redis-cli, jq.

@@ -4,7 +4,7 @@
 -- the global framing (redis/dedup_global.lua: a mark key per identity) or
 -- the partition framing (redis/partchunk.lua: dedup.scope=partition), so
 -- both apply the same effect. Per record, PER = 5 arguments: identity (the
--- partition framing sends the record's 16-byte mark instead), message_id,
+-- partition framing sends it empty: the chunk's marks carry it; or the identity while a switch from the global layout is honoured), message_id,
 -- currency, user_id, amount in minor units.
 --
 -- effect(first, js): applies the records js (a list of record numbers;

@@ -1,120 +1,195 @@
 -- partchunk: the chunk script of the partition layout (dedup.scope=
 -- partition; docs/design.md, "Dedup state layout"). The store prepends
 -- `local PER = <n>` and the handler's effect function (handlers/ledger.lua)
--- when redis/partstate.c composes it. One call = one chunk of one
--- partition, whose member has already looked every record up in its table
--- of the partition's marks and sends only records it does not hold.
+-- when redis/partstate.c composes it. One call = the chunks of one or more
+-- partitions (a whole request on a single Redis; one partition's, one
+-- slot, on Redis Cluster), whose member has already looked every record up
+-- in its table of the partition's marks and sends only records it does not
+-- hold.
 --
--- KEYS = the partition's epoch, index and sequence (under the partition's
--- hash tag) and the positions hash <prefix>pos:<group>; LAST, the layout
--- key <prefix>layout:<group> (the layout block below).
--- ARGV = prefix, group.id, dedup.ttl.seconds, the chunk keys' name stem
--- "<prefix>st{<group>:<topic>:<partition>}:", the owner epoch, the offset
--- the stored position must hold, the new position value ("" to leave it),
--- the window length in seconds, the position's field "<topic>:<partition>";
--- LAST of the fixed ones, "1" when the message-id slots carry identities
--- (the layout block); then PER per record: its 16-byte mark (12 B keyed hash of the identity,
--- 4 B digest of the message id; top bit of byte 13 set: "moved", the
--- record left the partition and only the mark is written), the message id
--- (sent empty: the mark carries its digest; the identity while a switch
--- from the global layout is younger than the TTL), the effect's own
--- arguments.
+-- KEYS = each chunk's partition epoch key (under the partition's hash
+-- tag), in chunk order, then the positions hash <prefix>pos:<group>, then
+-- LAST the layout key <prefix>layout:<group> (the layout block below).
+-- ARGV = prefix, group.id, dedup.ttl.seconds, the window length in
+-- seconds, C the number of chunks; then FIX = 7 per chunk: its partition's
+-- key stem "<prefix>st{<group>:<topic>:<partition>}:", the owner epoch,
+-- the offset the stored position must hold, the new position value ("" to
+-- leave it), the position's field "<topic>:<partition>", its record count
+-- n, its n marks as one string (16 B each: 12 B keyed hash of the
+-- identity, 4 B digest of the message id; top bit of byte 13 set: "moved",
+-- the record left the partition and only its mark is written); then PER
+-- per record, chunk after chunk: the identity and the message id, both
+-- sent empty (the marks carry them; the identity is sent while a switch
+-- from the global layout is honoured, see the layout block), the effect's
+-- own arguments. The last fixed ARGV, right before the per-record ones, is
+-- the layout block's: "1" when the identities are sent.
 --
--- Before any write: the stored epoch must equal the chunk's (else error
--- FENCED: another member owns the partition now) and the stored position's
--- offset the chunk's (else error POSITION: Redis lost a tail, or another
--- writer moved it). Then the effect; a record whose effect Redis refused
+-- Before any write, per chunk: the stored epoch must equal the chunk's
+-- (else "FENCED ...": another member owns the partition now) and the stored
+-- position's offset the chunk's (else "POSITION ...": Redis lost a tail,
+-- or another writer moved it). A refused chunk writes nothing (no effect,
+-- no mark, no position); the others go on. Then one effect over the
+-- records of every accepted chunk; a record whose effect Redis refused
 -- gets a "moved" mark instead of its own, so that a later copy of it (a
--- replay) goes through the global marks. The chunk's marks are one string
--- key <stem>w<window>:<seq> (window = floor(TIME / window length)),
--- expiring at the window's end plus the TTL, appended to the index (whose
--- expired head is trimmed), and the new position is written. Reply: the
--- window, then one string per record: "" applied, "moved" (a moved mark
--- written), "reject:<error>" (refused; a moved mark written),
+-- replay) goes through the global marks. Each chunk's marks are APPENDed
+-- to its partition's window key <stem>w<window> (window = floor(TIME /
+-- window length), one TIME per call), which expires at the window's end
+-- plus the TTL (EXPIREAT set when the APPEND created it), and the new
+-- positions are written with one HSET. Reply: the window, then per chunk
+-- its status ("" accepted, else the refusal's text), then a pair per
+-- record of an accepted chunk that was not simply applied: its number in
+-- the call (from 1) and "moved" (a moved mark written, no effect) or
+-- "reject:<error>" (the effect refused it; a moved mark written) or
 -- "global:<mark>" (applied under the global layout: not applied again,
--- its mark written).
-local ttl, stem, epoch = tonumber(ARGV[3]), ARGV[4], ARGV[5]
-local expect, newpos, W, field = ARGV[6], ARGV[7], tonumber(ARGV[8]), ARGV[9]
-local FIRST = 10
-local cur = redis.call('GET', KEYS[1])
-if cur ~= epoch then
-  return redis.error_reply('FENCED owner epoch ' .. (cur or 'none') ..
-                           ', chunk of epoch ' .. epoch)
+-- its partition mark written).
+--
+-- Layout block (redis/layout.h): chunks run only under the partition
+-- layout (else error "LAYOUT ...", nothing written: the member reads the
+-- key again and routes the records again). For one TTL after a switch from
+-- global, a record whose global mark <prefix>dedup:<group>:<identity>
+-- exists was applied under the global layout: it is answered
+-- "global:<mark>", not applied, and still gets its partition mark; the
+-- member must then send the identities, else LAYOUT.
+local ttl, W, C = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
+local HEAD, FIX = 5, 7
+local FIRST = HEAD + C * FIX + 1 -- ARGV[FIRST]: the layout block's flag
+local SLICE = 512 -- keys per MGET/HMGET, values per HSET (Lua's stack)
+
+-- The replies of cmd (MGET, HMGET: one value per x) over the list xs in
+-- slices, as one table; key, if any, goes first in each.
+local function sliced(cmd, key, xs)
+  local out = {}
+  for i = 1, #xs, SLICE do
+    local part
+    if key then
+      part = redis.call(cmd, key, unpack(xs, i, math.min(i + SLICE - 1, #xs)))
+    else
+      part = redis.call(cmd, unpack(xs, i, math.min(i + SLICE - 1, #xs)))
+    end
+    for q = 1, #part do
+      out[#out + 1] = part[q]
+    end
+  end
+  return out
 end
-local p = redis.call('HGET', KEYS[4], field)
-local off = p and string.match(p, '^%-?%d+')
-if off ~= expect then
-  return redis.error_reply('POSITION redis holds ' .. (off or 'none') ..
-                           ', chunk starts at ' .. expect)
-end
-local n = (#ARGV - FIRST) / PER
--- Layout block (redis/layout.h): chunks only under the partition layout
--- (error LAYOUT otherwise, nothing written: the member reads the key again
--- and routes the records again). For one TTL after a switch from global,
--- a record whose global mark <prefix>dedup:<group>:<identity> exists was
--- applied under the global layout: it is answered "global:<mark>", not
--- applied, and still gets its partition mark. The member must then send
--- the identities (ARGV[FIRST] = "1"), else LAYOUT.
-local lay = redis.call('HMGET', KEYS[#KEYS], 'layout', 'since', 'from')
+
+local now = tonumber(redis.call('TIME')[1])
+-- Layout block: see the header.
+local lay = redis.call('HMGET', KEYS[C + 2], 'layout', 'since', 'from')
 if lay[1] ~= 'partition' then
   return redis.error_reply('LAYOUT redis runs ' .. (lay[1] or 'global') ..
                            ', the chunk partition')
 end
-local gdone = {}
-if (lay[3] or 'global') ~= 'partition' and n > 0 and
-    tonumber(redis.call('TIME')[1]) < (tonumber(lay[2]) or 0) + ttl then
-  if ARGV[FIRST] ~= '1' then
-    return redis.error_reply('LAYOUT switched from global within the TTL, ' ..
-                             'the chunk carries no identities')
-  end
-  local gk = {}
-  for j = 1, n do
-    gk[j] = ARGV[1] .. 'dedup:' .. ARGV[2] .. ':' ..
-            ARGV[FIRST + (j - 1) * PER + 2]
-  end
-  gdone = redis.call('MGET', unpack(gk))
+local honour = (lay[3] or 'global') ~= 'partition' and
+               now < (tonumber(lay[2]) or 0) + ttl
+if honour and ARGV[FIRST] ~= '1' then
+  return redis.error_reply('LAYOUT switched from global within the TTL, ' ..
+                           'the chunk carries no identities')
 end
-local out, js = {}, {}
-for j = 1, n do
-  if string.byte(ARGV[FIRST + (j - 1) * PER + 1], 13) >= 128 then
-    out[j] = 'moved'
-  elseif gdone[j] then
-    out[j] = 'global:' .. gdone[j]
-  else
-    js[#js + 1] = j
-    out[j] = ''
+
+local keys, fields = {}, {}
+for c = 1, C do
+  keys[c] = KEYS[c]
+  fields[c] = ARGV[HEAD + (c - 1) * FIX + 5]
+end
+local epochs = sliced('MGET', nil, keys)
+local posv = sliced('HMGET', KEYS[C + 1], fields)
+local status, js, notes = {}, {}, {}
+local j = 0
+for c = 1, C do
+  local a = HEAD + (c - 1) * FIX
+  local epoch, expect, n = ARGV[a + 2], ARGV[a + 3], tonumber(ARGV[a + 6])
+  local marks = ARGV[a + 7]
+  if #marks ~= 16 * n then
+    return redis.error_reply('ERR partition chunk ' .. c .. ': ' .. #marks ..
+                             ' bytes of marks for ' .. n .. ' records')
   end
+  local cur, p = epochs[c], posv[c]
+  local off = p and string.match(p, '^%-?%d+')
+  if cur ~= epoch then
+    status[c] = 'FENCED owner epoch ' .. (cur or 'none') ..
+                ', chunk of epoch ' .. epoch
+  elseif off ~= expect then
+    status[c] = 'POSITION redis holds ' .. (off or 'none') ..
+                ', chunk starts at ' .. expect
+  else
+    status[c] = ''
+    for q = 1, n do
+      if string.byte(marks, q * 16 - 3) >= 128 then
+        notes[#notes + 1] = j + q
+        notes[#notes + 1] = 'moved'
+      else
+        js[#js + 1] = j + q
+      end
+    end
+  end
+  j = j + n
+end
+if honour and #js > 0 then -- layout block: marks of the global layout
+  local gk = {}
+  for i = 1, #js do
+    gk[i] = ARGV[1] .. 'dedup:' .. ARGV[2] .. ':' ..
+            ARGV[FIRST + (js[i] - 1) * PER + 1]
+  end
+  local gdone, rest = sliced('MGET', nil, gk), {}
+  for i = 1, #js do
+    if gdone[i] then
+      notes[#notes + 1] = js[i]
+      notes[#notes + 1] = 'global:' .. gdone[i]
+    else
+      rest[#rest + 1] = js[i]
+    end
+  end
+  js = rest
 end
 local refused, err = effect(FIRST, js)
 if not refused then
   return redis.error_reply(err)
 end
-local now = tonumber(redis.call('TIME')[1])
+local any_refused = next(refused) ~= nil
 local w = math.floor(now / W)
-if n > 0 then
-  local marks = {}
-  for j = 1, n do
-    local m = ARGV[FIRST + (j - 1) * PER + 1]
-    if refused[j] then
-      out[j] = 'reject:' .. refused[j]
-      m = string.sub(m, 1, 12) .. '\128\0\0\0'
+local at = (w + 1) * W + ttl
+local pos = {}
+j = 0
+for c = 1, C do
+  local a = HEAD + (c - 1) * FIX
+  local n = tonumber(ARGV[a + 6])
+  if status[c] == '' then
+    local blob = ARGV[a + 7]
+    if any_refused then
+      local marks = {}
+      for q = 1, n do
+        local m = string.sub(blob, q * 16 - 15, q * 16)
+        if refused[j + q] then
+          notes[#notes + 1] = j + q
+          notes[#notes + 1] = 'reject:' .. refused[j + q]
+          m = string.sub(m, 1, 12) .. '\128\0\0\0'
+        end
+        marks[q] = m
+      end
+      blob = table.concat(marks)
     end
-    marks[j] = m
+    if n > 0 then
+      local k = ARGV[a + 1] .. 'w' .. w
+      if redis.call('APPEND', k, blob) == #blob then
+        redis.call('EXPIREAT', k, at)
+      end
+    end
+    if ARGV[a + 4] ~= '' then
+      pos[#pos + 1] = fields[c]
+      pos[#pos + 1] = ARGV[a + 4]
+    end
   end
-  local k = stem .. 'w' .. w .. ':' .. redis.call('INCR', KEYS[3])
-  redis.call('SET', k, table.concat(marks), 'EXAT', (w + 1) * W + ttl)
-  redis.call('RPUSH', KEYS[2], k)
+  j = j + n
 end
-while true do
-  local h = redis.call('LINDEX', KEYS[2], 0)
-  local hw = h and tonumber(string.match(h, ':w(%d+):%d+$'))
-  if not hw or (hw + 1) * W + ttl > now then
-    break
-  end
-  redis.call('LPOP', KEYS[2])
+for i = 1, #pos, SLICE do -- SLICE is even: field and value stay together
+  redis.call('HSET', KEYS[C + 1], unpack(pos, i, math.min(i + SLICE - 1, #pos)))
 end
-if newpos ~= '' then
-  redis.call('HSET', KEYS[4], field, newpos)
+local reply = {w}
+for c = 1, C do
+  reply[c + 1] = status[c]
 end
-table.insert(out, 1, w)
-return out
+for i = 1, #notes do
+  reply[C + 1 + i] = notes[i]
+end
+return reply

@@ -1,5 +1,5 @@
 /* partstate: the partition layout of the dedup state in Redis: epochs,
- * chunks of marks, their index and the chunk script (partchunk.lua with
+ * window keys of marks and the chunk script (partchunk.lua with
  * the handler's effect), on the store's connection. */
 #include "redis/partstate.h"
 #include "base/util.h"
@@ -18,6 +18,9 @@ extern const char idem_partchunk_lua[];
 extern const size_t idem_partchunk_lua_len;
 
 #define PIECE_DEFAULT (1u << 20) /* bytes per GETRANGE */
+/* Records of one script call at most (more chunks are pipelined calls):
+ * Redis runs a call as one command, so this bounds how long it blocks. */
+#define CALL_RECORDS 4096
 
 struct idem_partstate_s {
     idem_store_t *store;
@@ -30,11 +33,13 @@ struct idem_partstate_s {
     void *opaque;
     int64_t window; /* seconds */
     char pos_key[512];
-    const char **argv; /* scratch, reused across chunks */
+    const char **argv; /* scratch: one record's arguments */
     size_t *argvlen;
     size_t argv_cap;
+    char *cmd; /* scratch: the call being formatted (RESP) */
+    size_t cmd_len, cmd_cap;
     char layout_key[512]; /* the group's layout key (redis/layout.h) */
-    int honour_global;    /* identities in the message-id slots */
+    int honour_global;    /* identities sent with the records */
 };
 
 idem_partstate_t *idem_partstate_new(idem_store_t *store,
@@ -82,6 +87,7 @@ void idem_partstate_destroy(idem_partstate_t *p)
     free(p->src);
     free(p->argv);
     free(p->argvlen);
+    free(p->cmd);
     free(p);
 }
 
@@ -226,33 +232,13 @@ int idem_partstate_partitions(idem_partstate_t *p, const char *topic,
     return 0;
 }
 
-/* The window of a chunk key "<stem>w<window>:<seq>", or -1. */
-static int64_t key_window(const char *key, size_t len)
+/* Reads one window key of a partition in pieces, calling cb for each
+ * piece that holds marks; an absent (or expired) key reads as empty. */
+static int load_window(idem_partstate_t *p, const char *key, int64_t w,
+                       size_t piece, idem_partstate_marks_fn cb, void *opaque,
+                       size_t *pieces, char *errstr, size_t errstr_size)
 {
-    const char *w = NULL;
-    for (size_t i = len; i-- > 0;)
-        if (key[i] == 'w' && i > 0 && key[i - 1] == ':') {
-            w = key + i + 1;
-            break;
-        }
-    if (!w)
-        return -1;
-    char *end;
-    long long v = strtoll(w, &end, 10);
-    return end != w && *end == ':' ? (int64_t)v : -1;
-}
-
-/* Reads one chunk key in pieces, calling cb for each. */
-static int load_chunk(idem_partstate_t *p, const char *key, size_t keylen,
-                      size_t piece, idem_partstate_marks_fn cb, void *opaque,
-                      size_t *pieces, char *errstr, size_t errstr_size)
-{
-    int64_t w = key_window(key, keylen);
-    if (w < 0) {
-        snprintf(errstr, errstr_size, "redis: chunk key without a window: %.*s",
-                 (int)keylen, key);
-        return -1;
-    }
+    size_t keylen = strlen(key);
     for (size_t off = 0;; off += piece) {
         char from[24], to[24];
         snprintf(from, sizeof(from), "%zu", off);
@@ -264,16 +250,16 @@ static int load_chunk(idem_partstate_t *p, const char *key, size_t keylen,
             return -1;
         if (r->type != REDIS_REPLY_STRING)
             return unexpected(p, r, "GETRANGE", errstr, errstr_size);
-        if (pieces)
-            (*pieces)++;
         size_t got = r->len, n = got / IDEM_PARTSTATE_MARK;
         if (got % IDEM_PARTSTATE_MARK) {
             freeReplyObject(r);
             snprintf(errstr, errstr_size,
-                     "redis: chunk %.*s is not whole marks (%zu bytes at %zu)",
-                     (int)keylen, key, got, off);
+                     "redis: %s is not whole marks (%zu bytes at %zu)", key,
+                     got, off);
             return -1;
         }
+        if (pieces && n)
+            (*pieces)++;
         int stop = n && cb((const uint8_t *)r->str, n, w, opaque);
         freeReplyObject(r);
         if (stop) {
@@ -294,34 +280,54 @@ int idem_partstate_load(idem_partstate_t *p, const char *topic,
     piece -= piece % IDEM_PARTSTATE_MARK;
     if (!piece)
         piece = IDEM_PARTSTATE_MARK;
-    char k[640];
-    stem(p, topic, partition, k, sizeof(k));
-    strncat(k, "idx", sizeof(k) - strlen(k) - 1);
-    const char *argv[] = {"LRANGE", k, "0", "-1"};
-    redisReply *idx = command(p, 0, 4, argv, NULL, errstr, errstr_size);
-    if (!idx)
+    int64_t now;
+    if (idem_partstate_now(p, &now, errstr, errstr_size))
         return -1;
-    if (idx->type != REDIS_REPLY_ARRAY)
-        return unexpected(p, idx, "LRANGE", errstr, errstr_size);
-    int rc = 0;
-    for (size_t i = 0; i < idx->elements && !rc; i++) {
-        redisReply *e = idx->element[i];
-        if (e->type != REDIS_REPLY_STRING)
-            continue;
-        rc = load_chunk(p, e->str, e->len, piece, cb, opaque, pieces, errstr,
-                        errstr_size);
+    /* Window w lives until (w + 1) * W + TTL: from the first that can
+     * still live to the current one, plus one for a server whose clock is
+     * behind the one that wrote (a failover). */
+    int64_t W = p->window, ttl = p->conf->dedup_ttl_seconds;
+    int64_t lo = (now - ttl) / W - 1, hi = now / W + 1;
+    if (lo < 0)
+        lo = 0;
+    char st[640], k[672];
+    stem(p, topic, partition, st, sizeof(st));
+    for (int64_t w = lo; w <= hi; w++) {
+        snprintf(k, sizeof(k), "%sw%" PRId64, st, w);
+        if (load_window(p, k, w, piece, cb, opaque, pieces, errstr,
+                        errstr_size))
+            return -1;
     }
-    freeReplyObject(idx);
-    return rc;
+    return 0;
 }
 
-static void argv_reserve(idem_partstate_t *p, size_t n)
+/* Appends bytes to the RESP command being built in p->cmd. */
+static void cmd_put(idem_partstate_t *p, const char *b, size_t n)
 {
-    if (n <= p->argv_cap)
-        return;
-    p->argv = idem_xrealloc(p->argv, n * sizeof(*p->argv));
-    p->argvlen = idem_xrealloc(p->argvlen, n * sizeof(*p->argvlen));
-    p->argv_cap = n;
+    if (p->cmd_len + n > p->cmd_cap) {
+        size_t cap = p->cmd_cap ? p->cmd_cap : 4096;
+        while (cap < p->cmd_len + n)
+            cap *= 2;
+        p->cmd = idem_xrealloc(p->cmd, cap);
+        p->cmd_cap = cap;
+    }
+    memcpy(p->cmd + p->cmd_len, b, n);
+    p->cmd_len += n;
+}
+
+/* Appends one bulk string ("$<len>\r\n<bytes>\r\n"). */
+static void cmd_arg(idem_partstate_t *p, const char *b, size_t n)
+{
+    char head[32];
+    int hl = snprintf(head, sizeof(head), "$%zu\r\n", n);
+    cmd_put(p, head, (size_t)hl);
+    cmd_put(p, b, n);
+    cmd_put(p, "\r\n", 2);
+}
+
+static void cmd_str(idem_partstate_t *p, const char *str)
+{
+    cmd_arg(p, str, strlen(str));
 }
 
 /* SCRIPT LOAD of the chunk script into p->sha. 0, or -1 with errstr. */
@@ -339,102 +345,160 @@ static int script_load(idem_partstate_t *p, char *errstr, size_t errstr_size)
     return 0;
 }
 
-/* Reads the chunk script's reply r into results and *window, and frees
- * it. Returns 0, or -1 when its shape is not the script's. */
-static int chunk_reply(redisReply *r, size_t n,
-                       idem_partstate_result_t *results, int64_t *window)
+/* Reads the reply r of the call of chunks ch[0..k) into results, windows
+ * and rcs (a refused chunk's text into errstr), and frees it. Returns 0,
+ * or -1 when its shape is not the script's. */
+static int call_reply(redisReply *r, const idem_partstate_chunk_t *ch, size_t k,
+                      idem_partstate_result_t *const *results, int64_t *windows,
+                      int *rcs, char *errstr, size_t errstr_size)
 {
-    if (r->type != REDIS_REPLY_ARRAY || r->elements != n + 1 ||
-        r->element[0]->type != REDIS_REPLY_INTEGER) {
+    int ok = r->type == REDIS_REPLY_ARRAY && r->elements >= 1 + k &&
+             (r->elements - 1 - k) % 2 == 0 &&
+             r->element[0]->type == REDIS_REPLY_INTEGER;
+    for (size_t c = 0; ok && c < k; c++)
+        ok = r->element[1 + c]->type == REDIS_REPLY_STRING;
+    if (!ok) {
         freeReplyObject(r);
         return -1;
     }
-    *window = r->element[0]->integer;
-    for (size_t i = 0; i < n; i++) {
-        const redisReply *e = r->element[i + 1];
-        idem_partstate_result_t *res = &results[i];
-        res->detail[0] = '\0';
-        res->outcome = IDEM_PARTSTATE_APPLIED;
-        if (e->type != REDIS_REPLY_STRING || !e->len)
+    for (size_t c = 0; c < k; c++) {
+        const redisReply *st = r->element[1 + c];
+        windows[c] = r->element[0]->integer;
+        rcs[c] = 0;
+        if (st->len) {
+            rcs[c] = !strncmp(st->str, "FENCED ", 7) ? IDEM_PARTSTATE_FENCED
+                                                     : IDEM_PARTSTATE_POSITION;
+            snprintf(errstr, errstr_size, "redis: partition %s:%" PRId32 ": %s",
+                     ch[c].topic, ch[c].partition, st->str);
             continue;
-        if (!strcmp(e->str, "moved")) {
+        }
+        for (size_t i = 0; i < ch[c].n; i++) {
+            results[c][i].outcome = IDEM_PARTSTATE_APPLIED;
+            results[c][i].detail[0] = '\0';
+        }
+    }
+    /* Records not simply applied: (number in the call from 1, text). */
+    for (size_t e = 1 + k; e + 1 < r->elements; e += 2) {
+        const redisReply *num = r->element[e], *txt = r->element[e + 1];
+        if (num->type != REDIS_REPLY_INTEGER || txt->type != REDIS_REPLY_STRING)
+            ok = 0;
+        size_t c = 0, j = ok && num->integer > 0 ? (size_t)num->integer : 0;
+        while (j && c < k && j > ch[c].n)
+            j -= ch[c++].n;
+        if (!j || c == k || rcs[c]) {
+            ok = 0;
+            continue;
+        }
+        idem_partstate_result_t *res = &results[c][j - 1];
+        if (!strcmp(txt->str, "moved")) {
             res->outcome = IDEM_PARTSTATE_MOVED_MARK;
-        } else if (!strncmp(e->str, "global:", 7)) {
+        } else if (!strncmp(txt->str, "global:", 7)) {
             res->outcome = IDEM_PARTSTATE_GLOBAL_DONE;
-            snprintf(res->detail, sizeof(res->detail), "%s", e->str + 7);
-        } else if (!strncmp(e->str, "reject:", 7)) {
+            snprintf(res->detail, sizeof(res->detail), "%s", txt->str + 7);
+        } else if (!strncmp(txt->str, "reject:", 7)) {
             res->outcome = IDEM_PARTSTATE_REJECTED;
-            snprintf(res->detail, sizeof(res->detail), "%s", e->str + 7);
+            snprintf(res->detail, sizeof(res->detail), "%s", txt->str + 7);
+        } else {
+            ok = 0;
         }
     }
     freeReplyObject(r);
+    return ok ? 0 : -1;
+}
+
+/* The EVALSHA of chunks ch[0..k) as one script call, in RESP, into
+ * p->cmd. 0, or -1 with errstr (a handler gave a record the wrong number
+ * of arguments). */
+static int call_format(idem_partstate_t *p, const idem_partstate_chunk_t *ch,
+                       size_t k, char *errstr, size_t errstr_size)
+{
+    size_t nrec = 0;
+    for (size_t c = 0; c < k; c++)
+        nrec += ch[c].n;
+    char num[32], st[640], key[672];
+    p->cmd_len = 0;
+    int hl = snprintf(num, sizeof(num), "*%zu\r\n",
+                      3 + (k + 2) + 5 + 7 * k + 1 + nrec * p->per);
+    cmd_put(p, num, (size_t)hl);
+    cmd_str(p, "EVALSHA");
+    cmd_str(p, p->sha);
+    snprintf(num, sizeof(num), "%zu", k + 2);
+    cmd_str(p, num);
+    for (size_t c = 0; c < k; c++) {
+        stem(p, ch[c].topic, ch[c].partition, st, sizeof(st));
+        snprintf(key, sizeof(key), "%sepoch", st);
+        cmd_str(p, key);
+    }
+    cmd_str(p, p->pos_key);
+    cmd_str(p, p->layout_key); /* the layout block's, last */
+    cmd_str(p, p->conf->redis_prefix);
+    cmd_str(p, p->conf->group_id ? p->conf->group_id : "");
+    snprintf(num, sizeof(num), "%" PRId64, p->conf->dedup_ttl_seconds);
+    cmd_str(p, num);
+    snprintf(num, sizeof(num), "%" PRId64, p->window);
+    cmd_str(p, num);
+    snprintf(num, sizeof(num), "%zu", k);
+    cmd_str(p, num);
+    for (size_t c = 0; c < k; c++) {
+        char pos[160] = "";
+        stem(p, ch[c].topic, ch[c].partition, st, sizeof(st));
+        cmd_str(p, st);
+        snprintf(num, sizeof(num), "%" PRId64, ch[c].epoch);
+        cmd_str(p, num);
+        snprintf(num, sizeof(num), "%" PRId64, ch[c].expect_offset);
+        cmd_str(p, num);
+        const idem_store_pos_t *np = ch[c].newpos;
+        if (np && !idem_posval_format(pos, sizeof(pos), np->offset, &np->val))
+            snprintf(pos, sizeof(pos), "%" PRId64, np->offset);
+        cmd_str(p, pos);
+        snprintf(key, sizeof(key), "%s:%" PRId32, ch[c].topic, ch[c].partition);
+        cmd_str(p, key);
+        snprintf(num, sizeof(num), "%zu", ch[c].n);
+        cmd_str(p, num);
+        cmd_arg(p, ch[c].n ? (const char *)ch[c].marks[0] : "",
+                ch[c].n * IDEM_PARTSTATE_MARK);
+    }
+    cmd_str(p, p->honour_global ? "1" : "0"); /* the layout block's */
+    /* Each record's arguments go into the command at once: the handler's
+     * texts for them need live only until its next records (the ledger
+     * keeps them in a ring). */
+    if (p->argv_cap < p->per) {
+        p->argv = idem_xrealloc(p->argv, p->per * sizeof(*p->argv));
+        p->argvlen = idem_xrealloc(p->argvlen, p->per * sizeof(*p->argvlen));
+        p->argv_cap = p->per;
+    }
+    for (size_t c = 0; c < k; c++)
+        for (size_t i = 0; i < ch[c].n; i++) {
+            size_t got = p->args(ch[c].recs[i], p->argv, p->argvlen, p->opaque);
+            if (got != p->per) {
+                snprintf(errstr, errstr_size,
+                         "partition chunk: %zu arguments for a record, not %zu",
+                         got, p->per);
+                return -1;
+            }
+            /* No identity, no message id: the chunk's marks carry them,
+             * and bytes Redis need not parse are not sent. While a switch
+             * from the global layout is honoured, the identity goes, for
+             * the script to look its global mark up. */
+            if (p->honour_global)
+                cmd_arg(p, p->argv[0], p->argvlen[0]);
+            else
+                cmd_arg(p, "", 0);
+            cmd_arg(p, "", 0);
+            for (size_t a = 2; a < got; a++)
+                cmd_arg(p, p->argv[a], p->argvlen[a]);
+        }
     return 0;
 }
 
-/* The chunk's EVALSHA in RESP into *cmd (caller frees with
- * redisFreeCommand); its length, or -1 with errstr. */
-static long long chunk_format(idem_partstate_t *p,
-                              const idem_partstate_chunk_t *ch, char **cmd,
-                              char *errstr, size_t errstr_size)
+/* The chunks from ch[0] that go in one call: at least one, then as many
+ * as keep the call within CALL_RECORDS records. */
+static size_t call_span(const idem_partstate_chunk_t *ch, size_t k)
 {
-    char st[640], kepoch[656], kidx[656], kseq[656], field[320], epoch[24],
-        expect[24], ttl[24], win[24], pos[160] = "";
-    stem(p, ch->topic, ch->partition, st, sizeof(st));
-    snprintf(kepoch, sizeof(kepoch), "%sepoch", st);
-    snprintf(kidx, sizeof(kidx), "%sidx", st);
-    snprintf(kseq, sizeof(kseq), "%sseq", st);
-    snprintf(field, sizeof(field), "%s:%" PRId32, ch->topic, ch->partition);
-    snprintf(epoch, sizeof(epoch), "%" PRId64, ch->epoch);
-    snprintf(expect, sizeof(expect), "%" PRId64, ch->expect_offset);
-    snprintf(ttl, sizeof(ttl), "%" PRId64, p->conf->dedup_ttl_seconds);
-    snprintf(win, sizeof(win), "%" PRId64, p->window);
-    if (ch->newpos && !idem_posval_format(pos, sizeof(pos), ch->newpos->offset,
-                                          &ch->newpos->val))
-        snprintf(pos, sizeof(pos), "%" PRId64, ch->newpos->offset);
-    argv_reserve(p, 18 + ch->n * p->per);
-    size_t a = 0;
-    p->argv[a++] = "EVALSHA";
-    p->argv[a++] = p->sha;
-    p->argv[a++] = "5";
-    p->argv[a++] = kepoch;
-    p->argv[a++] = kidx;
-    p->argv[a++] = kseq;
-    p->argv[a++] = p->pos_key;
-    p->argv[a++] = p->layout_key; /* the layout block's, last */
-    p->argv[a++] = p->conf->redis_prefix;
-    p->argv[a++] = p->conf->group_id ? p->conf->group_id : "";
-    p->argv[a++] = ttl;
-    p->argv[a++] = st;
-    p->argv[a++] = epoch;
-    p->argv[a++] = expect;
-    p->argv[a++] = pos;
-    p->argv[a++] = win;
-    p->argv[a++] = field;
-    p->argv[a++] = p->honour_global ? "1" : "0"; /* the layout block's */
-    for (size_t i = 0; i < a; i++)
-        p->argvlen[i] = strlen(p->argv[i]);
-    for (size_t i = 0; i < ch->n; i++) {
-        size_t got =
-            p->args(ch->recs[i], p->argv + a, p->argvlen + a, p->opaque);
-        if (got != p->per) {
-            snprintf(errstr, errstr_size,
-                     "partition chunk: %zu arguments for a record, not %zu",
-                     got, p->per);
-            return -1;
-        }
-        /* The chunk script reads no message id (the mark carries its
-         * digest): bytes Redis need not parse. While a switch from the
-         * global layout is honoured, the identity goes there instead. */
-        p->argv[a + 1] = p->honour_global ? p->argv[a] : "";
-        p->argvlen[a + 1] = p->honour_global ? p->argvlen[a] : 0;
-        p->argv[a] = (const char *)ch->marks[i]; /* the mark, not identity */
-        p->argvlen[a] = IDEM_PARTSTATE_MARK;
-        a += got;
-    }
-    long long len = redisFormatCommandArgv(cmd, (int)a, p->argv, p->argvlen);
-    if (len < 0)
-        snprintf(errstr, errstr_size, "partition chunk: out of memory");
-    return len;
+    size_t n = ch[0].n, m = 1;
+    while (m < k && n + ch[m].n <= CALL_RECORDS)
+        n += ch[m++].n;
+    return m;
 }
 
 int idem_partstate_chunks(idem_partstate_t *p, const idem_partstate_chunk_t *ch,
@@ -449,48 +513,57 @@ int idem_partstate_chunks(idem_partstate_t *p, const idem_partstate_chunk_t *ch,
     redisContext *c = idem_store_ctx(p->store, 1, errstr, errstr_size);
     if (!c)
         return -1;
-    for (size_t i = 0; i < k; i++) {
-        char *cmd = NULL;
-        long long len = chunk_format(p, &ch[i], &cmd, errstr, errstr_size);
-        if (len < 0)
-            return -1; /* nothing was written to the connection yet */
-        int ok = redisAppendFormattedCommand(c, cmd, (size_t)len);
-        redisFreeCommand(cmd);
-        if (ok != REDIS_OK)
+    size_t calls = 0;
+    for (size_t i = 0; i < k; calls++) {
+        size_t m = call_span(&ch[i], k - i);
+        if (call_format(p, &ch[i], m, errstr, errstr_size)) {
+            if (!calls)
+                return -1; /* nothing was written to the connection yet */
+            /* Calls wait in the connection's buffer: dropped with it. */
+            char why[256];
+            snprintf(why, sizeof(why), "%s", errstr);
+            return idem_store_ctx_fail(p->store, "EVALSHA", why, errstr,
+                                       errstr_size);
+        }
+        if (redisAppendFormattedCommand(c, p->cmd, p->cmd_len) != REDIS_OK)
             return idem_store_ctx_fail(p->store, "EVALSHA", NULL, errstr,
                                        errstr_size);
+        i += m;
     }
     int failed = 0, noscript = 0;
     char first[256] = "";
-    for (size_t i = 0; i < k; i++) {
+    for (size_t i = 0; i < k;) {
+        size_t m = call_span(&ch[i], k - i);
         redisReply *r = NULL;
         if (redisGetReply(c, (void **)&r) != REDIS_OK || !r)
             return idem_store_ctx_fail(p->store, "EVALSHA", NULL, errstr,
                                        errstr_size);
-        rcs[i] = 0;
         if (r->type != REDIS_REPLY_ERROR) {
-            if (chunk_reply(r, ch[i].n, results[i], &windows[i]) && !failed) {
+            if (call_reply(r, &ch[i], m, &results[i], &windows[i], &rcs[i],
+                           errstr, errstr_size) &&
+                !failed) {
                 failed = 1;
                 snprintf(first, sizeof(first), "unexpected reply");
             }
-            continue;
+        } else if (!strncmp(r->str, "LAYOUT ", 7)) {
+            /* Nothing written: the layout is read again and the records
+             * routed again (redis/layout.h). */
+            for (size_t q = 0; q < m; q++) {
+                rcs[i + q] = IDEM_PARTSTATE_LAYOUT;
+                windows[i + q] = -1;
+            }
+            snprintf(errstr, errstr_size, "redis: partition chunk: %s", r->str);
+            freeReplyObject(r);
+        } else {
+            if (!strncmp(r->str, "NOSCRIPT", 8))
+                noscript = 1;
+            else if (!failed) {
+                failed = 1;
+                snprintf(first, sizeof(first), "%s", r->str);
+            }
+            freeReplyObject(r);
         }
-        if (!strncmp(r->str, "FENCED ", 7))
-            rcs[i] = IDEM_PARTSTATE_FENCED;
-        else if (!strncmp(r->str, "POSITION ", 9))
-            rcs[i] = IDEM_PARTSTATE_POSITION;
-        else if (!strncmp(r->str, "LAYOUT ", 7))
-            rcs[i] = IDEM_PARTSTATE_LAYOUT;
-        else if (!strncmp(r->str, "NOSCRIPT", 8))
-            noscript = 1;
-        else if (!failed) {
-            failed = 1;
-            snprintf(first, sizeof(first), "%s", r->str);
-        }
-        if (rcs[i])
-            snprintf(errstr, errstr_size, "redis: partition %s:%" PRId32 ": %s",
-                     ch[i].topic, ch[i].partition, r->str);
-        freeReplyObject(r);
+        i += m;
     }
     if (noscript) {
         p->sha[0] = '\0'; /* loaded again by the next call */

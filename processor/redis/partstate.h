@@ -1,10 +1,11 @@
 /* partstate: the partition layout of the dedup state in Redis
  * (dedup.scope=partition; docs/design.md, "Dedup state layout"): per
- * partition an owner epoch, the chunks of 16-byte marks the owner's
- * scripts wrote, their index, and the chunk script that checks epoch and
- * position, runs the handler's effect and writes marks and position in one
- * call. The member holds the marks (loop/marktab.h); this module only
- * writes and reads them back. It speaks on the store's connection. */
+ * partition an owner epoch, one key per time window to which the
+ * owner's scripts append 16-byte marks, and the chunk script that checks
+ * epoch and position, runs the handler's effect and writes marks and
+ * position in one call. The member holds the marks (loop/marktab.h); this
+ * module only writes and reads them back. It speaks on the store's connection.
+ */
 #ifndef IDEM_PARTSTATE_H
 #define IDEM_PARTSTATE_H
 
@@ -68,11 +69,12 @@ int idem_partstate_partitions(idem_partstate_t *p, const char *topic,
 typedef int (*idem_partstate_marks_fn)(const uint8_t *marks, size_t n,
                                        int64_t window, void *opaque);
 
-/* Reads every live chunk of topic/partition back: the index (LRANGE), then
- * each chunk with GETRANGE in pieces of at most piece_bytes (rounded down
- * to whole marks; 0: 1 MiB), so one big chunk never blocks Redis for long.
- * A chunk that expired meanwhile is skipped. *pieces (may be NULL) counts
- * the GETRANGEs. 0, or -1 with errstr. */
+/* Reads every live mark of topic/partition back: Redis's TIME, then the
+ * key of each window that can still live (oldest first) with GETRANGE in
+ * pieces of at most piece_bytes (rounded down to whole marks; 0: 1 MiB),
+ * so one big window never blocks Redis for long. An absent or expired key
+ * reads as empty. *pieces (may be NULL) counts the GETRANGEs that returned
+ * marks. 0, or -1 with errstr. */
 int idem_partstate_load(idem_partstate_t *p, const char *topic,
                         int32_t partition, size_t piece_bytes,
                         idem_partstate_marks_fn cb, void *opaque,
@@ -100,7 +102,7 @@ typedef struct {
     int64_t expect_offset;          /* the offset Redis's position holds */
     const idem_store_pos_t *newpos; /* written at the end; NULL: none */
     const void *const *recs;        /* the store effect's records */
-    const uint8_t (*marks)[IDEM_PARTSTATE_MARK]; /* one per record */
+    const uint8_t (*marks)[IDEM_PARTSTATE_MARK]; /* n, one per record */
     size_t n;
 } idem_partstate_chunk_t;
 
@@ -113,9 +115,9 @@ typedef struct {
          and the chunk had no identities */
 
 /* With on set, chunks carry each record's identity (the effect's first
- * argument) in its message-id slot, so that for one TTL after a switch
- * from the global layout the chunk script finds the records that layout
- * applied (IDEM_PARTSTATE_GLOBAL_DONE; redis/layout.h). */
+ * argument) in its identity slot (sent empty otherwise), so that for one TTL
+ * after a switch from the global layout the chunk script finds the records that
+ * layout applied (IDEM_PARTSTATE_GLOBAL_DONE; redis/layout.h). */
 void idem_partstate_honour_global(idem_partstate_t *p, int on);
 
 /* Runs one chunk: results[ch->n] and the chunk's window in *window. Returns
@@ -128,13 +130,16 @@ int idem_partstate_chunk(idem_partstate_t *p, const idem_partstate_chunk_t *ch,
                          idem_partstate_result_t *results, int64_t *window,
                          char *errstr, size_t errstr_size);
 
-/* Chunks ch[k] (of different partitions, or one partition's in order)
- * pipelined in one write: results[i] and windows[i] for chunk i, rcs[i] 0,
- * IDEM_PARTSTATE_FENCED or IDEM_PARTSTATE_POSITION (errstr names the last
- * such). Returns 0 when every reply came, or -1 (an outage, or scripts
- * flushed: some chunks may have been applied; the caller resets their
- * partitions' tables, reloads them and sends again what they do not
- * hold). */
+/* Chunks ch[k] (of different partitions, or one partition's in order) as
+ * one script call (pipelined calls of at most 4,096 records each): a
+ * refused chunk writes nothing and the others apply. results[i] and
+ * windows[i] for chunk i, rcs[i] 0, IDEM_PARTSTATE_FENCED or
+ * IDEM_PARTSTATE_POSITION (errstr names the last such). Every chunk of a
+ * call must live on one server: on Redis Cluster, call it with one
+ * partition's chunks at a time. Returns 0 when every reply came, or -1 (an
+ * outage, or scripts flushed: some chunks may have been applied; the caller
+ * resets their partitions' tables, reloads them and sends again what they do
+ * not hold). */
 int idem_partstate_chunks(idem_partstate_t *p, const idem_partstate_chunk_t *ch,
                           size_t k, idem_partstate_result_t *const *results,
                           int64_t *windows, int *rcs, char *errstr,

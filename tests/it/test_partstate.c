@@ -1,8 +1,10 @@
 /* test_partstate (it): the partition layout's Redis side against a real
  * redis-server: the chunk script applies the ledger's effect with its
  * marks and position; a stale epoch (FENCED) and a position that differs
- * (POSITION) write nothing; the loader reads a partition back in pieces;
- * chunks expire at their window's end plus the TTL; a refused increment
+ * (POSITION) write nothing; the loader reads a partition's live window
+ * keys back in pieces; a window's key expires at its end plus the TTL;
+ * chunks of several partitions go in one script call, a refused
+ * partition writing nothing and the others applied; a refused increment
  * leaves a "moved" mark; the global script, composed from the same effect,
  * still marks per identity. */
 #include "conf/conf.h"
@@ -135,6 +137,8 @@ static void mark_of(uint8_t m[16], int seed)
     m[12] &= 0x7f;
 }
 
+static int64_t last_window = -1; /* the last chunk's, as Redis answered */
+
 /* Runs a chunk of t:0: n records of trecs with marks seeded from seed0. */
 static int chunk(int64_t epoch, int64_t expect, int64_t newoff,
                  const trec_t *recs, size_t n, int seed0,
@@ -158,8 +162,10 @@ static int chunk(int64_t epoch, int64_t expect, int64_t newoff,
                                  .n = n};
     int64_t w = -1;
     int rc = idem_partstate_chunk(ps, &ch, res, &w, err, errsz);
-    if (rc == 0)
+    if (rc == 0) {
         cr_assert_geq(w, 0);
+        last_window = w;
+    }
     free(rp);
     free(marks);
     return rc;
@@ -180,6 +186,17 @@ static int collect(const uint8_t *marks, size_t n, int64_t window, void *opaque)
     l->calls++;
     l->window = window;
     return 0;
+}
+
+/* The window key of t:0 for Redis's clock now (its window) into buf;
+ * shift: windows later. */
+static void window_key(char *buf, size_t size, int64_t shift)
+{
+    char err[512];
+    int64_t now = 0;
+    cr_assert_eq(idem_partstate_now(ps, &now, err, sizeof(err)), 0, "%s", err);
+    snprintf(buf, size, "idemproc:st{g:t:0}:w%" PRId64,
+             now / idem_partstate_window_seconds(ps) + shift);
 }
 
 static const trec_t three[] = {
@@ -210,21 +227,32 @@ Test(partstate, chunk_applies_effect_marks_and_position)
     cr_expect(!strncmp(q("HGET idemproc:pos:g %s", "t:0", NULL), "103 c1", 6));
     /* no global marks: the partition's chunk holds them */
     cr_expect_str_eq(q("EXISTS idemproc:dedup:g:id-1", NULL, NULL), "0");
-    cr_expect_str_eq(q("LLEN %s", "idemproc:st{g:t:0}:idx", NULL), "1");
+    /* one key per window: no index, no sequence */
     char key[256];
-    snprintf(key, sizeof(key), "%s",
-             q("LINDEX %s 0", "idemproc:st{g:t:0}:idx", NULL));
+    window_key(key, sizeof(key), 0);
     cr_expect_str_eq(q("STRLEN %s", key, NULL), "48");
     long long ttl = atoll(q("TTL %s", key, NULL));
     cr_expect(ttl > 86400 && ttl <= 86400 + 86400 / 8, "ttl %lld", ttl);
+    cr_expect_str_eq(q("EXISTS %s", "idemproc:st{g:t:0}:idx", NULL), "0");
+    cr_expect_str_eq(q("EXISTS %s", "idemproc:st{g:t:0}:seq", NULL), "0");
+    /* the next chunk of the window appends to it, its expiry unchanged */
+    long long at = atoll(q("EXPIRETIME %s", key, NULL));
+    cr_assert_eq(chunk(epoch, 103, 104, three, 1, 7, res, err, sizeof(err)), 0,
+                 "%s", err);
+    char key2[256];
+    window_key(key2, sizeof(key2), 0);
+    if (!strcmp(key, key2)) { /* not across a window's end */
+        cr_expect_str_eq(q("STRLEN %s", key, NULL), "64");
+        cr_expect_eq(atoll(q("EXPIRETIME %s", key, NULL)), at);
+    }
     loaded_t l = {0};
     cr_assert_eq(
         idem_partstate_load(ps, "t", 0, 0, collect, &l, NULL, err, sizeof(err)),
         0, "%s", err);
-    cr_assert_eq(l.n, 3);
-    for (int i = 0; i < 3; i++) {
+    cr_assert_eq(l.n, 4);
+    for (int i = 0; i < 4; i++) {
         uint8_t m[16];
-        mark_of(m, 1 + i);
+        mark_of(m, i < 3 ? 1 + i : 7);
         cr_expect_arr_eq(l.buf + i * 16, m, 16);
     }
     int64_t now = 0;
@@ -253,7 +281,9 @@ Test(partstate, stale_epoch_is_fenced_and_writes_nothing)
     cr_expect(strstr(err, "FENCED"), "%s", err);
     cr_expect_str_eq(q("HGET idemproc:ledger:EUR %s", "u2", NULL), "");
     cr_expect_str_eq(q("GET idemproc:ledger:applied", NULL, NULL), "1");
-    cr_expect_str_eq(q("LLEN %s", "idemproc:st{g:t:0}:idx", NULL), "1");
+    char key[256];
+    window_key(key, sizeof(key), 0);
+    cr_expect_str_eq(q("STRLEN %s", key, NULL), "16"); /* the first's mark */
     cr_expect(!strncmp(q("HGET idemproc:pos:g %s", "t:0", NULL), "1 ", 2));
     /* the connection stays usable, and the owner's chunk goes through */
     cr_expect_eq(chunk(cur, 1, 3, three + 1, 2, 2, res, err, sizeof(err)), 0,
@@ -280,7 +310,9 @@ Test(partstate, position_other_than_expected_writes_nothing)
     cr_expect(strstr(err, "redis holds 40"), "%s", err);
     cr_expect_str_eq(q("EXISTS idemproc:ledger:EUR", NULL, NULL), "0");
     cr_expect_str_eq(q("EXISTS idemproc:ledger:applied", NULL, NULL), "0");
-    cr_expect_str_eq(q("EXISTS %s", "idemproc:st{g:t:0}:idx", NULL), "0");
+    char key[256];
+    window_key(key, sizeof(key), 0);
+    cr_expect_str_eq(q("EXISTS %s", key, NULL), "0");
     cr_expect(!strncmp(q("HGET idemproc:pos:g %s", "t:0", NULL), "40 ", 3));
     cr_expect_eq(chunk(epoch, 40, 43, three, 3, 1, res, err, sizeof(err)), 0,
                  "%s", err);
@@ -308,26 +340,48 @@ Test(partstate, loader_reads_a_partition_in_pieces)
                            PER_CHUNK, c * PER_CHUNK, res, err, sizeof(err)),
                      0, "%s", err);
     cr_expect_str_eq(q("HGET idemproc:ledger:EUR %s", "u9", NULL), "2800");
-    /* 700 marks = 11,200 bytes a chunk; pieces of 4 KiB: 3 per chunk */
+    /* The chunks appended to one window key (unless a window's end fell
+     * between them): 2,800 marks, 44,800 bytes */
+    char key[256];
+    window_key(key, sizeof(key), 0);
+    int one_window =
+        atoll(q("STRLEN %s", key, NULL)) == CHUNKS * PER_CHUNK * 16;
+    /* An older window that still lives, read first; one that cannot live
+     * any more (past its window's end plus the TTL) is not read even when
+     * Redis still holds it */
+    uint8_t old[2][16];
+    mark_of(old[0], 5000);
+    mark_of(old[1], 5001);
+    char live[256], dead[256];
+    window_key(live, sizeof(live), -8);
+    window_key(dead, sizeof(dead), -10);
+    redisReply *r = redisCommand(cli, "SET %s %b", live, old, sizeof(old));
+    freeReplyObject(r);
+    r = redisCommand(cli, "SET %s %b", dead, old, sizeof(old));
+    freeReplyObject(r);
+    /* pieces of 4 KiB: 11 of the current window, 1 of the older one */
     loaded_t l = {0};
     size_t pieces = 0;
     cr_assert_eq(idem_partstate_load(ps, "t", 0, 4096, collect, &l, &pieces,
                                      err, sizeof(err)),
                  0, "%s", err);
-    cr_expect_eq(l.n, CHUNKS * PER_CHUNK);
-    cr_expect_eq(pieces, CHUNKS * 3);
-    cr_expect_eq(l.calls, CHUNKS * 3);
-    for (int i = 0; i < CHUNKS * PER_CHUNK && i < (int)l.n; i++) {
+    cr_assert_eq(l.n, 2 + CHUNKS * PER_CHUNK);
+    if (one_window) {
+        cr_expect_eq(pieces, 12);
+        cr_expect_eq(l.calls, 12);
+    }
+    cr_expect_arr_eq(l.buf, old, sizeof(old));
+    for (int i = 0; i < CHUNKS * PER_CHUNK && i + 2 < (int)l.n; i++) {
         uint8_t m[16];
         mark_of(m, i);
-        cr_assert_arr_eq(l.buf + i * 16, m, 16, "mark %d", i);
+        cr_assert_arr_eq(l.buf + (i + 2) * 16, m, 16, "mark %d", i);
     }
     /* a piece size that is not whole marks is rounded down to them */
     loaded_t l2 = {0};
     cr_assert_eq(idem_partstate_load(ps, "t", 0, 1000, collect, &l2, &pieces,
                                      err, sizeof(err)),
                  0, "%s", err);
-    cr_expect_eq(l2.n, CHUNKS * PER_CHUNK);
+    cr_expect_eq(l2.n, 2 + CHUNKS * PER_CHUNK);
     free(l.buf);
     free(l2.buf);
     free(recs);
@@ -348,10 +402,9 @@ Test(partstate, chunks_expire_at_window_end_plus_ttl)
                  "%s", err);
     cr_assert_eq(idem_partstate_now(ps, &now, err, sizeof(err)), 0);
     char key[256];
-    snprintf(key, sizeof(key), "%s",
-             q("LINDEX %s 0", "idemproc:st{g:t:0}:idx", NULL));
-    int64_t w = -1;
-    sscanf(strstr(key, ":w") + 2, "%" SCNd64, &w);
+    int64_t w = last_window;
+    snprintf(key, sizeof(key), "idemproc:st{g:t:0}:w%" PRId64, w);
+    cr_expect_str_eq(q("STRLEN %s", key, NULL), "48");
     long long at = atoll(q("EXPIRETIME %s", key, NULL));
     cr_expect_eq(at, idem_partstate_window_end(ps, w));
     cr_expect_geq(at, now + 2); /* never less than the TTL */
@@ -374,11 +427,15 @@ Test(partstate, chunks_expire_at_window_end_plus_ttl)
                                      sizeof(err)),
                  0, "%s", err);
     cr_expect_eq(l2.n, 0);
-    /* the next chunk trims the index's expired head */
+    cr_expect_str_eq(q("EXISTS %s", key, NULL), "0");
+    /* the next chunk starts its own window's key, with its own expiry */
     cr_assert_eq(chunk(epoch, 3, 4, three, 1, 9, res, err, sizeof(err)), 0,
                  "%s", err);
-    cr_expect_str_eq(q("LLEN %s", "idemproc:st{g:t:0}:idx", NULL), "1");
-    cr_expect_str_neq(q("LINDEX %s 0", "idemproc:st{g:t:0}:idx", NULL), key);
+    cr_expect_gt(last_window, w);
+    snprintf(key, sizeof(key), "idemproc:st{g:t:0}:w%" PRId64, last_window);
+    cr_expect_str_eq(q("STRLEN %s", key, NULL), "16");
+    cr_expect_eq(atoll(q("EXPIRETIME %s", key, NULL)),
+                 idem_partstate_window_end(ps, last_window));
     free(l.buf);
     free(l2.buf);
 }
@@ -540,4 +597,99 @@ Test(partstate, pipelined_chunks_answer_each_partition)
                  0, "%s", err);
     cr_expect_str_eq(q("HGET idemproc:ledger:USD %s", "u1", NULL), "-25");
     cr_expect_str_eq(q("GET idemproc:ledger:applied", NULL, NULL), "3");
+}
+
+/* Three chunks in one script call (one EVALSHA): two of partition 0 (the
+ * first without a position, as a partition past one chunk's size sends
+ * them) and one of partition 1 whose position Redis does not hold. The
+ * refused partition writes nothing (no effect, no mark, no position); the
+ * others apply, their marks appended in order to partition 0's window
+ * key, and the positions written. */
+Test(partstate, one_call_for_several_partitions)
+{
+    start("86400");
+    char err[512];
+    int64_t e0 = 0, e1 = 0;
+    cr_assert_eq(idem_partstate_epoch_bump(ps, "t", 0, &e0, err, sizeof(err)),
+                 0);
+    cr_assert_eq(idem_partstate_epoch_bump(ps, "t", 1, &e1, err, sizeof(err)),
+                 0);
+    first_position(10);
+    idem_store_pos_t p1 = {.topic = "t", .partition = 1, .offset = 5};
+    idem_posval_init(&p1.val, "c1");
+    cr_assert_eq(idem_store_positions_save(store, &p1, 1, err, sizeof(err)), 0);
+    freeReplyObject(redisCommand(cli, "CONFIG RESETSTAT"));
+    const void *ra[] = {&three[0]}, *rb[] = {&three[1]}, *rc[] = {&three[2]};
+    uint8_t ma[1][16], mb[1][16], mc[1][16];
+    mark_of(ma[0], 1);
+    mark_of(mb[0], 2);
+    mark_of(mc[0], 3);
+    idem_store_pos_t np0 = {.topic = "t", .partition = 0, .offset = 12};
+    idem_posval_init(&np0.val, "c1");
+    idem_store_pos_t np1 = {.topic = "t", .partition = 1, .offset = 9};
+    idem_posval_init(&np1.val, "c1");
+    idem_partstate_chunk_t ch[3] = {
+        {.topic = "t",
+         .partition = 0,
+         .epoch = e0,
+         .expect_offset = 10,
+         .recs = ra,
+         .marks = (const uint8_t(*)[16])ma,
+         .n = 1},
+        {.topic = "t",
+         .partition = 1,
+         .epoch = e1,
+         .expect_offset = 7, /* Redis holds 5 */
+         .newpos = &np1,
+         .recs = rc,
+         .marks = (const uint8_t(*)[16])mc,
+         .n = 1},
+        {.topic = "t",
+         .partition = 0,
+         .epoch = e0,
+         .expect_offset = 10,
+         .newpos = &np0,
+         .recs = rb,
+         .marks = (const uint8_t(*)[16])mb,
+         .n = 1},
+    };
+    idem_partstate_result_t ra_[1], rb_[1], rc_[1];
+    idem_partstate_result_t *const res[3] = {ra_, rc_, rb_};
+    int64_t w[3] = {-1, -1, -1};
+    int rcs[3] = {-1, -1, -1};
+    cr_assert_eq(
+        idem_partstate_chunks(ps, ch, 3, res, w, rcs, err, sizeof(err)), 0,
+        "%s", err);
+    cr_expect_eq(rcs[0], 0);
+    cr_expect_eq(rcs[1], IDEM_PARTSTATE_POSITION);
+    cr_expect(strstr(err, "t:1") && strstr(err, "redis holds 5"), "%s", err);
+    cr_expect_eq(rcs[2], 0);
+    cr_expect_eq(ra_[0].outcome, IDEM_PARTSTATE_APPLIED);
+    cr_expect_eq(rb_[0].outcome, IDEM_PARTSTATE_APPLIED);
+    cr_expect_geq(w[0], 0);
+    cr_expect_eq(w[2], w[0]);
+    /* one script call */
+    redisReply *info = redisCommand(cli, "INFO commandstats");
+    cr_assert(info && info->type == REDIS_REPLY_STRING);
+    cr_expect(strstr(info->str, "cmdstat_evalsha:calls=1,"), "%s", info->str);
+    freeReplyObject(info);
+    cr_expect_str_eq(q("HGET idemproc:ledger:EUR %s", "u1", NULL), "150");
+    cr_expect_str_eq(q("HGET idemproc:ledger:EUR %s", "u2", NULL), "200");
+    cr_expect_str_eq(q("HGET idemproc:ledger:USD %s", "u1", NULL), "");
+    cr_expect_str_eq(q("GET idemproc:ledger:applied", NULL, NULL), "2");
+    cr_expect(!strncmp(q("HGET idemproc:pos:g %s", "t:0", NULL), "12 ", 3));
+    cr_expect(!strncmp(q("HGET idemproc:pos:g %s", "t:1", NULL), "5 ", 2));
+    char k0[256], k1[256];
+    snprintf(k0, sizeof(k0), "idemproc:st{g:t:0}:w%" PRId64, w[0]);
+    snprintf(k1, sizeof(k1), "idemproc:st{g:t:1}:w%" PRId64, w[0]);
+    cr_expect_str_eq(q("STRLEN %s", k0, NULL), "32");
+    cr_expect_str_eq(q("EXISTS %s", k1, NULL), "0");
+    loaded_t l = {0};
+    cr_assert_eq(
+        idem_partstate_load(ps, "t", 0, 0, collect, &l, NULL, err, sizeof(err)),
+        0, "%s", err);
+    cr_assert_eq(l.n, 2);
+    cr_expect_arr_eq(l.buf, ma[0], 16);
+    cr_expect_arr_eq(l.buf + 16, mb[0], 16);
+    free(l.buf);
 }
