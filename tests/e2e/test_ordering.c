@@ -185,13 +185,22 @@ Test(ordering, by_key_no_violation_across_a_kill_retries_and_a_rebalance)
 
 /* One run of a fresh group over the records of the stack with `ordering`
  * against a fresh service started with sargs; returns the service's
- * violations. */
-static long long one_run(const char *group, const char *ordering,
-                         const char *const sargs[], size_t n)
+ * violations. With `held` (sargs hold a key), waits until a violation
+ * came or 60 s passed, then releases the held key. */
+static long long one_run_held(const char *group, const char *ordering,
+                              const char *const sargs[], size_t n, int held)
 {
     char url[128];
     int sp = sink_start(stk.dir, sargs, url, sizeof(url));
     pid_t m = member(&stk, group, group, url, ordering);
+    if (held) {
+        int64_t end = idem_now_ms() + 60000;
+        while (stat_of(sp, "violations") < 1 && idem_now_ms() < end)
+            usleep(50 * 1000);
+        char *body = NULL;
+        cr_assert_eq(th_http_get(sp, "/release", &body), 200);
+        free(body);
+    }
     cr_assert_eq(wait_applied(sp, (long long)n, 120000), 0,
                  "%s: %lld of %zu applied", ordering, stat_of(sp, "applied"),
                  n);
@@ -202,6 +211,12 @@ static long long one_run(const char *group, const char *ordering,
                  ordering);
     sink_stop();
     return v;
+}
+
+static long long one_run(const char *group, const char *ordering,
+                         const char *const sargs[], size_t n)
+{
+    return one_run_held(group, ordering, sargs, n, 0);
 }
 
 Test(ordering, partition_is_strict_key_runs_keys_side_by_side_none_overlaps)
@@ -216,10 +231,23 @@ Test(ordering, partition_is_strict_key_runs_keys_side_by_side_none_overlaps)
     cr_expect_eq(one_run("p1", "partition", by_part, n), 0);
     /* By key: never two of a key at once, but keys side by side. */
     cr_expect_eq(one_run("k1", "key", by_key, n), 0);
-    cr_expect_gt(one_run("k2", "key", by_part, n), 0,
+    /* The service holds key-0's requests: the other keys' go on beside
+     * the open one (by the delays alone, a slowed member sent one at a
+     * time; see below). */
+    const char *by_part_held[] = {
+        "--delay-min-ms", "1",     "--delay-max-ms", "4",
+        "--hold-key",     "key-0", "--by-partition", NULL};
+    cr_expect_gt(one_run_held("k2", "key", by_part_held, n, 1), 0,
                  "ordering=key ran one record at a time");
-    /* As before: records of one key in flight together. */
-    cr_expect_gt(one_run("n1", "none", by_key, n), 0,
+    /* As before: records of one key in flight together. The service
+     * holds key-0's requests, so its second arrives while its first is
+     * open. (Left to the delays alone, the overlap needs a request open
+     * while 20 later ones are sent, keys being 20 records apart: a member
+     * slowed down, under a sanitizer on a busy machine, kept the order.) */
+    const char *by_key_held[] = {
+        "--delay-min-ms", "1", "--delay-max-ms", "4", "--hold-key",
+        "key-0",          NULL};
+    cr_expect_gt(one_run_held("n1", "none", by_key_held, n, 1), 0,
                  "ordering=none kept a key's order");
     th_stack_stop(&stk);
 }
