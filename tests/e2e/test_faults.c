@@ -108,13 +108,15 @@ Test(faults, schedule_on_time_while_a_broker_is_down, .timeout = 120)
         usleep(100000);
     }
     cr_assert(log && strstr(log, "ms broker 1 up"), "%s", log);
-    /* "fault +NNNNms broker 1 up": applied within 2 s of its time. */
+    /* "fault +NNNNms broker 1 up": applied at its time, not before, and
+     * not wildly late (the bound is loose: a sanitizer build on a loaded
+     * machine runs the schedule's thread late by seconds) */
     const char *at = strstr(log, "ms broker 1 up");
     const char *plus = at;
     while (plus > log && plus[-1] != '+')
         plus--;
     long ms = strtol(plus, NULL, 10);
-    cr_expect(ms >= 5000 && ms < 7000, "broker 1 up applied at +%ld ms", ms);
+    cr_expect(ms >= 5000 && ms < 15000, "broker 1 up applied at +%ld ms", ms);
     free(log);
     th_broker_stop(&b);
     th_rmrf(dir);
