@@ -287,6 +287,8 @@ printf 'chaos: %-34s %s\n' \
     "resends absorbed (at least)" "$(s 'idemproc_duplicates_total{kind="resend"}')" \
     "rebalances (assign events)" "$(s 'idemproc_rebalances_total{event="assign"}')" \
     "chaos / settle seconds" "$(((T_CHAOS - T_BROKER) / 1000)) / $(((T_VERIFIED - T_CHAOS) / 1000))" \
+    "dedup layout (layout since from)" "$(redis-cli -h 127.0.0.1 -p "$REDIS_PORT" hmget idemproc:layout:chaos layout since from 2>/dev/null | tr '\n' ' ')" \
+    "partition window keys" "$(redis-cli -h 127.0.0.1 -p "$REDIS_PORT" --scan --pattern 'idemproc:st{*}:w*' 2>/dev/null | wc -l)" \
     "lost" "$lost" \
     "doubled" "$doubled"
 printf '%s\n' "$VERIFY_OUT" | sed 's/^/chaos: /'
