@@ -18,7 +18,7 @@ local FIRST = 4
 -- Layout check (redis/layout.h): the group's layout key must say what
 -- the member runs (absent: global), else nothing is written and the
 -- member reads the key again and routes the records again.
-local runs = redis.call('HGET', ARGV[1] .. 'layout:' .. group, 'layout')
+local runs = redis.call('HMGET', ARGV[1] .. 'layout:' .. group, 'layout')[1]
 if (runs or 'global') ~= ARGV[4] then
   return redis.error_reply('LAYOUT redis runs ' .. (runs or 'global') ..
                            ', the member ' .. ARGV[4])

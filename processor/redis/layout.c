@@ -142,7 +142,7 @@ static const char read_lua[] =
  * every member writes its partitions' positions before it applies a
  * record) has no marks of the other layout to honour: since = 0. */
 static const char switch_lua[] =
-    "local had = redis.call('HGET', KEYS[1], 'layout')\n"
+    "local had = redis.call('HMGET', KEYS[1], 'layout')[1]\n"
     "local cur = had or 'global'\n"
     "local t = redis.call('TIME')[1]\n"
     "local did = 0\n"
