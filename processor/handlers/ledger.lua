@@ -24,17 +24,18 @@
 -- states only before a script's first write, so a script that meets one
 -- has written nothing. <prefix>ledger:applied counts the records applied.
 local function effect(base, stride, js)
-  local prefix = ARGV[1]
+  local A = ARGV -- a local: no global lookup per argument
+  local prefix = A[1]
   local sums = {} -- currency -> user -> sum
   for i = 1, #js do
     local b = base + (js[i] - 1) * stride
-    local cur, f = ARGV[b + 1], ARGV[b + 2]
+    local cur, f = A[b + 1], A[b + 2]
     local s = sums[cur]
     if not s then
       s = {}
       sums[cur] = s
     end
-    s[f] = (s[f] or 0) + tonumber(ARGV[b + 3])
+    s[f] = (s[f] or 0) + tonumber(A[b + 3])
   end
   local bad
   for cur, fields in pairs(sums) do
@@ -60,7 +61,7 @@ local function effect(base, stride, js)
     for i = 1, #js do
       local j = js[i]
       local b = base + (j - 1) * stride
-      local e = bad[ARGV[b + 1] .. '\0' .. ARGV[b + 2]]
+      local e = bad[A[b + 1] .. '\0' .. A[b + 2]]
       if e then
         refused[j] = e
       else

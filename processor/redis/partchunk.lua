@@ -99,7 +99,7 @@ end
 local epochs = sliced('MGET', nil, keys)
 local posv = sliced('HMGET', KEYS[C + 1], fields)
 local status, js, notes = {}, {}, {}
-local j = 0
+local j, nj, byte = 0, 0, string.byte
 for c = 1, C do
   local a = HEAD + (c - 1) * FIX
   local epoch, expect, n = ARGV[a + 2], ARGV[a + 3], tonumber(ARGV[a + 6])
@@ -119,11 +119,12 @@ for c = 1, C do
   else
     status[c] = ''
     for q = 1, n do
-      if string.byte(marks, q * 16 - 3) >= 128 then
+      if byte(marks, q * 16 - 3) >= 128 then
         notes[#notes + 1] = j + q
         notes[#notes + 1] = 'moved'
       else
-        js[#js + 1] = j + q
+        nj = nj + 1
+        js[nj] = j + q
       end
     end
   end
