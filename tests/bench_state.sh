@@ -21,6 +21,10 @@
 #             marks to each partition's window key and writes the
 #             positions), one connection
 #
+# BENCH_STATE_ROWS (all of: ledger effect partition member) picks rows,
+# e.g. BENCH_STATE_ROWS="effect partition" to compare the chunk script with
+# the effect alone in one run.
+#
 # Per run: Redis CPU µs per record (utime + stime of the redis-server
 # process from /proc/PID/stat, over the topic's records), Redis bytes per
 # dedup mark (used_memory growth minus the ledger and position keys, over
@@ -39,6 +43,8 @@ OUT=${BENCH_OUT:-$TOOLS}
 REPS=${BENCH_REPS:-3}
 COUNT=${BENCH_COUNT:-300000}
 PARTITIONS=64
+ROWS=" ${BENCH_STATE_ROWS:-ledger effect partition member} "
+row_on() { [[ $ROWS == *" $1 "* ]]; }
 LIB_NAME=bench-state LIB_SAY_FD=2 LIB_KEEP=${BENCH_KEEP:-} LIB_GRACE=30
 . "$SRC/tests/lib.sh"
 [[ -x $TOOLS/redisalone ]] || { echo "bench-state: $TOOLS/redisalone missing (make bench builds it)" >&2; exit 2; }
@@ -123,10 +129,10 @@ for mode in none aof; do
     fi
     RPID=${PID[redis]}
     for ((rep = 1; rep <= REPS; rep++)); do
-        driver "$mode" ledger "$rep"
-        driver "$mode" effect "$rep" --effect-only
-        driver "$mode" partition "$rep" --partition
-        member_run "$mode" "$rep"
+        row_on ledger && driver "$mode" ledger "$rep"
+        row_on effect && driver "$mode" effect "$rep" --effect-only
+        row_on partition && driver "$mode" partition "$rep" --partition
+        row_on member && member_run "$mode" "$rep"
     done
     stop redis TERM 30 || true
 done

@@ -49,6 +49,16 @@ struct idem_partscope_s {
     int *rcs;
     idem_part_t **chpart; /* per chunk: its partition */
     size_t ch_cap;
+    /* A request's scratch maps (open addressing, a slot holds a number +
+     * 1, 0 empty; map_mask + 1 slots in use, cleared per request): firsts
+     * finds the record first taken with a mark in this request, groups the
+     * group of a partition. Groups are the partitions with chunk records,
+     * in order of first appearance. */
+    size_t *firsts, *groups;
+    size_t map_cap, map_mask;
+    size_t *grp;             /* per chunk record: its group */
+    idem_part_t **gpart;     /* per group: its partition */
+    size_t *gcount, *gstart; /* per group: records, first in chunkrecs */
     idem_partscope_count_fn count_fn; /* the input's partition count now */
     void *count_opaque;
     struct topic_count { /* topics whose count matched the recorded one */
@@ -113,6 +123,12 @@ void idem_partscope_destroy(idem_partscope_t *ps)
     free(ps->windows);
     free(ps->rcs);
     free(ps->chpart);
+    free(ps->firsts);
+    free(ps->groups);
+    free(ps->grp);
+    free(ps->gpart);
+    free(ps->gcount);
+    free(ps->gstart);
     for (size_t i = 0; i < ps->ncounts; i++)
         free(ps->counts[i].topic);
     free(ps->counts);
@@ -171,7 +187,23 @@ static void reserve(idem_partscope_t *ps, size_t n, size_t npos)
         ps->chunk_at = idem_xrealloc(ps->chunk_at, n * sizeof(*ps->chunk_at));
         ps->res = idem_xrealloc(ps->res, n * sizeof(*ps->res));
         ps->cmarks = idem_xrealloc(ps->cmarks, n * sizeof(*ps->cmarks));
+        ps->grp = idem_xrealloc(ps->grp, n * sizeof(*ps->grp));
+        ps->gpart = idem_xrealloc(ps->gpart, n * sizeof(*ps->gpart));
+        ps->gcount = idem_xrealloc(ps->gcount, n * sizeof(*ps->gcount));
+        ps->gstart = idem_xrealloc(ps->gstart, n * sizeof(*ps->gstart));
     }
+    /* The maps: a power of two of at least twice the records. */
+    size_t m = 16;
+    while (m < 2 * n)
+        m <<= 1;
+    if (ps->map_cap < m) {
+        ps->map_cap = m;
+        ps->firsts = idem_xrealloc(ps->firsts, m * sizeof(*ps->firsts));
+        ps->groups = idem_xrealloc(ps->groups, m * sizeof(*ps->groups));
+    }
+    ps->map_mask = m - 1;
+    memset(ps->firsts, 0, m * sizeof(*ps->firsts));
+    memset(ps->groups, 0, m * sizeof(*ps->groups));
     /* Chunks: at most one per record, plus none. */
     size_t k = n + 1;
     if (ps->ch_cap < k) {
@@ -426,6 +458,58 @@ static void answer_duplicate(idem_result_t *r, idem_record_t *rec,
     }
 }
 
+/* A pointer's slot in a map (a multiplicative hash of its address). */
+static size_t ptr_hash(const void *p)
+{
+    uint64_t x = (uint64_t)(uintptr_t)p;
+    x ^= x >> 33;
+    x *= 0xff51afd7ed558ccdULL;
+    return (size_t)(x ^ (x >> 33));
+}
+
+/* The record of this request first taken (path 1) in part[i]'s table with
+ * record i's identity, or i when there is none: one probe sequence of
+ * ps->firsts, whose marks are keyed hashes already. */
+static size_t first_find(const idem_partscope_t *ps, idem_part_t *const *part,
+                         size_t i)
+{
+    uint64_t h;
+    memcpy(&h, ps->marks[i].b, sizeof(h));
+    for (size_t s = (h ^ ptr_hash(part[i])) & ps->map_mask; ps->firsts[s];
+         s = (s + 1) & ps->map_mask) {
+        size_t j = ps->firsts[s] - 1;
+        if (part[j] == part[i] && !memcmp(ps->marks[j].b, ps->marks[i].b, 12))
+            return j;
+    }
+    return i;
+}
+
+/* Records record i as the first taken with its identity in its table. */
+static void first_add(idem_partscope_t *ps, idem_part_t *const *part, size_t i)
+{
+    uint64_t h;
+    memcpy(&h, ps->marks[i].b, sizeof(h));
+    size_t s = (h ^ ptr_hash(part[i])) & ps->map_mask;
+    while (ps->firsts[s])
+        s = (s + 1) & ps->map_mask;
+    ps->firsts[s] = i + 1;
+}
+
+/* pt's group, a new one (no records yet) if it had none; *ng counts the
+ * groups. */
+static size_t group_of(idem_partscope_t *ps, idem_part_t *pt, size_t *ng)
+{
+    size_t s = ptr_hash(pt) & ps->map_mask;
+    for (; ps->groups[s]; s = (s + 1) & ps->map_mask)
+        if (ps->gpart[ps->groups[s] - 1] == pt)
+            return ps->groups[s] - 1;
+    size_t g = (*ng)++;
+    ps->groups[s] = g + 1;
+    ps->gpart[g] = pt;
+    ps->gcount[g] = 0;
+    return g;
+}
+
 /* Resets every partition of a failed request's chunks. */
 static void reset_chunks(idem_partscope_t *ps, size_t k)
 {
@@ -608,6 +692,7 @@ int idem_partscope_submit(idem_partscope_t *ps, idem_record_t **recs,
         case IDEM_PART_NEW:
             if (!readonly) {
                 ps->path[i] = 1;
+                first_add(ps, part, i);
                 break;
             }
             /* Not held: the global path, and a moved mark in the table,
@@ -620,11 +705,7 @@ int idem_partscope_submit(idem_partscope_t *ps, idem_record_t **recs,
         case IDEM_PART_DUPLICATE: {
             /* A first of this identity in this very request waits for
              * its chunk's answer (a refused first is no done mark). */
-            size_t f = i;
-            for (size_t j = 0; j < i && f == i; j++)
-                if (ps->path[j] == 1 && part[j] == pt &&
-                    !memcmp(ps->marks[j].b, ps->marks[i].b, 12))
-                    f = j;
+            size_t f = first_find(ps, part, i);
             if (f != i) {
                 ps->path[i] = 2;
                 ps->first[i] = f;
@@ -644,34 +725,38 @@ int idem_partscope_submit(idem_partscope_t *ps, idem_record_t **recs,
         }
     }
     int layout_failed = 0;
-    /* Chunks: per partition, its records in poll order (at most
-     * CHUNK_MAX each; only the last carries the position). */
-    size_t k = 0, nc = 0;
-    for (size_t i = 0; i < n; i++) {
-        if (ps->path[i] != 1)
-            continue;
-        idem_part_t *pt = part[i];
-        /* Already chunked (as part of an earlier partition's pass)? */
-        int seen = 0;
-        for (size_t c = 0; c < k && !seen; c++)
-            seen = ps->chpart[c] == pt;
-        if (seen)
-            continue;
+    /* Chunks: per partition in order of its first record, its records in
+     * poll order (at most CHUNK_MAX each; only the last carries the
+     * position). One pass counts the records of each partition, one
+     * places them. */
+    size_t ng = 0, nc = 0;
+    for (size_t i = 0; i < n; i++)
+        if (ps->path[i] == 1) {
+            size_t g = group_of(ps, part[i], &ng);
+            ps->grp[i] = g;
+            ps->gcount[g]++;
+        }
+    for (size_t g = 0; g < ng; g++) {
+        ps->gstart[g] = nc;
+        nc += ps->gcount[g];
+    }
+    for (size_t i = 0; i < n; i++)
+        if (ps->path[i] == 1) {
+            size_t at = ps->gstart[ps->grp[i]]++;
+            ps->chunkrecs[at] = recs[i];
+            ps->chunk_at[at] = i;
+        }
+    size_t k = 0;
+    for (size_t g = 0; g < ng; g++) {
+        idem_part_t *pt = ps->gpart[g];
         int64_t epoch = 0;
         idem_parttables_ready(ps->tables, pt->topic, pt->partition, &epoch);
-        size_t start = nc;
-        for (size_t j = i; j < n; j++) {
-            if (ps->path[j] != 1 || part[j] != pt)
-                continue;
-            if (nc - start == CHUNK_MAX) {
-                chunk_fill(ps, k, pt, epoch, start, nc);
-                ps->chpart[k++] = pt;
-                start = nc;
-            }
-            ps->chunkrecs[nc] = recs[j];
-            ps->chunk_at[nc++] = j;
+        size_t end = ps->gstart[g], start = end - ps->gcount[g];
+        for (; end - start > CHUNK_MAX; start += CHUNK_MAX) {
+            chunk_fill(ps, k, pt, epoch, start, start + CHUNK_MAX);
+            ps->chpart[k++] = pt;
         }
-        idem_partstate_chunk_t *c = chunk_fill(ps, k, pt, epoch, start, nc);
+        idem_partstate_chunk_t *c = chunk_fill(ps, k, pt, epoch, start, end);
         for (size_t q = 0; q < npos; q++)
             if (pos[q].partition == pt->partition &&
                 !strcmp(pos[q].topic, pt->topic)) {

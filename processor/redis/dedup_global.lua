@@ -43,7 +43,7 @@ for j = 1, n do
     out[j] = ''
   end
 end
-local refused, err = effect(FIRST, new)
+local refused, err = effect(FIRST + 2, PER, new) -- its own arguments
 if not refused then
   return redis.error_reply(err)
 end

@@ -17,12 +17,13 @@
 -- leave it), the position's field "<topic>:<partition>", its record count
 -- n, its n marks as one string (16 B each: 12 B keyed hash of the
 -- identity, 4 B digest of the message id; top bit of byte 13 set: "moved",
--- the record left the partition and only its mark is written); then PER
--- per record, chunk after chunk: the identity and the message id, both
--- sent empty (the marks carry them; the identity is sent while a switch
--- from the global layout is honoured, see the layout block), the effect's
--- own arguments. The last fixed ARGV, right before the per-record ones, is
--- the layout block's: "1" when the identities are sent.
+-- the record left the partition and only its mark is written); then per
+-- record, chunk after chunk, the effect's own arguments (PER - 2: the
+-- handler's identity and message id are not sent, the marks carry them),
+-- preceded by the identity while a switch from the global layout is
+-- honoured (see the layout block). The last fixed ARGV, right before the
+-- per-record ones, is the layout block's: "1" when the identities are
+-- sent.
 --
 -- Before any write, per chunk: the stored epoch must equal the chunk's
 -- (else "FENCED ...": another member owns the partition now) and the stored
@@ -53,6 +54,9 @@
 local ttl, W, C = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
 local HEAD, FIX = 5, 7
 local FIRST = HEAD + C * FIX + 1 -- ARGV[FIRST]: the layout block's flag
+-- Arguments per record: the effect's own, after the identity if sent.
+local IDS = ARGV[FIRST] == '1' and 1 or 0
+local RPER = PER - 2 + IDS
 local SLICE = 512 -- keys per MGET/HMGET, values per HSET (Lua's stack)
 
 -- The replies of cmd (MGET, HMGET: one value per x) over the list xs in
@@ -95,7 +99,7 @@ end
 local epochs = sliced('MGET', nil, keys)
 local posv = sliced('HMGET', KEYS[C + 1], fields)
 local status, js, notes = {}, {}, {}
-local j = 0
+local j, nj, byte = 0, 0, string.byte
 for c = 1, C do
   local a = HEAD + (c - 1) * FIX
   local epoch, expect, n = ARGV[a + 2], ARGV[a + 3], tonumber(ARGV[a + 6])
@@ -115,11 +119,12 @@ for c = 1, C do
   else
     status[c] = ''
     for q = 1, n do
-      if string.byte(marks, q * 16 - 3) >= 128 then
+      if byte(marks, q * 16 - 3) >= 128 then
         notes[#notes + 1] = j + q
         notes[#notes + 1] = 'moved'
       else
-        js[#js + 1] = j + q
+        nj = nj + 1
+        js[nj] = j + q
       end
     end
   end
@@ -129,7 +134,7 @@ if honour and #js > 0 then -- layout block: marks of the global layout
   local gk = {}
   for i = 1, #js do
     gk[i] = ARGV[1] .. 'dedup:' .. ARGV[2] .. ':' ..
-            ARGV[FIRST + (js[i] - 1) * PER + 1]
+            ARGV[FIRST + (js[i] - 1) * RPER + 1]
   end
   local gdone, rest = sliced('MGET', nil, gk), {}
   for i = 1, #js do
@@ -142,7 +147,7 @@ if honour and #js > 0 then -- layout block: marks of the global layout
   end
   js = rest
 end
-local refused, err = effect(FIRST, js)
+local refused, err = effect(FIRST + IDS, RPER, js)
 if not refused then
   return redis.error_reply(err)
 end

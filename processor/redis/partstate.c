@@ -418,7 +418,8 @@ static int call_format(idem_partstate_t *p, const idem_partstate_chunk_t *ch,
     char num[32], st[640], key[672];
     p->cmd_len = 0;
     int hl = snprintf(num, sizeof(num), "*%zu\r\n",
-                      3 + (k + 2) + 5 + 7 * k + 1 + nrec * p->per);
+                      3 + (k + 2) + 5 + 7 * k + 1 +
+                          nrec * (p->per - 2 + (p->honour_global ? 1 : 0)));
     cmd_put(p, num, (size_t)hl);
     cmd_str(p, "EVALSHA");
     cmd_str(p, p->sha);
@@ -477,14 +478,11 @@ static int call_format(idem_partstate_t *p, const idem_partstate_chunk_t *ch,
                 return -1;
             }
             /* No identity, no message id: the chunk's marks carry them,
-             * and bytes Redis need not parse are not sent. While a switch
-             * from the global layout is honoured, the identity goes, for
-             * the script to look its global mark up. */
+             * and arguments Redis need not parse are not sent. While a
+             * switch from the global layout is honoured, the identity
+             * goes, for the script to look its global mark up. */
             if (p->honour_global)
                 cmd_arg(p, p->argv[0], p->argvlen[0]);
-            else
-                cmd_arg(p, "", 0);
-            cmd_arg(p, "", 0);
             for (size_t a = 2; a < got; a++)
                 cmd_arg(p, p->argv[a], p->argvlen[a]);
         }

@@ -114,8 +114,8 @@ typedef struct {
          or a switch from global is honoured                                   \
          and the chunk had no identities */
 
-/* With on set, chunks carry each record's identity (the effect's first
- * argument) in its identity slot (sent empty otherwise), so that for one TTL
+/* With on set, chunks carry each record's identity (the handler's first
+ * argument) before the effect's own (not sent otherwise), so that for one TTL
  * after a switch from the global layout the chunk script finds the records that
  * layout applied (IDEM_PARTSTATE_GLOBAL_DONE; redis/layout.h). */
 void idem_partstate_honour_global(idem_partstate_t *p, int on);
