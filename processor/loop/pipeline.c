@@ -95,7 +95,7 @@ struct idem_pipeline_s {
 
 /* The consumer's prefetch bound (queued.max.messages.kbytes) unless
  * kafka.queued.max.messages.kbytes is set. */
-#define IDEM_PREFETCH_KBYTES_DEFAULT "12288"
+#define IDEM_PREFETCH_KBYTES_DEFAULT "32768"
 
 /* The longest one wait in batch_fill: the loop's housekeeping (commits,
  * progress, the idle Redis check) runs at least this often. */
