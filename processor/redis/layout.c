@@ -1,6 +1,7 @@
 /* layout: the group's dedup layout key and the switch decision
  * (layout.h). */
 #include "redis/layout.h"
+#include "redis/redisconn.h"
 #include "redis/storectx.h"
 
 #include <inttypes.h>
@@ -158,34 +159,6 @@ static const char switch_lua[] =
     "local v = redis.call('HMGET', KEYS[1], 'layout', 'since', 'from')\n"
     "return {did, v[1], v[2], v[3], t}\n";
 
-/* EVALSHA of lua (digest cached in sha, 41 bytes), loaded at first and
- * after NOSCRIPT. The reply or NULL (c->errstr). */
-static redisReply *script_call(redisContext *c, const char *lua, char *sha,
-                               int argc, const char **argv)
-{
-    for (int attempt = 0; attempt < 2; attempt++) {
-        if (!sha[0]) {
-            redisReply *l = redisCommand(c, "SCRIPT LOAD %s", lua);
-            if (!l || l->type != REDIS_REPLY_STRING || l->len != 40)
-                return l;
-            memcpy(sha, l->str, 41);
-            freeReplyObject(l);
-        }
-        const char *av[8] = {"EVALSHA", sha};
-        for (int i = 0; i < argc && i < 6; i++)
-            av[2 + i] = argv[i];
-        redisReply *r = redisCommandArgv(c, 2 + argc, av, NULL);
-        if (r && r->type == REDIS_REPLY_ERROR &&
-            !strncmp(r->str, "NOSCRIPT", 8)) {
-            freeReplyObject(r);
-            sha[0] = 0;
-            continue;
-        }
-        return r;
-    }
-    return NULL;
-}
-
 /* A failed call's text into errstr; -1. */
 static int failed(redisContext *c, redisReply *r, const char *what,
                   char *errstr, size_t errstr_size)
@@ -204,7 +177,7 @@ int idem_layout_read(redisContext *c, const idem_conf_t *conf,
     char key[512], sha[41] = "";
     idem_layout_key(conf, key, sizeof(key));
     const char *argv[] = {"1", key};
-    redisReply *r = script_call(c, read_lua, sha, 2, argv);
+    redisReply *r = idem_redisconn_script(c, read_lua, sha, 2, argv);
     if (!r || parse_state(r, out))
         return failed(c, r, "read", errstr, errstr_size);
     freeReplyObject(r);
@@ -221,7 +194,7 @@ int idem_layout_switch(redisContext *c, const idem_conf_t *conf, char *sha,
              conf->group_id ? conf->group_id : "");
     const char *argv[] = {"2", key, pos, idem_layout_kind2str(expect),
                           idem_layout_kind2str(to)};
-    redisReply *r = script_call(c, switch_lua, sha, 5, argv);
+    redisReply *r = idem_redisconn_script(c, switch_lua, sha, 5, argv);
     if (!r || r->type != REDIS_REPLY_ARRAY || r->elements != 5 ||
         r->element[0]->type != REDIS_REPLY_INTEGER)
         return failed(c, r, "switch", errstr, errstr_size);

@@ -49,37 +49,6 @@ static const char list_lua[] =
     "for i = 2, #v, 2 do v[i] = tostring(tonumber(v[i]) - now) end\n"
     "return v\n";
 
-/* Runs `lua` by EVALSHA, as the store does (the documented ACL grants
- * +script|load +evalsha, not +eval): `sha` caches its digest (41 bytes,
- * "" at first); it is loaded when empty and again after NOSCRIPT (a
- * restarted Redis). `nargs` arguments follow the digest: the key count,
- * the keys, the rest. The reply, or NULL. */
-static redisReply *script_call(redisContext *c, const char *lua, char *sha,
-                               int nargs, const char **args)
-{
-    for (int attempt = 0; attempt < 2; attempt++) {
-        if (!sha[0]) {
-            redisReply *l = redisCommand(c, "SCRIPT LOAD %s", lua);
-            if (!l || l->type != REDIS_REPLY_STRING || l->len != 40)
-                return l;
-            memcpy(sha, l->str, 41);
-            freeReplyObject(l);
-        }
-        const char *argv[9] = {"EVALSHA", sha};
-        for (int i = 0; i < nargs && i < 7; i++)
-            argv[2 + i] = args[i];
-        redisReply *r = redisCommandArgv(c, 2 + nargs, argv, NULL);
-        if (r && r->type == REDIS_REPLY_ERROR &&
-            !strncmp(r->str, "NOSCRIPT", 8)) {
-            freeReplyObject(r);
-            sha[0] = 0;
-            continue;
-        }
-        return r;
-    }
-    return NULL;
-}
-
 /* KEYS[1] the set, KEYS[2] the settings hash, ARGV[1] the member: its
  * entries removed. */
 static const char leave_lua[] = "redis.call('HDEL', KEYS[2], ARGV[1])\n"
@@ -125,8 +94,8 @@ static int liveness_command(idem_liveness_t *l, const char *lua, char *sha,
         if (!l->rc)
             return -1;
     }
-    redisReply *r =
-        script_call(idem_redisconn_context(l->rc), lua, sha, nargs, args);
+    redisReply *r = idem_redisconn_script(idem_redisconn_context(l->rc), lua,
+                                          sha, nargs, args);
     if (!r || r->type == REDIS_REPLY_ERROR) {
         snprintf(errstr, errstr_size, "redis: member heartbeat: %s",
                  r ? r->str : idem_redisconn_context(l->rc)->errstr);
@@ -429,8 +398,8 @@ int idem_liveness_list(const idem_conf_t *conf, idem_liveness_member_t **out,
         return -1;
     const char *args[] = {"1", key};
     char sha[41] = "";
-    redisReply *r =
-        script_call(idem_redisconn_context(rc), list_lua, sha, 2, args);
+    redisReply *r = idem_redisconn_script(idem_redisconn_context(rc), list_lua,
+                                          sha, 2, args);
     int ret = 0;
     if (!r || r->type != REDIS_REPLY_ARRAY || r->elements % 2) {
         snprintf(errstr, errstr_size, "redis: live members of %s: %s",

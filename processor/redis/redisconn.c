@@ -624,3 +624,30 @@ void idem_redisconn_close(idem_redisconn_t *rc)
     conn_release(rc);
     free(rc);
 }
+
+redisReply *idem_redisconn_script(redisContext *c, const char *lua, char *sha,
+                                  int nargs, const char **args)
+{
+    for (int attempt = 0; attempt < 2; attempt++) {
+        if (!sha[0]) {
+            redisReply *l = redisCommand(c, "SCRIPT LOAD %s", lua);
+            if (!l || l->type != REDIS_REPLY_STRING || l->len != 40)
+                return l;
+            memcpy(sha, l->str, 41);
+            freeReplyObject(l);
+        }
+        const char *argv[16] = {"EVALSHA", sha};
+        for (int i = 0; i < nargs && i < 14; i++)
+            argv[2 + i] = args[i];
+        redisReply *r =
+            redisCommandArgv(c, 2 + (nargs < 14 ? nargs : 14), argv, NULL);
+        if (r && r->type == REDIS_REPLY_ERROR &&
+            !strncmp(r->str, "NOSCRIPT", 8)) {
+            freeReplyObject(r);
+            sha[0] = 0;
+            continue;
+        }
+        return r;
+    }
+    return NULL;
+}

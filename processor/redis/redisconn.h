@@ -104,4 +104,12 @@ const char *idem_redisconn_addr(const idem_redisconn_t *rc);
  * the thread that carries its bytes. NULL is a no-op. */
 void idem_redisconn_close(idem_redisconn_t *rc);
 
+/* Runs `lua` on c by EVALSHA, as the store does (the documented ACL grants
+ * +script|load +evalsha, not +eval): `sha` caches its digest (41 bytes,
+ * "" at first); it is loaded when empty and again after NOSCRIPT (a
+ * restarted Redis). `nargs` (at most 14) arguments follow the digest: the
+ * key count, the keys, the rest. The reply (caller frees), or NULL. */
+redisReply *idem_redisconn_script(redisContext *c, const char *lua, char *sha,
+                                  int nargs, const char **args);
+
 #endif
