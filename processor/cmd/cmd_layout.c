@@ -182,12 +182,19 @@ int idem_cmd_layout(int argc, char **argv, char **envp)
             int s =
                 idem_layout_switch(idem_redisconn_context(rc_), conf, sha,
                                    l.layout, to, &l, errstr, sizeof(errstr));
-            if (s == 1)
+            if (s == 1 &&
+                idem_layout_honours(&l, conf->dedup_ttl_seconds, l.now))
                 printf("layout %s since %" PRId64 ", from %s: the %s marks "
                        "are honoured for %" PRId64 " s\n",
                        idem_layout_kind2str(l.layout), l.since,
                        idem_layout_kind2str(l.from),
                        idem_layout_kind2str(l.from), conf->dedup_ttl_seconds);
+            else if (s == 1)
+                printf("layout %s, from %s: the group never ran, nothing of "
+                       "the %s layout to honour\n",
+                       idem_layout_kind2str(l.layout),
+                       idem_layout_kind2str(l.from),
+                       idem_layout_kind2str(l.from));
             else if (!s)
                 snprintf(errstr, sizeof(errstr),
                          "refused: the key changed meanwhile (now %s; nothing "

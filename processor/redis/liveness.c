@@ -111,28 +111,6 @@ static int liveness_command(idem_liveness_t *l, const char *lua, char *sha,
     return 0;
 }
 
-/* The value of `key` in fingerprint fp ("key=value" lines) into buf, or
- * NULL when fp has no such line. */
-static const char *fp_get(const char *fp, const char *key, char *buf,
-                          size_t size)
-{
-    size_t kn = strlen(key);
-    for (const char *p = fp; p && *p;) {
-        const char *end = strchr(p, '\n');
-        size_t ln = end ? (size_t)(end - p) : strlen(p);
-        if (ln > kn && !strncmp(p, key, kn) && p[kn] == '=') {
-            size_t vn = ln - kn - 1;
-            if (vn >= size)
-                vn = size - 1;
-            memcpy(buf, p + kn + 1, vn);
-            buf[vn] = 0;
-            return buf;
-        }
-        p = end ? end + 1 : NULL;
-    }
-    return NULL;
-}
-
 /* Appends to buf (comma-separated) the keys of fingerprint `from` whose
  * value in `other` differs or is missing; returns how many. */
 static int fp_diff_into(const char *from, const char *other, char *buf,
@@ -148,8 +126,8 @@ static int fp_diff_into(const char *from, const char *other, char *buf,
                                                            : sizeof(key) - 1;
             memcpy(key, p, kn);
             key[kn] = 0;
-            const char *va = fp_get(from, key, a, sizeof(a));
-            const char *vb = fp_get(other, key, b, sizeof(b));
+            const char *va = idem_layout_fp_get(from, key, a, sizeof(a));
+            const char *vb = idem_layout_fp_get(other, key, b, sizeof(b));
             int listed = 0;
             size_t used = strlen(buf);
             for (const char *q = buf; *q;) {
@@ -217,8 +195,10 @@ static void check_members(idem_liveness_t *l, const redisReply *r)
         char keys[1024], mine[256], theirs[256];
         if (!idem_liveness_fp_diff(l->fingerprint, f->str, keys, sizeof(keys)))
             continue;
-        const char *hm = fp_get(l->fingerprint, "handler", mine, sizeof(mine));
-        const char *ht = fp_get(f->str, "handler", theirs, sizeof(theirs));
+        const char *hm =
+            idem_layout_fp_get(l->fingerprint, "handler", mine, sizeof(mine));
+        const char *ht =
+            idem_layout_fp_get(f->str, "handler", theirs, sizeof(theirs));
         idem_log_kv(IDEM_LOG_WARN,
                     "another live member of the group applies a different "
                     "effect: each applies its own to its share of the "

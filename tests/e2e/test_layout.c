@@ -210,3 +210,75 @@ Test(layout, rollback_to_global, .timeout = 300)
     cr_expect_eq(th_stop(b, 15000), 0);
     th_stack_stop(&stk);
 }
+
+/* `idemproc layout` with its config file: exit code, stdout, stderr. */
+static int layout_cmd(const char *const args[], char **out, char **err)
+{
+    char *argv[8] = {(char *)th_bin(), "layout"};
+    int n = 2;
+    for (int i = 0; args[i] && n < 6; i++)
+        argv[n++] = (char *)args[i];
+    argv[n++] = "-c";
+    argv[n++] = stk.conf;
+    argv[n] = NULL;
+    return th_run(argv, out, err, 30000);
+}
+
+/* The command README documents: show, set refused while a live member
+ * wants the other layout (naming it, nothing changed), --force, and a
+ * switch back. */
+Test(layout, command_shows_and_sets_the_key_refusing_while_a_member_objects,
+     .timeout = 120)
+{
+    const char *props[] = {LAYOUT_PROPS, NULL};
+    cr_assert_eq(th_stack_start(&stk, 2, props), 0);
+    char *out = NULL, *err = NULL;
+    const char *show[] = {"show", NULL};
+    cr_assert_eq(layout_cmd(show, &out, &err), 0, "%s", err);
+    cr_expect(strstr(out, "layout global"), "%s", out);
+    cr_expect(strstr(out, "0 live members"), "%s", out);
+    free(out);
+    free(err);
+
+    pid_t m = member("m1", want_global);
+    out = err = NULL;
+    for (int t = 0; t < 20000; t += 200) { /* its first heartbeat */
+        free(out);
+        free(err);
+        out = err = NULL;
+        cr_assert_eq(layout_cmd(show, &out, &err), 0, "%s", err);
+        if (strstr(out, "m1 supports"))
+            break;
+        usleep(200000);
+    }
+    cr_assert(strstr(out, "m1 supports global,partition, wants global"), "%s",
+              out);
+    free(out);
+    free(err);
+
+    const char *set_p[] = {"set", "partition", NULL};
+    out = err = NULL;
+    cr_expect_neq(layout_cmd(set_p, &out, &err), 0);
+    cr_expect(strstr(err, "refused: live member m1"), "%s", err);
+    cr_expect(layout_is(""), "a refused set wrote the key");
+    free(out);
+    free(err);
+
+    const char *force[] = {"set", "partition", "--force", NULL};
+    out = err = NULL;
+    cr_expect_eq(layout_cmd(force, &out, &err), 0, "%s", err);
+    cr_expect(strstr(out, "layout partition"), "%s", out);
+    cr_expect(layout_is("partition"));
+    free(out);
+    free(err);
+
+    cr_expect_eq(th_stop(m, 15000), 0);
+    const char *set_g[] = {"set", "global", NULL};
+    out = err = NULL;
+    cr_expect_eq(layout_cmd(set_g, &out, &err), 0, "%s", err);
+    cr_expect(strstr(out, "the partition marks are honoured"), "%s", out);
+    cr_expect(layout_is("global"));
+    free(out);
+    free(err);
+    th_stack_stop(&stk);
+}
