@@ -255,17 +255,23 @@ format: | deps-check-test
 # The suite's logs are long; each tier writes a TAP report next to the
 # build and, when something fails, the failed tests and their assertions
 # are printed again at the very end, where a CI log's tail shows them.
-# Every tier runs even when an earlier one failed.
+# Every tier runs even when an earlier one failed. A failed test of the it
+# or e2e tier is run once more alone (tests/run_tier.sh); one that passes
+# then is named at the end as a flake to fix.
 TEST_ENV = IDEMPROC_BIN=$(abspath $(BIN)) IDEMPROC_SRC=$(abspath .) \
            PG_BINDIR=$(PG_BINDIR) \
            LSAN_OPTIONS=suppressions=$(abspath tests/lsan.supp)
 # $(call run_tiers,TIER ...): runs each tier's binary, then reports.
 define run_tiers
-	@rc=0; failed=""; for t in $(1); do \
+	@rc=0; failed=""; rm -f $(BUILD)/test-flaky.txt; for t in $(1); do \
 	  echo "test: --- tier $$t"; \
-	  $(TEST_ENV) $(BUILD)/idemproc-$$t --jobs=$(TEST_JOBS) \
-	    --tap=$(BUILD)/test-$$t.tap $(TEST_ARGS) || { rc=1; failed="$$failed $$t"; }; \
+	  $(TEST_ENV) tests/run_tier.sh $(BUILD) $$t $(TEST_JOBS) \
+	    $(TEST_ARGS) || { rc=1; failed="$$failed $$t"; }; \
 	done; \
+	if [ -s $(BUILD)/test-flaky.txt ]; then \
+	  echo "test: failed once, passed when run again alone (flakes to fix):"; \
+	  sed 's/^/test:   FLAKY /' $(BUILD)/test-flaky.txt; \
+	fi; \
 	if [ $$rc -ne 0 ]; then \
 	  for t in $$failed; do \
 	    echo "test: tier $$t failed; from $(BUILD)/test-$$t.tap:"; \

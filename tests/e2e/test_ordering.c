@@ -167,8 +167,8 @@ Test(ordering, by_key_no_violation_across_a_kill_retries_and_a_rebalance)
     pid_t m3 = member(&stk, "o3", "ord", url, "key"); /* a rebalance */
     cr_assert_eq(wait_applied(sp, (long long)n, 180000), 0,
                  "%lld of %zu identities applied", stat_of(sp, "applied"), n);
-    cr_assert_eq(th_stop(m3, 15000), 0);
-    cr_assert_eq(th_stop(m2, 15000), 0);
+    cr_assert_eq(th_stack_stop_member(&stk, "o3", m3, 15000), 0);
+    cr_assert_eq(th_stack_stop_member(&stk, "o2", m2, 15000), 0);
 
     cr_expect_eq(stat_of(sp, "violations"), 0,
                  "a key's record arrived before its previous one was answered");

@@ -605,6 +605,21 @@ char *th_stack_member_log(th_stack_t *s, const char *name)
     return log ? log : strdup("");
 }
 
+int th_stack_stop_member(th_stack_t *s, const char *name, pid_t pid,
+                         int grace_ms)
+{
+    int rc = th_stop(pid, grace_ms);
+    if (rc != 0 || getenv("TH_SHOW_LOGS")) {
+        char *log = th_stack_member_log(s, name);
+        size_t len = strlen(log);
+        const char *tail = len > 6000 ? log + len - 6000 : log;
+        fprintf(stderr, "member %s stopped with %d; the end of its log:\n%s\n",
+                name, rc, tail);
+        free(log);
+    }
+    return rc;
+}
+
 int th_stack_log_count(th_stack_t *s, const char *name, const char *text)
 {
     char *log = th_stack_member_log(s, name);

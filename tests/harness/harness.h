@@ -161,6 +161,13 @@ long th_stack_expect_unique(th_stack_t *s);
  * NULL; caller frees. */
 char *th_stack_member_log(th_stack_t *s, const char *name);
 
+/* th_stop for member `name` of the stack; when it does not exit 0 in
+ * grace_ms, the end of its log goes to stderr (the test's output), so a
+ * failed stop says why (always with TH_SHOW_LOGS set in the environment).
+ * Returns th_stop's value. */
+int th_stack_stop_member(th_stack_t *s, const char *name, pid_t pid,
+                         int grace_ms);
+
 /* How often text occurs in member `name`'s log. */
 int th_stack_log_count(th_stack_t *s, const char *name, const char *text);
 
