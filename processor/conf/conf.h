@@ -173,6 +173,7 @@ typedef struct idem_conf_s {
     char *redis_sentinels; /* host:port,... ; empty = no Sentinel */
     char *redis_sentinel_master;
     char *redis_sentinel_password;
+    char *redis_cluster_nodes; /* host:port,... ; empty = not a cluster */
     char *redis_prefix;
     int64_t redis_timeout_ms;
     int redis_allow_eviction; /* 1: tolerate an evicting maxmemory-policy */

@@ -48,7 +48,9 @@ static void collect_ledger(const char *currency, const char *user,
         cur = json_object();
         json_object_set_new(ledger, currency, cur);
     }
-    json_object_set_new(cur, user, json_integer(minor));
+    /* Cluster mode shards a balance by partition: the parts add up. */
+    json_int_t had = json_integer_value(json_object_get(cur, user));
+    json_object_set_new(cur, user, json_integer(had + minor));
 }
 
 static void compare_ledger(report_t *r, json_t *want, json_t *got)

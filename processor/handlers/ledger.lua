@@ -23,6 +23,14 @@
 -- framing returns it as the script's reply (an outage). Redis checks those
 -- states only before a script's first write, so a script that meets one
 -- has written nothing. <prefix>ledger:applied counts the records applied.
+--
+-- KSUF: "" on a single Redis; in Redis Cluster mode the partition chunk's
+-- hash tag "{<group>:<topic>:<partition>}", which the partition framing
+-- sets, so every balance is sharded by partition:
+-- <prefix>ledger:<CURRENCY>{...} (and <prefix>ledger:applied{...}); a
+-- balance is the sum over its shards (verify sums them). In cluster mode
+-- every key is read (EXISTS) before the first write: see partchunk.lua.
+local KSUF = ''
 local function effect(base, stride, js)
   local A = ARGV -- a local: no global lookup per argument
   local prefix = A[1]
@@ -37,9 +45,15 @@ local function effect(base, stride, js)
     end
     s[f] = (s[f] or 0) + tonumber(A[b + 3])
   end
+  if KSUF ~= '' then
+    for cur in pairs(sums) do
+      redis.call('EXISTS', prefix .. 'ledger:' .. cur .. KSUF)
+    end
+    redis.call('EXISTS', prefix .. 'ledger:applied' .. KSUF)
+  end
   local bad
   for cur, fields in pairs(sums) do
-    local h = prefix .. 'ledger:' .. cur
+    local h = prefix .. 'ledger:' .. cur .. KSUF
     for f, x in pairs(fields) do
       local r = redis.pcall('HINCRBY', h, f, string.format('%.0f', x))
       if type(r) == 'table' and r.err then
@@ -70,7 +84,7 @@ local function effect(base, stride, js)
     end
   end
   if applied > 0 then
-    redis.call('INCRBY', prefix .. 'ledger:applied', applied)
+    redis.call('INCRBY', prefix .. 'ledger:applied' .. KSUF, applied)
   end
   return refused
 end

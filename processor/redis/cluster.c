@@ -40,6 +40,7 @@ struct idem_cluster_s {
     int need_refresh;     /* a connection was lost or CLUSTERDOWN seen */
     unsigned moved_count; /* MOVED since the last whole read */
     uint64_t refreshes;
+    uint64_t connects; /* connections to primaries opened */
 };
 
 /* ---- key slots ------------------------------------------------------- */
@@ -210,8 +211,10 @@ static redisContext *node_conn(idem_cluster_t *cl, node_t *n, int *not_primary,
         return idem_redisconn_context(n->rc);
     idem_redisconn_err_t e;
     n->rc = idem_redisconn_open_node(cl->conf, n->host, n->port, 0, &e);
-    if (n->rc)
+    if (n->rc) {
+        cl->connects++;
         return idem_redisconn_context(n->rc);
+    }
     *not_primary = e.cls == IDEM_REDISCONN_ERR_NOT_PRIMARY;
     err_set(err, conn_class(n, &e), n->addr, e.code, "redis cluster: %s",
             e.str);
@@ -493,7 +496,12 @@ static int round_send(idem_cluster_t *cl, int d, int slot,
             continue;
         if (ask_node[i] >= 0)
             redisAppendCommand(c, "ASKING");
-        redisAppendCommandArgv(c, cmds[i].argc, cmds[i].argv, cmds[i].argvlen);
+        if (cmds[i].formatted)
+            redisAppendFormattedCommand(c, cmds[i].formatted,
+                                        cmds[i].formatted_len);
+        else
+            redisAppendCommandArgv(c, cmds[i].argc, cmds[i].argv,
+                                   cmds[i].argvlen);
         node->st.requests++;
     }
     for (size_t i = 0; i < n; i++) {
@@ -537,7 +545,10 @@ static int round_send(idem_cluster_t *cl, int d, int slot,
             break;
         case REPLY_ASK:
             node->st.ask++;
-            ask_node[i] = node_index(cl, host, port);
+            if (cmds[i].ask_waits)
+                *tryagain = 1; /* resent here once the slot has moved */
+            else
+                ask_node[i] = node_index(cl, host, port);
             break;
         case REPLY_TRYAGAIN:
             node->st.tryagain++;
@@ -643,6 +654,87 @@ redisReply *idem_cluster_command(idem_cluster_t *cl, const char *key,
     if (idem_cluster_pipeline(cl, key, key_len, &cmd, 1, &r, err))
         return NULL;
     return r;
+}
+
+redisContext *idem_cluster_context(idem_cluster_t *cl, int slot,
+                                   idem_cluster_err_t *err)
+{
+    memset(err, 0, sizeof(*err));
+    for (int attempt = 0; attempt < 2; attempt++) {
+        if ((cl->need_refresh || cl->moved_count >= CLUSTER_MOVED_REFRESH ||
+             cl->slot_node[slot] < 0) &&
+            idem_cluster_refresh(cl, err))
+            return NULL;
+        if (cl->slot_node[slot] < 0) {
+            err_set(err, IDEM_CLUSTER_ERR_SLOTS, NULL, NULL,
+                    "redis cluster: slot %d has no primary in the slot map",
+                    slot);
+            return NULL;
+        }
+        int not_primary = 0;
+        redisContext *c =
+            node_conn(cl, &cl->nodes[cl->slot_node[slot]], &not_primary, err);
+        if (c)
+            return c;
+        cl->need_refresh = 1;
+        if (!not_primary)
+            return NULL;
+    }
+    return NULL;
+}
+
+redisContext *idem_cluster_primary_context(idem_cluster_t *cl, size_t k,
+                                           const char **addr,
+                                           idem_cluster_err_t *err)
+{
+    memset(err, 0, sizeof(*err));
+    if (cl->need_refresh && idem_cluster_refresh(cl, err))
+        return NULL;
+    size_t seen = 0;
+    char *met = idem_xcalloc(cl->nnodes ? cl->nnodes : 1, 1);
+    for (int s = 0; s < IDEM_CLUSTER_SLOTS; s++) {
+        int d = cl->slot_node[s];
+        if (d < 0 || met[d])
+            continue;
+        met[d] = 1;
+        if (seen++ != k)
+            continue;
+        free(met);
+        if (addr)
+            *addr = cl->nodes[d].addr;
+        int not_primary = 0;
+        redisContext *c = node_conn(cl, &cl->nodes[d], &not_primary, err);
+        if (!c)
+            cl->need_refresh = 1;
+        return c;
+    }
+    free(met);
+    return NULL;
+}
+
+void idem_cluster_failed(idem_cluster_t *cl, int slot, const char *reply)
+{
+    cl->need_refresh = 1;
+    if (slot < 0 || slot >= IDEM_CLUSTER_SLOTS || cl->slot_node[slot] < 0)
+        return;
+    node_t *n = &cl->nodes[cl->slot_node[slot]];
+    if (!reply) {
+        n->st.conn_errors++;
+        node_drop(n);
+    } else if (!strncmp(reply, "MOVED ", 6)) {
+        n->st.moved++;
+    } else if (!strncmp(reply, "ASK ", 4)) {
+        n->st.ask++;
+    } else if (!strncmp(reply, "TRYAGAIN", 8)) {
+        n->st.tryagain++;
+    } else if (!strncmp(reply, "CLUSTERDOWN", 11)) {
+        n->st.clusterdown++;
+    }
+}
+
+uint64_t idem_cluster_connects(const idem_cluster_t *cl)
+{
+    return cl->connects;
 }
 
 /* ---- what the client knows ------------------------------------------- */

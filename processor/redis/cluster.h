@@ -95,6 +95,14 @@ typedef struct {
     int argc;
     const char **argv;
     const size_t *argvlen; /* NULL = strlen of each */
+    const char *formatted; /* when set: the command in RESP (formatted_len
+                              bytes), argv unused; borrowed for the call */
+    size_t formatted_len;
+    int ask_waits; /* ASK is waited out like TRYAGAIN (resent to the same
+                      node after a backoff) instead of followed: for a
+                      script whose undeclared keys may still be on the
+                      migrating node (docs/design.md, "Redis Cluster
+                      mode") */
 } idem_cluster_cmd_t;
 
 /* Sends the n commands, whose keys must all be in the slot of `key`, as
@@ -110,6 +118,32 @@ typedef struct {
 int idem_cluster_pipeline(idem_cluster_t *cl, const char *key, size_t key_len,
                           const idem_cluster_cmd_t *cmds, size_t n,
                           redisReply **replies, idem_cluster_err_t *err);
+
+/* The connection of the slot's primary (opened when needed, the map read
+ * first when it is stale), for callers that speak hiredis themselves:
+ * MOVED, ASK and the rest then come back to them as error replies, and
+ * they call idem_cluster_failed. Borrowed: valid until the next call on
+ * cl. NULL with *err (an outage). */
+redisContext *idem_cluster_context(idem_cluster_t *cl, int slot,
+                                   idem_cluster_err_t *err);
+
+/* The k-th primary of the map (in slot order, each once) and its
+ * connection, for commands every primary must answer (SCAN, INFO).
+ * *addr (may be NULL) gets its "host:port" (borrowed). NULL with
+ * err->cls IDEM_CLUSTER_ERR_NONE past the last primary, else an outage. */
+redisContext *idem_cluster_primary_context(idem_cluster_t *cl, size_t k,
+                                           const char **addr,
+                                           idem_cluster_err_t *err);
+
+/* Reports what a caller of idem_cluster_context met on the slot's
+ * connection: reply is the error reply's text (MOVED, ASK, CLUSTERDOWN,
+ * TRYAGAIN: the map is read again before the next command) or NULL when
+ * the connection itself failed (it is closed and counted). */
+void idem_cluster_failed(idem_cluster_t *cl, int slot, const char *reply);
+
+/* Connections to primaries opened so far (a new one may be a promoted
+ * replica or a restarted node: a caller re-reads its positions). */
+uint64_t idem_cluster_connects(const idem_cluster_t *cl);
 
 /* Reads the slot map again now (from the primaries known, then the
  * seeds). 0, or -1 with *err (the old map is kept). */

@@ -51,11 +51,25 @@
 -- exists was applied under the global layout: it is answered
 -- "global:<mark>", not applied, and still gets its partition mark; the
 -- member must then send the identities, else LAYOUT.
+--
+-- Redis Cluster mode (flag "c"; docs/design.md, "Redis Cluster mode"): a
+-- call carries one partition's chunk, and every key it touches is under
+-- that partition's tag: the positions hash is <prefix>pos{<tag>}, the
+-- layout key's place holds a key of the slot that is never read (cluster
+-- mode runs the partition layout, fixed), and the ledger's keys get the
+-- tag as a suffix (KSUF, handlers/ledger.lua). The window key and the
+-- ledger's keys are not declared in KEYS, so they are read (EXISTS) before
+-- the first write: on a node whose slot is being migrated away a key
+-- already moved fails that read, and the script stops with nothing
+-- written (the member's client waits out ASK rather than following it,
+-- so a script never runs on the importing node while keys of its slot
+-- are still on the old one).
 local ttl, W, C = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
 local HEAD, FIX = 5, 7
 local FIRST = HEAD + C * FIX + 1 -- ARGV[FIRST]: the layout block's flag
 -- Arguments per record: the effect's own, after the identity if sent.
 local IDS = ARGV[FIRST] == '1' and 1 or 0
+local CL = ARGV[FIRST] == 'c' -- Redis Cluster mode: see the header
 local RPER = PER - 2 + IDS
 local SLICE = 512 -- keys per MGET/HMGET, values per HSET (Lua's stack)
 
@@ -79,13 +93,16 @@ end
 
 local now = tonumber(redis.call('TIME')[1])
 -- Layout block: see the header.
-local lay = redis.call('HMGET', KEYS[C + 2], 'layout', 'since', 'from')
-if lay[1] ~= 'partition' then
-  return redis.error_reply('LAYOUT redis runs ' .. (lay[1] or 'global') ..
-                           ', the chunk partition')
+local honour = false
+if not CL then
+  local lay = redis.call('HMGET', KEYS[C + 2], 'layout', 'since', 'from')
+  if lay[1] ~= 'partition' then
+    return redis.error_reply('LAYOUT redis runs ' .. (lay[1] or 'global') ..
+                             ', the chunk partition')
+  end
+  honour = (lay[3] or 'global') ~= 'partition' and
+           now < (tonumber(lay[2]) or 0) + ttl
 end
-local honour = (lay[3] or 'global') ~= 'partition' and
-               now < (tonumber(lay[2]) or 0) + ttl
 if honour and ARGV[FIRST] ~= '1' then
   return redis.error_reply('LAYOUT switched from global within the TTL, ' ..
                            'the chunk carries no identities')
@@ -146,6 +163,10 @@ if honour and #js > 0 then -- layout block: marks of the global layout
     end
   end
   js = rest
+end
+if CL then -- cluster mode: the keys not declared, read before any write
+  KSUF = string.match(ARGV[HEAD + 1], '{.*}')
+  redis.call('EXISTS', ARGV[HEAD + 1] .. 'w' .. math.floor(now / W))
 end
 local refused, err = effect(FIRST + IDS, RPER, js)
 if not refused then

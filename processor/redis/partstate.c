@@ -40,6 +40,8 @@ struct idem_partstate_s {
     size_t cmd_len, cmd_cap;
     char layout_key[512]; /* the group's layout key (redis/layout.h) */
     int honour_global;    /* identities sent with the records */
+    const char *route;    /* cluster mode: the key whose slot a command
+                             without a key (TIME, SCRIPT LOAD) goes to */
 };
 
 idem_partstate_t *idem_partstate_new(idem_store_t *store,
@@ -116,7 +118,12 @@ static redisReply *command(idem_partstate_t *p, int write, int argc,
                            const char **argv, const size_t *argvlen,
                            char *errstr, size_t errstr_size)
 {
-    redisContext *c = idem_store_ctx(p->store, write, errstr, errstr_size);
+    /* Cluster mode: to the primary of the key's slot (argv[1]). */
+    int keyed = argc > 1 && strcmp(argv[0], "SCRIPT");
+    const char *key = keyed ? argv[1] : p->route;
+    size_t klen = keyed && argvlen ? argvlen[1] : key ? strlen(key) : 0;
+    redisContext *c =
+        idem_store_ctx_key(p->store, write, key, klen, errstr, errstr_size);
     if (!c)
         return NULL;
     redisReply *r = redisCommandArgv(c, argc, argv, argvlen);
@@ -281,7 +288,12 @@ int idem_partstate_load(idem_partstate_t *p, const char *topic,
     if (!piece)
         piece = IDEM_PARTSTATE_MARK;
     int64_t now;
-    if (idem_partstate_now(p, &now, errstr, errstr_size))
+    char st[640], k[672];
+    stem(p, topic, partition, st, sizeof(st));
+    p->route = st; /* cluster mode: the partition's node's clock */
+    int trc = idem_partstate_now(p, &now, errstr, errstr_size);
+    p->route = NULL;
+    if (trc)
         return -1;
     /* Window w lives until (w + 1) * W + TTL: from the first that can
      * still live to the current one, plus one for a server whose clock is
@@ -290,8 +302,6 @@ int idem_partstate_load(idem_partstate_t *p, const char *topic,
     int64_t lo = (now - ttl) / W - 1, hi = now / W + 1;
     if (lo < 0)
         lo = 0;
-    char st[640], k[672];
-    stem(p, topic, partition, st, sizeof(st));
     for (int64_t w = lo; w <= hi; w++) {
         snprintf(k, sizeof(k), "%sw%" PRId64, st, w);
         if (load_window(p, k, w, piece, cb, opaque, pieces, errstr,
@@ -430,8 +440,20 @@ static int call_format(idem_partstate_t *p, const idem_partstate_chunk_t *ch,
         snprintf(key, sizeof(key), "%sepoch", st);
         cmd_str(p, key);
     }
-    cmd_str(p, p->pos_key);
-    cmd_str(p, p->layout_key); /* the layout block's, last */
+    if (idem_store_cluster(p->store)) {
+        /* One partition's chunks, one slot: its own positions hash, and
+         * in the layout key's place a key of the slot never read (the
+         * flag "c" below: cluster mode runs the partition layout). */
+        idem_store_pos_key(p->conf, ch[0].topic, ch[0].partition, key,
+                           sizeof(key));
+        cmd_str(p, key);
+        stem(p, ch[0].topic, ch[0].partition, st, sizeof(st));
+        snprintf(key, sizeof(key), "%slayout", st);
+        cmd_str(p, key);
+    } else {
+        cmd_str(p, p->pos_key);
+        cmd_str(p, p->layout_key); /* the layout block's, last */
+    }
     cmd_str(p, p->conf->redis_prefix);
     cmd_str(p, p->conf->group_id ? p->conf->group_id : "");
     snprintf(num, sizeof(num), "%" PRId64, p->conf->dedup_ttl_seconds);
@@ -459,7 +481,9 @@ static int call_format(idem_partstate_t *p, const idem_partstate_chunk_t *ch,
         cmd_arg(p, ch[c].n ? (const char *)ch[c].marks[0] : "",
                 ch[c].n * IDEM_PARTSTATE_MARK);
     }
-    cmd_str(p, p->honour_global ? "1" : "0"); /* the layout block's */
+    cmd_str(p, idem_store_cluster(p->store) ? "c"
+               : p->honour_global           ? "1"
+                                            : "0"); /* the layout block's */
     /* Each record's arguments go into the command at once: the handler's
      * texts for them need live only until its next records (the ledger
      * keeps them in a ring). */
@@ -499,6 +523,60 @@ static size_t call_span(const idem_partstate_chunk_t *ch, size_t k)
     return m;
 }
 
+/* Cluster mode: each chunk alone, as one call to its partition's primary
+ * (idem_store_ctx_call: MOVED and TRYAGAIN followed, ASK waited out, as
+ * the script touches keys it does not declare); NOSCRIPT loads the
+ * script on that node and sends the chunk again. Same contract as
+ * idem_partstate_chunks. */
+static int chunks_cluster(idem_partstate_t *p, const idem_partstate_chunk_t *ch,
+                          size_t k, idem_partstate_result_t *const *results,
+                          int64_t *windows, int *rcs, char *errstr,
+                          size_t errstr_size)
+{
+    for (size_t i = 0; i < k; i++) {
+        char st[640], key[672];
+        stem(p, ch[i].topic, ch[i].partition, st, sizeof(st));
+        snprintf(key, sizeof(key), "%sepoch", st);
+        redisReply *r = NULL;
+        for (int attempt = 0; attempt < 2; attempt++) {
+            if (!p->sha[0]) {
+                p->route = key;
+                int lrc = script_load(p, errstr, errstr_size);
+                p->route = NULL;
+                if (lrc)
+                    return -1;
+            }
+            if (call_format(p, &ch[i], 1, errstr, errstr_size) ||
+                idem_store_ctx_call(p->store, key, strlen(key), p->cmd,
+                                    p->cmd_len, 1, &r, errstr, errstr_size))
+                return -1;
+            if (r->type != REDIS_REPLY_ERROR || strncmp(r->str, "NOSCRIPT", 8))
+                break;
+            freeReplyObject(r); /* not run on this node: load it there */
+            r = NULL;
+            p->sha[0] = '\0';
+        }
+        if (!r) {
+            snprintf(errstr, errstr_size,
+                     "redis: partition chunk: NOSCRIPT "
+                     "after SCRIPT LOAD");
+            return -1;
+        }
+        if (r->type == REDIS_REPLY_ERROR) {
+            char why[256];
+            snprintf(why, sizeof(why), "%s", r->str);
+            freeReplyObject(r);
+            return idem_store_ctx_fail(p->store, "EVALSHA partition chunk", why,
+                                       errstr, errstr_size);
+        }
+        if (call_reply(r, &ch[i], 1, &results[i], &windows[i], &rcs[i], errstr,
+                       errstr_size))
+            return idem_store_ctx_fail(p->store, "EVALSHA partition chunk",
+                                       "unexpected reply", errstr, errstr_size);
+    }
+    return 0;
+}
+
 int idem_partstate_chunks(idem_partstate_t *p, const idem_partstate_chunk_t *ch,
                           size_t k, idem_partstate_result_t *const *results,
                           int64_t *windows, int *rcs, char *errstr,
@@ -506,6 +584,9 @@ int idem_partstate_chunks(idem_partstate_t *p, const idem_partstate_chunk_t *ch,
 {
     if (!k)
         return 0;
+    if (idem_store_cluster(p->store))
+        return chunks_cluster(p, ch, k, results, windows, rcs, errstr,
+                              errstr_size);
     if (!p->sha[0] && script_load(p, errstr, errstr_size))
         return -1;
     redisContext *c = idem_store_ctx(p->store, 1, errstr, errstr_size);

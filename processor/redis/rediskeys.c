@@ -44,6 +44,8 @@ static const idem_conf_key_t redis_keys[] = {
         "the master name the sentinels monitor (required with redis.sentinels)"),
     IDEM_CONF_STR("redis.sentinel.password", redis_sentinel_password, NULL, IDEM_KEY_SECRET, NULL,
         "AUTH password of the sentinels (when they require one)"),
+    IDEM_CONF_STR("redis.cluster.nodes", redis_cluster_nodes, NULL, 0, NULL,
+        "Redis Cluster seed nodes host:port[,host:port...] instead of redis.url's host (its scheme, user and password still apply); needs handler=ledger and dedup.scope=partition"),
     IDEM_CONF_STR("redis.prefix", redis_prefix, "idemproc:", 0, prefix_check,
         "prefix of every Redis key"),
     IDEM_CONF_INT("redis.timeout.ms", redis_timeout_ms, "2000", 10, 600000, 0, NULL,
@@ -69,6 +71,61 @@ static const idem_conf_key_t redis_keys[] = {
 };
 /* clang-format on */
 
+/* Cluster mode (redis.cluster.nodes) runs only what is sharded by
+ * partition so far: every script of a chunk on one slot (docs/design.md,
+ * "Redis Cluster mode"). */
+static int cluster_check(const idem_conf_t *conf, char *errstr,
+                         size_t errstr_size)
+{
+    const char *nodes = conf->redis_cluster_nodes;
+    if (!nodes || !*nodes)
+        return 0;
+    if (conf->redis_sentinels && *conf->redis_sentinels) {
+        snprintf(errstr, errstr_size,
+                 "redis.cluster.nodes: set together with redis.sentinels "
+                 "(a cluster fails over by itself: set one of them)");
+        return -1;
+    }
+    if (strchr(conf->redis_prefix ? conf->redis_prefix : "", '{')) {
+        snprintf(errstr, errstr_size,
+                 "redis.cluster.nodes: redis.prefix \"%s\" contains '{' "
+                 "(the partition's hash tag must be the first)",
+                 conf->redis_prefix);
+        return -1;
+    }
+    const char *h = conf->handler ? conf->handler : "";
+    size_t hl = strcspn(h, ":");
+    if (hl != 6 || strncmp(h, "ledger", 6)) {
+        snprintf(errstr, errstr_size,
+                 "redis.cluster.nodes: handler \"%s\" keeps Redis state that "
+                 "is not sharded by partition yet (cluster mode runs "
+                 "handler=ledger only)",
+                 h);
+        return -1;
+    }
+    if (conf->dedup_scope != IDEM_DEDUP_SCOPE_PARTITION) {
+        snprintf(errstr, errstr_size,
+                 "redis.cluster.nodes: needs dedup.scope=partition (the "
+                 "global marks are one key per identity, not one slot per "
+                 "chunk)");
+        return -1;
+    }
+    if (conf->retry_topics && *conf->retry_topics) {
+        snprintf(errstr, errstr_size,
+                 "redis.cluster.nodes: retry.topics is set; copies in retry "
+                 "topics need the global marks, not sharded yet (leave "
+                 "retry.topics empty: blocking retries)");
+        return -1;
+    }
+    if (conf->redis_wait_replicas > 0) {
+        snprintf(errstr, errstr_size,
+                 "redis.cluster.nodes: redis.wait.replicas is not sent to "
+                 "cluster nodes yet (set it to 0)");
+        return -1;
+    }
+    return 0;
+}
+
 static int redis_conf_check(const idem_conf_module_t *m, idem_conf_t *conf,
                             char *errstr, size_t errstr_size)
 {
@@ -90,6 +147,8 @@ static int redis_conf_check(const idem_conf_module_t *m, idem_conf_t *conf,
             return -1;
         }
     }
+    if (cluster_check(conf, errstr, errstr_size))
+        return -1;
     return idem_redisconn_conf_check(conf, errstr, errstr_size);
 }
 

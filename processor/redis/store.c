@@ -6,6 +6,8 @@
 #include "redis/storectx.h"
 #include "base/log.h"
 #include "redis/aofgate.h"
+#include "redis/cluster.h"
+#include "redis/layout.h"
 #include "redis/redisconn.h"
 #include "base/util.h"
 
@@ -133,7 +135,23 @@ struct idem_store_s {
     idem_aofgate_info_t aof; /* its INFO persistence, last read */
     char aof_said[48];       /* the run_id the gate's wait was logged for */
     int replica_ok;          /* a reader: a replica will do */
+    /* Cluster mode (redis.cluster.nodes; docs/design.md, "Redis Cluster
+     * mode"): c is the connection of the primary of `slot`, routed again
+     * before every command (the client may have closed the last one). */
+    idem_cluster_t *cl;
+    int slot;               /* the slot c serves; -1 none */
+    int home_slot;          /* the layout key's: INFO, scripts, the layout */
+    size_t cluster_refused; /* records of a global request refused (_recv) */
+    uint64_t home_connects; /* the client's connects at the last INFO */
+    char layout_key[512];
 };
+
+static int cluster_positions(idem_store_t *s, idem_store_pos_t *load,
+                             const idem_store_pos_t *save, size_t n,
+                             char *errstr, size_t errstr_size);
+
+static int store_route_key(idem_store_t *s, const char *key, size_t len,
+                           char *errstr, size_t errstr_size);
 
 idem_store_t *idem_store_new(const idem_conf_t *conf, idem_metrics_t *m)
 {
@@ -149,11 +167,25 @@ idem_store_t *idem_store_new(const idem_conf_t *conf, idem_metrics_t *m)
              conf->redis_wait_replicas);
     snprintf(s->wait_timeout, sizeof(s->wait_timeout), "%" PRId64,
              conf->redis_wait_timeout_ms);
+    s->slot = -1;
+    idem_layout_key(conf, s->layout_key, sizeof(s->layout_key));
+    s->home_slot = idem_cluster_keyslot(s->layout_key, strlen(s->layout_key));
     return s;
+}
+
+int idem_store_cluster(const idem_store_t *s)
+{
+    return s->conf->redis_cluster_nodes && *s->conf->redis_cluster_nodes;
 }
 
 void idem_store_disconnect(idem_store_t *s)
 {
+    if (s->cl) { /* the client keeps its connections; the map is read again */
+        idem_cluster_failed(s->cl, -1, "");
+        s->c = NULL;
+        s->pending_chunks = 0;
+        return;
+    }
     idem_redisconn_close(s->conn);
     s->conn = NULL;
     s->c = NULL;
@@ -165,6 +197,7 @@ void idem_store_destroy(idem_store_t *s)
     if (!s)
         return;
     idem_store_disconnect(s);
+    idem_cluster_destroy(s->cl);
     free(s->argv);
     free(s->argvlen);
     free(s->req);
@@ -241,6 +274,13 @@ static int store_fail_class(idem_store_t *s, char *errstr, size_t errstr_size,
              detail ? detail : "unknown error");
     if (s->metrics)
         idem_metrics_redis_error_add(s->metrics, cls, 1);
+    if (s->cl) {
+        int io = !strcmp(cls, "timeout") || !strcmp(cls, "connection");
+        idem_cluster_failed(s->cl, s->slot, io ? NULL : (detail ? detail : ""));
+        s->c = NULL;
+        s->pending_chunks = 0;
+        return -1;
+    }
     idem_store_disconnect(s);
     return -1;
 }
@@ -485,9 +525,50 @@ redisContext *idem_store_ctx(idem_store_t *s, int write, char *errstr,
         return NULL;
     }
     if (idem_store_connect(s, errstr, errstr_size) ||
-        (write && store_writable(s, errstr, errstr_size)))
+        (write && !s->cl && store_writable(s, errstr, errstr_size)))
         return NULL;
     return s->c;
+}
+
+redisContext *idem_store_ctx_key(idem_store_t *s, int write, const char *key,
+                                 size_t len, char *errstr, size_t errstr_size)
+{
+    redisContext *c = idem_store_ctx(s, write, errstr, errstr_size);
+    if (!c || !s->cl || !key)
+        return c;
+    return store_route_key(s, key, len, errstr, errstr_size) ? NULL : s->c;
+}
+
+int idem_store_ctx_call(idem_store_t *s, const char *key, size_t len,
+                        const char *cmd, size_t cmd_len, int ask_waits,
+                        redisReply **reply, char *errstr, size_t errstr_size)
+{
+    *reply = NULL;
+    if (idem_store_connect(s, errstr, errstr_size))
+        return -1;
+    if (!s->cl) {
+        if (redisAppendFormattedCommand(s->c, cmd, cmd_len) != REDIS_OK ||
+            redisGetReply(s->c, (void **)reply) != REDIS_OK || !*reply)
+            return store_io_fail(s, errstr, errstr_size, "command");
+        return 0;
+    }
+    idem_cluster_cmd_t one = {
+        .formatted = cmd, .formatted_len = cmd_len, .ask_waits = ask_waits};
+    idem_cluster_err_t e;
+    if (idem_cluster_pipeline(s->cl, key, len, &one, 1, reply, &e)) {
+        snprintf(errstr, errstr_size, "%s", e.str);
+        if (s->metrics)
+            idem_metrics_redis_error_add(
+                s->metrics,
+                e.cls == IDEM_CLUSTER_ERR_TIMEOUT       ? "timeout"
+                : e.cls == IDEM_CLUSTER_ERR_CLUSTERDOWN ? "clusterdown"
+                                                        : "connection",
+                1);
+        s->c = NULL;
+        return -1;
+    }
+    s->c = NULL; /* the client may have moved connections: routed again */
+    return 0;
 }
 
 int idem_store_ctx_fail(idem_store_t *s, const char *what, const char *detail,
@@ -522,7 +603,9 @@ void idem_store_allow_replica(idem_store_t *s)
 
 uint64_t idem_store_connections(const idem_store_t *s)
 {
-    return s->connections;
+    /* Cluster mode: any new connection may be to a server that lost
+     * writes (a promoted replica), so each one counts. */
+    return s->cl ? idem_cluster_connects(s->cl) : s->connections;
 }
 
 const char *idem_store_run_id(const idem_store_t *s)
@@ -574,8 +657,82 @@ static int store_after_connect(idem_store_t *s, char *errstr,
     return 0;
 }
 
+/* Cluster mode: points s->c at the primary of `slot` (reading the slot
+ * map first when it is stale). 0, or -1 with errstr (an outage naming the
+ * node, counted by its class). */
+static int store_route(idem_store_t *s, int slot, char *errstr,
+                       size_t errstr_size)
+{
+    idem_cluster_err_t e;
+    s->c = idem_cluster_context(s->cl, slot, &e);
+    s->slot = s->c ? slot : -1;
+    if (s->c)
+        return 0;
+    snprintf(errstr, errstr_size, "%s", e.str);
+    if (s->metrics)
+        idem_metrics_redis_error_add(
+            s->metrics,
+            e.cls == IDEM_CLUSTER_ERR_TIMEOUT       ? "timeout"
+            : e.cls == IDEM_CLUSTER_ERR_CLUSTERDOWN ? "clusterdown"
+                                                    : "connection",
+            1);
+    return -1;
+}
+
+static int store_route_key(idem_store_t *s, const char *key, size_t len,
+                           char *errstr, size_t errstr_size)
+{
+    return store_route(s, idem_cluster_keyslot(key, len), errstr, errstr_size);
+}
+
+/* Cluster mode's connect: the client (slot map from the seeds), then the
+ * home node (the layout key's slot) as s->c; when the client opened a
+ * connection since the last time (a new node, a promoted replica), the
+ * home node's INFO (run_id, maxmemory-policy) and the layout key, fixed
+ * to partition: a cluster is a new deployment, and the chunk script does
+ * not read that key (it lives in another slot). */
+static int store_cluster_connect(idem_store_t *s, char *errstr,
+                                 size_t errstr_size)
+{
+    if (!s->cl) {
+        idem_cluster_err_t e;
+        s->cl = idem_cluster_new(s->conf, s->conf->redis_cluster_nodes, &e);
+        if (!s->cl) {
+            snprintf(errstr, errstr_size, "%s", e.str);
+            if (s->metrics)
+                idem_metrics_redis_error_add(s->metrics, "connection", 1);
+            return -1;
+        }
+    }
+    if (store_route(s, s->home_slot, errstr, errstr_size))
+        return -1;
+    if (s->home_connects == idem_cluster_connects(s->cl))
+        return 0;
+    if (store_load_scripts(s, errstr, errstr_size) ||
+        store_check_server(s, errstr, errstr_size))
+        return -1;
+    if (!s->replica_ok) {
+        const char *argv[] = {"HSET",      s->layout_key, "layout",
+                              "partition", "from",        "partition"};
+        redisReply *r = store_command(s, errstr, errstr_size, 6, argv, NULL);
+        if (!r)
+            return -1;
+        freeReplyObject(r);
+        const char *nargv[] = {"HSETNX", s->layout_key, "since", "0"};
+        if (!(r = store_command(s, errstr, errstr_size, 4, nargv, NULL)))
+            return -1;
+        freeReplyObject(r);
+    }
+    if (store_route(s, s->home_slot, errstr, errstr_size))
+        return -1;
+    s->home_connects = idem_cluster_connects(s->cl);
+    return 0;
+}
+
 int idem_store_connect(idem_store_t *s, char *errstr, size_t errstr_size)
 {
+    if (idem_store_cluster(s))
+        return store_cluster_connect(s, errstr, errstr_size);
     if (s->c)
         return 0;
     idem_redisconn_err_t err;
@@ -1079,6 +1236,16 @@ int idem_store_script_send(idem_store_t *s, int script, const void *const *recs,
         snprintf(errstr, errstr_size, "redis: no handler script %d", script);
         return -1;
     }
+    if (idem_store_cluster(s)) {
+        /* The global marks are one key per identity: not one slot. Such
+         * records (keyless, replayed) are refused, named, until they are
+         * sharded; the positions go to their partitions' hashes. */
+        if (idem_store_connect(s, errstr, errstr_size) ||
+            cluster_positions(s, NULL, pos, npos, errstr, errstr_size))
+            return -1;
+        s->cluster_refused = n;
+        return 0;
+    }
     return store_send(s, script, s->ttl, NULL, NULL, recs, n, pos, npos, errstr,
                       errstr_size);
 }
@@ -1087,7 +1254,66 @@ int idem_store_script_recv(idem_store_t *s, size_t n,
                            idem_store_result_t *results, char *errstr,
                            size_t errstr_size)
 {
+    if (idem_store_cluster(s)) {
+        for (size_t i = 0; i < n && i < s->cluster_refused; i++) {
+            memset(&results[i], 0, sizeof(results[i]));
+            results[i].mark = IDEM_MARK_REJECT;
+            snprintf(results[i].detail, sizeof(results[i].detail),
+                     "redis cluster mode: a record without a key, or replayed "
+                     "from the dead letter topic, needs the global dedup "
+                     "marks, which are not sharded by partition yet");
+        }
+        s->cluster_refused = 0;
+        return 0;
+    }
     return store_recv(s, n, results, errstr, errstr_size);
+}
+
+void idem_store_pos_key(const idem_conf_t *conf, const char *topic,
+                        int32_t partition, char *buf, size_t size)
+{
+    const char *g = conf->group_id ? conf->group_id : "";
+    if (conf->redis_cluster_nodes && *conf->redis_cluster_nodes)
+        snprintf(buf, size, "%spos{%s:%s:%" PRId32 "}", conf->redis_prefix, g,
+                 topic, partition);
+    else
+        snprintf(buf, size, "%spos:%s", conf->redis_prefix, g);
+}
+
+/* Cluster mode's positions: one hash per partition under its tag, one
+ * command each on the partition's primary; load (HGET) or save (HSET). */
+static int cluster_positions(idem_store_t *s, idem_store_pos_t *load,
+                             const idem_store_pos_t *save, size_t n,
+                             char *errstr, size_t errstr_size)
+{
+    pos_text(s, load ? load : save, n, save != NULL);
+    for (size_t i = 0; i < n; i++) {
+        const idem_store_pos_t *p = load ? &load[i] : &save[i];
+        char key[640];
+        idem_store_pos_key(s->conf, p->topic, p->partition, key, sizeof(key));
+        if (store_route_key(s, key, strlen(key), errstr, errstr_size))
+            return -1;
+        const char *argv[] = {save ? "HSET" : "HGET", key, s->fields[i],
+                              s->offs[i]};
+        redisReply *r =
+            store_command(s, errstr, errstr_size, save ? 4 : 3, argv, NULL);
+        if (!r)
+            return -1;
+        if (load) {
+            load[i].offset = -1;
+            idem_posval_init(&load[i].val, NULL);
+            if (r->type == REDIS_REPLY_STRING &&
+                idem_posval_parse(r->str, r->len, &load[i].offset,
+                                  &load[i].val)) {
+                load[i].offset = -1;
+                idem_log_kv(IDEM_LOG_WARN,
+                            "unreadable position in redis: not used", "key",
+                            key, "value", r->str, NULL);
+            }
+        }
+        freeReplyObject(r);
+    }
+    return 0;
 }
 
 int idem_store_positions_save(idem_store_t *s, const idem_store_pos_t *pos,
@@ -1095,6 +1321,10 @@ int idem_store_positions_save(idem_store_t *s, const idem_store_pos_t *pos,
 {
     if (!n)
         return 0;
+    if (s->cl && !s->pending_chunks)
+        return idem_store_connect(s, errstr, errstr_size)
+                   ? -1
+                   : cluster_positions(s, NULL, pos, n, errstr, errstr_size);
     if (s->pending_chunks) {
         snprintf(errstr, errstr_size, "redis: a request is still in flight");
         return -1;
@@ -1130,6 +1360,8 @@ int idem_store_positions_load(idem_store_t *s, idem_store_pos_t *pos, size_t n,
     }
     if (idem_store_connect(s, errstr, errstr_size))
         return -1;
+    if (s->cl)
+        return cluster_positions(s, pos, NULL, n, errstr, errstr_size);
     pos_text(s, pos, n, 0);
     argv_reserve(s, 2 + n);
     s->argv[0] = "HMGET";
@@ -1178,13 +1410,14 @@ int idem_store_mark_done(idem_store_t *s, const char *owner,
                             errstr, errstr_size);
 }
 
-int idem_store_ledger_scan(idem_store_t *s,
-                           void (*cb)(const char *currency, const char *user_id,
-                                      int64_t minor, void *opaque),
-                           void *opaque, char *errstr, size_t errstr_size)
+/* Calls each(s, key, len of the currency part, ...) for every key that
+ * matches <prefix>ledger:* on s->c (SCAN), on the node s->c is. */
+typedef int (*ledger_key_fn)(idem_store_t *s, const char *key, size_t plen,
+                             void *arg, char *errstr, size_t errstr_size);
+
+static int ledger_keys(idem_store_t *s, ledger_key_fn each, void *arg,
+                       char *errstr, size_t errstr_size)
 {
-    if (idem_store_connect(s, errstr, errstr_size))
-        return -1;
     char pattern[512];
     snprintf(pattern, sizeof(pattern), "%sledger:*", s->conf->redis_prefix);
     size_t plen = strlen(s->conf->redis_prefix) + strlen("ledger:");
@@ -1202,30 +1435,110 @@ int idem_store_ledger_scan(idem_store_t *s,
         }
         snprintf(cursor, sizeof(cursor), "%s", r->element[0]->str);
         redisReply *keys = r->element[1];
-        for (size_t i = 0; i < keys->elements; i++) {
-            const char *key = keys->element[i]->str;
-            if (!strcmp(key + plen, "applied"))
-                continue;
-            const char *hargv[] = {"HGETALL", key};
-            redisReply *h =
-                store_command(s, errstr, errstr_size, 2, hargv, NULL);
-            if (!h) {
+        for (size_t i = 0; i < keys->elements; i++)
+            if (each(s, keys->element[i]->str, plen, arg, errstr,
+                     errstr_size)) {
                 freeReplyObject(r);
                 return -1;
             }
-            for (size_t j = 0; j + 1 < h->elements; j += 2)
-                cb(key + plen, h->element[j]->str,
-                   strtoll(h->element[j + 1]->str, NULL, 10), opaque);
-            freeReplyObject(h);
-        }
         freeReplyObject(r);
     } while (strcmp(cursor, "0"));
+    return 0;
+}
+
+/* Runs ledger_keys on the one Redis, or on every primary of the cluster:
+ * a sharded key lives on exactly one primary, so the sum over them is
+ * exact (while no slot is migrating: verify runs after the traffic). */
+static int ledger_keys_all(idem_store_t *s, ledger_key_fn each, void *arg,
+                           char *errstr, size_t errstr_size)
+{
+    if (idem_store_connect(s, errstr, errstr_size))
+        return -1;
+    if (!s->cl)
+        return ledger_keys(s, each, arg, errstr, errstr_size);
+    for (size_t k = 0;; k++) {
+        idem_cluster_err_t e;
+        const char *addr = NULL;
+        redisContext *c = idem_cluster_primary_context(s->cl, k, &addr, &e);
+        if (!c && e.cls == IDEM_CLUSTER_ERR_NONE)
+            return 0;
+        if (!c) {
+            snprintf(errstr, errstr_size, "%s", e.str);
+            return -1;
+        }
+        s->c = c;
+        s->slot = -1;
+        if (ledger_keys(s, each, arg, errstr, errstr_size))
+            return -1;
+    }
+}
+
+/* The currency of a ledger key: what follows "ledger:", without the
+ * partition's tag of cluster mode ("EUR{g:t:3}" -> "EUR"). */
+static size_t ledger_currency(const char *key, size_t plen, char *cur,
+                              size_t size)
+{
+    size_t n = strcspn(key + plen, "{");
+    snprintf(cur, size, "%.*s", (int)n, key + plen);
+    return n;
+}
+
+typedef struct {
+    void (*cb)(const char *, const char *, int64_t, void *);
+    void *opaque;
+} scan_cb_t;
+
+static int ledger_hash(idem_store_t *s, const char *key, size_t plen, void *arg,
+                       char *errstr, size_t errstr_size)
+{
+    scan_cb_t *x = arg;
+    char cur[256];
+    ledger_currency(key, plen, cur, sizeof(cur));
+    if (!strcmp(cur, "applied"))
+        return 0;
+    const char *hargv[] = {"HGETALL", key};
+    redisReply *h = store_command(s, errstr, errstr_size, 2, hargv, NULL);
+    if (!h)
+        return -1;
+    for (size_t j = 0; j + 1 < h->elements; j += 2)
+        x->cb(cur, h->element[j]->str,
+              strtoll(h->element[j + 1]->str, NULL, 10), x->opaque);
+    freeReplyObject(h);
+    return 0;
+}
+
+int idem_store_ledger_scan(idem_store_t *s,
+                           void (*cb)(const char *currency, const char *user_id,
+                                      int64_t minor, void *opaque),
+                           void *opaque, char *errstr, size_t errstr_size)
+{
+    scan_cb_t x = {cb, opaque};
+    return ledger_keys_all(s, ledger_hash, &x, errstr, errstr_size);
+}
+
+static int ledger_applied(idem_store_t *s, const char *key, size_t plen,
+                          void *arg, char *errstr, size_t errstr_size)
+{
+    char cur[256];
+    ledger_currency(key, plen, cur, sizeof(cur));
+    if (strcmp(cur, "applied"))
+        return 0;
+    const char *argv[] = {"GET", key};
+    redisReply *r = store_command(s, errstr, errstr_size, 2, argv, NULL);
+    if (!r)
+        return -1;
+    if (r->type == REDIS_REPLY_STRING)
+        *(int64_t *)arg += strtoll(r->str, NULL, 10);
+    freeReplyObject(r);
     return 0;
 }
 
 int idem_store_applied_get(idem_store_t *s, int64_t *applied, char *errstr,
                            size_t errstr_size)
 {
+    *applied = 0;
+    if (idem_store_cluster(s))
+        return ledger_keys_all(s, ledger_applied, applied, errstr, errstr_size);
     if (idem_store_connect(s, errstr, errstr_size))
         return -1;
     char key[512];

@@ -99,7 +99,18 @@ const char *idem_store_run_id(const idem_store_t *s);
  * "other"): the first word of the reply. Static string. */
 const char *idem_store_error_class(const char *redis_error);
 
-/* Writes pos[n] (borrowed) in one HSET. Returns 0, or -1 (retriable). */
+/* 1 in cluster mode (redis.cluster.nodes), else 0. */
+int idem_store_cluster(const idem_store_t *s);
+
+/* The key of topic/partition's position into buf: the group's hash
+ * <prefix>pos:<group.id> on a single Redis; in cluster mode the
+ * partition's own hash <prefix>pos{<group.id>:<topic>:<partition>}, under
+ * its chunks' hash tag (field "<topic>:<partition>" in both). */
+void idem_store_pos_key(const idem_conf_t *conf, const char *topic,
+                        int32_t partition, char *buf, size_t size);
+
+/* Writes pos[n] (borrowed) in one HSET (cluster mode: one per partition).
+ * Returns 0, or -1 (retriable). */
 int idem_store_positions_save(idem_store_t *s, const idem_store_pos_t *pos,
                               size_t n, char *errstr, size_t errstr_size);
 

@@ -17,6 +17,26 @@
 redisContext *idem_store_ctx(idem_store_t *s, int write, char *errstr,
                              size_t errstr_size);
 
+/* idem_store_ctx for a command on `key` (len bytes): in cluster mode the
+ * connection of the primary of key's slot (MOVED, ASK, CLUSTERDOWN then
+ * come back as error replies: report them with idem_store_ctx_fail, the
+ * map is read again before the next command); key NULL: the home node
+ * (the layout key's slot). No AOF gate in cluster mode (docs/design.md,
+ * "Redis Cluster mode"). Borrowed as idem_store_ctx's. */
+redisContext *idem_store_ctx_key(idem_store_t *s, int write, const char *key,
+                                 size_t len, char *errstr, size_t errstr_size);
+
+/* Sends one command already in RESP (cmd, cmd_len bytes; borrowed) whose
+ * keys are in key's slot and reads its reply (*reply, caller frees): on
+ * a single Redis on the store's connection; in cluster mode to the slot's
+ * primary, MOVED and TRYAGAIN followed, ASK followed or, with ask_waits,
+ * waited out (a script whose undeclared keys may still be on the
+ * migrating node). 0 (error replies included), or -1 with errstr (an
+ * outage; the command may have run). */
+int idem_store_ctx_call(idem_store_t *s, const char *key, size_t len,
+                        const char *cmd, size_t cmd_len, int ask_waits,
+                        redisReply **reply, char *errstr, size_t errstr_size);
+
 /* Reports a failure of a command `what` sent on idem_store_ctx's context:
  * detail NULL means the context failed (I/O, timeout), else an error
  * reply's text, counted by its class. Drops the connection. Returns -1. */

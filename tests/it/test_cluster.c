@@ -177,7 +177,7 @@ static void incr_round(idem_cluster_t *cl, long long expected[][KEYS_PER_TAG])
             snprintf(keys[k], sizeof(keys[k]), "{t%d}:k%d", t, k);
             argv[k][0] = "INCR";
             argv[k][1] = keys[k];
-            cmds[k] = (idem_cluster_cmd_t){2, argv[k], NULL};
+            cmds[k] = (idem_cluster_cmd_t){.argc = 2, .argv = argv[k]};
         }
         idem_cluster_err_t err;
         int rc = idem_cluster_pipeline(cl, keys[0], strlen(keys[0]), cmds,
@@ -299,10 +299,10 @@ static void apply_batch(idem_cluster_t *cl, int t, long long seq0, outages_t *o,
         snprintf(seqs[i], sizeof(seqs[i]), "%lld", seq0 + i);
         const char *a[] = {"EVAL", apply_once_lua, "2", sum, seen, seqs[i]};
         memcpy(argv[i], a, sizeof(a));
-        cmds[i] = (idem_cluster_cmd_t){6, argv[i], NULL};
+        cmds[i] = (idem_cluster_cmd_t){.argc = 6, .argv = argv[i]};
     }
     const char *wait[] = {"WAIT", "1", "1000"};
-    cmds[OPS_PER_BATCH] = (idem_cluster_cmd_t){3, wait, NULL};
+    cmds[OPS_PER_BATCH] = (idem_cluster_cmd_t){.argc = 3, .argv = wait};
     for (int attempt = 0;; attempt++) {
         cr_assert_lt(attempt, 600, "tag %d never written", t);
         int use_wait = killed && !atomic_load(killed);

@@ -1,0 +1,61 @@
+/* Cluster mode's configuration checks (redis/rediskeys.c): what it runs
+ * and what it refuses, each refusal naming the key and the reason. */
+#include <criterion/criterion.h>
+#include <string.h>
+
+#include "conf/conf.h"
+
+static idem_conf_t *load_with(const char *a, const char *b, const char *c,
+                              char *err, size_t size)
+{
+    const char *sets[] = {"kafka.bootstrap.servers=127.0.0.1:1",
+                          "group.id=g",
+                          "input.topics=t",
+                          "dlq.topic=d",
+                          "redis.cluster.nodes=127.0.0.1:7000,127.0.0.1:7001",
+                          a,
+                          b,
+                          c};
+    size_t n = 5;
+    while (n < 8 && sets[n])
+        n++;
+    return idem_conf_load(NULL, NULL, (char **)sets, n, err, size);
+}
+
+Test(clusterconf, ledger_partition_accepted)
+{
+    char err[512] = "";
+    idem_conf_t *c =
+        load_with("dedup.scope=partition", NULL, NULL, err, sizeof(err));
+    cr_assert_not_null(c, "%s", err);
+    cr_expect_str_eq(c->redis_cluster_nodes, "127.0.0.1:7000,127.0.0.1:7001");
+    idem_conf_destroy(c);
+}
+
+typedef struct {
+    const char *a, *b, *c, *want;
+} refusal_t;
+
+/* Each refusal names the key and the reason. */
+Test(clusterconf, refused)
+{
+    static refusal_t cases[] = {
+        {"dedup.scope=global", NULL, NULL, "needs dedup.scope=partition"},
+        {"dedup.scope=partition", "redis.sentinels=127.0.0.1:26379",
+         "redis.sentinel.master=m", "together with redis.sentinels"},
+        {"dedup.scope=partition", "redis.wait.replicas=1", NULL,
+         "redis.wait.replicas"},
+        {"dedup.scope=partition", "retry.topics=5s", NULL, "retry.topics"},
+        {"dedup.scope=partition", "redis.prefix=a{b}:", NULL, "contains '{'"},
+        {"handler=forward", "output.topic=o", NULL, "handler \"forward\""},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        const refusal_t *t = &cases[i];
+        char err[512] = "";
+        idem_conf_t *c = load_with(t->a, t->b, t->c, err, sizeof(err));
+        cr_expect_null(c, "accepted: %s %s", t->a, t->b ? t->b : "");
+        cr_expect(strstr(err, t->want), "got \"%s\", want \"%s\"", err,
+                  t->want);
+        idem_conf_destroy(c);
+    }
+}
