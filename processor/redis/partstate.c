@@ -40,6 +40,9 @@ struct idem_partstate_s {
     size_t cmd_len, cmd_cap;
     char layout_key[512]; /* the group's layout key (redis/layout.h) */
     int honour_global;    /* identities sent with the records */
+    int64_t part_max;     /* bytes of marks per window key part: the smaller of
+                             dedup.window.key.max and the server's
+                             proto-max-bulk-len, read at each script load */
 };
 
 idem_partstate_t *idem_partstate_new(idem_store_t *store,
@@ -232,13 +235,17 @@ int idem_partstate_partitions(idem_partstate_t *p, const char *topic,
     return 0;
 }
 
-/* Reads one window key of a partition in pieces, calling cb for each
- * piece that holds marks; an absent (or expired) key reads as empty. */
+/* Reads one window key (or part) of a partition in pieces, calling cb for
+ * each piece that holds marks; an absent (or expired) key reads as empty,
+ * and *empty (may be NULL) says whether it was. */
 static int load_window(idem_partstate_t *p, const char *key, int64_t w,
                        size_t piece, idem_partstate_marks_fn cb, void *opaque,
-                       size_t *pieces, char *errstr, size_t errstr_size)
+                       size_t *pieces, int *empty, char *errstr,
+                       size_t errstr_size)
 {
     size_t keylen = strlen(key);
+    if (empty)
+        *empty = 1;
     for (size_t off = 0;; off += piece) {
         char from[24], to[24];
         snprintf(from, sizeof(from), "%zu", off);
@@ -260,6 +267,8 @@ static int load_window(idem_partstate_t *p, const char *key, int64_t w,
         }
         if (pieces && n)
             (*pieces)++;
+        if (empty && n)
+            *empty = 0;
         int stop = n && cb((const uint8_t *)r->str, n, w, opaque);
         freeReplyObject(r);
         if (stop) {
@@ -290,13 +299,24 @@ int idem_partstate_load(idem_partstate_t *p, const char *topic,
     int64_t lo = (now - ttl) / W - 1, hi = now / W + 1;
     if (lo < 0)
         lo = 0;
-    char st[640], k[672];
+    char st[640], k[704];
     stem(p, topic, partition, st, sizeof(st));
     for (int64_t w = lo; w <= hi; w++) {
-        snprintf(k, sizeof(k), "%sw%" PRId64, st, w);
-        if (load_window(p, k, w, piece, cb, opaque, pieces, errstr,
-                        errstr_size))
-            return -1;
+        /* The window's key, then its parts .1, .2, ... until one is
+         * missing (partchunk.lua writes a part only once the one before
+         * holds dedup.window.key.max bytes; parts are never empty). */
+        for (int64_t part = 0;; part++) {
+            int empty = 1;
+            if (part)
+                snprintf(k, sizeof(k), "%sw%" PRId64 ".%" PRId64, st, w, part);
+            else
+                snprintf(k, sizeof(k), "%sw%" PRId64, st, w);
+            if (load_window(p, k, w, piece, cb, opaque, pieces, &empty, errstr,
+                            errstr_size))
+                return -1;
+            if (empty)
+                break;
+        }
     }
     return 0;
 }
@@ -330,9 +350,37 @@ static void cmd_str(idem_partstate_t *p, const char *str)
     cmd_arg(p, str, strlen(str));
 }
 
-/* SCRIPT LOAD of the chunk script into p->sha. 0, or -1 with errstr. */
+/* The bytes a window key part may hold into p->part_max:
+ * dedup.window.key.max, lowered to the server's proto-max-bulk-len (the
+ * longest string it writes; an APPEND past it fails, after the effect) when
+ * CONFIG GET answers (a managed Redis may refuse it: the key's value
+ * stands). 0, or -1 with errstr when the connection failed. */
+static int part_max_read(idem_partstate_t *p, char *errstr, size_t errstr_size)
+{
+    p->part_max = p->conf->dedup_window_key_max;
+    redisContext *c = idem_store_ctx(p->store, 0, errstr, errstr_size);
+    if (!c)
+        return -1;
+    redisReply *r = redisCommand(c, "CONFIG GET proto-max-bulk-len");
+    if (!r)
+        return idem_store_ctx_fail(p->store, "CONFIG GET", NULL, errstr,
+                                   errstr_size);
+    if (r->type == REDIS_REPLY_ARRAY && r->elements == 2 &&
+        r->element[1]->type == REDIS_REPLY_STRING) {
+        long long limit = strtoll(r->element[1]->str, NULL, 10);
+        if (limit >= IDEM_PARTSTATE_MARK && limit < p->part_max)
+            p->part_max = limit;
+    }
+    freeReplyObject(r);
+    return 0;
+}
+
+/* SCRIPT LOAD of the chunk script into p->sha, with the window key parts'
+ * bound read again (a new server may have another). 0, or -1 with errstr. */
 static int script_load(idem_partstate_t *p, char *errstr, size_t errstr_size)
 {
+    if (part_max_read(p, errstr, errstr_size))
+        return -1;
     const char *argv[] = {"SCRIPT", "LOAD", p->src};
     const size_t len[] = {6, 4, p->src_len};
     redisReply *r = command(p, 0, 3, argv, len, errstr, errstr_size);
@@ -418,7 +466,7 @@ static int call_format(idem_partstate_t *p, const idem_partstate_chunk_t *ch,
     char num[32], st[640], key[672];
     p->cmd_len = 0;
     int hl = snprintf(num, sizeof(num), "*%zu\r\n",
-                      3 + (k + 2) + 5 + 7 * k + 1 +
+                      3 + (k + 2) + 6 + 7 * k + 1 +
                           nrec * (p->per - 2 + (p->honour_global ? 1 : 0)));
     cmd_put(p, num, (size_t)hl);
     cmd_str(p, "EVALSHA");
@@ -439,6 +487,8 @@ static int call_format(idem_partstate_t *p, const idem_partstate_chunk_t *ch,
     snprintf(num, sizeof(num), "%" PRId64, p->window);
     cmd_str(p, num);
     snprintf(num, sizeof(num), "%zu", k);
+    cmd_str(p, num);
+    snprintf(num, sizeof(num), "%" PRId64, p->part_max);
     cmd_str(p, num);
     for (size_t c = 0; c < k; c++) {
         char pos[160] = "";
