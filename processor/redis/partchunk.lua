@@ -114,7 +114,10 @@ local j, nj, byte = 0, 0, string.byte
 local w = math.floor(now / W)
 local at = (w + 1) * W + ttl
 -- The open part of each partition's window key: fill[stem] = {part, its
--- length}, from STRLEN before any write (see the header).
+-- length}, from STRLEN before any write (see the header): the last part
+-- (parts are never empty, so the first missing one ends them), or the
+-- next when the last is full. No part follows the open one, so the parts
+-- a call creates start empty, even after dedup.window.key.max changed.
 local fill = {}
 local function part_key(st, k)
   return st .. 'w' .. w .. (k > 0 and ('.' .. k) or '')
@@ -123,9 +126,15 @@ local function open_part(st)
   if not fill[st] then
     local k = 0
     local len = redis.call('STRLEN', part_key(st, 0))
-    while len >= CAP do
-      k = k + 1
-      len = redis.call('STRLEN', part_key(st, k))
+    while len > 0 do
+      local nxt = redis.call('STRLEN', part_key(st, k + 1))
+      if nxt == 0 then
+        break
+      end
+      k, len = k + 1, nxt
+    end
+    if len >= CAP then
+      k, len = k + 1, 0
     end
     fill[st] = {k, len}
   end

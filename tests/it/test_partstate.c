@@ -875,3 +875,51 @@ Test(partstate, unwritable_part_key_writes_nothing)
     cr_expect_str_eq(q("HGET idemproc:ledger:EUR %s", "u9", NULL), "9");
     free(recs);
 }
+
+/* Marks go after the last part, never into an earlier one with room (a
+ * window written under a smaller dedup.window.key.max): the parts a call
+ * creates start empty, so none passes the bound. */
+Test(partstate, marks_go_after_the_last_part)
+{
+    start_with("86400", "dedup.window.key.max=100");
+    char err[512];
+    int64_t epoch = 0, now = 0;
+    cr_assert_eq(
+        idem_partstate_epoch_bump(ps, "t", 0, &epoch, err, sizeof(err)), 0);
+    first_position(0);
+    cr_assert_eq(idem_partstate_now(ps, &now, err, sizeof(err)), 0);
+    int64_t w0 = now / idem_partstate_window_seconds(ps);
+    char k0[256], k1[256], k2[256];
+    part_key(k0, sizeof(k0), w0, 0);
+    part_key(k1, sizeof(k1), w0, 1);
+    part_key(k2, sizeof(k2), w0, 2);
+    uint8_t old[3][16];
+    for (int i = 0; i < 3; i++)
+        mark_of(old[i], 900 + i);
+    /* two parts as a 32-byte bound left them: full at 32 bytes, then 16 */
+    freeReplyObject(redisCommand(cli, "SET %s %b", k0, old, (size_t)32));
+    freeReplyObject(redisCommand(cli, "SET %s %b", k1, old[2], (size_t)16));
+    trec_t *recs = ones(6);
+    idem_partstate_result_t res[6];
+    cr_assert_eq(chunk(epoch, 0, 6, recs, 6, 0, res, err, sizeof(err)), 0, "%s",
+                 err);
+    if (last_window == w0) { /* else a window's end fell in between */
+        cr_expect_str_eq(q("STRLEN %s", k0, NULL), "32");
+        cr_expect_str_eq(q("STRLEN %s", k1, NULL), "96");
+        cr_expect_str_eq(q("STRLEN %s", k2, NULL), "16");
+        loaded_t l = {0};
+        cr_assert_eq(idem_partstate_load(ps, "t", 0, 0, collect, &l, NULL, err,
+                                         sizeof(err)),
+                     0, "%s", err);
+        cr_assert_eq(l.n, 3 + 6);
+        cr_expect_arr_eq(l.buf, old, sizeof(old));
+        for (int i = 0; i < 6; i++) {
+            uint8_t m[16];
+            mark_of(m, i);
+            cr_expect_arr_eq(l.buf + (3 + i) * 16, m, 16, "mark %d", i);
+        }
+        free(l.buf);
+    }
+    cr_expect_str_eq(q("GET idemproc:ledger:applied", NULL, NULL), "6");
+    free(recs);
+}
