@@ -40,9 +40,8 @@ struct idem_partstate_s {
     size_t cmd_len, cmd_cap;
     char layout_key[512]; /* the group's layout key (redis/layout.h) */
     int honour_global;    /* identities sent with the records */
-    int64_t part_max;     /* bytes of marks per window key part: the smaller of
-                             dedup.window.key.max and the server's
-                             proto-max-bulk-len, read at each script load */
+    int64_t part_max;     /* bytes of marks per window key part
+                             (dedup.window.key.max) */
 };
 
 idem_partstate_t *idem_partstate_new(idem_store_t *store,
@@ -70,6 +69,7 @@ idem_partstate_t *idem_partstate_new(idem_store_t *store,
     snprintf(p->pos_key, sizeof(p->pos_key), "%spos:%s", conf->redis_prefix,
              conf->group_id ? conf->group_id : "");
     idem_layout_key(conf, p->layout_key, sizeof(p->layout_key));
+    p->part_max = conf->dedup_window_key_max;
     char head[48];
     int hl = snprintf(head, sizeof(head), "local PER = %zu\n", per);
     size_t el = strlen(effect);
@@ -350,37 +350,9 @@ static void cmd_str(idem_partstate_t *p, const char *str)
     cmd_arg(p, str, strlen(str));
 }
 
-/* The bytes a window key part may hold into p->part_max:
- * dedup.window.key.max, lowered to the server's proto-max-bulk-len (the
- * longest string it writes; an APPEND past it fails, after the effect) when
- * CONFIG GET answers (a managed Redis may refuse it: the key's value
- * stands). 0, or -1 with errstr when the connection failed. */
-static int part_max_read(idem_partstate_t *p, char *errstr, size_t errstr_size)
-{
-    p->part_max = p->conf->dedup_window_key_max;
-    redisContext *c = idem_store_ctx(p->store, 0, errstr, errstr_size);
-    if (!c)
-        return -1;
-    redisReply *r = redisCommand(c, "CONFIG GET proto-max-bulk-len");
-    if (!r)
-        return idem_store_ctx_fail(p->store, "CONFIG GET", NULL, errstr,
-                                   errstr_size);
-    if (r->type == REDIS_REPLY_ARRAY && r->elements == 2 &&
-        r->element[1]->type == REDIS_REPLY_STRING) {
-        long long limit = strtoll(r->element[1]->str, NULL, 10);
-        if (limit >= IDEM_PARTSTATE_MARK && limit < p->part_max)
-            p->part_max = limit;
-    }
-    freeReplyObject(r);
-    return 0;
-}
-
-/* SCRIPT LOAD of the chunk script into p->sha, with the window key parts'
- * bound read again (a new server may have another). 0, or -1 with errstr. */
+/* SCRIPT LOAD of the chunk script into p->sha. 0, or -1 with errstr. */
 static int script_load(idem_partstate_t *p, char *errstr, size_t errstr_size)
 {
-    if (part_max_read(p, errstr, errstr_size))
-        return -1;
     const char *argv[] = {"SCRIPT", "LOAD", p->src};
     const size_t len[] = {6, 4, p->src_len};
     redisReply *r = command(p, 0, 3, argv, len, errstr, errstr_size);

@@ -790,14 +790,14 @@ Test(partstate, full_window_key_spills_to_part_keys)
     free(recs);
 }
 
-/* The bound follows the server: a Redis whose proto-max-bulk-len (here 1
- * MiB, its least) is below dedup.window.key.max (its 256 MiB default)
- * cannot APPEND past it, and an APPEND that failed after the effect would
- * leave the effect without its marks (and the chunk sent again: applied
- * twice). The chunk script spills at the server's limit instead. */
-Test(partstate, window_key_bound_follows_proto_max_bulk_len)
+/* A bound equal to the server's proto-max-bulk-len (here 1 MiB, its
+ * least) is safe: the window key fills to exactly the limit and the rest
+ * spills. (Past the limit an APPEND fails, and it would fail after the
+ * effect, leaving the effect without its marks and the chunk sent again:
+ * applied twice; that is what the bound prevents.) */
+Test(partstate, window_key_bound_at_the_servers_limit)
 {
-    start("86400");
+    start_with("86400", "dedup.window.key.max=1048576");
     char err[512];
     freeReplyObject(redisCommand(cli, "CONFIG SET proto-max-bulk-len 1mb"));
     int64_t epoch = 0;
