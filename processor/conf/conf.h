@@ -183,11 +183,13 @@ typedef struct idem_conf_s {
     int64_t redis_wait_timeout_ms;
     int64_t dedup_ttl_seconds;
     int64_t dedup_lease_ms;
-    int dedup_scope;          /* idem_dedup_scope_t (redis/rediskeys.c) */
-    int64_t dedup_memory_max; /* bytes of a member's partition tables */
-    char *handler;            /* handler=<name>[:<arg>], a registered handler */
-    int envelope_format;      /* idem_envelope_format_t */
-    char *envelope_identity;  /* ordered sources: value:/ptr, header:h, key */
+    int dedup_scope;              /* idem_dedup_scope_t (redis/rediskeys.c) */
+    int64_t dedup_memory_max;     /* bytes of a member's partition tables */
+    int64_t dedup_window_key_max; /* bytes of marks per window key part */
+    int64_t dev_layout_read_ms;   /* the layout key's re-read interval */
+    char *handler;           /* handler=<name>[:<arg>], a registered handler */
+    int envelope_format;     /* idem_envelope_format_t */
+    char *envelope_identity; /* ordered sources: value:/ptr, header:h, key */
     char *envelope_message_id; /* same syntax */
     int64_t retry_max_attempts;
     int64_t retry_backoff_initial_ms;

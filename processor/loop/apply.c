@@ -78,10 +78,14 @@ size_t idem_apply_table_bytes(const idem_apply_t *a)
 void idem_apply_table_gauges(const idem_apply_t *a, idem_metrics_t *m,
                              int64_t max_bytes)
 {
-    if (a->ps && m)
+    if (a->ps && m) {
         idem_metrics_dedup_table_set(m, (int64_t)idem_partscope_bytes(a->ps),
                                      (int64_t)idem_partscope_marks(a->ps),
                                      max_bytes);
+        uint64_t chunk = 0, global = 0;
+        idem_partscope_layout_refusals(a->ps, &chunk, &global);
+        idem_metrics_dedup_layout_refusals_set(m, chunk, global);
+    }
 }
 
 void idem_apply_partition_counter(idem_apply_t *a, idem_partscope_count_fn fn,

@@ -67,9 +67,11 @@ struct idem_partscope_s {
         int same;
     } * counts;
     size_t ncounts;
-    idem_layout_t layout;   /* the group's layout key as last read */
-    int layout_known;       /* read once at least */
-    int layout_recheck;     /* read it again at the next submit */
+    idem_layout_t layout; /* the group's layout key as last read */
+    int layout_known;     /* read once at least */
+    int layout_recheck;   /* read it again at the next submit */
+    int recheck_failed;   /* ... because a handler request failed */
+    uint64_t refused_chunk, refused_global; /* layout refusals met */
     int rollback_checked;   /* the start's rollback considered */
     int64_t layout_read_ms; /* our clock when read */
     char layout_sha[41];    /* the switch script's digest */
@@ -537,7 +539,14 @@ static idem_partstate_chunk_t *chunk_fill(idem_partscope_t *ps, size_t k,
 void idem_partscope_layout_recheck(idem_partscope_t *ps)
 {
     if (ps)
-        ps->layout_recheck = 1;
+        ps->layout_recheck = ps->recheck_failed = 1;
+}
+
+void idem_partscope_layout_refusals(const idem_partscope_t *ps, uint64_t *chunk,
+                                    uint64_t *global)
+{
+    *chunk = ps ? ps->refused_chunk : 0;
+    *global = ps ? ps->refused_global : 0;
 }
 
 /* Tables go (a layout change, the end of a transition): loaded again when
@@ -549,10 +558,10 @@ static void tables_drop_all(idem_partscope_t *ps)
     ps->window = -1;
 }
 
-/* The group's layout key, read at most once a second (and at once after a
- * LAYOUT answer): a stale belief is safe, since every script checks the
- * key with its writes and refuses. At the first read, a member that wants
- * global and finds partition switches the key back (a rollback, with
+/* The group's layout key, read at most once a second (dev.layout.read.ms; at
+ * once after a LAYOUT answer): a stale belief is safe, since every script
+ * checks the key with its writes and refuses. At the first read, a member that
+ * wants global and finds partition switches the key back (a rollback, with
  * since = now: the partition marks are honoured for one TTL). A changed
  * layout drops the tables. The effect's global framing is told the
  * layout. 0, or -1 with errstr (retriable). */
@@ -561,7 +570,7 @@ static int layout_refresh(idem_partscope_t *ps, char *errstr,
 {
     int64_t ms = idem_now_ms();
     if (ps->layout_known && !ps->layout_recheck &&
-        ms - ps->layout_read_ms < 1000)
+        ms - ps->layout_read_ms < ps->conf->dev_layout_read_ms)
         return 0;
     idem_layout_t l;
     if (idem_layout_store_read(ps->store, ps->conf, &l, errstr, errstr_size))
@@ -591,10 +600,12 @@ static int layout_refresh(idem_partscope_t *ps, char *errstr,
                     "layout", idem_layout_kind2str(l.layout), "from",
                     idem_layout_kind2str(l.from), "since", since, NULL);
         tables_drop_all(ps);
+        if (ps->recheck_failed)
+            ps->refused_global++; /* the failed request's LAYOUT */
     }
     ps->layout = l;
     ps->layout_known = 1;
-    ps->layout_recheck = 0;
+    ps->layout_recheck = ps->recheck_failed = 0;
     ps->layout_read_ms = ms;
     idem_store_effect_layout(ps->store, idem_layout_kind2str(l.layout));
     return 0;
@@ -794,6 +805,7 @@ int idem_partscope_submit(idem_partscope_t *ps, idem_record_t **recs,
                 /* Nothing written: its records stay due, routed again
                  * after the key is read again (below). */
                 layout_failed = 1;
+                ps->refused_chunk++;
                 continue;
             }
             if (ps->rcs[c]) {

@@ -64,6 +64,14 @@ void idem_partscope_drop(idem_partscope_t *ps, const char *topic,
 void idem_partscope_reset(idem_partscope_t *ps, const char *topic,
                           int32_t partition);
 
+/* The layout key's refusals met since start: *chunk, partition chunks
+ * refused with LAYOUT (each partition of a refused call); *global, failed
+ * handler requests (idem_partscope_layout_recheck) after which the key was
+ * found changed: the global script's LAYOUT refusal, which the loop sees only
+ * as a failed request. */
+void idem_partscope_layout_refusals(const idem_partscope_t *ps, uint64_t *chunk,
+                                    uint64_t *global);
+
 /* Bytes and marks the tables hold. */
 size_t idem_partscope_bytes(const idem_partscope_t *ps);
 size_t idem_partscope_marks(const idem_partscope_t *ps);

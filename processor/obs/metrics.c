@@ -142,6 +142,7 @@ struct idem_metrics_s {
     _Atomic uint64_t key_holds_n; /* such pauses since start */
     _Atomic int table_on;         /* dedup.scope=partition reports its tables */
     _Atomic int64_t table_bytes, table_marks, table_max;
+    _Atomic uint64_t layout_refused_chunk, layout_refused_global;
 
     pthread_mutex_t lag_lock; /* guards lags, lag_cnt, lag_seen */
     lag_entry_t *lags;
@@ -287,6 +288,8 @@ idem_metrics_t *idem_metrics_new(void)
     atomic_init(&m->table_bytes, 0);
     atomic_init(&m->table_marks, 0);
     atomic_init(&m->table_max, 0);
+    atomic_init(&m->layout_refused_chunk, 0);
+    atomic_init(&m->layout_refused_global, 0);
     atomic_init(&m->key_depth_hwm, 0);
     for (int i = 0; i < RETRY_TIERS_MAX; i++)
         atomic_init(&m->retry_topic[i], 0);
@@ -636,6 +639,15 @@ void idem_metrics_dedup_table_set(idem_metrics_t *m, int64_t bytes,
     atomic_store_explicit(&m->table_marks, marks, memory_order_relaxed);
     atomic_store_explicit(&m->table_max, max_bytes, memory_order_relaxed);
     atomic_store_explicit(&m->table_on, 1, memory_order_relaxed);
+}
+
+void idem_metrics_dedup_layout_refusals_set(idem_metrics_t *m, uint64_t chunk,
+                                            uint64_t global)
+{
+    atomic_store_explicit(&m->layout_refused_chunk, chunk,
+                          memory_order_relaxed);
+    atomic_store_explicit(&m->layout_refused_global, global,
+                          memory_order_relaxed);
 }
 
 void idem_metrics_retry_waiting_set(idem_metrics_t *m, int64_t partitions)
@@ -1143,6 +1155,17 @@ void idem_metrics_render(idem_metrics_t *m, FILE *out)
                    "it, records that need a new mark wait (never evicted).");
         put_i64(out, "idemproc_dedup_memory_max_bytes",
                 atomic_load_explicit(&m->table_max, memory_order_relaxed));
+        put_header(out, "idemproc_dedup_layout_refusals_total", "counter",
+                   "Dedup scripts refused because the group's layout key "
+                   "changed (script=chunk: partition chunks; "
+                   "script=global: failed global requests after which the "
+                   "key was found changed).");
+        put_u64(out, "idemproc_dedup_layout_refusals_total", "script", "chunk",
+                atomic_load_explicit(&m->layout_refused_chunk,
+                                     memory_order_relaxed));
+        put_u64(out, "idemproc_dedup_layout_refusals_total", "script", "global",
+                atomic_load_explicit(&m->layout_refused_global,
+                                     memory_order_relaxed));
     }
 
     render_histogram(out, &m->latency);

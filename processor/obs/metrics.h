@@ -159,6 +159,12 @@ void idem_metrics_key_holds_set(idem_metrics_t *m, int64_t partitions);
  * hold, and dedup.memory.max. Rendered from the first call on. */
 void idem_metrics_dedup_table_set(idem_metrics_t *m, int64_t bytes,
                                   int64_t marks, int64_t max_bytes);
+/* The dedup layout key's refusals the member met since start (totals, from
+ * loop/partscope.c): partition chunks refused with LAYOUT, and failed
+ * global script requests after which the key was found changed. Rendered
+ * with the tables' gauges. */
+void idem_metrics_dedup_layout_refusals_set(idem_metrics_t *m, uint64_t chunk,
+                                            uint64_t global);
 
 /* Readiness (idemproc_ready and /readyz). reason is borrowed and copied;
  * NULL or "" when ready. */

@@ -11,7 +11,8 @@
 -- tag), in chunk order, then the positions hash <prefix>pos:<group>, then
 -- LAST the layout key <prefix>layout:<group> (the layout block below).
 -- ARGV = prefix, group.id, dedup.ttl.seconds, the window length in
--- seconds, C the number of chunks; then FIX = 7 per chunk: its partition's
+-- seconds, C the number of chunks, the bytes of marks a window key part
+-- may hold (dedup.window.key.max); then FIX = 7 per chunk: its partition's
 -- key stem "<prefix>st{<group>:<topic>:<partition>}:", the owner epoch,
 -- the offset the stored position must hold, the new position value ("" to
 -- leave it), the position's field "<topic>:<partition>", its record count
@@ -36,7 +37,15 @@
 -- to its partition's window key <stem>w<window> (window = floor(TIME /
 -- window length), one TIME per call), which expires at the window's end
 -- plus the TTL (EXPIREAT set when the APPEND created it), and the new
--- positions are written with one HSET. Reply: the window, then per chunk
+-- positions are written with one HSET. A window key holds at most the
+-- cap's whole marks (Redis cannot write a string past proto-max-bulk-len,
+-- 512 MB, and a failed APPEND after the effect would leave the effect
+-- without its marks): the marks past it go to the part keys
+-- <stem>w<window>.1, .2, ... (same tag, same EXPIREAT), which the loader
+-- reads until one is missing. Where each chunk's marks go is decided
+-- before any write, from STRLEN of the parts (a part key that cannot take
+-- an APPEND, of another type, fails the call there, with nothing
+-- written). Reply: the window, then per chunk
 -- its status ("" accepted, else the refusal's text), then a pair per
 -- record of an accepted chunk that was not simply applied: its number in
 -- the call (from 1) and "moved" (a moved mark written, no effect) or
@@ -65,7 +74,9 @@
 -- so a script never runs on the importing node while keys of its slot
 -- are still on the old one).
 local ttl, W, C = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
-local HEAD, FIX = 5, 7
+local CAP = tonumber(ARGV[6])
+CAP = CAP - CAP % 16 -- whole marks per part
+local HEAD, FIX = 6, 7
 local FIRST = HEAD + C * FIX + 1 -- ARGV[FIRST]: the layout block's flag
 -- Arguments per record: the effect's own, after the identity if sent.
 local IDS = ARGV[FIRST] == '1' and 1 or 0
@@ -117,6 +128,34 @@ local epochs = sliced('MGET', nil, keys)
 local posv = sliced('HMGET', KEYS[C + 1], fields)
 local status, js, notes = {}, {}, {}
 local j, nj, byte = 0, 0, string.byte
+local w = math.floor(now / W)
+local at = (w + 1) * W + ttl
+-- The open part of each partition's window key: fill[stem] = {part, its
+-- length}, from STRLEN before any write (see the header): the last part
+-- (parts are never empty, so the first missing one ends them), or the
+-- next when the last is full. No part follows the open one, so the parts
+-- a call creates start empty, even after dedup.window.key.max changed.
+local fill = {}
+local function part_key(st, k)
+  return st .. 'w' .. w .. (k > 0 and ('.' .. k) or '')
+end
+local function open_part(st)
+  if not fill[st] then
+    local k = 0
+    local len = redis.call('STRLEN', part_key(st, 0))
+    while len > 0 do
+      local nxt = redis.call('STRLEN', part_key(st, k + 1))
+      if nxt == 0 then
+        break
+      end
+      k, len = k + 1, nxt
+    end
+    if len >= CAP then
+      k, len = k + 1, 0
+    end
+    fill[st] = {k, len}
+  end
+end
 for c = 1, C do
   local a = HEAD + (c - 1) * FIX
   local epoch, expect, n = ARGV[a + 2], ARGV[a + 3], tonumber(ARGV[a + 6])
@@ -135,6 +174,9 @@ for c = 1, C do
                 ', chunk starts at ' .. expect
   else
     status[c] = ''
+    if n > 0 then
+      open_part(ARGV[a + 1])
+    end
     for q = 1, n do
       if byte(marks, q * 16 - 3) >= 128 then
         notes[#notes + 1] = j + q
@@ -173,8 +215,23 @@ if not refused then
   return redis.error_reply(err)
 end
 local any_refused = next(refused) ~= nil
-local w = math.floor(now / W)
-local at = (w + 1) * W + ttl
+-- Appends blob to stem st's window parts from the open one on, each part
+-- taking at most CAP bytes; EXPIREAT on the parts it creates.
+local function append(st, blob)
+  local f, from = fill[st], 1
+  while from <= #blob do
+    if f[2] >= CAP then
+      f[1], f[2] = f[1] + 1, 0
+    end
+    local piece = string.sub(blob, from, from + CAP - f[2] - 1)
+    local k = part_key(st, f[1])
+    if redis.call('APPEND', k, piece) == #piece then
+      redis.call('EXPIREAT', k, at)
+    end
+    f[2] = f[2] + #piece
+    from = from + #piece
+  end
+end
 local pos = {}
 j = 0
 for c = 1, C do
@@ -196,10 +253,7 @@ for c = 1, C do
       blob = table.concat(marks)
     end
     if n > 0 then
-      local k = ARGV[a + 1] .. 'w' .. w
-      if redis.call('APPEND', k, blob) == #blob then
-        redis.call('EXPIREAT', k, at)
-      end
+      append(ARGV[a + 1], blob)
     end
     if ARGV[a + 4] ~= '' then
       pos[#pos + 1] = fields[c]

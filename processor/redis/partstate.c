@@ -42,6 +42,8 @@ struct idem_partstate_s {
     int honour_global;    /* identities sent with the records */
     const char *route;    /* cluster mode: the key whose slot a command
                              without a key (TIME, SCRIPT LOAD) goes to */
+    int64_t part_max;     /* bytes of marks per window key part
+                             (dedup.window.key.max) */
 };
 
 idem_partstate_t *idem_partstate_new(idem_store_t *store,
@@ -69,6 +71,7 @@ idem_partstate_t *idem_partstate_new(idem_store_t *store,
     snprintf(p->pos_key, sizeof(p->pos_key), "%spos:%s", conf->redis_prefix,
              conf->group_id ? conf->group_id : "");
     idem_layout_key(conf, p->layout_key, sizeof(p->layout_key));
+    p->part_max = conf->dedup_window_key_max;
     char head[48];
     int hl = snprintf(head, sizeof(head), "local PER = %zu\n", per);
     size_t el = strlen(effect);
@@ -239,13 +242,17 @@ int idem_partstate_partitions(idem_partstate_t *p, const char *topic,
     return 0;
 }
 
-/* Reads one window key of a partition in pieces, calling cb for each
- * piece that holds marks; an absent (or expired) key reads as empty. */
+/* Reads one window key (or part) of a partition in pieces, calling cb for
+ * each piece that holds marks; an absent (or expired) key reads as empty,
+ * and *empty (may be NULL) says whether it was. */
 static int load_window(idem_partstate_t *p, const char *key, int64_t w,
                        size_t piece, idem_partstate_marks_fn cb, void *opaque,
-                       size_t *pieces, char *errstr, size_t errstr_size)
+                       size_t *pieces, int *empty, char *errstr,
+                       size_t errstr_size)
 {
     size_t keylen = strlen(key);
+    if (empty)
+        *empty = 1;
     for (size_t off = 0;; off += piece) {
         char from[24], to[24];
         snprintf(from, sizeof(from), "%zu", off);
@@ -267,6 +274,8 @@ static int load_window(idem_partstate_t *p, const char *key, int64_t w,
         }
         if (pieces && n)
             (*pieces)++;
+        if (empty && n)
+            *empty = 0;
         int stop = n && cb((const uint8_t *)r->str, n, w, opaque);
         freeReplyObject(r);
         if (stop) {
@@ -288,7 +297,7 @@ int idem_partstate_load(idem_partstate_t *p, const char *topic,
     if (!piece)
         piece = IDEM_PARTSTATE_MARK;
     int64_t now;
-    char st[640], k[672];
+    char st[640], k[704];
     stem(p, topic, partition, st, sizeof(st));
     p->route = st; /* cluster mode: the partition's node's clock */
     int trc = idem_partstate_now(p, &now, errstr, errstr_size);
@@ -303,10 +312,21 @@ int idem_partstate_load(idem_partstate_t *p, const char *topic,
     if (lo < 0)
         lo = 0;
     for (int64_t w = lo; w <= hi; w++) {
-        snprintf(k, sizeof(k), "%sw%" PRId64, st, w);
-        if (load_window(p, k, w, piece, cb, opaque, pieces, errstr,
-                        errstr_size))
-            return -1;
+        /* The window's key, then its parts .1, .2, ... until one is
+         * missing (partchunk.lua writes a part only once the one before
+         * holds dedup.window.key.max bytes; parts are never empty). */
+        for (int64_t part = 0;; part++) {
+            int empty = 1;
+            if (part)
+                snprintf(k, sizeof(k), "%sw%" PRId64 ".%" PRId64, st, w, part);
+            else
+                snprintf(k, sizeof(k), "%sw%" PRId64, st, w);
+            if (load_window(p, k, w, piece, cb, opaque, pieces, &empty, errstr,
+                            errstr_size))
+                return -1;
+            if (empty)
+                break;
+        }
     }
     return 0;
 }
@@ -428,7 +448,7 @@ static int call_format(idem_partstate_t *p, const idem_partstate_chunk_t *ch,
     char num[32], st[640], key[672];
     p->cmd_len = 0;
     int hl = snprintf(num, sizeof(num), "*%zu\r\n",
-                      3 + (k + 2) + 5 + 7 * k + 1 +
+                      3 + (k + 2) + 6 + 7 * k + 1 +
                           nrec * (p->per - 2 + (p->honour_global ? 1 : 0)));
     cmd_put(p, num, (size_t)hl);
     cmd_str(p, "EVALSHA");
@@ -461,6 +481,8 @@ static int call_format(idem_partstate_t *p, const idem_partstate_chunk_t *ch,
     snprintf(num, sizeof(num), "%" PRId64, p->window);
     cmd_str(p, num);
     snprintf(num, sizeof(num), "%zu", k);
+    cmd_str(p, num);
+    snprintf(num, sizeof(num), "%" PRId64, p->part_max);
     cmd_str(p, num);
     for (size_t c = 0; c < k; c++) {
         char pos[160] = "";

@@ -70,7 +70,9 @@ typedef int (*idem_partstate_marks_fn)(const uint8_t *marks, size_t n,
                                        int64_t window, void *opaque);
 
 /* Reads every live mark of topic/partition back: Redis's TIME, then the
- * key of each window that can still live (oldest first) with GETRANGE in
+ * key of each window that can still live (oldest first; each followed by
+ * its part keys <key>.1, .2, ... until one is missing: a window key holds
+ * at most dedup.window.key.max bytes) with GETRANGE in
  * pieces of at most piece_bytes (rounded down to whole marks; 0: 1 MiB),
  * so one big window never blocks Redis for long. An absent or expired key
  * reads as empty. *pieces (may be NULL) counts the GETRANGEs that returned

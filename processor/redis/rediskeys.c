@@ -67,6 +67,10 @@ static const idem_conf_key_t redis_keys[] = {
         "global", "partition"),
     IDEM_CONF_INT("dedup.memory.max", dedup_memory_max, "1073741824", 1048576, INT64_C(1099511627776), 0, NULL,
         "dedup.scope=partition: bytes all of a member's partition tables may hold; at the bound fetching pauses (never an eviction)"),
+    IDEM_CONF_INT("dedup.window.key.max", dedup_window_key_max, "268435456", 16, 536870912, 0, NULL,
+        "dedup.scope=partition: bytes of marks one key of a partition's time window holds (whole 16-byte marks); more go to its next part key. At most the server's proto-max-bulk-len (512 MB by default): a longer string cannot be written"),
+    IDEM_CONF_INT("dev.layout.read.ms", dev_layout_read_ms, "1000", 1, 86400000, 0, NULL,
+        "how often a member reads the dedup layout key again besides after a refusal (tests: a long interval makes the next request meet a switch)"),
     {.name = NULL},
 };
 /* clang-format on */

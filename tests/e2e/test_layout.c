@@ -282,3 +282,64 @@ Test(layout, command_shows_and_sets_the_key_refusing_while_a_member_objects,
     free(err);
     th_stack_stop(&stk);
 }
+
+/* The member's idemproc_dedup_layout_refusals_total{script=...}. */
+static double refusals(int port, const char *script)
+{
+    char name[96], *body = NULL;
+    snprintf(name, sizeof(name),
+             "idemproc_dedup_layout_refusals_total{script=\"%s\"}", script);
+    cr_assert_eq(th_http_get(port, "/metrics", &body), 200);
+    double v = th_metric(body, name);
+    free(body);
+    return v;
+}
+
+/* A switch under a running member costs it one refused request, counted
+ * by script: a member that reads the key only after a refusal
+ * (dev.layout.read.ms of an hour), so its next request after each switch
+ * meets it. Global to partition: its global script request is refused,
+ * then the records go as chunks (ledger exact); partition to global: its
+ * next chunk call is refused, then the records go the global way, each
+ * applied once. */
+Test(layout, refusals_are_counted_by_script, .timeout = 180)
+{
+    const char *props[] = {LAYOUT_PROPS, NULL};
+    cr_assert_eq(th_stack_start(&stk, 2, props), 0);
+    int port = th_free_port();
+    char listen[64];
+    snprintf(listen, sizeof(listen), "http.listen=127.0.0.1:%d", port);
+    const char *sets[] = {"dedup.scope=global", "dev.layout.read.ms=3600000",
+                          listen, NULL};
+    pid_t m = member("m1", sets);
+    char *out = NULL, *err = NULL;
+    const char *force[] = {"set", "partition", "--force", NULL};
+    cr_assert_eq(layout_cmd(force, &out, &err), 0, "%s", err);
+    free(out);
+    free(err);
+    cr_assert_eq(th_stack_produce(&stk, traffic), 0);
+    long unique = th_stack_expect_unique(&stk);
+    wait_committed(2, 120000);
+    TH_ASSERT_VERIFIED(&stk, 0, NULL, 60000);
+    cr_expect_gt(partscope_keys(), 0, "the records never went as chunks");
+    /* (the counters appear with the member's first records) */
+    double g = refusals(port, "global");
+    cr_expect_geq(g, 1);
+    cr_expect_eq(refusals(port, "chunk"), 0);
+
+    const char *back[] = {"set", "global", NULL};
+    out = err = NULL;
+    cr_assert_eq(layout_cmd(back, &out, &err), 0, "%s", err);
+    free(out);
+    free(err);
+    const char *fresh[] = {"--count", "500", "--seed", "2478", NULL};
+    cr_assert_eq(th_stack_produce(&stk, fresh), 0);
+    long more = th_stack_expect_unique(&stk);
+    wait_committed(2, 120000);
+    cr_expect_eq(th_stack_applied(&stk), unique + more);
+    cr_expect_geq(refusals(port, "chunk"), 1);
+    cr_expect_eq(refusals(port, "global"), g);
+    cr_expect(layout_is("global"));
+    cr_expect_eq(th_stop(m, 15000), 0);
+    th_stack_stop(&stk);
+}

@@ -486,8 +486,8 @@ static const char *const acl_processor[] = {"ACL",
 
 /* deploy/README.md's addition for dedup.scope=partition. */
 static const char *const acl_partition[] = {
-    "ACL",     "SETUSER",   "idemproc", "+incr", "+getrange",
-    "+append", "+expireat", "+exists",  NULL};
+    "ACL",     "SETUSER",   "idemproc", "+incr",   "+getrange",
+    "+append", "+expireat", "+exists",  "+strlen", NULL};
 
 /* A member (and verify) as the documented ACL user, plus `extra` if any,
  * with AOF on (so the rewrite before the first write runs as that user):

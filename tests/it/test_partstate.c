@@ -49,8 +49,9 @@ static size_t targs(const void *rec, const char **argv, size_t *argvlen,
 }
 
 /* Redis, a store with the ledger's effect and the partition layout, for
- * group g with dedup.ttl.seconds ttl. */
-static void start(const char *ttl)
+ * group g with dedup.ttl.seconds ttl, and one more setting extra (NULL:
+ * none). */
+static void start_with(const char *ttl, const char *extra)
 {
     quiet();
     cr_assert_eq(th_redis_start(&rds), 0);
@@ -63,8 +64,9 @@ static void start(const char *ttl)
                     "input.topics=t",
                     "dlq.topic=d",
                     "kafka.bootstrap.servers=127.0.0.1:1",
-                    t};
-    conf = idem_conf_load(NULL, NULL, sets, 7, err, sizeof(err));
+                    t,
+                    (char *)extra};
+    conf = idem_conf_load(NULL, NULL, sets, extra ? 8 : 7, err, sizeof(err));
     cr_assert(conf, "%s", err);
     store = idem_store_new(conf, NULL);
     cr_assert_geq(idem_store_effect_register(store, idem_ledger_lua,
@@ -79,6 +81,11 @@ static void start(const char *ttl)
      * key; tests/it/test_layout.c has its refusals) */
     freeReplyObject(redisCommand(
         cli, "HSET idemproc:layout:g layout partition since 0 from partition"));
+}
+
+static void start(const char *ttl)
+{
+    start_with(ttl, NULL);
 }
 
 static void fini(void)
@@ -695,4 +702,224 @@ Test(partstate, one_call_for_several_partitions)
     cr_expect_arr_eq(l.buf, ma[0], 16);
     cr_expect_arr_eq(l.buf + 16, mb[0], 16);
     free(l.buf);
+}
+
+/* n records of one EUR each to user u9, ids "s<i>". */
+static trec_t *ones(int n)
+{
+    static char ids[64][16];
+    cr_assert_leq(n, 64);
+    trec_t *recs = calloc((size_t)n, sizeof(*recs));
+    for (int i = 0; i < n; i++) {
+        snprintf(ids[i], sizeof(ids[i]), "s%d", i);
+        recs[i] = (trec_t){ids[i], ids[i], "EUR", "u9", "1"};
+    }
+    return recs;
+}
+
+/* The part k of t:0's window key of window w ("" for k = 0). */
+static void part_key(char *buf, size_t size, int64_t w, int k)
+{
+    if (k)
+        snprintf(buf, size, "idemproc:st{g:t:0}:w%" PRId64 ".%d", w, k);
+    else
+        snprintf(buf, size, "idemproc:st{g:t:0}:w%" PRId64, w);
+}
+
+/* A window key holds at most dedup.window.key.max bytes of whole marks
+ * (100 here: 6 marks); the marks past it go to the part keys .1, .2, ...
+ * with the same expiry, a chunk split across parts where it must, and the
+ * loader reads every part back, each mark once and in order. */
+Test(partstate, full_window_key_spills_to_part_keys)
+{
+    start_with("86400", "dedup.window.key.max=100");
+    char err[512];
+    int64_t epoch = 0;
+    cr_assert_eq(
+        idem_partstate_epoch_bump(ps, "t", 0, &epoch, err, sizeof(err)), 0);
+    first_position(0);
+    trec_t *recs = ones(19);
+    idem_partstate_result_t res[19];
+    /* 4, 4, 10, 1 records: parts of 96, 96, 96 and 16 bytes */
+    const int sizes[] = {4, 4, 10, 1};
+    int64_t off = 0, w = -1;
+    int one_window = 1;
+    for (int c = 0; c < 4; c++) {
+        cr_assert_eq(chunk(epoch, off, off + sizes[c], recs + off,
+                           (size_t)sizes[c], (int)off, res, err, sizeof(err)),
+                     0, "%s", err);
+        for (int i = 0; i < sizes[c]; i++)
+            cr_expect_eq(res[i].outcome, IDEM_PARTSTATE_APPLIED);
+        if (w >= 0 && last_window != w)
+            one_window = 0; /* a window's end fell between the chunks */
+        w = last_window;
+        off += sizes[c];
+    }
+    cr_expect_str_eq(q("HGET idemproc:ledger:EUR %s", "u9", NULL), "19");
+    cr_expect_str_eq(q("GET idemproc:ledger:applied", NULL, NULL), "19");
+    cr_expect(!strncmp(q("HGET idemproc:pos:g %s", "t:0", NULL), "19 ", 3));
+    if (one_window) {
+        const char *lens[] = {"96", "96", "96", "16", "0"};
+        char k0[256], k[256];
+        part_key(k0, sizeof(k0), w, 0);
+        long long at = atoll(q("EXPIRETIME %s", k0, NULL));
+        cr_expect_eq(at, (w + 1) * idem_partstate_window_seconds(ps) + 86400);
+        for (int i = 0; i < 5; i++) {
+            part_key(k, sizeof(k), w, i);
+            cr_expect_str_eq(q("STRLEN %s", k, NULL), lens[i], "part %d", i);
+            if (i < 4)
+                cr_expect_eq(atoll(q("EXPIRETIME %s", k, NULL)), at, "part %d",
+                             i);
+        }
+    }
+    /* a new owner's table: every part, in pieces of two marks */
+    loaded_t l = {0};
+    size_t pieces = 0;
+    cr_assert_eq(idem_partstate_load(ps, "t", 0, 32, collect, &l, &pieces, err,
+                                     sizeof(err)),
+                 0, "%s", err);
+    cr_assert_eq(l.n, 19);
+    if (one_window)
+        cr_expect_eq(pieces, 3 + 3 + 3 + 1);
+    for (int i = 0; i < 19; i++) {
+        uint8_t m[16];
+        mark_of(m, i);
+        cr_expect_arr_eq(l.buf + i * 16, m, 16, "mark %d", i);
+    }
+    free(l.buf);
+    free(recs);
+}
+
+/* A bound equal to the server's proto-max-bulk-len (here 1 MiB, its
+ * least) is safe: the window key fills to exactly the limit and the rest
+ * spills. (Past the limit an APPEND fails, and it would fail after the
+ * effect, leaving the effect without its marks and the chunk sent again:
+ * applied twice; that is what the bound prevents.) */
+Test(partstate, window_key_bound_at_the_servers_limit)
+{
+    start_with("86400", "dedup.window.key.max=1048576");
+    char err[512];
+    freeReplyObject(redisCommand(cli, "CONFIG SET proto-max-bulk-len 1mb"));
+    int64_t epoch = 0;
+    cr_assert_eq(
+        idem_partstate_epoch_bump(ps, "t", 0, &epoch, err, sizeof(err)), 0);
+    first_position(0);
+    /* the current window's key two marks short of 1 MiB */
+    char k0[256], k1[256];
+    int64_t now = 0;
+    cr_assert_eq(idem_partstate_now(ps, &now, err, sizeof(err)), 0);
+    int64_t w0 = now / idem_partstate_window_seconds(ps);
+    part_key(k0, sizeof(k0), w0, 0);
+    freeReplyObject(redisCommand(cli, "SETRANGE %s %d %b", k0, 1048576 - 32 - 1,
+                                 "", (size_t)1));
+    cr_assert_str_eq(q("STRLEN %s", k0, NULL), "1048544");
+    trec_t *recs = ones(3);
+    idem_partstate_result_t res[3];
+    cr_assert_eq(chunk(epoch, 0, 3, recs, 3, 0, res, err, sizeof(err)), 0, "%s",
+                 err);
+    cr_expect_str_eq(q("GET idemproc:ledger:applied", NULL, NULL), "3");
+    cr_expect(!strncmp(q("HGET idemproc:pos:g %s", "t:0", NULL), "3 ", 2));
+    part_key(k1, sizeof(k1), w0, 1);
+    if (last_window == w0) { /* else a window's end fell in between */
+        cr_expect_str_eq(q("STRLEN %s", k0, NULL), "1048576");
+        cr_expect_str_eq(q("STRLEN %s", k1, NULL), "16");
+    }
+    loaded_t l = {0};
+    cr_assert_eq(
+        idem_partstate_load(ps, "t", 0, 0, collect, &l, NULL, err, sizeof(err)),
+        0, "%s", err);
+    cr_assert_eq(l.n, 65534 + 3);
+    for (int i = 0; i < 3; i++) {
+        uint8_t m[16];
+        mark_of(m, i);
+        cr_expect_arr_eq(l.buf + (65534 + i) * 16, m, 16, "mark %d", i);
+    }
+    free(l.buf);
+    free(recs);
+}
+
+/* Where the marks go is decided before any write: a part key that cannot
+ * take an APPEND (here another type) fails the call with nothing written,
+ * no effect, no mark, no position; once the key is fixed, the chunk
+ * applies once. */
+Test(partstate, unwritable_part_key_writes_nothing)
+{
+    start_with("86400", "dedup.window.key.max=96");
+    char err[512];
+    int64_t epoch = 0;
+    cr_assert_eq(
+        idem_partstate_epoch_bump(ps, "t", 0, &epoch, err, sizeof(err)), 0);
+    first_position(0);
+    trec_t *recs = ones(9);
+    idem_partstate_result_t res[9];
+    cr_assert_eq(chunk(epoch, 0, 6, recs, 6, 0, res, err, sizeof(err)), 0, "%s",
+                 err);
+    char k1[256];
+    part_key(k1, sizeof(k1), last_window, 1);
+    freeReplyObject(redisCommand(cli, "HSET %s f v", k1));
+    int rc = chunk(epoch, 6, 9, recs + 6, 3, 6, res, err, sizeof(err));
+    char k0[256];
+    window_key(k0, sizeof(k0), 0);
+    if (!strncmp(k1, k0, strlen(k0))) { /* still the same window */
+        cr_expect_eq(rc, -1);
+        cr_expect(strstr(err, "WRONGTYPE"), "%s", err);
+        cr_expect_str_eq(q("GET idemproc:ledger:applied", NULL, NULL), "6");
+        cr_expect_str_eq(q("HGET idemproc:ledger:EUR %s", "u9", NULL), "6");
+        cr_expect(!strncmp(q("HGET idemproc:pos:g %s", "t:0", NULL), "6 ", 2));
+        cr_expect_str_eq(q("STRLEN %s", k0, NULL), "96");
+        freeReplyObject(redisCommand(cli, "DEL %s", k1));
+        cr_assert_eq(chunk(epoch, 6, 9, recs + 6, 3, 6, res, err, sizeof(err)),
+                     0, "%s", err);
+    }
+    cr_expect_str_eq(q("GET idemproc:ledger:applied", NULL, NULL), "9");
+    cr_expect_str_eq(q("HGET idemproc:ledger:EUR %s", "u9", NULL), "9");
+    free(recs);
+}
+
+/* Marks go after the last part, never into an earlier one with room (a
+ * window written under a smaller dedup.window.key.max): the parts a call
+ * creates start empty, so none passes the bound. */
+Test(partstate, marks_go_after_the_last_part)
+{
+    start_with("86400", "dedup.window.key.max=100");
+    char err[512];
+    int64_t epoch = 0, now = 0;
+    cr_assert_eq(
+        idem_partstate_epoch_bump(ps, "t", 0, &epoch, err, sizeof(err)), 0);
+    first_position(0);
+    cr_assert_eq(idem_partstate_now(ps, &now, err, sizeof(err)), 0);
+    int64_t w0 = now / idem_partstate_window_seconds(ps);
+    char k0[256], k1[256], k2[256];
+    part_key(k0, sizeof(k0), w0, 0);
+    part_key(k1, sizeof(k1), w0, 1);
+    part_key(k2, sizeof(k2), w0, 2);
+    uint8_t old[3][16];
+    for (int i = 0; i < 3; i++)
+        mark_of(old[i], 900 + i);
+    /* two parts as a 32-byte bound left them: full at 32 bytes, then 16 */
+    freeReplyObject(redisCommand(cli, "SET %s %b", k0, old, (size_t)32));
+    freeReplyObject(redisCommand(cli, "SET %s %b", k1, old[2], (size_t)16));
+    trec_t *recs = ones(6);
+    idem_partstate_result_t res[6];
+    cr_assert_eq(chunk(epoch, 0, 6, recs, 6, 0, res, err, sizeof(err)), 0, "%s",
+                 err);
+    if (last_window == w0) { /* else a window's end fell in between */
+        cr_expect_str_eq(q("STRLEN %s", k0, NULL), "32");
+        cr_expect_str_eq(q("STRLEN %s", k1, NULL), "96");
+        cr_expect_str_eq(q("STRLEN %s", k2, NULL), "16");
+        loaded_t l = {0};
+        cr_assert_eq(idem_partstate_load(ps, "t", 0, 0, collect, &l, NULL, err,
+                                         sizeof(err)),
+                     0, "%s", err);
+        cr_assert_eq(l.n, 3 + 6);
+        cr_expect_arr_eq(l.buf, old, sizeof(old));
+        for (int i = 0; i < 6; i++) {
+            uint8_t m[16];
+            mark_of(m, i);
+            cr_expect_arr_eq(l.buf + (3 + i) * 16, m, 16, "mark %d", i);
+        }
+        free(l.buf);
+    }
+    cr_expect_str_eq(q("GET idemproc:ledger:applied", NULL, NULL), "6");
+    free(recs);
 }

@@ -299,6 +299,14 @@ Test(metrics, dedup_table_gauges_only_once_reported)
     expect_line(t, "idemproc_dedup_table_bytes 41216");
     expect_line(t, "idemproc_dedup_table_marks 2048");
     expect_line(t, "idemproc_dedup_memory_max_bytes 1048576");
+    expect_line(t, "# TYPE idemproc_dedup_layout_refusals_total counter");
+    expect_line(t, "idemproc_dedup_layout_refusals_total{script=\"chunk\"} 0");
+    expect_line(t, "idemproc_dedup_layout_refusals_total{script=\"global\"} 0");
+    free(t);
+    idem_metrics_dedup_layout_refusals_set(m, 3, 1);
+    t = render(m);
+    expect_line(t, "idemproc_dedup_layout_refusals_total{script=\"chunk\"} 3");
+    expect_line(t, "idemproc_dedup_layout_refusals_total{script=\"global\"} 1");
     free(t);
     idem_metrics_dedup_table_set(m, 0, 0, 1048576);
     t = render(m);
