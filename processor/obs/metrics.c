@@ -7,6 +7,7 @@
 #include <jansson.h>
 #include <librdkafka/rdkafka.h>
 #include <math.h>
+#include <stddef.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -172,6 +173,12 @@ struct idem_metrics_s {
     char *member_group; /* idemproc_member_info; NULL: not rendered */
     char *member_id;
 
+    pthread_mutex_t cluster_lock;               /* guards the three below */
+    idem_metrics_cluster_node_t *cluster_nodes; /* node strings owned */
+    size_t cluster_cnt;
+    uint64_t cluster_refreshes;
+    int cluster_on; /* 1 once idem_metrics_cluster_set was called */
+
     idem_metrics_render_cb *extra_render; /* a command's own metrics */
     void *extra_opaque;
 };
@@ -299,10 +306,18 @@ idem_metrics_t *idem_metrics_new(void)
     pthread_mutex_init(&m->lag_lock, NULL);
     pthread_mutex_init(&m->ready_lock, NULL);
     pthread_mutex_init(&m->stuck_lock, NULL);
+    pthread_mutex_init(&m->cluster_lock, NULL);
     atomic_init(&m->unkillable, 0);
     m->ready = 0;
     snprintf(m->ready_reason, sizeof(m->ready_reason), "starting");
     return m;
+}
+
+static void cluster_nodes_free(idem_metrics_cluster_node_t *v, size_t n)
+{
+    for (size_t i = 0; v && i < n; i++)
+        free((char *)v[i].node);
+    free(v);
 }
 
 void idem_metrics_destroy(idem_metrics_t *m)
@@ -318,6 +333,8 @@ void idem_metrics_destroy(idem_metrics_t *m)
     pthread_mutex_destroy(&m->lag_lock);
     pthread_mutex_destroy(&m->ready_lock);
     pthread_mutex_destroy(&m->stuck_lock);
+    pthread_mutex_destroy(&m->cluster_lock);
+    cluster_nodes_free(m->cluster_nodes, m->cluster_cnt);
     lags_free(m->lags, m->lag_cnt);
     lags_free(m->stalled, m->stalled_cnt);
     free(m->member_group);
@@ -403,6 +420,26 @@ void idem_metrics_group_config_mismatch_set(idem_metrics_t *m, int64_t members)
 {
     atomic_store_explicit(&m->group_config_mismatch, members,
                           memory_order_relaxed);
+}
+
+void idem_metrics_cluster_set(idem_metrics_t *m,
+                              const idem_metrics_cluster_node_t *nodes,
+                              size_t n, uint64_t refreshes)
+{
+    idem_metrics_cluster_node_t *v = idem_xcalloc(n ? n : 1, sizeof(*v));
+    for (size_t i = 0; i < n; i++) {
+        v[i] = nodes[i];
+        v[i].node = idem_xstrdup(nodes[i].node ? nodes[i].node : "");
+    }
+    pthread_mutex_lock(&m->cluster_lock);
+    idem_metrics_cluster_node_t *old = m->cluster_nodes;
+    size_t old_cnt = m->cluster_cnt;
+    m->cluster_nodes = v;
+    m->cluster_cnt = n;
+    m->cluster_refreshes = refreshes;
+    m->cluster_on = 1;
+    pthread_mutex_unlock(&m->cluster_lock);
+    cluster_nodes_free(old, old_cnt);
 }
 
 void idem_metrics_commit_add(idem_metrics_t *m, int ok)
@@ -965,6 +1002,57 @@ static void put_i64(FILE *out, const char *name, int64_t v)
     fprintf(out, "%s %" PRId64 "\n", name, v);
 }
 
+/* The cluster client's counters per node (idem_metrics_cluster_set). */
+static void render_cluster(FILE *out, idem_metrics_t *m)
+{
+    static const struct {
+        const char *name, *help;
+        size_t off;
+    } col[] = {
+        {"idemproc_redis_cluster_requests_total",
+         "Commands the member's cluster client sent to the node.",
+         offsetof(idem_metrics_cluster_node_t, requests)},
+        {"idemproc_redis_cluster_moved_total",
+         "MOVED replies from the node (its slot moved: the map is patched).",
+         offsetof(idem_metrics_cluster_node_t, moved)},
+        {"idemproc_redis_cluster_ask_total",
+         "ASK replies from the node (a slot migrating away from it).",
+         offsetof(idem_metrics_cluster_node_t, ask)},
+        {"idemproc_redis_cluster_tryagain_total",
+         "TRYAGAIN replies from the node (keys split by a migration).",
+         offsetof(idem_metrics_cluster_node_t, tryagain)},
+        {"idemproc_redis_cluster_clusterdown_total",
+         "CLUSTERDOWN replies from the node (a slot without a primary: "
+         "the member pauses).",
+         offsetof(idem_metrics_cluster_node_t, clusterdown)},
+        {"idemproc_redis_cluster_connection_errors_total",
+         "Connects to the node that failed and connections to it lost.",
+         offsetof(idem_metrics_cluster_node_t, conn_errors)},
+        {"idemproc_redis_cluster_timeouts_total",
+         "Connects or replies of the node that took redis.timeout.ms.",
+         offsetof(idem_metrics_cluster_node_t, timeouts)},
+    };
+    pthread_mutex_lock(&m->cluster_lock);
+    if (!m->cluster_on) {
+        pthread_mutex_unlock(&m->cluster_lock);
+        return;
+    }
+    for (size_t c = 0; c < sizeof(col) / sizeof(col[0]); c++) {
+        put_header(out, col[c].name, "counter", col[c].help);
+        for (size_t i = 0; i < m->cluster_cnt; i++)
+            put_u64(out, col[c].name, "node", m->cluster_nodes[i].node,
+                    *(const uint64_t *)((const char *)&m->cluster_nodes[i] +
+                                        col[c].off));
+    }
+    put_header(out, "idemproc_redis_cluster_slot_map_refreshes_total",
+               "counter",
+               "Reads of the whole slot map (CLUSTER SLOTS), the first "
+               "included.");
+    put_u64(out, "idemproc_redis_cluster_slot_map_refreshes_total", NULL, NULL,
+            m->cluster_refreshes);
+    pthread_mutex_unlock(&m->cluster_lock);
+}
+
 static void render_histogram(FILE *out, histogram_t *h)
 {
     uint64_t buckets[HIST_MAX_BOUNDS + 1];
@@ -1274,6 +1362,7 @@ void idem_metrics_render(idem_metrics_t *m, FILE *out)
             atomic_load_explicit(&m->inflight, memory_order_relaxed));
 
     render_lag(out, m);
+    render_cluster(out, m);
     if (atomic_load(&m->stall_on))
         render_stalled(out, m);
 

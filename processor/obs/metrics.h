@@ -166,6 +166,21 @@ void idem_metrics_dedup_table_set(idem_metrics_t *m, int64_t bytes,
 void idem_metrics_dedup_layout_refusals_set(idem_metrics_t *m, uint64_t chunk,
                                             uint64_t global);
 
+/* Redis Cluster mode: one node's counters of the store's cluster client
+ * (redis/cluster.h's idem_cluster_node_stats_t, copied field by field). */
+typedef struct {
+    const char *node; /* "host:port", borrowed for the call */
+    uint64_t requests, moved, ask, tryagain, clusterdown, conn_errors, timeouts;
+} idem_metrics_cluster_node_t;
+
+/* Replaces the snapshot of the cluster client's counters (n nodes, copied)
+ * and its slot-map reads: rendered as idemproc_redis_cluster_*_total{node}
+ * and idemproc_redis_cluster_slot_map_refreshes_total from the first call
+ * on (nothing is rendered outside cluster mode). */
+void idem_metrics_cluster_set(idem_metrics_t *m,
+                              const idem_metrics_cluster_node_t *nodes,
+                              size_t n, uint64_t refreshes);
+
 /* Readiness (idemproc_ready and /readyz). reason is borrowed and copied;
  * NULL or "" when ready. */
 void idem_metrics_ready_set(idem_metrics_t *m, int ready, const char *reason);

@@ -3,6 +3,7 @@
 #include "base/log.h"
 #include "base/util.h"
 #include "obs/metrics.h"
+#include "redis/cluster.h"
 #include "redis/layout.h"
 #include "redis/rediskeys.h"
 #include "redis/redisconn.h"
@@ -66,20 +67,50 @@ struct idem_liveness_s {
     pthread_cond_t cond;
     int stop; /* under lock */
     idem_redisconn_t *rc;
-    int failing; /* the last beat failed (logged once per outage) */
+    idem_cluster_t *cl; /* cluster mode: the client (rc unused) */
+    int slot;           /* cluster mode: the slot of key and fp_key */
+    int failing;        /* the last beat failed (logged once per outage) */
     char beat_sha[41], leave_sha[41]; /* script digests, "" until loaded */
     char layout_sha[41];              /* the layout switch's */
     char *layout_blocked; /* who blocks the switch, last logged ("" none) */
 };
 
+static int cluster_mode(const idem_conf_t *conf)
+{
+    return conf->redis_cluster_nodes && *conf->redis_cluster_nodes;
+}
+
+/* In cluster mode both keys carry the group as their hash tag, so the
+ * beat's script (it touches both) runs on one node. */
 static void members_key(const idem_conf_t *conf, char *buf, size_t size)
 {
-    snprintf(buf, size, "%smembers:%s", conf->redis_prefix, conf->group_id);
+    snprintf(buf, size, cluster_mode(conf) ? "%smembers{%s}" : "%smembers:%s",
+             conf->redis_prefix, conf->group_id);
 }
 
 static void settings_key(const idem_conf_t *conf, char *buf, size_t size)
 {
-    snprintf(buf, size, "%smemberconf:%s", conf->redis_prefix, conf->group_id);
+    snprintf(buf, size,
+             cluster_mode(conf) ? "%smemberconf{%s}" : "%smemberconf:%s",
+             conf->redis_prefix, conf->group_id);
+}
+
+/* The connection of the keys' slot in cluster mode (its primary, the
+ * client made first when needed): NULL with errstr on an outage (the
+ * text names the node). */
+static redisContext *cluster_ctx(const idem_conf_t *conf, idem_cluster_t **cl,
+                                 int slot, char *errstr, size_t errstr_size)
+{
+    idem_cluster_err_t e;
+    if (!*cl &&
+        !(*cl = idem_cluster_new(conf, conf->redis_cluster_nodes, &e))) {
+        snprintf(errstr, errstr_size, "%s", e.str);
+        return NULL;
+    }
+    redisContext *c = idem_cluster_context(*cl, slot, &e);
+    if (!c)
+        snprintf(errstr, errstr_size, "%s", e.str);
+    return c;
 }
 
 /* One script on l's connection, connecting first when needed. Returns 0
@@ -89,16 +120,25 @@ static int liveness_command(idem_liveness_t *l, const char *lua, char *sha,
                             int nargs, const char **args, redisReply **out,
                             char *errstr, size_t errstr_size)
 {
-    if (!l->rc) {
-        l->rc = idem_redisconn_open(l->conf, 0, errstr, errstr_size);
-        if (!l->rc)
+    redisContext *c;
+    if (cluster_mode(l->conf)) {
+        c = cluster_ctx(l->conf, &l->cl, l->slot, errstr, errstr_size);
+        if (!c)
             return -1;
+    } else {
+        if (!l->rc) {
+            l->rc = idem_redisconn_open(l->conf, 0, errstr, errstr_size);
+            if (!l->rc)
+                return -1;
+        }
+        c = idem_redisconn_context(l->rc);
     }
-    redisReply *r = idem_redisconn_script(idem_redisconn_context(l->rc), lua,
-                                          sha, nargs, args);
+    redisReply *r = idem_redisconn_script(c, lua, sha, nargs, args);
     if (!r || r->type == REDIS_REPLY_ERROR) {
         snprintf(errstr, errstr_size, "redis: member heartbeat: %s",
-                 r ? r->str : idem_redisconn_context(l->rc)->errstr);
+                 r ? r->str : c->errstr);
+        if (l->cl) /* MOVED, CLUSTERDOWN, a lost node: the map is read again */
+            idem_cluster_failed(l->cl, l->slot, r ? r->str : NULL);
         freeReplyObject(r);
         idem_redisconn_close(l->rc);
         l->rc = NULL;
@@ -217,7 +257,8 @@ static void check_members(idem_liveness_t *l, const redisReply *r)
  * blocks it is logged when that changes. */
 static void layout_consider(idem_liveness_t *l, const redisReply *r)
 {
-    if (l->conf->dedup_scope != IDEM_DEDUP_SCOPE_PARTITION || !r ||
+    /* In cluster mode the store fixes the layout key at partition. */
+    if (l->conf->dedup_scope != IDEM_DEDUP_SCOPE_PARTITION || !r || l->cl ||
         r->type != REDIS_REPLY_ARRAY || r->elements % 2 || !l->rc)
         return;
     size_t n = r->elements / 2, k = 0;
@@ -321,6 +362,7 @@ idem_liveness_t *idem_liveness_start(const idem_conf_t *conf,
     l->metrics = metrics;
     members_key(conf, l->key, sizeof(l->key));
     settings_key(conf, l->fp_key, sizeof(l->fp_key));
+    l->slot = idem_cluster_keyslot(l->key, strlen(l->key));
     pthread_condattr_t ca;
     pthread_condattr_init(&ca);
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
@@ -358,6 +400,7 @@ void idem_liveness_stop(idem_liveness_t *l)
                     "expires by itself",
                     "error", errstr, NULL);
     idem_redisconn_close(l->rc);
+    idem_cluster_destroy(l->cl);
     pthread_cond_destroy(&l->cond);
     pthread_mutex_destroy(&l->lock);
     free(l->fingerprint);
@@ -373,18 +416,29 @@ int idem_liveness_list(const idem_conf_t *conf, idem_liveness_member_t **out,
     *n = 0;
     char key[512];
     members_key(conf, key, sizeof(key));
-    idem_redisconn_t *rc = idem_redisconn_open(conf, 0, errstr, errstr_size);
-    if (!rc)
-        return -1;
+    idem_redisconn_t *rc = NULL;
+    idem_cluster_t *cl = NULL;
+    redisContext *c;
+    if (cluster_mode(conf)) {
+        c = cluster_ctx(conf, &cl, idem_cluster_keyslot(key, strlen(key)),
+                        errstr, errstr_size);
+        if (!c) {
+            idem_cluster_destroy(cl);
+            return -1;
+        }
+    } else {
+        if (!(rc = idem_redisconn_open(conf, 0, errstr, errstr_size)))
+            return -1;
+        c = idem_redisconn_context(rc);
+    }
     const char *args[] = {"1", key};
     char sha[41] = "";
-    redisReply *r = idem_redisconn_script(idem_redisconn_context(rc), list_lua,
-                                          sha, 2, args);
+    redisReply *r = idem_redisconn_script(c, list_lua, sha, 2, args);
     int ret = 0;
     if (!r || r->type != REDIS_REPLY_ARRAY || r->elements % 2) {
         snprintf(errstr, errstr_size, "redis: live members of %s: %s",
                  conf->group_id,
-                 !r ? idem_redisconn_context(rc)->errstr
+                 !r                             ? c->errstr
                  : r->type == REDIS_REPLY_ERROR ? r->str
                                                 : "unexpected reply");
         ret = -1;
@@ -401,6 +455,7 @@ int idem_liveness_list(const idem_conf_t *conf, idem_liveness_member_t **out,
     }
     freeReplyObject(r);
     idem_redisconn_close(rc);
+    idem_cluster_destroy(cl);
     return ret;
 }
 

@@ -143,6 +143,7 @@ struct idem_store_s {
     int home_slot;          /* the layout key's: INFO, scripts, the layout */
     size_t cluster_refused; /* records of a global request refused (_recv) */
     uint64_t home_connects; /* the client's connects at the last INFO */
+    int64_t cluster_exported_ms; /* idem_now_ms() of the last metrics copy */
     char layout_key[512];
 };
 
@@ -539,6 +540,8 @@ redisContext *idem_store_ctx_key(idem_store_t *s, int write, const char *key,
     return store_route_key(s, key, len, errstr, errstr_size) ? NULL : s->c;
 }
 
+static void store_cluster_export(idem_store_t *s, int now);
+
 int idem_store_ctx_call(idem_store_t *s, const char *key, size_t len,
                         const char *cmd, size_t cmd_len, int ask_waits,
                         redisReply **reply, char *errstr, size_t errstr_size)
@@ -555,7 +558,9 @@ int idem_store_ctx_call(idem_store_t *s, const char *key, size_t len,
     idem_cluster_cmd_t one = {
         .formatted = cmd, .formatted_len = cmd_len, .ask_waits = ask_waits};
     idem_cluster_err_t e;
-    if (idem_cluster_pipeline(s->cl, key, len, &one, 1, reply, &e)) {
+    int failed = idem_cluster_pipeline(s->cl, key, len, &one, 1, reply, &e);
+    store_cluster_export(s, failed);
+    if (failed) {
         snprintf(errstr, errstr_size, "%s", e.str);
         if (s->metrics)
             idem_metrics_redis_error_add(
@@ -657,6 +662,31 @@ static int store_after_connect(idem_store_t *s, char *errstr,
     return 0;
 }
 
+/* Cluster mode: copies the client's counters per node into the metrics
+ * (at most every 200 ms; always when `now`, after an outage). */
+static void store_cluster_export(idem_store_t *s, int now)
+{
+    int64_t t = idem_now_ms();
+    if (!s->metrics || !s->cl || (!now && t - s->cluster_exported_ms < 200))
+        return;
+    s->cluster_exported_ms = t;
+    size_t n = idem_cluster_node_count(s->cl);
+    idem_metrics_cluster_node_t *v = idem_xcalloc(n ? n : 1, sizeof(*v));
+    for (size_t i = 0; i < n; i++) {
+        idem_cluster_node_stats_t st;
+        v[i].node = idem_cluster_node_stats(s->cl, i, &st);
+        v[i].requests = st.requests;
+        v[i].moved = st.moved;
+        v[i].ask = st.ask;
+        v[i].tryagain = st.tryagain;
+        v[i].clusterdown = st.clusterdown;
+        v[i].conn_errors = st.conn_errors;
+        v[i].timeouts = st.timeouts;
+    }
+    idem_metrics_cluster_set(s->metrics, v, n, idem_cluster_refreshes(s->cl));
+    free(v);
+}
+
 /* Cluster mode: points s->c at the primary of `slot` (reading the slot
  * map first when it is stale). 0, or -1 with errstr (an outage naming the
  * node, counted by its class). */
@@ -666,6 +696,7 @@ static int store_route(idem_store_t *s, int slot, char *errstr,
     idem_cluster_err_t e;
     s->c = idem_cluster_context(s->cl, slot, &e);
     s->slot = s->c ? slot : -1;
+    store_cluster_export(s, !s->c);
     if (s->c)
         return 0;
     snprintf(errstr, errstr_size, "%s", e.str);

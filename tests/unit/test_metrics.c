@@ -736,3 +736,49 @@ Test(metrics, merges_are_whole_for_a_concurrent_scrape)
     free(t);
     idem_metrics_destroy(m);
 }
+
+Test(metrics, cluster_nodes_rendered_with_a_node_label_only_once_set)
+{
+    idem_metrics_t *m = idem_metrics_new();
+    char *t = render(m);
+    cr_expect_null(strstr(t, "idemproc_redis_cluster_"),
+                   "cluster series outside cluster mode:\n%s", t);
+    free(t);
+    idem_metrics_cluster_node_t v[2] = {
+        {.node = "127.0.0.1:7000", .requests = 10, .moved = 1, .ask = 2},
+        {.node = "127.0.0.1:7001",
+         .requests = 5,
+         .tryagain = 3,
+         .clusterdown = 4,
+         .conn_errors = 6,
+         .timeouts = 7},
+    };
+    idem_metrics_cluster_set(m, v, 2, 3);
+    v[0].requests = 99; /* copied: the registry keeps its own */
+    idem_metrics_cluster_set(m, v, 1, 3);
+    idem_metrics_cluster_set(m, v + 1, 1, 4);
+    v[0].requests = 11;
+    idem_metrics_cluster_set(m, v, 2, 5);
+    t = render(m);
+    expect_line(
+        t, "idemproc_redis_cluster_requests_total{node=\"127.0.0.1:7000\"} 11");
+    expect_line(
+        t, "idemproc_redis_cluster_requests_total{node=\"127.0.0.1:7001\"} 5");
+    expect_line(
+        t, "idemproc_redis_cluster_moved_total{node=\"127.0.0.1:7000\"} 1");
+    expect_line(t,
+                "idemproc_redis_cluster_ask_total{node=\"127.0.0.1:7000\"} 2");
+    expect_line(
+        t, "idemproc_redis_cluster_tryagain_total{node=\"127.0.0.1:7001\"} 3");
+    expect_line(
+        t,
+        "idemproc_redis_cluster_clusterdown_total{node=\"127.0.0.1:7001\"} 4");
+    expect_line(t, "idemproc_redis_cluster_connection_errors_total{node=\"127."
+                   "0.0.1:7001\"} 6");
+    expect_line(
+        t, "idemproc_redis_cluster_timeouts_total{node=\"127.0.0.1:7001\"} 7");
+    expect_line(t, "idemproc_redis_cluster_slot_map_refreshes_total 5");
+    expect_line(t, "# TYPE idemproc_redis_cluster_requests_total counter");
+    free(t);
+    idem_metrics_destroy(m);
+}
