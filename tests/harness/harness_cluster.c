@@ -394,3 +394,49 @@ int th_cluster_migrate_end(th_cluster_t *c, int slot, int from, int to)
     }
     return 0;
 }
+
+int th_cluster_reshard(th_cluster_t *c, int from, int to, int nslots)
+{
+    char fid[64], tid[64], addr[32], n[16];
+    if (node_id(c, from, fid, sizeof(fid)) || node_id(c, to, tid, sizeof(tid)))
+        return -1;
+    snprintf(addr, sizeof(addr), "127.0.0.1:%d", c->node[from].port);
+    snprintf(n, sizeof(n), "%d", nslots);
+    char *argv[20] = {"/usr/bin/redis-cli", "--cluster", "reshard",      addr,
+                      "--cluster-from",     fid,         "--cluster-to", tid,
+                      "--cluster-slots",    n,           "--cluster-yes"};
+    int an = 11;
+    if (c->password[0]) {
+        argv[an++] = "-a";
+        argv[an++] = c->password;
+        argv[an++] = "--no-auth-warning";
+    }
+    argv[an] = NULL;
+    char *out = NULL, *err = NULL;
+    int rc = th_run(argv, &out, &err, 120000);
+    if (rc != 0)
+        fprintf(stderr, "redis-cli --cluster reshard: exit %d\n%s\n%s\n", rc,
+                out ? out : "", err ? err : "");
+    free(out);
+    free(err);
+    return rc == 0 ? 0 : -1;
+}
+
+int th_cluster_slots_upto(th_cluster_t *c, int i, int slot)
+{
+    static int view[16384];
+    int agreed = -1;
+    for (int k = 0; k < c->n; k++) {
+        if (c->node[k].pid <= 0 || slot_view(c, k, view))
+            continue;
+        if (view[slot] != i)
+            return -1;
+        int count = 0;
+        for (int s = 0; s <= slot; s++)
+            count += view[s] == i;
+        if (agreed >= 0 && agreed != count)
+            return -1;
+        agreed = count;
+    }
+    return agreed;
+}

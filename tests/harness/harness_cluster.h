@@ -66,6 +66,17 @@ int th_cluster_migrate_keys(th_cluster_t *c, int slot, int from, int to,
                             int max);
 int th_cluster_migrate_end(th_cluster_t *c, int slot, int from, int to);
 
+/* redis-cli --cluster reshard of nslots slots from primary `from` to
+ * primary `to` (by their node ids, --cluster-yes): the tool moves the
+ * lowest-numbered slots `from` owns, key by key with MIGRATE. 0 when the
+ * tool exited 0 (its output printed otherwise). */
+int th_cluster_reshard(th_cluster_t *c, int from, int to, int nslots);
+
+/* How many of the slots node i owns (as every live node agrees) are
+ * lower than or equal to slot: the --cluster-slots count that makes
+ * th_cluster_reshard move slot. -1 when i does not own slot. */
+int th_cluster_slots_upto(th_cluster_t *c, int i, int slot);
+
 /* A command on node i (hiredis, printf format as redisCommand); the
  * reply as text: a status, string or integer as such, an error as
  * "ERR..." (its text), an array as its elements one a line. Caller frees;
