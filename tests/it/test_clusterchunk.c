@@ -70,11 +70,11 @@ static const trec_t second[] = {
     {"id-5", "m-5", "USD", "u2", "7"},
 };
 
-/* Runs a chunk of t:0 (records recs[n], marks seeded from seed0) from
+/* Runs a chunk of t:part (records recs[n], marks seeded from seed0) from
  * position expect to expect + n. */
-static int chunk(int64_t epoch, int64_t expect, const trec_t *recs, size_t n,
-                 int seed0, idem_partstate_result_t *res, char *err,
-                 size_t errsz)
+static int chunk_of(int32_t part, int64_t epoch, int64_t expect,
+                    const trec_t *recs, size_t n, int seed0,
+                    idem_partstate_result_t *res, char *err, size_t errsz)
 {
     const void *rp[8];
     uint8_t marks[8][16];
@@ -85,10 +85,10 @@ static int chunk(int64_t epoch, int64_t expect, const trec_t *recs, size_t n,
         marks[i][12] &= 0x7f;
     }
     idem_store_pos_t pos = {
-        .topic = "t", .partition = 0, .offset = expect + (int64_t)n};
+        .topic = "t", .partition = part, .offset = expect + (int64_t)n};
     idem_posval_init(&pos.val, "c1");
     idem_partstate_chunk_t ch = {.topic = "t",
-                                 .partition = 0,
+                                 .partition = part,
                                  .epoch = epoch,
                                  .expect_offset = expect,
                                  .newpos = &pos,
@@ -99,25 +99,31 @@ static int chunk(int64_t epoch, int64_t expect, const trec_t *recs, size_t n,
     return idem_partstate_chunk(ps, &ch, res, &w, err, errsz);
 }
 
-/* The cluster, a store on it with the ledger's effect, partition t:0's
- * epoch, its first position and a first chunk applied (so its slot holds
- * the epoch, the positions hash, a window key and the ledger shards).
- * The epoch in *epoch; the slot's owner in *from, another primary in *to. */
-static void start(int64_t *epoch, int *slot, int *from, int *to)
+static int chunk(int64_t epoch, int64_t expect, const trec_t *recs, size_t n,
+                 int seed0, idem_partstate_result_t *res, char *err,
+                 size_t errsz)
 {
-    quiet();
-    cr_assert_eq(th_cluster_start(&clu, 3, 0), 0, "cluster did not start");
-    char nodes[256], err[512] = "";
-    snprintf(nodes, sizeof(nodes), "redis.cluster.nodes=%s", clu.seeds);
-    char *sets[] = {nodes,
-                    "group.id=g",
-                    "handler=ledger",
-                    "dedup.scope=partition",
-                    "input.topics=t",
-                    "dlq.topic=d",
-                    "kafka.bootstrap.servers=127.0.0.1:1",
-                    "dedup.ttl.seconds=86400"};
-    conf = idem_conf_load(NULL, NULL, sets, 8, err, sizeof(err));
+    return chunk_of(0, epoch, expect, recs, n, seed0, res, err, errsz);
+}
+
+/* A store with the ledger's effect and the partition layout on the
+ * cluster at `nodes` (more configuration in more[], NULL-ended). */
+static void store_on(const char *nodes, const char *const *more)
+{
+    char np[512], err[512] = "";
+    snprintf(np, sizeof(np), "redis.cluster.nodes=%s", nodes);
+    char *sets[16] = {np,
+                      "group.id=g",
+                      "handler=ledger",
+                      "dedup.scope=partition",
+                      "input.topics=t",
+                      "dlq.topic=d",
+                      "kafka.bootstrap.servers=127.0.0.1:1",
+                      "dedup.ttl.seconds=86400"};
+    size_t n = 8;
+    for (; more && more[n - 8] && n < 16; n++)
+        sets[n] = (char *)more[n - 8];
+    conf = idem_conf_load(NULL, NULL, sets, n, err, sizeof(err));
     cr_assert(conf, "%s", err);
     store = idem_store_new(conf, NULL);
     cr_assert(idem_store_cluster(store));
@@ -127,12 +133,34 @@ static void start(int64_t *epoch, int *slot, int *from, int *to)
                   0, "%s", err);
     ps = idem_partstate_new(store, conf, err, sizeof(err));
     cr_assert(ps, "%s", err);
-    cr_assert_eq(idem_partstate_epoch_bump(ps, "t", 0, epoch, err, sizeof(err)),
-                 0, "%s", err);
-    idem_store_pos_t pos = {.topic = "t", .partition = 0, .offset = 0};
+}
+
+/* Partition part's epoch bumped and its first position (0) written. */
+static int64_t partition_begin(int32_t part)
+{
+    char err[512] = "";
+    int64_t epoch = 0;
+    cr_assert_eq(
+        idem_partstate_epoch_bump(ps, "t", part, &epoch, err, sizeof(err)), 0,
+        "%s", err);
+    idem_store_pos_t pos = {.topic = "t", .partition = part, .offset = 0};
     idem_posval_init(&pos.val, "c1");
     cr_assert_eq(idem_store_positions_save(store, &pos, 1, err, sizeof(err)), 0,
                  "%s", err);
+    return epoch;
+}
+
+/* The cluster, a store on it with the ledger's effect, partition t:0's
+ * epoch, its first position and a first chunk applied (so its slot holds
+ * the epoch, the positions hash, a window key and the ledger shards).
+ * The epoch in *epoch; the slot's owner in *from, another primary in *to. */
+static void start(int64_t *epoch, int *slot, int *from, int *to)
+{
+    quiet();
+    cr_assert_eq(th_cluster_start(&clu, 3, 0), 0, "cluster did not start");
+    store_on(clu.seeds, NULL);
+    *epoch = partition_begin(0);
+    char err[512] = "";
     idem_partstate_result_t res[3];
     cr_assert_eq(chunk(*epoch, 0, first, 3, 1, res, err, sizeof(err)), 0, "%s",
                  err);
@@ -292,4 +320,66 @@ Test(clusterchunk, declared_key_moved_writes_nothing_then_applies_once)
 Test(clusterchunk, script_run_on_half_moved_slot_reads_before_writing)
 {
     half_moved("idemproc:ledger:applied" TAG, 1);
+}
+
+/* TLS: every node serves clients on a tls-port, the cluster bus and the
+ * replication over TLS (tls-cluster, tls-replication); the seeds name
+ * only TLS ports and the store reads the slot map over TLS (a node's
+ * plain port in the map would fail the handshake). Chunks of nine
+ * partitions, spread over the three primaries, apply once; sent again
+ * they are refused by their position; the applied counters, summed over
+ * the primaries through the store (as verify reads them), are exact. */
+Test(clusterchunk, store_over_tls_exact, .timeout = 120)
+{
+    quiet();
+    cr_assert_eq(th_cluster_start_tls(&clu, 3, 1), 0, "cluster did not start");
+    char ca[600];
+    snprintf(ca, sizeof(ca), "redis.tls.ca.file=%s", clu.tls_ca);
+    const char *more[] = {"redis.url=rediss://127.0.0.1:1/0", ca, NULL};
+    store_on(clu.tls_seeds, more);
+    char err[512] = "";
+    int used[TH_CLUSTER_MAX] = {0};
+    for (int32_t p = 0; p < 9; p++) {
+        int64_t epoch = partition_begin(p);
+        idem_partstate_result_t res[3];
+        int rc =
+            chunk_of(p, epoch, 0, first, 3, 100 * p, res, err, sizeof(err));
+        cr_assert_eq(rc, 0, "partition %d: %d %s", p, rc, err);
+        for (int i = 0; i < 3; i++)
+            cr_expect_eq(res[i].outcome, IDEM_PARTSTATE_APPLIED);
+        rc = chunk_of(p, epoch, 0, first, 3, 100 * p, res, err, sizeof(err));
+        cr_expect_eq(rc, IDEM_PARTSTATE_POSITION, "partition %d: %d %s", p, rc,
+                     err);
+        /* The shard on its primary, read on the plain port. */
+        char *slot = th_cluster_cmd(&clu, 0, "CLUSTER KEYSLOT {g:t:%d}", p);
+        cr_assert(slot);
+        int owner = th_cluster_owner(&clu, atoi(slot));
+        free(slot);
+        cr_assert(owner >= 0 && owner < clu.n);
+        char *v = th_cluster_cmd(&clu, owner,
+                                 "GET idemproc:ledger:applied{g:t:%d}", p);
+        cr_expect_str_eq(v ? v : "", "3", "partition %d", p);
+        free(v);
+        used[owner] = 1;
+    }
+    int primaries = 0;
+    for (int i = 0; i < clu.n; i++)
+        primaries += used[i];
+    cr_expect_eq(primaries, 3, "the nine tags on %d primaries", primaries);
+    int64_t applied = -1;
+    cr_assert_eq(idem_store_applied_get(store, &applied, err, sizeof(err)), 0,
+                 "%s", err);
+    cr_expect_eq(applied, 27);
+    /* The replicas attached over TLS (tls-replication) and hold the shards. */
+    for (int i = 0; i < clu.n; i++) {
+        char *role = th_cluster_cmd(&clu, i, "ROLE");
+        int replica = role && !strncmp(role, "slave\n", 6);
+        free(role);
+        if (!replica)
+            continue;
+        char *info = th_cluster_cmd(&clu, i, "INFO replication");
+        cr_expect(info && strstr(info, "master_link_status:up"), "%s",
+                  info ? info : "no answer");
+        free(info);
+    }
 }
