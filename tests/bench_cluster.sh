@@ -8,7 +8,8 @@
 # redis-servers joined by redis-cli --cluster create (no replicas: the
 # row measures the primaries' work; no persistence on any). Workload as
 # the member rows: BENCH_CLUSTER_COUNT (200,000) payments plus 10%
-# duplicates and 1% poison on 64 partitions, produced once. BENCH_REPS (3)
+# duplicates and 1% poison on 64 partitions, produced to a topic of the
+# run's own once both members hold their partitions. BENCH_REPS (3)
 # repetitions, interleaved, of each row:
 #
 #   one      two members of one group on the single Redis
@@ -44,14 +45,30 @@ mkdir -p "$OUT"
 lib_init bench-cluster
 TICK_US=$((1000000 / $(getconf CLK_TCK)))
 
-broker_start --topic "payments:$PARTITIONS" --topic payments.dlq:4
-"$BIN" produce -b "$BOOT" -t payments --count "$COUNT" --duplicates 0.1 --poison 0.01 \
-    --too-large-bytes 5000 --currencies EUR,USD,TRY --users 3000 --seed 7 \
-    --expect "$DIR/expect.json" 2>"$DIR/produce.log" ||
-    die "produce failed: $(tail -3 "$DIR/produce.log")"
-SENT=$(expect_num "$DIR/expect.json" sent)
-UNIQUE=$(expect_num "$DIR/expect.json" unique)
-say "workload: $SENT records, $UNIQUE payments applied, $PARTITIONS partitions"
+# One topic per run, produced once both members hold their partitions
+# (the group's first rebalance is not timed).
+TOPICS=()
+for ((rep = 1; rep <= REPS; rep++)); do
+    for row in one cluster; do
+        TOPICS+=(--topic "pay-$row-$rep:$PARTITIONS" --topic "pay-$row-$rep.dlq:4")
+    done
+done
+broker_start "${TOPICS[@]}"
+SENT=0 UNIQUE=0
+# produce TOPIC: the workload into TOPIC in the background (PID[produce]);
+# produced TOPIC: once it ended, SENT and UNIQUE from its expect file.
+produce() {
+    spawn produce "$DIR/$1.produce.log" "$DIR/$1.produce.log" "$BIN" produce -b "$BOOT" \
+        -t "$1" --count "$COUNT" --duplicates 0.1 --poison 0.01 --too-large-bytes 5000 \
+        --currencies EUR,USD,TRY --users 3000 --seed 7 --expect "$DIR/$1.expect.json"
+}
+produced() {
+    [[ -n ${PID[produce]:-} ]] || return 0
+    alive "${PID[produce]}" && return 1
+    stop produce - 5 || die "produce failed: $(tail -3 "$DIR/$1.produce.log")"
+    SENT=$(expect_num "$DIR/$1.expect.json" sent)
+    UNIQUE=$(expect_num "$DIR/$1.expect.json" unique)
+}
 
 redis_start
 # The cluster's nodes: a free port whose bus port (+10000) is free too.
@@ -101,7 +118,8 @@ run() {
     local conf=$DIR/$row-$rep.properties
     local extra=(dedup.scope=partition handler=ledger)
     [[ $row == cluster ]] && extra+=("redis.cluster.nodes=$SEEDS")
-    member_props "$conf" "cluster-bench-$row-$rep" payments "${extra[@]}"
+    local topic=pay-$row-$rep
+    member_props "$conf" "cluster-bench-$row-$rep" "$topic" "${extra[@]}"
     rcli flushall >/dev/null
     local p
     for p in "${NPORT[@]}"; do redis-cli -h 127.0.0.1 -p "$p" flushall >/dev/null; done
@@ -115,6 +133,15 @@ run() {
             --set "http.listen=127.0.0.1:${ports[i]}" --set "member.id=$name"
         names+=("$name") pids+=("${PID[$name]}")
     done
+    local held a b
+    held() {
+        a=$(metric "${ports[0]}" idemproc_assigned_partitions)
+        b=$(metric "${ports[1]}" idemproc_assigned_partitions)
+        ((a > 0 && b > 0 && a + b == PARTITIONS))
+    }
+    wait_for 60 "${names[0]}" held || die "$row run $rep: the members never shared the partitions"
+    SENT=0
+    produce "$topic"
     local deadline=$(($(now_us) + 240000000)) first=0 done_us=0 prev t k
     prev=$(now_us)
     while :; do
@@ -127,7 +154,7 @@ run() {
         elif ((first == 0)); then
             first=$(((prev + t) / 2))
         fi
-        ((k < SENT)) || { done_us=$(((prev + t) / 2)); break; }
+        produced "$topic" && ((SENT > 0 && k >= SENT)) && { done_us=$(((prev + t) / 2)); break; }
         ((t < deadline)) || { tail -5 "$DIR/${names[0]}.log" >&2; die "$row run $rep: $k of $SENT records"; }
         for name in "${names[@]}"; do
             alive "${PID[$name]}" || { tail -5 "$DIR/$name.log" >&2; die "$name exited"; }
@@ -140,7 +167,7 @@ run() {
     for i in "${!NPID[@]}"; do n1[i]=$(cpu_ticks "${NPID[i]}"); done
     for name in "${names[@]}"; do kill -TERM "${PID[$name]}"; done
     for name in "${names[@]}"; do stop "$name" - 60 || die "$name exited with $? on SIGTERM"; done
-    "$BIN" verify -c "$conf" --expect "$DIR/expect.json" --dlq >"$DIR/$row-$rep.verify" 2>&1 &&
+    "$BIN" verify -c "$conf" --expect "$DIR/$topic.expect.json" --dlq >"$DIR/$row-$rep.verify" 2>&1 &&
         grep -q 'ledger exact' "$DIR/$row-$rep.verify" ||
         { cat "$DIR/$row-$rep.verify" >&2; die "$row run $rep: verify is not exact"; }
     local us=$((done_us - first)) one_us
