@@ -353,9 +353,10 @@ $(BENCH_PARTLOAD): tests/bench/partload_bench.c $(LIB_OBJS) | deps-check
 	$(CC) $(ALL_CFLAGS) -Iprocessor -o $@ $< $(LIB_OBJS) $(LDFLAGS) $(LDLIBS_ALL)
 
 # Rows of `make bench`: kcat classic redis idemproc1 idemproc2 latency
-# produce webhook outbox member (all when none is named; member: the dedup
-# state's member rows, tests/bench_member.sh, alone with BENCH_ONLY=member
-# and its own BENCH_MEMBER_ROWS / BENCH_MEMBER_MODES); e.g.
+# produce webhook outbox member cluster (all when none is named; member: the
+# dedup state's member rows, tests/bench_member.sh, alone with
+# BENCH_ONLY=member and its own BENCH_MEMBER_ROWS / BENCH_MEMBER_MODES;
+# cluster: tests/bench_cluster.sh, alone with BENCH_ONLY=cluster); e.g.
 # make bench BENCH_ROWS="kcat idemproc1". BENCH_REPS (3) repetitions.
 BENCH_ROWS ?=
 bench: $(BIN) $(HOOKSINK) $(ORDERSINK) $(BENCH_CLASSIC) $(BENCH_REDISALONE) $(BENCH_MARKTAB) $(BENCH_PARTTABLES) $(BENCH_PARTLOAD) | deps-check-bench

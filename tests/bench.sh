@@ -32,6 +32,10 @@
 #              under partition, two members (partition), the classic
 #              design, without persistence and with AOF everysec; member
 #              RSS and bytes per mark; the load of a partition of 1M marks
+#   cluster    two members on a 3-primary Redis Cluster against the same two
+#              on one Redis (tests/bench_cluster.sh, its own broker, Redis
+#              and cluster): records/s, Redis CPU per node and per record,
+#              the paper estimate of records/s per primary
 #   script     not by default: handler=script against the ledger on their own
 #              broker and Redis (tests/bench_script.sh; its own lines, not in
 #              the table)
@@ -65,6 +69,8 @@ fi
 # BENCH_ONLY=state (or the one row "state"): the dedup state's baseline (tests/bench_state.sh).
 # BENCH_ONLY=member: only the member rows (tests/bench_member.sh).
 [[ ${BENCH_ONLY:-} != member ]] || exec "$(dirname "$0")/bench_member.sh" "$BIN"
+# BENCH_ONLY=cluster (or the one row "cluster"): tests/bench_cluster.sh alone.
+[[ ${BENCH_ONLY:-} != cluster && "${*:2}" != cluster ]] || exec "$(dirname "$0")/bench_cluster.sh" "$BIN"
 [[ ${BENCH_ONLY:-} != state && "${*:2}" != state ]] || exec "$(dirname "$0")/bench_state.sh" "$BIN"
 SRC=$(cd "$(dirname "$0")/.." && pwd)
 BIN=$(cd "$(dirname "$BIN")" && pwd)/$(basename "$BIN")
@@ -80,7 +86,7 @@ WORKLOAD=(--duplicates 0.1 --poison 0.01 --too-large-bytes 5000
     --currencies EUR,USD,TRY --users 3000)
 
 ROWS=("${@:2}")
-((${#ROWS[@]})) || ROWS=(kcat classic redis idemproc1 idemproc2 latency produce webhook outbox member)
+((${#ROWS[@]})) || ROWS=(kcat classic redis idemproc1 idemproc2 latency produce webhook outbox member cluster)
 want() {
     local r
     for r in "${ROWS[@]}"; do [[ $r == "$1" ]] && return 0; done
@@ -592,6 +598,13 @@ if want member; then
     row_done member "$T_ROW"
 fi
 
+if want cluster; then
+    T_ROW=$(now_us)
+    # its own broker, Redis and cluster; its figures land in cluster.json
+    BENCH_OUT=$OUT "$SRC/tests/bench_cluster.sh" "$BIN" | tee "$DIR/cluster.out" >&2
+    row_done cluster "$T_ROW"
+fi
+
 # --- results.json, the table, the chart ------------------------------------
 T_END=$(now_us)
 jq -s --arg commit "$(git -C "$SRC" rev-parse --short HEAD 2>/dev/null || echo unknown)" \
@@ -635,6 +648,10 @@ jq -s --arg commit "$(git -C "$SRC" rev-parse --short HEAD 2>/dev/null || echo u
     ' "$DIR/rows.jsonl" >"$OUT/results.json"
 if want member && [[ -s $OUT/member.json ]]; then
     jq --slurpfile m "$OUT/member.json" '.member = $m[0]' "$OUT/results.json" >"$OUT/results.json.new"
+    mv "$OUT/results.json.new" "$OUT/results.json"
+fi
+if want cluster && [[ -s $OUT/cluster.json ]]; then
+    jq --slurpfile m "$OUT/cluster.json" '.cluster = $m[0]' "$OUT/results.json" >"$OUT/results.json.new"
     mv "$OUT/results.json.new" "$OUT/results.json"
 fi
 

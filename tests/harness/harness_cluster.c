@@ -230,17 +230,104 @@ void th_cluster_stop(th_cluster_t *c)
         if (c->node[i].dir)
             th_redis_stop(&c->node[i]);
     c->n = 0;
+    if (c->tls_dir) {
+        th_rmrf(c->tls_dir);
+        free(c->tls_dir);
+        c->tls_dir = NULL;
+    }
 }
+
+static int start_nodes(th_cluster_t *c, int primaries, int replicas,
+                       const char *password);
 
 int th_cluster_start(th_cluster_t *c, int primaries, int replicas)
 {
-    return th_cluster_start_auth(c, primaries, replicas, NULL);
+    memset(c, 0, sizeof(*c));
+    return start_nodes(c, primaries, replicas, NULL);
 }
 
 int th_cluster_start_auth(th_cluster_t *c, int primaries, int replicas,
                           const char *password)
 {
     memset(c, 0, sizeof(*c));
+    return start_nodes(c, primaries, replicas, password);
+}
+
+/* The test CA and a server certificate for 127.0.0.1 in c->tls_dir. */
+static int make_certs(th_cluster_t *c)
+{
+    c->tls_dir = th_tmpdir();
+    const char *ec = "-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 "
+                     "-nodes -days 2";
+    char sh[2048];
+    snprintf(sh, sizeof(sh),
+             "cd '%s' && openssl req -x509 %s -keyout ca.key -out ca.crt "
+             "-subj /CN=idemproc-test-ca && "
+             "printf 'subjectAltName=IP:127.0.0.1,DNS:localhost\\n' > "
+             "san.cnf && "
+             "openssl req %s -keyout server.key -out server.csr "
+             "-subj /CN=redis && "
+             "openssl x509 -req -in server.csr -CA ca.crt -CAkey ca.key "
+             "-CAcreateserial -days 2 -extfile san.cnf -out server.crt",
+             c->tls_dir, ec, ec);
+    char *argv[] = {"/bin/sh", "-c", sh, NULL};
+    char *err = NULL;
+    int rc = th_run(argv, NULL, &err, 30000);
+    if (rc)
+        fprintf(stderr, "harness_cluster: openssl: %s\n", err ? err : "");
+    free(err);
+    snprintf(c->tls_ca, sizeof(c->tls_ca), "%s/ca.crt", c->tls_dir);
+    return rc ? -1 : 0;
+}
+
+int th_cluster_start_tls(th_cluster_t *c, int primaries, int replicas)
+{
+    memset(c, 0, sizeof(*c));
+    if (primaries * (1 + replicas) > TH_CLUSTER_MAX || make_certs(c)) {
+        th_cluster_stop(c);
+        return -1;
+    }
+    for (int i = 0; i < TH_CLUSTER_MAX; i++) {
+        c->tls_port[i] = th_free_port();
+        snprintf(c->tls_args[i][0], 512, "%d", c->tls_port[i]);
+        snprintf(c->tls_args[i][1], 512, "%s/server.crt", c->tls_dir);
+        snprintf(c->tls_args[i][2], 512, "%s/server.key", c->tls_dir);
+        snprintf(c->tls_args[i][3], 512, "%s", c->tls_ca);
+        const char *tls[] = {"--tls-port",
+                             c->tls_args[i][0],
+                             "--tls-cert-file",
+                             c->tls_args[i][1],
+                             "--tls-key-file",
+                             c->tls_args[i][2],
+                             "--tls-ca-cert-file",
+                             c->tls_args[i][3],
+                             "--tls-auth-clients",
+                             "no",
+                             "--tls-cluster",
+                             "yes",
+                             "--tls-replication",
+                             "yes",
+                             NULL};
+        int n = 0;
+        for (int k = 0; cluster_args[k]; k++)
+            c->extra[i][n++] = cluster_args[k];
+        for (int k = 0; tls[k]; k++)
+            c->extra[i][n++] = tls[k];
+        c->extra[i][n] = NULL;
+    }
+    if (start_nodes(c, primaries, replicas, NULL))
+        return -1;
+    for (int i = 0; i < c->n; i++) {
+        size_t l = strlen(c->tls_seeds);
+        snprintf(c->tls_seeds + l, sizeof(c->tls_seeds) - l, "%s127.0.0.1:%d",
+                 i ? "," : "", c->tls_port[i]);
+    }
+    return 0;
+}
+
+static int start_nodes(th_cluster_t *c, int primaries, int replicas,
+                       const char *password)
+{
     int total = primaries * (1 + replicas);
     if (primaries < 3 || total > TH_CLUSTER_MAX)
         return -1;
@@ -248,7 +335,8 @@ int th_cluster_start_auth(th_cluster_t *c, int primaries, int replicas,
     int an = 3;
     static char addrs[TH_CLUSTER_MAX][32];
     for (int i = 0; i < total; i++) {
-        if (th_redis_start_args(&c->node[i], cluster_args)) {
+        if (th_redis_start_args(&c->node[i],
+                                c->tls_dir ? c->extra[i] : cluster_args)) {
             c->n = i + 1;
             th_cluster_stop(c);
             return -1;
@@ -393,4 +481,50 @@ int th_cluster_migrate_end(th_cluster_t *c, int slot, int from, int to)
         free(th_cluster_cmd(c, i, "CLUSTER SETSLOT %d NODE %s", slot, tid));
     }
     return 0;
+}
+
+int th_cluster_reshard(th_cluster_t *c, int from, int to, int nslots)
+{
+    char fid[64], tid[64], addr[32], n[16];
+    if (node_id(c, from, fid, sizeof(fid)) || node_id(c, to, tid, sizeof(tid)))
+        return -1;
+    snprintf(addr, sizeof(addr), "127.0.0.1:%d", c->node[from].port);
+    snprintf(n, sizeof(n), "%d", nslots);
+    char *argv[20] = {"/usr/bin/redis-cli", "--cluster", "reshard",      addr,
+                      "--cluster-from",     fid,         "--cluster-to", tid,
+                      "--cluster-slots",    n,           "--cluster-yes"};
+    int an = 11;
+    if (c->password[0]) {
+        argv[an++] = "-a";
+        argv[an++] = c->password;
+        argv[an++] = "--no-auth-warning";
+    }
+    argv[an] = NULL;
+    char *out = NULL, *err = NULL;
+    int rc = th_run(argv, &out, &err, 120000);
+    if (rc != 0)
+        fprintf(stderr, "redis-cli --cluster reshard: exit %d\n%s\n%s\n", rc,
+                out ? out : "", err ? err : "");
+    free(out);
+    free(err);
+    return rc == 0 ? 0 : -1;
+}
+
+int th_cluster_slots_upto(th_cluster_t *c, int i, int slot)
+{
+    static int view[16384];
+    int agreed = -1;
+    for (int k = 0; k < c->n; k++) {
+        if (c->node[k].pid <= 0 || slot_view(c, k, view))
+            continue;
+        if (view[slot] != i)
+            return -1;
+        int count = 0;
+        for (int s = 0; s <= slot; s++)
+            count += view[s] == i;
+        if (agreed >= 0 && agreed != count)
+            return -1;
+        agreed = count;
+    }
+    return agreed;
 }

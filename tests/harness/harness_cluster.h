@@ -15,6 +15,15 @@ typedef struct {
     int n;
     char seeds[TH_CLUSTER_MAX * 24]; /* "127.0.0.1:p1,127.0.0.1:p2,..." */
     char password[64]; /* requirepass of every node; "" for none */
+    /* th_cluster_start_tls: each node's TLS port (0 without TLS), the
+     * ports as "127.0.0.1:t1,..." and the CA that signed the nodes'
+     * certificate (for 127.0.0.1), in a dir removed by th_cluster_stop. */
+    int tls_port[TH_CLUSTER_MAX];
+    char tls_seeds[TH_CLUSTER_MAX * 24];
+    char *tls_dir;
+    char tls_ca[512];
+    char tls_args[TH_CLUSTER_MAX][5][512]; /* the nodes' TLS arguments */
+    const char *extra[TH_CLUSTER_MAX][24];
 } th_cluster_t;
 
 /* Starts primaries * (1 + replicas) nodes (at most TH_CLUSTER_MAX) with a
@@ -29,6 +38,13 @@ int th_cluster_start(th_cluster_t *c, int primaries, int replicas);
  * check knows no password). */
 int th_cluster_start_auth(th_cluster_t *c, int primaries, int replicas,
                           const char *password);
+
+/* th_cluster_start with TLS: a test CA and a server certificate for
+ * 127.0.0.1 made with openssl; every node listens on a tls-port besides
+ * its plain port (kept for the tests' own commands and redis-cli), with
+ * tls-cluster yes (the cluster bus over TLS) and tls-replication yes;
+ * client certificates are not required. */
+int th_cluster_start_tls(th_cluster_t *c, int primaries, int replicas);
 
 /* Kills every node (SIGKILL) and removes their dirs. Safe to call twice
  * and on a zeroed struct. */
@@ -65,6 +81,17 @@ int th_cluster_migrate_begin(th_cluster_t *c, int slot, int from, int to);
 int th_cluster_migrate_keys(th_cluster_t *c, int slot, int from, int to,
                             int max);
 int th_cluster_migrate_end(th_cluster_t *c, int slot, int from, int to);
+
+/* redis-cli --cluster reshard of nslots slots from primary `from` to
+ * primary `to` (by their node ids, --cluster-yes): the tool moves the
+ * lowest-numbered slots `from` owns, key by key with MIGRATE. 0 when the
+ * tool exited 0 (its output printed otherwise). */
+int th_cluster_reshard(th_cluster_t *c, int from, int to, int nslots);
+
+/* How many of the slots node i owns (as every live node agrees) are
+ * lower than or equal to slot: the --cluster-slots count that makes
+ * th_cluster_reshard move slot. -1 when i does not own slot. */
+int th_cluster_slots_upto(th_cluster_t *c, int i, int slot);
 
 /* A command on node i (hiredis, printf format as redisCommand); the
  * reply as text: a status, string or integer as such, an error as

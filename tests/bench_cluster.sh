@@ -1,0 +1,220 @@
+#!/usr/bin/env bash
+# bench_cluster.sh BIN: the `cluster` row of `make bench` (issue 25; docs/
+# design.md, "Redis Cluster mode"): two members (dedup.scope=partition,
+# handler=ledger) on a 3-primary Redis Cluster against the same two on one
+# Redis, in the same run. Alone: make bench BENCH_ONLY=cluster.
+#
+# Its own embedded broker, one redis-server and three cluster-enabled
+# redis-servers joined by redis-cli --cluster create (no replicas: the
+# row measures the primaries' work; no persistence on any). Workload as
+# the member rows: BENCH_CLUSTER_COUNT (200,000) payments plus 10%
+# duplicates and 1% poison on 64 partitions, produced to a topic of the
+# run's own once both members hold their partitions. BENCH_REPS (3)
+# repetitions, interleaved, of each row:
+#
+#   one      two members of one group on the single Redis
+#   cluster  two members of one group with redis.cluster.nodes
+#
+# Every run has its own group on emptied Redis servers and must be exact
+# (`idemproc verify --dlq`, which sums the cluster's shards), else the
+# bench fails. Per run: records/s (first outcome to last, polled every
+# 0.1 s), Redis CPU per node (utime + stime from /proc/<pid>/stat of each
+# redis-server, in µs per record handled by the group) and their sum. On 2
+# shared cores the members and the three nodes compete for the CPU, so
+# throughput cannot show the scaling; the per-node work can. The paper
+# estimate: one core per primary spends the summed µs per record on the
+# records of its own partitions, so a primary carries about
+# 1,000,000 / (summed µs per record) records/s and N primaries N times
+# that (while partitions spread evenly over them). Prints min / median /
+# max and writes BENCH_OUT/cluster.json. Needs bash >= 5, redis-server,
+# redis-cli, jq.
+set -euo pipefail
+
+BIN=${1:-build/idemproc}
+SRC=$(cd "$(dirname "$0")/.." && pwd)
+BIN=$(cd "$(dirname "$BIN")" && pwd)/$(basename "$BIN")
+TOOLS=$(dirname "$BIN")/bench
+OUT=${BENCH_OUT:-$TOOLS}
+REPS=${BENCH_REPS:-3}
+COUNT=${BENCH_CLUSTER_COUNT:-200000}
+PARTITIONS=64
+NODES=3
+LIB_NAME=bench-cluster LIB_SAY_FD=2 LIB_KEEP=${BENCH_KEEP:-} LIB_GRACE=30
+. "$SRC/tests/lib.sh"
+mkdir -p "$OUT"
+lib_init bench-cluster
+TICK_US=$((1000000 / $(getconf CLK_TCK)))
+
+# One topic per run, produced once both members hold their partitions
+# (the group's first rebalance is not timed).
+TOPICS=()
+for ((rep = 1; rep <= REPS; rep++)); do
+    for row in one cluster; do
+        TOPICS+=(--topic "pay-$row-$rep:$PARTITIONS" --topic "pay-$row-$rep.dlq:4")
+    done
+done
+broker_start "${TOPICS[@]}"
+SENT=0 UNIQUE=0
+# produce TOPIC: the workload into TOPIC in the background (PID[produce]);
+# produced TOPIC: once it ended, SENT and UNIQUE from its expect file.
+produce() {
+    spawn produce "$DIR/$1.produce.log" "$DIR/$1.produce.log" "$BIN" produce -b "$BOOT" \
+        -t "$1" --count "$COUNT" --duplicates 0.1 --poison 0.01 --too-large-bytes 5000 \
+        --currencies EUR,USD,TRY --users 3000 --seed 7 --expect "$DIR/$1.expect.json"
+}
+produced() {
+    [[ -n ${PID[produce]:-} ]] || return 0
+    alive "${PID[produce]}" && return 1
+    stop produce - 5 || die "produce failed: $(tail -3 "$DIR/$1.produce.log")"
+    SENT=$(expect_num "$DIR/$1.expect.json" sent)
+    UNIQUE=$(expect_num "$DIR/$1.expect.json" unique)
+}
+
+redis_start
+# The cluster's nodes: a free port whose bus port (+10000) is free too.
+NPORT=() NPID=() SEEDS=""
+for ((i = 0; i < NODES; i++)); do
+    for ((try = 0; try < 20; try++)); do
+        free_port np
+        port_free $((np + 10000)) && break
+    done
+    mkdir -p "$DIR/node$i"
+    spawn "node$i" "$DIR/node$i.log" "$DIR/node$i.log" redis-server --bind 127.0.0.1 \
+        --port "$np" --dir "$DIR/node$i" --save "" --appendonly no --daemonize no \
+        --cluster-enabled yes --cluster-config-file nodes.conf --cluster-node-timeout 5000
+    NPORT+=("$np") NPID+=("${PID[node$i]}")
+    SEEDS+="${SEEDS:+,}127.0.0.1:$np"
+    node_pong() { [[ $(redis-cli -h 127.0.0.1 -p "$1" ping 2>/dev/null) == PONG ]]; }
+    wait_for 10 "node$i" node_pong "$np" || die "cluster node $i did not start"
+done
+redis-cli --cluster create $(printf '127.0.0.1:%s ' "${NPORT[@]}") --cluster-replicas 0 \
+    --cluster-yes >"$DIR/create.log" 2>&1 || { tail -5 "$DIR/create.log" >&2; die "redis-cli --cluster create failed"; }
+cluster_ok() {
+    local p
+    for p in "${NPORT[@]}"; do
+        redis-cli -h 127.0.0.1 -p "$p" cluster info | grep -q '^cluster_state:ok' || return 1
+    done
+}
+wait_for 30 - cluster_ok || die "the cluster did not reach cluster_state:ok"
+say "cluster: $NODES primaries on ${NPORT[*]}"
+
+per() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", b ? a / b : 0 }'; }
+: >"$DIR/rows.jsonl"
+emit() {
+    local row=$1 rep=$2 kv k v json
+    shift 2
+    json="{\"row\":\"$row\",\"rep\":$rep"
+    for kv in "$@"; do
+        k=${kv%%=*} v=${kv#*=}
+        json+=",\"$k\":$v"
+    done
+    echo "$json}" >>"$DIR/rows.jsonl"
+}
+
+# run ROW REP: two members of a new group process the whole topic; emits
+# the run's figures; dies unless verify says exact.
+run() {
+    local row=$1 rep=$2 i name pids=() ports=() names=()
+    local conf=$DIR/$row-$rep.properties
+    local extra=(dedup.scope=partition handler=ledger)
+    [[ $row == cluster ]] && extra+=("redis.cluster.nodes=$SEEDS")
+    local topic=pay-$row-$rep
+    member_props "$conf" "cluster-bench-$row-$rep" "$topic" "${extra[@]}"
+    rcli flushall >/dev/null
+    local p
+    for p in "${NPORT[@]}"; do redis-cli -h 127.0.0.1 -p "$p" flushall >/dev/null; done
+    local r0 n0=()
+    r0=$(cpu_ticks "$RPID")
+    for i in "${!NPID[@]}"; do n0[i]=$(cpu_ticks "${NPID[i]}"); done
+    for ((i = 0; i < 2; i++)); do
+        name=$row-$rep-$i
+        free_port "ports[$i]"
+        spawn "$name" "$DIR/$name.log" "$DIR/$name.log" "$BIN" run -c "$conf" \
+            --set "http.listen=127.0.0.1:${ports[i]}" --set "member.id=$name"
+        names+=("$name") pids+=("${PID[$name]}")
+    done
+    local held a b
+    held() {
+        a=$(metric "${ports[0]}" idemproc_assigned_partitions)
+        b=$(metric "${ports[1]}" idemproc_assigned_partitions)
+        ((a > 0 && b > 0 && a + b == PARTITIONS))
+    }
+    wait_for 60 "${names[0]}" held || die "$row run $rep: the members never shared the partitions"
+    SENT=0
+    produce "$topic"
+    local deadline=$(($(now_us) + 240000000)) first=0 done_us=0 prev t k
+    prev=$(now_us)
+    while :; do
+        k=0
+        for i in "${!ports[@]}"; do k=$((k + $(metric_sum "${ports[i]}"))); done
+        t=$(now_us)
+        if ((k == 0)); then
+            r0=$(cpu_ticks "$RPID")
+            for i in "${!NPID[@]}"; do n0[i]=$(cpu_ticks "${NPID[i]}"); done
+        elif ((first == 0)); then
+            first=$(((prev + t) / 2))
+        fi
+        produced "$topic" && ((SENT > 0 && k >= SENT)) && { done_us=$(((prev + t) / 2)); break; }
+        ((t < deadline)) || { tail -5 "$DIR/${names[0]}.log" >&2; die "$row run $rep: $k of $SENT records"; }
+        for name in "${names[@]}"; do
+            alive "${PID[$name]}" || { tail -5 "$DIR/$name.log" >&2; die "$name exited"; }
+        done
+        prev=$t
+        sleep 0.1
+    done
+    local r1 n1=() sum=0 nodes=() us_node
+    r1=$(cpu_ticks "$RPID")
+    for i in "${!NPID[@]}"; do n1[i]=$(cpu_ticks "${NPID[i]}"); done
+    for name in "${names[@]}"; do kill -TERM "${PID[$name]}"; done
+    for name in "${names[@]}"; do stop "$name" - 60 || die "$name exited with $? on SIGTERM"; done
+    "$BIN" verify -c "$conf" --expect "$DIR/$topic.expect.json" --dlq >"$DIR/$row-$rep.verify" 2>&1 &&
+        grep -q 'ledger exact' "$DIR/$row-$rep.verify" ||
+        { cat "$DIR/$row-$rep.verify" >&2; die "$row run $rep: verify is not exact"; }
+    local us=$((done_us - first)) one_us
+    one_us=$(per $(((r1 - r0) * TICK_US)) "$SENT")
+    if [[ $row == cluster ]]; then
+        for i in "${!NPID[@]}"; do
+            us_node=$(per $(((n1[i] - n0[i]) * TICK_US)) "$SENT")
+            nodes+=("node${i}_cpu_us=$us_node")
+            sum=$((sum + n1[i] - n0[i]))
+        done
+        emit cluster "$rep" rate=$((SENT * 1000000 / us)) "${nodes[@]}" \
+            redis_cpu_us="$(per $((sum * TICK_US)) "$SENT")" single_redis_cpu_us="$one_us"
+    else
+        emit one "$rep" rate=$((SENT * 1000000 / us)) redis_cpu_us="$one_us"
+    fi
+    say "$row run $rep: $((SENT * 1000000 / us)) records/s, verify exact"
+}
+
+RPID=${PID[redis]}
+for ((rep = 1; rep <= REPS; rep++)); do
+    run one "$rep"
+    run cluster "$rep"
+done
+
+jq -s --argjson sent "$SENT" --argjson unique "$UNIQUE" --argjson reps "$REPS" --argjson nodes "$NODES" '
+    def stats: sort as $s | {min: $s[0], median: $s[($s | length - 1) / 2 | floor], max: $s[-1]};
+    (group_by(.row) | map(. as $g | {key: $g[0].row, value:
+        ([$g[] | keys_unsorted[]] | unique - ["row", "rep"]
+         | map(. as $k | {key: $k, value: ([$g[] | .[$k] | select(. != null)] | stats)})
+         | from_entries)}) | from_entries) as $rows
+    | {workload: {records: $sent, unique: $unique, partitions: 64, duplicates: 0.1,
+                  poison: 0.01, repetitions: $reps, members: 2, primaries: $nodes},
+       rows: $rows,
+       estimate: {
+           one_redis_records_per_s: (1000000 / $rows.one.redis_cpu_us.median | floor),
+           per_primary_records_per_s: (1000000 / $rows.cluster.redis_cpu_us.median | floor),
+           cluster_records_per_s: ($nodes * 1000000 / $rows.cluster.redis_cpu_us.median | floor),
+           cluster_cpu_over_one: (($rows.cluster.redis_cpu_us.median / $rows.one.redis_cpu_us.median * 100 | round) / 100),
+           cluster_rate_over_one: (($rows.cluster.rate.median / $rows.one.rate.median * 100 | round) / 100)}}' \
+    "$DIR/rows.jsonl" >"$OUT/cluster.json"
+
+echo "cluster rows ($SENT records, $UNIQUE applied, $PARTITIONS partitions, two members; min / median / max of $REPS; every run verified exact)"
+jq -r '
+    def s: "\(.min) / \(.median) / \(.max)";
+    .rows | to_entries[] | .key as $k | .value as $v |
+        "\($k): \($v.rate | s) records/s; Redis CPU µs per record: \($v.redis_cpu_us | s)" +
+        (if $k == "cluster" then " summed over the nodes (" +
+            ([$v | to_entries[] | select(.key | test("^node")) | "\(.key | sub("_cpu_us"; "")) \(.value.median)"] | join(", ")) +
+            "; the single Redis meanwhile \($v.single_redis_cpu_us.median))" else "" end)' "$OUT/cluster.json"
+jq -r '.estimate | "paper estimate (one core per Redis): one Redis \(.one_redis_records_per_s) records/s; a primary \(.per_primary_records_per_s) records/s, \(.cluster_records_per_s) for the 3 primaries; cluster / one Redis: CPU per record \(.cluster_cpu_over_one)x, measured records/s \(.cluster_rate_over_one)x (2 shared cores)"' "$OUT/cluster.json"
