@@ -335,8 +335,22 @@ static int start_nodes(th_cluster_t *c, int primaries, int replicas,
     int an = 3;
     static char addrs[TH_CLUSTER_MAX][32];
     for (int i = 0; i < total; i++) {
-        if (th_redis_start_args(&c->node[i],
-                                c->tls_dir ? c->extra[i] : cluster_args)) {
+        /* th_redis_start_args tries new ports, but not a new TLS port: a
+         * TLS node that cannot start (its TLS port taken meanwhile, e.g.
+         * by another node's bus port, its port + 10000) gets a new one. */
+        int rc = -1;
+        for (int attempt = 0; rc && attempt < 5; attempt++) {
+            if (attempt) {
+                th_redis_stop(&c->node[i]); /* its directory */
+                if (c->tls_dir) {
+                    c->tls_port[i] = th_free_port();
+                    snprintf(c->tls_args[i][0], 512, "%d", c->tls_port[i]);
+                }
+            }
+            rc = th_redis_start_args(&c->node[i],
+                                     c->tls_dir ? c->extra[i] : cluster_args);
+        }
+        if (rc) {
             c->n = i + 1;
             th_cluster_stop(c);
             return -1;
