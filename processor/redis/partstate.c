@@ -44,6 +44,8 @@ struct idem_partstate_s {
                              without a key (TIME, SCRIPT LOAD) goes to */
     int64_t part_max;     /* bytes of marks per window key part
                              (dedup.window.key.max) */
+    uint8_t key[16];      /* the group's hash key, once read */
+    int have_key;
 };
 
 idem_partstate_t *idem_partstate_new(idem_store_t *store,
@@ -164,7 +166,11 @@ int idem_partstate_hashkey(idem_partstate_t *p, uint8_t key[16], char *errstr,
     char k[512];
     snprintf(k, sizeof(k), "%sdedupkey:%s", p->conf->redis_prefix,
              p->conf->group_id ? p->conf->group_id : "");
-    const char *sargv[] = {"SET", k, (const char *)fresh, "NX"};
+    /* A key already read is written back, not a new one: a Redis (a
+     * cluster node) that lost it may still hold marks made with it
+     * elsewhere, and a new key would make them unreadable. */
+    const uint8_t *v = p->have_key ? p->key : fresh;
+    const char *sargv[] = {"SET", k, (const char *)v, "NX"};
     const size_t slen[] = {3, strlen(k), sizeof(fresh), 2};
     redisReply *r = command(p, 1, 4, sargv, slen, errstr, errstr_size);
     if (!r)
@@ -176,7 +182,23 @@ int idem_partstate_hashkey(idem_partstate_t *p, uint8_t key[16], char *errstr,
         return -1;
     if (r->type != REDIS_REPLY_STRING || r->len != 16)
         return unexpected(p, r, "GET dedupkey", errstr, errstr_size);
+    if (p->have_key && memcmp(p->key, r->str, 16) &&
+        idem_store_cluster(p->store)) {
+        /* Lost, and another member wrote a new one before this one wrote
+         * it back: the marks on the other nodes were made with the old
+         * key and would not be found. An outage, never a double effect
+         * (docs/guarantees.md, "Redis Cluster mode"). */
+        freeReplyObject(r);
+        snprintf(errstr, errstr_size,
+                 "redis cluster: %s holds another key than the marks of "
+                 "this member were made with (the node lost it): the "
+                 "partition marks cannot be read; restore the key",
+                 k);
+        return -1;
+    }
     memcpy(key, r->str, 16);
+    memcpy(p->key, r->str, 16);
+    p->have_key = 1;
     freeReplyObject(r);
     return 0;
 }

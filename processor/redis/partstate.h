@@ -32,7 +32,10 @@ void idem_partstate_destroy(idem_partstate_t *p);
 
 /* The group's key of the keyed hash of identities: SET NX of 16 random
  * bytes at <prefix>dedupkey:<group>, then read back (whoever set it first
- * wins, every member reads the same). 0, or -1 with errstr (retriable). */
+ * wins, every member reads the same). Once read, the same key is written
+ * back instead of new bytes (a Redis or a cluster node that lost it may
+ * still hold marks made with it elsewhere); in cluster mode another key
+ * found then is an outage. 0, or -1 with errstr (retriable). */
 int idem_partstate_hashkey(idem_partstate_t *p, uint8_t key[16], char *errstr,
                            size_t errstr_size);
 
