@@ -541,6 +541,8 @@ redisContext *idem_store_ctx_key(idem_store_t *s, int write, const char *key,
 }
 
 static void store_cluster_export(idem_store_t *s, int now);
+static void store_cluster_fail(idem_store_t *s, const idem_cluster_err_t *e,
+                               char *errstr, size_t errstr_size);
 
 int idem_store_ctx_call(idem_store_t *s, const char *key, size_t len,
                         const char *cmd, size_t cmd_len, int ask_waits,
@@ -561,19 +563,26 @@ int idem_store_ctx_call(idem_store_t *s, const char *key, size_t len,
     int failed = idem_cluster_pipeline(s->cl, key, len, &one, 1, reply, &e);
     store_cluster_export(s, failed);
     if (failed) {
-        snprintf(errstr, errstr_size, "%s", e.str);
-        if (s->metrics)
-            idem_metrics_redis_error_add(
-                s->metrics,
-                e.cls == IDEM_CLUSTER_ERR_TIMEOUT       ? "timeout"
-                : e.cls == IDEM_CLUSTER_ERR_CLUSTERDOWN ? "clusterdown"
-                                                        : "connection",
-                1);
+        store_cluster_fail(s, &e, errstr, errstr_size);
         s->c = NULL;
         return -1;
     }
     s->c = NULL; /* the client may have moved connections: routed again */
     return 0;
+}
+
+/* A cluster outage: its text for the caller, its class counted. */
+static void store_cluster_fail(idem_store_t *s, const idem_cluster_err_t *e,
+                               char *errstr, size_t errstr_size)
+{
+    snprintf(errstr, errstr_size, "%s", e->str);
+    if (s->metrics)
+        idem_metrics_redis_error_add(
+            s->metrics,
+            e->cls == IDEM_CLUSTER_ERR_TIMEOUT       ? "timeout"
+            : e->cls == IDEM_CLUSTER_ERR_CLUSTERDOWN ? "clusterdown"
+                                                     : "connection",
+            1);
 }
 
 int idem_store_ctx_fail(idem_store_t *s, const char *what, const char *detail,
@@ -699,14 +708,7 @@ static int store_route(idem_store_t *s, int slot, char *errstr,
     store_cluster_export(s, !s->c);
     if (s->c)
         return 0;
-    snprintf(errstr, errstr_size, "%s", e.str);
-    if (s->metrics)
-        idem_metrics_redis_error_add(
-            s->metrics,
-            e.cls == IDEM_CLUSTER_ERR_TIMEOUT       ? "timeout"
-            : e.cls == IDEM_CLUSTER_ERR_CLUSTERDOWN ? "clusterdown"
-                                                    : "connection",
-            1);
+    store_cluster_fail(s, &e, errstr, errstr_size);
     return -1;
 }
 

@@ -53,12 +53,7 @@ static long cluster_applied(void)
 {
     long sum = 0;
     for (int i = 0; i < clu.n; i++) {
-        if (!clu.node[i].pid)
-            continue;
-        char *role = th_cluster_cmd(&clu, i, "ROLE");
-        int primary = role && !strncmp(role, "master", 6);
-        free(role);
-        if (!primary)
+        if (!th_cluster_is_primary(&clu, i))
             continue;
         char *keys = th_cluster_cmd(&clu, i, "KEYS idemproc:ledger:applied*");
         for (char *k = keys ? strtok(keys, "\n") : NULL; k;
@@ -98,12 +93,7 @@ static long sharded_keys(const char *pattern)
 {
     long n = 0;
     for (int i = 0; i < clu.n; i++) {
-        if (!clu.node[i].pid)
-            continue;
-        char *role = th_cluster_cmd(&clu, i, "ROLE");
-        int primary = role && !strncmp(role, "master", 6);
-        free(role);
-        if (!primary)
+        if (!th_cluster_is_primary(&clu, i))
             continue;
         char *keys = th_cluster_cmd(&clu, i, "KEYS %s", pattern);
         for (char *k = keys ? strtok(keys, "\n") : NULL; k;
@@ -179,15 +169,6 @@ static void end_exact(pid_t m1, pid_t m2)
     th_cluster_stop(&clu);
 }
 
-/* A primary's index, or -1: ROLE says master and it owns a slot. */
-static int is_primary(int i)
-{
-    char *role = th_cluster_cmd(&clu, i, "ROLE");
-    int primary = role && !strncmp(role, "master", 6);
-    free(role);
-    return primary;
-}
-
 /* The plan for redis-cli --cluster reshard, which moves the lowest slots
  * of a source: for each primary, how many of its tags to move (its tags
  * in slot order; moving the m-th costs every slot of that primary up to
@@ -210,7 +191,7 @@ static void plan_reshard(int *take, int *target)
     for (;;) {
         int tags = 0, total = 0, free_primary = -1;
         for (int i = 0; i < clu.n; i++) {
-            if (!clu.node[i].pid || !is_primary(i))
+            if (!th_cluster_is_primary(&clu, i))
                 continue;
             if (m[i] == 0) {
                 free_primary = i;

@@ -542,3 +542,13 @@ int th_cluster_slots_upto(th_cluster_t *c, int i, int slot)
     }
     return agreed;
 }
+
+int th_cluster_is_primary(th_cluster_t *c, int i)
+{
+    if (i < 0 || i >= c->n || !c->node[i].pid)
+        return 0;
+    char *role = th_cluster_cmd(c, i, "ROLE");
+    int primary = role && !strncmp(role, "master", 6);
+    free(role);
+    return primary;
+}

@@ -100,4 +100,8 @@ int th_cluster_slots_upto(th_cluster_t *c, int i, int slot);
 char *th_cluster_cmd(th_cluster_t *c, int i, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
+/* 1 when node i runs and its ROLE says master (a primary now: a killed
+ * primary's promoted replica says so too), else 0. */
+int th_cluster_is_primary(th_cluster_t *c, int i);
+
 #endif
