@@ -233,8 +233,8 @@ Test(partscope, zombie_owner_is_fenced, .timeout = 300)
     TH_ASSERT_VERIFIED(&stk, 0, NULL, 150000);
     cr_expect_gt(partscope_keys(), 0, "no partition-scoped state in Redis");
     cr_log_info("A's log: %d fenced", th_stack_log_count(&stk, "ma", "fenced"));
-    cr_expect_eq(th_stop(b, 15000), 0);
-    cr_expect_eq(th_stop(a, 15000), 0);
+    cr_expect_eq(th_stack_stop_member(&stk, "mb", b, 15000), 0);
+    cr_expect_eq(th_stack_stop_member(&stk, "ma", a, 15000), 0);
     th_stack_stop(&stk);
 }
 
