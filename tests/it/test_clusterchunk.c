@@ -11,6 +11,7 @@
 #include "conf/conf.h"
 #include "fixture_redisconn.h"
 #include "harness_cluster.h"
+#include "partrig.h"
 #include "redis/partstate.h"
 #include "redis/store.h"
 
@@ -19,30 +20,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-extern const char idem_ledger_lua[];
-extern const size_t idem_ledger_lua_len;
-
 static th_cluster_t clu;
 static idem_conf_t *conf;
 static idem_store_t *store;
 static idem_partstate_t *ps;
 
-typedef struct {
-    const char *id, *mid, *cur, *user, *amt;
-} trec_t;
-
-static size_t targs(const void *rec, const char **argv, size_t *argvlen,
-                    void *opaque)
-{
-    (void)opaque;
-    const trec_t *t = rec;
-    const char *v[] = {t->id, t->mid, t->cur, t->user, t->amt};
-    for (int i = 0; i < 5; i++) {
-        argv[i] = v[i];
-        argvlen[i] = strlen(v[i]);
-    }
-    return 5;
-}
+typedef th_trec_t trec_t;
 
 static void fini(void)
 {
@@ -76,27 +59,8 @@ static int chunk_of(int32_t part, int64_t epoch, int64_t expect,
                     const trec_t *recs, size_t n, int seed0,
                     idem_partstate_result_t *res, char *err, size_t errsz)
 {
-    const void *rp[8];
-    uint8_t marks[8][16];
-    for (size_t i = 0; i < n; i++) {
-        rp[i] = &recs[i];
-        for (int b = 0; b < 16; b++)
-            marks[i][b] = (uint8_t)((seed0 + (int)i) * 31 + b);
-        marks[i][12] &= 0x7f;
-    }
-    idem_store_pos_t pos = {
-        .topic = "t", .partition = part, .offset = expect + (int64_t)n};
-    idem_posval_init(&pos.val, "c1");
-    idem_partstate_chunk_t ch = {.topic = "t",
-                                 .partition = part,
-                                 .epoch = epoch,
-                                 .expect_offset = expect,
-                                 .newpos = &pos,
-                                 .recs = (const void *const *)rp,
-                                 .marks = (const uint8_t(*)[16])marks,
-                                 .n = n};
-    int64_t w = -1;
-    return idem_partstate_chunk(ps, &ch, res, &w, err, errsz);
+    return th_partrig_chunk(ps, part, epoch, expect, expect + (int64_t)n, recs,
+                            n, seed0, res, NULL, err, errsz);
 }
 
 static int chunk(int64_t epoch, int64_t expect, const trec_t *recs, size_t n,
@@ -125,14 +89,8 @@ static void store_on(const char *nodes, const char *const *more)
         sets[n] = (char *)more[n - 8];
     conf = idem_conf_load(NULL, NULL, sets, n, err, sizeof(err));
     cr_assert(conf, "%s", err);
-    store = idem_store_new(conf, NULL);
+    th_partrig_start(conf, &store, &ps);
     cr_assert(idem_store_cluster(store));
-    cr_assert_geq(idem_store_effect_register(store, idem_ledger_lua,
-                                             idem_ledger_lua_len, 5, targs,
-                                             NULL, err, sizeof(err)),
-                  0, "%s", err);
-    ps = idem_partstate_new(store, conf, err, sizeof(err));
-    cr_assert(ps, "%s", err);
 }
 
 /* Partition part's epoch bumped and its first position (0) written. */

@@ -10,6 +10,7 @@
 #include "conf/conf.h"
 #include "fixture_redisconn.h"
 #include "harness.h"
+#include "partrig.h"
 #include "redis/partstate.h"
 #include "redis/store.h"
 
@@ -21,32 +22,16 @@
 #include <string.h>
 #include <unistd.h>
 
-extern const char idem_ledger_lua[];
-extern const size_t idem_ledger_lua_len;
-
 static th_redis_t rds;
 static idem_conf_t *conf;
 static idem_store_t *store;
 static idem_partstate_t *ps;
 static redisContext *cli;
 
-typedef struct {
-    const char *id, *mid, *cur, *user, *amt;
-} trec_t;
+extern const char idem_ledger_lua[];
+extern const size_t idem_ledger_lua_len;
 
-/* The ledger's five arguments of a test record. */
-static size_t targs(const void *rec, const char **argv, size_t *argvlen,
-                    void *opaque)
-{
-    (void)opaque;
-    const trec_t *t = rec;
-    const char *v[] = {t->id, t->mid, t->cur, t->user, t->amt};
-    for (int i = 0; i < 5; i++) {
-        argv[i] = v[i];
-        argvlen[i] = strlen(v[i]);
-    }
-    return 5;
-}
+typedef th_trec_t trec_t;
 
 /* Redis, a store with the ledger's effect and the partition layout, for
  * group g with dedup.ttl.seconds ttl, and one more setting extra (NULL:
@@ -68,13 +53,7 @@ static void start_with(const char *ttl, const char *extra)
                     (char *)extra};
     conf = idem_conf_load(NULL, NULL, sets, extra ? 8 : 7, err, sizeof(err));
     cr_assert(conf, "%s", err);
-    store = idem_store_new(conf, NULL);
-    cr_assert_geq(idem_store_effect_register(store, idem_ledger_lua,
-                                             idem_ledger_lua_len, 5, targs,
-                                             NULL, err, sizeof(err)),
-                  0, "%s", err);
-    ps = idem_partstate_new(store, conf, err, sizeof(err));
-    cr_assert(ps, "%s", err);
+    th_partrig_start(conf, &store, &ps);
     cli = redisConnect("127.0.0.1", rds.port);
     cr_assert(cli && !cli->err);
     /* the chunk script runs only under the partition layout (the layout
@@ -105,44 +84,18 @@ static void fini(void)
 
 TestSuite(partstate, .fini = fini, .timeout = 60);
 
-/* The reply of a redis-cli command as text ("" for nil; an integer as its
- * digits). */
+/* A command's reply on cli as text (partrig.h). */
 static char *q(const char *fmt, const char *a, const char *b)
 {
-    static char out[4][256];
-    static int k;
-    redisReply *r = redisCommand(cli, fmt, a, b);
-    cr_assert(r);
-    char *o = out[k++ % 4];
-    if (r->type == REDIS_REPLY_INTEGER)
-        snprintf(o, 256, "%lld", r->integer);
-    else if (r->type == REDIS_REPLY_STRING || r->type == REDIS_REPLY_STATUS ||
-             r->type == REDIS_REPLY_ERROR)
-        snprintf(o, 256, "%s", r->str);
-    else
-        o[0] = '\0';
-    freeReplyObject(r);
-    return o;
+    return th_reply_text(cli, fmt, a, b);
 }
 
-/* Writes the first position of t:0 (offset off), as the loop does before
- * its first effect. */
 static void first_position(int64_t off)
 {
-    idem_store_pos_t pos = {.topic = "t", .partition = 0, .offset = off};
-    idem_posval_init(&pos.val, "c1");
-    char err[512];
-    cr_assert_eq(idem_store_positions_save(store, &pos, 1, err, sizeof(err)), 0,
-                 "%s", err);
+    th_partrig_first_position(store, 0, off);
 }
 
-/* A mark: byte i is seed + i, the last four the message id's digest. */
-static void mark_of(uint8_t m[16], int seed)
-{
-    for (int i = 0; i < 16; i++)
-        m[i] = (uint8_t)(seed * 31 + i);
-    m[12] &= 0x7f;
-}
+#define mark_of th_mark_of
 
 static int64_t last_window = -1; /* the last chunk's, as Redis answered */
 
@@ -151,30 +104,11 @@ static int chunk(int64_t epoch, int64_t expect, int64_t newoff,
                  const trec_t *recs, size_t n, int seed0,
                  idem_partstate_result_t *res, char *err, size_t errsz)
 {
-    const void **rp = calloc(n ? n : 1, sizeof(*rp));
-    uint8_t(*marks)[16] = calloc(n ? n : 1, 16);
-    for (size_t i = 0; i < n; i++) {
-        rp[i] = &recs[i];
-        mark_of(marks[i], seed0 + (int)i);
-    }
-    idem_store_pos_t pos = {.topic = "t", .partition = 0, .offset = newoff};
-    idem_posval_init(&pos.val, "c1");
-    idem_partstate_chunk_t ch = {.topic = "t",
-                                 .partition = 0,
-                                 .epoch = epoch,
-                                 .expect_offset = expect,
-                                 .newpos = newoff >= 0 ? &pos : NULL,
-                                 .recs = (const void *const *)rp,
-                                 .marks = (const uint8_t(*)[16])marks,
-                                 .n = n};
-    int64_t w = -1;
-    int rc = idem_partstate_chunk(ps, &ch, res, &w, err, errsz);
-    if (rc == 0) {
-        cr_assert_geq(w, 0);
+    int64_t w;
+    int rc = th_partrig_chunk(ps, 0, epoch, expect, newoff, recs, n, seed0, res,
+                              &w, err, errsz);
+    if (rc == 0)
         last_window = w;
-    }
-    free(rp);
-    free(marks);
     return rc;
 }
 
@@ -519,10 +453,10 @@ Test(partstate, global_script_shares_the_effect)
     char err[512];
     /* the store registered the effect once; its script number is 2 (after
      * the claim and mark scripts): ask by registering none again */
-    cr_expect_lt(idem_store_effect_register(store, idem_ledger_lua,
-                                            idem_ledger_lua_len, 5, targs, NULL,
-                                            err, sizeof(err)),
-                 0);
+    cr_expect_lt(
+        idem_store_effect_register(store, idem_ledger_lua, idem_ledger_lua_len,
+                                   5, th_trec_args, NULL, err, sizeof(err)),
+        0);
     const trec_t recs[] = {
         {"id-1", "m-1", "EUR", "u1", "10"},
         {"id-1", "m-1b", "EUR", "u1", "10"},
