@@ -8,13 +8,15 @@
 #include "harness.h"
 
 #include <criterion/criterion.h>
-#include <librdkafka/rdkafka.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
 static th_stack_t stk;
+
+#define member(N, S)         th_stack_member_started(&stk, N, S)
+#define wait_committed(P, T) th_stack_wait_committed(&stk, "payments", P, T)
 
 TestSuite(layout, .fini = th_stack_cleanup);
 
@@ -60,54 +62,6 @@ static long partscope_keys(void)
     long v = out ? atol(out) : 0;
     free(out);
     return v;
-}
-
-/* Whether test-group committed every partition of payments to its end. */
-static int committed_to_end(int partitions)
-{
-    char err[512];
-    rd_kafka_conf_t *kc = rd_kafka_conf_new();
-    rd_kafka_conf_set(kc, "bootstrap.servers", stk.broker.bootstrap, err,
-                      sizeof(err));
-    rd_kafka_conf_set(kc, "group.id", "test-group", err, sizeof(err));
-    rd_kafka_t *rk = rd_kafka_new(RD_KAFKA_CONSUMER, kc, err, sizeof(err));
-    cr_assert(rk, "%s", err);
-    rd_kafka_topic_partition_list_t *l =
-        rd_kafka_topic_partition_list_new(partitions);
-    for (int p = 0; p < partitions; p++)
-        rd_kafka_topic_partition_list_add(l, "payments", p);
-    int done = rd_kafka_committed(rk, l, 10000) == 0;
-    for (int i = 0; done && i < l->cnt; i++) {
-        int64_t lo, hi;
-        done = rd_kafka_query_watermark_offsets(rk, "payments", i, &lo, &hi,
-                                                10000) == 0 &&
-               (l->elems[i].offset >= hi || hi == lo);
-    }
-    rd_kafka_topic_partition_list_destroy(l);
-    rd_kafka_destroy(rk);
-    return done;
-}
-
-/* Every record read has its outcome (so a verify after it is not exact
- * merely because the late duplicates were not read yet). */
-static void wait_committed(int partitions, int timeout_ms)
-{
-    for (int t = 0; t < timeout_ms && !committed_to_end(partitions); t += 200)
-        usleep(200000);
-    cr_assert(committed_to_end(partitions),
-              "the group never finished the input");
-}
-
-static pid_t member(const char *name, const char *const sets[])
-{
-    pid_t pid = th_stack_member(&stk, name, sets);
-    cr_assert_gt(pid, 0);
-    int rc = th_wait(pid, 1500);
-    if (rc != -1) {
-        char *log = th_stack_member_log(&stk, name);
-        cr_assert_fail("member %s exited (%d) at start:\n%s", name, rc, log);
-    }
-    return pid;
 }
 
 /* The same generated traffic each time (deterministic by seed): sent

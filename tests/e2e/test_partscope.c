@@ -9,7 +9,6 @@
 
 #include <criterion/criterion.h>
 #include <dirent.h>
-#include <librdkafka/rdkafka.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -20,6 +19,16 @@
 
 /* At file scope (see test_pipeline.c): the suite's .fini needs it. */
 static th_stack_t stk;
+
+static pid_t member(const char *name)
+{
+    return th_stack_member_started(&stk, name, NULL);
+}
+
+static void wait_committed(int partitions, int timeout_ms)
+{
+    th_stack_wait_committed(&stk, "payments", partitions, timeout_ms);
+}
 
 TestSuite(partscope, .fini = th_stack_cleanup);
 
@@ -80,56 +89,6 @@ static long epoch_of(int partition)
              partition);
     const char *args[] = {"GET", key, NULL};
     return redis_num(args);
-}
-
-/* Whether test-group committed every partition of `payments` to its end
- * (so every record read has its outcome); an empty partition is done. */
-static int committed_to_end(int partitions)
-{
-    char err[512];
-    rd_kafka_conf_t *kc = rd_kafka_conf_new();
-    rd_kafka_conf_set(kc, "bootstrap.servers", stk.broker.bootstrap, err,
-                      sizeof(err));
-    rd_kafka_conf_set(kc, "group.id", "test-group", err, sizeof(err));
-    rd_kafka_t *rk = rd_kafka_new(RD_KAFKA_CONSUMER, kc, err, sizeof(err));
-    cr_assert(rk, "%s", err);
-    rd_kafka_topic_partition_list_t *l =
-        rd_kafka_topic_partition_list_new(partitions);
-    for (int p = 0; p < partitions; p++)
-        rd_kafka_topic_partition_list_add(l, "payments", p);
-    int done = rd_kafka_committed(rk, l, 10000) == 0;
-    for (int i = 0; done && i < l->cnt; i++) {
-        int64_t lo, hi;
-        done = rd_kafka_query_watermark_offsets(rk, "payments", i, &lo, &hi,
-                                                10000) == 0 &&
-               (l->elems[i].offset >= hi || hi == lo); /* empty: nothing */
-    }
-    rd_kafka_topic_partition_list_destroy(l);
-    rd_kafka_destroy(rk);
-    return done;
-}
-
-static void wait_committed(int partitions, int timeout_ms)
-{
-    for (int t = 0; t < timeout_ms && !committed_to_end(partitions); t += 100)
-        usleep(100000);
-    cr_assert(committed_to_end(partitions),
-              "the member never finished the input");
-}
-
-/* Starts member `name` and fails at once, with its log, when it exits
- * during its first 1.5 s (a refused setting) instead of letting the test
- * wait for records that will never be applied. */
-static pid_t member(const char *name)
-{
-    pid_t pid = th_stack_member(&stk, name, NULL);
-    cr_assert_gt(pid, 0);
-    int rc = th_wait(pid, 1500);
-    if (rc != -1) {
-        char *log = th_stack_member_log(&stk, name);
-        cr_assert_fail("member %s exited (%d) at start:\n%s", name, rc, log);
-    }
-    return pid;
 }
 
 /* One payment as a JSON line (EUR; key: its order_id). */

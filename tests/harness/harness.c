@@ -597,6 +597,54 @@ long th_stack_expect_unique(th_stack_t *s)
     return n;
 }
 
+pid_t th_stack_member_started(th_stack_t *s, const char *name,
+                              const char *const sets[])
+{
+    pid_t pid = th_stack_member(s, name, sets);
+    cr_assert_gt(pid, 0);
+    int rc = th_wait(pid, 1500);
+    if (rc != -1) {
+        char *log = th_stack_member_log(s, name);
+        cr_assert_fail("member %s exited (%d) at start:\n%s", name, rc, log);
+    }
+    return pid;
+}
+
+static int committed_to_end(th_stack_t *s, const char *topic, int partitions)
+{
+    char err[512];
+    rd_kafka_conf_t *kc = rd_kafka_conf_new();
+    rd_kafka_conf_set(kc, "bootstrap.servers", s->broker.bootstrap, err,
+                      sizeof(err));
+    rd_kafka_conf_set(kc, "group.id", "test-group", err, sizeof(err));
+    rd_kafka_t *rk = rd_kafka_new(RD_KAFKA_CONSUMER, kc, err, sizeof(err));
+    cr_assert(rk, "%s", err);
+    rd_kafka_topic_partition_list_t *l =
+        rd_kafka_topic_partition_list_new(partitions);
+    for (int p = 0; p < partitions; p++)
+        rd_kafka_topic_partition_list_add(l, topic, p);
+    int done = rd_kafka_committed(rk, l, 10000) == 0;
+    for (int i = 0; done && i < l->cnt; i++) {
+        int64_t lo, hi;
+        done = rd_kafka_query_watermark_offsets(rk, topic, i, &lo, &hi,
+                                                10000) == 0 &&
+               (l->elems[i].offset >= hi || hi == lo); /* empty: nothing */
+    }
+    rd_kafka_topic_partition_list_destroy(l);
+    rd_kafka_destroy(rk);
+    return done;
+}
+
+void th_stack_wait_committed(th_stack_t *s, const char *topic, int partitions,
+                             int timeout_ms)
+{
+    for (int t = 0; t < timeout_ms && !committed_to_end(s, topic, partitions);
+         t += 200)
+        usleep(200000);
+    cr_assert(committed_to_end(s, topic, partitions),
+              "the group never committed %s to its end", topic);
+}
+
 char *th_stack_member_log(th_stack_t *s, const char *name)
 {
     char path[600];

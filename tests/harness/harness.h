@@ -157,6 +157,19 @@ int th_stack_wait_applied(th_stack_t *s, long n, int timeout_ms);
  * (Criterion) that it is there and above 0. */
 long th_stack_expect_unique(th_stack_t *s);
 
+/* th_stack_member, then fails the test at once, with the member's log,
+ * when it exits during its first 1.5 s (a refused setting) rather than let
+ * the test wait for records that will never be applied. */
+pid_t th_stack_member_started(th_stack_t *s, const char *name,
+                              const char *const sets[]);
+
+/* Waits until the stack's group (test-group) has committed every one of
+ * the first `partitions` partitions of `topic` to its end (an empty one is
+ * done), so every record read has its outcome; fails the test after
+ * timeout_ms. */
+void th_stack_wait_committed(th_stack_t *s, const char *topic, int partitions,
+                             int timeout_ms);
+
 /* Member `name`'s log (<dir>/<name>.log), "" when there is none. Never
  * NULL; caller frees. */
 char *th_stack_member_log(th_stack_t *s, const char *name);
