@@ -66,9 +66,10 @@
 -- that partition's tag: the positions hash is <prefix>pos{<tag>}, the
 -- layout key's place holds a key of the slot that is never read (cluster
 -- mode runs the partition layout, fixed), and the ledger's keys get the
--- tag as a suffix (KSUF, handlers/ledger.lua). The window key and the
--- ledger's keys are not declared in KEYS, so they are read (EXISTS) before
--- the first write: on a node whose slot is being migrated away a key
+-- tag as a suffix (KSUF, handlers/ledger.lua). The window key's parts and
+-- the ledger's keys are not declared in KEYS, so they are read before the
+-- first write (the parts' STRLEN that finds the open one, the ledger's
+-- EXISTS): on a node whose slot is being migrated away a key
 -- already moved fails that read, and the script stops with nothing
 -- written (the member's client waits out ASK rather than following it,
 -- so a script never runs on the importing node while keys of its slot
@@ -206,9 +207,8 @@ if honour and #js > 0 then -- layout block: marks of the global layout
   end
   js = rest
 end
-if CL then -- cluster mode: the keys not declared, read before any write
+if CL then -- cluster mode: the ledger's keys under the partition's tag
   KSUF = string.match(ARGV[HEAD + 1], '{.*}')
-  redis.call('EXISTS', ARGV[HEAD + 1] .. 'w' .. math.floor(now / W))
 end
 local refused, err = effect(FIRST + IDS, RPER, js)
 if not refused then
