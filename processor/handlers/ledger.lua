@@ -10,7 +10,7 @@
 -- identity and message id), with the identity before them while a switch
 -- from the global layout is honoured.
 --
--- effect(base, stride, js): applies the records js (a list of record
+-- effect(base, stride, js, ksuf): applies the records js (a list of record
 -- numbers; record j's currency, user and amount are ARGV[base + (j - 1) *
 -- stride + 1 .. + 3]). To keep Redis's work per record small, the
 -- increments are summed per (currency, user) and applied with one HINCRBY
@@ -24,14 +24,14 @@
 -- states only before a script's first write, so a script that meets one
 -- has written nothing. <prefix>ledger:applied counts the records applied.
 --
--- KSUF: "" on a single Redis; in Redis Cluster mode the partition chunk's
--- hash tag "{<group>:<topic>:<partition>}", which the partition framing
--- sets, so every balance is sharded by partition:
+-- ksuf: nil on a single Redis; in Redis Cluster mode the partition
+-- chunk's hash tag "{<group>:<topic>:<partition>}", which the partition
+-- framing passes, so every balance is sharded by partition:
 -- <prefix>ledger:<CURRENCY>{...} (and <prefix>ledger:applied{...}); a
 -- balance is the sum over its shards (verify sums them). In cluster mode
 -- every key is read (EXISTS) before the first write: see partchunk.lua.
-local KSUF = ''
-local function effect(base, stride, js)
+local function effect(base, stride, js, ksuf)
+  local KSUF = ksuf or ''
   local A = ARGV -- a local: no global lookup per argument
   local prefix = A[1]
   local sums = {} -- currency -> user -> sum

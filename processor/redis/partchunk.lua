@@ -66,7 +66,7 @@
 -- that partition's tag: the positions hash is <prefix>pos{<tag>}, the
 -- layout key's place holds a key of the slot that is never read (cluster
 -- mode runs the partition layout, fixed), and the ledger's keys get the
--- tag as a suffix (KSUF, handlers/ledger.lua). The window key's parts and
+-- tag as a suffix (the effect's ksuf, handlers/ledger.lua). The window key's parts and
 -- the ledger's keys are not declared in KEYS, so they are read before the
 -- first write (the parts' STRLEN that finds the open one, the ledger's
 -- EXISTS): on a node whose slot is being migrated away a key
@@ -207,10 +207,9 @@ if honour and #js > 0 then -- layout block: marks of the global layout
   end
   js = rest
 end
-if CL then -- cluster mode: the ledger's keys under the partition's tag
-  KSUF = string.match(ARGV[HEAD + 1], '{.*}')
-end
-local refused, err = effect(FIRST + IDS, RPER, js)
+-- Cluster mode: the effect's keys under the partition's tag.
+local refused, err = effect(FIRST + IDS, RPER, js,
+                            CL and string.match(ARGV[HEAD + 1], '{.*}') or nil)
 if not refused then
   return redis.error_reply(err)
 end
