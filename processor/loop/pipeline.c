@@ -1211,10 +1211,13 @@ int idem_pipeline_run(idem_pipeline_t *p, volatile int *stop, char *errstr,
         snprintf(errstr, errstr_size, "%s", p->fatal);
         return p->refused ? IDEM_PIPELINE_REFUSED : -1;
     }
-    if (err) {
-        snprintf(errstr, errstr_size, "leaving the group: %s",
-                 rd_kafka_err2str(err));
-        return -1;
-    }
+    /* The final commit is behind us (commit_offsets reports its own
+     * failure): a LeaveGroup the coordinator refused, e.g. while it
+     * rebalances the group without us, costs nothing but the session
+     * timeout before the others take our partitions, so it is a warning,
+     * not a failed shutdown. */
+    if (err)
+        idem_log_kv(IDEM_LOG_WARN, "leaving the group", "error",
+                    rd_kafka_err2str(err), NULL);
     return 0;
 }
