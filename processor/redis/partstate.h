@@ -136,8 +136,12 @@ int idem_partstate_chunk(idem_partstate_t *p, const idem_partstate_chunk_t *ch,
                          char *errstr, size_t errstr_size);
 
 /* Chunks ch[k] (of different partitions, or one partition's in order) as
- * one script call (pipelined calls of at most 4,096 records each): a
- * refused chunk writes nothing and the others apply. results[i] and
+ * one script call (pipelined calls of at most 4,096 records each). The
+ * positions are checked before any write: every chunk of one partition
+ * expects the position Redis holds before the call, and only its last
+ * carries newpos (a chunk expecting an earlier chunk's newpos is refused
+ * IDEM_PARTSTATE_POSITION). A refused chunk writes nothing and the
+ * others apply. results[i] and
  * windows[i] for chunk i, rcs[i] 0, IDEM_PARTSTATE_FENCED or
  * IDEM_PARTSTATE_POSITION (errstr names the last such). Every chunk of a
  * call must live on one server: on Redis Cluster, call it with one

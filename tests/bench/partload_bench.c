@@ -120,7 +120,11 @@ static int seed(idem_store_t *store, idem_partstate_t *ps,
     size_t done = 0;
     *chunks = 0;
     while (done < n) {
-        size_t k = 0;
+        /* As the loop sends them (loop/partscope.c): one partition's chunks
+         * of one request all expect the position Redis holds before the
+         * request, and only the last writes the new one (the script reads
+         * the positions once, before any write). */
+        size_t k = 0, from = done;
         for (; k < PIPELINED && done < n; k++) {
             size_t m = n - done < CHUNK ? n - done : CHUNK;
             for (size_t j = 0; j < m; j++) {
@@ -139,14 +143,14 @@ static int seed(idem_store_t *store, idem_partstate_t *ps,
                 .topic = topic,
                 .partition = partition,
                 .epoch = epoch,
-                .expect_offset = (int64_t)done,
-                .newpos = &cpos[k],
+                .expect_offset = (int64_t)from,
                 .recs = crec + k * CHUNK,
                 .marks = (const uint8_t(*)[16])(cmark + k * CHUNK),
                 .n = m};
             cr[k] = cres + k * CHUNK;
             done += m;
         }
+        ch[k - 1].newpos = &cpos[k - 1];
         if (idem_partstate_chunks(ps, ch, k, cr, cw, crc, errstr, errstr_size))
             return -1;
         for (size_t c = 0; c < k; c++) {
