@@ -595,11 +595,13 @@ static int chunks_cluster(idem_partstate_t *p, const idem_partstate_chunk_t *ch,
         rcs[i] = IDEM_PARTSTATE_OUTAGE;
         windows[i] = -1;
     }
-    if (!p->sha[0]) {
-        p->route = keys[0];
+    /* The SHA from the first node that loads the script (it is the
+     * same on every node; a node down fails only its own chunks). */
+    for (size_t i = 0; i < k && !p->sha[0]; i++) {
+        p->route = keys[i];
         int lrc = script_load(p, errstr, errstr_size);
         p->route = NULL;
-        if (lrc)
+        if (lrc && i + 1 == k)
             goto out;
     }
     /* Every call formatted first (the SHA is the script's, the same on
