@@ -21,8 +21,10 @@ redisContext *idem_store_ctx(idem_store_t *s, int write, char *errstr,
  * connection of the primary of key's slot (MOVED, ASK, CLUSTERDOWN then
  * come back as error replies: report them with idem_store_ctx_fail, the
  * map is read again before the next command); key NULL: the home node
- * (the layout key's slot). No AOF gate in cluster mode (docs/design.md,
- * "Redis Cluster mode"). Borrowed as idem_store_ctx's. */
+ * (the layout key's slot). In cluster mode the AOF gate and the eviction
+ * guard ran on each primary's connection when it was opened
+ * (docs/design.md, "Redis Cluster mode", "Per node"). Borrowed as
+ * idem_store_ctx's. */
 redisContext *idem_store_ctx_key(idem_store_t *s, int write, const char *key,
                                  size_t len, char *errstr, size_t errstr_size);
 
