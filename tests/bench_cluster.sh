@@ -215,7 +215,7 @@ jq -s --argjson sent "$SENT" --argjson unique "$UNIQUE" --argjson reps "$REPS" -
            cluster_rate_over_one: (($rows.cluster.rate.median / $rows.one.rate.median * 100 | round) / 100)}}' \
     "$DIR/rows.jsonl" >"$OUT/cluster.json"
 
-echo "cluster rows ($SENT records, $UNIQUE applied, $PARTITIONS partitions, two members; min / median / max of $REPS; every run verified exact); load average $LOAD_START at the start, $LOAD_END at the end)"
+echo "cluster rows ($SENT records, $UNIQUE applied, $PARTITIONS partitions, two members; min / median / max of $REPS; every run verified exact; load average $LOAD_START at the start, $LOAD_END at the end)"
 jq -r '
     def s: "\(.min) / \(.median) / \(.max)";
     .rows | to_entries[] | .key as $k | .value as $v |
