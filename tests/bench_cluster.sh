@@ -44,6 +44,9 @@ LIB_NAME=bench-cluster LIB_SAY_FD=2 LIB_KEEP=${BENCH_KEEP:-} LIB_GRACE=30
 mkdir -p "$OUT"
 lib_init bench-cluster
 TICK_US=$((1000000 / $(getconf CLK_TCK)))
+# The machine's load when the row starts and ends (1-minute average): on
+# shared cores the rates depend on it, so the output says it.
+LOAD_START=$(cut -d' ' -f1 /proc/loadavg)
 
 # One topic per run, produced once both members hold their partitions
 # (the group's first rebalance is not timed).
@@ -192,7 +195,9 @@ for ((rep = 1; rep <= REPS; rep++)); do
     run cluster "$rep"
 done
 
-jq -s --argjson sent "$SENT" --argjson unique "$UNIQUE" --argjson reps "$REPS" --argjson nodes "$NODES" '
+LOAD_END=$(cut -d' ' -f1 /proc/loadavg)
+jq -s --argjson sent "$SENT" --argjson unique "$UNIQUE" --argjson reps "$REPS" --argjson nodes "$NODES" \
+    --argjson load_start "$LOAD_START" --argjson load_end "$LOAD_END" '
     def stats: sort as $s | {min: $s[0], median: $s[($s | length - 1) / 2 | floor], max: $s[-1]};
     (group_by(.row) | map(. as $g | {key: $g[0].row, value:
         ([$g[] | keys_unsorted[]] | unique - ["row", "rep"]
@@ -200,6 +205,7 @@ jq -s --argjson sent "$SENT" --argjson unique "$UNIQUE" --argjson reps "$REPS" -
          | from_entries)}) | from_entries) as $rows
     | {workload: {records: $sent, unique: $unique, partitions: 64, duplicates: 0.1,
                   poison: 0.01, repetitions: $reps, members: 2, primaries: $nodes},
+       load_average: {start: $load_start, end: $load_end},
        rows: $rows,
        estimate: {
            one_redis_records_per_s: (1000000 / $rows.one.redis_cpu_us.median | floor),
@@ -209,7 +215,7 @@ jq -s --argjson sent "$SENT" --argjson unique "$UNIQUE" --argjson reps "$REPS" -
            cluster_rate_over_one: (($rows.cluster.rate.median / $rows.one.rate.median * 100 | round) / 100)}}' \
     "$DIR/rows.jsonl" >"$OUT/cluster.json"
 
-echo "cluster rows ($SENT records, $UNIQUE applied, $PARTITIONS partitions, two members; min / median / max of $REPS; every run verified exact)"
+echo "cluster rows ($SENT records, $UNIQUE applied, $PARTITIONS partitions, two members; min / median / max of $REPS; every run verified exact; load average $LOAD_START at the start, $LOAD_END at the end)"
 jq -r '
     def s: "\(.min) / \(.median) / \(.max)";
     .rows | to_entries[] | .key as $k | .value as $v |

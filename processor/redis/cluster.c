@@ -40,7 +40,9 @@ struct idem_cluster_s {
     int need_refresh;     /* a connection was lost or CLUSTERDOWN seen */
     unsigned moved_count; /* MOVED since the last whole read */
     uint64_t refreshes;
-    uint64_t connects; /* connections to primaries opened */
+    uint64_t connects;           /* connections to primaries opened */
+    idem_cluster_check_fn check; /* of each new connection; NULL none */
+    void *check_opaque;
 };
 
 /* ---- key slots ------------------------------------------------------- */
@@ -87,6 +89,8 @@ const char *idem_cluster_errclass2str(idem_cluster_errclass_t cls)
         return "redirects";
     case IDEM_CLUSTER_ERR_SLOTS:
         return "slots";
+    case IDEM_CLUSTER_ERR_REFUSED:
+        return "refused";
     }
     return "?";
 }
@@ -212,6 +216,16 @@ static redisContext *node_conn(idem_cluster_t *cl, node_t *n, int *not_primary,
     idem_redisconn_err_t e;
     n->rc = idem_redisconn_open_node(cl->conf, n->host, n->port, 0, &e);
     if (n->rc) {
+        char why[512] = "";
+        /* The check may send commands: n stays valid (no node added). */
+        if (cl->check &&
+            cl->check(cl->check_opaque, n->addr, idem_redisconn_context(n->rc),
+                      why, sizeof(why))) {
+            node_drop(n);
+            err_set(err, IDEM_CLUSTER_ERR_REFUSED, n->addr, NULL, "%s",
+                    why[0] ? why : "redis cluster: node refused");
+            return NULL;
+        }
         cl->connects++;
         return idem_redisconn_context(n->rc);
     }
@@ -407,6 +421,13 @@ idem_cluster_t *idem_cluster_new(const idem_conf_t *conf, const char *seeds,
     return cl;
 }
 
+void idem_cluster_set_check(idem_cluster_t *cl, idem_cluster_check_fn fn,
+                            void *opaque)
+{
+    cl->check = fn;
+    cl->check_opaque = opaque;
+}
+
 void idem_cluster_destroy(idem_cluster_t *cl)
 {
     if (!cl)
@@ -474,57 +495,74 @@ static void sleep_ms(int ms)
     nanosleep(&ts, NULL);
 }
 
-/* One round: sends the pending commands whose destination is node d (ASK
- * targets marked in ask_node, with ASKING before each), reads their
- * replies and acts on redirections. Returns 0, or -1 when the round met
- * an outage (in *err; the connection dropped on a lost one). *tryagain and
- * *clusterdown tell the caller what was seen. */
-static int round_send(idem_cluster_t *cl, int d, int slot,
-                      const idem_cluster_cmd_t *cmds, size_t n,
-                      redisReply **replies, int *ask_node, int *tryagain,
-                      int *clusterdown, int *not_primary,
-                      idem_cluster_err_t *err)
+/* Writes what a context has buffered (hiredis writes only when a reply
+ * is read): every node's pipeline is on the wire before any reply is
+ * read. 0, or -1 when the connection failed. */
+static int conn_flush(redisContext *c)
 {
-    node_t *node = &cl->nodes[d];
-    redisContext *c = node_conn(cl, node, not_primary, err);
-    if (!c)
-        return -1;
-    int primary = cl->slot_node[slot];
-    for (size_t i = 0; i < n; i++) {
-        int dest = ask_node[i] >= 0 ? ask_node[i] : primary;
-        if (replies[i] || dest != d)
-            continue;
-        if (ask_node[i] >= 0)
-            redisAppendCommand(c, "ASKING");
-        if (cmds[i].formatted)
-            redisAppendFormattedCommand(c, cmds[i].formatted,
-                                        cmds[i].formatted_len);
-        else
-            redisAppendCommandArgv(c, cmds[i].argc, cmds[i].argv,
-                                   cmds[i].argvlen);
-        node->st.requests++;
-    }
-    for (size_t i = 0; i < n; i++) {
-        int dest = ask_node[i] >= 0 ? ask_node[i] : primary;
-        if (replies[i] || dest != d)
+    int done = 0;
+    while (!done)
+        if (redisBufferWrite(c, &done) != REDIS_OK)
+            return -1;
+    return 0;
+}
+
+/* The state of one idem_cluster_pipeline_slots call. */
+typedef struct {
+    const idem_cluster_cmd_t *cmds;
+    const int *slots;
+    size_t n;
+    redisReply **replies;
+    idem_cluster_err_t *errs;
+    int *dest;       /* node the command goes to this round; -1 not sent */
+    int *ask_node;   /* node an ASK sent it to; -1 none */
+    int *conn_tries; /* rounds that met its node's connection failing */
+    char *failed;    /* an outage answered it for good (errs[i]) */
+    int tryagain;    /* a TRYAGAIN (or a waited ASK) this round */
+} slots_call_t;
+
+/* Command i met node d's connection failing (*e): resent next round to
+ * the slot's primary then known (the map is read again), given up on
+ * after two such rounds unless the node said it is no primary (a
+ * failover in progress: bounded by the rounds). */
+static void call_conn_failed(idem_cluster_t *cl, slots_call_t *k, size_t i,
+                             int not_primary, const idem_cluster_err_t *e)
+{
+    k->errs[i] = *e;
+    k->ask_node[i] = -1;
+    k->dest[i] = -1;
+    cl->need_refresh = 1;
+    if (e->cls == IDEM_CLUSTER_ERR_REFUSED ||
+        (!not_primary && ++k->conn_tries[i] >= 2))
+        k->failed[i] = 1;
+}
+
+/* Reads node d's replies to the commands sent to it this round, in the
+ * order they were sent, and acts on each: the answer kept, a redirection
+ * noted for the next round, CLUSTERDOWN an outage of that command. A
+ * connection that fails fails the commands not read yet. */
+static void node_read(idem_cluster_t *cl, slots_call_t *k, int d)
+{
+    redisContext *c = idem_redisconn_context(cl->nodes[d].rc);
+    for (size_t i = 0; i < k->n; i++) {
+        if (k->dest[i] != d)
             continue;
         void *rv = NULL;
-        if (ask_node[i] >= 0) {
-            if (redisGetReply(c, &rv) != REDIS_OK) {
-                conn_lost(&cl->nodes[d], err);
-                return -1;
-            }
+        int asked = k->ask_node[i] >= 0;
+        if (asked) {
+            if (redisGetReply(c, &rv) != REDIS_OK)
+                goto lost;
             freeReplyObject(rv); /* ASKING's OK: the command says the rest */
             rv = NULL;
         }
-        if (redisGetReply(c, &rv) != REDIS_OK) {
-            conn_lost(&cl->nodes[d], err);
-            return -1;
-        }
+        if (redisGetReply(c, &rv) != REDIS_OK)
+            goto lost;
+        k->dest[i] = -1;
         redisReply *r = rv;
+        int slot = k->slots[i];
         char host[256];
         int port;
-        node = &cl->nodes[d];
+        node_t *node = &cl->nodes[d];
         reply_kind_t kind = reply_kind(r, node, host, sizeof(host), &port);
         /* A redirection for another slot: the command's key is not in the
          * slot the caller named, a caller's error, its answer. */
@@ -533,115 +571,218 @@ static int round_send(idem_cluster_t *cl, int d, int slot,
             kind = REPLY_FINAL;
         switch (kind) {
         case REPLY_FINAL:
-            replies[i] = r;
-            ask_node[i] = -1;
+            k->replies[i] = r;
+            k->ask_node[i] = -1;
+            memset(&k->errs[i], 0, sizeof(k->errs[i]));
             continue;
         case REPLY_MOVED:
             node->st.moved++;
             /* node_index may move cl->nodes: node is not used after it. */
             cl->slot_node[slot] = (int16_t)node_index(cl, host, port);
             cl->moved_count++;
-            ask_node[i] = -1;
+            k->ask_node[i] = -1;
             break;
         case REPLY_ASK:
             node->st.ask++;
-            if (cmds[i].ask_waits)
-                *tryagain = 1; /* resent here once the slot has moved */
-            else
-                ask_node[i] = node_index(cl, host, port);
+            if (k->cmds[i].ask_waits) {
+                k->tryagain = 1; /* resent here once the slot has moved */
+                k->ask_node[i] = -1;
+            } else {
+                k->ask_node[i] = node_index(cl, host, port);
+            }
             break;
         case REPLY_TRYAGAIN:
             node->st.tryagain++;
-            *tryagain = 1;
+            k->tryagain = 1;
             break;
         case REPLY_CLUSTERDOWN:
             node->st.clusterdown++;
-            if (!*clusterdown)
-                err_set(err, IDEM_CLUSTER_ERR_CLUSTERDOWN, node->addr,
-                        "CLUSTERDOWN", "redis cluster: %s: %s", node->addr,
-                        r->str);
-            *clusterdown = 1;
-            ask_node[i] = -1;
+            err_set(&k->errs[i], IDEM_CLUSTER_ERR_CLUSTERDOWN, node->addr,
+                    "CLUSTERDOWN", "redis cluster: %s: %s", node->addr, r->str);
+            k->failed[i] = 1;
+            k->ask_node[i] = -1;
+            cl->need_refresh = 1;
             break;
         }
         freeReplyObject(r);
-        /* The primary of the slot may have changed under a MOVED: the
-         * rest of this round still reads from d, as it was sent. */
     }
+    return;
+lost:;
+    idem_cluster_err_t e;
+    conn_lost(&cl->nodes[d], &e);
+    for (size_t i = 0; i < k->n; i++)
+        if (k->dest[i] == d)
+            call_conn_failed(cl, k, i, 0, &e);
+}
+
+/* One round: every pending command to its node (the slot's primary, or
+ * the node an ASK named, with ASKING before it), the commands of one
+ * node as one pipeline, every pipeline written before any reply is read;
+ * then each node's replies. 0, or -1 when the slot map could not be read
+ * (every pending command failed with it). */
+static int slots_round(idem_cluster_t *cl, slots_call_t *k)
+{
+    int unmapped = 0;
+    for (size_t i = 0; i < k->n && !unmapped; i++)
+        unmapped = !k->replies[i] && !k->failed[i] && k->ask_node[i] < 0 &&
+                   cl->slot_node[k->slots[i]] < 0;
+    if (cl->need_refresh || cl->moved_count >= CLUSTER_MOVED_REFRESH ||
+        unmapped) {
+        idem_cluster_err_t e;
+        if (idem_cluster_refresh(cl, &e)) {
+            for (size_t i = 0; i < k->n; i++)
+                if (!k->replies[i] && !k->failed[i]) {
+                    k->errs[i] = e;
+                    k->failed[i] = 1;
+                }
+            return -1;
+        }
+    }
+    size_t nn = cl->nnodes;
+    char *sent = idem_xcalloc(nn ? nn : 1, 1);
+    for (size_t i = 0; i < k->n; i++) {
+        k->dest[i] = -1;
+        if (k->replies[i] || k->failed[i])
+            continue;
+        int d =
+            k->ask_node[i] >= 0 ? k->ask_node[i] : cl->slot_node[k->slots[i]];
+        if (d < 0) {
+            err_set(&k->errs[i], IDEM_CLUSTER_ERR_SLOTS, NULL, NULL,
+                    "redis cluster: slot %d has no primary in the slot map",
+                    k->slots[i]);
+            k->failed[i] = 1;
+            cl->need_refresh = 1;
+            continue;
+        }
+        k->dest[i] = d;
+    }
+    /* Write: node by node, each node's commands in the caller's order. */
+    for (size_t d = 0; d < nn; d++) {
+        int any = 0;
+        for (size_t i = 0; i < k->n && !any; i++)
+            any = k->dest[i] == (int)d;
+        if (!any)
+            continue;
+        node_t *node = &cl->nodes[d];
+        int not_primary = 0;
+        idem_cluster_err_t e;
+        redisContext *c = node_conn(cl, node, &not_primary, &e);
+        if (c) {
+            for (size_t i = 0; i < k->n; i++) {
+                if (k->dest[i] != (int)d)
+                    continue;
+                if (k->ask_node[i] >= 0)
+                    redisAppendCommand(c, "ASKING");
+                if (k->cmds[i].formatted)
+                    redisAppendFormattedCommand(c, k->cmds[i].formatted,
+                                                k->cmds[i].formatted_len);
+                else
+                    redisAppendCommandArgv(c, k->cmds[i].argc, k->cmds[i].argv,
+                                           k->cmds[i].argvlen);
+                node->st.requests++;
+            }
+            if (!conn_flush(c)) {
+                sent[d] = 1;
+                continue;
+            }
+            conn_lost(node, &e);
+        }
+        for (size_t i = 0; i < k->n; i++)
+            if (k->dest[i] == (int)d)
+                call_conn_failed(cl, k, i, not_primary, &e);
+    }
+    /* Read: node by node; the other nodes' replies wait in their
+     * sockets meanwhile. */
+    for (size_t d = 0; d < nn; d++)
+        if (sent[d])
+            node_read(cl, k, (int)d);
+    free(sent);
     return 0;
 }
 
-int idem_cluster_pipeline(idem_cluster_t *cl, const char *key, size_t key_len,
-                          const idem_cluster_cmd_t *cmds, size_t n,
-                          redisReply **replies, idem_cluster_err_t *err)
+int idem_cluster_pipeline_slots(idem_cluster_t *cl,
+                                const idem_cluster_cmd_t *cmds,
+                                const int *slots, size_t n,
+                                redisReply **replies, idem_cluster_err_t *errs,
+                                idem_cluster_err_t *first)
 {
-    memset(err, 0, sizeof(*err));
-    int slot = idem_cluster_keyslot(key, key_len);
-    int *ask_node = idem_xmalloc((n ? n : 1) * sizeof(*ask_node));
-    for (size_t i = 0; i < n; i++)
-        ask_node[i] = -1;
-    int backoff = CLUSTER_TRYAGAIN_MIN_MS, rc = -1, conn_retried = 0;
+    memset(first, 0, sizeof(*first));
+    size_t m = n ? n : 1;
+    slots_call_t k = {.cmds = cmds,
+                      .slots = slots,
+                      .n = n,
+                      .replies = replies,
+                      .errs = errs,
+                      .dest = idem_xmalloc(m * sizeof(int)),
+                      .ask_node = idem_xmalloc(m * sizeof(int)),
+                      .conn_tries = idem_xcalloc(m, sizeof(int)),
+                      .failed = idem_xcalloc(m, 1)};
+    for (size_t i = 0; i < n; i++) {
+        k.ask_node[i] = -1;
+        memset(&errs[i], 0, sizeof(errs[i]));
+    }
+    int backoff = CLUSTER_TRYAGAIN_MIN_MS;
     for (int round = 0;; round++) {
-        size_t pending = 0, first = 0;
-        for (size_t i = n; i-- > 0;)
-            if (!replies[i]) {
-                pending++;
-                first = i;
-            }
-        if (!pending) {
-            rc = 0;
+        size_t pending = 0;
+        for (size_t i = 0; i < n; i++)
+            pending += !replies[i] && !k.failed[i];
+        if (!pending)
             break;
-        }
         if (round == CLUSTER_MAX_ROUNDS) {
-            if (err->cls == IDEM_CLUSTER_ERR_NONE)
-                err_set(err, IDEM_CLUSTER_ERR_REDIRECTS,
-                        idem_cluster_slot_node(cl, slot), NULL,
-                        "redis cluster: slot %d: still redirected after %d "
-                        "rounds",
-                        slot, CLUSTER_MAX_ROUNDS);
-            break;
-        }
-        if (cl->need_refresh || cl->moved_count >= CLUSTER_MOVED_REFRESH ||
-            cl->slot_node[slot] < 0) {
-            if (idem_cluster_refresh(cl, err))
-                break;
-            if (cl->slot_node[slot] < 0) {
-                err_set(err, IDEM_CLUSTER_ERR_SLOTS, NULL, NULL,
-                        "redis cluster: slot %d has no primary in the slot "
-                        "map",
-                        slot);
-                break;
+            for (size_t i = 0; i < n; i++) {
+                if (replies[i] || k.failed[i])
+                    continue;
+                if (errs[i].cls == IDEM_CLUSTER_ERR_NONE)
+                    err_set(&errs[i], IDEM_CLUSTER_ERR_REDIRECTS,
+                            idem_cluster_slot_node(cl, slots[i]), NULL,
+                            "redis cluster: slot %d: still redirected after "
+                            "%d rounds",
+                            slots[i], CLUSTER_MAX_ROUNDS);
+                k.failed[i] = 1;
             }
-        }
-        int d = ask_node[first] >= 0 ? ask_node[first] : cl->slot_node[slot];
-        int tryagain = 0, clusterdown = 0, not_primary = 0;
-        memset(err, 0, sizeof(*err));
-        if (round_send(cl, d, slot, cmds, n, replies, ask_node, &tryagain,
-                       &clusterdown, &not_primary, err)) {
-            /* A node lost or refusing: read the map again (a failover
-             * names the new primary) and resend what has no reply; a node
-             * that is down stays an outage, after one more round. */
-            cl->need_refresh = 1;
-            for (size_t i = 0; i < n; i++)
-                ask_node[i] = -1;
-            if (not_primary || !conn_retried++)
-                continue;
             break;
         }
-        if (clusterdown) {
-            cl->need_refresh = 1;
+        k.tryagain = 0;
+        if (slots_round(cl, &k))
             break;
-        }
-        if (tryagain) {
+        if (k.tryagain) {
             sleep_ms(backoff);
             backoff = backoff * 2 > CLUSTER_TRYAGAIN_MAX_MS
                           ? CLUSTER_TRYAGAIN_MAX_MS
                           : backoff * 2;
         }
     }
-    free(ask_node);
-    if (rc == 0)
-        memset(err, 0, sizeof(*err));
+    int rc = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (replies[i]) {
+            memset(&errs[i], 0, sizeof(errs[i]));
+            continue;
+        }
+        if (!rc)
+            *first = errs[i];
+        rc = -1;
+    }
+    free(k.dest);
+    free(k.ask_node);
+    free(k.conn_tries);
+    free(k.failed);
+    return rc;
+}
+
+int idem_cluster_pipeline(idem_cluster_t *cl, const char *key, size_t key_len,
+                          const idem_cluster_cmd_t *cmds, size_t n,
+                          redisReply **replies, idem_cluster_err_t *err)
+{
+    size_t m = n ? n : 1;
+    int slot = idem_cluster_keyslot(key, key_len);
+    int *slots = idem_xmalloc(m * sizeof(*slots));
+    idem_cluster_err_t *errs = idem_xmalloc(m * sizeof(*errs));
+    for (size_t i = 0; i < n; i++)
+        slots[i] = slot;
+    int rc =
+        idem_cluster_pipeline_slots(cl, cmds, slots, n, replies, errs, err);
+    free(slots);
+    free(errs);
     return rc;
 }
 

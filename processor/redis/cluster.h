@@ -35,6 +35,8 @@ typedef enum {
                                      TRYAGAIN after every attempt */
     IDEM_CLUSTER_ERR_SLOTS,       /* no slot map could be read, or it has
                                      no primary for the slot */
+    IDEM_CLUSTER_ERR_REFUSED,     /* the caller's check of a new connection
+                                     (idem_cluster_set_check) said no */
 } idem_cluster_errclass_t;
 
 typedef struct {
@@ -73,6 +75,22 @@ typedef struct idem_cluster_s idem_cluster_t;
  * the text, or a seed list that does not parse). */
 idem_cluster_t *idem_cluster_new(const idem_conf_t *conf, const char *seeds,
                                  idem_cluster_err_t *err);
+
+/* A check of every new connection to a primary, run before any command
+ * goes on it (a member's per-node safety: the eviction guard, the AOF
+ * rewrite before the first write to a restarted node). addr is the
+ * node's "host:port", c its connection (both borrowed for the call; the
+ * check may send commands on c and must read their replies). Returns 0
+ * to use the connection; else -1 with why: the connection is closed and
+ * the commands meant for the node fail with IDEM_CLUSTER_ERR_REFUSED and
+ * why as their text (asked again at the next connect). */
+typedef int (*idem_cluster_check_fn)(void *opaque, const char *addr,
+                                     redisContext *c, char *why,
+                                     size_t why_size);
+
+/* Sets the check (NULL: none, the default). opaque is passed to it. */
+void idem_cluster_set_check(idem_cluster_t *cl, idem_cluster_check_fn fn,
+                            void *opaque);
 
 /* Closes every connection and frees the client. NULL is a no-op. */
 void idem_cluster_destroy(idem_cluster_t *cl);
@@ -118,6 +136,28 @@ typedef struct {
 int idem_cluster_pipeline(idem_cluster_t *cl, const char *key, size_t key_len,
                           const idem_cluster_cmd_t *cmds, size_t n,
                           redisReply **replies, idem_cluster_err_t *err);
+
+/* Sends n commands, command i to the primary of slots[i] (its keys must
+ * all be in that slot): the commands of one node as one pipeline, every
+ * node's pipeline written before any reply is read, so a call costs one
+ * round trip per node, not per command. replies[] as
+ * idem_cluster_pipeline's (a non-NULL entry is not sent). Each command's
+ * redirections are its own: one moved (MOVED, ASK) or told TRYAGAIN is
+ * resent alone, in the next round, to its new node (with ASKING after
+ * ASK, or to the same node after a backoff when ask_waits); a connection
+ * lost costs the commands that had no reply from that node one resend
+ * (the map read again), the other nodes' commands nothing. errs[i] (n of
+ * them, filled) says why command i has no reply: CLUSTERDOWN, a node
+ * that stays down, the map unreadable, redirected after every round
+ * (cls IDEM_CLUSTER_ERR_NONE for a command with its reply). A command
+ * without a reply may have been applied. Returns 0 when every command
+ * has a reply (error replies included), else -1 with *first the first
+ * such errs[i]. */
+int idem_cluster_pipeline_slots(idem_cluster_t *cl,
+                                const idem_cluster_cmd_t *cmds,
+                                const int *slots, size_t n,
+                                redisReply **replies, idem_cluster_err_t *errs,
+                                idem_cluster_err_t *first);
 
 /* The connection of the slot's primary (opened when needed, the map read
  * first when it is stale), for callers that speak hiredis themselves:

@@ -567,58 +567,156 @@ static size_t call_span(const idem_partstate_chunk_t *ch, size_t k)
     return m;
 }
 
-/* Cluster mode: each chunk alone, as one call to its partition's primary
- * (idem_store_ctx_call: MOVED and TRYAGAIN followed, ASK waited out, as
- * the script touches keys it does not declare); NOSCRIPT loads the
- * script on that node and sends the chunk again. Same contract as
- * idem_partstate_chunks. */
+/* Cluster mode: each chunk alone, as one call to its partition's
+ * primary, a request's calls pipelined per node (idem_store_ctx_calls:
+ * one round trip per node, not per chunk; MOVED and TRYAGAIN followed,
+ * ASK waited out, as the script touches keys it does not declare).
+ * NOSCRIPT loads the script on that node and sends its chunks again. A
+ * chunk whose call met an outage or an error reply fails alone
+ * (IDEM_PARTSTATE_OUTAGE, errstr says why): the other chunks' answers
+ * stand. Same contract as idem_partstate_chunks otherwise. */
 static int chunks_cluster(idem_partstate_t *p, const idem_partstate_chunk_t *ch,
                           size_t k, idem_partstate_result_t *const *results,
                           int64_t *windows, int *rcs, char *errstr,
                           size_t errstr_size)
 {
+    char(*keys)[672] = idem_xmalloc(k * sizeof(*keys));
+    size_t *lens = idem_xmalloc(k * 2 * sizeof(*lens));
+    size_t *cmd_lens = lens, *off = lens + k;
+    size_t *todo = idem_xmalloc(k * sizeof(*todo));
+    redisReply **rep = idem_xcalloc(k, sizeof(*rep));
+    char *buf = NULL;
+    size_t buf_len = 0, buf_cap = 0;
+    int rc = -1;
     for (size_t i = 0; i < k; i++) {
-        char st[640], key[672];
+        char st[640];
         stem(p, ch[i].topic, ch[i].partition, st, sizeof(st));
-        snprintf(key, sizeof(key), "%sepoch", st);
-        redisReply *r = NULL;
-        for (int attempt = 0; attempt < 2; attempt++) {
-            if (!p->sha[0]) {
-                p->route = key;
-                int lrc = script_load(p, errstr, errstr_size);
-                p->route = NULL;
-                if (lrc)
-                    return -1;
+        snprintf(keys[i], sizeof(keys[i]), "%sepoch", st);
+        rcs[i] = IDEM_PARTSTATE_OUTAGE;
+        windows[i] = -1;
+    }
+    /* The SHA from the first node that loads the script (it is the
+     * same on every node; a node down fails only its own chunks). */
+    for (size_t i = 0; i < k && !p->sha[0]; i++) {
+        p->route = keys[i];
+        int lrc = script_load(p, errstr, errstr_size);
+        p->route = NULL;
+        if (lrc && i + 1 == k)
+            goto out;
+    }
+    /* Every call formatted first (the SHA is the script's, the same on
+     * every node): nothing is sent when a record's arguments are wrong. */
+    for (size_t i = 0; i < k; i++) {
+        if (call_format(p, &ch[i], 1, errstr, errstr_size))
+            goto out;
+        if (buf_len + p->cmd_len > buf_cap) {
+            buf_cap = (buf_len + p->cmd_len) * 2;
+            buf = idem_xrealloc(buf, buf_cap);
+        }
+        memcpy(buf + buf_len, p->cmd, p->cmd_len);
+        off[i] = buf_len;
+        cmd_lens[i] = p->cmd_len;
+        buf_len += p->cmd_len;
+    }
+    size_t nt = k;
+    for (size_t i = 0; i < k; i++)
+        todo[i] = i;
+    char first[512] = "";
+    for (int attempt = 0; attempt < 2 && nt; attempt++) {
+        const char **tk = idem_xmalloc(nt * 2 * sizeof(*tk));
+        const char **tc = tk + nt;
+        size_t *tl = idem_xmalloc(nt * 2 * sizeof(*tl)), *tcl = tl + nt;
+        redisReply **tr = idem_xcalloc(nt, sizeof(*tr));
+        for (size_t j = 0; j < nt; j++) {
+            tk[j] = keys[todo[j]];
+            tl[j] = strlen(keys[todo[j]]);
+            tc[j] = buf + off[todo[j]];
+            tcl[j] = cmd_lens[todo[j]];
+        }
+        char e[512] = "";
+        if (idem_store_ctx_calls(p->store, tk, tl, tc, tcl, nt, 1, tr, e,
+                                 sizeof(e)) &&
+            !first[0])
+            snprintf(first, sizeof(first), "%s", e);
+        size_t again = 0;
+        for (size_t j = 0; j < nt; j++) {
+            size_t i = todo[j];
+            redisReply *r = tr[j];
+            if (r && r->type == REDIS_REPLY_ERROR &&
+                !strncmp(r->str, "NOSCRIPT", 8)) {
+                freeReplyObject(r); /* not run on this node: load it there */
+                todo[again++] = i;
+            } else {
+                rep[i] = r;
             }
-            if (call_format(p, &ch[i], 1, errstr, errstr_size) ||
-                idem_store_ctx_call(p->store, key, strlen(key), p->cmd,
-                                    p->cmd_len, 1, &r, errstr, errstr_size))
-                return -1;
-            if (r->type != REDIS_REPLY_ERROR || strncmp(r->str, "NOSCRIPT", 8))
-                break;
-            freeReplyObject(r); /* not run on this node: load it there */
-            r = NULL;
-            p->sha[0] = '\0';
         }
-        if (!r) {
-            snprintf(errstr, errstr_size,
-                     "redis: partition chunk: NOSCRIPT "
-                     "after SCRIPT LOAD");
-            return -1;
+        free(tk);
+        free(tl);
+        free(tr);
+        nt = again;
+        /* The script on each node that said NOSCRIPT, once. */
+        for (size_t j = 0; j < nt && attempt == 0; j++) {
+            const char *node = idem_store_key_node(p->store, keys[todo[j]],
+                                                   strlen(keys[todo[j]]));
+            int seen = 0;
+            for (size_t q = 0; q < j && node && !seen; q++) {
+                const char *o = idem_store_key_node(p->store, keys[todo[q]],
+                                                    strlen(keys[todo[q]]));
+                seen = o && !strcmp(o, node);
+            }
+            if (seen)
+                continue;
+            p->route = keys[todo[j]];
+            int lrc = script_load(p, e, sizeof(e));
+            p->route = NULL;
+            if (lrc && !first[0])
+                snprintf(first, sizeof(first), "%s", e);
         }
+    }
+    if (nt && !first[0])
+        snprintf(first, sizeof(first),
+                 "redis: partition chunk: NOSCRIPT after SCRIPT LOAD");
+    for (size_t i = 0; i < k; i++) {
+        redisReply *r = rep[i];
+        rep[i] = NULL;
+        if (!r)
+            continue; /* an outage: rcs[i] says so */
         if (r->type == REDIS_REPLY_ERROR) {
-            char why[256];
+            char why[256], e[512];
             snprintf(why, sizeof(why), "%s", r->str);
             freeReplyObject(r);
-            return idem_store_ctx_fail(p->store, "EVALSHA partition chunk", why,
-                                       errstr, errstr_size);
+            idem_store_ctx_fail(p->store, "EVALSHA partition chunk", why, e,
+                                sizeof(e));
+            if (!first[0])
+                snprintf(first, sizeof(first), "%s", e);
+            continue;
         }
-        if (call_reply(r, &ch[i], 1, &results[i], &windows[i], &rcs[i], errstr,
-                       errstr_size))
-            return idem_store_ctx_fail(p->store, "EVALSHA partition chunk",
-                                       "unexpected reply", errstr, errstr_size);
+        char e[512] = "";
+        if (call_reply(r, &ch[i], 1, &results[i], &windows[i], &rcs[i], e,
+                       sizeof(e))) {
+            rcs[i] = IDEM_PARTSTATE_OUTAGE;
+            windows[i] = -1;
+            idem_store_ctx_fail(p->store, "EVALSHA partition chunk",
+                                "unexpected reply", e, sizeof(e));
+            if (!first[0])
+                snprintf(first, sizeof(first), "%s", e);
+        } else if (rcs[i]) {
+            snprintf(errstr, errstr_size, "%s", e);
+        }
     }
-    return 0;
+    if (first[0])
+        snprintf(errstr, errstr_size, "%s", first);
+    rc = 0;
+out:
+    for (size_t i = 0; i < k; i++)
+        if (rep[i])
+            freeReplyObject(rep[i]);
+    free(rep);
+    free(buf);
+    free(todo);
+    free(lens);
+    free(keys);
+    return rc;
 }
 
 int idem_partstate_chunks(idem_partstate_t *p, const idem_partstate_chunk_t *ch,
@@ -714,7 +812,7 @@ int idem_partstate_chunk(idem_partstate_t *p, const idem_partstate_chunk_t *ch,
     for (int attempt = 0; attempt < 2; attempt++) {
         if (!idem_partstate_chunks(p, ch, 1, &results, window, &rc, errstr,
                                    errstr_size))
-            return rc;
+            return rc == IDEM_PARTSTATE_OUTAGE ? -1 : rc;
         if (p->sha[0])
             return -1;
     }

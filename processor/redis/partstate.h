@@ -118,6 +118,11 @@ typedef struct {
     3 /* the layout key does not say partition,                                \
          or a switch from global is honoured                                   \
          and the chunk had no identities */
+#define IDEM_PARTSTATE_OUTAGE                                                  \
+    4 /* cluster mode: this chunk's call met an                                \
+         outage or an error reply while other                                  \
+         chunks of the call were answered; it                                  \
+         may have been applied (errstr says why) */
 
 /* With on set, chunks carry each record's identity (the handler's first
  * argument) before the effect's own (not sent otherwise), so that for one TTL
@@ -143,9 +148,11 @@ int idem_partstate_chunk(idem_partstate_t *p, const idem_partstate_chunk_t *ch,
  * IDEM_PARTSTATE_POSITION). A refused chunk writes nothing and the
  * others apply. results[i] and
  * windows[i] for chunk i, rcs[i] 0, IDEM_PARTSTATE_FENCED or
- * IDEM_PARTSTATE_POSITION (errstr names the last such). Every chunk of a
- * call must live on one server: on Redis Cluster, call it with one
- * partition's chunks at a time. Returns 0 when every reply came, or -1 (an
+ * IDEM_PARTSTATE_POSITION (errstr names the last such). On Redis Cluster
+ * each chunk is its own call to its partition's primary, the calls
+ * pipelined per node, and a chunk whose call failed is
+ * IDEM_PARTSTATE_OUTAGE alone (its partition's table is reset, the
+ * others' answers stand). Returns 0 when every reply came, or -1 (an
  * outage, or scripts flushed: some chunks may have been applied; the caller
  * resets their partitions' tables, reloads them and sends again what they do
  * not hold). */

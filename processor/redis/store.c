@@ -90,6 +90,18 @@ typedef struct {
     char sha[41];
 } user_script_t;
 
+/* One server the AOF gate and the eviction guard judge: the single
+ * Redis, or one primary of the cluster (each its own gate: a node
+ * restarted or promoted is a new server of its own). */
+typedef struct {
+    char addr[300];          /* "host:port" in cluster mode, "" single */
+    char run_id[48];         /* from INFO at its last connect */
+    idem_aofgate_t gate;     /* which of its servers writes are allowed on */
+    idem_aofgate_info_t aof; /* its INFO persistence, last read */
+    char aof_said[48];       /* the run_id the gate's wait was logged for */
+    char policy[64];         /* maxmemory-policy seen last */
+} store_node_t;
+
 struct idem_store_s {
     const idem_conf_t *conf;
     user_script_t user[USER_SCRIPTS_MAX];
@@ -121,20 +133,19 @@ struct idem_store_s {
     char (*fields)[320]; /* "<topic>:<partition>" scratch */
     char (*offs)[160];   /* values (posval.h) as text scratch */
     size_t fields_cap;
-    char wait_replicas[24];  /* redis.wait.replicas as text */
-    char wait_timeout[24];   /* redis.wait.timeout.ms as text */
-    char run_id[48];         /* the server's, from INFO at connect */
-    uint64_t connections;    /* successful connects so far */
-    int64_t checked_ms;      /* last maxmemory-policy check */
-    char policy[64];         /* maxmemory-policy seen last */
-    char refused[512];       /* the server's configuration is unsafe */
-    int guard;               /* refuse an evicting maxmemory-policy */
-    int guard_aof;           /* no write before an AOF rewrite on a new
-                                server (idem_store_guard_aof) */
-    idem_aofgate_t gate;     /* which server writes are allowed on */
-    idem_aofgate_info_t aof; /* its INFO persistence, last read */
-    char aof_said[48];       /* the run_id the gate's wait was logged for */
-    int replica_ok;          /* a reader: a replica will do */
+    char wait_replicas[24]; /* redis.wait.replicas as text */
+    char wait_timeout[24];  /* redis.wait.timeout.ms as text */
+    char run_id[48];        /* the server's, from INFO at connect */
+    uint64_t connections;   /* successful connects so far */
+    int64_t checked_ms;     /* last maxmemory-policy check */
+    char refused[640];      /* the server's configuration is unsafe */
+    int guard;              /* refuse an evicting maxmemory-policy */
+    int guard_aof;          /* no write before an AOF rewrite on a new
+                               server (idem_store_guard_aof) */
+    store_node_t single;    /* the single Redis's gate (not cluster) */
+    store_node_t *nodes;    /* cluster mode: each primary met, by addr */
+    size_t nnodes;
+    int replica_ok; /* a reader: a replica will do */
     /* Cluster mode (redis.cluster.nodes; docs/design.md, "Redis Cluster
      * mode"): c is the connection of the primary of `slot`, routed again
      * before every command (the client may have closed the last one). */
@@ -146,6 +157,10 @@ struct idem_store_s {
     int64_t cluster_exported_ms; /* idem_now_ms() of the last metrics copy */
     char layout_key[512];
 };
+
+static void store_cluster_export(idem_store_t *s, int now);
+static void store_cluster_fail(idem_store_t *s, const idem_cluster_err_t *e,
+                               char *errstr, size_t errstr_size);
 
 static int cluster_positions(idem_store_t *s, idem_store_pos_t *load,
                              const idem_store_pos_t *save, size_t n,
@@ -199,6 +214,7 @@ void idem_store_destroy(idem_store_t *s)
         return;
     idem_store_disconnect(s);
     idem_cluster_destroy(s->cl);
+    free(s->nodes);
     free(s->argv);
     free(s->argvlen);
     free(s->req);
@@ -335,6 +351,36 @@ static redisReply *store_command(idem_store_t *s, char *errstr,
     return r;
 }
 
+/* The eviction guard on server nd (its INFO's maxmemory_policy): an
+ * evicting policy refuses the server (s->refused and errstr name it and
+ * the node, -1) unless redis.allow.eviction=true, which warns once per
+ * policy seen. *unsafe: whether the policy evicts. */
+static int policy_judge(idem_store_t *s, store_node_t *nd, const char *policy,
+                        int *unsafe, char *errstr, size_t errstr_size)
+{
+    *unsafe = s->guard && policy[0] && strcmp(policy, "noeviction");
+    if (*unsafe && !s->conf->redis_allow_eviction) {
+        snprintf(s->refused, sizeof(s->refused),
+                 "redis%s%s: maxmemory-policy is %s: evicting keys drops "
+                 "dedup marks and their records are applied twice. Fix: set "
+                 "maxmemory-policy noeviction on the Redis server (redis.conf, "
+                 "or CONFIG SET maxmemory-policy noeviction)%s, or set "
+                 "redis.allow.eviction=true to accept double effects",
+                 nd->addr[0] ? " " : "", nd->addr, policy,
+                 nd->addr[0] ? " on every primary of the cluster" : "");
+        snprintf(errstr, errstr_size, "%s", s->refused);
+        return -1;
+    }
+    if (*unsafe && strcmp(policy, nd->policy))
+        idem_log_kv(IDEM_LOG_WARN,
+                    "redis may evict dedup marks (redis.allow.eviction=true): "
+                    "records can be applied twice",
+                    "maxmemory_policy", policy, nd->addr[0] ? "node" : NULL,
+                    nd->addr, NULL);
+    snprintf(nd->policy, sizeof(nd->policy), "%s", policy);
+    return 0;
+}
+
 /* Reads INFO (it works where CONFIG is disabled): the server's run_id, and
  * its maxmemory-policy, which must be noeviction: an evicting policy drops
  * dedup marks (every volatile-* policy evicts exactly the marks, the only
@@ -353,28 +399,14 @@ static int store_check_server(idem_store_t *s, char *errstr, size_t errstr_size)
     char policy[64];
     idem_aofgate_info_field(r->str, "run_id", s->run_id, sizeof(s->run_id));
     idem_aofgate_info_field(r->str, "maxmemory_policy", policy, sizeof(policy));
-    idem_aofgate_info_parse(r->str, &s->aof);
+    idem_aofgate_info_parse(r->str, &s->single.aof);
     freeReplyObject(r);
     s->checked_ms = idem_now_ms();
-    int unsafe = s->guard && policy[0] && strcmp(policy, "noeviction");
-    if (unsafe && !s->conf->redis_allow_eviction) {
-        snprintf(s->refused, sizeof(s->refused),
-                 "redis: maxmemory-policy is %s: evicting keys drops dedup "
-                 "marks and their records are applied twice. Fix: set "
-                 "maxmemory-policy noeviction on the Redis server (redis.conf, "
-                 "or CONFIG SET maxmemory-policy noeviction), or set "
-                 "redis.allow.eviction=true to accept double effects",
-                 policy);
-        snprintf(errstr, errstr_size, "%s", s->refused);
+    int unsafe = 0;
+    if (policy_judge(s, &s->single, policy, &unsafe, errstr, errstr_size)) {
         idem_store_disconnect(s);
         return -1;
     }
-    if (unsafe && strcmp(policy, s->policy))
-        idem_log_kv(IDEM_LOG_WARN,
-                    "redis may evict dedup marks (redis.allow.eviction=true): "
-                    "records can be applied twice",
-                    "maxmemory_policy", policy, NULL);
-    snprintf(s->policy, sizeof(s->policy), "%s", policy);
     if (s->metrics)
         idem_metrics_redis_eviction_set(s->metrics, unsafe);
     return 0;
@@ -390,36 +422,63 @@ void idem_store_guard_aof(idem_store_t *s)
     s->guard_aof = 1;
 }
 
-/* Reads INFO persistence into s->aof. 0, or -1 (connection dropped). */
-static int aof_info_read(idem_store_t *s, char *errstr, size_t errstr_size)
+/* Why gate_pass failed on the connection (not the gate's own verdict). */
+typedef struct {
+    const char *what; /* the command */
+    char detail[256]; /* an error reply's text */
+    int io;           /* the context failed: c->errstr */
+} gate_fail_t;
+
+/* Sends one command on c; a reply that is no error, or NULL with *f. */
+static redisReply *gate_command(redisContext *c, int argc, const char **argv,
+                                gate_fail_t *f)
+{
+    f->what = argv[0];
+    redisReply *r = redisCommandArgv(c, argc, argv, NULL);
+    if (!r) {
+        f->io = 1;
+        return NULL;
+    }
+    if (r->type == REDIS_REPLY_ERROR && strcmp(argv[0], "BGREWRITEAOF")) {
+        snprintf(f->detail, sizeof(f->detail), "%s", r->str);
+        freeReplyObject(r);
+        return NULL;
+    }
+    return r;
+}
+
+/* Reads INFO persistence of node nd on c. 0, or -1 with *f. */
+static int aof_info_read(redisContext *c, store_node_t *nd, gate_fail_t *f)
 {
     const char *argv[] = {"INFO", "persistence"};
-    redisReply *r = store_command(s, errstr, errstr_size, 2, argv, NULL);
+    redisReply *r = gate_command(c, 2, argv, f);
     if (!r)
         return -1;
     if (r->type != REDIS_REPLY_STRING && r->type != REDIS_REPLY_STATUS) {
         freeReplyObject(r);
-        return store_fail(s, errstr, errstr_size, "INFO", "unexpected reply");
+        snprintf(f->detail, sizeof(f->detail), "unexpected reply");
+        return -1;
     }
-    idem_aofgate_info_parse(r->str, &s->aof);
+    idem_aofgate_info_parse(r->str, &nd->aof);
     freeReplyObject(r);
     return 0;
 }
 
-/* Sends BGREWRITEAOF and gives its answer to the gate. Returns the gate's
- * verdict, or -1 when the connection failed (errstr). */
-static int aof_rewrite_ask(idem_store_t *s, char *errstr, size_t errstr_size)
+/* Sends BGREWRITEAOF and gives its answer to nd's gate. Returns the gate's
+ * verdict, -2 when the connection failed (*f), or -1 refused (errstr). */
+static int aof_rewrite_ask(idem_store_t *s, redisContext *c, store_node_t *nd,
+                           gate_fail_t *f, char *errstr, size_t errstr_size)
 {
     const char *argv[] = {"BGREWRITEAOF"};
-    redisReply *r = redisCommandArgv(s->c, 1, argv, NULL);
+    redisReply *r = gate_command(c, 1, argv, f);
     if (!r)
-        return store_io_fail(s, errstr, errstr_size, "BGREWRITEAOF");
+        return -2;
     char said[256] = "";
     if (r->str)
         snprintf(said, sizeof(said), "%s", r->str);
     int is_error = r->type == REDIS_REPLY_ERROR;
     freeReplyObject(r);
-    idem_aofgate_action_t a = idem_aofgate_reply(&s->gate, said, is_error);
+    idem_aofgate_action_t a = idem_aofgate_reply(&nd->gate, said, is_error);
     if (a == IDEM_AOFGATE_REFUSED) {
         if (s->metrics)
             idem_metrics_redis_aof_rewrite_add(s->metrics, "refused");
@@ -429,11 +488,13 @@ static int aof_rewrite_ask(idem_store_t *s, char *errstr, size_t errstr_size)
                     "Redis would replay twice). Fix: allow +bgrewriteaof "
                     "+info (ACL), or set redis.aof.rewrite=false to accept "
                     "that risk",
-                    "run_id", s->run_id, "error", said, NULL);
+                    "run_id", nd->run_id, "error", said,
+                    nd->addr[0] ? "node" : NULL, nd->addr, NULL);
         snprintf(errstr, errstr_size,
-                 "redis: BGREWRITEAOF refused (%s): writes wait for an AOF "
-                 "rewrite (redis.aof.rewrite)",
-                 said);
+                 "redis%s%s: BGREWRITEAOF refused (%s): writes wait for an "
+                 "AOF rewrite (redis.aof.rewrite)",
+                 nd->addr[0] ? " " : "", nd->addr, said);
+        return -1;
     }
     return (int)a;
 }
@@ -443,40 +504,44 @@ static int aof_rewrite_ask(idem_store_t *s, char *errstr, size_t errstr_size)
 #define AOF_WAIT_STEP_MS 20
 #define AOF_WAIT_CALL_MS 500
 
-/* Whether the member may write to the server connected: with
- * redis.aof.rewrite (run), only once an AOF rewrite that began after the
- * server's load has ended ok (aofgate.h). Asks for the rewrite and waits up
- * to AOF_WAIT_CALL_MS for it. Returns 0, or -1 with errstr (retriable:
- * class "aofrewrite"; the connection is kept unless it failed). */
-static int store_writable(idem_store_t *s, char *errstr, size_t errstr_size)
+/* Whether the member may write to server nd on c: with redis.aof.rewrite
+ * (run), only once an AOF rewrite that began after the server's load has
+ * ended ok (aofgate.h). Asks for the rewrite and waits up to
+ * AOF_WAIT_CALL_MS for it. Returns 0; -1 with errstr (retriable: class
+ * "aofrewrite", counted; the connection is fine); or -2 when the
+ * connection failed or refused INFO (*f; the caller reports it). */
+static int gate_pass(idem_store_t *s, redisContext *c, store_node_t *nd,
+                     gate_fail_t *f, char *errstr, size_t errstr_size)
 {
+    const char *node = nd->addr[0] ? "node" : NULL;
     if (!s->guard_aof) {
-        if (s->guard && s->aof.aof_enabled && strcmp(s->aof_said, s->run_id)) {
-            snprintf(s->aof_said, sizeof(s->aof_said), "%s", s->run_id);
+        if (s->guard && nd->aof.aof_enabled &&
+            strcmp(nd->aof_said, nd->run_id)) {
+            snprintf(nd->aof_said, sizeof(nd->aof_said), "%s", nd->run_id);
             idem_log_kv(IDEM_LOG_WARN,
                         "redis.aof.rewrite=false: writing to a new redis "
                         "server with AOF on without rewriting its AOF first "
                         "(a cut AOF may hold half a transaction that Redis "
                         "7.0 replays twice at a later load)",
-                        "run_id", s->run_id, NULL);
+                        "run_id", nd->run_id, node, nd->addr, NULL);
         }
         return 0;
     }
-    if (idem_aofgate_open(&s->gate, s->run_id))
+    if (idem_aofgate_open(&nd->gate, nd->run_id))
         return 0;
     int64_t until = idem_now_ms() + AOF_WAIT_CALL_MS;
     int asked = 0; /* one BGREWRITEAOF per call: a rewrite that fails at
                       once is asked again after the loop's backoff */
     for (;;) {
         idem_aofgate_action_t a =
-            idem_aofgate_step(&s->gate, s->run_id, &s->aof);
+            idem_aofgate_step(&nd->gate, nd->run_id, &nd->aof);
         if (a == IDEM_AOFGATE_OPEN) {
-            if (s->gate.requested) {
+            if (nd->gate.requested) {
                 if (s->metrics)
                     idem_metrics_redis_aof_rewrite_add(s->metrics, "ok");
                 idem_log_kv(IDEM_LOG_INFO,
                             "redis AOF rewritten: writing to this server",
-                            "run_id", s->run_id, NULL);
+                            "run_id", nd->run_id, node, nd->addr, NULL);
             }
             return 0;
         }
@@ -485,19 +550,19 @@ static int store_writable(idem_store_t *s, char *errstr, size_t errstr_size)
         if (a == IDEM_AOFGATE_REWRITE) {
             asked = 1;
             /* asked again after a rewrite it started: that one failed */
-            if (s->gate.rewrites > 0 && s->metrics)
+            if (nd->gate.rewrites > 0 && s->metrics)
                 idem_metrics_redis_aof_rewrite_add(s->metrics, "failed");
-            if (strcmp(s->aof_said, s->run_id)) {
-                snprintf(s->aof_said, sizeof(s->aof_said), "%s", s->run_id);
+            if (strcmp(nd->aof_said, nd->run_id)) {
+                snprintf(nd->aof_said, sizeof(nd->aof_said), "%s", nd->run_id);
                 idem_log_kv(IDEM_LOG_WARN,
                             "new redis server with AOF on: rewriting its AOF "
                             "(BGREWRITEAOF) before the first write",
-                            "run_id", s->run_id, NULL);
+                            "run_id", nd->run_id, node, nd->addr, NULL);
             }
-            int v = aof_rewrite_ask(s, errstr, errstr_size);
-            if (v < 0)
-                return -1;
-            if (v == IDEM_AOFGATE_REFUSED) {
+            int v = aof_rewrite_ask(s, c, nd, f, errstr, errstr_size);
+            if (v == -2)
+                return -2;
+            if (v < 0) {
                 if (s->metrics)
                     idem_metrics_redis_error_add(s->metrics, "aofrewrite", 1);
                 return -1;
@@ -506,16 +571,131 @@ static int store_writable(idem_store_t *s, char *errstr, size_t errstr_size)
         if (idem_now_ms() >= until)
             break;
         idem_sleep_ms(AOF_WAIT_STEP_MS, NULL);
-        if (aof_info_read(s, errstr, errstr_size))
-            return -1;
+        if (aof_info_read(c, nd, f))
+            return -2;
     }
     if (s->metrics)
         idem_metrics_redis_error_add(s->metrics, "aofrewrite", 1);
     snprintf(errstr, errstr_size,
-             "redis: waiting for the AOF rewrite (BGREWRITEAOF) before the "
-             "first write to this server (run_id %s)",
-             s->run_id);
+             "redis%s%s: waiting for the AOF rewrite (BGREWRITEAOF) before "
+             "the first write to this server (run_id %s)",
+             nd->addr[0] ? " " : "", nd->addr, nd->run_id);
     return -1;
+}
+
+/* The single Redis's gate: gate_pass on the store's connection, whose
+ * failure is the store's (counted, the connection dropped). */
+static int store_writable(idem_store_t *s, char *errstr, size_t errstr_size)
+{
+    store_node_t *nd = &s->single;
+    snprintf(nd->run_id, sizeof(nd->run_id), "%s", s->run_id);
+    gate_fail_t f = {0};
+    int rc = gate_pass(s, s->c, nd, &f, errstr, errstr_size);
+    if (rc != -2)
+        return rc;
+    if (f.io)
+        return store_io_fail(s, errstr, errstr_size, f.what);
+    return store_fail(s, errstr, errstr_size, f.what, f.detail);
+}
+
+/* Cluster mode: the primary addr's record in s->nodes, added when new
+ * (a node once met is kept: its gate remembers its server). */
+static store_node_t *store_node(idem_store_t *s, const char *addr)
+{
+    for (size_t i = 0; i < s->nnodes; i++)
+        if (!strcmp(s->nodes[i].addr, addr))
+            return &s->nodes[i];
+    s->nodes = idem_xrealloc(s->nodes, (s->nnodes + 1) * sizeof(*s->nodes));
+    store_node_t *nd = &s->nodes[s->nnodes++];
+    memset(nd, 0, sizeof(*nd));
+    idem_aofgate_init(&nd->gate);
+    snprintf(nd->addr, sizeof(nd->addr), "%s", addr);
+    return nd;
+}
+
+/* A primary's INFO on c into nd (run_id, persistence) and its
+ * maxmemory-policy judged. 0; or -1 with why (s->refused set when the
+ * policy is refused, else the command failed). */
+static int node_info(idem_store_t *s, redisContext *c, store_node_t *nd,
+                     int *unsafe, char *why, size_t why_size)
+{
+    const char *argv[] = {"INFO"};
+    gate_fail_t f = {0};
+    redisReply *r = gate_command(c, 1, argv, &f);
+    if (!r) {
+        snprintf(why, why_size, "redis cluster: %s: INFO: %s", nd->addr,
+                 f.io ? c->errstr : f.detail);
+        return -1;
+    }
+    if (r->type != REDIS_REPLY_STRING && r->type != REDIS_REPLY_STATUS) {
+        freeReplyObject(r);
+        snprintf(why, why_size, "redis cluster: %s: INFO: unexpected reply",
+                 nd->addr);
+        return -1;
+    }
+    char policy[64];
+    idem_aofgate_info_field(r->str, "run_id", nd->run_id, sizeof(nd->run_id));
+    idem_aofgate_info_field(r->str, "maxmemory_policy", policy, sizeof(policy));
+    idem_aofgate_info_parse(r->str, &nd->aof);
+    freeReplyObject(r);
+    return policy_judge(s, nd, policy, unsafe, why, why_size);
+}
+
+/* idem_cluster_check_fn of a member's store: every new connection to a
+ * primary passes the eviction guard and, for a writer, that node's AOF
+ * gate (the rewrite before the first write to a server it has not
+ * written to: a restarted node, a promoted replica) before any command of
+ * the member goes there. */
+static int store_node_check(void *opaque, const char *addr, redisContext *c,
+                            char *why, size_t why_size)
+{
+    idem_store_t *s = opaque;
+    if (!s->guard && !s->guard_aof)
+        return 0;
+    store_node_t *nd = store_node(s, addr);
+    int unsafe = 0;
+    if (node_info(s, c, nd, &unsafe, why, why_size))
+        return -1;
+    if (s->replica_ok)
+        return 0; /* a reader: it writes nothing */
+    gate_fail_t f = {0};
+    int rc = gate_pass(s, c, nd, &f, why, why_size);
+    if (rc == -2)
+        snprintf(why, why_size, "redis cluster: %s: %s: %s", addr, f.what,
+                 f.io ? c->errstr : f.detail);
+    return rc ? -1 : 0;
+}
+
+/* Cluster mode's idem_store_check: the eviction guard on every primary
+ * of the map (an operator may change a node's policy while we run). 0,
+ * or -1 with errstr (refused: s->refused names the node; or an outage). */
+static int cluster_check_all(idem_store_t *s, char *errstr, size_t errstr_size)
+{
+    s->checked_ms = idem_now_ms();
+    int any_unsafe = 0;
+    for (size_t k = 0;; k++) {
+        const char *addr = NULL;
+        idem_cluster_err_t e;
+        redisContext *c = idem_cluster_primary_context(s->cl, k, &addr, &e);
+        if (!c) {
+            if (e.cls == IDEM_CLUSTER_ERR_NONE)
+                break;
+            store_cluster_export(s, 1);
+            store_cluster_fail(s, &e, errstr, errstr_size);
+            return -1;
+        }
+        int unsafe = 0;
+        if (node_info(s, c, store_node(s, addr), &unsafe, errstr,
+                      errstr_size)) {
+            if (!s->refused[0])
+                idem_cluster_failed(s->cl, -1, NULL);
+            return -1;
+        }
+        any_unsafe |= unsafe;
+    }
+    if (s->metrics)
+        idem_metrics_redis_eviction_set(s->metrics, any_unsafe);
+    return 0;
 }
 
 redisContext *idem_store_ctx(idem_store_t *s, int write, char *errstr,
@@ -539,10 +719,6 @@ redisContext *idem_store_ctx_key(idem_store_t *s, int write, const char *key,
         return c;
     return store_route_key(s, key, len, errstr, errstr_size) ? NULL : s->c;
 }
-
-static void store_cluster_export(idem_store_t *s, int now);
-static void store_cluster_fail(idem_store_t *s, const idem_cluster_err_t *e,
-                               char *errstr, size_t errstr_size);
 
 int idem_store_ctx_call(idem_store_t *s, const char *key, size_t len,
                         const char *cmd, size_t cmd_len, int ask_waits,
@@ -569,6 +745,59 @@ int idem_store_ctx_call(idem_store_t *s, const char *key, size_t len,
     }
     s->c = NULL; /* the client may have moved connections: routed again */
     return 0;
+}
+
+int idem_store_ctx_calls(idem_store_t *s, const char *const *keys,
+                         const size_t *lens, const char *const *cmds,
+                         const size_t *cmd_lens, size_t n, int ask_waits,
+                         redisReply **replies, char *errstr, size_t errstr_size)
+{
+    for (size_t i = 0; i < n; i++)
+        replies[i] = NULL;
+    if (!n)
+        return 0;
+    if (idem_store_connect(s, errstr, errstr_size))
+        return -1;
+    if (!s->cl) {
+        for (size_t i = 0; i < n; i++)
+            if (redisAppendFormattedCommand(s->c, cmds[i], cmd_lens[i]) !=
+                REDIS_OK)
+                return store_io_fail(s, errstr, errstr_size, "command");
+        for (size_t i = 0; i < n; i++)
+            if (redisGetReply(s->c, (void **)&replies[i]) != REDIS_OK ||
+                !replies[i]) {
+                replies[i] = NULL;
+                return store_io_fail(s, errstr, errstr_size, "command");
+            }
+        return 0;
+    }
+    idem_cluster_cmd_t *cc = idem_xcalloc(n, sizeof(*cc));
+    int *slots = idem_xmalloc(n * sizeof(*slots));
+    idem_cluster_err_t *errs = idem_xmalloc(n * sizeof(*errs));
+    for (size_t i = 0; i < n; i++) {
+        cc[i] = (idem_cluster_cmd_t){.formatted = cmds[i],
+                                     .formatted_len = cmd_lens[i],
+                                     .ask_waits = ask_waits};
+        slots[i] = idem_cluster_keyslot(keys[i], lens[i]);
+    }
+    idem_cluster_err_t first;
+    int failed =
+        idem_cluster_pipeline_slots(s->cl, cc, slots, n, replies, errs, &first);
+    store_cluster_export(s, failed);
+    if (failed)
+        store_cluster_fail(s, &first, errstr, errstr_size);
+    s->c = NULL; /* the client may have moved connections: routed again */
+    free(cc);
+    free(slots);
+    free(errs);
+    return failed ? -1 : 0;
+}
+
+const char *idem_store_key_node(idem_store_t *s, const char *key, size_t len)
+{
+    if (!s->cl)
+        return NULL;
+    return idem_cluster_slot_node(s->cl, idem_cluster_keyslot(key, len));
 }
 
 /* A cluster outage: its text for the caller, its class counted. */
@@ -604,6 +833,9 @@ int idem_store_refused(const idem_store_t *s, char *errstr, size_t errstr_size)
 int idem_store_check(idem_store_t *s, int64_t interval_ms, char *errstr,
                      size_t errstr_size)
 {
+    if (s->cl && s->guard && !s->pending_chunks &&
+        idem_now_ms() - s->checked_ms >= interval_ms)
+        return cluster_check_all(s, errstr, errstr_size);
     if (!s->c || s->pending_chunks ||
         idem_now_ms() - s->checked_ms < interval_ms)
         return 0;
@@ -736,6 +968,7 @@ static int store_cluster_connect(idem_store_t *s, char *errstr,
                 idem_metrics_redis_error_add(s->metrics, "connection", 1);
             return -1;
         }
+        idem_cluster_set_check(s->cl, store_node_check, s);
     }
     if (store_route(s, s->home_slot, errstr, errstr_size))
         return -1;

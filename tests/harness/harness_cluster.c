@@ -325,6 +325,21 @@ int th_cluster_start_tls(th_cluster_t *c, int primaries, int replicas)
     return 0;
 }
 
+int th_cluster_start_args(th_cluster_t *c, int primaries, int replicas,
+                          const char *const more[])
+{
+    memset(c, 0, sizeof(*c));
+    for (int i = 0; i < TH_CLUSTER_MAX; i++) {
+        int n = 0;
+        for (int k = 0; cluster_args[k]; k++)
+            c->extra[i][n++] = cluster_args[k];
+        for (int k = 0; more && more[k] && n < 23; k++)
+            c->extra[i][n++] = more[k];
+        c->extra[i][n] = NULL;
+    }
+    return start_nodes(c, primaries, replicas, NULL);
+}
+
 static int start_nodes(th_cluster_t *c, int primaries, int replicas,
                        const char *password)
 {
@@ -347,8 +362,8 @@ static int start_nodes(th_cluster_t *c, int primaries, int replicas,
                     snprintf(c->tls_args[i][0], 512, "%d", c->tls_port[i]);
                 }
             }
-            rc = th_redis_start_args(&c->node[i],
-                                     c->tls_dir ? c->extra[i] : cluster_args);
+            rc = th_redis_start_args(
+                &c->node[i], c->extra[i][0] ? c->extra[i] : cluster_args);
         }
         if (rc) {
             c->n = i + 1;

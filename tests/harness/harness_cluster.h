@@ -46,6 +46,12 @@ int th_cluster_start_auth(th_cluster_t *c, int primaries, int replicas,
  * client certificates are not required. */
 int th_cluster_start_tls(th_cluster_t *c, int primaries, int replicas);
 
+/* th_cluster_start with more redis-server arguments on every node
+ * (NULL-ended, at most 14: e.g. "--appendonly", "yes"), kept for
+ * th_cluster_restart. */
+int th_cluster_start_args(th_cluster_t *c, int primaries, int replicas,
+                          const char *const more[]);
+
 /* Kills every node (SIGKILL) and removes their dirs. Safe to call twice
  * and on a zeroed struct. */
 void th_cluster_stop(th_cluster_t *c);

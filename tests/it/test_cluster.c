@@ -663,3 +663,119 @@ Test(cluster, auth_through_redisconn)
     idem_cluster_destroy(cl);
     idem_conf_destroy(good);
 }
+
+/* ---- one request across the primaries -------------------------------- */
+
+/* A tag ("{t<n>}") whose slot node i owns. */
+static void tag_on(int i, char *tag, size_t size)
+{
+    for (int n = 0; n < 100000; n++) {
+        snprintf(tag, size, "{t%d}", n);
+        if (th_cluster_owner(&clu, slot_of_str(tag)) == i)
+            return;
+    }
+    cr_assert_fail("no tag on node %d", i);
+}
+
+typedef struct {
+    char key_b[48], key_c[48], list_a[48];
+    atomic_int seen; /* node b's and c's SETs ran before a's reply came */
+} blocker_t;
+
+/* Waits (at most 10 s) until the commands for nodes b and c have run,
+ * then releases node a's BLPOP. */
+static void *release_a(void *arg)
+{
+    blocker_t *b = arg;
+    for (int waited = 0; waited < 10000 && !b->seen; waited += 10) {
+        char *vb = th_cluster_cmd(&clu, 1, "GET %s", b->key_b);
+        char *vc = th_cluster_cmd(&clu, 2, "GET %s", b->key_c);
+        if (vb && vc && !strcmp(vb, "1") && !strcmp(vc, "1"))
+            b->seen = 1;
+        free(vb);
+        free(vc);
+        if (!b->seen)
+            usleep(10 * 1000);
+    }
+    free(th_cluster_cmd(&clu, 0, "RPUSH %s go", b->list_a));
+    return NULL;
+}
+
+/* idem_cluster_pipeline_slots writes every node's pipeline before it
+ * reads any reply: node a's first command blocks (BLPOP) until a thread
+ * has seen node b's and c's commands run, which a client that reads a's
+ * replies before writing to b would never let happen (the thread gives
+ * up after 10 s). One request per command on its node. Then node c is
+ * killed: its command alone fails, naming it; a's and b's are answered. */
+Test(cluster, slots_pipeline_writes_every_node_before_reading)
+{
+    cr_assert_eq(th_cluster_start(&clu, 3, 0), 0, "cluster did not start");
+    for (int i = 0; i < 3; i++)
+        free(th_cluster_cmd(&clu, i,
+                            "CONFIG SET cluster-require-full-coverage no"));
+    char ta[32], tb[32], tc[32];
+    tag_on(0, ta, sizeof(ta));
+    tag_on(1, tb, sizeof(tb));
+    tag_on(2, tc, sizeof(tc));
+    blocker_t bl = {0};
+    snprintf(bl.list_a, sizeof(bl.list_a), "%slist", ta);
+    snprintf(bl.key_b, sizeof(bl.key_b), "%sk", tb);
+    snprintf(bl.key_c, sizeof(bl.key_c), "%sk", tc);
+    /* Seeds in node order: the client reads node 0 (a) first. */
+    idem_cluster_t *cl = client(clu.seeds);
+    const char *blpop[] = {"BLPOP", bl.list_a, "5"};
+    const char *setb[] = {"SET", bl.key_b, "1"};
+    const char *setc[] = {"SET", bl.key_c, "1"};
+    idem_cluster_cmd_t cmds[3] = {{.argc = 3, .argv = blpop},
+                                  {.argc = 3, .argv = setb},
+                                  {.argc = 3, .argv = setc}};
+    int slots[3] = {slot_of_str(bl.list_a), slot_of_str(bl.key_b),
+                    slot_of_str(bl.key_c)};
+    redisReply *rep[3] = {NULL, NULL, NULL};
+    idem_cluster_err_t errs[3], first;
+    pthread_t th;
+    cr_assert_eq(pthread_create(&th, NULL, release_a, &bl), 0);
+    int rc = idem_cluster_pipeline_slots(cl, cmds, slots, 3, rep, errs, &first);
+    pthread_join(th, NULL);
+    cr_assert_eq(rc, 0, "%s", first.str);
+    cr_expect(bl.seen, "node b's and c's commands waited for node a's reply");
+    cr_assert_eq(rep[0]->type, REDIS_REPLY_ARRAY, "BLPOP timed out");
+    cr_expect_str_eq(rep[0]->element[1]->str, "go");
+    for (int i = 0; i < 3; i++) {
+        freeReplyObject(rep[i]);
+        rep[i] = NULL;
+    }
+    for (size_t i = 0; i < idem_cluster_node_count(cl); i++) {
+        idem_cluster_node_stats_t st;
+        const char *addr = idem_cluster_node_stats(cl, i, &st);
+        cr_expect_leq(st.requests, 2, "%s: %" PRIu64 " requests", addr,
+                      st.requests); /* CLUSTER SLOTS on a seed, one command */
+    }
+
+    th_cluster_kill(&clu, 2);
+    const char *seta[] = {"SET", bl.list_a, "2"};
+    const char *setb2[] = {"SET", bl.key_b, "2"};
+    const char *setc2[] = {"SET", bl.key_c, "2"};
+    idem_cluster_cmd_t again[3] = {{.argc = 3, .argv = setc2},
+                                   {.argc = 3, .argv = seta},
+                                   {.argc = 3, .argv = setb2}};
+    int slots2[3] = {slots[2], slots[0], slots[1]};
+    rc = idem_cluster_pipeline_slots(cl, again, slots2, 3, rep, errs, &first);
+    cr_assert_eq(rc, -1, "a command to a dead node was answered");
+    char dead[32];
+    snprintf(dead, sizeof(dead), "127.0.0.1:%d", clu.node[2].port);
+    cr_expect(!rep[0], "the dead node's command has a reply");
+    cr_expect_eq(errs[0].cls, IDEM_CLUSTER_ERR_CONNECTION, "%s", errs[0].str);
+    cr_expect_str_eq(errs[0].node, dead);
+    cr_expect_str_eq(first.node, dead);
+    for (int i = 1; i < 3; i++) {
+        cr_assert(rep[i], "command %d: %s", i, errs[i].str);
+        cr_expect_eq(rep[i]->type, REDIS_REPLY_STATUS);
+        cr_expect_eq(errs[i].cls, IDEM_CLUSTER_ERR_NONE);
+        freeReplyObject(rep[i]);
+    }
+    char *v = th_cluster_cmd(&clu, 1, "GET %s", bl.key_b);
+    cr_expect_str_eq(v ? v : "", "2");
+    free(v);
+    idem_cluster_destroy(cl);
+}
