@@ -575,7 +575,16 @@ int idem_store_ctx_call(idem_store_t *s, const char *key, size_t len,
 static void store_cluster_fail(idem_store_t *s, const idem_cluster_err_t *e,
                                char *errstr, size_t errstr_size)
 {
-    snprintf(errstr, errstr_size, "%s", e->str);
+    /* A live node refusing (CLUSTERDOWN: a slot has no primary) is not the
+     * node that is down: say that the cluster is, and who said so. */
+    const char *said = strstr(e->str, "CLUSTERDOWN");
+    if (e->cls == IDEM_CLUSTER_ERR_CLUSTERDOWN && e->node[0] && said)
+        snprintf(errstr, errstr_size,
+                 "redis cluster: the cluster is down: the live node %s "
+                 "answers %s",
+                 e->node, said);
+    else
+        snprintf(errstr, errstr_size, "%s", e->str);
     if (s->metrics)
         idem_metrics_redis_error_add(
             s->metrics,
