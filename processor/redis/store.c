@@ -265,14 +265,29 @@ static const char *connect_class(const idem_redisconn_err_t *err)
     }
 }
 
+/* Cluster mode: a live node refusing with CLUSTERDOWN (a slot has no
+ * primary) is not the node that is down: the text says that the cluster
+ * is, and which node said so. */
+static void clusterdown_text(char *errstr, size_t errstr_size, const char *node,
+                             const char *reply)
+{
+    snprintf(errstr, errstr_size,
+             "redis cluster: the cluster is down: the live node %s answers %s",
+             node, reply);
+}
+
 /* Records an infrastructure error of class cls: counts it, drops the
  * connection. */
 static int store_fail_class(idem_store_t *s, char *errstr, size_t errstr_size,
                             const char *what, const char *detail,
                             const char *cls)
 {
-    snprintf(errstr, errstr_size, "redis: %s: %s", what,
-             detail ? detail : "unknown error");
+    const char *node = s->cl ? idem_cluster_slot_node(s->cl, s->slot) : NULL;
+    if (node && detail && !strncmp(detail, "CLUSTERDOWN", 11))
+        clusterdown_text(errstr, errstr_size, node, detail);
+    else
+        snprintf(errstr, errstr_size, "redis: %s: %s", what,
+                 detail ? detail : "unknown error");
     if (s->metrics)
         idem_metrics_redis_error_add(s->metrics, cls, 1);
     if (s->cl) {
@@ -575,14 +590,9 @@ int idem_store_ctx_call(idem_store_t *s, const char *key, size_t len,
 static void store_cluster_fail(idem_store_t *s, const idem_cluster_err_t *e,
                                char *errstr, size_t errstr_size)
 {
-    /* A live node refusing (CLUSTERDOWN: a slot has no primary) is not the
-     * node that is down: say that the cluster is, and who said so. */
     const char *said = strstr(e->str, "CLUSTERDOWN");
     if (e->cls == IDEM_CLUSTER_ERR_CLUSTERDOWN && e->node[0] && said)
-        snprintf(errstr, errstr_size,
-                 "redis cluster: the cluster is down: the live node %s "
-                 "answers %s",
-                 e->node, said);
+        clusterdown_text(errstr, errstr_size, e->node, said);
     else
         snprintf(errstr, errstr_size, "%s", e->str);
     if (s->metrics)

@@ -237,3 +237,84 @@ Test(cluster_cmds, check_config_offsets_layout_state_get_on_a_cluster,
     th_stack_stop(&stk);
     th_cluster_stop(&clu);
 }
+
+/* The slot of `key` as the cluster computes it. */
+static int key_slot(const char *key)
+{
+    char *out = th_cluster_cmd(&clu, 0, "CLUSTER KEYSLOT %s", key);
+    int slot = out ? atoi(out) : -1;
+    free(out);
+    cr_assert_geq(slot, 0, "CLUSTER KEYSLOT %s", key);
+    return slot;
+}
+
+/* A member whose every key is on node 0, and node 2 (no replica) killed:
+ * node 0 lives but answers CLUSTERDOWN (its cluster_state is fail), and
+ * /readyz says the cluster is down naming node 0, not a node the member
+ * never talks to. With both back, the ledger ends exact. */
+Test(cluster_cmds, clusterdown_from_a_live_node_names_it_in_readiness,
+     .timeout = 300)
+{
+    cr_assert_eq(th_cluster_start(&clu, 3, 0), 0, "cluster did not start");
+    /* Every key a one-partition member uses, moved to node 0 while the
+     * slots are empty. */
+    const char *keys[] = {"{test-group:payments:0}", "{test-group}",
+                          "{test-group:payments}", "idemproc:layout:test-group",
+                          "idemproc:dedupkey:test-group"};
+    for (size_t i = 0; i < sizeof(keys) / sizeof(keys[0]); i++) {
+        int slot = key_slot(keys[i]);
+        int from = th_cluster_owner(&clu, slot);
+        cr_assert_geq(from, 0);
+        if (from == 0)
+            continue;
+        cr_assert_eq(th_cluster_migrate_begin(&clu, slot, from, 0), 0);
+        cr_assert_eq(th_cluster_migrate_end(&clu, slot, from, 0), 0);
+    }
+    cr_assert_eq(th_cluster_wait_ok(&clu, 60000), 0, "cluster not ok");
+    cr_assert_eq(th_stack_start(&stk, 1, cluster_props()), 0);
+    char listen[64];
+    int port = th_free_port();
+    snprintf(listen, sizeof(listen), "http.listen=127.0.0.1:%d", port);
+    const char *const sets[] = {listen, NULL};
+    pid_t m1 = th_stack_member_started(&stk, "m1", sets);
+    /* Ready first: assigned, its partition's state loaded from node 0. */
+    int ready = 0;
+    for (int w = 0; w < 60000 && !ready; w += 100) {
+        char *b = NULL;
+        ready = th_http_get(port, "/readyz", &b) == 200;
+        free(b);
+        if (!ready)
+            usleep(100 * 1000);
+    }
+    cr_assert(ready, "m1 never ready:\n%s", th_stack_member_log(&stk, "m1"));
+
+    th_cluster_kill(&clu, 2);
+    int down = 0;
+    for (int w = 0; w < 30000 && !down; w += 100) {
+        down = !strcmp(th_cluster_state(&clu, 0), "fail");
+        if (!down)
+            usleep(100 * 1000);
+    }
+    cr_assert(down, "node 0 never saw the cluster down");
+    /* Traffic while it is down: the member's chunks go to node 0. */
+    const char *traffic[] = {"--count", "300", "--seed", "28", NULL};
+    cr_assert_eq(th_stack_produce(&stk, traffic), 0);
+    char want[128];
+    snprintf(want, sizeof(want),
+             "the cluster is down: the live node 127.0.0.1:%d answers "
+             "CLUSTERDOWN",
+             clu.node[0].port);
+    char *body = NULL;
+    int st = th_wait_unready(port, want, 60000, &body);
+    cr_expect_eq(st, 503, "readyz: %d %s", st, body ? body : "");
+    cr_expect(body && strstr(body, want), "readyz: %s\n(wanted: %s)",
+              body ? body : "", want);
+    free(body);
+
+    cr_assert_eq(th_cluster_restart(&clu, 2), 0);
+    cr_assert_eq(th_cluster_wait_ok(&clu, 60000), 0, "cluster not ok");
+    TH_ASSERT_VERIFIED(&stk, 0, NULL, 120000);
+    cr_expect_eq(th_stack_stop_member(&stk, "m1", m1, 15000), 0);
+    th_stack_stop(&stk);
+    th_cluster_stop(&clu);
+}
