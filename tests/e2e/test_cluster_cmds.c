@@ -1,7 +1,8 @@
 /* test_cluster_cmds: the commands in Redis Cluster mode
  * (redis.cluster.nodes) on a real cluster started by the tests:
  * check-config --connect checks every primary and names the one that is
- * down; offsets show and layout show read the cluster, layout set is
+ * down; offsets show and layout show read the cluster, offsets reset
+ * writes each partition's position on its node, layout set is
  * refused; state get sums a balance's shards (compared with the shards
  * read with redis-cli-like commands on every primary); a live node that
  * answers CLUSTERDOWN makes /readyz say the cluster is down, naming it. */
@@ -216,6 +217,27 @@ Test(cluster_cmds, check_config_offsets_layout_state_get_on_a_cluster,
     free(out);
     free(err);
     cr_expect_eq(th_stack_stop_member(&stk, "m1", m1, 15000), 0);
+
+    /* offsets reset writes each partition's position on its own node: the
+     * key pos{group:topic:partition} holds offset 0 after a rewind. */
+    const char *reset[] = {"offsets", "reset", "--to-earliest", "--execute",
+                           NULL};
+    rc = idem(reset, &out, &err);
+    cr_expect_eq(rc, 0, "offsets reset: %s\n%s", out, err);
+    free(out);
+    free(err);
+    for (int p = 0; p < 9; p++) {
+        char key[96];
+        snprintf(key, sizeof(key), "idemproc:pos{test-group:payments:%d}", p);
+        char *slot = th_cluster_cmd(&clu, 0, "CLUSTER KEYSLOT %s", key);
+        int owner = th_cluster_owner(&clu, slot ? atoi(slot) : -1);
+        free(slot);
+        cr_assert_geq(owner, 0);
+        char *v = th_cluster_cmd(&clu, owner, "HGET %s payments:%d", key, p);
+        cr_expect(v && !strncmp(v, "0 ", 2), "%s on its node: %s", key,
+                  v ? v : "(no reply)");
+        free(v);
+    }
 
     /* A primary and its replica down: check-config fails naming it. */
     int victim = th_cluster_owner(&clu, 0);
