@@ -130,6 +130,12 @@ static int cmd_check_config(int argc, char **argv, char **envp)
          * whole check from above. */
         if (conf->redis_timeout_ms > o.timeout_ms)
             conf->redis_timeout_ms = o.timeout_ms;
+        if (conf->redis_cluster_nodes && *conf->redis_cluster_nodes) {
+            if (idem_cmd_cluster_check(conf, stdout))
+                rc = IDEM_EXIT_FAIL;
+            idem_conf_destroy(conf);
+            return rc;
+        }
         idem_store_t *store = idem_store_new(conf, NULL);
         /* As `run` does: an evicting maxmemory-policy is refused (unless
          * redis.allow.eviction=true), not "connected". */
@@ -181,6 +187,10 @@ static void usage(FILE *out)
             "(global or partition)\n"
             "                                 and what live members want; "
             "switch it\n"
+            "  state get KIND ARGS -c FILE    a value an in-Redis effect "
+            "keeps, as readers\n"
+            "                                 see it (cluster mode: the sum "
+            "of its shards)\n"
             "  check-config -c FILE           validate and print the "
             "effective configuration\n"
             "                                 (--connect: also reach Kafka "
@@ -210,6 +220,7 @@ static const command_t commands[] = {
     {"outbox", idem_cmd_outbox, idem_cmd_outbox_usage},
     {"offsets", idem_cmd_offsets, idem_cmd_offsets_usage},
     {"layout", idem_cmd_layout, idem_cmd_layout_usage},
+    {"state", idem_cmd_state, idem_cmd_state_usage},
     {"check-config", cmd_check_config, check_config_usage},
 };
 

@@ -20,6 +20,7 @@ int idem_cmd_dlq(int argc, char **argv, char **envp);
 int idem_cmd_outbox(int argc, char **argv, char **envp);
 int idem_cmd_offsets(int argc, char **argv, char **envp);
 int idem_cmd_layout(int argc, char **argv, char **envp);
+int idem_cmd_state(int argc, char **argv, char **envp);
 
 /* Usage texts, printed by `idemproc help CMD` and `idemproc CMD --help`. */
 void idem_cmd_run_usage(FILE *out);
@@ -30,10 +31,19 @@ void idem_cmd_dlq_usage(FILE *out);
 void idem_cmd_outbox_usage(FILE *out);
 void idem_cmd_offsets_usage(FILE *out);
 void idem_cmd_layout_usage(FILE *out);
+void idem_cmd_state_usage(FILE *out);
 
 /* check-config --for outbox --connect: what the relay needs, printed to
  * out: the brokers and outbox.topic, PostgreSQL and outbox.table. 0 when
  * all are there, 1 (IDEM_EXIT_FAIL) with the first problem on stderr. */
 int idem_cmd_outbox_check(const idem_conf_t *conf, int timeout_ms, FILE *out);
+
+/* check-config --connect in cluster mode (redis.cluster.nodes): each seed
+ * reached or not, each primary of the slot map checked as a single Redis
+ * is (connection with redis.url's user, password and TLS; SCRIPT LOAD;
+ * maxmemory-policy) and in cluster_state ok, and every slot covered; one
+ * line per node to out. 0 when all primaries pass and every slot has one,
+ * 1 (IDEM_EXIT_FAIL) with each failure on stderr naming its node. */
+int idem_cmd_cluster_check(const idem_conf_t *conf, FILE *out);
 
 #endif

@@ -9,6 +9,7 @@
 #include "redis/layout.h"
 #include "redis/liveness.h"
 #include "redis/redisconn.h"
+#include "redis/store.h"
 
 #include <inttypes.h>
 #include <stdlib.h>
@@ -58,27 +59,14 @@ static int layout_opt(int opt, const char *arg, void *opaque)
 
 /* The live members and their fingerprints: fps[i] for members[i] ("" when
  * a member published none). Caller frees both arrays' strings. */
-static int members_read(redisContext *c, const idem_conf_t *conf,
+static int members_read(const idem_conf_t *conf,
                         idem_liveness_member_t **members, size_t *n,
                         char ***fps, char *errstr, size_t errstr_size)
 {
     if (idem_liveness_list(conf, members, n, errstr, errstr_size))
         return -1;
-    *fps = idem_xcalloc(*n + 1, sizeof(**fps));
-    char key[512];
-    snprintf(key, sizeof(key), "%smemberconf:%s", conf->redis_prefix,
-             conf->group_id);
-    for (size_t i = 0; i < *n; i++) {
-        redisReply *r =
-            redisCommand(c, "HGET %s %s", key, (*members)[i].member);
-        if (!r) {
-            snprintf(errstr, errstr_size, "redis: %s", c->errstr);
-            return -1;
-        }
-        (*fps)[i] = idem_xstrdup(r->type == REDIS_REPLY_STRING ? r->str : "");
-        freeReplyObject(r);
-    }
-    return 0;
+    return idem_liveness_fingerprints(conf, *members, *n, fps, errstr,
+                                      errstr_size);
 }
 
 static void show(const idem_conf_t *conf, const idem_layout_t *l,
@@ -149,17 +137,37 @@ int idem_cmd_layout(int argc, char **argv, char **envp)
         return rc;
     }
     char errstr[1024] = "";
-    idem_redisconn_t *rc_ =
-        idem_redisconn_open(conf, 0, errstr, sizeof(errstr));
+    /* Cluster mode: the layout is partition, fixed by the members (the
+     * chunk script does not read the key, which lives in another slot). */
+    int cluster = conf->redis_cluster_nodes && *conf->redis_cluster_nodes;
+    if (cluster && !strcmp(verb, "set")) {
+        fprintf(stderr,
+                "idemproc %s: refused in cluster mode (redis.cluster.nodes): "
+                "a cluster runs the partition layout only, nothing to switch "
+                "(nothing changed)\n",
+                name);
+        idem_conf_destroy(conf);
+        return IDEM_EXIT_FAIL;
+    }
+    idem_redisconn_t *rc_ = NULL;
+    idem_store_t *store = NULL;
     idem_liveness_member_t *m = NULL;
     size_t n = 0;
     char **fps = NULL;
     idem_layout_t l;
-    int ok = rc_ &&
-             !idem_layout_read(idem_redisconn_context(rc_), conf, &l, errstr,
-                               sizeof(errstr)) &&
-             !members_read(idem_redisconn_context(rc_), conf, &m, &n, &fps,
-                           errstr, sizeof(errstr));
+    int ok;
+    if (cluster) {
+        /* Through the store, which finds the key's node; a reader, so its
+         * connect writes nothing. */
+        store = idem_store_new(conf, NULL);
+        idem_store_allow_replica(store);
+        ok = !idem_layout_store_read(store, conf, &l, errstr, sizeof(errstr));
+    } else {
+        rc_ = idem_redisconn_open(conf, 0, errstr, sizeof(errstr));
+        ok = rc_ && !idem_layout_read(idem_redisconn_context(rc_), conf, &l,
+                                      errstr, sizeof(errstr));
+    }
+    ok = ok && !members_read(conf, &m, &n, &fps, errstr, sizeof(errstr));
     rc = ok ? IDEM_EXIT_OK : IDEM_EXIT_FAIL;
     if (ok && !strcmp(verb, "show")) {
         show(conf, &l, m, fps, n);
@@ -211,6 +219,7 @@ int idem_cmd_layout(int argc, char **argv, char **envp)
     free(fps);
     idem_liveness_list_free(m, n);
     idem_redisconn_close(rc_);
+    idem_store_destroy(store);
     idem_conf_destroy(conf);
     return rc;
 }

@@ -465,3 +465,43 @@ void idem_liveness_list_free(idem_liveness_member_t *v, size_t n)
         free(v[i].member);
     free(v);
 }
+
+int idem_liveness_fingerprints(const idem_conf_t *conf,
+                               const idem_liveness_member_t *m, size_t n,
+                               char ***fps, char *errstr, size_t errstr_size)
+{
+    *fps = idem_xcalloc(n + 1, sizeof(**fps));
+    char key[512];
+    settings_key(conf, key, sizeof(key));
+    idem_redisconn_t *rc = NULL;
+    idem_cluster_t *cl = NULL;
+    redisContext *c;
+    if (cluster_mode(conf)) {
+        c = cluster_ctx(conf, &cl, idem_cluster_keyslot(key, strlen(key)),
+                        errstr, errstr_size);
+    } else {
+        rc = idem_redisconn_open(conf, 0, errstr, errstr_size);
+        c = rc ? idem_redisconn_context(rc) : NULL;
+    }
+    int ret = c ? 0 : -1;
+    for (size_t i = 0; c && i < n; i++) {
+        const char *argv[] = {"HGET", key, m[i].member};
+        redisReply *r = redisCommandArgv(c, 3, argv, NULL);
+        if (!r || r->type == REDIS_REPLY_ERROR) {
+            snprintf(errstr, errstr_size, "redis: %s: %s", key,
+                     r ? r->str : c->errstr);
+            freeReplyObject(r);
+            ret = -1;
+            break;
+        }
+        (*fps)[i] = idem_xstrdup(r->type == REDIS_REPLY_STRING ? r->str : "");
+        freeReplyObject(r);
+    }
+    for (size_t i = 0; ret && i < n; i++) {
+        free((*fps)[i]);
+        (*fps)[i] = NULL;
+    }
+    idem_redisconn_close(rc);
+    idem_cluster_destroy(cl);
+    return ret;
+}

@@ -70,4 +70,13 @@ int idem_liveness_list(const idem_conf_t *conf, idem_liveness_member_t **out,
                        size_t *n, char *errstr, size_t errstr_size);
 void idem_liveness_list_free(idem_liveness_member_t *v, size_t n);
 
+/* The fingerprints the live members m[n] published (the hash
+ * <prefix>memberconf:<group.id>, in cluster mode
+ * <prefix>memberconf{<group.id>}): a new array *fps of n strings, "" for a
+ * member that published none (caller frees each and the array, also on
+ * failure). 0, or -1 with errstr (Redis unreachable: retriable). */
+int idem_liveness_fingerprints(const idem_conf_t *conf,
+                               const idem_liveness_member_t *m, size_t n,
+                               char ***fps, char *errstr, size_t errstr_size);
+
 #endif

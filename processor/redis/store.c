@@ -281,14 +281,29 @@ static const char *connect_class(const idem_redisconn_err_t *err)
     }
 }
 
+/* Cluster mode: a live node refusing with CLUSTERDOWN (a slot has no
+ * primary) is not the node that is down: the text says that the cluster
+ * is, and which node said so. */
+static void clusterdown_text(char *errstr, size_t errstr_size, const char *node,
+                             const char *reply)
+{
+    snprintf(errstr, errstr_size,
+             "redis cluster: the cluster is down: the live node %s answers %s",
+             node, reply);
+}
+
 /* Records an infrastructure error of class cls: counts it, drops the
  * connection. */
 static int store_fail_class(idem_store_t *s, char *errstr, size_t errstr_size,
                             const char *what, const char *detail,
                             const char *cls)
 {
-    snprintf(errstr, errstr_size, "redis: %s: %s", what,
-             detail ? detail : "unknown error");
+    const char *node = s->cl ? idem_cluster_slot_node(s->cl, s->slot) : NULL;
+    if (node && detail && !strncmp(detail, "CLUSTERDOWN", 11))
+        clusterdown_text(errstr, errstr_size, node, detail);
+    else
+        snprintf(errstr, errstr_size, "redis: %s: %s", what,
+                 detail ? detail : "unknown error");
     if (s->metrics)
         idem_metrics_redis_error_add(s->metrics, cls, 1);
     if (s->cl) {
@@ -804,7 +819,11 @@ const char *idem_store_key_node(idem_store_t *s, const char *key, size_t len)
 static void store_cluster_fail(idem_store_t *s, const idem_cluster_err_t *e,
                                char *errstr, size_t errstr_size)
 {
-    snprintf(errstr, errstr_size, "%s", e->str);
+    const char *said = strstr(e->str, "CLUSTERDOWN");
+    if (e->cls == IDEM_CLUSTER_ERR_CLUSTERDOWN && e->node[0] && said)
+        clusterdown_text(errstr, errstr_size, e->node, said);
+    else
+        snprintf(errstr, errstr_size, "%s", e->str);
     if (s->metrics)
         idem_metrics_redis_error_add(
             s->metrics,
@@ -1815,5 +1834,125 @@ int idem_store_applied_get(idem_store_t *s, int64_t *applied, char *errstr,
         return -1;
     *applied = r->type == REDIS_REPLY_STRING ? strtoll(r->str, NULL, 10) : 0;
     freeReplyObject(r);
+    return 0;
+}
+
+int idem_store_cluster_check(idem_store_t *s, idem_store_node_check_fn each,
+                             void *opaque, size_t *uncovered, char *errstr,
+                             size_t errstr_size)
+{
+    *uncovered = 0;
+    if (!idem_store_cluster(s)) {
+        snprintf(errstr, errstr_size, "redis: not in cluster mode");
+        return -1;
+    }
+    if (!s->cl) { /* not through store_cluster_connect: its home node may be
+                     the one that is down */
+        idem_cluster_err_t e;
+        s->cl = idem_cluster_new(s->conf, s->conf->redis_cluster_nodes, &e);
+        if (!s->cl) {
+            snprintf(errstr, errstr_size, "%s", e.str);
+            return -1;
+        }
+    }
+    for (int slot = 0; slot < IDEM_CLUSTER_SLOTS; slot++)
+        *uncovered += !idem_cluster_slot_node(s->cl, slot);
+    int failed = 0;
+    for (size_t k = 0;; k++) {
+        idem_cluster_err_t e;
+        const char *addr = NULL;
+        redisContext *c = idem_cluster_primary_context(s->cl, k, &addr, &e);
+        if (!c && e.cls == IDEM_CLUSTER_ERR_NONE)
+            break;
+        char node[300], err[512] = "";
+        snprintf(node, sizeof(node), "%s", addr ? addr : e.node);
+        size_t slots = 0;
+        for (int slot = 0; slot < IDEM_CLUSTER_SLOTS; slot++) {
+            const char *a = idem_cluster_slot_node(s->cl, slot);
+            slots += a && !strcmp(a, node);
+        }
+        if (!c) {
+            snprintf(err, sizeof(err), "%s", e.str);
+        } else {
+            /* What a member's connect does on a single Redis (scripts,
+             * INFO and its maxmemory-policy), then the node's own view of
+             * the cluster (CLUSTERDOWN comes from a node in state fail). */
+            s->c = c;
+            s->slot = -1;
+            s->refused[0] = '\0';
+            if (!store_load_scripts(s, err, sizeof(err)) &&
+                !store_check_server(s, err, sizeof(err))) {
+                const char *argv[] = {"CLUSTER", "INFO"};
+                redisReply *r =
+                    store_command(s, err, sizeof(err), 2, argv, NULL);
+                char state[32] = "";
+                if (r && (r->type == REDIS_REPLY_STRING ||
+                          r->type == REDIS_REPLY_STATUS))
+                    idem_aofgate_info_field(r->str, "cluster_state", state,
+                                            sizeof(state));
+                if (r && strcmp(state, "ok"))
+                    snprintf(err, sizeof(err),
+                             "redis cluster: %s: cluster_state is %s (the "
+                             "node answers CLUSTERDOWN)",
+                             node, state[0] ? state : "unknown");
+                if (r)
+                    freeReplyObject(r);
+            }
+            s->c = NULL;
+        }
+        failed += err[0] != '\0';
+        each(node, slots, err[0] ? err : NULL, opaque);
+    }
+    return failed;
+}
+
+typedef struct {
+    const char *cur, *user;
+    int64_t sum;
+    size_t shards; /* hashes that hold the field */
+} ledger_get_t;
+
+static int ledger_field(idem_store_t *s, const char *key, size_t plen,
+                        void *arg, char *errstr, size_t errstr_size)
+{
+    ledger_get_t *x = arg;
+    char cur[256];
+    ledger_currency(key, plen, cur, sizeof(cur));
+    if (strcmp(cur, x->cur))
+        return 0;
+    const char *argv[] = {"HGET", key, x->user};
+    redisReply *r = store_command(s, errstr, errstr_size, 3, argv, NULL);
+    if (!r)
+        return -1;
+    if (r->type == REDIS_REPLY_STRING) {
+        x->sum += strtoll(r->str, NULL, 10);
+        x->shards++;
+    }
+    freeReplyObject(r);
+    return 0;
+}
+
+int idem_store_ledger_get(idem_store_t *s, const char *currency,
+                          const char *user_id, int64_t *minor, size_t *shards,
+                          char *errstr, size_t errstr_size)
+{
+    ledger_get_t x = {.cur = currency, .user = user_id};
+    *minor = 0;
+    *shards = 0;
+    if (idem_store_cluster(s)) {
+        if (ledger_keys_all(s, ledger_field, &x, errstr, errstr_size))
+            return -1;
+    } else {
+        if (idem_store_connect(s, errstr, errstr_size))
+            return -1;
+        char key[512];
+        snprintf(key, sizeof(key), "%sledger:%s", s->conf->redis_prefix,
+                 currency);
+        size_t plen = strlen(s->conf->redis_prefix) + strlen("ledger:");
+        if (ledger_field(s, key, plen, &x, errstr, errstr_size))
+            return -1;
+    }
+    *minor = x.sum;
+    *shards = x.shards;
     return 0;
 }

@@ -230,4 +230,30 @@ int idem_store_ledger_scan(idem_store_t *s,
 int idem_store_applied_get(idem_store_t *s, int64_t *applied, char *errstr,
                            size_t errstr_size);
 
+/* check-config --connect in cluster mode: each(node, slots, err, opaque)
+ * once per primary of the slot map (in slot order; node "host:port" and
+ * err borrowed for the call), slots the number it serves, err NULL when
+ * the node passed what a member's connect checks on a single Redis (the
+ * connection with redis.url's user and password and TLS, SCRIPT LOAD, INFO
+ * and its maxmemory-policy as idem_store_guard_eviction refuses it) and
+ * CLUSTER INFO says cluster_state:ok, else the failure naming the node.
+ * *uncovered gets the slots with no primary in the map. Returns the number
+ * of primaries that failed, or -1 with errstr when no seed gave the slot
+ * map. */
+typedef void (*idem_store_node_check_fn)(const char *node, size_t slots,
+                                         const char *err, void *opaque);
+int idem_store_cluster_check(idem_store_t *s, idem_store_node_check_fn each,
+                             void *opaque, size_t *uncovered, char *errstr,
+                             size_t errstr_size);
+
+/* state get: user_id's balance in currency's ledger as readers see it, in
+ * *minor: the field of <prefix>ledger:<currency> on a single Redis; in
+ * cluster mode the sum of that field over every shard
+ * <prefix>ledger:<currency>{<partition's tag>} on every primary (each
+ * shard lives on exactly one). *shards gets the hashes that held the field
+ * (0: none, *minor 0). 0, or -1 with errstr (an outage naming the node). */
+int idem_store_ledger_get(idem_store_t *s, const char *currency,
+                          const char *user_id, int64_t *minor, size_t *shards,
+                          char *errstr, size_t errstr_size);
+
 #endif
