@@ -185,6 +185,7 @@ typedef struct idem_conf_s {
     int64_t dedup_lease_ms;
     int dedup_scope;              /* idem_dedup_scope_t (redis/rediskeys.c) */
     int64_t dedup_memory_max;     /* bytes of a member's partition tables */
+    int64_t member_memory_max;    /* bytes of the member's RSS; 0: no bound */
     int64_t dedup_window_key_max; /* bytes of marks per window key part */
     int64_t dev_layout_read_ms;   /* the layout key's re-read interval */
     char *handler;           /* handler=<name>[:<arg>], a registered handler */
