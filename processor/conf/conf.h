@@ -207,6 +207,7 @@ typedef struct idem_conf_s {
     int64_t stats_interval_ms;
     int64_t fetch_stall_ms;  /* 0: no fetch watch (fetchwatch.h) */
     char *fault_fetch_pause; /* dev.fault.fetch.pause: TOPIC:PARTITION[:N] */
+    char *fault_member_rss_file;     /* dev.fault.member.rss.file */
     int64_t fault_fetch_assign_fail; /* dev.fault.fetch.assign.fail */
     int64_t progress_interval_ms;
     int64_t handler_max_consecutive_rejects; /* 0: off (rejectguard.h) */

@@ -54,6 +54,8 @@ static const idem_conf_key_t loop_keys[] = {
      .doc = "external effects (webhook, plugin) of one Kafka key start in offset order, each after the previous one finished (key; keyless records: per partition), one record per partition at a time (partition), or as due up to the handler's in-flight limit (none)"},
     IDEM_CONF_STR("dev.fault.fetch.pause", fault_fetch_pause, "", 0, fault_pause_check,
         "development only: TOPIC:PARTITION[:TIMES] pauses that partition inside librdkafka behind the member's back once its fetch started, and drops the first TIMES-1 repairs (exercises fetch.stall.ms)"),
+    IDEM_CONF_STR("dev.fault.member.rss.file", fault_member_rss_file, "", 0, NULL,
+        "development only: the member reads its resident memory (bytes, as text) from this file instead of /proc/self/statm (exercises member.memory.max)"),
     IDEM_CONF_INT("dev.fault.fetch.assign.fail", fault_fetch_assign_fail, "0", 0, 100, 0, NULL,
         "development only: the fetch watch's next N assigns of a stalled partition it took out of the assignment are refused, as librdkafka may refuse one (exercises fetch.stall.ms); 0 = off"),
     {.name = NULL},

@@ -398,16 +398,27 @@ static void mem_watch(idem_pipeline_t *p, int64_t now)
     if (p->mem.max <= 0 || now - p->mem_read_ms < MEM_READ_INTERVAL_MS)
         return;
     p->mem_read_ms = now;
-    int change = idem_membound_update(&p->mem, idem_procstat_rss_bytes());
+    int64_t rss = idem_procstat_rss_bytes();
+    const char *fake = p->conf->fault_member_rss_file;
+    if (fake && fake[0]) { /* dev.fault.member.rss.file */
+        FILE *fp = fopen(fake, "r");
+        long long v = -1;
+        if (!fp || fscanf(fp, "%lld", &v) != 1)
+            v = -1;
+        if (fp)
+            fclose(fp);
+        rss = v;
+    }
+    int change = idem_membound_update(&p->mem, rss);
     if (!change)
         return;
-    char rss[24], max[24];
-    snprintf(rss, sizeof(rss), "%" PRId64, p->mem.last_rss);
+    char rssb[24], max[24];
+    snprintf(rssb, sizeof(rssb), "%" PRId64, p->mem.last_rss);
     snprintf(max, sizeof(max), "%" PRId64, p->mem.max);
     idem_log_kv(change > 0 ? IDEM_LOG_WARN : IDEM_LOG_INFO,
                 change > 0 ? "member.memory.max reached: pausing input"
                            : "member memory under its bound again",
-                "rss_bytes", rss, "member_memory_max", max, NULL);
+                "rss_bytes", rssb, "member_memory_max", max, NULL);
     idem_metrics_member_memory_set(p->m, p->mem.max, p->mem.over);
     if (change > 0) {
         pause_all(p, 1);
