@@ -21,6 +21,11 @@
 #              today's defaults (the same prefetch queue as partition)
 #   partition  one member, dedup.scope=partition, dedup.memory.max =
 #              BENCH_MEMBER_MEMORY_MAX (64 MiB)
+#   bound      partition with member.memory.max = BENCH_MEMBER_BOUND (the
+#              least the start check accepts for dedup.memory.max and the
+#              32 MiB prefetch queue: 64 + 2 x 32 + 7.8 + 32 MiB), the
+#              same run as partition: its rate against partition's, its
+#              peak RSS against the bound, its pauses
 #   two        two members of one group, dedup.scope=partition
 #   classic    tests/bench/classic (SET NX EX, HINCRBY, a synchronous
 #              commit per record), time-boxed to BENCH_CLASSIC_SECONDS (3)
@@ -52,8 +57,9 @@ REPS=${BENCH_REPS:-3}
 COUNT=${BENCH_COUNT:-300000}
 PARTITIONS=64
 MODES=(${BENCH_MEMBER_MODES:-none aof})
-ROWS=(${BENCH_MEMBER_ROWS:-today global partition two classic load})
+ROWS=(${BENCH_MEMBER_ROWS:-today global partition bound two classic load})
 MEMORY_MAX=${BENCH_MEMBER_MEMORY_MAX:-67108864}
+BOUND=${BENCH_MEMBER_BOUND:-$((MEMORY_MAX + 2 * 32768 * 1024 + 4 * 1000 * 2048 + 32 * 1048576))}
 CLASSIC_SECONDS=${BENCH_CLASSIC_SECONDS:-3}
 LOAD_MARKS=${BENCH_LOAD_MARKS:-1000000}
 LIB_NAME=bench-member LIB_SAY_FD=2 LIB_KEEP=${BENCH_KEEP:-} LIB_GRACE=30
@@ -130,7 +136,7 @@ members() {
         prev=$t
         sleep 0.1
     done
-    local ticks=0 rss=0 h tb=0 tm=0 max=0
+    local ticks=0 rss=0 h tb=0 tm=0 max=0 mmax=0 pauses=0
     for i in "${!pids[@]}"; do
         ticks=$((ticks + $(cpu_ticks "${pids[i]}") - cpu0[i]))
         h=$(vm_hwm_kb "${pids[i]}")
@@ -138,6 +144,8 @@ members() {
         tb=$((tb + $(metric "${ports[i]}" idemproc_dedup_table_bytes)))
         tm=$((tm + $(metric "${ports[i]}" idemproc_dedup_table_marks)))
         max=$(metric "${ports[i]}" idemproc_dedup_memory_max_bytes)
+        mmax=$(metric "${ports[i]}" idemproc_member_memory_max_bytes)
+        pauses=$((pauses + $(metric "${ports[i]}" idemproc_member_memory_pauses_total)))
     done
     for name in "${names[@]}"; do kill -TERM "${PID[$name]}"; done
     for name in "${names[@]}"; do stop "$name" - 60 || die "$name exited with $? on SIGTERM"; done
@@ -153,6 +161,10 @@ members() {
             table_b_per_mark="$(per "$tb" "$tm")"
             table_of_max_pct="$(per "$tb" "$max" 100)"
             rss_of_max_pct="$(per $((rss * 1024)) "$max" 100)")
+    fi
+    if ((mmax > 0)); then
+        extra+=(member_memory_max="$mmax" memory_pauses="$pauses"
+            rss_of_member_max_pct="$(per $((rss * 1024)) "$mmax" 100)")
     fi
     emit "$mode" "$row" "$rep" rate=$((SENT * 1000000 / us)) \
         member_cpu_us="$(per $((ticks * TICK_US)) "$SENT")" \
@@ -204,6 +216,8 @@ for mode in "${MODES[@]}"; do
         ! want today || members "$mode" today "$rep" 1 dedup.scope=global kafka.queued.max.messages.kbytes=12288
         ! want global || members "$mode" global "$rep" 1 dedup.scope=global
         ! want partition || members "$mode" partition "$rep" 1 dedup.scope=partition "dedup.memory.max=$MEMORY_MAX"
+        ! want bound || members "$mode" bound "$rep" 1 dedup.scope=partition "dedup.memory.max=$MEMORY_MAX" \
+            "member.memory.max=$BOUND"
         ! want two || members "$mode" two "$rep" 2 dedup.scope=partition "dedup.memory.max=$MEMORY_MAX"
         ! want classic || classic "$mode" "$rep"
     done
@@ -228,6 +242,9 @@ jq -s --argjson sent "$SENT" --argjson unique "$UNIQUE" --argjson reps "$REPS" '
            partition_over_global: ratio($rows[$m + "/partition"].rate.median; $rows[$m + "/global"].rate.median),
            partition_rate: $rows[$m + "/partition"].rate.median,
            partition_rss_of_memory_max_pct: $rows[$m + "/partition"].rss_of_max_pct.median,
+           bound_over_partition: ratio($rows[$m + "/bound"].rate.median; $rows[$m + "/partition"].rate.median),
+           bound_rss_of_member_max_pct: $rows[$m + "/bound"].rss_of_member_max_pct.max,
+           bound_pauses: $rows[$m + "/bound"].memory_pauses.max,
            two_over_partition: ratio($rows[$m + "/two"].rate.median; $rows[$m + "/partition"].rate.median),
            partition_over_classic: ratio($rows[$m + "/partition"].rate.median; $rows[$m + "/classic"].rate.median),
            rss_mib_over_global: (if $rows[$m + "/partition"].rss_mib and $rows[$m + "/global"].rss_mib
@@ -254,5 +271,5 @@ jq -r '
 jq -r '
     (.rows | to_entries[] | select(.key | endswith("/load")) | .value as $v |
         "\(.key): \($v.marks.median) marks (\($v.chunks.median) chunks, \($v.pieces.median) GETRANGE pieces) loaded into a new owner table in \($v.load_ms_min.median) / \($v.load_ms.median) / \($v.load_ms_max.median) ms (min / median / max), \($v.table_b_per_mark.median) B/mark; every mark found"),
-    (.ratios | to_entries[] | "\(.key): one partition member \(.value.partition_rate // "-")/s: / today (global, 12 MiB prefetch) \(.value.partition_over_today // "-")x (goal >= 2x, >= 100,000/s: \(if .value.partition_over_today == null then "-" elif .value.partition_over_today >= 2 and .value.partition_rate >= 100000 then "met" else "NOT met" end)), / global with the same queue \(.value.partition_over_global // "-")x (\(if .value.partition_over_global == null then "-" elif .value.partition_over_global >= 2 then "2x met" else "under 2x" end)); peak RSS \(.value.partition_rss_of_memory_max_pct // "-")% of dedup.memory.max; two / one member \(.value.two_over_partition // "-")x, partition / classic \(.value.partition_over_classic // "-")x; RSS over global \(.value.rss_mib_over_global // "-") MiB = \(.value.rss_b_per_mark_over_global // "-") B per mark held")' \
+    (.ratios | to_entries[] | "\(.key): one partition member \(.value.partition_rate // "-")/s: / today (global, 12 MiB prefetch) \(.value.partition_over_today // "-")x (goal >= 2x, >= 100,000/s: \(if .value.partition_over_today == null then "-" elif .value.partition_over_today >= 2 and .value.partition_rate >= 100000 then "met" else "NOT met" end)), / global with the same queue \(.value.partition_over_global // "-")x (\(if .value.partition_over_global == null then "-" elif .value.partition_over_global >= 2 then "2x met" else "under 2x" end)); peak RSS \(.value.partition_rss_of_memory_max_pct // "-")% of dedup.memory.max; two / one member \(.value.two_over_partition // "-")x, partition / classic \(.value.partition_over_classic // "-")x; RSS over global \(.value.rss_mib_over_global // "-") MiB = \(.value.rss_b_per_mark_over_global // "-") B per mark held; with member.memory.max: rate / partition \(.value.bound_over_partition // "-")x, highest peak RSS \(.value.bound_rss_of_member_max_pct // "-")% of the bound, pauses \(.value.bound_pauses // "-")")' \
     "$OUT/member.json"

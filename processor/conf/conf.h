@@ -185,6 +185,7 @@ typedef struct idem_conf_s {
     int64_t dedup_lease_ms;
     int dedup_scope;              /* idem_dedup_scope_t (redis/rediskeys.c) */
     int64_t dedup_memory_max;     /* bytes of a member's partition tables */
+    int64_t member_memory_max;    /* bytes of the member's RSS; 0: no bound */
     int64_t dedup_window_key_max; /* bytes of marks per window key part */
     int64_t dev_layout_read_ms;   /* the layout key's re-read interval */
     char *handler;           /* handler=<name>[:<arg>], a registered handler */
@@ -206,6 +207,7 @@ typedef struct idem_conf_s {
     int64_t stats_interval_ms;
     int64_t fetch_stall_ms;  /* 0: no fetch watch (fetchwatch.h) */
     char *fault_fetch_pause; /* dev.fault.fetch.pause: TOPIC:PARTITION[:N] */
+    char *fault_member_rss_file;     /* dev.fault.member.rss.file */
     int64_t fault_fetch_assign_fail; /* dev.fault.fetch.assign.fail */
     int64_t progress_interval_ms;
     int64_t handler_max_consecutive_rejects; /* 0: off (rejectguard.h) */

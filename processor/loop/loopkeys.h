@@ -7,4 +7,8 @@
 
 extern const idem_conf_module_t idem_loop_conf;
 
+/* The consumer's prefetch bound in KiB: kafka.queued.max.messages.kbytes
+ * when set, else IDEM_PREFETCH_KBYTES_DEFAULT (loop/membound.h). */
+int64_t idem_loop_prefetch_kbytes(const idem_conf_t *conf);
+
 #endif

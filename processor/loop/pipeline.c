@@ -17,12 +17,15 @@
 #include "base/log.h"
 #include "loop/fetchwatch.h"
 #include "loop/flow.h"
+#include "loop/loopkeys.h"
+#include "loop/membound.h"
 #include "loop/pipeline.h"
 #include "loop/rebalance.h"
 #include "loop/retryloop.h"
 #include "loop/wake.h"
 #include "redis/store.h"
 #include "redis/rediskeys.h"
+#include "obs/procstat.h"
 #include "base/util.h"
 
 #include <inttypes.h>
@@ -33,6 +36,7 @@
 #include <unistd.h>
 
 #include <librdkafka/rdkafka.h>
+#include <malloc.h>
 
 /* How many batches may wait in memory (in flight, being filled, waiting
  * for a retry or an acknowledgement) before fetching pauses. */
@@ -91,11 +95,9 @@ struct idem_pipeline_s {
     idem_positions_t positions; /* positions in Redis (positions.c) */
     idem_effects_t fx;          /* records to the handler and back, dead letters
                                    (effects.c); bound to the parts above */
+    idem_membound_t mem;        /* member.memory.max (membound.c) */
+    int64_t mem_read_ms;        /* when RSS was last read */
 };
-
-/* The consumer's prefetch bound (queued.max.messages.kbytes) unless
- * kafka.queued.max.messages.kbytes is set. */
-#define IDEM_PREFETCH_KBYTES_DEFAULT "32768"
 
 /* The longest one wait in batch_fill: the loop's housekeeping (commits,
  * progress, the idle Redis check) runs at least this often. */
@@ -359,6 +361,7 @@ static int part_paused(const idem_pipeline_t *p, const idem_part_t *pt,
 
 static void pause_all(idem_pipeline_t *p, int pause)
 {
+    pause = pause || p->mem.over; /* member.memory.max (mem_watch) */
     if (p->paused == pause || p->offs.cnt == 0) {
         p->paused = pause;
         idem_metrics_paused_set(p->m, pause ? (int64_t)p->offs.cnt : 0);
@@ -375,13 +378,54 @@ static void pause_all(idem_pipeline_t *p, int pause)
     rd_kafka_topic_partition_list_destroy(l);
     char held[24];
     snprintf(held, sizeof(held), "%zu", p->cnt);
-    idem_log_kv(
-        pause && p->flow.down ? IDEM_LOG_WARN : IDEM_LOG_DEBUG,
-        pause ? "input paused" : "input resumed", "records_in_hand", held,
-        "reason",
-        pause ? (p->flow.down ? p->flow.reason : "records in hand") : "", NULL);
+    const char *why =
+        p->mem.over ? "member.memory.max reached" : "records in hand";
+    idem_log_kv(pause && p->flow.down ? IDEM_LOG_WARN : IDEM_LOG_DEBUG,
+                pause ? "input paused" : "input resumed", "records_in_hand",
+                held, "reason",
+                pause ? (p->flow.down ? p->flow.reason : why) : "", NULL);
     p->paused = pause;
     idem_metrics_paused_set(p->m, pause ? (int64_t)p->offs.cnt : 0);
+}
+
+/* member.memory.max: RSS read every 100 ms; over the bound, the input
+ * pauses (librdkafka drops the paused partitions' prefetched records) and
+ * the heap's free pages go back to the system; it resumes once RSS is a
+ * prefetch bound under it (membound.h). Marks are never dropped. */
+#define MEM_READ_INTERVAL_MS 100
+static void mem_watch(idem_pipeline_t *p, int64_t now)
+{
+    if (p->mem.max <= 0 || now - p->mem_read_ms < MEM_READ_INTERVAL_MS)
+        return;
+    p->mem_read_ms = now;
+    int64_t rss = idem_procstat_rss_bytes();
+    const char *fake = p->conf->fault_member_rss_file;
+    if (fake && fake[0]) { /* dev.fault.member.rss.file */
+        FILE *fp = fopen(fake, "r");
+        long long v = -1;
+        if (!fp || fscanf(fp, "%lld", &v) != 1)
+            v = -1;
+        if (fp)
+            fclose(fp);
+        rss = v;
+    }
+    int change = idem_membound_update(&p->mem, rss);
+    if (!change)
+        return;
+    char rssb[24], max[24];
+    snprintf(rssb, sizeof(rssb), "%" PRId64, p->mem.last_rss);
+    snprintf(max, sizeof(max), "%" PRId64, p->mem.max);
+    idem_log_kv(change > 0 ? IDEM_LOG_WARN : IDEM_LOG_INFO,
+                change > 0 ? "member.memory.max reached: pausing input"
+                           : "member memory under its bound again",
+                "rss_bytes", rssb, "member_memory_max", max, NULL);
+    idem_metrics_member_memory_set(p->m, p->mem.max, p->mem.over);
+    if (change > 0) {
+        pause_all(p, 1);
+        malloc_trim(0);
+    }
+    /* Resumed by the next attempt or idle turn (pause_all asks mem.over),
+     * which also knows whether another reason holds the input. */
 }
 
 /* ------------------------------------------------------ retry topics */
@@ -839,6 +883,10 @@ idem_pipeline_t *idem_pipeline_new(const idem_conf_t *conf, idem_metrics_t *m,
                    conf->retry_backoff_max_ms);
     p->m = m;
     p->acc = idem_metrics_acc_new(m);
+    idem_membound_init(&p->mem, conf->member_memory_max,
+                       idem_loop_prefetch_kbytes(conf));
+    if (p->mem.max > 0)
+        idem_metrics_member_memory_set(m, p->mem.max, 0);
     owner_update(p);
     /* Retry jitter must differ between members, or they retry in step. */
     srand((unsigned)(getpid() ^ idem_wall_ms()));
@@ -1161,6 +1209,7 @@ int idem_pipeline_run(idem_pipeline_t *p, volatile int *stop, char *errstr,
                 attempt(p);
         }
         retry_release(p, idem_now_ms());
+        mem_watch(p, now);
         if (now - p->last_commit_ms >= p->conf->commit_interval_ms)
             commit_offsets(p, NULL, 0);
         /* While idle, the server (and its memory policy) every second:

@@ -144,6 +144,9 @@ struct idem_metrics_s {
     _Atomic int table_on;         /* dedup.scope=partition reports its tables */
     _Atomic int64_t table_bytes, table_marks, table_max;
     _Atomic uint64_t layout_refused_chunk, layout_refused_global;
+    _Atomic int memb_on, memb_paused; /* member.memory.max is set; over it */
+    _Atomic int64_t memb_max;
+    _Atomic uint64_t memb_pauses;
 
     pthread_mutex_t lag_lock; /* guards lags, lag_cnt, lag_seen */
     lag_entry_t *lags;
@@ -297,6 +300,10 @@ idem_metrics_t *idem_metrics_new(void)
     atomic_init(&m->table_max, 0);
     atomic_init(&m->layout_refused_chunk, 0);
     atomic_init(&m->layout_refused_global, 0);
+    atomic_init(&m->memb_on, 0);
+    atomic_init(&m->memb_paused, 0);
+    atomic_init(&m->memb_max, 0);
+    atomic_init(&m->memb_pauses, 0);
     atomic_init(&m->key_depth_hwm, 0);
     for (int i = 0; i < RETRY_TIERS_MAX; i++)
         atomic_init(&m->retry_topic[i], 0);
@@ -676,6 +683,17 @@ void idem_metrics_dedup_table_set(idem_metrics_t *m, int64_t bytes,
     atomic_store_explicit(&m->table_marks, marks, memory_order_relaxed);
     atomic_store_explicit(&m->table_max, max_bytes, memory_order_relaxed);
     atomic_store_explicit(&m->table_on, 1, memory_order_relaxed);
+}
+
+void idem_metrics_member_memory_set(idem_metrics_t *m, int64_t max_bytes,
+                                    int paused)
+{
+    int was = atomic_exchange_explicit(&m->memb_paused, paused ? 1 : 0,
+                                       memory_order_relaxed);
+    if (paused && !was)
+        atomic_fetch_add_explicit(&m->memb_pauses, 1, memory_order_relaxed);
+    atomic_store_explicit(&m->memb_max, max_bytes, memory_order_relaxed);
+    atomic_store_explicit(&m->memb_on, 1, memory_order_relaxed);
 }
 
 void idem_metrics_dedup_layout_refusals_set(idem_metrics_t *m, uint64_t chunk,
@@ -1254,6 +1272,23 @@ void idem_metrics_render(idem_metrics_t *m, FILE *out)
         put_u64(out, "idemproc_dedup_layout_refusals_total", "script", "global",
                 atomic_load_explicit(&m->layout_refused_global,
                                      memory_order_relaxed));
+    }
+    if (atomic_load_explicit(&m->memb_on, memory_order_relaxed)) {
+        put_header(out, "idemproc_member_memory_max_bytes", "gauge",
+                   "member.memory.max: the bound of the member's resident "
+                   "memory.");
+        put_i64(out, "idemproc_member_memory_max_bytes",
+                atomic_load_explicit(&m->memb_max, memory_order_relaxed));
+        put_header(out, "idemproc_member_memory_paused", "gauge",
+                   "1 while fetching is paused because the member's "
+                   "resident memory passed member.memory.max.");
+        put_i64(out, "idemproc_member_memory_paused",
+                atomic_load_explicit(&m->memb_paused, memory_order_relaxed));
+        put_header(out, "idemproc_member_memory_pauses_total", "counter",
+                   "Times fetching paused because the member's resident "
+                   "memory passed member.memory.max.");
+        put_u64(out, "idemproc_member_memory_pauses_total", NULL, NULL,
+                atomic_load_explicit(&m->memb_pauses, memory_order_relaxed));
     }
 
     render_histogram(out, &m->latency);

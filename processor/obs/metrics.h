@@ -159,6 +159,11 @@ void idem_metrics_key_holds_set(idem_metrics_t *m, int64_t partitions);
  * hold, and dedup.memory.max. Rendered from the first call on. */
 void idem_metrics_dedup_table_set(idem_metrics_t *m, int64_t bytes,
                                   int64_t marks, int64_t max_bytes);
+/* member.memory.max (bytes) and whether fetching is paused because the
+ * member's RSS passed it (a rise counts into the pauses' total). Rendered
+ * from the first call on (only with a bound set). */
+void idem_metrics_member_memory_set(idem_metrics_t *m, int64_t max_bytes,
+                                    int paused);
 /* The dedup layout key's refusals the member met since start (totals, from
  * loop/partscope.c): partition chunks refused with LAYOUT, and failed
  * global script requests after which the key was found changed. Rendered

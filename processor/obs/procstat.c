@@ -4,6 +4,7 @@
 #include "obs/procstat.h"
 
 #include <dirent.h>
+#include <errno.h>
 #include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
@@ -112,6 +113,28 @@ static int64_t read_btime(void)
     free(line);
     fclose(fp);
     return bt;
+}
+
+int64_t idem_procstat_parse_statm(const char *text, long page_size)
+{
+    char *end;
+    errno = 0;
+    strtoll(text, &end, 10); /* size */
+    if (end == text || errno)
+        return -1;
+    const char *p = end;
+    long long pages = strtoll(p, &end, 10);
+    if (end == p || errno || pages < 0 || page_size <= 0)
+        return -1;
+    return (int64_t)pages * page_size;
+}
+
+int64_t idem_procstat_rss_bytes(void)
+{
+    char buf[256];
+    if (read_small("/proc/self/statm", buf, sizeof(buf)))
+        return -1;
+    return idem_procstat_parse_statm(buf, sysconf(_SC_PAGESIZE));
 }
 
 void idem_procstat_read(idem_procstat_t *ps)

@@ -32,6 +32,14 @@ int idem_procstat_parse_stat(const char *text, long ticks, long page_size,
 /* The btime line of /proc/stat's text (borrowed); -1 when absent. */
 int64_t idem_procstat_parse_btime(const char *text);
 
+/* The resident set in bytes from the text of /proc/<pid>/statm (borrowed;
+ * its second field, in pages of page_size); -1 when it is not one. */
+int64_t idem_procstat_parse_statm(const char *text, long page_size);
+
+/* This process's resident set in bytes, from /proc/self/statm: cheap
+ * enough for the loop to read every 100 ms. -1 when unreadable. */
+int64_t idem_procstat_rss_bytes(void);
+
 /* Reads this process's figures from /proc and getrlimit. Never fails:
  * what cannot be read is -1. */
 void idem_procstat_read(idem_procstat_t *ps);

@@ -27,9 +27,12 @@ static const char beat_lua[] =
     "local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)\n"
     "redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)\n"
     "redis.call('ZADD', KEYS[1], now + tonumber(ARGV[2]), ARGV[1])\n"
-    "redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[2]))\n"
+    /* Members' TTLs may differ: the keys last as long as the longest. */
+    "local last = redis.call('ZRANGE', KEYS[1], -1, -1, 'WITHSCORES')\n"
+    "local keep = math.max(tonumber(last[2]) - now, tonumber(ARGV[2]))\n"
+    "redis.call('PEXPIRE', KEYS[1], keep)\n"
     "redis.call('HSET', KEYS[2], ARGV[1], ARGV[3])\n"
-    "redis.call('PEXPIRE', KEYS[2], tonumber(ARGV[2]))\n"
+    "redis.call('PEXPIRE', KEYS[2], keep)\n"
     "local live = {}\n"
     "for _, m in ipairs(redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. now,"
     " '+inf')) do live[m] = true end\n"
@@ -304,10 +307,21 @@ static void layout_consider(idem_liveness_t *l, const redisReply *r)
                     "member", l->conf->member_id, NULL);
 }
 
+int64_t idem_liveness_ttl_ms(const idem_conf_t *conf)
+{
+    /* kafka.* durations are stored in ms (idem_conf_kafka_duration); the
+     * last one set wins, as in librdkafka. */
+    int64_t ms = IDEM_LIVENESS_SESSION_DEFAULT_MS;
+    for (size_t i = 0; i < conf->kafka_cnt; i++)
+        if (!strcmp(conf->kafka[i].name, "session.timeout.ms"))
+            ms = strtoll(conf->kafka[i].value, NULL, 10);
+    return ms < IDEM_LIVENESS_TTL_MIN_MS ? IDEM_LIVENESS_TTL_MIN_MS : ms;
+}
+
 static void beat(idem_liveness_t *l)
 {
     char ttl[24], errstr[512];
-    snprintf(ttl, sizeof(ttl), "%d", IDEM_LIVENESS_TTL_MS);
+    snprintf(ttl, sizeof(ttl), "%" PRId64, idem_liveness_ttl_ms(l->conf));
     const char *args[] = {"2", l->key,        l->fp_key, l->conf->member_id,
                           ttl, l->fingerprint};
     redisReply *r = NULL;

@@ -7,7 +7,8 @@
  * sorted set <prefix>members:<group.id> with its expiry as the score, in
  * Redis's own clock (TIME inside the script, so no two clocks are compared),
  * every second from a thread of its own, and removes it when it stops; a
- * member killed without a word drops out after IDEM_LIVENESS_TTL_MS. */
+ * member killed without a word drops out with its Kafka session
+ * (idem_liveness_ttl_ms): when the broker drops it from the group too. */
 #ifndef IDEM_LIVENESS_H
 #define IDEM_LIVENESS_H
 
@@ -17,8 +18,20 @@
 #include "conf/conf.h"
 #include "obs/metrics.h"
 
-#define IDEM_LIVENESS_BEAT_MS 1000  /* how often a member writes its entry */
-#define IDEM_LIVENESS_TTL_MS  10000 /* how long an entry lasts unrenewed */
+#define IDEM_LIVENESS_BEAT_MS    1000 /* how often a member writes its entry */
+#define IDEM_LIVENESS_TTL_MIN_MS 3000 /* an entry outlives three beats */
+/* librdkafka's session.timeout.ms when kafka.session.timeout.ms is unset. */
+#define IDEM_LIVENESS_SESSION_DEFAULT_MS 45000
+
+/* How long conf's member's entry lasts unrenewed: its Kafka session
+ * (kafka.session.timeout.ms, else librdkafka's 45 s), the time a member
+ * that stopped beating (killed, frozen, cut off) may still hold its
+ * partitions and commit; at least IDEM_LIVENESS_TTL_MIN_MS. Shorter, a
+ * frozen member would drop out of the list while it still owns
+ * partitions (an offsets reset would then run under it); longer, a
+ * killed member would block a layout switch and a reset after Kafka
+ * itself gave its partitions away. */
+int64_t idem_liveness_ttl_ms(const idem_conf_t *conf);
 
 typedef struct idem_liveness_s idem_liveness_t;
 

@@ -8,6 +8,7 @@
 #include "harness.h"
 
 #include <criterion/criterion.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -295,5 +296,65 @@ Test(layout, refusals_are_counted_by_script, .timeout = 180)
     cr_expect_eq(refusals(port, "global"), g);
     cr_expect(layout_is("global"));
     cr_expect_eq(th_stop(m, 15000), 0);
+    th_stack_stop(&stk);
+}
+
+/* Milliseconds member m's heartbeat has left by Redis's clock; -1 when it
+ * has none. */
+static long long heartbeat_left_ms(const char *m)
+{
+    const char *args[] = {"EVAL",
+                          "local s = redis.call('ZSCORE', KEYS[1], ARGV[1]) "
+                          "if not s then return -1 end "
+                          "local t = redis.call('TIME') "
+                          "return tonumber(s) - (tonumber(t[1]) * 1000 + "
+                          "math.floor(tonumber(t[2]) / 1000))",
+                          "1",
+                          "idemproc:members:test-group",
+                          m,
+                          NULL};
+    char *out = th_redis_cli(&stk.redis, args);
+    long long v = out ? strtoll(out, NULL, 10) : -1;
+    free(out);
+    return v;
+}
+
+/* A member killed without a word keeps its heartbeat as long as its Kafka
+ * session (kafka.session.timeout.ms): the time the broker still counts it
+ * in the group. Meanwhile it still blocks the switch (it wanted global);
+ * once its session is over the switch goes through. With the former fixed
+ * 10 s entry, the entry had at most 10 s left. */
+Test(layout, killed_members_heartbeat_lasts_its_session, .timeout = 180)
+{
+    const char *props[] = {LAYOUT_PROPS, NULL};
+    cr_assert_eq(th_stack_start(&stk, 2, props), 0);
+    const char *const old_sets[] = {"dedup.scope=global",
+                                    "kafka.session.timeout.ms=20000", NULL};
+    pid_t m1 = member("m1", old_sets);
+    long long left = -1;
+    for (int t = 0; t < 20000 && left < 0; t += 100) {
+        left = heartbeat_left_ms("m1");
+        if (left < 0)
+            usleep(100000);
+    }
+    cr_assert_gt(left, 10000, "m1's heartbeat has %lld ms left", left);
+    cr_expect_leq(left, 20000);
+    cr_assert_eq(kill(m1, SIGKILL), 0);
+    th_wait(m1, 10000);
+
+    pid_t m2 = member("m2", want_partition);
+    /* m2 beats while m1's entry lives: no switch. m2's heartbeat is
+     * read first, so a switch could have been decided. */
+    for (int t = 0; t < 20000 && heartbeat_left_ms("m2") < 0; t += 100)
+        usleep(100000);
+    cr_assert_geq(heartbeat_left_ms("m2"), 0);
+    usleep(1500000); /* a beat of m2 after its first */
+    cr_assert_gt(heartbeat_left_ms("m1"), 0,
+                 "m1's entry ended before m2 beat twice: nothing proved");
+    cr_expect(!layout_is("partition"),
+              "switched while a killed member's session lasted");
+    wait_layout("partition", 60000);
+    cr_expect_lt(heartbeat_left_ms("m1"), 0, "m1's heartbeat outlived it");
+    cr_expect_eq(th_stop(m2, 15000), 0);
     th_stack_stop(&stk);
 }

@@ -571,3 +571,81 @@ Test(partscope, first_member_records_the_input_partition_count, .timeout = 120)
     cr_expect_eq(th_stop(m, 15000), 0);
     th_stack_stop(&stk);
 }
+
+/* Writes the member's resident set, as dev.fault.member.rss.file makes it
+ * read it, into path. */
+static void rss_write(const char *path, long long bytes)
+{
+    char tmp[600];
+    snprintf(tmp, sizeof(tmp), "%s.tmp", path);
+    FILE *f = fopen(tmp, "w");
+    cr_assert(f);
+    fprintf(f, "%lld\n", bytes);
+    fclose(f);
+    cr_assert_eq(rename(tmp, path), 0); /* never read half written */
+}
+
+/* Polls a member's metric until it equals want (30 s at most). */
+static double wait_metric(int port, const char *name, double want)
+{
+    double v = -1;
+    for (int t = 0; t < 300 && v != want; t++) {
+        v = member_metric(port, name);
+        if (v != want)
+            usleep(100000);
+    }
+    return v;
+}
+
+/* member.memory.max: over the bound the input pauses (gauge, counter, one
+ * log line) and nothing new is applied; under the bound but not yet a
+ * prefetch queue under it, still paused; well under, the waiting record
+ * is applied once. The resident set is read from a file the test writes
+ * (dev.fault.member.rss.file): the bound must be one the start check
+ * accepts (1 MiB tables + 2 x 1 MiB queue + 4 x 100 x 2 KiB + 32 MiB =
+ * 37,519,360 B), which the member's real RSS does not pass on its own. */
+Test(partscope, member_memory_max_pauses_the_input_until_rss_is_under,
+     .timeout = 180)
+{
+    const char *props[] = {PARTSCOPE_PROPS, "dedup.memory.max=1048576",
+                           "kafka.queued.max.messages.kbytes=1024",
+                           "member.memory.max=40000000", NULL};
+    cr_assert_eq(th_stack_start(&stk, 1, props), 0);
+    char rss[512], rss_set[600], listen[64];
+    snprintf(rss, sizeof(rss), "%s/rss", stk.dir);
+    snprintf(rss_set, sizeof(rss_set), "dev.fault.member.rss.file=%s", rss);
+    rss_write(rss, 1000);
+    int port = th_free_port();
+    snprintf(listen, sizeof(listen), "http.listen=127.0.0.1:%d", port);
+    const char *sets[] = {listen, rss_set, NULL};
+    pid_t m = th_stack_member_started(&stk, "m1", sets);
+    PRODUCE_LINES("first", payment(f_, "1", "ORD-1", "user-1", "10.00"));
+    cr_assert_eq(th_stack_wait_applied(&stk, 1, 90000), 0);
+    cr_expect_eq(member_metric(port, "idemproc_member_memory_max_bytes"),
+                 40000000);
+    cr_expect_eq(member_metric(port, "idemproc_member_memory_paused"), 0);
+
+    rss_write(rss, 50000000);
+    cr_assert_eq(wait_metric(port, "idemproc_member_memory_paused", 1), 1);
+    PRODUCE_LINES("second", payment(f_, "2", "ORD-2", "user-2", "20.00"));
+    sleep(3); /* applied in milliseconds when the input is not paused */
+    cr_expect_eq(th_stack_applied(&stk), 1, "applied while over the bound");
+
+    rss_write(rss, 39500000); /* under 40 MB, over 40 MB - 1 MiB */
+    sleep(1);
+    cr_expect_eq(member_metric(port, "idemproc_member_memory_paused"), 1);
+    cr_expect_eq(th_stack_applied(&stk), 1);
+
+    rss_write(rss, 1000);
+    cr_expect_eq(th_stack_wait_applied(&stk, 2, 60000), 0);
+    cr_expect_eq(member_metric(port, "idemproc_member_memory_paused"), 0);
+    cr_expect_eq(member_metric(port, "idemproc_member_memory_pauses_total"), 1);
+    cr_expect_eq(th_stack_log_count(&stk, "m1",
+                                    "member.memory.max reached: pausing input"),
+                 1);
+    wait_committed(1, 60000);
+    cr_expect_eq(th_stop(m, 15000), 0);
+    expect_balance("user-1", "1000");
+    expect_balance("user-2", "2000");
+    th_stack_stop(&stk);
+}

@@ -77,3 +77,20 @@ Test(procstat, renders_unknown_fields_as_absent)
     cr_expect_null(strstr(buf, "process_max_fds"), "%s", buf);
     free(buf);
 }
+
+Test(procstat, statm_gives_the_resident_set)
+{
+    /* size resident shared text lib data dt, in pages (proc(5)). */
+    cr_expect_eq(
+        idem_procstat_parse_statm("25600 2560 512 100 0 3000 0\n", 4096),
+        2560 * 4096);
+    cr_expect_eq(idem_procstat_parse_statm("", 4096), -1);
+    cr_expect_eq(idem_procstat_parse_statm("25600", 4096), -1);
+    cr_expect_eq(idem_procstat_parse_statm("x y", 4096), -1);
+}
+
+Test(procstat, reads_its_own_resident_set)
+{
+    int64_t rss = idem_procstat_rss_bytes();
+    cr_expect_gt(rss, 0);
+}
