@@ -1250,6 +1250,171 @@ idem_luascript_t *idem_luascript_load(const char *path, const char *fields,
     return sc;
 }
 
+/* If a string literal (short or long bracket) starts at s[i], decodes it
+ * into out and returns the index past it; else 0. */
+static size_t literal_at(const char *s, size_t len, size_t i, char *out,
+                         size_t out_size)
+{
+    if (i < len && (s[i] == '"' || s[i] == '\''))
+        return short_string(s, len, i, out, out_size);
+    int level = long_open(s, len, i);
+    if (level < 0)
+        return 0;
+    size_t from = i + (size_t)level + 2, text_end;
+    if (from < len && s[from] == '\n')
+        from++;
+    size_t end = long_close(s, len, from, level, &text_end);
+    size_t n = text_end - from < out_size - 1 ? text_end - from : out_size - 1;
+    memcpy(out, s + from, n);
+    out[n] = '\0';
+    return end;
+}
+
+/* If `word` (then optional space and a '.', ':' or '(' as expected by the
+ * caller) starts at s[i] as a whole name, the index past it; else 0. */
+static size_t name_at(const char *s, size_t len, size_t i, const char *word)
+{
+    size_t n = strlen(word);
+    if (i + n > len || memcmp(s + i, word, n) ||
+        (i > 0 && (ident_char(s[i - 1]) || s[i - 1] == '.')) ||
+        (i + n < len && ident_char(s[i + n])))
+        return 0;
+    return i + n;
+}
+
+/* One place of the file where a key is named literally and cannot be
+ * under the partition's tag in Redis Cluster mode: idem.F("...{...")
+ * (the tag appended after a '{' of the key's own is not the one Redis
+ * hashes), or redis.call/pcall(CMD, "key") (a plain call's literal key
+ * has no tag at all). Writes errstr and returns -1 when one starts at
+ * s[i]. */
+static int cluster_key_at(const char *path, const char *s, size_t len, size_t i,
+                          int line, char *errstr, size_t errstr_size)
+{
+    static const char *const idem_fns[] = {
+        "hincrby", "incrby", "hincrbyfloat", "incrbyfloat",
+        "hget",    "get",    "key"};
+    static const char *const no_key[] = {"ECHO", "PING", "PUBLISH", "INFO",
+                                         "TIME"};
+    char fn[32] = "", lit[512], cmd[64];
+    size_t j;
+    int plain = 0;
+    if ((j = name_at(s, len, i, "idem"))) {
+        j = skip_space(s, len, j);
+        if (j >= len || s[j] != '.')
+            return 0;
+        j = skip_space(s, len, j + 1);
+        size_t k = 0;
+        while (j < len && ident_char(s[j]) && k + 1 < sizeof(fn))
+            fn[k++] = s[j++];
+        fn[k] = '\0';
+        size_t f = 0;
+        while (f < sizeof(idem_fns) / sizeof(idem_fns[0]) &&
+               strcmp(fn, idem_fns[f]))
+            f++;
+        if (f == sizeof(idem_fns) / sizeof(idem_fns[0]))
+            return 0;
+    } else if ((j = name_at(s, len, i, "redis"))) {
+        j = skip_space(s, len, j);
+        if (j >= len || s[j] != '.')
+            return 0;
+        j = skip_space(s, len, j + 1);
+        size_t e = 0;
+        if (len - j > 4 && !memcmp(s + j, "call", 4) && !ident_char(s[j + 4]))
+            e = j + 4;
+        else if (len - j > 5 && !memcmp(s + j, "pcall", 5) &&
+                 !ident_char(s[j + 5]))
+            e = j + 5;
+        if (!e)
+            return 0;
+        snprintf(fn, sizeof(fn), "%s", s[j] == 'c' ? "call" : "pcall");
+        j = e;
+        plain = 1;
+    } else {
+        return 0;
+    }
+    j = skip_space(s, len, j);
+    if (j >= len || s[j] != '(')
+        return 0;
+    j = skip_space(s, len, j + 1);
+    if (plain) {
+        size_t e = literal_at(s, len, j, cmd, sizeof(cmd));
+        if (!e)
+            return 0;
+        for (char *c = cmd; *c; c++)
+            if (*c >= 'a' && *c <= 'z')
+                *c = (char)(*c - 'a' + 'A');
+        for (size_t k = 0; k < sizeof(no_key) / sizeof(no_key[0]); k++)
+            if (!strcmp(cmd, no_key[k]))
+                return 0;
+        j = skip_space(s, len, e);
+        if (j >= len || s[j] != ',')
+            return 0;
+        j = skip_space(s, len, j + 1);
+    }
+    size_t e = literal_at(s, len, j, lit, sizeof(lit));
+    if (!e)
+        return 0;
+    e = skip_space(s, len, e);
+    if (e >= len || (s[e] != ',' && s[e] != ')'))
+        return 0; /* part of an expression: known at run time only */
+    if (plain) {
+        snprintf(errstr, errstr_size,
+                 "script.file: %s:%d: redis.%s('%s', \"%s\"): in Redis "
+                 "Cluster mode every key of a chunk must be under its "
+                 "partition's hash tag, and a literal key has none: name it "
+                 "idem.key(\"%s\") (the name with the tag appended)",
+                 path, line, fn, cmd, lit, lit);
+        return -1;
+    }
+    if (!strchr(lit, '{'))
+        return 0;
+    snprintf(errstr, errstr_size,
+             "script.file: %s:%d: idem.%s(\"%s\"): the key contains \"{\": in "
+             "Redis Cluster mode the partition's hash tag is appended to every "
+             "key, and Redis would hash this one by its own {...}: another "
+             "slot than the chunk's (every such record would be "
+             "dead-lettered)",
+             path, line, fn, lit);
+    return -1;
+}
+
+int idem_luascript_cluster_check(const char *path, char *errstr,
+                                 size_t errstr_size)
+{
+    size_t len;
+    char *file = read_file(path, &len, errstr, errstr_size);
+    if (!file)
+        return -1;
+    int line = 1, rc = 0;
+    for (size_t i = 0; i < len && !rc;) {
+        char c = file[i];
+        size_t next = i + 1, text_end;
+        if (c == '-' && i + 1 < len && file[i + 1] == '-') {
+            int level = long_open(file, len, i + 2);
+            if (level >= 0)
+                next = long_close(file, len, i + 4 + (size_t)level, level,
+                                  &text_end);
+            else
+                for (next = i; next < len && file[next] != '\n'; next++)
+                    ;
+        } else if (c == '"' || c == '\'') {
+            next = short_string(file, len, i, NULL, 0);
+        } else if (c == '[' && long_open(file, len, i) >= 0) {
+            int level = long_open(file, len, i);
+            next =
+                long_close(file, len, i + 2 + (size_t)level, level, &text_end);
+        } else {
+            rc = cluster_key_at(path, file, len, i, line, errstr, errstr_size);
+        }
+        for (size_t k = i; k < next && k < len; k++)
+            line += file[k] == '\n';
+        i = next > i ? next : i + 1;
+    }
+    free(file);
+    return rc;
+}
+
 void idem_luascript_destroy(idem_luascript_t *sc)
 {
     if (!sc)

@@ -56,6 +56,16 @@ const char *idem_luascript_source(const idem_luascript_t *sc);
  * terminated, lives as long as sc. */
 const char *idem_luascript_effect(const idem_luascript_t *sc);
 
+/* Redis Cluster mode (redis.cluster.nodes): reads script.file `path` and
+ * looks for keys named literally that cannot be under the partition's
+ * hash tag: an idem.* key with a "{" (idem.hincrby("bal{x}", ...)), and
+ * the literal key of a plain redis.call/redis.pcall (redis.call("SET",
+ * "k", ...); name it idem.key("k")). Keys computed at run time are
+ * checked there (the record is rejected naming the key). Returns 0, or -1
+ * with errstr "script.file: PATH:LINE: ...". */
+int idem_luascript_cluster_check(const char *path, char *errstr,
+                                 size_t errstr_size);
+
 /* script.file as configured. Borrowed. */
 const char *idem_luascript_path(const idem_luascript_t *sc);
 

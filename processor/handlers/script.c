@@ -118,7 +118,13 @@ static int script_validate(const idem_conf_t *conf, const char *arg,
     idem_luascript_t *lua =
         idem_luascript_load(path, fields, errstr, errstr_size);
     idem_luascript_destroy(lua);
-    return lua ? 0 : -1;
+    if (!lua)
+        return -1;
+    /* Redis Cluster mode: keys named literally outside the chunk's slot
+     * are found here rather than dead-lettering every record. */
+    if (conf->redis_cluster_nodes && *conf->redis_cluster_nodes)
+        return idem_luascript_cluster_check(path, errstr, errstr_size);
+    return 0;
 }
 
 static void script_stop(void *hp);
