@@ -6,12 +6,14 @@
  * take the global path (the store's global framing of the same effect)
  * answer a duplicate within the request, and the effect with a partition's
  * tag (Redis Cluster mode's ksuf) writes every idem.* key under it and
- * rejects a key with a tag of its own. */
+ * rejects a key with a tag of its own; on a real cluster, a plain write to
+ * a key outside the partition's slot rejects its record naming the key. */
 #include "conf/conf.h"
 #include "effect/handler.h"
 #include "fixture_redisconn.h"
 #include "handlers/luascript.h"
 #include "harness.h"
+#include "harness_cluster.h"
 #include "partrig.h"
 #include "redis/partstate.h"
 #include "redis/posval.h"
@@ -32,6 +34,7 @@ static idem_store_t *store;
 static idem_partstate_t *ps;
 static void *handler;
 static redisContext *cli;
+static th_cluster_t clu;
 
 /* balance[user] += n for a JSON value {"u": user, "n": n}; a value with
  * "no" is refused after staging (its increment must not land); every
@@ -46,11 +49,17 @@ static const char effect_lua[] =
     "  redis.call('SADD', idem.key('seen'), rec.identity)\n"
     "end\n";
 
-static void start_file(const char *text)
+/* A store on Redis (nodes NULL) or on the cluster at nodes, the script
+ * handler with `text` as script.file, and partstate. */
+static void start_on(const char *text, const char *nodes)
 {
-    cr_assert_eq(th_redis_start(&rds), 0);
-    char url[128], file[512], err[512] = "";
-    snprintf(url, sizeof(url), "redis.url=%s", rds.url);
+    char url[600], file[512], err[512] = "";
+    if (nodes) {
+        snprintf(url, sizeof(url), "redis.cluster.nodes=%s", nodes);
+    } else {
+        cr_assert_eq(th_redis_start(&rds), 0);
+        snprintf(url, sizeof(url), "redis.url=%s", rds.url);
+    }
     snprintf(file, sizeof(file), "script.file=%s",
              th_file_in(&dir, "effect.lua", text));
     char *sets[] = {url,
@@ -70,10 +79,17 @@ static void start_file(const char *text)
     cr_assert(handler, "%s", err);
     ps = idem_partstate_new(store, conf, err, sizeof(err));
     cr_assert(ps, "%s", err);
+    if (nodes)
+        return;
     cli = redisConnect("127.0.0.1", rds.port);
     cr_assert(cli && !cli->err);
     freeReplyObject(redisCommand(
         cli, "HSET idemproc:layout:g layout partition since 0 from partition"));
+}
+
+static void start_file(const char *text)
+{
+    start_on(text, NULL);
 }
 
 static void fini(void)
@@ -92,6 +108,7 @@ static void fini(void)
     conf = NULL;
     if (rds.dir)
         th_redis_stop(&rds);
+    th_cluster_stop(&clu);
     if (dir)
         th_rmrf(dir);
     free(dir);
@@ -350,4 +367,54 @@ Test(scriptchunk, cluster_suffix_tags_every_key_and_refuses_own_tags)
     idem_luascript_scratch_term(&sb);
     idem_luascript_destroy(sc);
     free(src);
+}
+
+/* On a real cluster: every idem.* key under the partition's tag, and a
+ * plain write to a key of another slot (computed, so check-config cannot
+ * see it) rejects its record with the key named; nothing of a rejected
+ * record lands. */
+static const char cluster_lua[] =
+    "function effect(rec)\n"
+    "  idem.hincrby('balance', rec.value, 1)\n"
+    "  if rec.value == 'raw' then\n"
+    "    redis.call('SET', 'raw:' .. rec.identity, 1)\n"
+    "  end\n"
+    "  redis.call('SET', idem.key('last'), rec.identity)\n"
+    "end\n";
+
+Test(scriptchunk, cluster_key_outside_the_slot_is_rejected, .timeout = 120)
+{
+    cr_assert_eq(th_cluster_start(&clu, 3, 0), 0, "cluster did not start");
+    start_on(cluster_lua, clu.seeds);
+    char err[512] = "";
+    int64_t epoch = 0;
+    cr_assert_eq(
+        idem_partstate_epoch_bump(ps, "t", 0, &epoch, err, sizeof(err)), 0,
+        "%s", err);
+    th_partrig_first_position(store, 0, 0);
+    idem_record_t recs[] = {rec_of("a", "u", 0), rec_of("b", "raw", 1),
+                            rec_of("c", "u", 2)};
+    idem_partstate_result_t res[3];
+    cr_assert_eq(chunk(epoch, 0, recs, 3, res, err, sizeof(err)), 0, "%s", err);
+    cr_expect_eq(res[0].outcome, IDEM_PARTSTATE_APPLIED, "%s", res[0].detail);
+    cr_expect_eq(res[1].outcome, IDEM_PARTSTATE_REJECTED);
+    cr_expect(strstr(res[1].detail, "\"raw:b\" is not under the partition's "
+                                    "hash tag {g:t:0}"),
+              "%s", res[1].detail);
+    cr_expect(strstr(res[1].detail, "effect.lua:4:"), "%s", res[1].detail);
+    cr_expect_eq(res[2].outcome, IDEM_PARTSTATE_APPLIED, "%s", res[2].detail);
+    char *slot = th_cluster_cmd(&clu, 0, "CLUSTER KEYSLOT {g:t:0}");
+    cr_assert(slot);
+    int owner = th_cluster_owner(&clu, atoi(slot));
+    free(slot);
+    cr_assert_geq(owner, 0);
+    char *v = th_cluster_cmd(&clu, owner, "HGET balance{g:t:0} u");
+    cr_expect(v && !strcmp(v, "2"), "balance u: %s", v ? v : "(nil)");
+    free(v);
+    v = th_cluster_cmd(&clu, owner, "HEXISTS balance{g:t:0} raw");
+    cr_expect(v && !strcmp(v, "0"), "balance raw: %s", v ? v : "(nil)");
+    free(v);
+    v = th_cluster_cmd(&clu, owner, "GET last{g:t:0}");
+    cr_expect(v && !strcmp(v, "c"), "last: %s", v ? v : "(nil)");
+    free(v);
 }
