@@ -1176,13 +1176,15 @@ static size_t first_line(char *out, const char *path, int head,
     o += (size_t)sprintf(out + o,
                          "} local function idemproc_fields_new(a, b, c) ");
     if (nptrs) {
-        o += (size_t)sprintf(out + o, "local ");
+        memcpy(out + o, "local ", 6);
+        o += 6;
         for (size_t i = 0; i < nptrs; i++)
             o += (size_t)sprintf(out + o, "%st%zu", i ? ", " : "", i + 1);
         o += (size_t)sprintf(out + o, " = string.byte(a[b + 7], 1, %zu) ",
                              nptrs);
     }
-    o += (size_t)sprintf(out + o, "return {");
+    memcpy(out + o, "return {", 8);
+    o += 8;
     for (size_t i = 0; i < nptrs; i++) {
         out[o++] = '[';
         o += lua_quote(out + o, ptrs[i]);
