@@ -70,7 +70,7 @@
  * line), so neither table grows member by member. */
 static const char driver_head[] =
     "local idemproc_redis, idemproc_argv, idemproc_outage = redis, ARGV\n"
-    "local idemproc_j, idemproc_eager, idemproc_enter\n"
+    "local idemproc_j, idemproc_eager, idemproc_enter, idemproc_ksuf\n"
     "local idemproc_ro = {}\n"
     "for _, c in ipairs({'GET', 'MGET', 'STRLEN', 'GETRANGE', 'SUBSTR', "
     "'GETBIT',\n"
@@ -97,14 +97,28 @@ static const char driver_head[] =
     "local idemproc_server = {OOM = 1, READONLY = 1, MISCONF = 1,\n"
     "  NOREPLICAS = 1, LOADING = 1, BUSY = 1, MASTERDOWN = 1, NOAUTH = 1,\n"
     "  WRONGPASS = 1, NOPERM = 1, NOSCRIPT = 1}\n"
-    "local function idemproc_failed(r)\n"
+    "local function idemproc_failed(r, key)\n"
     "  if type(r.err) ~= 'string' then return false end\n"
     "  local code = string.match(r.err, '^(%S+)')\n"
     "  if string.find(r.err, \"^ERR The user executing the script can't\") "
     "then\n"
     "    code = 'NOPERM'\n"
     "  end\n"
-    "  if code and idemproc_server[code] and not idemproc_outage then\n"
+    "  if idemproc_ksuf and (string.find(r.err, 'non local key', 1, true) or\n"
+    "    string.find(r.err, 'same slot', 1, true) or\n"
+    "    string.find(r.err, 'cluster is down', 1, true)) then\n"
+    "    if string.find(r.err, 'cluster is down', 1, true) or\n"
+    "      (type(key) == 'string' and string.find(key, idemproc_ksuf, 1, "
+    "true)) then\n"
+    "      code = 'CLUSTERDOWN'\n"
+    "    else\n"
+    "      r.err = r.err .. ': key ' .. string.format('%q', tostring(key))\n"
+    "        .. ' is not under the partition\\'s hash tag ' .. idemproc_ksuf\n"
+    "        .. ' (Redis Cluster mode: name it idem.key(name))'\n"
+    "    end\n"
+    "  end\n"
+    "  if code and (idemproc_server[code] or code == 'CLUSTERDOWN') and\n"
+    "    not idemproc_outage then\n"
     "    idemproc_outage = r.err\n"
     "  end\n"
     "  return true\n"
@@ -116,7 +130,7 @@ static const char driver_head[] =
     "      idemproc_enter()\n"
     "    end\n"
     "    local r = idemproc_redis.pcall(c, ...)\n"
-    "    if type(r) == 'table' and r.err and idemproc_failed(r) then\n"
+    "    if type(r) == 'table' and r.err and idemproc_failed(r, (...)) then\n"
     "      error(r.err, 2)\n"
     "    end\n"
     "    return r\n"
@@ -127,7 +141,7 @@ static const char driver_head[] =
     "      idemproc_enter()\n"
     "    end\n"
     "    local r = idemproc_redis.pcall(c, ...)\n"
-    "    if type(r) == 'table' and r.err then idemproc_failed(r) end\n"
+    "    if type(r) == 'table' and r.err then idemproc_failed(r, (...)) end\n"
     "    return r\n"
     "  end}, {__index = idemproc_redis})\n"
     "local ARGV, KEYS, effect\n"
@@ -257,6 +271,15 @@ static const char driver_head[] =
     "  elseif t ~= 'string' then\n"
     "    error(name .. ': key must be a string, not ' .. t, 3)\n"
     "  end\n"
+    "  if idemproc_ksuf then\n"
+    "    if string.find(key, '{', 1, true) then\n"
+    "      error(name .. ': key ' .. string.format('%q', key) .. ' contains '\n"
+    "        .. '\"{\": in Redis Cluster mode the partition\\'s hash tag '\n"
+    "        .. idemproc_ksuf .. ' is appended to every key, and Redis '\n"
+    "        .. 'would hash this one by its own {...}: another slot', 3)\n"
+    "    end\n"
+    "    key = key .. idemproc_ksuf\n"
+    "  end\n"
     "  t = type(field)\n"
     "  if t == 'number' then field = tostring(field)\n"
     "  elseif t ~= 'string' then\n"
@@ -301,7 +324,7 @@ static const char driver_head[] =
     "    if g == 1 then r = idemproc_redis.pcall('HGET', key, field)\n"
     "    else r = idemproc_redis.pcall('GET', key) end\n"
     "    if type(r) == 'table' and r.err then\n"
-    "      idemproc_failed(r)\n"
+    "      idemproc_failed(r, key)\n"
     "      error(r.err, lv or 3)\n"
     "    end\n"
     "    v = r\n"
@@ -402,6 +425,9 @@ static const char driver_head[] =
     "    local d = idemproc_pending(2, key, true)\n"
     "    if b == nil and d == nil then return nil end\n"
     "    return (b or 0) + (d or 0)\n"
+    "  end,\n"
+    "  key = function(name)\n"
+    "    return (idemproc_check('idem.key', name, ''))\n"
     "  end}\n"
     "local function idemproc_drop(from)\n"
     "  local L, acc = idemproc_log, idemproc_acc\n"
@@ -448,7 +474,7 @@ static const char driver_head[] =
     "        for field, d in pairs(t) do\n"
     "          local r = idemproc_write(kind, key, field, d)\n"
     "          if type(r) == 'table' and r.err then\n"
-    "            idemproc_failed(r)\n"
+    "            idemproc_failed(r, key)\n"
     "            if idemproc_outage then\n"
     "              idemproc_undo(done, nd)\n"
     "              return idemproc_redis.error_reply(idemproc_outage)\n"
@@ -620,6 +646,80 @@ static const char driver_head[] =
 
 static const char driver_tail[] = "\nreturn idemproc_run(effect)\n";
 
+/* The effect the store frames under dedup.scope=partition
+ * (idem_store_effect_register; redis/partchunk.lua, redis/dedup_global.lua,
+ * handlers/ledger.lua is the model): the first line and driver_head as
+ * above, then the user's file inside a `do ... end` block (its top-level
+ * locals stay there: the framing after it reads PER, ARGV, redis, string,
+ * ... as its own), then effect_tail, which gives the framing back the real
+ * ARGV, KEYS and redis and defines `effect(base, stride, js, ksuf)`.
+ * Record j's arguments are ARGV[base + (j - 1) * stride + 1 ..]: identity,
+ * message id and the rest as idem_luascript_args (the handler sends the
+ * identity and message id twice: the framings take the first two for the
+ * marks, or drop them). Per record of js, in order: pcall(effect, rec);
+ * a rejection or runtime error takes back the record's staged idem.*
+ * increments and returns it in `refused` (record number -> reason, cut at
+ * 500 bytes). Then the chunk's sums are written (refused sums reject
+ * their records as in the global driver). The framing writes the marks:
+ * no mark is written here, so plain writes never make the chunk eager
+ * (docs/design.md, "The script handler under dedup.scope=partition").
+ * An outage-class error returns nil and the error, with the sums written
+ * so far taken back. ksuf (Redis Cluster mode: the partition's tag) is
+ * appended to every idem.* key; every such key is read (EXISTS) before
+ * the first sum is written, so on a slot half migrated away the call
+ * stops with nothing written (partchunk.lua's rule). */
+static const char effect_tail[] =
+    "\nidemproc_eff = effect\n"
+    "end\n"
+    "local ARGV, KEYS, redis = idemproc_argv, idemproc_KEYS, idemproc_redis\n"
+    "local function effect(base, stride, js, ksuf)\n"
+    "  local eff = idemproc_eff\n"
+    "  if type(eff) ~= 'function' then\n"
+    "    return nil, 'ERR script.file defines no function effect(rec)'\n"
+    "  end\n"
+    "  idemproc_ksuf, idemproc_eager, idemproc_outage = ksuf, true, nil\n"
+    "  idemproc_acc, idemproc_rb, idemproc_logn = {{}, {}, {}, {}}, {{}, {}}, "
+    "0\n"
+    "  local out = {}\n"
+    "  for i = 1, #js do\n"
+    "    local j = js[i]\n"
+    "    idemproc_from, idemproc_j = idemproc_logn, j\n"
+    "    local ok, r1, r2 = pcall(eff, idemproc_rec(base + (j - 1) * stride "
+    "+ 1))\n"
+    "    if idemproc_outage then return nil, idemproc_outage end\n"
+    "    local why\n"
+    "    if not ok then\n"
+    "      why = 'lua error: ' .. idemproc_text(r1, 'error',\n"
+    "        'a non-string error')\n"
+    "    elseif r1 == false or (r1 == nil and r2 ~= nil) then\n"
+    "      why = idemproc_text(r2, 'effect returned false',\n"
+    "        'effect returned a non-string reason')\n"
+    "    elseif type(r1) == 'table' and type(r1.err) == 'string' then\n"
+    "      why = idemproc_text(r1)\n"
+    "    end\n"
+    "    if why then\n"
+    "      idemproc_drop(idemproc_from)\n"
+    "      out[j] = 'reject:' .. string.sub(why, 1, 500)\n"
+    "    end\n"
+    "  end\n"
+    "  idemproc_j = nil\n"
+    "  if ksuf then\n"
+    "    for kind = 1, 4 do\n"
+    "      for key in pairs(idemproc_acc[kind]) do\n"
+    "        local r = idemproc_redis.pcall('EXISTS', key)\n"
+    "        if type(r) == 'table' and r.err then\n"
+    "          idemproc_failed(r, key)\n"
+    "          return nil, idemproc_outage or r.err\n"
+    "        end\n"
+    "      end\n"
+    "    end\n"
+    "  end\n"
+    "  if idemproc_flush(out) then return nil, idemproc_outage end\n"
+    "  local refused = {}\n"
+    "  for j, why in pairs(out) do refused[j] = string.sub(why, 8) end\n"
+    "  return refused\n"
+    "end\n";
+
 /* What the local check runs before the composed script: the globals of
  * Redis 7's script sandbox (base without print/dofile/loadfile/setfenv/
  * getfenv, string, table, math, stand-ins for bit, cjson, cmsgpack,
@@ -663,6 +763,7 @@ struct idem_luascript_s {
     char *path;
     size_t nfields; /* script.fields: how many */
     char *source;   /* first line + driver_head + file + driver_tail */
+    char *effect;   /* first line + driver_head + do file effect_tail */
     int head_lines; /* lines before the file's first */
     int file_lines;
 };
@@ -1052,6 +1153,54 @@ static int literal_fields_check(const char *path, const char *file, size_t len,
     return 0;
 }
 
+/* The composed script's first line into out (sized by the caller): the
+ * file's name, the lines before the file (head), the fields and their
+ * constructor; with effect, also the effect's slot and the real KEYS.
+ * Returns its length. */
+static size_t first_line(char *out, const char *path, int head,
+                         char *const *ptrs, size_t nptrs, int effect)
+{
+    size_t o = (size_t)sprintf(out, "local idemproc_file = ");
+    o += lua_quote(out + o, path);
+    o += (size_t)sprintf(
+        out + o, " local idemproc_head = %d local idemproc_fields = {", head);
+    for (size_t i = 0; i < nptrs; i++) {
+        o += lua_quote(out + o, ptrs[i]);
+        out[o++] = ',';
+    }
+    /* rec.fields as one constructor, the types read with one string.byte
+     * and strings and numbers converted inline (the common cases):
+     * local t1, t2 = string.byte(a[b + 7], 1, 2)
+     * return {[P1] = t1 == 115 and a[b + 8] or t1 == 110 and
+     * tonumber(a[b + 8]) or c(t1, a[b + 8]), ...} */
+    o += (size_t)sprintf(out + o,
+                         "} local function idemproc_fields_new(a, b, c) ");
+    if (nptrs) {
+        memcpy(out + o, "local ", 6);
+        o += 6;
+        for (size_t i = 0; i < nptrs; i++)
+            o += (size_t)sprintf(out + o, "%st%zu", i ? ", " : "", i + 1);
+        o += (size_t)sprintf(out + o, " = string.byte(a[b + 7], 1, %zu) ",
+                             nptrs);
+    }
+    memcpy(out + o, "return {", 8);
+    o += 8;
+    for (size_t i = 0; i < nptrs; i++) {
+        out[o++] = '[';
+        o += lua_quote(out + o, ptrs[i]);
+        o +=
+            (size_t)sprintf(out + o,
+                            "] = t%zu == 115 and a[b + %zu] or t%zu == 110 "
+                            "and tonumber(a[b + %zu]) or c(t%zu, a[b + %zu]), ",
+                            i + 1, 8 + i, i + 1, 8 + i, i + 1, 8 + i);
+    }
+    o += (size_t)sprintf(out + o, "} end%s\n",
+                         effect ? " local idemproc_eff, idemproc_KEYS = nil, "
+                                  "KEYS"
+                                : "");
+    return o;
+}
+
 idem_luascript_t *idem_luascript_load(const char *path, const char *fields,
                                       char *errstr, size_t errstr_size)
 {
@@ -1070,50 +1219,25 @@ idem_luascript_t *idem_luascript_load(const char *path, const char *fields,
     sc->path = idem_xstrdup(path);
     sc->nfields = nptrs;
     size_t hl = strlen(driver_head), tl = strlen(driver_tail), fl = 0;
+    size_t el = strlen(effect_tail);
     for (size_t i = 0; i < nptrs; i++)
         fl += 2 * (4 * strlen(ptrs[i]) + 3) + 160;
     sc->head_lines = 1 + count_lines(driver_head, hl);
     sc->file_lines = count_lines(file, len) + (len && file[len - 1] != '\n');
     sc->source = idem_xmalloc(128 + 4 * strlen(path) + fl + hl + len + tl + 1);
-    /* The first line: the file's name, the lines before it, the fields. */
-    size_t o = (size_t)sprintf(sc->source, "local idemproc_file = ");
-    o += lua_quote(sc->source + o, path);
-    o += (size_t)sprintf(sc->source + o,
-                         " local idemproc_head = %d local idemproc_fields = {",
-                         sc->head_lines);
-    for (size_t i = 0; i < nptrs; i++) {
-        o += lua_quote(sc->source + o, ptrs[i]);
-        sc->source[o++] = ',';
-    }
-    /* rec.fields as one constructor, the types read with one string.byte
-     * and strings and numbers converted inline (the common cases):
-     * local t1, t2 = string.byte(a[b + 7], 1, 2)
-     * return {[P1] = t1 == 115 and a[b + 8] or t1 == 110 and
-     * tonumber(a[b + 8]) or c(t1, a[b + 8]), ...} */
-    o += (size_t)sprintf(sc->source + o,
-                         "} local function idemproc_fields_new(a, b, c) ");
-    if (nptrs) {
-        o += (size_t)sprintf(sc->source + o, "local ");
-        for (size_t i = 0; i < nptrs; i++)
-            o +=
-                (size_t)sprintf(sc->source + o, "%st%zu", i ? ", " : "", i + 1);
-        o += (size_t)sprintf(sc->source + o,
-                             " = string.byte(a[b + 7], 1, %zu) ", nptrs);
-    }
-    o += (size_t)sprintf(sc->source + o, "return {");
-    for (size_t i = 0; i < nptrs; i++) {
-        sc->source[o++] = '[';
-        o += lua_quote(sc->source + o, ptrs[i]);
-        o +=
-            (size_t)sprintf(sc->source + o,
-                            "] = t%zu == 115 and a[b + %zu] or t%zu == 110 and "
-                            "tonumber(a[b + %zu]) or c(t%zu, a[b + %zu]), ",
-                            i + 1, 8 + i, i + 1, 8 + i, i + 1, 8 + i);
-    }
-    o += (size_t)sprintf(sc->source + o, "} end\n");
+    size_t o = first_line(sc->source, path, sc->head_lines, ptrs, nptrs, 0);
     memcpy(sc->source + o, driver_head, hl);
     memcpy(sc->source + o + hl, file, len);
     memcpy(sc->source + o + hl + len, driver_tail, tl + 1);
+    /* The effect: the store puts one line (local PER = n) before it, and
+     * "do" takes one more before the file. */
+    sc->effect =
+        idem_xmalloc(192 + 4 * strlen(path) + fl + hl + 3 + len + el + 1);
+    o = first_line(sc->effect, path, sc->head_lines + 2, ptrs, nptrs, 1);
+    memcpy(sc->effect + o, driver_head, hl);
+    memcpy(sc->effect + o + hl, "do\n", 3);
+    memcpy(sc->effect + o + hl + 3, file, len);
+    memcpy(sc->effect + o + hl + 3 + len, effect_tail, el + 1);
     int rc = check(sc, file, len, errstr, errstr_size);
     /* After the syntax check: its errors come first. */
     if (!rc)
@@ -1128,18 +1252,189 @@ idem_luascript_t *idem_luascript_load(const char *path, const char *fields,
     return sc;
 }
 
+/* If a string literal (short or long bracket) starts at s[i], decodes it
+ * into out and returns the index past it; else 0. */
+static size_t literal_at(const char *s, size_t len, size_t i, char *out,
+                         size_t out_size)
+{
+    if (i < len && (s[i] == '"' || s[i] == '\''))
+        return short_string(s, len, i, out, out_size);
+    int level = long_open(s, len, i);
+    if (level < 0)
+        return 0;
+    size_t from = i + (size_t)level + 2, text_end;
+    if (from < len && s[from] == '\n')
+        from++;
+    size_t end = long_close(s, len, from, level, &text_end);
+    size_t n = text_end - from < out_size - 1 ? text_end - from : out_size - 1;
+    memcpy(out, s + from, n);
+    out[n] = '\0';
+    return end;
+}
+
+/* If `word` (then optional space and a '.', ':' or '(' as expected by the
+ * caller) starts at s[i] as a whole name, the index past it; else 0. */
+static size_t name_at(const char *s, size_t len, size_t i, const char *word)
+{
+    size_t n = strlen(word);
+    if (i + n > len || memcmp(s + i, word, n) ||
+        (i > 0 && (ident_char(s[i - 1]) || s[i - 1] == '.')) ||
+        (i + n < len && ident_char(s[i + n])))
+        return 0;
+    return i + n;
+}
+
+/* One place of the file where a key is named literally and cannot be
+ * under the partition's tag in Redis Cluster mode: idem.F("...{...")
+ * (the tag appended after a '{' of the key's own is not the one Redis
+ * hashes), or redis.call/pcall(CMD, "key") (a plain call's literal key
+ * has no tag at all). Writes errstr and returns -1 when one starts at
+ * s[i]. */
+static int cluster_key_at(const char *path, const char *s, size_t len, size_t i,
+                          int line, char *errstr, size_t errstr_size)
+{
+    static const char *const idem_fns[] = {
+        "hincrby", "incrby", "hincrbyfloat", "incrbyfloat",
+        "hget",    "get",    "key"};
+    static const char *const no_key[] = {"ECHO", "PING", "PUBLISH", "INFO",
+                                         "TIME"};
+    char fn[32] = "", lit[512], cmd[64];
+    size_t j;
+    int plain = 0;
+    if ((j = name_at(s, len, i, "idem"))) {
+        j = skip_space(s, len, j);
+        if (j >= len || s[j] != '.')
+            return 0;
+        j = skip_space(s, len, j + 1);
+        size_t k = 0;
+        while (j < len && ident_char(s[j]) && k + 1 < sizeof(fn))
+            fn[k++] = s[j++];
+        fn[k] = '\0';
+        size_t f = 0;
+        while (f < sizeof(idem_fns) / sizeof(idem_fns[0]) &&
+               strcmp(fn, idem_fns[f]))
+            f++;
+        if (f == sizeof(idem_fns) / sizeof(idem_fns[0]))
+            return 0;
+    } else if ((j = name_at(s, len, i, "redis"))) {
+        j = skip_space(s, len, j);
+        if (j >= len || s[j] != '.')
+            return 0;
+        j = skip_space(s, len, j + 1);
+        size_t e = 0;
+        if (len - j > 4 && !memcmp(s + j, "call", 4) && !ident_char(s[j + 4]))
+            e = j + 4;
+        else if (len - j > 5 && !memcmp(s + j, "pcall", 5) &&
+                 !ident_char(s[j + 5]))
+            e = j + 5;
+        if (!e)
+            return 0;
+        snprintf(fn, sizeof(fn), "%s", s[j] == 'c' ? "call" : "pcall");
+        j = e;
+        plain = 1;
+    } else {
+        return 0;
+    }
+    j = skip_space(s, len, j);
+    if (j >= len || s[j] != '(')
+        return 0;
+    j = skip_space(s, len, j + 1);
+    if (plain) {
+        size_t e = literal_at(s, len, j, cmd, sizeof(cmd));
+        if (!e)
+            return 0;
+        for (char *c = cmd; *c; c++)
+            if (*c >= 'a' && *c <= 'z')
+                *c = (char)(*c - 'a' + 'A');
+        for (size_t k = 0; k < sizeof(no_key) / sizeof(no_key[0]); k++)
+            if (!strcmp(cmd, no_key[k]))
+                return 0;
+        j = skip_space(s, len, e);
+        if (j >= len || s[j] != ',')
+            return 0;
+        j = skip_space(s, len, j + 1);
+    }
+    size_t e = literal_at(s, len, j, lit, sizeof(lit));
+    if (!e)
+        return 0;
+    e = skip_space(s, len, e);
+    if (e >= len || (s[e] != ',' && s[e] != ')'))
+        return 0; /* part of an expression: known at run time only */
+    if (plain) {
+        snprintf(errstr, errstr_size,
+                 "script.file: %s:%d: redis.%s('%s', \"%s\"): in Redis "
+                 "Cluster mode every key of a chunk must be under its "
+                 "partition's hash tag, and a literal key has none: name it "
+                 "idem.key(\"%s\") (the name with the tag appended)",
+                 path, line, fn, cmd, lit, lit);
+        return -1;
+    }
+    if (!strchr(lit, '{'))
+        return 0;
+    snprintf(errstr, errstr_size,
+             "script.file: %s:%d: idem.%s(\"%s\"): the key contains \"{\": in "
+             "Redis Cluster mode the partition's hash tag is appended to every "
+             "key, and Redis would hash this one by its own {...}: another "
+             "slot than the chunk's (every such record would be "
+             "dead-lettered)",
+             path, line, fn, lit);
+    return -1;
+}
+
+int idem_luascript_cluster_check(const char *path, char *errstr,
+                                 size_t errstr_size)
+{
+    size_t len;
+    char *file = read_file(path, &len, errstr, errstr_size);
+    if (!file)
+        return -1;
+    int line = 1, rc = 0;
+    for (size_t i = 0; i < len && !rc;) {
+        char c = file[i];
+        size_t next = i + 1, text_end;
+        if (c == '-' && i + 1 < len && file[i + 1] == '-') {
+            int level = long_open(file, len, i + 2);
+            if (level >= 0)
+                next = long_close(file, len, i + 4 + (size_t)level, level,
+                                  &text_end);
+            else
+                for (next = i; next < len && file[next] != '\n'; next++)
+                    ;
+        } else if (c == '"' || c == '\'') {
+            next = short_string(file, len, i, NULL, 0);
+        } else if (c == '[' && long_open(file, len, i) >= 0) {
+            int level = long_open(file, len, i);
+            next =
+                long_close(file, len, i + 2 + (size_t)level, level, &text_end);
+        } else {
+            rc = cluster_key_at(path, file, len, i, line, errstr, errstr_size);
+        }
+        for (size_t k = i; k < next && k < len; k++)
+            line += file[k] == '\n';
+        i = next > i ? next : i + 1;
+    }
+    free(file);
+    return rc;
+}
+
 void idem_luascript_destroy(idem_luascript_t *sc)
 {
     if (!sc)
         return;
     free(sc->path);
     free(sc->source);
+    free(sc->effect);
     free(sc);
 }
 
 const char *idem_luascript_source(const idem_luascript_t *sc)
 {
     return sc->source;
+}
+
+const char *idem_luascript_effect(const idem_luascript_t *sc)
+{
+    return sc->effect;
 }
 
 const char *idem_luascript_path(const idem_luascript_t *sc)

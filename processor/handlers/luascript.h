@@ -45,6 +45,27 @@ void idem_luascript_destroy(idem_luascript_t *sc); /* NULL is a no-op */
  * NUL-terminated, lives as long as sc. */
 const char *idem_luascript_source(const idem_luascript_t *sc);
 
+/* Under dedup.scope=partition: the effect function the store frames
+ * (idem_store_effect_register: the partition chunk script and the global
+ * framing), `local function effect(base, stride, js, ksuf)` after the
+ * driver and the user's file, with the contract of handlers/ledger.lua.
+ * Its records' arguments are the identity and message id, then
+ * idem_luascript_args's (idem_luascript_rec_args + 2 in all). ksuf, the
+ * partition's hash tag in Redis Cluster mode, is appended to every idem.*
+ * key (idem.key(name) returns the name so built). Borrowed, NUL-
+ * terminated, lives as long as sc. */
+const char *idem_luascript_effect(const idem_luascript_t *sc);
+
+/* Redis Cluster mode (redis.cluster.nodes): reads script.file `path` and
+ * looks for keys named literally that cannot be under the partition's
+ * hash tag: an idem.* key with a "{" (idem.hincrby("bal{x}", ...)), and
+ * the literal key of a plain redis.call/redis.pcall (redis.call("SET",
+ * "k", ...); name it idem.key("k")). Keys computed at run time are
+ * checked there (the record is rejected naming the key). Returns 0, or -1
+ * with errstr "script.file: PATH:LINE: ...". */
+int idem_luascript_cluster_check(const char *path, char *errstr,
+                                 size_t errstr_size);
+
 /* script.file as configured. Borrowed. */
 const char *idem_luascript_path(const idem_luascript_t *sc);
 

@@ -6,6 +6,7 @@
 #include "base/log.h"
 #include "handlers/luascript.h"
 #include "base/util.h"
+#include "redis/rediskeys.h"
 #include "redis/scriptkill.h"
 
 #include <inttypes.h>
@@ -70,6 +71,8 @@ typedef struct {
                            (its replies go to res[0]) */
     int draining;       /* one a request: start no further record */
     int one;            /* the request in flight goes one record a request */
+    int framed;         /* dedup.scope=partition: the store frames the effect */
+    int in_submit;      /* framed: the args callback serves a whole send */
 } script_t;
 
 /* The store's `args` callback: one record's arguments, in scratch that
@@ -78,7 +81,21 @@ static size_t script_args(const void *rec, const char **argv, size_t *argvlen,
                           void *opaque)
 {
     script_t *h = opaque;
-    return idem_luascript_args(h->lua, rec, &h->scratch, argv, argvlen);
+    if (!h->framed)
+        return idem_luascript_args(h->lua, rec, &h->scratch, argv, argvlen);
+    /* The store's framing: identity and message id for the marks, then
+     * the record as the driver reads it (identity first again). A
+     * partition chunk copies each record's arguments before asking for the
+     * next (redis/partstate.c), so its scratch is reused. */
+    const idem_record_t *r = rec;
+    if (!h->in_submit)
+        idem_luascript_scratch_reset(&h->scratch);
+    argv[0] = r->identity;
+    argvlen[0] = r->identity_len;
+    argv[1] = r->message_id_len ? r->message_id : "";
+    argvlen[1] = r->message_id_len;
+    return 2 +
+           idem_luascript_args(h->lua, r, &h->scratch, argv + 2, argvlen + 2);
 }
 
 static int script_validate(const idem_conf_t *conf, const char *arg,
@@ -101,7 +118,13 @@ static int script_validate(const idem_conf_t *conf, const char *arg,
     idem_luascript_t *lua =
         idem_luascript_load(path, fields, errstr, errstr_size);
     idem_luascript_destroy(lua);
-    return lua ? 0 : -1;
+    if (!lua)
+        return -1;
+    /* Redis Cluster mode: keys named literally outside the chunk's slot
+     * are found here rather than dead-lettering every record. */
+    if (conf->redis_cluster_nodes && *conf->redis_cluster_nodes)
+        return idem_luascript_cluster_check(path, errstr, errstr_size);
+    return 0;
 }
 
 static void script_stop(void *hp);
@@ -118,10 +141,23 @@ static void *script_start(const idem_handler_ctx_t *ctx, char *errstr,
         script_stop(h);
         return NULL;
     }
-    const char *src = idem_luascript_source(h->lua);
-    h->script = idem_store_script_register(h->store, src, strlen(src),
-                                           idem_luascript_rec_args(h->lua),
-                                           script_args, h, errstr, errstr_size);
+    /* dedup.scope=partition: the store frames the effect, as the
+     * ledger's, for the partition chunks and the records that take the
+     * global path (docs/design.md, "The script handler under
+     * dedup.scope=partition"); else the driver frames it itself. */
+    h->framed =
+        ctx->conf && ctx->conf->dedup_scope == IDEM_DEDUP_SCOPE_PARTITION;
+    if (h->framed) {
+        const char *eff = idem_luascript_effect(h->lua);
+        h->script = idem_store_effect_register(
+            h->store, eff, strlen(eff), 2 + idem_luascript_rec_args(h->lua),
+            script_args, h, errstr, errstr_size);
+    } else {
+        const char *src = idem_luascript_source(h->lua);
+        h->script = idem_store_script_register(
+            h->store, src, strlen(src), idem_luascript_rec_args(h->lua),
+            script_args, h, errstr, errstr_size);
+    }
     if (h->script < 0) {
         script_stop(h);
         return NULL;
@@ -151,8 +187,12 @@ static int send_request(script_t *h, idem_record_t *const *recs, size_t n,
                         size_t errstr_size)
 {
     idem_luascript_scratch_reset(&h->scratch);
-    if (idem_store_script_send(h->store, h->script, (const void *const *)recs,
-                               n, pos, npos, errstr, errstr_size)) {
+    h->in_submit = 1;
+    int rc =
+        idem_store_script_send(h->store, h->script, (const void *const *)recs,
+                               n, pos, npos, errstr, errstr_size);
+    h->in_submit = 0;
+    if (rc) {
         /* A compile error Redis reports names the composed script's
          * lines: say which line of the file it means. */
         char where[1024];

@@ -59,7 +59,8 @@ idem_partstate_t *idem_partstate_new(idem_store_t *store,
     if (!effect || per < 2) {
         snprintf(errstr, errstr_size,
                  "dedup.scope=partition: the handler has no effect the "
-                 "partition layout can run (only handler=ledger for now)");
+                 "partition layout can run (only handler=ledger and "
+                 "handler=script)");
         return NULL;
     }
     idem_partstate_t *p = idem_xcalloc(1, sizeof(*p));

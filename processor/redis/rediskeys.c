@@ -45,7 +45,7 @@ static const idem_conf_key_t redis_keys[] = {
     IDEM_CONF_STR("redis.sentinel.password", redis_sentinel_password, NULL, IDEM_KEY_SECRET, NULL,
         "AUTH password of the sentinels (when they require one)"),
     IDEM_CONF_STR("redis.cluster.nodes", redis_cluster_nodes, NULL, 0, NULL,
-        "Redis Cluster seed nodes host:port[,host:port...] instead of redis.url's host (its scheme, user and password still apply); needs handler=ledger and dedup.scope=partition"),
+        "Redis Cluster seed nodes host:port[,host:port...] instead of redis.url's host (its scheme, user and password still apply); needs handler=ledger or script and dedup.scope=partition"),
     IDEM_CONF_STR("redis.prefix", redis_prefix, "idemproc:", 0, prefix_check,
         "prefix of every Redis key"),
     IDEM_CONF_INT("redis.timeout.ms", redis_timeout_ms, "2000", 10, 600000, 0, NULL,
@@ -63,7 +63,7 @@ static const idem_conf_key_t redis_keys[] = {
     IDEM_CONF_INT("dedup.lease.ms", dedup_lease_ms, "30000", 100, 3600000, 0, NULL,
         "lease on a record while an external effect is in flight"),
     IDEM_CONF_ENUM("dedup.scope", dedup_scope, "global", 0,
-        "the layout this member wants (the group runs the one its Redis layout key says: idemproc layout show): global: a mark key per identity; partition: each partition's marks held by its owner and written in chunks with the effect (handler=ledger only; producers must key by business key: docs/guarantees.md)",
+        "the layout this member wants (the group runs the one its Redis layout key says: idemproc layout show): global: a mark key per identity; partition: each partition's marks held by its owner and written in chunks with the effect (handler=ledger or script; producers must key by business key: docs/guarantees.md)",
         "global", "partition"),
     IDEM_CONF_INT("dedup.memory.max", dedup_memory_max, "1073741824", 1048576, INT64_C(1099511627776), 0, NULL,
         "dedup.scope=partition: bytes all of a member's partition tables may hold; at the bound fetching pauses (never an eviction)"),
@@ -74,6 +74,14 @@ static const idem_conf_key_t redis_keys[] = {
     {.name = NULL},
 };
 /* clang-format on */
+
+/* Whether handler h keeps its effect in Redis in the dedup script, which
+ * the partition layout frames (ledger, script): the others' leases are
+ * global marks. */
+static int sharded_handler(const char *h)
+{
+    return !strcmp(h, "ledger") || !strcmp(h, "script");
+}
 
 /* Cluster mode (redis.cluster.nodes) runs only what is sharded by
  * partition so far: every script of a chunk on one slot (docs/design.md,
@@ -98,12 +106,12 @@ static int cluster_check(const idem_conf_t *conf, char *errstr,
         return -1;
     }
     const char *h = conf->handler ? conf->handler : "";
-    size_t hl = strcspn(h, ":");
-    if (hl != 6 || strncmp(h, "ledger", 6)) {
+    if (!sharded_handler(h)) {
         snprintf(errstr, errstr_size,
-                 "redis.cluster.nodes: handler \"%s\" keeps Redis state that "
-                 "is not sharded by partition yet (cluster mode runs "
-                 "handler=ledger only)",
+                 "redis.cluster.nodes: handler \"%s\" claims each record "
+                 "with a lease, a global mark of one key per identity, not "
+                 "sharded by partition (cluster mode runs handler=ledger or "
+                 "handler=script)",
                  h);
         return -1;
     }
@@ -142,11 +150,12 @@ static int redis_conf_check(const idem_conf_module_t *m, idem_conf_t *conf,
     }
     if (conf->dedup_scope == IDEM_DEDUP_SCOPE_PARTITION) {
         const char *h = conf->handler ? conf->handler : "";
-        size_t hl = strcspn(h, ":");
-        if (hl != 6 || strncmp(h, "ledger", 6)) {
+        if (!sharded_handler(h)) {
             snprintf(errstr, errstr_size,
                      "dedup.scope=partition: handler \"%s\" cannot use it "
-                     "(only handler=ledger for now; use dedup.scope=global)",
+                     "(its effect is outside Redis, claimed with a lease: "
+                     "only handler=ledger and handler=script; use "
+                     "dedup.scope=global)",
                      h);
             return -1;
         }

@@ -4,11 +4,16 @@
  * (it sums the balances sharded by partition over every primary): while
  * the slots of a third of the partitions' tags are migrated mid-stream,
  * and while a primary owning tags is kill -9'd, its replica promoted, and
- * the killed node comes back as a replica. */
+ * the killed node comes back as a replica. Then two members with
+ * handler=script (a Lua effect writing balances with idem.hincrby, so
+ * sharded by partition) through both at once, the balances summed over
+ * every primary's shards against the ones computed from what was
+ * produced. */
 #include "harness.h"
 #include "harness_cluster.h"
 
 #include <criterion/criterion.h>
+#include <jansson.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -19,19 +24,26 @@
 /* At file scope (see test_pipeline.c): the suite's .fini needs them. */
 static th_stack_t stk;
 static th_cluster_t clu;
+static char *script_dir;
 
 static void cluster_fini(void)
 {
     th_stack_cleanup();
     th_cluster_stop(&clu);
+    if (script_dir)
+        th_rmrf(script_dir);
+    free(script_dir);
+    script_dir = NULL;
 }
 
 TestSuite(cluster_run, .fini = cluster_fini);
 
 #define PARTS 9
 
-/* The properties of cluster mode: seeds whose first is a closed port. */
+/* The properties of cluster mode: seeds whose first is a closed port;
+ * the handler's own lines (handler=... and its keys) in handler_props. */
 static char nodes_prop[512];
+static const char *handler_props[4] = {"handler=ledger", NULL};
 
 static const char *const *cluster_props(void)
 {
@@ -39,11 +51,13 @@ static const char *const *cluster_props(void)
     snprintf(nodes_prop, sizeof(nodes_prop),
              "redis.cluster.nodes=127.0.0.1:%d,%s", dead, clu.seeds);
     static const char *props[8];
-    props[0] = "dedup.scope=partition";
-    props[1] = "handler=ledger";
-    props[2] = "batch.max.messages=50";
-    props[3] = nodes_prop;
-    props[4] = NULL;
+    int n = 0;
+    props[n++] = "dedup.scope=partition";
+    props[n++] = "batch.max.messages=50";
+    props[n++] = nodes_prop;
+    for (int i = 0; handler_props[i]; i++)
+        props[n++] = handler_props[i];
+    props[n] = NULL;
     return props;
 }
 
@@ -65,16 +79,6 @@ static long cluster_applied(void)
         free(keys);
     }
     return sum;
-}
-
-static int wait_cluster_applied(long n, int timeout_ms)
-{
-    for (int waited = 0; waited < timeout_ms; waited += 50) {
-        if (cluster_applied() >= n)
-            return 0;
-        usleep(50 * 1000);
-    }
-    return -1;
 }
 
 /* The slot of partition p's tag, as the cluster computes it. */
@@ -109,6 +113,7 @@ static long sharded_keys(const char *pattern)
  * test asks for more. */
 static pthread_t producer;
 static char traffic_count[16] = "12000";
+static char traffic_poison[16] = "0.01";
 static atomic_int produced; /* 1 once the producer ended, 2 + rc */
 
 static void *produce_main(void *arg)
@@ -119,7 +124,7 @@ static void *produce_main(void *arg)
                              "--duplicates",
                              "0.1",
                              "--poison",
-                             "0.01",
+                             traffic_poison,
                              "--too-large-bytes",
                              "5000",
                              "--seed",
@@ -132,6 +137,8 @@ static void *produce_main(void *arg)
     return NULL;
 }
 
+static long (*applied_now)(void) = cluster_applied;
+
 static void start_all(pid_t *m1, pid_t *m2)
 {
     cr_assert_eq(th_cluster_start(&clu, 3, 1), 0, "cluster did not start");
@@ -140,9 +147,14 @@ static void start_all(pid_t *m1, pid_t *m2)
     cr_assert_eq(pthread_create(&producer, NULL, produce_main, NULL), 0);
     *m1 = th_stack_member(&stk, "m1", NULL);
     *m2 = th_stack_member(&stk, "m2", NULL);
-    cr_assert_eq(
-        wait_cluster_applied(500, 90000), 0, "members never got going:\n%s\n%s",
-        th_stack_member_log(&stk, "m1"), th_stack_member_log(&stk, "m2"));
+    int waited = 0;
+    while (applied_now() < 500 && waited < 90000) {
+        usleep(50 * 1000);
+        waited += 50;
+    }
+    cr_assert_geq(applied_now(), 500, "members never got going:\n%s\n%s",
+                  th_stack_member_log(&stk, "m1"),
+                  th_stack_member_log(&stk, "m2"));
 }
 
 /* The producer still runs: what the test did happened mid-stream. */
@@ -247,14 +259,11 @@ static void plan_reshard(int *take, int *target)
     }
 }
 
-Test(cluster_run, reshard_a_third_of_the_tags_mid_stream_exact, .timeout = 300)
+/* redis-cli --cluster reshard moves, while the members write, slots that
+ * hold at least a third of the partitions' tags; checks that exactly those
+ * tags' slots moved, to one target. Returns a tag it left in place. */
+static int reshard_a_third(int *target_out)
 {
-    pid_t m1, m2;
-    /* About 10 s: the tool's runs and one slot key by key fit in it. */
-    snprintf(traffic_count, sizeof(traffic_count), "20000");
-    start_all(&m1, &m2);
-    /* redis-cli --cluster reshard moves, while the members write, slots
-     * that hold at least a third of the partitions' tags. */
     int before[PARTS];
     for (int p = 0; p < PARTS; p++)
         before[p] = th_cluster_owner(&clu, tag_slot(p));
@@ -279,6 +288,18 @@ Test(cluster_run, reshard_a_third_of_the_tags_mid_stream_exact, .timeout = 300)
     }
     cr_assert_geq(moved_tags * 3, PARTS, "the reshard moved %d tags' slots",
                   moved_tags);
+    *target_out = target;
+    return other;
+}
+
+Test(cluster_run, reshard_a_third_of_the_tags_mid_stream_exact, .timeout = 300)
+{
+    pid_t m1, m2;
+    /* About 10 s: the tool's runs and one slot key by key fit in it. */
+    snprintf(traffic_count, sizeof(traffic_count), "20000");
+    start_all(&m1, &m2);
+    int target = -1;
+    int other = reshard_a_third(&target);
     assert_mid_stream("reshard");
     /* Then one more tag's slot key by key, half moved for a while:
      * scripts meet ASK, TRYAGAIN and keys already gone. */
@@ -314,4 +335,166 @@ Test(cluster_run, primary_killed_replica_promoted_node_back_exact,
     cr_assert_eq(th_cluster_restart(&clu, victim), 0);
     cr_assert_eq(th_cluster_wait_ok(&clu, 30000), 0);
     end_exact(m1, m2);
+}
+
+/* handler=script: payments applied by the user's Lua effect, sharded by
+ * partition in cluster mode (bal:<CURRENCY>{<tag>}, applied{<tag>}). */
+static const char payments_lua[] =
+    "-- payments as the ledger applies them, written by the user\n"
+    "function effect(rec)\n"
+    "  local f = rec.fields\n"
+    "  local cur, user, amt = f['/currency'], f['/user_id'], f['/amount']\n"
+    "  if type(cur) ~= 'string' or type(user) ~= 'string' or\n"
+    "    type(amt) ~= 'number' then\n"
+    "    return false, 'not a payment'\n"
+    "  end\n"
+    "  idem.hincrby('bal:' .. cur, user, math.floor(amt * 100 + 0.5))\n"
+    "  idem.incrby('applied', 1)\n"
+    "end\n";
+
+/* Sum over the live primaries of the script's applied{...} shards. */
+static long script_applied(void)
+{
+    long sum = 0;
+    for (int i = 0; i < clu.n; i++) {
+        if (!th_cluster_is_primary(&clu, i))
+            continue;
+        char *keys = th_cluster_cmd(&clu, i, "KEYS applied{*");
+        for (char *k = keys ? strtok(keys, "\n") : NULL; k;
+             k = strtok(NULL, "\n")) {
+            char *v = th_cluster_cmd(&clu, i, "GET %s", k);
+            sum += v ? atol(v) : 0;
+            free(v);
+        }
+        free(keys);
+    }
+    return sum;
+}
+
+/* The balances the script left: every bal:<CUR>{<tag>} hash on every
+ * live primary, summed per currency and user into a new object
+ * {CUR: {user: minor units}}. */
+static json_t *script_balances(void)
+{
+    json_t *all = json_object();
+    for (int i = 0; i < clu.n; i++) {
+        if (!th_cluster_is_primary(&clu, i))
+            continue;
+        char *keys = th_cluster_cmd(&clu, i, "KEYS bal:*");
+        char *save = NULL;
+        for (char *k = keys ? strtok_r(keys, "\n", &save) : NULL; k;
+             k = strtok_r(NULL, "\n", &save)) {
+            char cur[16];
+            cr_assert_eq(sscanf(k, "bal:%15[^{]{test-group:payments:", cur), 1,
+                         "key %s is not under a partition's tag", k);
+            json_t *users = json_object_get(all, cur);
+            if (!users) {
+                users = json_object();
+                json_object_set_new(all, cur, users);
+            }
+            char *flat = th_cluster_cmd(&clu, i, "HGETALL %s", k);
+            char *s2 = NULL;
+            for (char *f = flat ? strtok_r(flat, "\n", &s2) : NULL; f;
+                 f = strtok_r(NULL, "\n", &s2)) {
+                char *v = strtok_r(NULL, "\n", &s2);
+                cr_assert(v, "HGETALL %s: odd reply", k);
+                json_t *had = json_object_get(users, f);
+                json_object_set_new(
+                    users, f,
+                    json_integer((had ? json_integer_value(had) : 0) +
+                                 atoll(v)));
+            }
+            free(flat);
+        }
+        free(keys);
+    }
+    return all;
+}
+
+Test(cluster_run, script_handler_reshard_and_failover_exact, .timeout = 300)
+{
+    pid_t m1, m2;
+    char file[600];
+    snprintf(file, sizeof(file), "script.file=%s",
+             th_file_in(&script_dir, "payments.lua", payments_lua));
+    handler_props[0] = "handler=script";
+    handler_props[1] = file;
+    handler_props[2] = "script.fields=/currency,/user_id,/amount";
+    handler_props[3] = NULL;
+    applied_now = script_applied;
+    /* No poison: the expectation's balances are the ledger's rules, which
+     * the effect above does not check (3-decimal amounts, ...). */
+    snprintf(traffic_poison, sizeof(traffic_poison), "0");
+    /* About 15 s: the tool's runs and a failover fit in it. */
+    snprintf(traffic_count, sizeof(traffic_count), "30000");
+    start_all(&m1, &m2);
+    int target = -1;
+    reshard_a_third(&target);
+    assert_mid_stream("reshard");
+    /* Then the primary that owns partition 0's tag now is kill -9'd. */
+    int victim = th_cluster_owner(&clu, tag_slot(0));
+    cr_assert_geq(victim, 0);
+    int replica = th_cluster_replica_of(&clu, victim);
+    cr_assert_geq(replica, 0);
+    th_cluster_kill(&clu, victim);
+    assert_mid_stream("failover");
+    cr_assert_eq(th_cluster_wait_ok(&clu, 30000), 0, "no failover");
+    cr_assert_eq(th_cluster_owner(&clu, tag_slot(0)), replica);
+    cr_assert_eq(th_cluster_restart(&clu, victim), 0);
+    cr_assert_eq(th_cluster_wait_ok(&clu, 30000), 0);
+    pthread_join(producer, NULL);
+    cr_assert_eq(atomic_load(&produced), 2, "the producer failed");
+    long unique = th_stack_expect_unique(&stk);
+    for (int waited = 0; script_applied() < unique && waited < 180000;
+         waited += 200)
+        usleep(200 * 1000);
+    /* Exact: the applied count and every balance, none extra. */
+    cr_expect_eq(script_applied(), unique, "applied %ld of %ld\n%s\n%s",
+                 script_applied(), unique, th_stack_member_log(&stk, "m1"),
+                 th_stack_member_log(&stk, "m2"));
+    json_error_t jerr;
+    json_t *want = json_load_file(stk.expect, 0, &jerr);
+    cr_assert(want, "%s: %s", stk.expect, jerr.text);
+    json_t *ledger = json_object_get(want, "ledger");
+    cr_assert(json_is_object(ledger) && json_object_size(ledger) > 0);
+    json_t *got = script_balances();
+    const char *cur, *user;
+    json_t *users, *v;
+    size_t wrong = 0, checked = 0;
+    json_object_foreach(ledger, cur, users)
+    {
+        json_object_foreach(users, user, v)
+        {
+            json_t *g = json_object_get(json_object_get(got, cur), user);
+            checked++;
+            if (!g || json_integer_value(g) != json_integer_value(v)) {
+                if (wrong++ < 5)
+                    cr_log_error("balance %s %s: got %lld, expected %lld", cur,
+                                 user, g ? (long long)json_integer_value(g) : 0,
+                                 (long long)json_integer_value(v));
+            }
+        }
+    }
+    json_object_foreach(got, cur, users)
+    {
+        json_object_foreach(users, user, v)
+        {
+            if (!json_object_get(json_object_get(ledger, cur), user)) {
+                wrong++;
+                cr_log_error("balance %s %s: %lld, not expected", cur, user,
+                             (long long)json_integer_value(v));
+            }
+        }
+    }
+    cr_expect_eq(wrong, 0, "%zu of %zu balances wrong", wrong, checked);
+    cr_expect_gt(checked, 50);
+    json_decref(got);
+    json_decref(want);
+    /* Nothing of the single-Redis names: only shards under the tags. */
+    cr_expect_eq(sharded_keys("bal:EUR"), 0);
+    cr_expect_gt(sharded_keys("idemproc:pos{test-group:payments:*}"), 0);
+    cr_expect_eq(th_stop(m1, 15000), 0);
+    cr_expect_eq(th_stop(m2, 15000), 0);
+    th_stack_stop(&stk);
+    th_cluster_stop(&clu);
 }

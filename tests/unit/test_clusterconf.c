@@ -4,6 +4,10 @@
 #include <string.h>
 
 #include "conf/conf.h"
+#include "testlib.h"
+
+#include <stdio.h>
+#include <stdlib.h>
 
 static idem_conf_t *load_with(const char *a, const char *b, const char *c,
                               char *err, size_t size)
@@ -48,6 +52,8 @@ Test(clusterconf, refused)
         {"dedup.scope=partition", "retry.topics=5s", NULL, "retry.topics"},
         {"dedup.scope=partition", "redis.prefix=a{b}:", NULL, "contains '{'"},
         {"handler=forward", "output.topic=o", NULL, "handler \"forward\""},
+        {"dedup.scope=global", "handler=webhook",
+         "webhook.url=http://127.0.0.1:1/", "with a lease, a global mark"},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         const refusal_t *t = &cases[i];
@@ -58,4 +64,30 @@ Test(clusterconf, refused)
                   t->want);
         idem_conf_destroy(c);
     }
+}
+
+/* handler=script runs in cluster mode (its idem.* keys get the partition's
+ * tag); a literal key outside the slot in its file is refused. */
+Test(clusterconf, script_partition_accepted_literal_key_refused)
+{
+    char *dir = NULL, file[600], err[1024] = "";
+    snprintf(file, sizeof(file), "script.file=%s",
+             th_file_in(&dir, "ok.lua",
+                        "function effect(rec) idem.incrby('n', 1) end\n"));
+    idem_conf_t *c = load_with("dedup.scope=partition", "handler=script", file,
+                               err, sizeof(err));
+    cr_expect_not_null(c, "%s", err);
+    idem_conf_destroy(c);
+    snprintf(file, sizeof(file), "script.file=%s",
+             th_file_in(&dir, "bad.lua",
+                        "function effect(rec)\n"
+                        "  redis.call('SET', 'last', rec.identity)\n"
+                        "end\n"));
+    c = load_with("dedup.scope=partition", "handler=script", file, err,
+                  sizeof(err));
+    cr_expect_null(c);
+    cr_expect(strstr(err, "bad.lua:2: redis.call('SET', \"last\")"), "%s", err);
+    idem_conf_destroy(c);
+    th_rmrf(dir);
+    free(dir);
 }

@@ -314,3 +314,60 @@ Test(script, readme_shows_the_example_file)
 }
 
 #define RUN_SKUS 40
+
+/* Redis Cluster mode: keys named literally outside the partition's slot
+ * are configuration errors with the file's line; computed keys, comments,
+ * strings and idem.key(...) pass. */
+Test(script, cluster_check_finds_literal_keys_outside_the_slot)
+{
+    char err[1024] = "";
+    const char *ok = "-- redis.call('SET', 'x', 1) in a comment\n"
+                     "local s = \"idem.incrby('a{b}', 1)\"\n"
+                     "function effect(rec)\n"
+                     "  idem.hincrby('bal:' .. rec.key, 'u', 1)\n"
+                     "  idem.incrby([[count]], 1)\n"
+                     "  redis.call('SADD', idem.key('seen'), rec.identity)\n"
+                     "  redis.call('PING', 'x')\n"
+                     "  redis.call('SET', 'k:' .. rec.key, 1)\n"
+                     "end\n";
+    cr_expect_eq(idem_luascript_cluster_check(th_file_in(&dir, "ok.lua", ok),
+                                              err, sizeof(err)),
+                 0, "%s", err);
+    const char *own_tag = "function effect(rec)\n"
+                          "  idem.incrby('n', 1)\n"
+                          "  idem . hincrby ( \"bal{u1}\" , rec.key, 1)\n"
+                          "end\n";
+    cr_expect_eq(idem_luascript_cluster_check(
+                     th_file_in(&dir, "tag.lua", own_tag), err, sizeof(err)),
+                 -1);
+    cr_expect(strstr(err, "tag.lua:3: idem.hincrby(\"bal{u1}\")"), "%s", err);
+    const char *plain = "function effect(rec)\n"
+                        "  -- a comment\n"
+                        "  redis.pcall('set', [[last]], rec.identity)\n"
+                        "end\n";
+    cr_expect_eq(idem_luascript_cluster_check(
+                     th_file_in(&dir, "plain.lua", plain), err, sizeof(err)),
+                 -1);
+    cr_expect(strstr(err, "plain.lua:3: redis.pcall('SET', \"last\")"), "%s",
+              err);
+    cr_expect(strstr(err, "idem.key(\"last\")"), "%s", err);
+}
+
+/* The effect the store frames (dedup.scope=partition) holds the user's
+ * file inside a block, and the effect function the framings call. */
+Test(script, effect_for_the_partition_framing)
+{
+    const char *text = "local PER = 'mine'\n"
+                       "function effect(rec) end\n";
+    char err[512] = "";
+    idem_luascript_t *sc = idem_luascript_load(th_file_in(&dir, "e.lua", text),
+                                               NULL, err, sizeof(err));
+    cr_assert(sc, "%s", err);
+    const char *e = idem_luascript_effect(sc);
+    const char *at = strstr(e, text);
+    cr_assert(at);
+    cr_expect(!strncmp(at - 3, "do\n", 3));
+    cr_expect(strstr(at, "local function effect(base, stride, js, ksuf)"));
+    cr_expect(!strstr(e, "return idemproc_run(effect)"));
+    idem_luascript_destroy(sc);
+}
