@@ -181,6 +181,9 @@ static void usage(FILE *out)
             "(global or partition)\n"
             "                                 and what live members want; "
             "switch it\n"
+            "  migrate --from URL -c FILE     copy a stopped group's state "
+            "from one Redis\n"
+            "                                 to the Redis Cluster of FILE\n"
             "  check-config -c FILE           validate and print the "
             "effective configuration\n"
             "                                 (--connect: also reach Kafka "
@@ -210,6 +213,7 @@ static const command_t commands[] = {
     {"outbox", idem_cmd_outbox, idem_cmd_outbox_usage},
     {"offsets", idem_cmd_offsets, idem_cmd_offsets_usage},
     {"layout", idem_cmd_layout, idem_cmd_layout_usage},
+    {"migrate", idem_cmd_migrate, idem_cmd_migrate_usage},
     {"check-config", cmd_check_config, check_config_usage},
 };
 
