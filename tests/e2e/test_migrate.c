@@ -198,7 +198,7 @@ Test(migrate, single_redis_to_cluster_mid_stream_exact, .timeout = 300)
     "+hincrby +hset +hmget +info +wait +scan +hgetall +ping +bgrewriteaof "    \
     "+time +zadd +zrem +zremrangebyscore +zrangebyscore +pexpire +hdel "       \
     "+incr +getrange +append +expireat +exists +strlen "                       \
-    "+cluster|slots +asking +hsetnx"
+    "+cluster|slots +asking +hsetnx +hget"
 
 Test(migrate, cluster_acl_line_is_enough_for_a_member_and_verify,
      .timeout = 240)
