@@ -149,6 +149,7 @@ Test(migrate, single_redis_to_cluster_mid_stream_exact, .timeout = 300)
     cr_assert_lt(applied_single, unique);
 
     cr_assert_eq(run_migrate(NULL, &out), 0, "%s", out);
+    fprintf(stderr, "idemproc migrate:\n%s", out); /* in the test's log */
     cr_expect(strstr(out, "migrated"), "%s", out);
     cr_expect(!strstr(out, "MISMATCH"), "%s", out);
     free(out);
