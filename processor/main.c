@@ -191,6 +191,9 @@ static void usage(FILE *out)
             "keeps, as readers\n"
             "                                 see it (cluster mode: the sum "
             "of its shards)\n"
+            "  migrate --from URL -c FILE     copy a stopped group's state "
+            "from one Redis\n"
+            "                                 to the Redis Cluster of FILE\n"
             "  check-config -c FILE           validate and print the "
             "effective configuration\n"
             "                                 (--connect: also reach Kafka "
@@ -221,6 +224,7 @@ static const command_t commands[] = {
     {"offsets", idem_cmd_offsets, idem_cmd_offsets_usage},
     {"layout", idem_cmd_layout, idem_cmd_layout_usage},
     {"state", idem_cmd_state, idem_cmd_state_usage},
+    {"migrate", idem_cmd_migrate, idem_cmd_migrate_usage},
     {"check-config", cmd_check_config, check_config_usage},
 };
 

@@ -96,6 +96,7 @@ production credentials from secret files|deploy/k8s/overlays/production/idemproc
 production credentials from secret files|deploy/k8s/overlays/production/idemproc.properties|s|redis-ca.crt$|redis-ca.pem|
 overlays render|deploy/k8s/components/script/kustomization.yaml|s|value: /etc/idemproc-script/orders.lua|value: /etc/idemproc-script/order.lua|
 overlays render|deploy/k8s/components/webhook/kustomization.yaml|s|            optional: false|            optional: true|
+overlays render|deploy/k8s/components/redis-cluster/kustomization.yaml|s|value: partition|value: global|
 outbox component renders|deploy/k8s/components/outbox/networkpolicy.yaml|s/port: 5432/port: 5433/
 outbox component renders|deploy/k8s/components/outbox/deployment.yaml|/^            defaultMode: 288/i\            optional: true
 none|deploy/k8s/base/deployment.yaml|/^            - name: IDEMPROC_MEMBER_ID/i\            - name: IDEMPROC_KAFKA_FETCH_WAIT_MAX_MS\n              value: "100"\n            - name: IDEMPROC_REDIS_PASSWORD_FILE\n              value: /var/run/secrets/idemproc/redis-password\n            - name: IDEMPROC_SHUTDOWN_TIMEOUT_MS\n              value: "20000"
@@ -237,6 +238,7 @@ render_dev_with keda || true
 render_dev_with outbox || true
 render_dev_with script || true
 render_dev_with webhook || true
+render_dev_with redis-cluster || true
 
 # What the binary knows: {"keys": {key: default or null}, "prefixes":
 # ["kafka.", ...], "file": true when <key>.file is accepted}.
@@ -355,7 +357,7 @@ check_overlays_render() {
     # The handler components: the script from its own ConfigMap, the
     # webhook's headers from a required Secret, each file where the
     # configuration names it.
-    for c in script webhook; do
+    for c in script webhook redis-cluster; do
         if [ ! -f "$work/dev+$c.json" ]; then
             echo "dev+$c: kubectl kustomize failed: $(tr '\n' ' ' <"$work/dev+$c.err")"
         fi
@@ -368,6 +370,15 @@ check_overlays_render() {
           then "dev+script: no ConfigMap idemproc-script mounted"
           elif (obj("ConfigMap"; $v.configMap.name).data[$conf["script.file"] | ltrimstr($m + "/")] // null) == null
           then "dev+script: script.file \($conf["script.file"] | show) is not a file of the mounted ConfigMap"
+          else empty end'
+    # Redis Cluster mode: seed nodes, and what check-config requires with
+    # them (the partition layout, the ledger).
+    jqr dev+redis-cluster '
+        proc_conf($known) as $conf
+        | if ($conf["redis.cluster.nodes"] // "" | test("^[^,: ]+:[0-9]+(,[^,: ]+:[0-9]+)*$") | not)
+          then "dev+redis-cluster: redis.cluster.nodes \($conf["redis.cluster.nodes"] | show) is no host:port list"
+          elif $conf["dedup.scope"] != "partition" then "dev+redis-cluster: dedup.scope \($conf["dedup.scope"] | show), cluster mode needs partition"
+          elif $conf.handler != "ledger" then "dev+redis-cluster: handler \($conf.handler | show), cluster mode runs ledger"
           else empty end'
     jqr dev+webhook '
         processor as $d | container($d; "idemproc") as $c | pod_conf($d; $c; $known) as $conf
@@ -681,7 +692,7 @@ check_member_id_from_pod_name() {
 # ones), and so would the Service link variables Kubernetes injects for
 # Services named idemproc-*, unless the pod turns them off.
 check_pod_environment_is_known_keys() {
-    for ov in "${overlays[@]}" dev+outbox dev+script dev+webhook; do
+    for ov in "${overlays[@]}" dev+outbox dev+script dev+webhook dev+redis-cluster; do
         jqr "$ov" '
             def known($known):
                 . as $v

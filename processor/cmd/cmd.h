@@ -21,6 +21,7 @@ int idem_cmd_outbox(int argc, char **argv, char **envp);
 int idem_cmd_offsets(int argc, char **argv, char **envp);
 int idem_cmd_layout(int argc, char **argv, char **envp);
 int idem_cmd_state(int argc, char **argv, char **envp);
+int idem_cmd_migrate(int argc, char **argv, char **envp);
 
 /* Usage texts, printed by `idemproc help CMD` and `idemproc CMD --help`. */
 void idem_cmd_run_usage(FILE *out);
@@ -32,6 +33,7 @@ void idem_cmd_outbox_usage(FILE *out);
 void idem_cmd_offsets_usage(FILE *out);
 void idem_cmd_layout_usage(FILE *out);
 void idem_cmd_state_usage(FILE *out);
+void idem_cmd_migrate_usage(FILE *out);
 
 /* check-config --for outbox --connect: what the relay needs, printed to
  * out: the brokers and outbox.topic, PostgreSQL and outbox.table. 0 when

@@ -830,3 +830,35 @@ Test(deploy, outbox_config_passes_check_config, .timeout = 120)
     json_decref(ex);
     json_decref(objs);
 }
+
+/* ---- the Redis Cluster component ------------------------------------ */
+
+/* The dev overlay with components/redis-cluster: check-config, whose
+ * cluster-mode checks (the partition layout, the ledger, no Sentinel)
+ * refuse a configuration the member would refuse, accepts the pod's, with
+ * the seed nodes from the component. */
+Test(deploy, redis_cluster_component_passes_check_config, .timeout = 120)
+{
+    char *tmp = th_tmpdir();
+    char *dev = src_path("deploy/k8s/overlays/dev");
+    char *comp = src_path("deploy/k8s/components/redis-cluster");
+    char text[3 * PATH_MAX];
+    snprintf(text, sizeof(text),
+             "apiVersion: kustomize.config.k8s.io/v1beta1\n"
+             "kind: Kustomization\n"
+             "resources:\n  - ../..%s\ncomponents:\n  - ../..%s\n",
+             dev, comp);
+    free(write_file(tmp, "kustomization.yaml", text));
+    json_t *objs = render_dir(tmp);
+    pod_conf_t pc;
+    processor_conf(objs, "dev+redis-cluster", &pc);
+    cr_expect(strstr(pc.conf, "redis.cluster.nodes=redis-cluster-0."), "%s",
+              pc.conf);
+    cr_expect(strstr(pc.conf, "dedup.scope=partition\n"), "%s", pc.conf);
+    pod_conf_free(&pc);
+    json_decref(objs);
+    th_rmrf(tmp);
+    free(tmp);
+    free(dev);
+    free(comp);
+}

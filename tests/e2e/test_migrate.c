@@ -1,0 +1,233 @@
+/* test_migrate: `idemproc migrate`, a group moved from one Redis to a
+ * real Redis Cluster (3 primaries, 3 replicas) mid-stream: the ledger with
+ * dedup.scope=partition runs part of a stream on one Redis, stops, its
+ * state is migrated, and members on the cluster run the rest plus every
+ * record sent again; `verify` exact (nothing applied twice, nothing
+ * lost). Its refusals (a live member, a cluster that holds the group's
+ * state) and a second run (nothing to do). And the ACL line of
+ * deploy/README.md for cluster mode: a member and verify run as that user
+ * on every node, with nothing denied. */
+#include "harness.h"
+#include "harness_cluster.h"
+
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static th_stack_t stk;
+static th_cluster_t clu;
+
+static void migrate_fini(void)
+{
+    th_stack_cleanup();
+    th_cluster_stop(&clu);
+}
+
+TestSuite(migrate, .fini = migrate_fini);
+
+#define PARTS 6
+
+static char nodes_prop[512];
+
+static const char *cluster_set(void)
+{
+    snprintf(nodes_prop, sizeof(nodes_prop), "redis.cluster.nodes=%s",
+             clu.seeds);
+    return nodes_prop;
+}
+
+/* Sum over the live primaries of the values of `get` (GET or a field by
+ * HGET) of the keys matching pattern. */
+static long cluster_sum(const char *pattern, const char *field)
+{
+    long sum = 0;
+    for (int i = 0; i < clu.n; i++) {
+        if (!th_cluster_is_primary(&clu, i))
+            continue;
+        char *keys = th_cluster_cmd(&clu, i, "KEYS %s", pattern);
+        char *save = NULL;
+        for (char *k = keys ? strtok_r(keys, "\n", &save) : NULL; k;
+             k = strtok_r(NULL, "\n", &save)) {
+            char *v = field ? th_cluster_cmd(&clu, i, "HGET %s %s", k, field)
+                            : th_cluster_cmd(&clu, i, "GET %s", k);
+            sum += v ? atol(v) : 0;
+            free(v);
+        }
+        free(keys);
+    }
+    return sum;
+}
+
+static long cluster_keys(const char *pattern)
+{
+    long n = 0;
+    for (int i = 0; i < clu.n; i++) {
+        if (!th_cluster_is_primary(&clu, i))
+            continue;
+        char *keys = th_cluster_cmd(&clu, i, "KEYS %s", pattern);
+        for (char *c = keys; c && *c; c++)
+            n += *c == '\n';
+        n += keys && *keys && keys[strlen(keys) - 1] != '\n';
+        free(keys);
+    }
+    return n;
+}
+
+/* idemproc migrate -c <stack conf> --set redis.cluster.nodes=... --from
+ * <the stack's Redis> plus extra (may be NULL); its exit code, *out its
+ * stdout and stderr. */
+static int run_migrate(const char *extra, char **out)
+{
+    char from[96];
+    snprintf(from, sizeof(from), "redis://127.0.0.1:%d/0", stk.redis.port);
+    char *argv[] = {
+        (char *)th_bin(),      "migrate", "-c", stk.conf,      "--set",
+        (char *)cluster_set(), "--from",  from, (char *)extra, NULL};
+    char *o = NULL, *e = NULL;
+    int rc = th_run(argv, &o, &e, 120000);
+    size_t n = strlen(o ? o : "") + strlen(e ? e : "") + 1;
+    *out = malloc(n);
+    snprintf(*out, n, "%s%s", o ? o : "", e ? e : "");
+    free(o);
+    free(e);
+    return rc;
+}
+
+/* The same generated traffic each time (deterministic by seed): sent
+ * again, every record is a duplicate of one applied before. */
+static const char *const traffic[] = {
+    "--count", "3000", "--duplicates", "0.1", "--seed", "2525", NULL};
+
+Test(migrate, single_redis_to_cluster_mid_stream_exact, .timeout = 300)
+{
+    cr_assert_eq(th_cluster_start(&clu, 3, 1), 0, "cluster did not start");
+    const char *props[] = {"dedup.scope=partition", "handler=ledger",
+                           "batch.max.messages=50", NULL};
+    cr_assert_eq(th_stack_start(&stk, PARTS, props), 0);
+    /* Part of the stream on one Redis: the traffic at a fixed rate, the
+     * member stopped while it still comes. */
+    char *pargv[] = {(char *)th_bin(),
+                     "produce",
+                     "-b",
+                     stk.broker.bootstrap,
+                     "-t",
+                     "payments",
+                     "--expect",
+                     stk.expect,
+                     "--count",
+                     "3000",
+                     "--duplicates",
+                     "0.1",
+                     "--seed",
+                     "2525",
+                     "--rate",
+                     "600",
+                     NULL};
+    pid_t prod = th_spawn(pargv, NULL, NULL, NULL);
+    cr_assert_gt(prod, 0);
+    pid_t m1 = th_stack_member_started(&stk, "m1", NULL);
+    cr_assert_eq(th_stack_wait_applied(&stk, 600, 90000), 0,
+                 "the member never got going:\n%s",
+                 th_stack_member_log(&stk, "m1"));
+
+    /* Refused while the member runs; nothing written to the cluster. */
+    char *out = NULL;
+    cr_expect_eq(run_migrate(NULL, &out), 1, "%s", out);
+    cr_expect(strstr(out, "refused: member m1"), "%s", out);
+    free(out);
+    cr_expect_eq(cluster_keys("idemproc:*"), 0);
+
+    cr_assert_eq(th_stack_stop_member(&stk, "m1", m1, 15000), 0);
+    long applied_single = th_stack_applied(&stk);
+    cr_expect_eq(th_wait(prod, 0), -1,
+                 "the traffic ended before the member stopped: not "
+                 "mid-stream");
+    cr_assert_eq(th_wait(prod, 120000), 0, "produce failed");
+    long unique = th_stack_expect_unique(&stk);
+    cr_assert_lt(applied_single, unique);
+
+    cr_assert_eq(run_migrate(NULL, &out), 0, "%s", out);
+    fprintf(stderr, "idemproc migrate:\n%s", out); /* in the test's log */
+    cr_expect(strstr(out, "migrated"), "%s", out);
+    cr_expect(!strstr(out, "MISMATCH"), "%s", out);
+    free(out);
+    /* What the cluster holds now: the counter moved into one shard. */
+    cr_expect_eq(cluster_sum("idemproc:ledger:applied{*", NULL),
+                 applied_single);
+    cr_expect_eq(cluster_keys("idemproc:pos{test-group:payments:*}"), PARTS);
+    cr_expect_eq(cluster_keys("idemproc:dedupkey:test-group"), 1);
+    cr_expect_gt(cluster_keys("idemproc:st{test-group:payments:*}:w*"), 0);
+    /* A second run: nothing to do. */
+    cr_expect_eq(run_migrate(NULL, &out), 0, "%s", out);
+    cr_expect(strstr(out, "nothing to do"), "%s", out);
+    free(out);
+
+    /* The rest of the stream on the cluster, then all of it again. */
+    const char *sets[] = {cluster_set(), NULL};
+    pid_t m2 = th_stack_member_started(&stk, "m2", sets);
+    pid_t m3 = th_stack_member_started(&stk, "m3", sets);
+    cr_assert_eq(th_stack_produce(&stk, traffic), 0);
+    th_stack_wait_committed(&stk, "payments", PARTS, 120000);
+    TH_ASSERT_VERIFIED(&stk, 0, sets, 120000);
+    cr_expect_eq(cluster_sum("idemproc:ledger:applied{*", NULL), unique);
+    /* The cluster members wrote nothing to the single Redis. */
+    cr_expect_eq(th_stack_applied(&stk), applied_single);
+    cr_expect_eq(th_stack_stop_member(&stk, "m2", m2, 15000), 0);
+    cr_expect_eq(th_stack_stop_member(&stk, "m3", m3, 15000), 0);
+
+    /* The marker gone, the cluster's state of the group is refused. */
+    char *del = th_cluster_cmd(&clu, 0, "CLUSTER KEYSLOT %s",
+                               "idemproc:migrated{test-group}");
+    int owner = th_cluster_owner(&clu, del ? atoi(del) : 0);
+    free(del);
+    cr_assert_geq(owner, 0);
+    free(th_cluster_cmd(&clu, owner, "DEL idemproc:migrated{test-group}"));
+    cr_expect_eq(run_migrate(NULL, &out), 1, "%s", out);
+    cr_expect(strstr(out, "refused: the cluster already holds"), "%s", out);
+    free(out);
+    th_stack_stop(&stk);
+    th_cluster_stop(&clu);
+}
+
+/* deploy/README.md's ACL line for cluster mode (the processor's line, the
+ * partition layout's addition and the cluster's), given on every node. */
+#define ACL_CLUSTER                                                            \
+    "ACL SETUSER idemproc reset on >acl-user-pw ~idemproc:* resetchannels "    \
+    "-@all +select +role +script|load +evalsha +mget +get +set +incrby "       \
+    "+hincrby +hset +hmget +info +wait +scan +hgetall +ping +bgrewriteaof "    \
+    "+time +zadd +zrem +zremrangebyscore +zrangebyscore +pexpire +hdel "       \
+    "+incr +getrange +append +expireat +exists +strlen "                       \
+    "+cluster|slots +asking +hsetnx +hget"
+
+Test(migrate, cluster_acl_line_is_enough_for_a_member_and_verify,
+     .timeout = 240)
+{
+    cr_assert_eq(th_cluster_start(&clu, 3, 1), 0, "cluster did not start");
+    for (int i = 0; i < clu.n; i++) {
+        char *r = th_cluster_cmd(&clu, i, ACL_CLUSTER);
+        cr_assert_str_eq(r ? r : "", "OK", "node %d", i);
+        free(r);
+    }
+    const char *props[] = {"dedup.scope=partition", "handler=ledger",
+                           "batch.max.messages=50", NULL};
+    cr_assert_eq(th_stack_start(&stk, PARTS, props), 0);
+    const char *sets[] = {cluster_set(),
+                          "redis.url=redis://idemproc:acl-user-pw@127.0.0.1/0",
+                          NULL};
+    pid_t m = th_stack_member_started(&stk, "m1", sets);
+    cr_assert_eq(th_stack_produce(&stk, traffic), 0);
+    th_stack_wait_committed(&stk, "payments", PARTS, 120000);
+    TH_ASSERT_VERIFIED(&stk, 0, sets, 120000);
+    cr_expect_gt(cluster_keys("idemproc:st{test-group:payments:*}:w*"), 0);
+    for (int i = 0; i < clu.n; i++) {
+        char *log = th_cluster_cmd(&clu, i, "ACL LOG");
+        cr_expect_str_empty(log ? log : "?", "node %d denied:\n%s", i, log);
+        free(log);
+    }
+    cr_expect_eq(th_wait(m, 0), -1, "the member must still run");
+    cr_expect_eq(th_stack_stop_member(&stk, "m1", m, 15000), 0);
+    th_stack_stop(&stk);
+    th_cluster_stop(&clu);
+}
