@@ -681,14 +681,22 @@ int idem_partscope_submit(idem_partscope_t *ps, idem_record_t **recs,
         ps->expired_below = min_w;
     }
     /* Which path each record takes; a partition's table is loaded before
-     * its first lookup. */
-    int full = 0;
+     * its first lookup. At dedup.memory.max (checked once a request, after
+     * expiry: a request may pass it by its own marks) no table is loaded
+     * and no mark taken (an evicted mark would be a missed duplicate): the
+     * partition path's records wait, duplicates too, as an outage until
+     * windows expire or partitions leave. */
+    int full = idem_parttables_full(ps->tables);
     for (size_t i = 0; i < n; i++) {
         idem_record_t *r = recs[i];
         idem_part_t *pt = part[i];
         ps->path[i] = 0;
         if (!pt || rec_path(r) != IDEM_PART_PATH_PARTITION)
             continue;
+        if (full) {
+            ps->path[i] = 4;
+            continue;
+        }
         idem_parttables_mark(ps->tables, r->identity, r->identity_len,
                              r->message_id, r->message_id_len, &ps->marks[i]);
         if (!idem_parttables_ready(ps->tables, pt->topic, pt->partition,

@@ -585,3 +585,43 @@ Test(partscope, redis_down_at_the_load_is_an_outage)
     cr_assert_eq(submit(), 0, "%s", err);
     expect_kind(a, IDEM_RESULT_DONE);
 }
+
+Test(partscope, at_the_memory_bound_new_marks_wait_until_a_partition_leaves)
+{
+    idem_partscope_destroy(ps);
+    conf->dedup_memory_max = 8192;
+    idem_partscope_redis_t seam = fake_partredis_init(&fr);
+    ps = idem_partscope_new_with(&seam, conf);
+    idem_partscope_counter(ps, count_fn, NULL);
+    /* Partition 0 fills the tables, 50 records a request. */
+    int k = 0;
+    while (idem_partscope_bytes(ps) < 8192) {
+        cr_assert_lt(k, 5000, "the tables never reached the bound");
+        for (int i = 0; i < 50; i++, k++) {
+            char id[16];
+            snprintf(id, sizeof(id), "f%d", k);
+            add(0, id, "m");
+        }
+        cr_assert_eq(submit(), 0, "%s", err);
+    }
+    size_t bytes = idem_partscope_bytes(ps), marks = idem_partscope_marks(ps);
+    int calls = fr.chunk_calls;
+    /* At the bound: nothing taken, nothing sent, no table loaded; the
+     * records wait (an outage naming the bound). */
+    idem_record_t *a = add(0, "new-0", "m");
+    idem_record_t *b = add(1, "new-1", "m");
+    cr_expect_eq(submit(), -1);
+    cr_expect(strstr(err, "dedup.memory.max reached"), "%s", err);
+    cr_expect_eq(nnow, 0);
+    cr_expect_null(result_of(a));
+    cr_expect_null(result_of(b));
+    cr_expect_eq(fr.chunk_calls, calls, "no chunk sent");
+    cr_expect_eq(fr.part[1].epoch, 0, "partition 1 not loaded");
+    cr_expect_eq(idem_partscope_marks(ps), marks, "no mark taken");
+    cr_expect_eq(idem_partscope_bytes(ps), bytes);
+    /* Partition 0 leaves (revoked): room again. */
+    idem_partscope_drop(ps, "in", 0);
+    b = add(1, "new-1", "m");
+    cr_assert_eq(submit(), 0, "%s", err);
+    expect_kind(b, IDEM_RESULT_DONE);
+}
