@@ -3,11 +3,10 @@
 #include "loop/partscope.h"
 #include "base/log.h"
 #include "base/util.h"
+#include "loop/partredis.h"
 #include "loop/parttables.h"
 #include "loop/rec.h"
-#include "redis/layout.h"
 #include "redis/rediskeys.h"
-#include "redis/partstate.h"
 
 #include <inttypes.h>
 #include <stdint.h>
@@ -20,9 +19,10 @@
 #define CHUNK_MAX 1024
 
 struct idem_partscope_s {
-    idem_store_t *store;
+    idem_partscope_redis_t redis; /* Redis's side (the seam; its ctx owned
+                                     when redis.destroy is set) */
     const idem_conf_t *conf;
-    idem_partstate_t *state;
+    int64_t wsec; /* the window's length, seconds (fixed by conf) */
     idem_parttables_t *tables; /* NULL until the group's hash key is read */
     int64_t window;            /* the last window Redis answered (-1) */
     int64_t expired_below;     /* windows below are dropped from tables */
@@ -74,7 +74,6 @@ struct idem_partscope_s {
     uint64_t refused_chunk, refused_global; /* layout refusals met */
     int rollback_checked;   /* the start's rollback considered */
     int64_t layout_read_ms; /* our clock when read */
-    char layout_sha[41];    /* the switch script's digest */
 };
 
 static int layout_refresh(idem_partscope_t *ps, char *errstr,
@@ -84,15 +83,21 @@ idem_partscope_t *idem_partscope_new(idem_store_t *store,
                                      const idem_conf_t *conf, char *errstr,
                                      size_t errstr_size)
 {
+    idem_partscope_redis_t redis;
+    if (idem_partredis_open(store, conf, &redis, errstr, errstr_size))
+        return NULL;
+    return idem_partscope_new_with(&redis, conf);
+}
+
+idem_partscope_t *idem_partscope_new_with(const idem_partscope_redis_t *redis,
+                                          const idem_conf_t *conf)
+{
     idem_partscope_t *ps = idem_xcalloc(1, sizeof(*ps));
-    ps->store = store;
+    ps->redis = *redis;
     ps->conf = conf;
+    ps->wsec = redis->window_seconds(redis->ctx);
     ps->window = -1;
     ps->expired_below = -1;
-    if (!(ps->state = idem_partstate_new(store, conf, errstr, errstr_size))) {
-        free(ps);
-        return NULL;
-    }
     /* The layout key at start (a rollback switches it back now, not at
      * the first records); Redis not there yet: at the first submit. */
     char lerr[512];
@@ -108,7 +113,8 @@ void idem_partscope_destroy(idem_partscope_t *ps)
 {
     if (!ps)
         return;
-    idem_partstate_destroy(ps->state);
+    if (ps->redis.destroy)
+        ps->redis.destroy(ps->redis.ctx);
     idem_parttables_destroy(ps->tables);
     free(ps->marks);
     free(ps->path);
@@ -227,7 +233,7 @@ static void reserve(idem_partscope_t *ps, size_t n, size_t npos)
 static int tables_new(idem_partscope_t *ps, char *errstr, size_t errstr_size)
 {
     uint8_t key[16];
-    if (idem_partstate_hashkey(ps->state, key, errstr, errstr_size))
+    if (ps->redis.hashkey(ps->redis.ctx, key, errstr, errstr_size))
         return -1;
     ps->tables = idem_parttables_new(key, (size_t)ps->conf->dedup_memory_max);
     if (!ps->tables) {
@@ -246,18 +252,18 @@ static int tables_ready(idem_partscope_t *ps, char *errstr, size_t errstr_size)
      * failover): marks the tables hold may have effects that are gone.
      * Every table is loaded again. The tables are NULL until new ones
      * exist, so a failure here leaves nothing freed behind. */
-    uint64_t c = idem_store_connections(ps->store);
+    uint64_t c = ps->redis.connections(ps->redis.ctx);
     if (c != ps->connections) {
         if (ps->connections)
             idem_log_kv(IDEM_LOG_INFO,
                         "redis connection renewed: partition tables are "
                         "loaded again",
-                        "run_id", idem_store_run_id(ps->store), NULL);
+                        "run_id", ps->redis.run_id(ps->redis.ctx), NULL);
         idem_parttables_destroy(ps->tables);
         ps->tables = NULL;
         if (tables_new(ps, errstr, errstr_size))
             return -1;
-        ps->connections = idem_store_connections(ps->store);
+        ps->connections = ps->redis.connections(ps->redis.ctx);
         ps->window = -1;
     }
     /* Redis's clock, at most once a second: the expiry of the tables
@@ -265,11 +271,11 @@ static int tables_ready(idem_partscope_t *ps, char *errstr, size_t errstr_size)
     int64_t ms = idem_now_ms();
     if (ps->window < 0 || ms - ps->clock_read_ms >= 1000) {
         int64_t now;
-        if (idem_partstate_now(ps->state, &now, errstr, errstr_size))
+        if (ps->redis.now(ps->redis.ctx, &now, errstr, errstr_size))
             return -1;
         ps->clock_read_ms = ms;
         ps->redis_now = now;
-        int64_t w = now / idem_partstate_window_seconds(ps->state);
+        int64_t w = now / ps->wsec;
         if (w > ps->window)
             ps->window = w;
     }
@@ -322,8 +328,8 @@ static int count_check(idem_partscope_t *ps, const char *topic, char *errstr,
     int64_t recorded = -1;
     idem_part_count_t v = idem_parttables_count_verdict(-1, current);
     if (v != IDEM_PART_COUNT_UNKNOWN) {
-        if (idem_partstate_partitions(ps->state, topic, current, &recorded,
-                                      errstr, errstr_size))
+        if (ps->redis.partitions(ps->redis.ctx, topic, current, &recorded,
+                                 errstr, errstr_size))
             return -1;
         v = idem_parttables_count_verdict(recorded, current);
     }
@@ -375,11 +381,11 @@ static int part_load(idem_partscope_t *ps, idem_part_t *pt, char *errstr,
     if (count_check(ps, pt->topic, errstr, errstr_size))
         return -1;
     int64_t epoch;
-    if (idem_partstate_epoch_bump(ps->state, pt->topic, pt->partition, &epoch,
-                                  errstr, errstr_size))
+    if (ps->redis.epoch_bump(ps->redis.ctx, pt->topic, pt->partition, &epoch,
+                             errstr, errstr_size))
         return -1;
     idem_store_pos_t pos = {.topic = pt->topic, .partition = pt->partition};
-    if (idem_store_positions_load(ps->store, &pos, 1, errstr, errstr_size))
+    if (ps->redis.positions_load(ps->redis.ctx, &pos, 1, errstr, errstr_size))
         return -1;
     if (pos.offset != pt->saved) {
         char a[24], b[24], part[16];
@@ -399,8 +405,8 @@ static int part_load(idem_partscope_t *ps, idem_part_t *pt, char *errstr,
     }
     load_t l = {ps, pt->topic, pt->partition, 0};
     size_t pieces = 0;
-    if (idem_partstate_load(ps->state, pt->topic, pt->partition, 0, load_marks,
-                            &l, &pieces, errstr, errstr_size)) {
+    if (ps->redis.load(ps->redis.ctx, pt->topic, pt->partition, 0, load_marks,
+                       &l, &pieces, errstr, errstr_size)) {
         if (l.rc == -2)
             snprintf(errstr, errstr_size,
                      "dedup.memory.max reached: the table of %s/%" PRId32
@@ -573,14 +579,14 @@ static int layout_refresh(idem_partscope_t *ps, char *errstr,
         ms - ps->layout_read_ms < ps->conf->dev_layout_read_ms)
         return 0;
     idem_layout_t l;
-    if (idem_layout_store_read(ps->store, ps->conf, &l, errstr, errstr_size))
+    if (ps->redis.layout_read(ps->redis.ctx, &l, errstr, errstr_size))
         return -1;
     if (!ps->rollback_checked &&
         ps->conf->dedup_scope != IDEM_DEDUP_SCOPE_PARTITION &&
         l.layout == IDEM_LAYOUT_PARTITION) {
-        int rc = idem_layout_store_switch(
-            ps->store, ps->conf, ps->layout_sha, IDEM_LAYOUT_PARTITION,
-            IDEM_LAYOUT_GLOBAL, &l, errstr, errstr_size);
+        int rc = ps->redis.layout_switch(ps->redis.ctx, IDEM_LAYOUT_PARTITION,
+                                         IDEM_LAYOUT_GLOBAL, &l, errstr,
+                                         errstr_size);
         if (rc < 0)
             return -1;
         if (rc == 1)
@@ -607,7 +613,7 @@ static int layout_refresh(idem_partscope_t *ps, char *errstr,
     ps->layout_known = 1;
     ps->layout_recheck = ps->recheck_failed = 0;
     ps->layout_read_ms = ms;
-    idem_store_effect_layout(ps->store, idem_layout_kind2str(l.layout));
+    ps->redis.effect_layout(ps->redis.ctx, idem_layout_kind2str(l.layout));
     return 0;
 }
 
@@ -657,7 +663,7 @@ int idem_partscope_submit(idem_partscope_t *ps, idem_record_t **recs,
         *nrpos = npos;
         return 0;
     }
-    idem_partstate_honour_global(ps->state, !readonly && honour);
+    ps->redis.honour_global(ps->redis.ctx, !readonly && honour);
     counts_forget(ps);
     reserve(ps, n, npos);
     if (tables_ready(ps, errstr, errstr_size))
@@ -665,7 +671,7 @@ int idem_partscope_submit(idem_partscope_t *ps, idem_record_t **recs,
     /* Expiry by Redis's window: a chunk of window w lives until
      * (w + 1) * W + TTL; the start of the window Redis last answered is
      * at or before its clock, so nothing alive is dropped. */
-    int64_t wsec = idem_partstate_window_seconds(ps->state);
+    int64_t wsec = ps->wsec;
     int64_t clock_s =
         ps->window * wsec > ps->redis_now ? ps->window * wsec : ps->redis_now;
     int64_t min_w =
@@ -675,14 +681,22 @@ int idem_partscope_submit(idem_partscope_t *ps, idem_record_t **recs,
         ps->expired_below = min_w;
     }
     /* Which path each record takes; a partition's table is loaded before
-     * its first lookup. */
-    int full = 0;
+     * its first lookup. At dedup.memory.max (checked once a request, after
+     * expiry: a request may pass it by its own marks) no table is loaded
+     * and no mark taken (an evicted mark would be a missed duplicate): the
+     * partition path's records wait, duplicates too, as an outage until
+     * windows expire or partitions leave. */
+    int full = idem_parttables_full(ps->tables);
     for (size_t i = 0; i < n; i++) {
         idem_record_t *r = recs[i];
         idem_part_t *pt = part[i];
         ps->path[i] = 0;
         if (!pt || rec_path(r) != IDEM_PART_PATH_PARTITION)
             continue;
+        if (full) {
+            ps->path[i] = 4;
+            continue;
+        }
         idem_parttables_mark(ps->tables, r->identity, r->identity_len,
                              r->message_id, r->message_id_len, &ps->marks[i]);
         if (!idem_parttables_ready(ps->tables, pt->topic, pt->partition,
@@ -790,9 +804,8 @@ int idem_partscope_submit(idem_partscope_t *ps, idem_record_t **recs,
          * chunk of a partition Redis holds no position for is not sent. */
         for (size_t c = 0; c < k; c++)
             ps->rcs[c] = 0;
-        int rc =
-            idem_partstate_chunks(ps->state, ps->ch, k, ps->chres, ps->windows,
-                                  ps->rcs, errstr, errstr_size);
+        int rc = ps->redis.chunks(ps->redis.ctx, ps->ch, k, ps->chres,
+                                  ps->windows, ps->rcs, errstr, errstr_size);
         if (rc) {
             reset_chunks(ps, k);
             *nnow = 0;

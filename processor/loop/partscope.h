@@ -14,15 +14,68 @@
 #include "conf/conf.h"
 #include "effect/handler.h"
 #include "loop/offsets.h"
+#include "redis/layout.h"
+#include "redis/partstate.h"
 #include "redis/store.h"
 
 typedef struct idem_partscope_s idem_partscope_t;
 
-/* For store (borrowed; an effect registered) and conf (borrowed). NULL
- * with errstr. Free with idem_partscope_destroy (NULL is a no-op). */
+/* What partscope asks of Redis, a seam of our own (as loop/lease.h's): the
+ * loop plugs in Redis (loop/partredis.h: partstate, the store and the
+ * layout key), the unit tests a fake (tests/unit/fake_partredis.c). Each
+ * call means what the real function named beside it says; the fallible ones
+ * return 0, or -1 with errstr. A request costs a few calls (connections,
+ * honour_global, chunks), never one per record. */
+typedef struct {
+    int (*hashkey)(void *ctx, uint8_t key[16], char *errstr,
+                   size_t errstr_size);   /* idem_partstate_hashkey */
+    uint64_t (*connections)(void *ctx);   /* idem_store_connections */
+    const char *(*run_id)(void *ctx);     /* idem_store_run_id (logs) */
+    int64_t (*window_seconds)(void *ctx); /* ..._window_seconds */
+    int (*now)(void *ctx, int64_t *now, char *errstr,
+               size_t errstr_size); /* idem_partstate_now */
+    int (*partitions)(void *ctx, const char *topic, int64_t current,
+                      int64_t *recorded, char *errstr,
+                      size_t errstr_size); /* idem_partstate_partitions */
+    int (*epoch_bump)(void *ctx, const char *topic, int32_t partition,
+                      int64_t *epoch, char *errstr,
+                      size_t errstr_size); /* idem_partstate_epoch_bump */
+    int (*positions_load)(void *ctx, idem_store_pos_t *pos, size_t n,
+                          char *errstr,
+                          size_t errstr_size); /* idem_store_positions_load */
+    int (*load)(void *ctx, const char *topic, int32_t partition,
+                size_t piece_bytes, idem_partstate_marks_fn cb, void *opaque,
+                size_t *pieces, char *errstr,
+                size_t errstr_size);          /* idem_partstate_load */
+    void (*honour_global)(void *ctx, int on); /* ..._honour_global */
+    int (*chunks)(void *ctx, const idem_partstate_chunk_t *ch, size_t k,
+                  idem_partstate_result_t *const *results, int64_t *windows,
+                  int *rcs, char *errstr,
+                  size_t errstr_size); /* idem_partstate_chunks */
+    int (*layout_read)(void *ctx, idem_layout_t *out, char *errstr,
+                       size_t errstr_size); /* idem_layout_store_read */
+    int (*layout_switch)(void *ctx, idem_layout_kind_t expect,
+                         idem_layout_kind_t to, idem_layout_t *out,
+                         char *errstr,
+                         size_t errstr_size); /* idem_layout_store_switch */
+    void (*effect_layout)(void *ctx, const char *layout); /* idem_store_... */
+    void (*destroy)(void *ctx); /* frees ctx at idem_partscope_destroy; NULL:
+                                   ctx is borrowed */
+    void *ctx;
+} idem_partscope_redis_t;
+
+/* For store (borrowed; an effect registered) and conf (borrowed): the Redis
+ * seam over them (idem_partredis_open). NULL with errstr. Free with
+ * idem_partscope_destroy (NULL is a no-op). */
 idem_partscope_t *idem_partscope_new(idem_store_t *store,
                                      const idem_conf_t *conf, char *errstr,
                                      size_t errstr_size);
+
+/* The same over the seam redis (copied; takes ownership of redis->ctx when
+ * redis->destroy is set) and conf (borrowed). Never NULL: a layout key not
+ * read now is read at the first submit. */
+idem_partscope_t *idem_partscope_new_with(const idem_partscope_redis_t *redis,
+                                          const idem_conf_t *conf);
 void idem_partscope_destroy(idem_partscope_t *ps);
 
 /* Takes recs[n] (part[i] the partition of record i) with the positions
