@@ -45,7 +45,7 @@ static const idem_conf_key_t redis_keys[] = {
     IDEM_CONF_STR("redis.sentinel.password", redis_sentinel_password, NULL, IDEM_KEY_SECRET, NULL,
         "AUTH password of the sentinels (when they require one)"),
     IDEM_CONF_STR("redis.cluster.nodes", redis_cluster_nodes, NULL, 0, NULL,
-        "Redis Cluster seed nodes host:port[,host:port...] instead of redis.url's host (its scheme, user and password still apply); needs handler=ledger and dedup.scope=partition"),
+        "Redis Cluster seed nodes host:port[,host:port...] instead of redis.url's host (its scheme, user and password still apply); handler=ledger with dedup.scope=partition, or forward, webhook, plugin with dedup.scope=global"),
     IDEM_CONF_STR("redis.prefix", redis_prefix, "idemproc:", 0, prefix_check,
         "prefix of every Redis key"),
     IDEM_CONF_INT("redis.timeout.ms", redis_timeout_ms, "2000", 10, 600000, 0, NULL,
@@ -99,32 +99,54 @@ static int cluster_check(const idem_conf_t *conf, char *errstr,
     }
     const char *h = conf->handler ? conf->handler : "";
     size_t hl = strcspn(h, ":");
+    /* forward, webhook and plugins keep nothing in Redis but their marks
+     * and leases, one key per identity, each on its own slot: every
+     * claim and mark call carries one slot's keys (store.c,
+     * cluster_marks). Their copies in retry topics find the first's mark
+     * there too, and WAIT is sent to every primary after the marks. */
+    int external = !strcmp(h, "forward") || !strcmp(h, "webhook") ||
+                   (hl == 6 && !strncmp(h, "plugin", 6) && h[6] == ':');
+    if (external) {
+        if (conf->dedup_scope != IDEM_DEDUP_SCOPE_GLOBAL) {
+            snprintf(errstr, errstr_size,
+                     "redis.cluster.nodes: handler \"%s\" needs "
+                     "dedup.scope=global (its marks are one key per "
+                     "identity, each on its own slot)",
+                     h);
+            return -1;
+        }
+        return 0;
+    }
     if (hl != 6 || strncmp(h, "ledger", 6)) {
         snprintf(errstr, errstr_size,
                  "redis.cluster.nodes: handler \"%s\" keeps Redis state that "
                  "is not sharded by partition yet (cluster mode runs "
-                 "handler=ledger only)",
+                 "handler=ledger, forward, webhook or plugin:PATH)",
                  h);
         return -1;
     }
     if (conf->dedup_scope != IDEM_DEDUP_SCOPE_PARTITION) {
         snprintf(errstr, errstr_size,
-                 "redis.cluster.nodes: needs dedup.scope=partition (the "
-                 "global marks are one key per identity, not one slot per "
-                 "chunk)");
+                 "redis.cluster.nodes: handler=ledger needs "
+                 "dedup.scope=partition (the global marks are one key per "
+                 "identity, not one slot per chunk)");
         return -1;
     }
     if (conf->retry_topics && *conf->retry_topics) {
         snprintf(errstr, errstr_size,
-                 "redis.cluster.nodes: retry.topics is set; copies in retry "
-                 "topics need the global marks, not sharded yet (leave "
-                 "retry.topics empty: blocking retries)");
+                 "redis.cluster.nodes: retry.topics is set; with "
+                 "handler=ledger a copy from a retry topic must find the "
+                 "first's mark by identity and apply the balance in one "
+                 "script, and the identity's mark and the partition's "
+                 "balance are on two slots (leave retry.topics empty: "
+                 "blocking retries; forward, webhook and plugins run it)");
         return -1;
     }
     if (conf->redis_wait_replicas > 0) {
         snprintf(errstr, errstr_size,
-                 "redis.cluster.nodes: redis.wait.replicas is not sent to "
-                 "cluster nodes yet (set it to 0)");
+                 "redis.cluster.nodes: redis.wait.replicas is not sent "
+                 "after the ledger's partition chunks yet (set it to 0; "
+                 "forward, webhook and plugins send it)");
         return -1;
     }
     return 0;
