@@ -9,6 +9,7 @@
 #include "harness_cluster.h"
 #include "redis/cluster.h"
 #include "redis/store.h"
+#include "redis/storeread.h"
 
 #include <criterion/criterion.h>
 #include <stdio.h>
@@ -99,6 +100,11 @@ static char *get_key(const char *key)
     return th_cluster_cmd(&clu, owner, "GET %s", key);
 }
 
+static void count_done(const idem_storeread_mark_t *m, void *opaque)
+{
+    *(long *)opaque += m->done;
+}
+
 Test(clustermarks, claim_and_mark_each_identity_on_its_own_slot)
 {
     start(NULL);
@@ -164,6 +170,14 @@ Test(clustermarks, claim_and_mark_each_identity_on_its_own_slot)
     char *v = get_key("idemproc:dedup:g:id-7");
     cr_expect_str_eq(v ? v : "(nil)", "done:m-7");
     free(v);
+    /* verify's reader finds every done mark, over every primary. */
+    idem_storeread_t *rd = idem_storeread_new(conf);
+    long done = 0;
+    cr_assert_eq(
+        idem_storeread_marks(rd, "g", count_done, &done, err, sizeof(err)), 0,
+        "%s", err);
+    idem_storeread_destroy(rd);
+    cr_expect_eq(done, N);
 }
 
 /* Two records of one identity in one claim: the second is "again", as on
