@@ -10,6 +10,7 @@
  * (WAIT on every primary after the marks). */
 #include "harness.h"
 #include "harness_cluster.h"
+#include "hooksrv.h"
 
 #include <criterion/criterion.h>
 #include <pthread.h>
@@ -21,9 +22,12 @@
 
 static th_stack_t stk;
 static th_cluster_t clu;
+static th_hook_t *srv;
 
 static void cluster_fini(void)
 {
+    th_hook_stop(srv);
+    srv = NULL;
     th_stack_cleanup();
     th_cluster_stop(&clu);
 }
@@ -185,4 +189,90 @@ Test(cluster_external, forward_primary_killed_replica_promoted_wait_exact,
     cr_assert_eq(th_cluster_restart(&clu, victim), 0);
     cr_assert_eq(th_cluster_wait_ok(&clu, 30000), 0);
     end_exact(m1, m2);
+}
+
+/* Retry topics on the cluster (webhook, one partition): r-3 fails once,
+ * r-7 twice (each then succeeds in a retry topic), r-11 always (two
+ * tiers, then the DLQ). Each effect once; then the whole input produced
+ * again: every copy finds its first's done mark on its own slot, nothing
+ * is posted again. */
+Test(cluster_external, webhook_retry_topics_copies_find_the_first_mark,
+     .timeout = 240)
+{
+    srv = th_hook_start((th_hook_reply_t){.status = 200}, 1);
+    cr_assert(srv);
+    th_hook_rule_body(srv, "\"down\":true",
+                      (th_hook_reply_t){500, 0, NULL, "down"});
+    th_hook_script(srv, "r-3", (th_hook_reply_t){503, 0, NULL, "busy"});
+    th_hook_script(srv, "r-7", (th_hook_reply_t){503, 0, NULL, "busy"});
+    th_hook_script(srv, "r-7", (th_hook_reply_t){429, 0, NULL, "slow"});
+    cr_assert_eq(th_cluster_start(&clu, 3, 1), 0, "cluster did not start");
+    char url[256];
+    snprintf(url, sizeof(url), "webhook.url=%s", th_hook_url(srv));
+    snprintf(nodes_prop, sizeof(nodes_prop), "redis.cluster.nodes=%s",
+             clu.seeds);
+    const char *props[] = {
+        "handler=webhook",     url,        "retry.topics=500ms,1s",
+        "dedup.lease.ms=2000", nodes_prop, NULL};
+    const char *topics[] = {"payments.retry.500ms:2", "payments.retry.1s:2",
+                            NULL};
+    cr_assert_eq(th_stack_start_topics(&stk, 1, topics, props), 0);
+    char path[600];
+    snprintf(path, sizeof(path), "%s/in.jsonl", stk.dir);
+    FILE *fp = fopen(path, "w");
+    cr_assert(fp);
+    const int keys = 40;
+    for (int i = 0; i < keys; i++)
+        fprintf(fp,
+                "{\"idempotency_key\":\"r-%d\",\"message_id\":\"m-%d\","
+                "\"order_id\":\"r-%d\"%s}\n",
+                i, i, i, i == 11 ? ",\"down\":true" : "");
+    fclose(fp);
+    const char *args[] = {"--input", path, "--key-field", "order_id", NULL};
+    cr_assert_eq(th_stack_produce(&stk, args), 0);
+    pid_t m = th_stack_member(&stk, "w1", NULL);
+    size_t acks = 0;
+    for (int t = 0; t < 600; t++) {
+        if (th_hook_keys_acked(srv, "r-", &acks) == (size_t)keys - 1 &&
+            th_hook_count_key(srv, "r-11", 0) == 3)
+            break;
+        usleep(100 * 1000);
+    }
+    cr_assert_eq(th_hook_keys_acked(srv, "r-", &acks), (size_t)keys - 1,
+                 "not every record took effect:\n%s",
+                 th_stack_member_log(&stk, "w1"));
+    cr_assert_eq(acks, (size_t)keys - 1, "an effect was applied twice");
+    cr_expect_eq(th_hook_count_key(srv, "r-3", 0), 2, "503, then 200");
+    cr_expect_eq(th_hook_count_key(srv, "r-7", 0), 3, "503, 429, 200");
+    cr_expect_eq(th_hook_count_key(srv, "r-11", 0), 3, "input and 2 tiers");
+    /* The done marks are on the cluster, spread over its primaries. */
+    int with = 0;
+    long total = 0;
+    for (int i = 0; i < clu.n; i++)
+        if (th_cluster_is_primary(&clu, i)) {
+            long n = marks_on(i);
+            with += n > 0;
+            total += n;
+        }
+    /* r-11's lease may still be there until it expires. */
+    cr_expect(total == keys - 1 || total == keys, "%ld marks", total);
+    cr_expect_eq(with, 3);
+    /* Everything again: duplicates, found by their marks. */
+    size_t before = th_hook_count(srv);
+    cr_assert_eq(th_stack_produce(&stk, args), 0);
+    size_t posted = th_hook_count(srv);
+    for (int t = 0; t < 100 && posted == before; t++) {
+        usleep(100 * 1000);
+        posted = th_hook_count(srv);
+    }
+    /* r-11 is posted again (no mark: it never took effect); nothing else. */
+    for (int t = 0; t < 50; t++)
+        usleep(100 * 1000);
+    cr_assert_eq(th_hook_keys_acked(srv, "r-", &acks), (size_t)keys - 1);
+    cr_expect_eq(acks, (size_t)keys - 1, "a copy was applied again");
+    cr_expect_gt(th_hook_count_key(srv, "r-11", 0), 3,
+                 "the input was not read again: nothing tested");
+    cr_expect_eq(th_stop(m, 15000), 0);
+    th_stack_stop(&stk);
+    th_cluster_stop(&clu);
 }
