@@ -150,9 +150,10 @@ Test(cluster_external, forward_reshard_a_third_of_the_slots_mid_stream_exact,
      .timeout = 300)
 {
     pid_t m1, m2;
-    snprintf(traffic_count, sizeof(traffic_count), "24000");
+    snprintf(traffic_count, sizeof(traffic_count), "40000");
     start_all(NULL, &m1, &m2);
-    /* Half the slots of two primaries go to the third: a third of all
+    /* About 20 s of traffic: the two reshards take 5 to 15 s here.
+     * Half the slots of two primaries go to the third: a third of all
      * slots, with the marks in them, while the members claim and mark. */
     int prim[3], np = 0;
     for (int i = 0; i < clu.n && np < 3; i++)
