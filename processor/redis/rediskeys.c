@@ -45,7 +45,7 @@ static const idem_conf_key_t redis_keys[] = {
     IDEM_CONF_STR("redis.sentinel.password", redis_sentinel_password, NULL, IDEM_KEY_SECRET, NULL,
         "AUTH password of the sentinels (when they require one)"),
     IDEM_CONF_STR("redis.cluster.nodes", redis_cluster_nodes, NULL, 0, NULL,
-        "Redis Cluster seed nodes host:port[,host:port...] instead of redis.url's host (its scheme, user and password still apply); needs handler=ledger or script and dedup.scope=partition"),
+        "Redis Cluster seed nodes host:port[,host:port...] instead of redis.url's host (its scheme, user and password still apply); handler=ledger or script with dedup.scope=partition, or forward, webhook, plugin with dedup.scope=global"),
     IDEM_CONF_STR("redis.prefix", redis_prefix, "idemproc:", 0, prefix_check,
         "prefix of every Redis key"),
     IDEM_CONF_INT("redis.timeout.ms", redis_timeout_ms, "2000", 10, 600000, 0, NULL,
@@ -83,9 +83,10 @@ static int sharded_handler(const char *h)
     return !strcmp(h, "ledger") || !strcmp(h, "script");
 }
 
-/* Cluster mode (redis.cluster.nodes) runs only what is sharded by
- * partition so far: every script of a chunk on one slot (docs/design.md,
- * "Redis Cluster mode"). */
+/* Cluster mode (redis.cluster.nodes) runs the external handlers on their
+ * per-identity marks and the in-Redis effects (ledger, script) sharded by
+ * partition: every script of a chunk on one slot (docs/design.md, "Redis
+ * Cluster mode"). */
 static int cluster_check(const idem_conf_t *conf, char *errstr,
                          size_t errstr_size)
 {
@@ -106,33 +107,58 @@ static int cluster_check(const idem_conf_t *conf, char *errstr,
         return -1;
     }
     const char *h = conf->handler ? conf->handler : "";
+    size_t hl = strcspn(h, ":");
+    /* forward, webhook and plugins keep nothing in Redis but their marks
+     * and leases, one key per identity, each on its own slot: every
+     * claim and mark call carries one slot's keys (store.c,
+     * cluster_marks). Their copies in retry topics find the first's mark
+     * there too, and WAIT is sent to every primary after the marks. */
+    int external = !strcmp(h, "forward") || !strcmp(h, "webhook") ||
+                   (hl == 6 && !strncmp(h, "plugin", 6) && h[6] == ':');
+    if (external) {
+        if (conf->dedup_scope != IDEM_DEDUP_SCOPE_GLOBAL) {
+            snprintf(errstr, errstr_size,
+                     "redis.cluster.nodes: handler \"%s\" needs "
+                     "dedup.scope=global (its marks are one key per "
+                     "identity, each on its own slot)",
+                     h);
+            return -1;
+        }
+        return 0;
+    }
     if (!sharded_handler(h)) {
         snprintf(errstr, errstr_size,
-                 "redis.cluster.nodes: handler \"%s\" claims each record "
-                 "with a lease, a global mark of one key per identity, not "
-                 "sharded by partition (cluster mode runs handler=ledger or "
-                 "handler=script)",
+                 "redis.cluster.nodes: handler \"%s\" keeps Redis state that "
+                 "is not sharded by partition yet (cluster mode runs "
+                 "handler=ledger, script, forward, webhook or plugin:PATH)",
                  h);
         return -1;
     }
     if (conf->dedup_scope != IDEM_DEDUP_SCOPE_PARTITION) {
         snprintf(errstr, errstr_size,
-                 "redis.cluster.nodes: needs dedup.scope=partition (the "
-                 "global marks are one key per identity, not one slot per "
-                 "chunk)");
+                 "redis.cluster.nodes: handler=%s needs "
+                 "dedup.scope=partition (the global marks are one key per "
+                 "identity, not one slot per chunk)",
+                 h);
         return -1;
     }
     if (conf->retry_topics && *conf->retry_topics) {
         snprintf(errstr, errstr_size,
-                 "redis.cluster.nodes: retry.topics is set; copies in retry "
-                 "topics need the global marks, not sharded yet (leave "
-                 "retry.topics empty: blocking retries)");
+                 "redis.cluster.nodes: retry.topics is set; with "
+                 "handler=%s a copy from a retry topic must find the "
+                 "first's mark by identity and apply its effect in one "
+                 "script, and the identity's mark and the partition's "
+                 "state are on two slots (leave retry.topics empty: "
+                 "blocking retries; forward, webhook and plugins run it)",
+                 h);
         return -1;
     }
     if (conf->redis_wait_replicas > 0) {
         snprintf(errstr, errstr_size,
-                 "redis.cluster.nodes: redis.wait.replicas is not sent to "
-                 "cluster nodes yet (set it to 0)");
+                 "redis.cluster.nodes: redis.wait.replicas is not sent "
+                 "after the partition chunks of handler=%s yet (set it to "
+                 "0; forward, webhook and plugins send it)",
+                 h);
         return -1;
     }
     return 0;

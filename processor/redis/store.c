@@ -36,7 +36,8 @@ static const char claim_lua[] =
     "local out, seen = {}, {}\n"
     "for i = 5, #ARGV, 2 do\n"
     "  local id = ARGV[i]\n"
-    "  local k = prefix .. 'dedup:' .. group .. ':' .. id\n"
+    "  local k = KEYS[(i - 3) / 2] or\n"
+    "            (prefix .. 'dedup:' .. group .. ':' .. id)\n"
     "  if seen[id] then\n"
     "    out[#out + 1] = 'again'\n"
     "  else\n"
@@ -56,15 +57,23 @@ static const char claim_lua[] =
 
 /* Mark done: our lease (or an expired, unclaimed one) becomes the done mark;
  * an existing done mark stays; another owner's lease means we were fenced
- * ("lost"). */
+ * ("lost"). Our own done mark (a mark sent again after its reply was lost)
+ * is written again unchanged, so a WAIT after it covers it on this
+ * connection too. Both scripts take the mark keys in KEYS when given (one
+ * per record pair, cluster mode: declared, one slot per call), else build
+ * them from the prefix and group. */
 static const char mark_lua[] =
     "local prefix, group, ttl, owner = ARGV[1], ARGV[2], ARGV[3], ARGV[4]\n"
     "local out = {}\n"
     "for i = 5, #ARGV, 2 do\n"
-    "  local k = prefix .. 'dedup:' .. group .. ':' .. ARGV[i]\n"
+    "  local k = KEYS[(i - 3) / 2] or\n"
+    "            (prefix .. 'dedup:' .. group .. ':' .. ARGV[i])\n"
     "  local v = redis.call('GET', k)\n"
     "  if (not v) or v == owner .. ':' .. ARGV[i + 1] then\n"
     "    redis.call('SET', k, 'done:' .. ARGV[i + 1], 'EX', ttl)\n"
+    "    out[#out + 1] = ''\n"
+    "  elseif v == 'done:' .. ARGV[i + 1] then\n"
+    "    redis.call('SET', k, v, 'KEEPTTL')\n"
     "    out[#out + 1] = ''\n"
     "  elseif string.sub(v, 1, 5) == 'done:' then\n"
     "    out[#out + 1] = ''\n"
@@ -1677,11 +1686,297 @@ int idem_store_positions_load(idem_store_t *s, idem_store_pos_t *pos, size_t n,
     return 0;
 }
 
+/* ---- cluster mode: the lease scripts routed by slot ------------------ */
+
+/* One record of a cluster claim or mark: its mark key's slot and bytes. */
+typedef struct {
+    int slot;
+    size_t i;   /* the record's index in the caller's arrays */
+    size_t off; /* its key in the key buffer */
+    size_t len;
+} mark_ref_t;
+
+static const char *mark_keys_buf; /* the key buffer, for mark_ref_cmp */
+
+/* By slot, then key bytes (one identity's records stay in one call, so
+ * the claim script sees them together), then the caller's order. */
+static int mark_ref_cmp(const void *a, const void *b)
+{
+    const mark_ref_t *x = a, *y = b;
+    if (x->slot != y->slot)
+        return x->slot < y->slot ? -1 : 1;
+    size_t l = x->len < y->len ? x->len : y->len;
+    int c = memcmp(mark_keys_buf + x->off, mark_keys_buf + y->off, l);
+    if (c)
+        return c;
+    if (x->len != y->len)
+        return x->len < y->len ? -1 : 1;
+    return x->i < y->i ? -1 : x->i > y->i;
+}
+
+/* One call of a cluster claim or mark: refs[start, start + cnt) of one
+ * slot, formatted at req[off, off + len). */
+typedef struct {
+    size_t start, cnt, off, len;
+    int slot;
+} mark_call_t;
+
+/* Appends call k as EVALSHA (or EVAL with the script's source, after
+ * NOSCRIPT: it loads the script on that node as it runs) to s->req, the
+ * mark keys declared in KEYS. */
+static void mark_call_format(idem_store_t *s, script_t script, int eval,
+                             const char *arg3, const char *owner,
+                             const idem_envelope_t *const *env,
+                             const mark_ref_t *refs, const char *keys,
+                             mark_call_t *k)
+{
+    char nk[24];
+    snprintf(nk, sizeof(nk), "%zu", k->cnt);
+    argv_reserve(s, 7 + 3 * k->cnt);
+    size_t a = 0;
+    s->argv[a++] = eval ? "EVAL" : "EVALSHA";
+    s->argv[a++] = eval ? script_src[script] : s->sha[script];
+    s->argv[a++] = nk;
+    for (size_t a0 = 0; a0 < a; a0++)
+        s->argvlen[a0] = strlen(s->argv[a0]);
+    for (size_t j = 0; j < k->cnt; j++) {
+        s->argv[a] = keys + refs[k->start + j].off;
+        s->argvlen[a++] = refs[k->start + j].len;
+    }
+    const char *fixed[] = {s->conf->redis_prefix, s->conf->group_id, arg3,
+                           owner};
+    for (size_t f = 0; f < 4; f++) {
+        s->argv[a] = fixed[f];
+        s->argvlen[a++] = strlen(fixed[f]);
+    }
+    for (size_t j = 0; j < k->cnt; j++)
+        a +=
+            record_args(env[refs[k->start + j].i], s->argv + a, s->argvlen + a);
+    k->off = s->req_len;
+    req_command(s, a, s->argv, s->argvlen);
+    k->len = s->req_len - k->off;
+}
+
+/* Cluster mode, after a mark: WAIT redis.wait.replicas on the connection
+ * of every primary of the map (the nodes written in this call are among
+ * them, an ASK's importing node too), each counted on its own. 0, or -1
+ * with errstr (class "wait" when a node's replicas did not acknowledge in
+ * time, naming the node). */
+static int cluster_wait(idem_store_t *s, char *errstr, size_t errstr_size)
+{
+    for (size_t k = 0;; k++) {
+        const char *addr = NULL;
+        idem_cluster_err_t e;
+        redisContext *c = idem_cluster_primary_context(s->cl, k, &addr, &e);
+        if (!c) {
+            if (e.cls == IDEM_CLUSTER_ERR_NONE)
+                return 0;
+            store_cluster_export(s, 1);
+            store_cluster_fail(s, &e, errstr, errstr_size);
+            return -1;
+        }
+        const char *argv[] = {"WAIT", s->wait_replicas, s->wait_timeout};
+        redisReply *r = redisCommandArgv(c, 3, argv, NULL);
+        char d[400] = "";
+        const char *cls = "wait";
+        if (!r) {
+            snprintf(d, sizeof(d), "%s: %s", addr, c->errstr);
+            cls = "connection";
+        } else if (r->type == REDIS_REPLY_ERROR) {
+            snprintf(d, sizeof(d), "%s: %s", addr, r->str);
+            cls = reply_class(r->str);
+        } else if (r->type != REDIS_REPLY_INTEGER) {
+            snprintf(d, sizeof(d), "%s: unexpected reply", addr);
+        } else if (r->integer < s->conf->redis_wait_replicas) {
+            snprintf(d, sizeof(d),
+                     "%s: %lld of %" PRId64 " replicas acknowledged within "
+                     "%" PRId64 " ms (redis.wait.replicas)",
+                     addr, r->integer, s->conf->redis_wait_replicas,
+                     s->conf->redis_wait_timeout_ms);
+        }
+        if (r)
+            freeReplyObject(r);
+        if (!d[0])
+            continue;
+        snprintf(errstr, errstr_size, "redis cluster: WAIT: %s", d);
+        if (s->metrics)
+            idem_metrics_redis_error_add(s->metrics, cls, 1);
+        idem_cluster_failed(s->cl, -1, !strcmp(cls, "connection") ? NULL : "");
+        s->c = NULL;
+        return -1;
+    }
+}
+
+/* Cluster mode's claim and mark (docs/design.md, "Redis Cluster mode",
+ * "External handlers"): each record's mark key <prefix>dedup:<group>:
+ * <identity> stays where it is on a single Redis, on its own slot; the
+ * records of one slot go as one script call with their keys declared,
+ * the calls of one node pipelined, every node's pipeline written before
+ * any reply is read (idem_cluster_pipeline_slots: MOVED, ASK with ASKING,
+ * TRYAGAIN followed per call). A call that met an outage (a node down,
+ * CLUSTERDOWN) fails the whole claim or mark, as a lost connection does
+ * on a single Redis: what the other calls did is harmless to do again (a
+ * lease of ours is claimed again, a done mark stays done). With
+ * redis.wait.replicas a mark ends with cluster_wait. Same contract as
+ * idem_store_claim / idem_store_mark_done. */
+static int cluster_marks(idem_store_t *s, script_t script, const char *arg3,
+                         const char *owner, const idem_envelope_t *const *env,
+                         size_t n, idem_store_result_t *results, char *errstr,
+                         size_t errstr_size)
+{
+    if (s->pending_chunks) {
+        snprintf(errstr, errstr_size, "redis: a request is still in flight");
+        return -1;
+    }
+    if (!n)
+        return 0;
+    if (idem_store_connect(s, errstr, errstr_size))
+        return -1;
+    uint64_t connects = idem_cluster_connects(s->cl);
+    int64_t t0 = idem_now_us();
+    /* The keys, then their order by slot. */
+    size_t plen = strlen(s->conf->redis_prefix),
+           glen = strlen(s->conf->group_id), klen = 0;
+    for (size_t i = 0; i < n; i++)
+        klen += plen + 6 + glen + 1 + env[i]->identity_len;
+    char *keys = idem_xmalloc(klen ? klen : 1);
+    mark_ref_t *refs = idem_xmalloc(n * sizeof(*refs));
+    for (size_t i = 0, o = 0; i < n; i++) {
+        refs[i].i = i;
+        refs[i].off = o;
+        memcpy(keys + o, s->conf->redis_prefix, plen);
+        memcpy(keys + o + plen, "dedup:", 6);
+        memcpy(keys + o + plen + 6, s->conf->group_id, glen);
+        keys[o + plen + 6 + glen] = ':';
+        memcpy(keys + o + plen + 7 + glen, env[i]->identity,
+               env[i]->identity_len);
+        refs[i].len = plen + 7 + glen + env[i]->identity_len;
+        refs[i].slot = idem_cluster_keyslot(keys + o, refs[i].len);
+        o += refs[i].len;
+    }
+    mark_keys_buf = keys;
+    qsort(refs, n, sizeof(*refs), mark_ref_cmp);
+    mark_keys_buf = NULL;
+    /* The calls: a slot's records, at most CHUNK_RECORDS a call unless
+     * one identity's records would be cut apart. */
+    mark_call_t *calls = idem_xmalloc(n * sizeof(*calls));
+    size_t ncalls = 0;
+    for (size_t j = 0; j < n; j++) {
+        mark_call_t *last = ncalls ? &calls[ncalls - 1] : NULL;
+        const mark_ref_t *prev = j ? &refs[j - 1] : NULL;
+        int same_key =
+            prev && prev->len == refs[j].len &&
+            !memcmp(keys + prev->off, keys + refs[j].off, refs[j].len);
+        if (last && last->slot == refs[j].slot &&
+            (last->cnt < CHUNK_RECORDS || same_key)) {
+            last->cnt++;
+            continue;
+        }
+        calls[ncalls++] =
+            (mark_call_t){.start = j, .cnt = 1, .slot = refs[j].slot};
+    }
+    s->req_len = 0;
+    for (size_t k = 0; k < ncalls; k++)
+        mark_call_format(s, script, 0, arg3, owner, env, refs, keys, &calls[k]);
+    idem_cluster_cmd_t *cc = idem_xcalloc(ncalls, sizeof(*cc));
+    int *slots = idem_xmalloc(ncalls * sizeof(*slots));
+    redisReply **rep = idem_xcalloc(ncalls, sizeof(*rep));
+    idem_cluster_err_t *errs = idem_xmalloc(ncalls * sizeof(*errs));
+    idem_cluster_err_t first;
+    int rc = -1;
+    for (int attempt = 0; attempt < 2; attempt++) {
+        for (size_t k = 0; k < ncalls; k++) {
+            cc[k] = (idem_cluster_cmd_t){.formatted = s->req + calls[k].off,
+                                         .formatted_len = calls[k].len};
+            slots[k] = calls[k].slot;
+        }
+        int failed = idem_cluster_pipeline_slots(s->cl, cc, slots, ncalls, rep,
+                                                 errs, &first);
+        store_cluster_export(s, failed);
+        if (failed) {
+            store_cluster_fail(s, &first, errstr, errstr_size);
+            goto out;
+        }
+        /* A node that has not loaded the script ran nothing: those calls
+         * again as EVAL, which loads it there. */
+        size_t noscript = 0;
+        for (size_t k = 0; k < ncalls; k++)
+            if (rep[k]->type == REDIS_REPLY_ERROR &&
+                !strncmp(rep[k]->str, "NOSCRIPT", 8) && attempt == 0) {
+                freeReplyObject(rep[k]);
+                rep[k] = NULL;
+                mark_call_format(s, script, 1, arg3, owner, env, refs, keys,
+                                 &calls[k]);
+                noscript++;
+            }
+        if (!noscript)
+            break;
+    }
+    for (size_t k = 0; k < ncalls; k++) {
+        const redisReply *r = rep[k];
+        const mark_call_t *call = &calls[k];
+        if (r->type == REDIS_REPLY_ERROR) {
+            char msg[256];
+            snprintf(msg, sizeof(msg), "%s", r->str);
+            s->slot = call->slot;
+            store_fail(s, errstr, errstr_size, "EVALSHA", msg);
+            goto out;
+        }
+        if (r->type != REDIS_REPLY_ARRAY || r->elements != call->cnt) {
+            s->slot = call->slot;
+            store_fail(s, errstr, errstr_size, "EVALSHA",
+                       "unexpected reply to script");
+            goto out;
+        }
+        for (size_t j = 0; j < call->cnt; j++) {
+            const redisReply *e = r->element[j];
+            int str =
+                e->type == REDIS_REPLY_STRING || e->type == REDIS_REPLY_STATUS;
+            result_from_string(&results[refs[call->start + j].i],
+                               str ? e->str : "", str ? e->len : 0);
+        }
+    }
+    if (script == SCRIPT_MARK && s->conf->redis_wait_replicas > 0) {
+        if (cluster_wait(s, errstr, errstr_size))
+            goto out;
+        /* WAIT on a connection opened after the writes counts none of
+         * them: the mark goes again (it writes our done mark again). */
+        if (idem_cluster_connects(s->cl) != connects) {
+            snprintf(errstr, errstr_size,
+                     "redis cluster: a node's connection was replaced "
+                     "between the marks and WAIT; marking again");
+            if (s->metrics)
+                idem_metrics_redis_error_add(s->metrics, "wait", 1);
+            goto out;
+        }
+    }
+    if (s->metrics)
+        idem_metrics_redis_observe(s->metrics,
+                                   (double)(idem_now_us() - t0) / 1e6);
+    rc = 0;
+out:
+    for (size_t k = 0; k < ncalls; k++)
+        if (rep[k])
+            freeReplyObject(rep[k]);
+    s->c = NULL; /* the client may have moved connections: routed again */
+    free(rep);
+    free(errs);
+    free(slots);
+    free(cc);
+    free(calls);
+    free(refs);
+    free(keys);
+    return rc;
+}
+
 int idem_store_claim(idem_store_t *s, const char *owner,
                      const idem_envelope_t *const *env, size_t n,
                      idem_store_result_t *results, char *errstr,
                      size_t errstr_size)
 {
+    if (idem_store_cluster(s))
+        return cluster_marks(s, SCRIPT_CLAIM, s->lease_ms, owner, env, n,
+                             results, errstr, errstr_size);
     return store_eval_batch(s, SCRIPT_CLAIM, s->lease_ms, owner, env, n,
                             results, errstr, errstr_size);
 }
@@ -1691,6 +1986,9 @@ int idem_store_mark_done(idem_store_t *s, const char *owner,
                          idem_store_result_t *results, char *errstr,
                          size_t errstr_size)
 {
+    if (idem_store_cluster(s))
+        return cluster_marks(s, SCRIPT_MARK, s->ttl, owner, env, n, results,
+                             errstr, errstr_size);
     return store_eval_batch(s, SCRIPT_MARK, s->ttl, owner, env, n, results,
                             errstr, errstr_size);
 }

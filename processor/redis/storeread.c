@@ -1,6 +1,7 @@
 /* storeread: verify's reads of dedup marks and effect values (storeread.h). */
 #include "redis/storeread.h"
 
+#include "redis/cluster.h"
 #include "redis/redisconn.h"
 #include "base/util.h"
 
@@ -12,6 +13,7 @@
 struct idem_storeread_s {
     const idem_conf_t *conf;
     idem_redisconn_t *rc;
+    redisContext *node; /* cluster mode: the primary being scanned */
 };
 
 idem_storeread_t *idem_storeread_new(const idem_conf_t *conf)
@@ -33,6 +35,8 @@ void idem_storeread_destroy(idem_storeread_t *r)
 static redisContext *reader_ctx(idem_storeread_t *r, char *errstr,
                                 size_t errstr_size)
 {
+    if (r->node)
+        return r->node;
     if (!r->rc)
         r->rc = idem_redisconn_open(r->conf, 1, errstr, errstr_size);
     return r->rc ? idem_redisconn_context(r->rc) : NULL;
@@ -70,10 +74,77 @@ static redisReply *reader_command(idem_storeread_t *r, int argc,
  * "lease:<owner>:<message_id>". */
 #define MARK_SEGMENT "dedup:"
 
+/* Cluster mode: the values of keys (a SCAN's, all on node c, each on a
+ * slot of its own) by one GET each, pipelined: MGET takes one slot's
+ * keys only. An array reply as MGET's (a key whose GET failed, moved
+ * since the SCAN, reads as nil), or NULL with errstr. */
+static redisReply *node_gets(redisContext *c, const redisReply *keys,
+                             char *errstr, size_t errstr_size)
+{
+    for (size_t i = 0; i < keys->elements; i++) {
+        const char *argv[] = {"GET", keys->element[i]->str};
+        const size_t len[] = {3, keys->element[i]->len};
+        redisAppendCommandArgv(c, 2, argv, len);
+    }
+    redisReply *out = idem_xcalloc(1, sizeof(*out));
+    out->type = REDIS_REPLY_ARRAY;
+    out->element = idem_xcalloc(keys->elements ? keys->elements : 1,
+                                sizeof(*out->element));
+    for (size_t i = 0; i < keys->elements; i++) {
+        void *v = NULL;
+        if (redisGetReply(c, &v) != REDIS_OK || !v) {
+            snprintf(errstr, errstr_size, "redis GET: %s",
+                     c->errstr[0] ? c->errstr : "connection lost");
+            freeReplyObject(out);
+            return NULL;
+        }
+        out->element[out->elements++] = v;
+    }
+    return out;
+}
+
+static int marks_scan(idem_storeread_t *r, const char *group,
+                      void (*cb)(const idem_storeread_mark_t *mark,
+                                 void *opaque),
+                      void *opaque, char *errstr, size_t errstr_size);
+
+/* Cluster mode (redis.cluster.nodes): the marks are one key per identity
+ * on its own slot, so every primary of the slot map is scanned. */
 int idem_storeread_marks(idem_storeread_t *r, const char *group,
                          void (*cb)(const idem_storeread_mark_t *mark,
                                     void *opaque),
                          void *opaque, char *errstr, size_t errstr_size)
+{
+    const char *nodes = r->conf->redis_cluster_nodes;
+    if (!nodes || !*nodes)
+        return marks_scan(r, group, cb, opaque, errstr, errstr_size);
+    idem_cluster_err_t e;
+    idem_cluster_t *cl = idem_cluster_new(r->conf, nodes, &e);
+    if (!cl) {
+        snprintf(errstr, errstr_size, "%s", e.str);
+        return -1;
+    }
+    int rc = 0;
+    for (size_t k = 0; !rc; k++) {
+        r->node = idem_cluster_primary_context(cl, k, NULL, &e);
+        if (!r->node) {
+            if (e.cls != IDEM_CLUSTER_ERR_NONE) {
+                snprintf(errstr, errstr_size, "%s", e.str);
+                rc = -1;
+            }
+            break;
+        }
+        rc = marks_scan(r, group, cb, opaque, errstr, errstr_size);
+    }
+    r->node = NULL;
+    idem_cluster_destroy(cl);
+    return rc;
+}
+
+static int marks_scan(idem_storeread_t *r, const char *group,
+                      void (*cb)(const idem_storeread_mark_t *mark,
+                                 void *opaque),
+                      void *opaque, char *errstr, size_t errstr_size)
 {
     /* SCAN MATCH takes a glob: the prefix and group are escaped. */
     char head[1024], pattern[2100];
@@ -118,7 +189,9 @@ int idem_storeread_marks(idem_storeread_t *r, const char *group,
                 mlen[i + 1] = keys->element[i]->len;
             }
             redisReply *vals =
-                reader_command(r, (int)n, margv, mlen, errstr, errstr_size);
+                r->node ? node_gets(r->node, keys, errstr, errstr_size)
+                        : reader_command(r, (int)n, margv, mlen, errstr,
+                                         errstr_size);
             free(margv);
             free(mlen);
             if (!vals) {

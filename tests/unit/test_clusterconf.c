@@ -36,6 +36,25 @@ Test(clusterconf, ledger_partition_accepted)
     idem_conf_destroy(c);
 }
 
+/* The external handlers keep only their per-identity marks: cluster
+ * mode runs them on dedup.scope=global, with retry topics and WAIT. */
+Test(clusterconf, external_handlers_accepted_with_global_marks)
+{
+    static const char *cases[][3] = {
+        {"handler=forward", "output.topic=o", "retry.topics=5s,1m"},
+        {"handler=forward", "output.topic=o", "redis.wait.replicas=1"},
+        {"handler=webhook", "webhook.url=http://127.0.0.1:1/h",
+         "dedup.scope=global"},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        char err[512] = "";
+        idem_conf_t *c =
+            load_with(cases[i][0], cases[i][1], cases[i][2], err, sizeof(err));
+        cr_expect_not_null(c, "%s %s: %s", cases[i][0], cases[i][2], err);
+        idem_conf_destroy(c);
+    }
+}
+
 typedef struct {
     const char *a, *b, *c, *want;
 } refusal_t;
@@ -51,9 +70,9 @@ Test(clusterconf, refused)
          "redis.wait.replicas"},
         {"dedup.scope=partition", "retry.topics=5s", NULL, "retry.topics"},
         {"dedup.scope=partition", "redis.prefix=a{b}:", NULL, "contains '{'"},
-        {"handler=forward", "output.topic=o", NULL, "handler \"forward\""},
-        {"dedup.scope=global", "handler=webhook",
-         "webhook.url=http://127.0.0.1:1/", "with a lease, a global mark"},
+        {"dedup.scope=partition", "retry.topics=5s", NULL, "two slots"},
+        {"handler=forward", "output.topic=o", "dedup.scope=partition",
+         "dedup.scope=partition"},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         const refusal_t *t = &cases[i];
