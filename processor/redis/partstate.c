@@ -310,6 +310,48 @@ static int load_window(idem_partstate_t *p, const char *key, int64_t w,
     }
 }
 
+/* Cluster mode: the group's hash key (an untagged key, on its own node)
+ * is copied under the partition's tag the first time the partition is
+ * loaded, and compared at every later load. The group's key may be lost
+ * with its node while the partition's marks live on: a member that then
+ * started made a new key, and the marks made with the old one would not be
+ * found (an effect applied twice). A copy that differs is an outage for
+ * the partition, naming both keys, never a load (docs/guarantees.md,
+ * "Redis Cluster mode"). A partition whose state is gone has no copy and
+ * takes the current key. */
+static int key_copy_check(idem_partstate_t *p, const char *st, char *errstr,
+                          size_t errstr_size)
+{
+    if (!idem_store_cluster(p->store) || !p->have_key)
+        return 0;
+    char k[704];
+    snprintf(k, sizeof(k), "%shashkey", st);
+    const char *sargv[] = {"SET", k, (const char *)p->key, "NX"};
+    const size_t slen[] = {3, strlen(k), sizeof(p->key), 2};
+    redisReply *r = command(p, 1, 4, sargv, slen, errstr, errstr_size);
+    if (!r)
+        return -1;
+    freeReplyObject(r);
+    const char *gargv[] = {"GET", k};
+    r = command(p, 0, 2, gargv, NULL, errstr, errstr_size);
+    if (!r)
+        return -1;
+    if (r->type != REDIS_REPLY_STRING || r->len != sizeof(p->key))
+        return unexpected(p, r, "GET hashkey", errstr, errstr_size);
+    int same = !memcmp(r->str, p->key, sizeof(p->key));
+    freeReplyObject(r);
+    if (same)
+        return 0;
+    snprintf(errstr, errstr_size,
+             "redis cluster: %s holds another hash key than %sdedupkey:%s: "
+             "the group's key was lost and made again, and this "
+             "partition's marks were made with the old one; restore the "
+             "group's key from this copy (docs/guarantees.md)",
+             k, p->conf->redis_prefix,
+             p->conf->group_id ? p->conf->group_id : "");
+    return -1;
+}
+
 int idem_partstate_load(idem_partstate_t *p, const char *topic,
                         int32_t partition, size_t piece_bytes,
                         idem_partstate_marks_fn cb, void *opaque,
@@ -322,6 +364,8 @@ int idem_partstate_load(idem_partstate_t *p, const char *topic,
     int64_t now;
     char st[640], k[704];
     stem(p, topic, partition, st, sizeof(st));
+    if (key_copy_check(p, st, errstr, errstr_size))
+        return -1;
     p->route = st; /* cluster mode: the partition's node's clock */
     int trc = idem_partstate_now(p, &now, errstr, errstr_size);
     p->route = NULL;

@@ -602,3 +602,96 @@ Test(clusterchunk, evicting_primary_is_refused_naming_it)
     cr_assert_eq(idem_store_refused(store, err, sizeof(err)), 1, "%s", err);
     cr_expect(strstr(err, node), "the refusal does not name %s: %s", node, err);
 }
+
+static int count_marks(const uint8_t *marks, size_t n, int64_t window,
+                       void *opaque)
+{
+    (void)marks;
+    (void)window;
+    *(size_t *)opaque += n;
+    return 0;
+}
+
+static int load_of(int32_t part, size_t *marks, char *err, size_t errsz)
+{
+    *marks = 0;
+    size_t pieces = 0;
+    return idem_partstate_load(ps, "t", part, 0, count_marks, marks, &pieces,
+                               err, errsz);
+}
+
+/* The group's hash key lives on its own node (no tag). Lost with that
+ * node while a partition's marks live on elsewhere, a member that starts
+ * then makes a new key: the partition's copy of the old key (written at
+ * its first load) refuses the load, naming both keys, instead of a table
+ * that finds none of the marks (each record applied again). A partition
+ * that was never loaded takes the new key; restoring the group's key from
+ * the copy lets the partition load, every mark found. */
+Test(clusterchunk, lost_group_key_refuses_the_partitions_marked_with_the_old)
+{
+    quiet();
+    cr_assert_eq(th_cluster_start(&clu, 3, 0), 0, "cluster did not start");
+    store_on(clu.seeds, NULL);
+    char err[512] = "";
+    uint8_t k1[16], k2[16];
+    cr_assert_eq(idem_partstate_hashkey(ps, k1, err, sizeof(err)), 0, "%s",
+                 err);
+    const char *gkey = "idemproc:dedupkey:g";
+    int gnode =
+        th_cluster_owner(&clu, idem_cluster_keyslot(gkey, strlen(gkey)));
+    int32_t pa = part_on((gnode + 1) % 3, NULL, 0);
+    int32_t pb = part_on((gnode + 2) % 3, &pa, 1);
+    int64_t epoch = partition_begin(pa);
+    size_t marks = 0;
+    cr_assert_eq(load_of(pa, &marks, err, sizeof(err)), 0, "%s", err);
+    idem_partstate_result_t res[3];
+    cr_assert_eq(chunk_of(pa, epoch, 0, first, 3, 1, res, err, sizeof(err)), 0,
+                 "%s", err);
+
+    /* The group's key lost (its node kept nothing), a new member. */
+    free(th_cluster_cmd(&clu, gnode, "DEL %s", gkey));
+    idem_partstate_destroy(ps);
+    idem_store_destroy(store);
+    idem_conf_destroy(conf);
+    store_on(clu.seeds, NULL);
+    cr_assert_eq(idem_partstate_hashkey(ps, k2, err, sizeof(err)), 0, "%s",
+                 err);
+    cr_assert(memcmp(k1, k2, 16), "a new random key equals the old one");
+    err[0] = '\0';
+    cr_assert_eq(load_of(pa, &marks, err, sizeof(err)), -1,
+                 "partition %d loaded with a key its marks were not made with",
+                 (int)pa);
+    cr_expect(strstr(err, "holds another hash key"), "%s", err);
+    cr_expect(strstr(err, gkey), "%s", err);
+    partition_begin(pb);
+    cr_assert_eq(load_of(pb, &marks, err, sizeof(err)), 0, "%s", err);
+
+    /* The operator restores the group's key from the partition's copy. */
+    char copy[128];
+    snprintf(copy, sizeof(copy), "idemproc:st{g:t:%d}:hashkey", (int)pa);
+    free(th_cluster_cmd(&clu, gnode, "DEL %s", gkey));
+    int cnode =
+        th_cluster_owner(&clu, idem_cluster_keyslot(copy, strlen(copy)));
+    redisContext *c = redisConnect("127.0.0.1", clu.node[cnode].port);
+    cr_assert(c && !c->err);
+    redisReply *r = redisCommand(c, "GET %s", copy);
+    cr_assert(r && r->type == REDIS_REPLY_STRING && r->len == 16);
+    cr_expect_eq(memcmp(r->str, k1, 16), 0, "the copy is not the old key");
+    redisFree(c);
+    c = redisConnect("127.0.0.1", clu.node[gnode].port);
+    cr_assert(c && !c->err);
+    redisReply *w = redisCommand(c, "SET %s %b", gkey, r->str, (size_t)16);
+    cr_assert(w && w->type == REDIS_REPLY_STATUS, "SET of the group's key");
+    freeReplyObject(w);
+    freeReplyObject(r);
+    redisFree(c);
+    idem_partstate_destroy(ps);
+    idem_store_destroy(store);
+    idem_conf_destroy(conf);
+    store_on(clu.seeds, NULL);
+    cr_assert_eq(idem_partstate_hashkey(ps, k2, err, sizeof(err)), 0, "%s",
+                 err);
+    cr_assert_eq(memcmp(k1, k2, 16), 0);
+    cr_assert_eq(load_of(pa, &marks, err, sizeof(err)), 0, "%s", err);
+    cr_expect_eq(marks, 3, "marks found after the restore: %zu", marks);
+}
