@@ -163,7 +163,8 @@ Test(pipeline, restart_continues_from_committed_offsets, .timeout = 180)
     const char *slow[] = {"batch.max.messages=50", NULL};
     pid_t m = th_stack_member(&stk, "m1", slow);
     cr_assert_eq(wait_applied(&stk, unique / 5, 60000), 0);
-    cr_assert_eq(th_stop(m, 15000), 0, "SIGTERM must exit 0");
+    cr_assert_eq(th_stack_stop_member(&stk, "m1", m, 15000), 0,
+                 "SIGTERM must exit 0");
     long before = th_stack_applied(&stk);
     cr_expect_lt(before, unique, "stopped too late to test a restart");
 
