@@ -578,7 +578,6 @@ Test(cluster_run, script_handler_reshard_and_failover_exact, .timeout = 300)
     char vpath[600], *vout = NULL;
     snprintf(vpath, sizeof(vpath), "%s/script-expect.json", stk.dir);
     script_expect_write(vpath, want, unique);
-    json_decref(want);
     cr_expect_eq(script_verify(vpath, 30000, &vout), 0, "verify:\n%s", vout);
     char line[128];
     snprintf(line, sizeof(line), "verify: marks exact (%ld identities applied",
@@ -595,6 +594,23 @@ Test(cluster_run, script_handler_reshard_and_failover_exact, .timeout = 300)
     cr_expect(vout && strstr(vout, "verify: MISMATCH (1 differences)"), "%s",
               vout);
     free(vout);
+    /* state get script reads the same sum, the bump included. */
+    char key[80];
+    snprintf(key, sizeof(key), "bal:%s", bumped);
+    char *sargv[] = {
+        (char *)th_bin(), "state", "get", "script", key, field, "-c",
+        stk.conf,         NULL};
+    char *sout = NULL, *serr = NULL;
+    cr_expect_eq(th_run(sargv, &sout, &serr, 60000), 0, "%s", serr);
+    json_t *wv = json_object_get(
+        json_object_get(json_object_get(want, "ledger"), bumped), field);
+    cr_assert(wv, "%s %s not in the expectation", bumped, field);
+    snprintf(line, sizeof(line), "script bal:%s %s: %lld (the sum of ", bumped,
+             field, (long long)json_integer_value(wv) + 1);
+    cr_expect(sout && strstr(sout, line), "want %s in: %s", line, sout);
+    free(sout);
+    free(serr);
+    json_decref(want);
     /* Nothing of the single-Redis names: only shards under the tags. */
     cr_expect_eq(sharded_keys("bal:EUR"), 0);
     cr_expect_gt(sharded_keys("idemproc:pos{test-group:payments:*}"), 0);

@@ -206,6 +206,16 @@ Test(verify_partscope, script_marks_and_values_exact_then_mismatches,
     out = NULL;
     cr_expect_eq(verify_with(stk.expect, &out), 0, "%s", out);
     free(out);
+    /* state get script reads the key itself on one Redis. */
+    char *sargv[] = {
+        (char *)th_bin(), "state", "get", "script", "orders:count", "-", "-c",
+        stk.conf,         NULL};
+    char *sout = NULL, *serr = NULL;
+    cr_expect_eq(th_run(sargv, &sout, &serr, 60000), 0, "%s", serr);
+    snprintf(want, sizeof(want), "script orders:count: %d\n", ORDERS);
+    cr_expect(sout && !strcmp(sout, want), "want %s, got %s", want, sout);
+    free(sout);
+    free(serr);
     const char *bump[] = {"HINCRBY", "orders:items", "c-1", "1", NULL};
     free(th_redis_cli(&stk.redis, bump));
     out = NULL;
