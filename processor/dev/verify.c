@@ -7,6 +7,8 @@
 #include "redis/store.h"
 #include "redis/storeread.h"
 #include "base/util.h"
+#include "base/siphash.h"
+#include "redis/rediskeys.h"
 
 #include <inttypes.h>
 #include <jansson.h>
@@ -373,6 +375,12 @@ static const char *printable(const char *id, size_t len, char *buf, size_t size)
 typedef struct {
     json_t *done; /* identity -> message_id of the record that applied it */
     int64_t leases;
+    /* The partition layout (dedup.scope=partition, cluster mode): marks
+     * are keyed hashes of the identities, not names. */
+    json_t *part;    /* hex of a mark's 12 hash bytes -> marks that applied */
+    int64_t moved;   /* marks written without an effect */
+    int have_key;    /* key read: expected identities can be hashed */
+    uint8_t key[16]; /* the group's hash key (idem_storeread_hashkey) */
 } marks_tally_t;
 
 static void collect_mark(const idem_storeread_mark_t *m, void *opaque)
@@ -387,21 +395,89 @@ static void collect_mark(const idem_storeread_mark_t *m, void *opaque)
                          mid ? mid : json_null());
 }
 
+/* 24 hex digits of a mark's 12 hash bytes into hex[25]. */
+static void mark_hex(const uint8_t *b, char hex[25])
+{
+    for (int i = 0; i < 12; i++)
+        snprintf(hex + 2 * i, 3, "%02x", b[i]);
+}
+
+/* The mark hash of identity id under the group's key, as hex. */
+static void identity_hex(const marks_tally_t *t, const char *id, size_t len,
+                         char hex[25])
+{
+    uint8_t h[16];
+    idem_siphash24_128(t->key, id, len, h);
+    mark_hex(h, hex);
+}
+
+static void collect_partmarks(const idem_storeread_partmarks_t *pm,
+                              void *opaque)
+{
+    marks_tally_t *t = opaque;
+    for (size_t i = 0; i < pm->n; i++) {
+        const uint8_t *b = pm->marks + i * IDEM_STOREREAD_MARK;
+        if (b[12] & 0x80) {
+            t->moved++;
+            continue;
+        }
+        char hex[25];
+        mark_hex(b, hex);
+        json_int_t had = json_integer_value(json_object_get(t->part, hex));
+        json_object_set_new(t->part, hex, json_integer(had + 1));
+    }
+}
+
+/* The identities applied: the done marks' and, under the partition
+ * layout, the distinct identities with a mark that applied (an identity
+ * marked in both, applied before a switch from the global layout, counts
+ * once). */
+static int64_t marks_applied(const marks_tally_t *t)
+{
+    int64_t n = (int64_t)json_object_size(t->part);
+    const char *k;
+    size_t klen;
+    json_t *v;
+    void *tmp;
+    json_object_keylen_foreach_safe(t->done, tmp, k, klen, v)
+    {
+        char hex[25];
+        if (t->have_key)
+            identity_hex(t, k, klen, hex);
+        if (!t->have_key || !json_object_get(t->part, hex))
+            n++;
+    }
+    return n;
+}
+
 /* Every expected identity (want: an array of strings) has a done mark of
- * this group, and no other identity has one. */
+ * this group or, under the partition layout, exactly one mark that
+ * applied it, and no other identity has either. */
 static void compare_marks(report_t *r, json_t *want, const marks_tally_t *got)
 {
     char pb[400];
-    json_t *set = json_object(), *id;
+    json_t *set = json_object(), *hashes = json_object(), *id;
     size_t i;
     json_array_foreach(want, i, id)
     {
         const char *s = json_string_value(id);
         size_t n = json_string_length(id);
         json_object_setn_new(set, s, n, json_true());
-        if (!json_object_getn(got->done, s, n))
+        json_int_t in_part = 0;
+        if (got->have_key) {
+            char hex[25];
+            identity_hex(got, s, n, hex);
+            json_object_set_new(hashes, hex, json_true());
+            in_part = json_integer_value(json_object_get(got->part, hex));
+        }
+        if (!json_object_getn(got->done, s, n) && !in_part)
             diff(r, "identity %s: not applied (no done mark in Redis)",
                  printable(s, n, pb, sizeof(pb)));
+        else if (in_part > 1)
+            diff(r,
+                 "identity %s: applied %" JSON_INTEGER_FORMAT
+                 " times (marks in the partition layout)",
+                 printable(s, n, pb, sizeof(pb)), in_part);
     }
     const char *k;
     size_t klen;
@@ -413,7 +489,21 @@ static void compare_marks(report_t *r, json_t *want, const marks_tally_t *got)
             diff(r, "identity %s: applied (done mark), but not expected",
                  printable(k, klen, pb, sizeof(pb)));
     }
+    /* A partition mark names no identity: the ones no expected identity
+     * hashes to are counted. */
+    size_t unexpected = 0;
+    json_object_keylen_foreach_safe(got->part, tmp, k, klen, v)
+    {
+        if (!json_object_getn(hashes, k, klen))
+            unexpected++;
+    }
+    if (unexpected)
+        diff(r,
+             "%zu identit%s applied (marks in the partition layout), but "
+             "not expected (a mark holds a hash, not the identity)",
+             unexpected, unexpected == 1 ? "y" : "ies");
     json_decref(set);
+    json_decref(hashes);
 }
 
 /* The forward handler's output against the expected identities (each
@@ -460,38 +550,145 @@ static void compare_output(report_t *r, const char *topic, json_t *want_ids,
     json_decref(set);
 }
 
+/* 1 when got (len bytes) holds the number want (an integer compares as
+ * an integer, a real as a double), else 0. */
+static int same_number(const char *got, json_t *want)
+{
+    char *end;
+    if (json_is_integer(want)) {
+        errno = 0;
+        long long g = strtoll(got, &end, 10);
+        return !errno && end != got && !*end && g == json_integer_value(want);
+    }
+    double g = strtod(got, &end);
+    return end != got && !*end && g == json_number_value(want);
+}
+
+/* Cluster mode: the shards of one key (or one field), in the read model
+ * of the script handler's idem.* keys (README, "handler=script"). */
+typedef struct {
+    size_t shards;   /* that hold the value */
+    long long isum;  /* integer values added up */
+    double dsum;     /* all numeric values added up */
+    int nonint;      /* a shard whose value is no integer */
+    int nonnum;      /* a shard whose value is no number */
+    char first[256]; /* the first shard's value (for strings and reports) */
+    size_t first_len;
+    int differ; /* the shards do not all hold the same value */
+} shards_sum_t;
+
+static void add_shard(const char *shard, size_t shard_len, const char *value,
+                      size_t value_len, void *opaque)
+{
+    (void)shard;
+    (void)shard_len;
+    shards_sum_t *x = opaque;
+    char buf[256];
+    int fits = value_len < sizeof(buf);
+    snprintf(buf, sizeof(buf), "%.*s", (int)(fits ? value_len : 0), value);
+    if (!x->shards++) {
+        memcpy(x->first, buf, sizeof(buf));
+        x->first_len = value_len;
+    } else if (value_len != x->first_len || !fits ||
+               memcmp(buf, x->first, value_len)) {
+        x->differ = 1;
+    }
+    char *end;
+    errno = 0;
+    long long i = fits && value_len ? strtoll(buf, &end, 10) : 0;
+    if (!fits || !value_len || errno || *end)
+        x->nonint = 1;
+    else
+        x->isum += i;
+    double d = fits && value_len ? strtod(buf, &end) : 0;
+    if (!fits || !value_len || *end)
+        x->nonnum = 1;
+    else
+        x->dsum += d;
+}
+
+/* One expected value against the sum of key's (field's) shards over every
+ * primary: a number is compared with the sum of the shards (each must
+ * hold a number), a string with the value every shard holds (a string
+ * cannot be added up: shards that differ are a difference), null with no
+ * shard at all. */
+static int compare_shards(report_t *r, idem_storeread_t *rd, const char *group,
+                          const char *key, const char *field, json_t *want,
+                          const char *where, char *errstr, size_t errstr_size)
+{
+    shards_sum_t x = {0};
+    if (idem_storeread_shards(rd, key, field, group, add_shard, &x, errstr,
+                              errstr_size))
+        return -1;
+    char *wtext = json_dumps(want, JSON_ENCODE_ANY);
+    if (json_is_null(want)) {
+        if (x.shards)
+            diff(r, "%s: expected absent, held by %zu shard%s", where, x.shards,
+                 x.shards == 1 ? "" : "s");
+    } else if (!x.shards) {
+        diff(r, "%s: expected %s, absent (no shard on any primary)", where,
+             wtext);
+    } else if (json_is_string(want)) {
+        if (x.differ)
+            diff(r,
+                 "%s: expected %s in every shard, but its %zu shards "
+                 "differ (a string is not added up; expect a number to "
+                 "compare the sum)",
+                 where, wtext, x.shards);
+        else if (x.first_len != json_string_length(want) ||
+                 memcmp(x.first, json_string_value(want), x.first_len))
+            diff(r, "%s: expected %s, got \"%s\" (%zu shard%s)", where, wtext,
+                 x.first, x.shards, x.shards == 1 ? "" : "s");
+    } else if (json_is_integer(want) ? x.nonint : x.nonnum) {
+        diff(r,
+             "%s: expected the number %s, but a shard holds a value that is "
+             "no %s (cannot be added up)",
+             where, wtext, json_is_integer(want) ? "integer" : "number");
+    } else if (json_is_integer(want) ? x.isum != json_integer_value(want)
+                                     : x.dsum != json_number_value(want)) {
+        if (json_is_integer(want))
+            diff(r,
+                 "%s: expected %s, got %lld (the sum of %zu shard%s, off by "
+                 "%lld)",
+                 where, wtext, x.isum, x.shards, x.shards == 1 ? "" : "s",
+                 x.isum - (long long)json_integer_value(want));
+        else
+            diff(r, "%s: expected %s, got %g (the sum of %zu shard%s)", where,
+                 wtext, x.dsum, x.shards, x.shards == 1 ? "" : "s");
+    }
+    free(wtext);
+    return 0;
+}
+
 /* One expected Redis value (want: a string, a number or null for
- * "absent") against what Redis holds at key (field NULL) or key's field. */
-static int compare_value(report_t *r, idem_storeread_t *rd, const char *key,
+ * "absent") against what Redis holds at key (field NULL) or key's field;
+ * in cluster mode against key's shards (compare_shards). */
+static int compare_value(report_t *r, idem_storeread_t *rd,
+                         const idem_conf_t *conf, const char *key,
                          const char *field, json_t *want, char *errstr,
                          size_t errstr_size)
 {
+    char where[600];
+    snprintf(where, sizeof(where), "redis %s%s%s", key, field ? " " : "",
+             field ? field : "");
+    if (conf->redis_cluster_nodes && *conf->redis_cluster_nodes)
+        return compare_shards(r, rd, conf->group_id, key, field, want, where,
+                              errstr, errstr_size);
     char *got;
     size_t len;
     if (idem_storeread_value(rd, key, field, &got, &len, errstr, errstr_size))
         return -1;
-    char where[600];
-    snprintf(where, sizeof(where), "redis %s%s%s", key, field ? " " : "",
-             field ? field : "");
     char *wtext = json_dumps(want, JSON_ENCODE_ANY);
     int same;
-    if (json_is_null(want)) {
+    if (json_is_null(want))
         same = !got;
-    } else if (!got) {
+    else if (!got)
         same = 0;
-    } else if (json_is_string(want)) {
+    else if (json_is_string(want))
         same = len == json_string_length(want) &&
                !memcmp(got, json_string_value(want), len);
-    } else if (json_is_integer(want)) {
-        char *end;
-        errno = 0;
-        long long g = strtoll(got, &end, 10);
-        same = !errno && end != got && !*end && g == json_integer_value(want);
-    } else {
-        char *end;
-        double g = strtod(got, &end);
-        same = end != got && !*end && g == json_number_value(want);
-    }
+    else
+        same = same_number(got, want);
     if (!same)
         diff(r, "%s: expected %s, %s%s%s", where, wtext,
              got ? "got \"" : "absent", got ? got : "", got ? "\"" : "");
@@ -502,22 +699,23 @@ static int compare_value(report_t *r, idem_storeread_t *rd, const char *key,
 
 /* The expectation's "redis": {key: value} for strings, {key: {field:
  * value}} for hashes. Counts the values compared in *n. */
-static int compare_redis(report_t *r, idem_storeread_t *rd, json_t *want,
-                         size_t *n, char *errstr, size_t errstr_size)
+static int compare_redis(report_t *r, idem_storeread_t *rd,
+                         const idem_conf_t *conf, json_t *want, size_t *n,
+                         char *errstr, size_t errstr_size)
 {
     const char *key, *field;
     json_t *v, *fv;
     json_object_foreach(want, key, v)
     {
         if (!json_is_object(v)) {
-            if (compare_value(r, rd, key, NULL, v, errstr, errstr_size))
+            if (compare_value(r, rd, conf, key, NULL, v, errstr, errstr_size))
                 return -1;
             (*n)++;
             continue;
         }
         json_object_foreach(v, field, fv)
         {
-            if (compare_value(r, rd, key, field, fv, errstr, errstr_size))
+            if (compare_value(r, rd, conf, key, field, fv, errstr, errstr_size))
                 return -1;
             (*n)++;
         }
@@ -545,7 +743,7 @@ int idem_verify(const idem_conf_t *conf, const idem_verify_effect_t *effect,
     idem_storeread_t *rd = idem_storeread_new(conf);
     json_t *got = json_object();
     dlq_tally_t dlq = {.group = conf->group_id, .seen = json_object()};
-    marks_tally_t marks = {.done = json_object()};
+    marks_tally_t marks = {.done = json_object(), .part = json_object()};
     idem_envelope_rules_t *rules = idem_envelope_rules_new(
         conf->envelope_format, conf->envelope_identity,
         conf->envelope_message_id, 0, (size_t)-1, errstr, errstr_size);
@@ -566,10 +764,29 @@ int idem_verify(const idem_conf_t *conf, const idem_verify_effect_t *effect,
      * script with the effect for ledger and script). The ledger's own
      * counter stands in for them when no identities are listed. */
     int with_marks = want_ids || kind == E_MARKS;
+    int cluster = conf->redis_cluster_nodes && *conf->redis_cluster_nodes;
+    int part_layout =
+        cluster || conf->dedup_scope == IDEM_DEDUP_SCOPE_PARTITION;
     if (with_marks) {
         if (idem_storeread_marks(rd, conf->group_id, collect_mark, &marks,
                                  errstr, errstr_size))
             goto done;
+        /* The partition layout's marks, read with the group's hash key:
+         * records with a Kafka key were marked there. */
+        if (part_layout &&
+            (idem_storeread_hashkey(rd, conf->group_id, marks.key,
+                                    &marks.have_key, errstr, errstr_size) ||
+             idem_storeread_partition_marks(rd, conf->group_id,
+                                            collect_partmarks, &marks, errstr,
+                                            errstr_size)))
+            goto done;
+        if (json_object_size(marks.part) && !marks.have_key) {
+            snprintf(errstr, errstr_size,
+                     "%sdedupkey:%s is missing: the partition marks cannot be "
+                     "matched with identities",
+                     conf->redis_prefix, conf->group_id);
+            goto done;
+        }
         if (want_ids)
             compare_marks(&r, want_ids, &marks);
     }
@@ -606,15 +823,15 @@ int idem_verify(const idem_conf_t *conf, const idem_verify_effect_t *effect,
             idem_store_applied_get(store, &applied, errstr, errstr_size))
             goto done;
     } else {
-        applied = (int64_t)json_object_size(marks.done);
+        applied = marks_applied(&marks);
     }
     if (want_ledger)
         compare_ledger(&r, want_ledger, got);
     if (applied != json_integer_value(want_applied))
         diff(&r, "applied: expected %" JSON_INTEGER_FORMAT ", got %" PRId64,
              json_integer_value(want_applied), applied);
-    if (want_redis &&
-        compare_redis(&r, rd, want_redis, &redis_values, errstr, errstr_size))
+    if (want_redis && compare_redis(&r, rd, conf, want_redis, &redis_values,
+                                    errstr, errstr_size))
         goto done;
     size_t users = 0;
     const char *cur;
@@ -664,11 +881,14 @@ int idem_verify(const idem_conf_t *conf, const idem_verify_effect_t *effect,
                     : "");
     if (with_marks)
         fprintf(out,
-                "verify: marks exact (%zu identities applied, group %s%s)\n",
-                json_object_size(marks.done), conf->group_id,
+                "verify: marks exact (%" PRId64
+                " identities applied, group %s%s%s)\n",
+                marks_applied(&marks), conf->group_id,
+                part_layout ? ", partition layout" : "",
                 want_ids ? "" : ", none listed");
     if (want_redis)
-        fprintf(out, "verify: redis exact (%zu values)\n", redis_values);
+        fprintf(out, "verify: redis exact (%zu values%s)\n", redis_values,
+                cluster ? ", read over the shards of every primary" : "");
     if (with_dlq)
         fprintf(out,
                 "verify: dlq exact (%" PRId64 " distinct records, %" PRId64
@@ -681,6 +901,7 @@ done:
     json_decref(outp.seen);
     json_decref(outp.values);
     json_decref(marks.done);
+    json_decref(marks.part);
     json_decref(dlq.seen);
     json_decref(got);
     idem_storeread_destroy(rd);

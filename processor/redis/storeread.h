@@ -5,6 +5,7 @@
 #define IDEM_STOREREAD_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include "conf/conf.h"
 
@@ -45,5 +46,54 @@ int idem_storeread_marks(idem_storeread_t *r, const char *group,
 int idem_storeread_value(idem_storeread_t *r, const char *key,
                          const char *field, char **out, size_t *out_len,
                          char *errstr, size_t errstr_size);
+
+/* The partition layout (dedup.scope=partition, and cluster mode): the
+ * marks a group's chunks appended to their window keys
+ * <prefix>st{<group>:<topic>:<partition>}:w<window>[.<part>]
+ * (redis/partchunk.lua), one call per key with every mark it holds. A
+ * mark is IDEM_STOREREAD_MARK bytes: 12 B keyed hash of the identity
+ * (under the group's hash key, idem_storeread_hashkey; base/siphash.h),
+ * then 4 B, whose top bit (byte 12, 0x80) says "moved": no effect was
+ * applied with it (a refused record, or one whose mark only moved). */
+#define IDEM_STOREREAD_MARK 16
+
+typedef struct {
+    const char *topic; /* not NUL-terminated: topic_len bytes */
+    size_t topic_len;
+    int32_t partition;
+    const uint8_t *marks; /* n marks */
+    size_t n;
+} idem_storeread_partmarks_t;
+
+/* Calls cb (all borrowed for the call) for every window key of group
+ * `group` on the one Redis, or on every primary in cluster mode. Returns
+ * 0, or -1 with errstr (Redis unreachable, a window key whose value is no
+ * whole number of marks). */
+int idem_storeread_partition_marks(
+    idem_storeread_t *r, const char *group,
+    void (*cb)(const idem_storeread_partmarks_t *pm, void *opaque),
+    void *opaque, char *errstr, size_t errstr_size);
+
+/* The group's hash key of the partition marks, <prefix>dedupkey:<group>,
+ * into key[16], *found 1; *found 0 when there is none (no member ran the
+ * partition layout). 0, or -1 with errstr. */
+int idem_storeread_hashkey(idem_storeread_t *r, const char *group,
+                           uint8_t key[16], int *found, char *errstr,
+                           size_t errstr_size);
+
+/* Cluster mode's read model of a script effect's key: the script handler
+ * appends the partition's tag to every idem.* key, so `key` is held as
+ * shards <key>{<group>:<topic>:<partition>}, one per partition that
+ * wrote it, each on one primary. Calls cb(shard, shard_len, value,
+ * value_len, opaque) (borrowed for the call) for every shard on every
+ * primary that holds the value (field NULL: a string shard's value; else
+ * that field of a hash shard). Returns 0, or -1 with errstr (Redis
+ * unreachable; a shard of another type: the server's WRONGTYPE text). */
+int idem_storeread_shards(idem_storeread_t *r, const char *key,
+                          const char *field, const char *group,
+                          void (*cb)(const char *shard, size_t shard_len,
+                                     const char *value, size_t value_len,
+                                     void *opaque),
+                          void *opaque, char *errstr, size_t errstr_size);
 
 #endif

@@ -8,7 +8,8 @@
  * handler=script (a Lua effect writing balances with idem.hincrby, so
  * sharded by partition) through both at once, the balances summed over
  * every primary's shards against the ones computed from what was
- * produced. */
+ * produced, and `verify` agreeing (then failing once a shard is changed
+ * by hand). */
 #include "harness.h"
 #include "harness_cluster.h"
 
@@ -411,6 +412,88 @@ static json_t *script_balances(void)
     return all;
 }
 
+/* The expectation of the script run for verify at path: the ledger
+ * `produce` predicted (want's "ledger", borrowed) as the hashes
+ * bal:<CURRENCY> the effect writes, its applied counter, and the applied
+ * identities counted by their partition marks. */
+static void script_expect_write(const char *path, json_t *want, long unique)
+{
+    json_t *redis = json_object();
+    const char *cur;
+    json_t *users;
+    json_object_foreach(json_object_get(want, "ledger"), cur, users)
+    {
+        char key[64];
+        snprintf(key, sizeof(key), "bal:%s", cur);
+        json_object_set(redis, key, users);
+    }
+    json_object_set_new(redis, "applied", json_integer(unique));
+    json_t *e =
+        json_pack("{sI so}", "applied", (json_int_t)unique, "redis", redis);
+    cr_assert_eq(json_dump_file(e, path, JSON_INDENT(1)), 0);
+    json_decref(e);
+}
+
+/* Runs verify with the expectation at path until it is exact (0) or
+ * timeout_ms passed; its last output in *out (caller frees). */
+static int script_verify(const char *path, int timeout_ms, char **out)
+{
+    char *argv[] = {(char *)th_bin(), "verify",     "-c", stk.conf,
+                    "--expect",       (char *)path, NULL};
+    int rc = -1;
+    for (int waited = 0;; waited += 500) {
+        char *err = NULL;
+        free(*out);
+        *out = NULL;
+        rc = th_run(argv, out, &err, 60000);
+        if (rc != 0 && *out && err) {
+            char *both = NULL;
+            if (asprintf(&both, "%s%s", *out, err) > 0) {
+                free(*out);
+                *out = both;
+            }
+        }
+        free(err);
+        if (rc == 0 || waited >= timeout_ms)
+            return rc;
+        usleep(500 * 1000);
+    }
+}
+
+/* Adds 1 to one user's field of one bal:* shard on its primary (by hand,
+ * as a double effect would); the shard and field in shard[64] and
+ * field[64], the currency in cur[16]. */
+static void shard_bump(char shard[64], char field[64], char cur[16])
+{
+    for (int i = 0; i < clu.n; i++) {
+        if (!th_cluster_is_primary(&clu, i))
+            continue;
+        char *keys = th_cluster_cmd(&clu, i, "KEYS bal:*");
+        char *nl = keys ? strchr(keys, '\n') : NULL;
+        if (nl)
+            *nl = '\0';
+        if (!keys || !*keys) {
+            free(keys);
+            continue;
+        }
+        snprintf(shard, 64, "%s", keys);
+        free(keys);
+        char *f = th_cluster_cmd(&clu, i, "HKEYS %s", shard);
+        cr_assert(f && *f, "HKEYS %s: empty", shard);
+        nl = strchr(f, '\n');
+        if (nl)
+            *nl = '\0';
+        snprintf(field, 64, "%s", f);
+        free(f);
+        cr_assert_eq(sscanf(shard, "bal:%15[^{]", cur), 1);
+        char *r = th_cluster_cmd(&clu, i, "HINCRBY %s %s 1", shard, field);
+        cr_assert(r && atol(r) != 0, "HINCRBY %s %s: %s", shard, field, r);
+        free(r);
+        return;
+    }
+    cr_assert_fail("no bal:* shard on any primary");
+}
+
 Test(cluster_run, script_handler_reshard_and_failover_exact, .timeout = 300)
 {
     pid_t m1, m2;
@@ -489,6 +572,44 @@ Test(cluster_run, script_handler_reshard_and_failover_exact, .timeout = 300)
     cr_expect_eq(wrong, 0, "%zu of %zu balances wrong", wrong, checked);
     cr_expect_gt(checked, 50);
     json_decref(got);
+    /* verify reads the same state its own way (the shards of every
+     * primary added up, the applied identities by their partition marks)
+     * and agrees with the sum above. */
+    char vpath[600], *vout = NULL;
+    snprintf(vpath, sizeof(vpath), "%s/script-expect.json", stk.dir);
+    script_expect_write(vpath, want, unique);
+    cr_expect_eq(script_verify(vpath, 30000, &vout), 0, "verify:\n%s", vout);
+    char line[128];
+    snprintf(line, sizeof(line), "verify: marks exact (%ld identities applied",
+             unique);
+    cr_expect(vout && strstr(vout, line), "want %s in:\n%s", line, vout);
+    cr_expect(vout && strstr(vout, "verify: redis exact ("), "%s", vout);
+    /* One shard changed by hand: verify names the value and the sum. */
+    char shard[64], field[64], bumped[16];
+    shard_bump(shard, field, bumped);
+    cr_expect_eq(script_verify(vpath, 0, &vout), 1, "verify:\n%s", vout);
+    snprintf(line, sizeof(line), "redis bal:%s %s: expected ", bumped, field);
+    cr_expect(vout && strstr(vout, line) && strstr(vout, "off by 1)"),
+              "want %s... off by 1) in:\n%s", line, vout);
+    cr_expect(vout && strstr(vout, "verify: MISMATCH (1 differences)"), "%s",
+              vout);
+    free(vout);
+    /* state get script reads the same sum, the bump included. */
+    char key[80];
+    snprintf(key, sizeof(key), "bal:%s", bumped);
+    char *sargv[] = {
+        (char *)th_bin(), "state", "get", "script", key, field, "-c",
+        stk.conf,         NULL};
+    char *sout = NULL, *serr = NULL;
+    cr_expect_eq(th_run(sargv, &sout, &serr, 60000), 0, "%s", serr);
+    json_t *wv = json_object_get(
+        json_object_get(json_object_get(want, "ledger"), bumped), field);
+    cr_assert(wv, "%s %s not in the expectation", bumped, field);
+    snprintf(line, sizeof(line), "script bal:%s %s: %lld (the sum of ", bumped,
+             field, (long long)json_integer_value(wv) + 1);
+    cr_expect(sout && strstr(sout, line), "want %s in: %s", line, sout);
+    free(sout);
+    free(serr);
     json_decref(want);
     /* Nothing of the single-Redis names: only shards under the tags. */
     cr_expect_eq(sharded_keys("bal:EUR"), 0);

@@ -84,8 +84,8 @@ Test(state, usage_errors_exit_2_and_redis_down_exits_1)
     char *out = NULL, *err = NULL;
     const char *kind[] = {"balance", "EUR", "u1", NULL};
     cr_expect_eq(state_get(kind, &out, &err), 2);
-    cr_expect(strstr(err, "unknown kind \"balance\" (kinds: ledger)"), "%s",
-              err);
+    cr_expect(strstr(err, "unknown kind \"balance\" (kinds: ledger script)"),
+              "%s", err);
     free(out);
     free(err);
     const char *few[] = {"ledger", "EUR", NULL};
