@@ -894,6 +894,14 @@ int idem_partstate_chunks(idem_partstate_t *p, const idem_partstate_chunk_t *ch,
     if (failed)
         return idem_store_ctx_fail(p->store, "EVALSHA partition chunk", first,
                                    errstr, errstr_size);
+    /* redis.wait.replicas: a WAIT after the chunks, as after the global
+     * layout's requests; short, the request is an outage (its applied
+     * chunks' positions refuse the resend). */
+    int applied = 0;
+    for (size_t i = 0; i < k && !applied; i++)
+        applied = !rcs[i];
+    if (applied && idem_store_ctx_wait(p->store, NULL, 0, errstr, errstr_size))
+        return -1;
     return 0;
 }
 
