@@ -612,6 +612,57 @@ static size_t call_span(const idem_partstate_chunk_t *ch, size_t k)
     return m;
 }
 
+/* Cluster mode, redis.wait.replicas: WAIT on each node that applied
+ * chunks of this request (keys[i] routes chunk i), on the connection that
+ * carried them, each node counted on its own. A node short of the
+ * replicas, or no longer the primary its chunks were applied on, fails
+ * its applied chunks alone (IDEM_PARTSTATE_OUTAGE: their records go
+ * again and the positions refuse the resend); *first (size bytes) gets
+ * the first such error, naming the node, when it is still empty. */
+static void chunks_cluster_wait(idem_partstate_t *p, const char (*keys)[672],
+                                size_t k, int64_t *windows, int *rcs,
+                                char *first, size_t size)
+{
+    char(*node)[300] = idem_xcalloc(k, sizeof(*node));
+    int *waited = idem_xcalloc(k, sizeof(*waited));
+    for (size_t i = 0; i < k; i++) {
+        const char *a =
+            rcs[i] ? NULL
+                   : idem_store_key_node(p->store, keys[i], strlen(keys[i]));
+        snprintf(node[i], sizeof(node[i]), "%s", a ? a : "");
+    }
+    for (size_t i = 0; i < k; i++) {
+        if (rcs[i] || waited[i])
+            continue;
+        char e[512] = "";
+        int bad = idem_store_ctx_wait(p->store, keys[i], strlen(keys[i]), e,
+                                      sizeof(e));
+        const char *now =
+            bad ? NULL
+                : idem_store_key_node(p->store, keys[i], strlen(keys[i]));
+        if (!bad && (!now || strcmp(now, node[i]))) {
+            bad = 1;
+            snprintf(e, sizeof(e),
+                     "redis cluster: WAIT: %s: its slots moved to %s before "
+                     "WAIT",
+                     node[i], now ? now : "no node");
+        }
+        for (size_t q = i; q < k; q++) {
+            if (rcs[q] || waited[q] || strcmp(node[q], node[i]))
+                continue;
+            waited[q] = 1;
+            if (bad) {
+                rcs[q] = IDEM_PARTSTATE_OUTAGE;
+                windows[q] = -1;
+            }
+        }
+        if (bad && !first[0])
+            snprintf(first, size, "%s", e);
+    }
+    free(waited);
+    free(node);
+}
+
 /* Cluster mode: each chunk alone, as one call to its partition's
  * primary, a request's calls pipelined per node (idem_store_ctx_calls:
  * one round trip per node, not per chunk; MOVED and TRYAGAIN followed,
@@ -749,6 +800,9 @@ static int chunks_cluster(idem_partstate_t *p, const idem_partstate_chunk_t *ch,
             snprintf(errstr, errstr_size, "%s", e);
         }
     }
+    if (p->conf->redis_wait_replicas > 0)
+        chunks_cluster_wait(p, (const char(*)[672])keys, k, windows, rcs, first,
+                            sizeof(first));
     if (first[0])
         snprintf(errstr, errstr_size, "%s", first);
     rc = 0;
@@ -840,6 +894,14 @@ int idem_partstate_chunks(idem_partstate_t *p, const idem_partstate_chunk_t *ch,
     if (failed)
         return idem_store_ctx_fail(p->store, "EVALSHA partition chunk", first,
                                    errstr, errstr_size);
+    /* redis.wait.replicas: a WAIT after the chunks, as after the global
+     * layout's requests; short, the request is an outage (its applied
+     * chunks' positions refuse the resend). */
+    int applied = 0;
+    for (size_t i = 0; i < k && !applied; i++)
+        applied = !rcs[i];
+    if (applied && idem_store_ctx_wait(p->store, NULL, 0, errstr, errstr_size))
+        return -1;
     return 0;
 }
 

@@ -153,14 +153,8 @@ static int cluster_check(const idem_conf_t *conf, char *errstr,
                  h);
         return -1;
     }
-    if (conf->redis_wait_replicas > 0) {
-        snprintf(errstr, errstr_size,
-                 "redis.cluster.nodes: redis.wait.replicas is not sent "
-                 "after the partition chunks of handler=%s yet (set it to "
-                 "0; forward, webhook and plugins send it)",
-                 h);
-        return -1;
-    }
+    /* redis.wait.replicas: WAIT goes to each node a request's chunks
+     * were written to (redis/partstate.c). */
     return 0;
 }
 

@@ -850,6 +850,50 @@ int idem_store_ctx_fail(idem_store_t *s, const char *what, const char *detail,
     return store_fail(s, errstr, errstr_size, what, detail);
 }
 
+int idem_store_ctx_wait(idem_store_t *s, const char *key, size_t len,
+                        char *errstr, size_t errstr_size)
+{
+    if (s->conf->redis_wait_replicas <= 0)
+        return 0;
+    uint64_t connects = idem_store_connections(s);
+    redisContext *c = idem_store_ctx_key(s, 0, key, len, errstr, errstr_size);
+    if (!c)
+        return -1;
+    /* In cluster mode each detail names the node: "host:port: ". */
+    char node[300] = "";
+    const char *addr = s->cl ? idem_cluster_slot_node(s->cl, s->slot) : NULL;
+    if (addr)
+        snprintf(node, sizeof(node), "%s: ", addr);
+    char d[512] = "";
+    if (idem_store_connections(s) != connects) {
+        /* A new connection's WAIT would count none of the writes. */
+        snprintf(d, sizeof(d), "%sthe connection was replaced after the writes",
+                 node);
+        return store_fail_class(s, errstr, errstr_size, "WAIT", d, "wait");
+    }
+    const char *argv[] = {"WAIT", s->wait_replicas, s->wait_timeout};
+    redisReply *r = redisCommandArgv(c, 3, argv, NULL);
+    if (!r)
+        return store_io_fail(s, errstr, errstr_size, "WAIT");
+    const char *cls = "wait";
+    if (r->type == REDIS_REPLY_ERROR) {
+        snprintf(d, sizeof(d), "%s%s", node, r->str);
+        cls = reply_class(r->str);
+    } else if (r->type != REDIS_REPLY_INTEGER) {
+        snprintf(d, sizeof(d), "%sunexpected reply", node);
+    } else if (r->integer < s->conf->redis_wait_replicas) {
+        snprintf(d, sizeof(d),
+                 "%s%lld of %" PRId64 " replicas acknowledged within "
+                 "%" PRId64 " ms (redis.wait.replicas)",
+                 node, r->integer, s->conf->redis_wait_replicas,
+                 s->conf->redis_wait_timeout_ms);
+    }
+    freeReplyObject(r);
+    if (!d[0])
+        return 0;
+    return store_fail_class(s, errstr, errstr_size, "WAIT", d, cls);
+}
+
 int idem_store_refused(const idem_store_t *s, char *errstr, size_t errstr_size)
 {
     if (!s->refused[0])

@@ -67,4 +67,15 @@ const char *idem_store_key_node(idem_store_t *s, const char *key, size_t len);
 int idem_store_ctx_fail(idem_store_t *s, const char *what, const char *detail,
                         char *errstr, size_t errstr_size);
 
+/* With redis.wait.replicas=N, after writes sent through the functions
+ * above: WAIT N redis.wait.timeout.ms on the connection that carried them
+ * (in cluster mode the primary of key's slot, len bytes; key NULL on a
+ * single Redis), that node counted on its own. 0 when N replicas
+ * acknowledged (or N is 0); else -1 with errstr naming the node (class
+ * "wait" when short, or when that connection was replaced since the
+ * writes: a new connection's WAIT covers none of them). Retriable: the
+ * writes may or may not be on the replicas. */
+int idem_store_ctx_wait(idem_store_t *s, const char *key, size_t len,
+                        char *errstr, size_t errstr_size);
+
 #endif

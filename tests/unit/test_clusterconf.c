@@ -26,6 +26,17 @@ static idem_conf_t *load_with(const char *a, const char *b, const char *c,
     return idem_conf_load(NULL, NULL, (char **)sets, n, err, size);
 }
 
+/* WAIT goes to each node a request's chunks were written to. */
+Test(clusterconf, ledger_with_wait_accepted)
+{
+    char err[512] = "";
+    idem_conf_t *c = load_with("dedup.scope=partition", "redis.wait.replicas=1",
+                               NULL, err, sizeof(err));
+    cr_assert_not_null(c, "%s", err);
+    cr_expect_eq(c->redis_wait_replicas, 1);
+    idem_conf_destroy(c);
+}
+
 Test(clusterconf, ledger_partition_accepted)
 {
     char err[512] = "";
@@ -66,8 +77,6 @@ Test(clusterconf, refused)
         {"dedup.scope=global", NULL, NULL, "needs dedup.scope=partition"},
         {"dedup.scope=partition", "redis.sentinels=127.0.0.1:26379",
          "redis.sentinel.master=m", "together with redis.sentinels"},
-        {"dedup.scope=partition", "redis.wait.replicas=1", NULL,
-         "redis.wait.replicas"},
         {"dedup.scope=partition", "retry.topics=5s", NULL, "retry.topics"},
         {"dedup.scope=partition", "redis.prefix=a{b}:", NULL, "contains '{'"},
         {"dedup.scope=partition", "retry.topics=5s", NULL, "two slots"},
