@@ -1100,6 +1100,30 @@ static void effect_param(const char *file, size_t len, char *name, size_t size)
     }
 }
 
+/* The end of the comment or string starting at file[i] (Lua's `--` to
+ * the line's end, `--[[ ]]`, `"..."`, `'...'`, `[[ ]]`), or 0 when none
+ * starts there: the static checks below skip them. */
+static size_t skip_comment_or_string(const char *file, size_t len, size_t i)
+{
+    size_t text_end;
+    if (file[i] == '-' && i + 1 < len && file[i + 1] == '-') {
+        int level = long_open(file, len, i + 2);
+        if (level >= 0)
+            return long_close(file, len, i + 4 + (size_t)level, level,
+                              &text_end);
+        size_t next = i;
+        while (next < len && file[next] != '\n')
+            next++;
+        return next;
+    }
+    if (file[i] == '"' || file[i] == '\'')
+        return short_string(file, len, i, NULL, 0);
+    int level = file[i] == '[' ? long_open(file, len, i) : -1;
+    if (level >= 0)
+        return long_close(file, len, i + 2 + (size_t)level, level, &text_end);
+    return 0;
+}
+
 /* Every literal pointer the file reads as rec.fields["/x"] (code, not
  * comments or strings) must be one of script.fields: at run time each
  * such read is an error, so every record would be dead-lettered. Returns
@@ -1112,23 +1136,9 @@ static int literal_fields_check(const char *path, const char *file, size_t len,
     effect_param(file, len, name, sizeof(name));
     int line = 1;
     for (size_t i = 0; i < len;) {
-        char c = file[i];
-        size_t next = i + 1, text_end;
-        if (c == '-' && i + 1 < len && file[i + 1] == '-') {
-            int level = long_open(file, len, i + 2);
-            if (level >= 0)
-                next = long_close(file, len, i + 4 + (size_t)level, level,
-                                  &text_end);
-            else
-                for (next = i; next < len && file[next] != '\n'; next++)
-                    ;
-        } else if (c == '"' || c == '\'') {
-            next = short_string(file, len, i, NULL, 0);
-        } else if (c == '[' && long_open(file, len, i) >= 0) {
-            int level = long_open(file, len, i);
-            next =
-                long_close(file, len, i + 2 + (size_t)level, level, &text_end);
-        } else if (fields_literal_at(file, len, i, name, key, sizeof(key))) {
+        size_t skip = skip_comment_or_string(file, len, i);
+        size_t next = skip ? skip : i + 1;
+        if (!skip && fields_literal_at(file, len, i, name, key, sizeof(key))) {
             size_t k = 0;
             while (k < nptrs && strcmp(ptrs[k], key))
                 k++;
@@ -1390,25 +1400,10 @@ int idem_luascript_cluster_check(const char *path, char *errstr,
         return -1;
     int line = 1, rc = 0;
     for (size_t i = 0; i < len && !rc;) {
-        char c = file[i];
-        size_t next = i + 1, text_end;
-        if (c == '-' && i + 1 < len && file[i + 1] == '-') {
-            int level = long_open(file, len, i + 2);
-            if (level >= 0)
-                next = long_close(file, len, i + 4 + (size_t)level, level,
-                                  &text_end);
-            else
-                for (next = i; next < len && file[next] != '\n'; next++)
-                    ;
-        } else if (c == '"' || c == '\'') {
-            next = short_string(file, len, i, NULL, 0);
-        } else if (c == '[' && long_open(file, len, i) >= 0) {
-            int level = long_open(file, len, i);
-            next =
-                long_close(file, len, i + 2 + (size_t)level, level, &text_end);
-        } else {
+        size_t skip = skip_comment_or_string(file, len, i);
+        size_t next = skip ? skip : i + 1;
+        if (!skip)
             rc = cluster_key_at(path, file, len, i, line, errstr, errstr_size);
-        }
         for (size_t k = i; k < next && k < len; k++)
             line += file[k] == '\n';
         i = next > i ? next : i + 1;

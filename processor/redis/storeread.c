@@ -151,6 +151,27 @@ typedef struct {
 static int marks_scan(idem_storeread_t *r, void *arg, char *errstr,
                       size_t errstr_size);
 
+/* One SCAN step of pattern from cursor (updated in place): the reply,
+ * its keys in element[1], or NULL with errstr. */
+static redisReply *scan_step(idem_storeread_t *r, char *cursor,
+                             size_t cursor_size, const char *pattern,
+                             char *errstr, size_t errstr_size)
+{
+    const char *argv[] = {"SCAN", cursor, "MATCH", pattern, "COUNT", "1000"};
+    redisReply *rep = reader_command(r, 6, argv, NULL, errstr, errstr_size);
+    if (!rep)
+        return NULL;
+    if (rep->type != REDIS_REPLY_ARRAY || rep->elements != 2 ||
+        rep->element[0]->type != REDIS_REPLY_STRING ||
+        rep->element[1]->type != REDIS_REPLY_ARRAY) {
+        freeReplyObject(rep);
+        snprintf(errstr, errstr_size, "redis SCAN: unexpected reply");
+        return NULL;
+    }
+    snprintf(cursor, cursor_size, "%s", rep->element[0]->str);
+    return rep;
+}
+
 /* Cluster mode (redis.cluster.nodes): the marks are one key per identity
  * on its own slot, so every primary of the slot map is scanned. */
 int idem_storeread_marks(idem_storeread_t *r, const char *group,
@@ -185,19 +206,10 @@ static int marks_scan(idem_storeread_t *r, void *arg, char *errstr,
     pattern[pn] = '\0';
     char cursor[32] = "0";
     do {
-        const char *argv[] = {"SCAN",  cursor,  "MATCH",
-                              pattern, "COUNT", "1000"};
-        redisReply *rep = reader_command(r, 6, argv, NULL, errstr, errstr_size);
+        redisReply *rep =
+            scan_step(r, cursor, sizeof(cursor), pattern, errstr, errstr_size);
         if (!rep)
             return -1;
-        if (rep->type != REDIS_REPLY_ARRAY || rep->elements != 2 ||
-            rep->element[0]->type != REDIS_REPLY_STRING ||
-            rep->element[1]->type != REDIS_REPLY_ARRAY) {
-            freeReplyObject(rep);
-            snprintf(errstr, errstr_size, "redis SCAN: unexpected reply");
-            return -1;
-        }
-        snprintf(cursor, sizeof(cursor), "%s", rep->element[0]->str);
         redisReply *keys = rep->element[1];
         if (keys->elements > 0) {
             size_t n = keys->elements + 1;
@@ -296,19 +308,10 @@ static int scan_values(idem_storeread_t *r, const char *pattern,
 {
     char cursor[32] = "0";
     do {
-        const char *argv[] = {"SCAN",  cursor,  "MATCH",
-                              pattern, "COUNT", "1000"};
-        redisReply *rep = reader_command(r, 6, argv, NULL, errstr, errstr_size);
+        redisReply *rep =
+            scan_step(r, cursor, sizeof(cursor), pattern, errstr, errstr_size);
         if (!rep)
             return -1;
-        if (rep->type != REDIS_REPLY_ARRAY || rep->elements != 2 ||
-            rep->element[0]->type != REDIS_REPLY_STRING ||
-            rep->element[1]->type != REDIS_REPLY_ARRAY) {
-            freeReplyObject(rep);
-            snprintf(errstr, errstr_size, "redis SCAN: unexpected reply");
-            return -1;
-        }
-        snprintf(cursor, sizeof(cursor), "%s", rep->element[0]->str);
         redisReply *keys = rep->element[1];
         redisContext *c = reader_ctx(r, errstr, errstr_size);
         if (!c) {
