@@ -683,6 +683,19 @@ int idem_cmd_migrate(int argc, char **argv, char **envp)
         idem_conf_destroy(conf);
         return IDEM_EXIT_USAGE;
     }
+    if (strcmp(conf->handler ? conf->handler : "", "ledger")) {
+        /* The script handler's own keys would need a shard each, and the
+         * external handlers' marks are per identity on another layout:
+         * nothing here moves them, and their effects' state would start
+         * over on the cluster. */
+        fprintf(stderr,
+                "idemproc migrate: handler=%s: migrate moves the partition "
+                "layout's state and the ledger only (handler=ledger); this "
+                "handler's Redis state is not moved\n",
+                conf->handler ? conf->handler : "");
+        idem_conf_destroy(conf);
+        return IDEM_EXIT_FAIL;
+    }
     migrate_t m = {.conf = conf, .o = &o};
     /* The source: a view of conf for one Redis at --from, its user and
      * password from that URL (conf's belong to the cluster). */

@@ -231,3 +231,56 @@ Test(migrate, cluster_acl_line_is_enough_for_a_member_and_verify,
     th_stack_stop(&stk);
     th_cluster_stop(&clu);
 }
+
+/* migrate moves the ledger's state only: another handler is refused
+ * before anything is read or written (its Redis state would start over
+ * on the cluster). */
+Test(migrate, other_handlers_refused)
+{
+    char dir[] = "/tmp/idemproc-mig-XXXXXX";
+    cr_assert(mkdtemp(dir));
+    char conf[128];
+    snprintf(conf, sizeof(conf), "%s/m.properties", dir);
+    FILE *f = fopen(conf, "w");
+    cr_assert(f);
+    fputs("kafka.bootstrap.servers=127.0.0.1:1\ngroup.id=g\n"
+          "input.topics=t\ndlq.topic=d\nredis.cluster.nodes=127.0.0.1:1\n",
+          f);
+    fclose(f);
+    char lua[160], script[192];
+    snprintf(lua, sizeof(lua), "%s/e.lua", dir);
+    f = fopen(lua, "w");
+    cr_assert(f);
+    fputs("function effect(rec)\nend\n", f);
+    fclose(f);
+    snprintf(script, sizeof(script), "script.file=%s", lua);
+    const char *sets[][3] = {
+        {"handler=forward", "output.topic=o", "dedup.scope=global"},
+        {"handler=script", script, "dedup.scope=partition"},
+    };
+    for (size_t i = 0; i < 2; i++) {
+        char *argv[] = {(char *)th_bin(),
+                        "migrate",
+                        "-c",
+                        conf,
+                        "--set",
+                        (char *)sets[i][0],
+                        "--set",
+                        (char *)sets[i][1],
+                        "--set",
+                        (char *)sets[i][2],
+                        "--from",
+                        "redis://127.0.0.1:1/0",
+                        NULL};
+        char *o = NULL, *e = NULL;
+        int rc = th_run(argv, &o, &e, 30000);
+        cr_expect_eq(rc, 1, "%s: exit %d: %s", sets[i][0], rc, e ? e : "");
+        cr_expect(e && strstr(e, "ledger only"), "%s: %s", sets[i][0],
+                  e ? e : "");
+        free(o);
+        free(e);
+    }
+    unlink(conf);
+    unlink(lua);
+    rmdir(dir);
+}
