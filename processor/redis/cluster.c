@@ -74,6 +74,11 @@ int idem_cluster_keyslot(const char *key, size_t len)
     return crc16(key, len) & (IDEM_CLUSTER_SLOTS - 1);
 }
 
+unsigned idem_cluster_crc16(const char *buf, size_t len)
+{
+    return crc16(buf, len);
+}
+
 const char *idem_cluster_errclass2str(idem_cluster_errclass_t cls)
 {
     switch (cls) {

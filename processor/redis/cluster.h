@@ -20,6 +20,9 @@
  * empty), modulo 16384: the Redis Cluster specification's HASH_SLOT. */
 int idem_cluster_keyslot(const char *key, size_t len);
 
+/* CRC16 (XMODEM) of len bytes, no hash-tag rule (the slot's hash). */
+unsigned idem_cluster_crc16(const char *buf, size_t len);
+
 /* What kind of failure a call met, as data. Every class is an outage
  * (retriable): the caller backs off and calls again; the client has
  * already marked what it must read again (the slot map, a connection). */

@@ -1618,6 +1618,28 @@ void idem_store_pos_key(const idem_conf_t *conf, const char *topic,
         snprintf(buf, size, "%spos:%s", conf->redis_prefix, g);
 }
 
+int idem_store_gbucket(const char *identity, size_t len)
+{
+    return (int)(idem_cluster_crc16(identity, len) % IDEM_GBUCKETS);
+}
+
+void idem_store_gbucket_tag(const idem_conf_t *conf, int bucket, char *buf,
+                            size_t size)
+{
+    snprintf(buf, size, "{%s::%02d}", conf->group_id ? conf->group_id : "",
+             bucket);
+}
+
+int idem_store_gmark_key(const idem_conf_t *conf, const char *identity,
+                         size_t len, char *buf, size_t size)
+{
+    char tag[300];
+    idem_store_gbucket_tag(conf, idem_store_gbucket(identity, len), tag,
+                           sizeof(tag));
+    return snprintf(buf, size, "%sdedup%s:%.*s", conf->redis_prefix, tag,
+                    (int)len, identity);
+}
+
 /* Cluster mode's positions: one hash per partition under its tag, one
  * command each on the partition's primary; load (HGET) or save (HSET). */
 static int cluster_positions(idem_store_t *s, idem_store_pos_t *load,

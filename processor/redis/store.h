@@ -109,6 +109,30 @@ int idem_store_cluster(const idem_store_t *s);
 void idem_store_pos_key(const idem_conf_t *conf, const char *topic,
                         int32_t partition, char *buf, size_t size);
 
+/* Cluster mode, handler ledger or script: the global path (records
+ * without a key, dead-letter replays, retry-topic copies) keeps an
+ * identity's mark, its effect's shard and the bucket's positions under one
+ * of IDEM_GBUCKETS hash tags, so one script call per bucket is one slot
+ * (docs/design.md, "Redis Cluster mode"). */
+#define IDEM_GBUCKETS 64
+
+/* The bucket of an identity: the CRC16 Redis Cluster hashes keys with,
+ * taken over the identity's bytes as a plain string (no hash-tag rule),
+ * modulo IDEM_GBUCKETS. Stable: marks and shards depend on it. */
+int idem_store_gbucket(const char *identity, size_t len);
+
+/* The bucket's hash tag "{<group.id>::<NN>}" (NN two digits, 00-63) into
+ * buf. No topic is empty, so it never equals a partition's tag
+ * "{<group.id>:<topic>:<partition>}". */
+void idem_store_gbucket_tag(const idem_conf_t *conf, int bucket, char *buf,
+                            size_t size);
+
+/* The global path's mark key of an identity in cluster mode:
+ * "<prefix>dedup{<group.id>::<NN>}:<identity>" into buf; returns its
+ * length (snprintf's: >= size means cut). */
+int idem_store_gmark_key(const idem_conf_t *conf, const char *identity,
+                         size_t len, char *buf, size_t size);
+
 /* Writes pos[n] (borrowed) in one HSET (cluster mode: one per partition).
  * Returns 0, or -1 (retriable). */
 int idem_store_positions_save(idem_store_t *s, const idem_store_pos_t *pos,

@@ -44,3 +44,31 @@ Test(store, error_replies_are_classified_by_their_code)
                          cases[i][0]);
     cr_expect_str_eq(idem_store_error_class(NULL), "other");
 }
+
+/* The global path's buckets in cluster mode: a fixed function (marks and
+ * effect shards are named by it), tags that cannot equal a partition's. */
+Test(store, global_buckets_are_stable_and_tagged_apart_from_partitions)
+{
+    idem_conf_t conf;
+    memset(&conf, 0, sizeof(conf));
+    conf.group_id = "g1";
+    conf.redis_prefix = "idem:";
+    /* CRC16/XMODEM("123456789") = 0x31C3 = 12739; 12739 % 64 = 3. */
+    cr_assert_eq(idem_store_gbucket("123456789", 9), 3);
+    int seen[IDEM_GBUCKETS] = {0};
+    char id[32];
+    for (int i = 0; i < 4096; i++) {
+        int n = snprintf(id, sizeof(id), "evt-%d", i);
+        int b = idem_store_gbucket(id, (size_t)n);
+        cr_assert(b >= 0 && b < IDEM_GBUCKETS);
+        seen[b]++;
+    }
+    for (int b = 0; b < IDEM_GBUCKETS; b++)
+        cr_assert_gt(seen[b], 0, "bucket %d never used", b);
+    char tag[64], key[128];
+    idem_store_gbucket_tag(&conf, 7, tag, sizeof(tag));
+    cr_assert_str_eq(tag, "{g1::07}");
+    int len = idem_store_gmark_key(&conf, "123456789", 9, key, sizeof(key));
+    cr_assert_str_eq(key, "idem:dedup{g1::03}:123456789");
+    cr_assert_eq(len, (int)strlen(key));
+}
