@@ -6,6 +6,7 @@
 #include "cmd/cmdline.h"
 #include "base/util.h"
 #include "conf/conf.h"
+#include "effect/handler.h"
 #include "redis/cluster.h"
 #include "redis/layout.h"
 #include "redis/liveness.h"
@@ -24,6 +25,7 @@ void idem_cmd_migrate_usage(FILE *out)
     fprintf(
         out,
         "usage: idemproc migrate --from URL -c FILE [--force] [--no-ledger]\n"
+        "                        [--script-keys PATTERN[,PATTERN...]]\n"
         "  Copies group.id's state from the single Redis at URL "
         "(redis[s]://...) to\n"
         "  the Redis Cluster of FILE (redis.cluster.nodes), with the group "
@@ -32,13 +34,18 @@ void idem_cmd_migrate_usage(FILE *out)
         "with\n"
         "  their remaining TTL), the group's dedup hash key, its layout key, "
         "the\n"
-        "  positions (one hash per partition on the cluster) and the ledger "
-        "(each\n"
-        "  <prefix>ledger:<CUR> and ledger:applied into the shard of the "
-        "group's\n"
-        "  first partition); then checks that the cluster's balances grew by "
-        "the\n"
-        "  source's, and writes <prefix>migrated{<group>}.\n"
+        "  positions (one hash per partition on the cluster), the global "
+        "path's\n"
+        "  marks (<prefix>dedup:<group>:<identity> to their cluster name "
+        "under\n"
+        "  their bucket's tag), the ledger (each <prefix>ledger:<CUR> and\n"
+        "  ledger:applied into the shard of the group's first partition) and "
+        "a\n"
+        "  script effect's keys (--script-keys: each key whole into the same\n"
+        "  shard, <name>{<group>:<topic>:<partition>}); then checks that the\n"
+        "  cluster's balances grew by the source's, that no member started "
+        "meanwhile,\n"
+        "  and writes <prefix>migrated{<group>}.\n"
         "  Refused while the group has live members (on either side), when "
         "the\n"
         "  source does not run the partition layout, and when the cluster "
@@ -49,6 +56,12 @@ void idem_cmd_migrate_usage(FILE *out)
         "  --no-ledger: leave the ledger (already moved by another group "
         "sharing\n"
         "  redis.prefix).\n"
+        "  --script-keys PATTERN,...: the keys a script handler's effect "
+        "writes on the\n"
+        "  source (SCAN patterns, e.g. 'bal:*,applied'); required with "
+        "script.file.\n"
+        "  Strings and hashes only (a cluster reads them as the sum of the "
+        "shards).\n"
         "  Exit 0 copied (or nothing to do), 1 a failure or a refusal, 2 "
         "usage.\n");
 }
@@ -57,12 +70,14 @@ typedef struct {
     const char *from;
     int force;
     int no_ledger;
+    const char *script_keys; /* --script-keys, or NULL */
 } migrate_opts_t;
 
 static const struct option migrate_options[] = {
     {"from", required_argument, NULL, 'F'},
     {"force", no_argument, NULL, 'f'},
     {"no-ledger", no_argument, NULL, 'L'},
+    {"script-keys", required_argument, NULL, 'S'},
     {NULL, 0, NULL, 0}};
 
 static int migrate_opt(int opt, const char *arg, void *opaque)
@@ -74,6 +89,8 @@ static int migrate_opt(int opt, const char *arg, void *opaque)
         o->force = 1;
     else if (opt == 'L')
         o->no_ledger = 1;
+    else if (opt == 'S')
+        o->script_keys = arg;
     else
         return -1;
     return 0;
@@ -123,8 +140,17 @@ typedef struct {
     cursum_t sums[64];
     size_t nsums;
     size_t state_keys, state_gone, positions, ledger_keys;
-    uint64_t state_bytes;
+    size_t gmarks, gmarks_gone, script_copied, script_gone, script_own;
+    size_t pieced; /* keys copied in pieces (longer than PIECE_BYTES) */
+    uint64_t state_bytes, gmark_bytes, script_bytes;
+    keys_t script; /* the script effect's keys on the source, sorted */
 } migrate_t;
+
+/* A string longer than this is copied in pieces of this size (GETRANGE
+ * on the source, SET then APPEND on the cluster) instead of one DUMP and
+ * RESTORE, so neither side holds a reply of the whole value (a window key
+ * may reach 256 MiB). */
+#define PIECE_BYTES (1024 * 1024)
 
 /* s with Redis glob characters escaped, into buf. */
 static const char *glob_escape(const char *s, char *buf, size_t size)
@@ -212,6 +238,79 @@ static int reply_ok(redisReply *r, const char *what, const char *key,
     return -1;
 }
 
+/* The string src_key (len bytes, ttl as PTTL said) copied to dst_key in
+ * pieces of PIECE_BYTES: the first SET (NX unless replace; PX ttl), the
+ * others APPENDed, each reply checked against the length so far. 1
+ * copied, 0 the key was gone or shorter meanwhile (expired; dst_key
+ * deleted again), -1 with errstr. */
+static int copy_pieces(migrate_t *m, const char *src_key, const char *dst_key,
+                       int replace, long long ttl, long long len,
+                       uint64_t *bytes, char *errstr, size_t errstr_size)
+{
+    char ttl_s[32];
+    snprintf(ttl_s, sizeof(ttl_s), "%lld", ttl);
+    for (long long off = 0; off < len; off += PIECE_BYTES) {
+        long long want = len - off < PIECE_BYTES ? len - off : PIECE_BYTES;
+        redisReply *g = redisCommand(m->src, "GETRANGE %s %lld %lld", src_key,
+                                     off, off + want - 1);
+        if (!g || g->type != REDIS_REPLY_STRING) {
+            snprintf(errstr, errstr_size, "source: GETRANGE %s: %s", src_key,
+                     !g       ? m->src->errstr
+                     : g->str ? g->str
+                              : "unexpected reply");
+            if (g)
+                freeReplyObject(g);
+            return -1;
+        }
+        if ((long long)g->len != want) { /* expired (or cut) meanwhile */
+            freeReplyObject(g);
+            const char *argv[] = {"DEL", dst_key};
+            redisReply *r =
+                dst_command(m, dst_key, 2, argv, NULL, errstr, errstr_size);
+            if (reply_ok(r, "cluster: DEL", dst_key, errstr, errstr_size))
+                return -1;
+            freeReplyObject(r);
+            return 0;
+        }
+        redisReply *r;
+        if (!off) {
+            const char *argv[] = {"SET", dst_key, g->str, "PX", ttl_s, "NX"};
+            size_t argvlen[] = {3, strlen(dst_key), g->len,
+                                2, strlen(ttl_s),   2};
+            size_t argc = ttl > 0 ? 5 : 3;
+            if (!replace) { /* NX last */
+                argv[argc] = "NX";
+                argvlen[argc++] = 2;
+            }
+            r = dst_command(m, dst_key, (int)argc, argv, argvlen, errstr,
+                            errstr_size);
+        } else {
+            const char *argv[] = {"APPEND", dst_key, g->str};
+            size_t argvlen[] = {6, strlen(dst_key), g->len};
+            r = dst_command(m, dst_key, 3, argv, argvlen, errstr, errstr_size);
+        }
+        freeReplyObject(g);
+        if (reply_ok(r, off ? "cluster: APPEND" : "cluster: SET", dst_key,
+                     errstr, errstr_size))
+            return -1;
+        int bad =
+            off ? r->type != REDIS_REPLY_INTEGER || r->integer != off + want
+                : r->type != REDIS_REPLY_STATUS;
+        freeReplyObject(r);
+        if (bad) {
+            snprintf(errstr, errstr_size, "cluster: %s %s: %s",
+                     off ? "APPEND" : "SET", dst_key,
+                     off ? "the key's length is not what was copied so far "
+                           "(written by someone else meanwhile?)"
+                         : "the key exists (BUSYKEY; --force replaces it)");
+            return -1;
+        }
+        *bytes += (uint64_t)want;
+    }
+    m->pieced++;
+    return 1;
+}
+
 /* Copies the source's key src_key to the cluster's dst_key with DUMP and
  * RESTORE, keeping its remaining time to live (read first, so the copy
  * never outlives the original by less). 1 copied (its bytes added to
@@ -235,6 +334,18 @@ static int copy_key(migrate_t *m, const char *src_key, const char *dst_key,
     freeReplyObject(t);
     if (ttl == -2)
         return 0;
+    redisReply *l = redisCommand(m->src, "STRLEN %s", src_key);
+    long long len = l && l->type == REDIS_REPLY_INTEGER ? l->integer : 0;
+    if (l)
+        freeReplyObject(l);
+    else {
+        snprintf(errstr, errstr_size, "source: STRLEN %s: %s", src_key,
+                 m->src->errstr);
+        return -1;
+    }
+    if (len > PIECE_BYTES) /* a string (else WRONGTYPE: len 0) */
+        return copy_pieces(m, src_key, dst_key, replace, ttl, len, bytes,
+                           errstr, errstr_size);
     redisReply *d = redisCommand(m->src, "DUMP %s", src_key);
     if (!d || (d->type != REDIS_REPLY_STRING && d->type != REDIS_REPLY_NIL)) {
         snprintf(errstr, errstr_size, "source: DUMP %s: %s", src_key,
@@ -263,8 +374,12 @@ static int copy_key(migrate_t *m, const char *src_key, const char *dst_key,
     return 1;
 }
 
-/* Refuses while a member of the group beats on either side. */
-static int no_live_members(migrate_t *m, char *errstr, size_t errstr_size)
+/* Refuses while a member of the group beats on either side: before the
+ * copy (after: 0), and again after it (after: 1), for a member started
+ * while it ran (its writes may be missing from the copy, or its beat
+ * says it runs on the cluster already). */
+static int no_live_members(migrate_t *m, int after, char *errstr,
+                           size_t errstr_size)
 {
     const idem_conf_t *side[2] = {&m->src_conf, m->conf};
     const char *name[2] = {"the source", "the cluster"};
@@ -273,10 +388,17 @@ static int no_live_members(migrate_t *m, char *errstr, size_t errstr_size)
         size_t n = 0;
         if (idem_liveness_list(side[i], &v, &n, errstr, errstr_size))
             return -1;
-        if (n)
+        if (n && !after)
             snprintf(errstr, errstr_size,
                      "refused: member %s of group %s is live on %s (stop "
                      "every member first; nothing copied)",
+                     v[0].member, m->conf->group_id, name[i]);
+        else if (n)
+            snprintf(errstr, errstr_size,
+                     "failed: member %s of group %s started on %s during "
+                     "the copy: what it wrote may be missing from the copy "
+                     "(marker not written; stop every member, then migrate "
+                     "again with --force)",
                      v[0].member, m->conf->group_id, name[i]);
         idem_liveness_list_free(v, n);
         if (n)
@@ -340,13 +462,23 @@ static int target_empty(migrate_t *m, char *errstr, size_t errstr_size)
 {
     if (m->o->force)
         return 0;
-    char g[256], p[256], pat[3][600];
+    char g[256], p[256], pat[20][600];
     glob_escape(m->conf->group_id, g, sizeof(g));
     glob_escape(m->conf->redis_prefix, p, sizeof(p));
     snprintf(pat[0], sizeof(pat[0]), "%sst{%s:*", p, g);
     snprintf(pat[1], sizeof(pat[1]), "%spos{%s:*", p, g);
     snprintf(pat[2], sizeof(pat[2]), "%sdedupkey:%s", p, g);
-    size_t npat = 3;
+    snprintf(pat[3], sizeof(pat[3]), "%sdedup{%s::*", p, g);
+    size_t npat = 4;
+    if (m->o->script_keys) { /* each pattern's shards of this group */
+        char *pats = idem_xstrdup(m->o->script_keys), *save = NULL;
+        for (char *pt = strtok_r(pats, ",", &save);
+             pt && npat < sizeof(pat) / sizeof(pat[0]);
+             pt = strtok_r(NULL, ",", &save))
+            if (*pt)
+                snprintf(pat[npat++], sizeof(pat[0]), "%s{%s:*", pt, g);
+        free(pats);
+    }
     char ledger[600];
     snprintf(ledger, sizeof(ledger), "%sledger:*", p);
     keys_t found = {0};
@@ -404,8 +536,6 @@ static int copy_positions(migrate_t *m, char *errstr, size_t errstr_size)
             freeReplyObject(h);
         return -1;
     }
-    char best_topic[256] = "";
-    int32_t best_p = -1;
     for (size_t i = 0; i + 1 < h->elements; i += 2) {
         const char *field = h->element[i]->str, *val = h->element[i + 1]->str;
         char topic[256], key[600];
@@ -426,6 +556,36 @@ static int copy_positions(migrate_t *m, char *errstr, size_t errstr_size)
         }
         freeReplyObject(r);
         m->positions++;
+    }
+    freeReplyObject(h);
+    return 0;
+}
+
+/* The shard that takes the ledger and the script effect's keys whole:
+ * the group's first partition with a position on the source (topic name
+ * order, then number), so a partition the group reads; the first input
+ * topic's partition 0 when none. Read before anything is written. */
+static int pick_tag(migrate_t *m, char *errstr, size_t errstr_size)
+{
+    redisReply *h = redisCommand(m->src, "HKEYS %spos:%s",
+                                 m->conf->redis_prefix, m->conf->group_id);
+    if (!h || h->type != REDIS_REPLY_ARRAY) {
+        snprintf(errstr, errstr_size, "source: HKEYS %spos:%s: %s",
+                 m->conf->redis_prefix, m->conf->group_id,
+                 !h       ? m->src->errstr
+                 : h->str ? h->str
+                          : "unexpected reply");
+        if (h)
+            freeReplyObject(h);
+        return -1;
+    }
+    char best_topic[256] = "";
+    int32_t best_p = -1;
+    for (size_t i = 0; i < h->elements; i++) {
+        char topic[256];
+        int32_t p;
+        if (field_split(h->element[i]->str, topic, sizeof(topic), &p))
+            continue;
         int c = strcmp(topic, best_topic);
         if (best_p < 0 || c < 0 || (!c && p < best_p)) {
             snprintf(best_topic, sizeof(best_topic), "%s", topic);
@@ -437,6 +597,158 @@ static int copy_positions(migrate_t *m, char *errstr, size_t errstr_size)
         snprintf(best_topic, sizeof(best_topic), "%s", m->conf->input_topic[0]);
     snprintf(m->tag, sizeof(m->tag), "{%s:%s:%" PRId32 "}", m->conf->group_id,
              best_topic, best_p < 0 ? 0 : best_p);
+    return 0;
+}
+
+/* The global path's marks: each <prefix>dedup:<group>:<identity> of the
+ * source (a record without a key, a dead-letter replay or a retry copy
+ * applied there) to its cluster name idem_store_gmark_key (under its
+ * bucket's tag), with its remaining TTL, so the same record taking the
+ * global path on the cluster is a duplicate. 0, or -1. */
+static int copy_gmarks(migrate_t *m, char *errstr, size_t errstr_size)
+{
+    char g[256], p[256], pat[600], stem[600];
+    glob_escape(m->conf->group_id, g, sizeof(g));
+    glob_escape(m->conf->redis_prefix, p, sizeof(p));
+    snprintf(pat, sizeof(pat), "%sdedup:%s:*", p, g);
+    size_t stem_len = (size_t)snprintf(stem, sizeof(stem),
+                                       "%sdedup:%s:", m->conf->redis_prefix,
+                                       m->conf->group_id);
+    keys_t k = {0};
+    int rc = scan_into(m->src, "source", pat, &k, errstr, errstr_size);
+    for (size_t i = 0; i < k.n && rc >= 0; i++) {
+        const char *id = k.v[i] + stem_len;
+        char dst[1024];
+        if ((size_t)idem_store_gmark_key(m->conf, id, strlen(id), dst,
+                                         sizeof(dst)) >= sizeof(dst)) {
+            snprintf(errstr, errstr_size, "source: %s: name too long", k.v[i]);
+            rc = -1;
+            break;
+        }
+        rc = copy_key(m, k.v[i], dst, m->o->force, &m->gmark_bytes, errstr,
+                      errstr_size);
+        if (rc == 1)
+            m->gmarks++;
+        else if (rc == 0)
+            m->gmarks_gone++;
+    }
+    keys_free(&k);
+    return rc < 0 ? -1 : 0;
+}
+
+static int keys_cmp(const void *a, const void *b)
+{
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+/* The script effect's keys: every key of the source matching a pattern of
+ * --script-keys (idemproc's own, under redis.prefix, left out), sorted,
+ * each checked before anything is written: a string or a hash (what
+ * verify and `state get script` read over the shards), no '{' of its own
+ * (Redis would hash that tag, not the partition's appended). 0, or -1
+ * with errstr naming the key (a refusal). */
+static int collect_script(migrate_t *m, char *errstr, size_t errstr_size)
+{
+    char *pats = idem_xstrdup(m->o->script_keys), *save = NULL;
+    keys_t all = {0};
+    int rc = 0;
+    for (char *pt = strtok_r(pats, ",", &save); pt && !rc;
+         pt = strtok_r(NULL, ",", &save))
+        if (*pt)
+            rc = scan_into(m->src, "source", pt, &all, errstr, errstr_size);
+    free(pats);
+    if (all.n)
+        qsort(all.v, all.n, sizeof(*all.v), keys_cmp);
+    size_t plen = strlen(m->conf->redis_prefix);
+    for (size_t i = 0; i < all.n && !rc; i++) {
+        const char *key = all.v[i];
+        if (i && !strcmp(key, all.v[i - 1]))
+            continue; /* matched by two patterns */
+        if (plen && !strncmp(key, m->conf->redis_prefix, plen)) {
+            m->script_own++;
+            continue;
+        }
+        redisReply *t = redisCommand(m->src, "TYPE %s", key);
+        if (!t || t->type != REDIS_REPLY_STATUS) {
+            snprintf(errstr, errstr_size, "source: TYPE %s: %s", key,
+                     !t       ? m->src->errstr
+                     : t->str ? t->str
+                              : "unexpected reply");
+            if (t)
+                freeReplyObject(t);
+            rc = -1;
+            break;
+        }
+        if (strcmp(t->str, "none") && strcmp(t->str, "string") &&
+            strcmp(t->str, "hash")) {
+            snprintf(errstr, errstr_size,
+                     "refused: script key %s is a %s: cluster mode reads a "
+                     "script effect's key as the sum of its shards (a "
+                     "string holding an integer, a hash's fields) or as the "
+                     "one value all its shards hold, which a %s has not "
+                     "(convert or delete it, or leave it out of "
+                     "--script-keys; nothing copied)",
+                     key, t->str, t->str);
+            rc = -1;
+        } else if (strchr(key, '{')) {
+            snprintf(errstr, errstr_size,
+                     "refused: script key %s holds a '{': in cluster mode "
+                     "Redis hashes a key by its first {...}, so the "
+                     "partition's tag appended would not place it (rename "
+                     "it, or leave it out of --script-keys; nothing copied)",
+                     key);
+            rc = -1;
+        } else if (strcmp(t->str, "none"))
+            keys_add(&m->script, key, strlen(key));
+        freeReplyObject(t);
+    }
+    keys_free(&all);
+    return rc;
+}
+
+/* The script effect's keys, each whole into its shard <name><tag>, with
+ * its remaining TTL; then each shard's size compared with the source's
+ * (STRLEN, HLEN). 0, or -1. */
+static int copy_script(migrate_t *m, char *errstr, size_t errstr_size)
+{
+    for (size_t i = 0; i < m->script.n; i++) {
+        const char *key = m->script.v[i];
+        char dst[1024];
+        snprintf(dst, sizeof(dst), "%s%s", key, m->tag);
+        int rc = copy_key(m, key, dst, m->o->force, &m->script_bytes, errstr,
+                          errstr_size);
+        if (rc < 0)
+            return -1;
+        if (!rc) {
+            m->script_gone++;
+            continue;
+        }
+        m->script_copied++;
+        redisReply *t = redisCommand(m->src, "TYPE %s", key);
+        int hash =
+            t && t->type == REDIS_REPLY_STATUS && !strcmp(t->str, "hash");
+        if (t)
+            freeReplyObject(t);
+        const char *cmd = hash ? "HLEN" : "STRLEN";
+        redisReply *a = redisCommand(m->src, "%s %s", cmd, key);
+        const char *argv[] = {cmd, dst};
+        redisReply *b = dst_command(m, dst, 2, argv, NULL, errstr, errstr_size);
+        int same = a && b && a->type == REDIS_REPLY_INTEGER &&
+                   b->type == REDIS_REPLY_INTEGER && a->integer == b->integer;
+        if (!same && b)
+            snprintf(errstr, errstr_size,
+                     "check failed: %s %s on the source is %lld, %s on the "
+                     "cluster %lld (marker not written)",
+                     cmd, key,
+                     a && a->type == REDIS_REPLY_INTEGER ? a->integer : -1LL,
+                     dst, b->type == REDIS_REPLY_INTEGER ? b->integer : -1LL);
+        if (a)
+            freeReplyObject(a);
+        if (b)
+            freeReplyObject(b);
+        if (!same)
+            return -1;
+    }
     return 0;
 }
 
@@ -617,11 +929,11 @@ static int write_marker(migrate_t *m, char *errstr, size_t errstr_size)
     snprintf(key, sizeof(key), "%smigrated{%s}", m->conf->redis_prefix,
              m->conf->group_id);
     snprintf(val, sizeof(val),
-             "from %s at %lld: %zu state keys, %zu positions, %zu ledger "
-             "keys into %s",
+             "from %s at %lld: %zu state keys, %zu positions, %zu global "
+             "marks, %zu ledger keys and %zu script keys into %s",
              idem_redisconn_url_redact(m->o->from, url, sizeof(url)),
-             (long long)time(NULL), m->state_keys, m->positions, m->ledger_keys,
-             m->tag);
+             (long long)time(NULL), m->state_keys, m->positions, m->gmarks,
+             m->ledger_keys, m->script_copied, m->tag);
     const char *argv[] = {"SET", key, val};
     redisReply *r = dst_command(m, key, 3, argv, NULL, errstr, errstr_size);
     if (reply_ok(r, "cluster: SET", key, errstr, errstr_size))
@@ -645,16 +957,29 @@ static int migrate(migrate_t *m, char *errstr, size_t errstr_size)
     int done = already_migrated(m, errstr, errstr_size);
     if (done)
         return done < 0 ? -1 : 0;
-    if (no_live_members(m, errstr, errstr_size) ||
+    if (no_live_members(m, 0, errstr, errstr_size) ||
         source_layout_ok(m, errstr, errstr_size) ||
+        pick_tag(m, errstr, errstr_size) ||
+        (m->o->script_keys && collect_script(m, errstr, errstr_size)) ||
         target_empty(m, errstr, errstr_size) ||
         copy_state(m, errstr, errstr_size) ||
-        copy_positions(m, errstr, errstr_size))
+        copy_positions(m, errstr, errstr_size) ||
+        copy_gmarks(m, errstr, errstr_size))
         return -1;
     printf("group %s: %zu dedup state keys copied (%" PRIu64
-           " bytes; %zu expired meanwhile), %zu positions\n",
+           " bytes; %zu expired meanwhile), %zu positions, %zu global "
+           "marks (%zu expired meanwhile)\n",
            m->conf->group_id, m->state_keys, m->state_bytes, m->state_gone,
-           m->positions);
+           m->positions, m->gmarks, m->gmarks_gone);
+    if (m->o->script_keys) {
+        if (copy_script(m, errstr, errstr_size))
+            return -1;
+        printf("script: %zu keys into the shard %s (%" PRIu64
+               " bytes; %zu expired meanwhile; %zu under redis.prefix left "
+               "out)\n",
+               m->script_copied, m->tag, m->script_bytes, m->script_gone,
+               m->script_own);
+    }
     if (!m->o->no_ledger) {
         if (copy_ledger(m, errstr, errstr_size))
             return -1;
@@ -662,6 +987,11 @@ static int migrate(migrate_t *m, char *errstr, size_t errstr_size)
         if (ledger_check(m, errstr, errstr_size))
             return -1;
     }
+    if (m->pieced)
+        printf("%zu keys longer than %d bytes copied in pieces\n", m->pieced,
+               PIECE_BYTES);
+    if (no_live_members(m, 1, errstr, errstr_size))
+        return -1;
     return write_marker(m, errstr, errstr_size);
 }
 
@@ -683,16 +1013,27 @@ int idem_cmd_migrate(int argc, char **argv, char **envp)
         idem_conf_destroy(conf);
         return IDEM_EXIT_USAGE;
     }
-    if (strcmp(conf->handler ? conf->handler : "", "ledger")) {
-        /* The script handler's own keys would need a shard each, and the
-         * external handlers' marks are per identity on another layout:
-         * nothing here moves them, and their effects' state would start
-         * over on the cluster. */
-        fprintf(stderr,
-                "idemproc migrate: handler=%s: migrate moves the partition "
-                "layout's state and the ledger only (handler=ledger); this "
-                "handler's Redis state is not moved\n",
-                conf->handler ? conf->handler : "");
+    const char *harg = NULL;
+    char herr[512];
+    const idem_handler_ops_t *h = idem_handler_find(
+        conf->handler ? conf->handler : "", &harg, herr, sizeof(herr));
+    const char *why = NULL;
+    if (!h)
+        why = herr;
+    else if (h->effect != IDEM_EFFECT_IN_REDIS)
+        /* Their marks are per identity (dedup.scope=global) under the
+         * same names in cluster mode: not the partition layout's state. */
+        why = "its effect is outside Redis (an external effect: forward, "
+              "webhook, plugins); migrate moves the state of an effect "
+              "applied in Redis (ledger, script) with dedup.scope=partition";
+    else if (idem_handler_key("script.file", NULL) == h && !o.script_keys)
+        /* The effect's keys are named by the user's file. */
+        why = "its effect writes keys of its own names: list them with "
+              "--script-keys PATTERN,... (the source's keys it writes), else "
+              "they would start over on the cluster";
+    if (why) {
+        fprintf(stderr, "idemproc migrate: handler=%s: %s; nothing copied\n",
+                conf->handler ? conf->handler : "", why);
         idem_conf_destroy(conf);
         return IDEM_EXIT_FAIL;
     }
@@ -714,6 +1055,7 @@ int idem_cmd_migrate(int argc, char **argv, char **envp)
                "redis.cluster.nodes\n",
                conf->group_id);
     fflush(stdout);
+    keys_free(&m.script);
     idem_redisconn_close(m.src_rc);
     idem_cluster_destroy(m.cl);
     idem_conf_destroy(conf);
