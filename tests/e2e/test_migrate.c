@@ -11,6 +11,7 @@
 #include "harness_cluster.h"
 
 #include <criterion/criterion.h>
+#include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,11 +19,16 @@
 
 static th_stack_t stk;
 static th_cluster_t clu;
+static char *script_dir;
 
 static void migrate_fini(void)
 {
     th_stack_cleanup();
     th_cluster_stop(&clu);
+    if (script_dir)
+        th_rmrf(script_dir);
+    free(script_dir);
+    script_dir = NULL;
 }
 
 TestSuite(migrate, .fini = migrate_fini);
@@ -93,6 +99,57 @@ static int run_migrate(const char *extra, char **out)
     free(o);
     free(e);
     return rc;
+}
+
+/* idemproc migrate -c <stack conf>, each of sets (NULL-ended; NULL: the
+ * plain cluster's seeds) as --set, --from <the stack's Redis>, then extra
+ * (NULL-ended, may be NULL); its exit code, *out its stdout and stderr. */
+static int run_migrate_v(const char *const sets[], const char *const extra[],
+                         char **out)
+{
+    char from[96];
+    snprintf(from, sizeof(from), "redis://127.0.0.1:%d/0", stk.redis.port);
+    const char *plain[] = {cluster_set(), NULL};
+    char *argv[40];
+    int n = 0;
+    argv[n++] = (char *)th_bin();
+    argv[n++] = "migrate";
+    argv[n++] = "-c";
+    argv[n++] = stk.conf;
+    for (const char *const *s = sets ? sets : plain; *s && n < 30; s++) {
+        argv[n++] = "--set";
+        argv[n++] = (char *)*s;
+    }
+    argv[n++] = "--from";
+    argv[n++] = from;
+    for (int i = 0; extra && extra[i] && n < 39; i++)
+        argv[n++] = (char *)extra[i];
+    argv[n] = NULL;
+    char *o = NULL, *e = NULL;
+    int rc = th_run(argv, &o, &e, 180000);
+    size_t len = strlen(o ? o : "") + strlen(e ? e : "") + 1;
+    *out = malloc(len);
+    snprintf(*out, len, "%s%s", o ? o : "", e ? e : "");
+    free(o);
+    free(e);
+    return rc;
+}
+
+/* The cluster node (index) that owns key's slot; -1 when none. */
+__attribute__((unused)) static int key_owner(const char *key)
+{
+    char *slot = th_cluster_cmd(&clu, 0, "CLUSTER KEYSLOT %s", key);
+    int owner = slot ? th_cluster_owner(&clu, atoi(slot)) : -1;
+    free(slot);
+    return owner;
+}
+
+/* redis-cli on the stack's single Redis: its trimmed output (caller
+ * frees). */
+static char *src_cli(const char *const args[])
+{
+    char *r = th_redis_cli(&stk.redis, args);
+    return r ? r : strdup("");
 }
 
 /* The same generated traffic each time (deterministic by seed): sent
@@ -286,4 +343,219 @@ Test(migrate, other_handlers_refused)
     unlink(conf);
     unlink(lua);
     rmdir(dir);
+}
+
+/* handler=script: payments applied by the user's Lua effect (the one of
+ * test_cluster_run.c): bal:<CURRENCY> hashes and an applied counter, on
+ * one Redis under their own names, in cluster mode sharded by partition. */
+static const char payments_lua[] =
+    "function effect(rec)\n"
+    "  local f = rec.fields\n"
+    "  local cur, user, amt = f['/currency'], f['/user_id'], f['/amount']\n"
+    "  if type(cur) ~= 'string' or type(user) ~= 'string' or\n"
+    "    type(amt) ~= 'number' then\n"
+    "    return false, 'not a payment'\n"
+    "  end\n"
+    "  idem.hincrby('bal:' .. cur, user, math.floor(amt * 100 + 0.5))\n"
+    "  idem.incrby('applied', 1)\n"
+    "end\n";
+
+static const char *const script_traffic[] = {
+    "--count", "2000",         "--duplicates", "0.1", "--seed",
+    "4242",    "--currencies", "EUR,USD",      NULL};
+
+/* verify -c <stack conf> --expect path, plus each of sets as --set (may be
+ * NULL); its exit code, *out its output (caller frees). */
+static int run_verify(const char *path, const char *const sets[], char **out)
+{
+    char *argv[16];
+    int n = 0;
+    argv[n++] = (char *)th_bin();
+    argv[n++] = "verify";
+    argv[n++] = "-c";
+    argv[n++] = stk.conf;
+    argv[n++] = "--expect";
+    argv[n++] = (char *)path;
+    for (int i = 0; sets && sets[i] && n < 14; i++) {
+        argv[n++] = "--set";
+        argv[n++] = (char *)sets[i];
+    }
+    argv[n] = NULL;
+    char *o = NULL, *e = NULL;
+    int rc = th_run(argv, &o, &e, 60000);
+    size_t len = strlen(o ? o : "") + strlen(e ? e : "") + 1;
+    *out = malloc(len);
+    snprintf(*out, len, "%s%s", o ? o : "", e ? e : "");
+    free(o);
+    free(e);
+    return rc;
+}
+
+/* `state get script key field --json` (plus sets): its "value" as text
+ * (a JSON dump; "absent" when null, "error: ..." on a failure), caller
+ * frees. */
+static char *state_value(const char *key, const char *field,
+                         const char *const sets[])
+{
+    char *argv[16];
+    int n = 0;
+    argv[n++] = (char *)th_bin();
+    argv[n++] = "state";
+    argv[n++] = "get";
+    argv[n++] = "script";
+    argv[n++] = (char *)key;
+    argv[n++] = (char *)field;
+    argv[n++] = "-c";
+    argv[n++] = stk.conf;
+    argv[n++] = "--json";
+    for (int i = 0; sets && sets[i] && n < 14; i++) {
+        argv[n++] = "--set";
+        argv[n++] = (char *)sets[i];
+    }
+    argv[n] = NULL;
+    char *o = NULL, *e = NULL, *res = NULL;
+    int rc = th_run(argv, &o, &e, 60000);
+    json_t *j = rc == 0 && o ? json_loads(o, 0, NULL) : NULL;
+    json_t *v = j ? json_object_get(j, "value") : NULL;
+    if (!j)
+        res = strdup("error");
+    else if (!v || json_is_null(v))
+        res = strdup("absent");
+    else
+        res = json_dumps(v, JSON_ENCODE_ANY);
+    if (!j)
+        cr_log_error("state get script %s %s: exit %d: %s%s", key, field, rc,
+                     o ? o : "", e ? e : "");
+    json_decref(j);
+    free(o);
+    free(e);
+    return res;
+}
+
+/* The expectation of the script run for verify at path: the ledger
+ * `produce` predicted as the hashes bal:<CURRENCY>, the applied counter,
+ * and the applied identities by their marks. */
+static void script_expect_write(const char *path, long unique)
+{
+    json_error_t jerr;
+    json_t *want = json_load_file(stk.expect, 0, &jerr);
+    cr_assert(want, "%s: %s", stk.expect, jerr.text);
+    json_t *redis = json_object();
+    const char *cur;
+    json_t *users;
+    json_object_foreach(json_object_get(want, "ledger"), cur, users)
+    {
+        char key[64];
+        snprintf(key, sizeof(key), "bal:%s", cur);
+        json_object_set(redis, key, users);
+    }
+    json_object_set_new(redis, "applied", json_integer(unique));
+    json_t *e =
+        json_pack("{sI so}", "applied", (json_int_t)unique, "redis", redis);
+    cr_assert_eq(json_dump_file(e, path, JSON_INDENT(1)), 0);
+    json_decref(e);
+    json_decref(want);
+}
+
+/* The script handler's state moved: a run on one Redis, `verify` exact
+ * and `state get script` read there; a set among the keys named is
+ * refused by name with nothing written; then the move, after which
+ * `state get` gives the same values and `verify` (the same expectation)
+ * is exact on the cluster; then members on the cluster get every record
+ * again and apply none of them. */
+Test(migrate, script_handler_moved_exact, .timeout = 300)
+{
+    cr_assert_eq(th_cluster_start(&clu, 3, 1), 0, "cluster did not start");
+    char file[600];
+    snprintf(file, sizeof(file), "script.file=%s",
+             th_file_in(&script_dir, "payments.lua", payments_lua));
+    const char *props[] = {"dedup.scope=partition",
+                           "handler=script",
+                           file,
+                           "script.fields=/currency,/user_id,/amount",
+                           "batch.max.messages=50",
+                           NULL};
+    cr_assert_eq(th_stack_start(&stk, PARTS, props), 0);
+    cr_assert_eq(th_stack_produce(&stk, script_traffic), 0);
+    long unique = th_stack_expect_unique(&stk);
+    cr_assert_gt(unique, 1000);
+    pid_t m1 = th_stack_member_started(&stk, "m1", NULL);
+    const char *get_applied[] = {"GET", "applied", NULL};
+    long applied = 0;
+    for (int waited = 0; waited < 120000; waited += 200) {
+        char *v = src_cli(get_applied);
+        applied = atol(v);
+        free(v);
+        if (applied >= unique)
+            break;
+        usleep(200 * 1000);
+    }
+    cr_assert_eq(applied, unique, "%s", th_stack_member_log(&stk, "m1"));
+    cr_assert_eq(th_stack_stop_member(&stk, "m1", m1, 15000), 0);
+
+    char vpath[600], *out = NULL;
+    snprintf(vpath, sizeof(vpath), "%s/script-expect.json", stk.dir);
+    script_expect_write(vpath, unique);
+    cr_expect_eq(run_verify(vpath, NULL, &out), 0, "one Redis:\n%s", out);
+    free(out);
+    /* What state get reads on one Redis: a few balances, the counter. */
+    const char *probes[][2] = {{"bal:EUR", "user-1"},
+                               {"bal:USD", "user-2"},
+                               {"bal:EUR", "user-99"},
+                               {"applied", "-"}};
+    size_t nprobes = sizeof(probes) / sizeof(probes[0]);
+    char *before[4];
+    for (size_t i = 0; i < nprobes; i++) {
+        before[i] = state_value(probes[i][0], probes[i][1], NULL);
+        cr_assert(strcmp(before[i], "error") && strcmp(before[i], "absent"),
+                  "%s %s: %s", probes[i][0], probes[i][1], before[i]);
+    }
+
+    /* A set among the keys named: refused by name, nothing written. */
+    const char *sadd[] = {"SADD", "seen:x", "a", "b", NULL};
+    free(src_cli(sadd));
+    const char *with_set[] = {"--script-keys", "bal:*,applied,seen:*", NULL};
+    cr_expect_eq(run_migrate_v(NULL, with_set, &out), 1, "%s", out);
+    cr_expect(strstr(out, "refused: script key seen:x is a set"), "%s", out);
+    free(out);
+    cr_expect_eq(cluster_keys("*"), 0);
+    const char *del[] = {"DEL", "seen:x", NULL};
+    free(src_cli(del));
+
+    const char *keys[] = {"--script-keys", "bal:*,applied", NULL};
+    cr_assert_eq(run_migrate_v(NULL, keys, &out), 0, "%s", out);
+    fprintf(stderr, "idemproc migrate:\n%s", out);
+    cr_expect(strstr(out, "script: 3 keys into the shard "
+                          "{test-group:payments:0}"),
+              "%s", out);
+    free(out);
+    /* Each key whole in one shard, so the sums are the old values. */
+    cr_expect_eq(cluster_keys("bal:*{test-group:payments:0}"), 2);
+    cr_expect_eq(cluster_sum("applied{*", NULL), unique);
+    const char *sets[] = {cluster_set(), NULL};
+    for (size_t i = 0; i < nprobes; i++) {
+        char *after = state_value(probes[i][0], probes[i][1], sets);
+        cr_expect_str_eq(after, before[i], "state get script %s %s",
+                         probes[i][0], probes[i][1]);
+        free(after);
+        free(before[i]);
+    }
+    cr_expect_eq(run_verify(vpath, sets, &out), 0, "cluster:\n%s", out);
+    cr_expect(strstr(out, "verify: redis exact ("), "%s", out);
+    free(out);
+
+    /* Every record again, to members on the cluster: all duplicates. */
+    pid_t m2 = th_stack_member_started(&stk, "m2", sets);
+    cr_assert_eq(th_stack_produce(&stk, script_traffic), 0);
+    th_stack_wait_committed(&stk, "payments", PARTS, 120000);
+    cr_expect_eq(run_verify(vpath, sets, &out), 0, "cluster, again:\n%s", out);
+    char line[128];
+    snprintf(line, sizeof(line), "verify: marks exact (%ld identities applied",
+             unique);
+    cr_expect(strstr(out, line), "want %s in:\n%s", line, out);
+    free(out);
+    cr_expect_eq(cluster_sum("applied{*", NULL), unique);
+    cr_expect_eq(th_stack_stop_member(&stk, "m2", m2, 15000), 0);
+    th_stack_stop(&stk);
+    th_cluster_stop(&clu);
 }
