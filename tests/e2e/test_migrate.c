@@ -136,7 +136,7 @@ static int run_migrate_v(const char *const sets[], const char *const extra[],
 }
 
 /* The cluster node (index) that owns key's slot; -1 when none. */
-__attribute__((unused)) static int key_owner(const char *key)
+static int key_owner(const char *key)
 {
     char *slot = th_cluster_cmd(&clu, 0, "CLUSTER KEYSLOT %s", key);
     int owner = slot ? th_cluster_owner(&clu, atoi(slot)) : -1;
@@ -556,6 +556,236 @@ Test(migrate, script_handler_moved_exact, .timeout = 300)
     free(out);
     cr_expect_eq(cluster_sum("applied{*", NULL), unique);
     cr_expect_eq(th_stack_stop_member(&stk, "m2", m2, 15000), 0);
+    th_stack_stop(&stk);
+    th_cluster_stop(&clu);
+}
+
+/* SHA-1 of the string at key, computed by the Redis that holds it (node
+ * `node` of the cluster, or the stack's Redis when node < 0); caller
+ * frees. */
+static char *key_sha(int node, const char *key)
+{
+    static const char lua[] =
+        "return redis.sha1hex(redis.call('GET', KEYS[1]) or '')";
+    if (node >= 0)
+        return th_cluster_cmd(&clu, node, "EVAL %s 1 %s", lua, key);
+    const char *args[] = {"EVAL", lua, "1", key, NULL};
+    return src_cli(args);
+}
+
+/* Over TLS to a TLS cluster (seeds its TLS ports, rediss:// and the test
+ * CA; the source a plain Redis): --force shown both ways (a ledger shard
+ * on the cluster refuses the move, nothing written; with --force it is
+ * replaced by the copy), a window key longer than one 1 MiB piece copied
+ * byte for byte, and the global path's mark of a record without a key
+ * copied to its bucket's name with its time to live. */
+Test(migrate, over_tls_force_long_key_and_global_marks, .timeout = 300)
+{
+    cr_assert_eq(th_cluster_start_tls(&clu, 3, 0), 0,
+                 "TLS cluster did not start");
+    const char *props[] = {"dedup.scope=partition", "handler=ledger",
+                           "batch.max.messages=50", NULL};
+    cr_assert_eq(th_stack_start(&stk, PARTS, props), 0);
+    cr_assert_eq(th_stack_produce(&stk, traffic), 0);
+    long unique = th_stack_expect_unique(&stk);
+    pid_t m1 = th_stack_member_started(&stk, "m1", NULL);
+    /* A record without a key (kcat, no headers): the global path. */
+    char cmd[1024];
+    snprintf(cmd, sizeof(cmd),
+             "printf '%%s\\n' '{\"message_id\":\"kl-1\",\"idempotency_key\":"
+             "\"payment-kl-1\",\"event_type\":\"payment.captured\","
+             "\"created_at\":\"2026-01-01T00:00:00Z\",\"version\":1,"
+             "\"order_id\":\"kl-1\",\"user_id\":\"user-1\",\"amount\":1.00,"
+             "\"currency\":\"EUR\"}' | /usr/bin/kcat -P -b %s -t payments",
+             stk.broker.bootstrap);
+    char *sh[] = {"/bin/sh", "-c", cmd, NULL};
+    cr_assert_eq(th_run(sh, NULL, NULL, 30000), 0, "kcat failed");
+    cr_assert_eq(th_stack_wait_applied(&stk, unique + 1, 120000), 0,
+                 "applied %ld of %ld:\n%s", th_stack_applied(&stk), unique + 1,
+                 th_stack_member_log(&stk, "m1"));
+    cr_assert_eq(th_stack_stop_member(&stk, "m1", m1, 15000), 0);
+    const char *gkeys[] = {"KEYS", "idemproc:dedup:test-group:*", NULL};
+    char *gmark = src_cli(gkeys);
+    cr_assert(*gmark && !strchr(gmark, '\n'),
+              "want one global mark on the source, got: %s", gmark);
+    const char *id = gmark + strlen("idemproc:dedup:test-group:");
+    /* A window key of 3.2 MiB (more than three pieces), distinct bytes. */
+    const char *big = "idemproc:st{test-group:payments:0}:w7";
+    const char *mk[] = {
+        "EVAL",
+        "for i = 1, tonumber(ARGV[1]) do redis.call('APPEND', KEYS[1], "
+        "string.format('%08d', i) .. string.rep('.', 56)) end "
+        "redis.call('PEXPIRE', KEYS[1], 600000) "
+        "return redis.call('STRLEN', KEYS[1])",
+        "1",
+        big,
+        "50000",
+        NULL};
+    char *len = src_cli(mk);
+    cr_assert_str_eq(len, "3200000");
+    free(len);
+
+    char nodes[600], ca[600];
+    snprintf(nodes, sizeof(nodes), "redis.cluster.nodes=%s", clu.tls_seeds);
+    snprintf(ca, sizeof(ca), "redis.tls.ca.file=%s", clu.tls_ca);
+    const char *tls[] = {nodes, "redis.url=rediss://127.0.0.1:1/0", ca, NULL};
+    /* A shard of the ledger already on the cluster: refused, nothing
+     * written, the shard as it was. */
+    const char *shard = "idemproc:ledger:EUR{test-group:payments:0}";
+    int so = key_owner(shard);
+    cr_assert_geq(so, 0);
+    free(th_cluster_cmd(&clu, so, "HSET %s user-1 7", shard));
+    char *out = NULL;
+    cr_expect_eq(run_migrate_v(tls, NULL, &out), 1, "%s", out);
+    cr_expect(strstr(out, "refused: the cluster already holds "
+                          "idemproc:ledger:EUR{test-group:payments:0}"),
+              "%s", out);
+    free(out);
+    cr_expect_eq(cluster_keys("idemproc:st{*"), 0);
+    char *v = th_cluster_cmd(&clu, so, "HGET %s user-1", shard);
+    cr_expect_str_eq(v ? v : "", "7");
+    free(v);
+    /* --force: copied over it, the shard now the source's balance. */
+    const char *force[] = {"--force", NULL};
+    cr_assert_eq(run_migrate_v(tls, force, &out), 0, "%s", out);
+    fprintf(stderr, "idemproc migrate --force:\n%s", out);
+    cr_expect(strstr(out, "ledger:EUR  source "), "%s", out);
+    cr_expect(!strstr(out, "MISMATCH"), "%s", out);
+    cr_expect(strstr(out, "1 global marks"), "%s", out);
+    cr_expect(strstr(out, "1 keys longer than 1048576 bytes copied in "
+                          "pieces"),
+              "%s", out);
+    free(out);
+    const char *hget[] = {"HGET", "idemproc:ledger:EUR", "user-1", NULL};
+    char *want = src_cli(hget);
+    v = th_cluster_cmd(&clu, so, "HGET %s user-1", shard);
+    cr_expect_str_eq(v ? v : "", want);
+    free(v);
+    free(want);
+    cr_expect_eq(cluster_sum("idemproc:ledger:applied{*", NULL), unique + 1);
+    /* The long key byte for byte, its time to live kept. */
+    int bo = key_owner(big);
+    cr_assert_geq(bo, 0);
+    char *a = key_sha(-1, big), *b = key_sha(bo, big);
+    cr_expect_str_eq(b ? b : "", a, "SHA-1 of %s", big);
+    free(a);
+    free(b);
+    v = th_cluster_cmd(&clu, bo, "PTTL %s", big);
+    cr_expect(v && atol(v) > 0 && atol(v) <= 600000, "PTTL %s: %s", big, v);
+    free(v);
+    /* The global mark under its bucket's tag: the bucket is the CRC16 of
+     * the identity (CLUSTER KEYSLOT's, for a name without braces) % 64. */
+    char *slot = th_cluster_cmd(&clu, 0, "CLUSTER KEYSLOT %s", id);
+    cr_assert(slot && !strchr(id, '{'));
+    char dst[512];
+    snprintf(dst, sizeof(dst), "idemproc:dedup{test-group::%02d}:%s",
+             atoi(slot) % 64, id);
+    free(slot);
+    int go = key_owner(dst);
+    cr_assert_geq(go, 0);
+    const char *pttl[] = {"PTTL", gmark, NULL};
+    char *src_ttl = src_cli(pttl);
+    v = th_cluster_cmd(&clu, go, "PTTL %s", dst);
+    cr_expect(v && atol(v) > 0 && atol(v) <= atol(src_ttl),
+              "PTTL %s: %s (source %s)", dst, v, src_ttl);
+    free(v);
+    free(src_ttl);
+    const char *get[] = {"GET", gmark, NULL};
+    char *sv = src_cli(get);
+    v = th_cluster_cmd(&clu, go, "GET %s", dst);
+    cr_expect_str_eq(v ? v : "", sv, "the mark's value");
+    free(v);
+    free(sv);
+    free(gmark);
+    th_stack_stop(&stk);
+    th_cluster_stop(&clu);
+}
+
+/* A member started while the copy runs: the copy is held on a cluster
+ * node's CLIENT PAUSE WRITE (migrate's own reads, the member checks
+ * included, go on), a member starts on the single Redis meanwhile, then
+ * the pause ends: migrate fails naming it and writes no marker; once it
+ * is stopped, a new run is refused (the cluster holds the group's state)
+ * until --force. */
+Test(migrate, member_started_during_the_copy_fails, .timeout = 300)
+{
+    cr_assert_eq(th_cluster_start(&clu, 3, 0), 0, "cluster did not start");
+    const char *props[] = {"dedup.scope=partition", "handler=ledger",
+                           "batch.max.messages=50", NULL};
+    cr_assert_eq(th_stack_start(&stk, PARTS, props), 0);
+    cr_assert_eq(th_stack_produce(&stk, traffic), 0);
+    long unique = th_stack_expect_unique(&stk);
+    pid_t m1 = th_stack_member_started(&stk, "m1", NULL);
+    cr_assert_eq(th_stack_wait_applied(&stk, unique, 120000), 0);
+    cr_assert_eq(th_stack_stop_member(&stk, "m1", m1, 15000), 0);
+    /* The node to pause: one that takes a partition's state but not the
+     * group's heartbeats (its liveness script is a write for PAUSE). */
+    int hb = key_owner("idemproc:members{test-group}"), paused = -1;
+    for (int p = 0; p < PARTS && paused < 0; p++) {
+        char k[96];
+        snprintf(k, sizeof(k), "idemproc:st{test-group:payments:%d}:epoch", p);
+        int o = key_owner(k);
+        if (o != hb)
+            paused = o;
+    }
+    cr_assert_geq(paused, 0, "every partition on the heartbeats' node");
+    char *r = th_cluster_cmd(&clu, paused, "CLIENT PAUSE 60000 WRITE");
+    cr_assert_str_eq(r ? r : "", "OK");
+    free(r);
+    char from[96], outp[600], errp[600];
+    snprintf(from, sizeof(from), "redis://127.0.0.1:%d/0", stk.redis.port);
+    snprintf(outp, sizeof(outp), "%s/migrate.out", stk.dir);
+    snprintf(errp, sizeof(errp), "%s/migrate.err", stk.dir);
+    char *argv[] = {(char *)th_bin(),      "migrate", "-c", stk.conf, "--set",
+                    (char *)cluster_set(), "--from",  from, NULL};
+    pid_t mig = th_spawn(argv, outp, errp, NULL);
+    cr_assert_gt(mig, 0);
+    int blocked = 0;
+    for (int waited = 0; !blocked && waited < 60000; waited += 100) {
+        char *info = th_cluster_cmd(&clu, paused, "INFO clients");
+        blocked = info && strstr(info, "blocked_clients:1");
+        free(info);
+        if (!blocked)
+            usleep(100 * 1000);
+    }
+    cr_assert(blocked, "migrate never wrote to the paused node");
+    pid_t m2 = th_stack_member_started(&stk, "m2", NULL);
+    free(th_cluster_cmd(&clu, paused, "CLIENT UNPAUSE"));
+    cr_expect_eq(th_wait(mig, 120000), 1);
+    char *o = NULL, *e = NULL;
+    FILE *f = fopen(errp, "r");
+    if (f) {
+        e = calloc(1, 65536);
+        fread(e, 1, 65535, f);
+        fclose(f);
+    }
+    f = fopen(outp, "r");
+    if (f) {
+        o = calloc(1, 65536);
+        fread(o, 1, 65535, f);
+        fclose(f);
+    }
+    cr_expect(e && strstr(e, "failed: member m2 of group test-group started "
+                             "on the source during the copy"),
+              "%s%s", o ? o : "", e ? e : "");
+    free(o);
+    free(e);
+    int mo = key_owner("idemproc:migrated{test-group}");
+    char *marker =
+        th_cluster_cmd(&clu, mo, "EXISTS %s", "idemproc:migrated{test-group}");
+    cr_expect_str_eq(marker ? marker : "", "0", "the marker was written");
+    free(marker);
+    cr_expect_eq(th_stack_stop_member(&stk, "m2", m2, 15000), 0);
+    /* Run again with every member stopped: the copy is refused over the
+     * group's state, then made with --force. */
+    char *out = NULL;
+    cr_expect_eq(run_migrate_v(NULL, NULL, &out), 1, "%s", out);
+    cr_expect(strstr(out, "refused: the cluster already holds"), "%s", out);
+    free(out);
+    const char *force[] = {"--force", NULL};
+    cr_expect_eq(run_migrate_v(NULL, force, &out), 0, "%s", out);
+    cr_expect(strstr(out, "migrated;"), "%s", out);
+    free(out);
     th_stack_stop(&stk);
     th_cluster_stop(&clu);
 }
