@@ -6,7 +6,10 @@
  * lost). Its refusals (a live member, a cluster that holds the group's
  * state) and a second run (nothing to do). And the ACL line of
  * deploy/README.md for cluster mode: a member and verify run as that user
- * on every node, with nothing denied. */
+ * on every node, with nothing denied. The script handler's keys moved
+ * into one shard (state get and verify equal before and after); over TLS
+ * with --force both ways, a window key longer than a piece and a global
+ * mark; a member started during the copy. */
 #include "harness.h"
 #include "harness_cluster.h"
 
