@@ -708,8 +708,9 @@ Test(migrate, over_tls_force_long_key_and_global_marks, .timeout = 300)
  * node's CLIENT PAUSE WRITE (migrate's own reads, the member checks
  * included, go on), a member starts on the single Redis meanwhile, then
  * the pause ends: migrate fails naming it and writes no marker; once it
- * is stopped, a new run is refused (the cluster holds the group's state)
- * until --force. */
+ * is stopped, a new run is refused (the cluster holds the group's state;
+ * then the source's layout still honours global marks after a switch)
+ * until --force, which overrides both. */
 Test(migrate, member_started_during_the_copy_fails, .timeout = 300)
 {
     cr_assert_eq(th_cluster_start(&clu, 3, 0), 0, "cluster did not start");
@@ -785,6 +786,24 @@ Test(migrate, member_started_during_the_copy_fails, .timeout = 300)
     cr_expect_eq(run_migrate_v(NULL, NULL, &out), 1, "%s", out);
     cr_expect(strstr(out, "refused: the cluster already holds"), "%s", out);
     free(out);
+    /* The source switched to partition a moment ago: it still honours
+     * the global marks, which cluster mode does not read: refused. */
+    const char *layouts[] = {"global", "partition"};
+    for (int i = 0; i < 2; i++) {
+        char *largv[] = {
+            (char *)th_bin(), "layout", "set", (char *)layouts[i], "-c",
+            stk.conf,         NULL};
+        char *lo = NULL, *le = NULL;
+        cr_assert_eq(th_run(largv, &lo, &le, 30000), 0, "layout set %s: %s%s",
+                     layouts[i], lo ? lo : "", le ? le : "");
+        free(lo);
+        free(le);
+    }
+    cr_expect_eq(run_migrate_v(NULL, NULL, &out), 1, "%s", out);
+    cr_expect(strstr(out, "refused: the source switched from global"), "%s",
+              out);
+    free(out);
+    /* --force copies over the cluster's state and past the honouring. */
     const char *force[] = {"--force", NULL};
     cr_expect_eq(run_migrate_v(NULL, force, &out), 0, "%s", out);
     cr_expect(strstr(out, "migrated;"), "%s", out);
