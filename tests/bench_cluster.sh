@@ -101,6 +101,28 @@ cluster_ok() {
 wait_for 30 - cluster_ok || die "the cluster did not reach cluster_state:ok"
 say "cluster: $NODES primaries on ${NPORT[*]}"
 
+# Where a row's Redis time goes: INFO commandstats of the servers the row
+# uses (the single Redis, or the three nodes), reset when the first record
+# is seen and read when the last is done. stats_read ROW SENT prints, per
+# command, cmd_<name>_calls (calls per 1,000 records) and cmd_<name>_us
+# (µs of the command's own time per record), summed over the servers;
+# EVALSHA's time includes the commands its script calls (also counted
+# under their own names). Redis CPU outside any command (reading and
+# parsing requests, writing replies, the event loop, cluster bus) is the
+# CPU figure less EVALSHA and the other top-level commands.
+stats_ports() { if [[ $1 == cluster ]]; then echo "${NPORT[@]}"; else echo "$REDIS_PORT"; fi; }
+stats_reset() {
+    local p
+    for p in "$REDIS_PORT" "${NPORT[@]}"; do redis-cli -h 127.0.0.1 -p "$p" config resetstat >/dev/null; done
+}
+stats_read() {
+    local p
+    for p in $(stats_ports "$1"); do redis-cli -h 127.0.0.1 -p "$p" info commandstats; done |
+        awk -F'[:,=]' -v n="$2" '/^cmdstat_/ { c = substr($1, 9); gsub(/[^a-z_]/, "_", c)
+                calls[c] += $3; usec[c] += $5 }
+            END { for (c in calls) printf "cmd_%s_calls=%.2f cmd_%s_us=%.3f ", c, n ? calls[c] * 1000 / n : 0, c, n ? usec[c] / n : 0 }'
+}
+
 per() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", b ? a / b : 0 }'; }
 : >"$DIR/rows.jsonl"
 emit() {
@@ -154,6 +176,7 @@ run() {
         if ((k == 0)); then
             r0=$(cpu_ticks "$RPID")
             for i in "${!NPID[@]}"; do n0[i]=$(cpu_ticks "${NPID[i]}"); done
+            stats_reset
         elif ((first == 0)); then
             first=$(((prev + t) / 2))
         fi
@@ -168,6 +191,8 @@ run() {
     local r1 n1=() sum=0 nodes=() us_node
     r1=$(cpu_ticks "$RPID")
     for i in "${!NPID[@]}"; do n1[i]=$(cpu_ticks "${NPID[i]}"); done
+    local cmds
+    cmds=$(stats_read "$row" "$SENT")
     for name in "${names[@]}"; do kill -TERM "${PID[$name]}"; done
     for name in "${names[@]}"; do stop "$name" - 60 || die "$name exited with $? on SIGTERM"; done
     "$BIN" verify -c "$conf" --expect "$DIR/$topic.expect.json" --dlq >"$DIR/$row-$rep.verify" 2>&1 &&
@@ -182,9 +207,9 @@ run() {
             sum=$((sum + n1[i] - n0[i]))
         done
         emit cluster "$rep" rate=$((SENT * 1000000 / us)) "${nodes[@]}" \
-            redis_cpu_us="$(per $((sum * TICK_US)) "$SENT")" single_redis_cpu_us="$one_us"
+            redis_cpu_us="$(per $((sum * TICK_US)) "$SENT")" single_redis_cpu_us="$one_us" $cmds
     else
-        emit one "$rep" rate=$((SENT * 1000000 / us)) redis_cpu_us="$one_us"
+        emit one "$rep" rate=$((SENT * 1000000 / us)) redis_cpu_us="$one_us" $cmds
     fi
     say "$row run $rep: $((SENT * 1000000 / us)) records/s, verify exact"
 }
@@ -224,3 +249,14 @@ jq -r '
             ([$v | to_entries[] | select(.key | test("^node")) | "\(.key | sub("_cpu_us"; "")) \(.value.median)"] | join(", ")) +
             "; the single Redis meanwhile \($v.single_redis_cpu_us.median))" else "" end)' "$OUT/cluster.json"
 jq -r '.estimate | "paper estimate (one core per Redis): one Redis \(.one_redis_records_per_s) records/s; a primary \(.per_primary_records_per_s) records/s, \(.cluster_records_per_s) for the 3 primaries; cluster / one Redis: CPU per record \(.cluster_cpu_over_one)x, measured records/s \(.cluster_rate_over_one)x (2 shared cores)"' "$OUT/cluster.json"
+echo "where the Redis time goes (medians; INFO commandstats summed over the row's servers; per command: calls per 1,000 records, µs of its own time per record; EVALSHA includes the commands its script calls)"
+jq -r '
+    .rows as $r | ([$r.one, $r.cluster] | map(keys) | add | unique
+        | map(select(test("^cmd_.*_us$")) | sub("^cmd_"; "") | sub("_us$"; ""))) as $cmds
+    | ["command", "one: calls/1k", "one: µs/rec", "cluster: calls/1k", "cluster: µs/rec"],
+      ($cmds[] as $c | [$c, ($r.one["cmd_\($c)_calls"].median // 0), ($r.one["cmd_\($c)_us"].median // 0),
+                       ($r.cluster["cmd_\($c)_calls"].median // 0), ($r.cluster["cmd_\($c)_us"].median // 0)]
+                     | select(.[2] + .[4] >= 0.005)),
+      ["CPU outside commands", "", (($r.one.redis_cpu_us.median - ([$cmds[] as $c | select(($c | test("^(hincrby|hmget|mget|hset|strlen|append|exists|incrby|time|expireat)$")) | not) | $r.one["cmd_\($c)_us"].median // 0] | add)) * 100 | round / 100),
+       "", (($r.cluster.redis_cpu_us.median - ([$cmds[] as $c | select(($c | test("^(hincrby|hmget|mget|hset|strlen|append|exists|incrby|time|expireat)$")) | not) | $r.cluster["cmd_\($c)_us"].median // 0] | add)) * 100 | round / 100)]
+    | @tsv' "$OUT/cluster.json" | column -t -s $'\t'
