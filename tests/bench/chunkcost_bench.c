@@ -259,6 +259,9 @@ static int cmdstats(redisContext *c, cmdstat_t *st)
         char name[32];
         if (sscanf(l, "cmdstat_%31[^:]:calls=%lf,usec=%lf", name, &calls,
                    &usec) == 3) {
+            for (char *q = name; *q; q++)
+                if (*q == '|') /* a subcommand's: config|resetstat */
+                    *q = '_';
             snprintf(st[n].name, sizeof(st[n].name), "%s", name);
             st[n].calls = calls;
             st[n].usec = usec;
