@@ -330,6 +330,9 @@ BENCH_MARKTAB    := $(BUILD)/bench/marktab_bench
 BENCH_PARTTABLES := $(BUILD)/bench/parttables_bench
 # The assignment-time load of a partition of 1M marks (tests/bench_member.sh).
 BENCH_PARTLOAD   := $(BUILD)/bench/partload_bench
+# The chunk script's Redis CPU per record in one Redis's and a cluster
+# primary's call shapes (tests/bench_cluster.sh).
+BENCH_CHUNKCOST  := $(BUILD)/bench/chunkcost_bench
 
 $(BENCH_CLASSIC): tests/bench/classic.c | deps-check
 	@mkdir -p $(@D)
@@ -352,6 +355,10 @@ $(BENCH_PARTLOAD): tests/bench/partload_bench.c $(LIB_OBJS) | deps-check
 	@mkdir -p $(@D)
 	$(CC) $(ALL_CFLAGS) -Iprocessor -o $@ $< $(LIB_OBJS) $(LDFLAGS) $(LDLIBS_ALL)
 
+$(BENCH_CHUNKCOST): tests/bench/chunkcost_bench.c $(LIB_OBJS) | deps-check
+	@mkdir -p $(@D)
+	$(CC) $(ALL_CFLAGS) -Iprocessor -o $@ $< $(LIB_OBJS) $(LDFLAGS) $(LDLIBS_ALL)
+
 # Rows of `make bench`: kcat classic redis idemproc1 idemproc2 latency
 # produce webhook outbox member cluster (all when none is named; member: the
 # dedup state's member rows, tests/bench_member.sh, alone with
@@ -359,7 +366,7 @@ $(BENCH_PARTLOAD): tests/bench/partload_bench.c $(LIB_OBJS) | deps-check
 # cluster: tests/bench_cluster.sh, alone with BENCH_ONLY=cluster); e.g.
 # make bench BENCH_ROWS="kcat idemproc1". BENCH_REPS (3) repetitions.
 BENCH_ROWS ?=
-bench: $(BIN) $(HOOKSINK) $(ORDERSINK) $(BENCH_CLASSIC) $(BENCH_REDISALONE) $(BENCH_MARKTAB) $(BENCH_PARTTABLES) $(BENCH_PARTLOAD) | deps-check-bench
+bench: $(BIN) $(HOOKSINK) $(ORDERSINK) $(BENCH_CLASSIC) $(BENCH_REDISALONE) $(BENCH_MARKTAB) $(BENCH_PARTTABLES) $(BENCH_PARTLOAD) $(BENCH_CHUNKCOST) | deps-check-bench
 	@PG_BINDIR=$(PG_BINDIR) BENCH_ONLY=$(BENCH_ONLY) tests/bench.sh $(BIN) $(BENCH_ROWS)
 
 # ThreadSanitizer: the HTTP thread against a thread updating the metrics as

@@ -10,10 +10,18 @@
 # the member rows: BENCH_CLUSTER_COUNT (200,000) payments plus 10%
 # duplicates and 1% poison on 64 partitions, produced to a topic of the
 # run's own once both members hold their partitions. BENCH_REPS (3)
-# repetitions, interleaved, of each row:
+# repetitions, interleaved, of each row (BENCH_CLUSTER_ROWS, all three by
+# default):
 #
-#   one      two members of one group on the single Redis
-#   cluster  two members of one group with redis.cluster.nodes
+#   one            two members of one group on the single Redis
+#   cluster        two members of one group with redis.cluster.nodes
+#   cluster_lp128  the same with the nodes' hash-max-listpack-entries at
+#                  128 for the run (CONFIG SET, put back after it; the
+#                  server's default here is 512): the ledger's balances are
+#                  sharded per partition, so each hash holds a 64th of the
+#                  users and spends far longer in the listpack encoding,
+#                  where HINCRBY scans the hash (docs/design.md, "Redis
+#                  Cluster mode")
 #
 # Every run has its own group on emptied Redis servers and must be exact
 # (`idemproc verify --dlq`, which sums the cluster's shards), else the
@@ -36,6 +44,7 @@ BIN=$(cd "$(dirname "$BIN")" && pwd)/$(basename "$BIN")
 TOOLS=$(dirname "$BIN")/bench
 OUT=${BENCH_OUT:-$TOOLS}
 REPS=${BENCH_REPS:-3}
+read -r -a ROWS <<<"${BENCH_CLUSTER_ROWS:-one cluster cluster_lp128}"
 COUNT=${BENCH_CLUSTER_COUNT:-200000}
 PARTITIONS=64
 NODES=3
@@ -52,7 +61,7 @@ LOAD_START=$(cut -d' ' -f1 /proc/loadavg)
 # (the group's first rebalance is not timed).
 TOPICS=()
 for ((rep = 1; rep <= REPS; rep++)); do
-    for row in one cluster; do
+    for row in "${ROWS[@]}"; do
         TOPICS+=(--topic "pay-$row-$rep:$PARTITIONS" --topic "pay-$row-$rep.dlq:4")
     done
 done
@@ -101,6 +110,40 @@ cluster_ok() {
 wait_for 30 - cluster_ok || die "the cluster did not reach cluster_state:ok"
 say "cluster: $NODES primaries on ${NPORT[*]}"
 
+# Where a row's Redis time goes: INFO commandstats of the servers the row
+# uses (the single Redis, or the three nodes), reset when the first record
+# is seen and read when the last is done. stats_read ROW SENT prints, per
+# command, cmd_<name>_calls (calls per 1,000 records) and cmd_<name>_us
+# (µs of the command's own time per record), summed over the servers;
+# EVALSHA's time includes the commands its script calls (also counted
+# under their own names). Redis CPU outside any command (reading and
+# parsing requests, writing replies, the event loop, cluster bus) is the
+# CPU figure less EVALSHA and the other top-level commands.
+stats_ports() { if [[ $1 == cluster* ]]; then echo "${NPORT[@]}"; else echo "$REDIS_PORT"; fi; }
+stats_reset() {
+    local p
+    for p in "$REDIS_PORT" "${NPORT[@]}"; do redis-cli -h 127.0.0.1 -p "$p" config resetstat >/dev/null; done
+}
+stats_read() {
+    local p
+    for p in $(stats_ports "$1"); do redis-cli -h 127.0.0.1 -p "$p" info commandstats; done |
+        awk -F'[:,=]' -v n="$2" '/^cmdstat_/ { c = substr($1, 9); gsub(/[^a-z_]/, "_", c)
+                calls[c] += $3; usec[c] += $5 }
+            END { for (c in calls) printf "cmd_%s_calls=%.2f cmd_%s_us=%.3f ", c, n ? calls[c] * 1000 / n : 0, c, n ? usec[c] / n : 0 }'
+}
+
+# ledger_kib ROW: MEMORY USAGE of the ledger's keys on the row's servers,
+# KiB (what the listpack setting trades against CPU).
+ledger_kib() {
+    local p k sum=0
+    for p in $(stats_ports "$1"); do
+        while IFS= read -r k; do
+            sum=$((sum + $(redis-cli -h 127.0.0.1 -p "$p" memory usage "$k")))
+        done < <(redis-cli -h 127.0.0.1 -p "$p" --scan --pattern '*ledger:*')
+    done
+    echo $((sum / 1024))
+}
+
 per() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", b ? a / b : 0 }'; }
 : >"$DIR/rows.jsonl"
 emit() {
@@ -120,15 +163,20 @@ run() {
     local row=$1 rep=$2 i name pids=() ports=() names=()
     local conf=$DIR/$row-$rep.properties
     local extra=(dedup.scope=partition handler=ledger)
-    [[ $row == cluster ]] && extra+=("redis.cluster.nodes=$SEEDS")
+    [[ $row == cluster* ]] && extra+=("redis.cluster.nodes=$SEEDS")
     local topic=pay-$row-$rep
     member_props "$conf" "cluster-bench-$row-$rep" "$topic" "${extra[@]}"
     rcli flushall >/dev/null
     local p
-    for p in "${NPORT[@]}"; do redis-cli -h 127.0.0.1 -p "$p" flushall >/dev/null; done
+    for p in "${NPORT[@]}"; do
+        redis-cli -h 127.0.0.1 -p "$p" flushall >/dev/null
+        redis-cli -h 127.0.0.1 -p "$p" config set hash-max-listpack-entries \
+            "$([[ $row == cluster_lp128 ]] && echo 128 || echo "$LISTPACK")" >/dev/null
+    done
     local r0 n0=()
     r0=$(cpu_ticks "$RPID")
     for i in "${!NPID[@]}"; do n0[i]=$(cpu_ticks "${NPID[i]}"); done
+    stats_reset
     for ((i = 0; i < 2; i++)); do
         name=$row-$rep-$i
         free_port "ports[$i]"
@@ -154,6 +202,7 @@ run() {
         if ((k == 0)); then
             r0=$(cpu_ticks "$RPID")
             for i in "${!NPID[@]}"; do n0[i]=$(cpu_ticks "${NPID[i]}"); done
+            stats_reset
         elif ((first == 0)); then
             first=$(((prev + t) / 2))
         fi
@@ -168,6 +217,9 @@ run() {
     local r1 n1=() sum=0 nodes=() us_node
     r1=$(cpu_ticks "$RPID")
     for i in "${!NPID[@]}"; do n1[i]=$(cpu_ticks "${NPID[i]}"); done
+    local cmds kib
+    cmds=$(stats_read "$row" "$SENT")
+    kib=$(ledger_kib "$row")
     for name in "${names[@]}"; do kill -TERM "${PID[$name]}"; done
     for name in "${names[@]}"; do stop "$name" - 60 || die "$name exited with $? on SIGTERM"; done
     "$BIN" verify -c "$conf" --expect "$DIR/$topic.expect.json" --dlq >"$DIR/$row-$rep.verify" 2>&1 &&
@@ -175,52 +227,109 @@ run() {
         { cat "$DIR/$row-$rep.verify" >&2; die "$row run $rep: verify is not exact"; }
     local us=$((done_us - first)) one_us
     one_us=$(per $(((r1 - r0) * TICK_US)) "$SENT")
-    if [[ $row == cluster ]]; then
+    if [[ $row == cluster* ]]; then
         for i in "${!NPID[@]}"; do
             us_node=$(per $(((n1[i] - n0[i]) * TICK_US)) "$SENT")
             nodes+=("node${i}_cpu_us=$us_node")
             sum=$((sum + n1[i] - n0[i]))
         done
-        emit cluster "$rep" rate=$((SENT * 1000000 / us)) "${nodes[@]}" \
-            redis_cpu_us="$(per $((sum * TICK_US)) "$SENT")" single_redis_cpu_us="$one_us"
+        emit "$row" "$rep" rate=$((SENT * 1000000 / us)) "${nodes[@]}" \
+            redis_cpu_us="$(per $((sum * TICK_US)) "$SENT")" single_redis_cpu_us="$one_us" ledger_kib="$kib" $cmds
     else
-        emit one "$rep" rate=$((SENT * 1000000 / us)) redis_cpu_us="$one_us"
+        emit one "$rep" rate=$((SENT * 1000000 / us)) redis_cpu_us="$one_us" ledger_kib="$kib" $cmds
     fi
     say "$row run $rep: $((SENT * 1000000 / us)) records/s, verify exact"
 }
 
 RPID=${PID[redis]}
+LISTPACK=$(redis-cli -h 127.0.0.1 -p "${NPORT[0]}" config get hash-max-listpack-entries | tail -1)
 for ((rep = 1; rep <= REPS; rep++)); do
-    run one "$rep"
-    run cluster "$rep"
+    for row in "${ROWS[@]}"; do run "$row" "$rep"; done
 done
+
+# The chunk script alone (build/bench/chunkcost_bench, on the single Redis,
+# emptied): the same chunks in one Redis's call shape and in a cluster
+# primary's, interleaved, BENCH_REPS each; its lines go to chunkcost.txt.
+# Variants: name, then chunkcost_bench's arguments, then the server's
+# hash-max-listpack-entries for it ("-": the default).
+CHUNK_VARIANTS=(
+    "one, 15 a partition (960 a call)|--shape one --per-chunk 15|-"
+    "cluster, 15 a call|--shape cluster --per-chunk 15|-"
+    "cluster, 120 a call|--shape cluster --per-chunk 120|-"
+    "cluster, 120 a call, no EXISTS|--shape cluster --per-chunk 120 --no-exists|-"
+    "cluster, 120 a call, listpack 128|--shape cluster --per-chunk 120|128"
+    "one, listpack 128|--shape one --per-chunk 15|128"
+)
+: >"$DIR/chunkcost.txt"
+if [[ -x $TOOLS/chunkcost_bench ]]; then
+    for ((rep = 1; rep <= REPS; rep++)); do
+        for v in "${CHUNK_VARIANTS[@]}"; do
+            IFS='|' read -r vname vargs vlp <<<"$v"
+            rcli config set hash-max-listpack-entries "$([[ $vlp == - ]] && echo "$LISTPACK" || echo "$vlp")" >/dev/null
+            line=$("$TOOLS/chunkcost_bench" --port "$REDIS_PORT" --records "$COUNT" $vargs) ||
+                die "chunkcost_bench $vargs failed"
+            echo "$vname|$line" >>"$DIR/chunkcost.txt"
+        done
+    done
+    rcli config set hash-max-listpack-entries "$LISTPACK" >/dev/null
+fi
 
 LOAD_END=$(cut -d' ' -f1 /proc/loadavg)
 jq -s --argjson sent "$SENT" --argjson unique "$UNIQUE" --argjson reps "$REPS" --argjson nodes "$NODES" \
-    --argjson load_start "$LOAD_START" --argjson load_end "$LOAD_END" '
+    --argjson load_start "$LOAD_START" --argjson load_end "$LOAD_END" --argjson listpack "$LISTPACK" \
+    --rawfile chunk "$DIR/chunkcost.txt" '
     def stats: sort as $s | {min: $s[0], median: $s[($s | length - 1) / 2 | floor], max: $s[-1]};
+    def ratio(a; b): if b then ((a / b * 100 | round) / 100) else null end;
     (group_by(.row) | map(. as $g | {key: $g[0].row, value:
         ([$g[] | keys_unsorted[]] | unique - ["row", "rep"]
          | map(. as $k | {key: $k, value: ([$g[] | .[$k] | select(. != null)] | stats)})
          | from_entries)}) | from_entries) as $rows
+    | ($chunk | split("\n") | map(select(length > 0) | index("|") as $i | {variant: .[:$i], f: (.[$i + 1:] | split(" "))}
+        | {variant, cpu: (.f[(.f | index("cpu_us_per_record")) + 1] | tonumber),
+           script: (.f[(.f | index("script_us_per_record")) + 1] | tonumber),
+           per_call: (.f[(.f | index("records_per_call")) + 1] | tonumber),
+           hincrby: ([.f[] | select(startswith("hincrby=")) | split("/")[1] | tonumber] | first // 0)})
+        | group_by(.variant) | map({variant: .[0].variant, records_per_call: .[0].per_call,
+            cpu_us: ([.[].cpu] | stats), hincrby_us: ([.[].hincrby] | stats), script_us: ([.[].script] | stats)})) as $chunks
     | {workload: {records: $sent, unique: $unique, partitions: 64, duplicates: 0.1,
-                  poison: 0.01, repetitions: $reps, members: 2, primaries: $nodes},
+                  poison: 0.01, repetitions: $reps, members: 2, primaries: $nodes,
+                  hash_max_listpack_entries: $listpack},
        load_average: {start: $load_start, end: $load_end},
        rows: $rows,
-       estimate: {
-           one_redis_records_per_s: (1000000 / $rows.one.redis_cpu_us.median | floor),
-           per_primary_records_per_s: (1000000 / $rows.cluster.redis_cpu_us.median | floor),
-           cluster_records_per_s: ($nodes * 1000000 / $rows.cluster.redis_cpu_us.median | floor),
-           cluster_cpu_over_one: (($rows.cluster.redis_cpu_us.median / $rows.one.redis_cpu_us.median * 100 | round) / 100),
-           cluster_rate_over_one: (($rows.cluster.rate.median / $rows.one.rate.median * 100 | round) / 100)}}' \
+       chunk_script: $chunks,
+       estimate: ({one_redis_records_per_s: (1000000 / $rows.one.redis_cpu_us.median | floor)} +
+           ([$rows | to_entries[] | select(.key | startswith("cluster")) | .key as $k | .value as $v |
+             {key: $k, value: {
+               per_primary_records_per_s: (1000000 / $v.redis_cpu_us.median | floor),
+               cluster_records_per_s: ($nodes * 1000000 / $v.redis_cpu_us.median | floor),
+               cpu_over_one: ratio($v.redis_cpu_us.median; $rows.one.redis_cpu_us.median),
+               rate_over_one: ratio($v.rate.median; $rows.one.rate.median)}}] | from_entries))}' \
     "$DIR/rows.jsonl" >"$OUT/cluster.json"
 
-echo "cluster rows ($SENT records, $UNIQUE applied, $PARTITIONS partitions, two members; min / median / max of $REPS; every run verified exact; load average $LOAD_START at the start, $LOAD_END at the end)"
+echo "cluster rows ($SENT records, $UNIQUE applied, $PARTITIONS partitions, two members; min / median / max of $REPS; every run verified exact; the servers' hash-max-listpack-entries $LISTPACK unless the row says; load average $LOAD_START at the start, $LOAD_END at the end)"
 jq -r '
     def s: "\(.min) / \(.median) / \(.max)";
     .rows | to_entries[] | .key as $k | .value as $v |
         "\($k): \($v.rate | s) records/s; Redis CPU µs per record: \($v.redis_cpu_us | s)" +
-        (if $k == "cluster" then " summed over the nodes (" +
+        (if ($k | startswith("cluster")) then " summed over the nodes (" +
             ([$v | to_entries[] | select(.key | test("^node")) | "\(.key | sub("_cpu_us"; "")) \(.value.median)"] | join(", ")) +
-            "; the single Redis meanwhile \($v.single_redis_cpu_us.median))" else "" end)' "$OUT/cluster.json"
-jq -r '.estimate | "paper estimate (one core per Redis): one Redis \(.one_redis_records_per_s) records/s; a primary \(.per_primary_records_per_s) records/s, \(.cluster_records_per_s) for the 3 primaries; cluster / one Redis: CPU per record \(.cluster_cpu_over_one)x, measured records/s \(.cluster_rate_over_one)x (2 shared cores)"' "$OUT/cluster.json"
+            "; the single Redis meanwhile \($v.single_redis_cpu_us.median))" else "" end) +
+        "; ledger keys \($v.ledger_kib.median) KiB"' "$OUT/cluster.json"
+jq -r '.estimate | "paper estimate (one core per Redis): one Redis \(.one_redis_records_per_s) records/s" +
+    ([to_entries[] | select(.value | type == "object") |
+      "; \(.key): a primary \(.value.per_primary_records_per_s) records/s, \(.value.cluster_records_per_s) for the 3 primaries, CPU per record \(.value.cpu_over_one)x one Redis, measured records/s \(.value.rate_over_one)x (2 shared cores)"] | join(""))' "$OUT/cluster.json"
+echo "where the Redis time goes (medians of INFO commandstats summed over each row's servers: calls per 1,000 records / µs per record; command times are wall clock, so on shared cores they include time the server waited for a core; EVALSHA includes the commands its script calls)"
+jq -r '
+    .rows as $r | ($r | keys) as $rows
+    | ([$r[]] | map(keys) | add | unique | map(select(test("^cmd_.*_us$")) | sub("^cmd_"; "") | sub("_us$"; ""))) as $cmds
+    | (["command"] + $rows),
+      ($cmds[] as $c | [$c] + [$rows[] as $k | "\($r[$k]["cmd_\($c)_calls"].median // 0) / \($r[$k]["cmd_\($c)_us"].median // 0)"]
+                     | select(any(.[1:][]; test(" / 0(\\.00[0-4])?$") | not))),
+      (["Redis CPU µs/record"] + [$rows[] as $k | "\($r[$k].redis_cpu_us.median)"])
+    | @tsv' "$OUT/cluster.json" | column -t -s $'\t'
+if [[ -s $DIR/chunkcost.txt ]]; then
+    echo "the chunk script alone on one server (chunkcost_bench, $COUNT records, 64 partitions, 3000 users; medians of $REPS; µs per record)"
+    jq -r '(["variant", "records a call", "Redis CPU", "HINCRBY", "script (Lua)"]),
+        (.chunk_script[] | [.variant, .records_per_call, .cpu_us.median, .hincrby_us.median, .script_us.median]) | @tsv' \
+        "$OUT/cluster.json" | column -t -s $'\t'
+fi
