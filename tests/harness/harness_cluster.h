@@ -106,6 +106,11 @@ int th_cluster_slots_upto(th_cluster_t *c, int i, int slot);
 char *th_cluster_cmd(th_cluster_t *c, int i, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
+/* th_cluster_cmd with the command as argc words argv (borrowed): for a
+ * command built at run time (an ACL line). */
+char *th_cluster_cmd_argv(th_cluster_t *c, int i, int argc,
+                          const char *const argv[]);
+
 /* 1 when node i runs and its ROLE says master (a primary now: a killed
  * primary's promoted replica says so too), else 0. */
 int th_cluster_is_primary(th_cluster_t *c, int i);
