@@ -648,6 +648,12 @@ static void chunks_cluster_wait(idem_partstate_t *p, const char (*keys)[672],
                      "WAIT",
                      node[i], now ? now : "no node");
         }
+        if (bad && node[i][0] && !strstr(e, node[i])) {
+            /* A lost connection's text names no node: say which. */
+            char named[sizeof(e)];
+            snprintf(named, sizeof(named), "redis cluster: %s: %s", node[i], e);
+            snprintf(e, sizeof(e), "%s", named);
+        }
         for (size_t q = i; q < k; q++) {
             if (rcs[q] || waited[q] || strcmp(node[q], node[i]))
                 continue;
