@@ -58,10 +58,14 @@ idem_partstate_t *idem_partstate_new(idem_store_t *store,
     void *opaque = NULL;
     const char *effect = idem_store_effect(store, &per, &args, &opaque);
     if (!effect || per < 2) {
+        /* Decided by what the handler registered, not by its name: a
+         * handler whose effect runs in Redis (IDEM_EFFECT_IN_REDIS,
+         * effect/handler.h) registers one; redis/ does not know the
+         * registry, so the text names the kind, not handlers. */
         snprintf(errstr, errstr_size,
-                 "dedup.scope=partition: the handler has no effect the "
-                 "partition layout can run (only handler=ledger and "
-                 "handler=script)");
+                 "dedup.scope=partition: the handler registered no effect "
+                 "that runs in Redis (an external effect, claimed and marked "
+                 "by the loop, runs with dedup.scope=global)");
         return NULL;
     }
     idem_partstate_t *p = idem_xcalloc(1, sizeof(*p));

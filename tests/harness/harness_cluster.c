@@ -245,7 +245,10 @@ int th_cluster_replica_of(th_cluster_t *c, int primary)
         if (nl)
             port = atoi(nl + 1);
         free(out);
-        if (port == c->node[primary].port)
+        /* On a TLS cluster (tls-replication) a replica names its
+         * primary's TLS port. */
+        if (port == c->node[primary].port ||
+            (c->tls_port[primary] && port == c->tls_port[primary]))
             return i;
     }
     return -1;

@@ -64,7 +64,8 @@ int th_cluster_wait_ok(th_cluster_t *c, int timeout_ms);
  * slot; -1 when they disagree or none serves it. */
 int th_cluster_owner(th_cluster_t *c, int slot);
 
-/* The index of a live replica of node `primary`; -1 when none. */
+/* The index of a live replica of node `primary`; -1 when none. On a TLS
+ * cluster a replica names its primary's TLS port, which counts too. */
 int th_cluster_replica_of(th_cluster_t *c, int primary);
 
 /* Node i's cluster_state as "ok" or "fail" ("" when it did not answer). */
