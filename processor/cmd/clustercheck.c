@@ -1,8 +1,12 @@
 /* clustercheck: check-config --connect in cluster mode: every seed reached,
- * every primary of the slot map checked as a single Redis is, every slot
+ * every primary of the slot map checked as a single Redis is, with the
+ * partition chunk script loaded and its ACL rights asked, every slot
  * covered; one line per node. */
 #include "cmd/cmd.h"
+#include "effect/handler.h"
 #include "redis/cluster.h"
+#include "redis/partstate.h"
+#include "redis/rediskeys.h"
 #include "redis/redisconn.h"
 #include "redis/store.h"
 
@@ -10,8 +14,11 @@
 #include <string.h>
 
 typedef struct {
+    const idem_conf_t *conf;
     FILE *out;
     size_t primaries;
+    idem_partstate_t *part; /* the chunk script's check, or NULL */
+    int failed;             /* primaries the chunk's check failed */
 } check_ctx_t;
 
 /* "host:port" or "[v6]:port" (len bytes) into host and port. 0 or -1. */
@@ -77,13 +84,43 @@ static void seeds_check(const idem_conf_t *conf, FILE *out)
     }
 }
 
-/* idem_store_node_check_fn: the primary's line; a failure also on stderr,
- * naming the node. */
+/* The partition chunk's check on the primary `node` (a connection of its
+ * own, as a member's: redis.url's user, password and TLS): the script
+ * loaded and its ACL rights (idem_partstate_node_check). 0, or -1 with
+ * err naming the node. */
+static int chunk_check(check_ctx_t *x, const char *node, char *err,
+                       size_t err_size)
+{
+    char host[256];
+    int port;
+    if (seed_parse(node, strlen(node), host, sizeof(host), &port)) {
+        snprintf(err, err_size, "redis cluster: %s: not host:port", node);
+        return -1;
+    }
+    idem_redisconn_err_t e;
+    idem_redisconn_t *rc = idem_redisconn_open_node(x->conf, host, port, 0, &e);
+    if (!rc) {
+        snprintf(err, err_size, "redis cluster: %s", e.str);
+        return -1;
+    }
+    int rc_ = idem_partstate_node_check(x->part, rc, x->conf->input_topic[0],
+                                        err, err_size);
+    idem_redisconn_close(rc);
+    return rc_;
+}
+
+/* idem_store_node_check_fn: the primary's line (after the chunk's check,
+ * when it runs); a failure also on stderr, naming the node. */
 static void primary_line(const char *node, size_t slots, const char *err,
                          void *opaque)
 {
     check_ctx_t *x = opaque;
     x->primaries++;
+    char chunk_err[1024];
+    if (!err && x->part && chunk_check(x, node, chunk_err, sizeof(chunk_err))) {
+        err = chunk_err;
+        x->failed++;
+    }
     if (!err) {
         fprintf(x->out,
                 "check-config: redis cluster: primary %s: ok (%zu slots)\n",
@@ -99,6 +136,35 @@ static void primary_line(const char *node, size_t slots, const char *err,
             node, err);
 }
 
+/* An effect in Redis under dedup.scope=partition (ledger, script): its
+ * handler started on store, as `run` starts it, so that the effect is
+ * registered (the store loads its framing on every primary) and the
+ * partition chunk script composed from it into *part. The handler's state
+ * (stop it with *ops), or NULL: nothing to check, or an error said on
+ * stderr (*failed set). */
+static void *chunk_prepare(const idem_conf_t *conf, idem_store_t *store,
+                           const idem_handler_ops_t **ops,
+                           idem_partstate_t **part, int *failed)
+{
+    const char *arg = "";
+    char errstr[512];
+    *ops = idem_handler_find(conf->handler, &arg, errstr, sizeof(errstr));
+    if (!*ops || (*ops)->effect != IDEM_EFFECT_IN_REDIS ||
+        conf->dedup_scope != IDEM_DEDUP_SCOPE_PARTITION ||
+        !conf->input_topic_cnt)
+        return NULL;
+    idem_handler_ctx_t ctx = {
+        .conf = conf, .arg = arg, .store = store, .member_id = conf->member_id};
+    void *h = (*ops)->start(&ctx, errstr, sizeof(errstr));
+    if (h)
+        *part = idem_partstate_new(store, conf, errstr, sizeof(errstr));
+    if (!h || !*part) {
+        fprintf(stderr, "idemproc check-config: redis cluster: %s\n", errstr);
+        *failed = 1;
+    }
+    return h;
+}
+
 int idem_cmd_cluster_check(const idem_conf_t *conf, FILE *out)
 {
     seeds_check(conf, out);
@@ -106,11 +172,19 @@ int idem_cmd_cluster_check(const idem_conf_t *conf, FILE *out)
     /* As `run` does: an evicting maxmemory-policy is refused (unless
      * redis.allow.eviction=true). */
     idem_store_guard_eviction(store);
-    check_ctx_t x = {.out = out};
+    check_ctx_t x = {.conf = conf, .out = out};
+    const idem_handler_ops_t *ops = NULL;
+    int prep_failed = 0;
+    void *h = chunk_prepare(conf, store, &ops, &x.part, &prep_failed);
     size_t uncovered = 0;
     char errstr[512];
     int failed = idem_store_cluster_check(store, primary_line, &x, &uncovered,
                                           errstr, sizeof(errstr));
+    if (failed >= 0)
+        failed += x.failed + prep_failed;
+    idem_partstate_destroy(x.part);
+    if (h)
+        ops->stop(h);
     idem_store_destroy(store);
     if (failed < 0) {
         fflush(out);

@@ -9,6 +9,7 @@
 #include "base/log.h"
 #include "obs/metrics.h"
 #include "loop/pipeline.h"
+#include "dev/faults.h"
 #include "redis/liveness.h"
 
 #include <stdlib.h>
@@ -37,6 +38,12 @@ void idem_cmd_run_usage(FILE *out)
                  "  the group, exit 0; a second signal exits at once without "
                  "committing.\n"
                  "  SIGUSR1/SIGUSR2: ignored.\n");
+}
+
+/* dev.fault.member.rss.file: the RSS member.memory.max reads. */
+static int64_t fault_rss(void *path)
+{
+    return idem_faults_member_rss(path);
 }
 
 int idem_cmd_run(int argc, char **argv, char **envp)
@@ -85,6 +92,8 @@ int idem_cmd_run(int argc, char **argv, char **envp)
         goto out;
     }
     idem_pipeline_on_shutdown(p, arm_watchdog);
+    if (conf->fault_member_rss_file && *conf->fault_member_rss_file)
+        idem_pipeline_rss_source(p, fault_rss, conf->fault_member_rss_file);
     idem_log_kv(IDEM_LOG_INFO, "started", "member", conf->member_id, "group",
                 conf->group_id, "topics", conf->input_topics, "handler",
                 conf->handler, "version", IDEM_VERSION, NULL);

@@ -489,3 +489,14 @@ void idem_faults_print_help(FILE *out)
         "    +5s broker 2 down\n"
         "    +8s broker 2 up\n");
 }
+
+int64_t idem_faults_member_rss(const char *path)
+{
+    FILE *fp = fopen(path, "r");
+    long long v = -1;
+    if (!fp || fscanf(fp, "%lld", &v) != 1)
+        v = -1;
+    if (fp)
+        fclose(fp);
+    return v;
+}

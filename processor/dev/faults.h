@@ -66,6 +66,12 @@ int idem_fault_apply(idem_broker_t *broker, const idem_fault_t *fault,
 /* One line describing the fault as written ("broker 2 down"). */
 void idem_fault_format(const idem_fault_t *fault, char *buf, size_t size);
 
+/* dev.fault.member.rss.file: the member's RSS as the file at path says
+ * (its first integer, bytes), so a test can put a member over
+ * member.memory.max and back without using the memory; -1 when the file
+ * cannot be read or holds no integer. Read again at every call. */
+int64_t idem_faults_member_rss(const char *path);
+
 /* The text for `idemproc broker --help`. */
 void idem_faults_print_help(FILE *out);
 

@@ -98,6 +98,8 @@ struct idem_pipeline_s {
                                    (effects.c); bound to the parts above */
     idem_membound_t mem;        /* member.memory.max (membound.c) */
     int64_t mem_read_ms;        /* when RSS was last read */
+    int64_t (*rss_fn)(void *);  /* idem_pipeline_rss_source, or NULL */
+    void *rss_opaque;
 };
 
 /* A consumer whose close was abandoned: its destroy would wait for the
@@ -406,17 +408,8 @@ static void mem_watch(idem_pipeline_t *p, int64_t now)
     if (p->mem.max <= 0 || now - p->mem_read_ms < MEM_READ_INTERVAL_MS)
         return;
     p->mem_read_ms = now;
-    int64_t rss = idem_procstat_rss_bytes();
-    const char *fake = p->conf->fault_member_rss_file;
-    if (fake && fake[0]) { /* dev.fault.member.rss.file */
-        FILE *fp = fopen(fake, "r");
-        long long v = -1;
-        if (!fp || fscanf(fp, "%lld", &v) != 1)
-            v = -1;
-        if (fp)
-            fclose(fp);
-        rss = v;
-    }
+    int64_t rss =
+        p->rss_fn ? p->rss_fn(p->rss_opaque) : idem_procstat_rss_bytes();
     int change = idem_membound_update(&p->mem, rss);
     if (!change)
         return;
@@ -434,6 +427,13 @@ static void mem_watch(idem_pipeline_t *p, int64_t now)
     }
     /* Resumed by the next attempt or idle turn (pause_all asks mem.over),
      * which also knows whether another reason holds the input. */
+}
+
+void idem_pipeline_rss_source(idem_pipeline_t *p, int64_t (*fn)(void *opaque),
+                              void *opaque)
+{
+    p->rss_fn = fn;
+    p->rss_opaque = opaque;
 }
 
 /* ------------------------------------------------------ retry topics */

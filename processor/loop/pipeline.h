@@ -5,6 +5,7 @@
 #define IDEM_PIPELINE_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include "conf/conf.h"
 #include "obs/metrics.h"
@@ -32,6 +33,14 @@ int idem_pipeline_run(idem_pipeline_t *p, volatile int *stop, char *errstr,
  * the cause (a signal, a fatal producer error): the command arms its
  * watchdog there. */
 void idem_pipeline_on_shutdown(idem_pipeline_t *p, void (*fn)(void));
+
+/* Where member.memory.max reads the member's RSS (bytes; -1: unknown):
+ * fn(opaque) on the processing thread every 100 ms, instead of
+ * /proc/self (idem_procstat_rss_bytes). For the development fault
+ * dev.fault.member.rss.file, wired by the command (dev/faults.h); NULL
+ * goes back to /proc/self. */
+void idem_pipeline_rss_source(idem_pipeline_t *p, int64_t (*fn)(void *opaque),
+                              void *opaque);
 
 void idem_pipeline_destroy(idem_pipeline_t *p); /* NULL is a no-op */
 

@@ -16,6 +16,10 @@
 #include "base/util.h"
 #include "obs/procstat.h"
 
+/* A relaxed read of an atomic field: a counter or gauge read
+ * alone needs no order with the others. */
+#define LOAD(field) atomic_load_explicit(&(field), memory_order_relaxed)
+
 #ifndef IDEM_VERSION
 #define IDEM_VERSION "unknown"
 #endif
@@ -777,8 +781,7 @@ void idem_metrics_heartbeat_at(idem_metrics_t *m, int64_t mono_ms)
 
 int64_t idem_metrics_heartbeat_age_ms(idem_metrics_t *m)
 {
-    int64_t age = idem_now_ms() - atomic_load_explicit(&m->heartbeat_mono_ms,
-                                                       memory_order_relaxed);
+    int64_t age = idem_now_ms() - LOAD(m->heartbeat_mono_ms);
     return age < 0 ? 0 : age;
 }
 
@@ -1020,6 +1023,21 @@ static void put_i64(FILE *out, const char *name, int64_t v)
     fprintf(out, "%s %" PRId64 "\n", name, v);
 }
 
+/* A gauge and a counter of one sample without labels: the header and the
+ * value. */
+static void put_gauge(FILE *out, const char *name, const char *help, int64_t v)
+{
+    put_header(out, name, "gauge", help);
+    put_i64(out, name, v);
+}
+
+static void put_counter(FILE *out, const char *name, const char *help,
+                        uint64_t v)
+{
+    put_header(out, name, "counter", help);
+    put_u64(out, name, NULL, NULL, v);
+}
+
 /* The cluster client's counters per node (idem_metrics_cluster_set). */
 static void render_cluster(FILE *out, idem_metrics_t *m)
 {
@@ -1123,26 +1141,23 @@ static void render_stalled(FILE *out, idem_metrics_t *m)
     pthread_mutex_lock(&m->lag_lock);
     render_parts(out, "idemproc_partition_stalled", m->stalled, m->stalled_cnt);
     pthread_mutex_unlock(&m->lag_lock);
-    put_header(out, "idemproc_partition_stalls_total", "counter",
-               "Stalled partitions found (assigned, not paused by the "
-               "member, not fetched for fetch.stall.ms).");
-    put_u64(out, "idemproc_partition_stalls_total", NULL, NULL,
-            counter_get(&m->stalls));
-    put_header(out, "idemproc_partition_stall_repairs_total", "counter",
-               "Repairs of stalled partitions (resume, then seek to the "
-               "member's position).");
-    put_u64(out, "idemproc_partition_stall_repairs_total", NULL, NULL,
-            counter_get(&m->stall_repairs));
+    put_counter(out, "idemproc_partition_stalls_total",
+                "Stalled partitions found (assigned, not paused by the "
+                "member, not fetched for fetch.stall.ms).",
+                counter_get(&m->stalls));
+    put_counter(out, "idemproc_partition_stall_repairs_total",
+                "Repairs of stalled partitions (resume, then seek to the "
+                "member's position).",
+                counter_get(&m->stall_repairs));
 }
 
 static void render_unkillable(FILE *out, idem_metrics_t *m)
 {
-    put_header(out, "idemproc_script_unkillable_total", "counter",
-               "Script requests that ran past script.timeout.ms after they "
-               "wrote, so Redis refused SCRIPT KILL (UNKILLABLE) and served "
-               "no client until restarted.");
-    put_u64(out, "idemproc_script_unkillable_total", NULL, NULL,
-            counter_get(&m->unkillable));
+    put_counter(out, "idemproc_script_unkillable_total",
+                "Script requests that ran past script.timeout.ms after they "
+                "wrote, so Redis refused SCRIPT KILL (UNKILLABLE) and served "
+                "no client until restarted.",
+                counter_get(&m->unkillable));
     pthread_mutex_lock(&m->stuck_lock);
     if (m->stuck) {
         put_header(out, "idemproc_script_unkillable_offset", "gauge",
@@ -1197,10 +1212,9 @@ void idem_metrics_render(idem_metrics_t *m, FILE *out)
         put_u64(out, "idemproc_dlq_records_total", "reason",
                 idem_reason2str((idem_reason_t)i), counter_get(&m->dlq[i]));
 
-    put_header(out, "idemproc_retries_total", "counter",
-               "Retries of retryable handler errors.");
-    put_u64(out, "idemproc_retries_total", NULL, NULL,
-            counter_get(&m->retries));
+    put_counter(out, "idemproc_retries_total",
+                "Retries of retryable handler errors.",
+                counter_get(&m->retries));
 
     int tiers = atomic_load(&m->retry_tiers);
     if (tiers) {
@@ -1210,85 +1224,70 @@ void idem_metrics_render(idem_metrics_t *m, FILE *out)
         for (int i = 0; i < tiers; i++)
             put_u64(out, "idemproc_retry_topic_records_total", "tier",
                     m->retry_labels[i], counter_get(&m->retry_topic[i]));
-        put_header(out, "idemproc_retry_partitions_waiting", "gauge",
-                   "Retry topic partitions paused until their head record "
-                   "is due.");
-        put_i64(out, "idemproc_retry_partitions_waiting",
-                atomic_load_explicit(&m->retry_waiting, memory_order_relaxed));
+        put_gauge(out, "idemproc_retry_partitions_waiting",
+                  "Retry topic partitions paused until their head record "
+                  "is due.",
+                  LOAD(m->retry_waiting));
     }
 
-    if (atomic_load_explicit(&m->ordering_on, memory_order_relaxed)) {
-        put_header(out, "idemproc_effects_in_flight", "gauge",
-                   "Records with an external effect's handler now.");
-        put_i64(
-            out, "idemproc_effects_in_flight",
-            atomic_load_explicit(&m->effects_inflight, memory_order_relaxed));
-        put_header(out, "idemproc_ordering_keys_waiting", "gauge",
-                   "Keys (ordering=key; partitions with ordering=partition) "
-                   "with records in hand held back behind an earlier record "
-                   "of theirs.");
-        put_i64(out, "idemproc_ordering_keys_waiting",
-                atomic_load_explicit(&m->keys_waiting, memory_order_relaxed));
-        put_header(out, "idemproc_ordering_key_depth_max", "gauge",
-                   "Most unfinished records of one key (or partition) in "
-                   "hand at once since start: the deepest per-key queue.");
-        put_i64(out, "idemproc_ordering_key_depth_max",
-                atomic_load_explicit(&m->key_depth_hwm, memory_order_relaxed));
-        put_header(out, "idemproc_ordering_partitions_held", "gauge",
-                   "Partitions whose fetch is paused because their records "
-                   "in hand all wait behind busy keys.");
-        put_i64(out, "idemproc_ordering_partitions_held",
-                atomic_load_explicit(&m->key_holds, memory_order_relaxed));
-        put_header(out, "idemproc_ordering_partition_holds_total", "counter",
-                   "Times a partition's fetch paused because its records in "
-                   "hand all waited behind busy keys.");
-        put_u64(out, "idemproc_ordering_partition_holds_total", NULL, NULL,
-                atomic_load_explicit(&m->key_holds_n, memory_order_relaxed));
+    if (LOAD(m->ordering_on)) {
+        put_gauge(out, "idemproc_effects_in_flight",
+                  "Records with an external effect's handler now.",
+                  LOAD(m->effects_inflight));
+        put_gauge(out, "idemproc_ordering_keys_waiting",
+                  "Keys (ordering=key; partitions with ordering=partition) "
+                  "with records in hand held back behind an earlier record "
+                  "of theirs.",
+                  LOAD(m->keys_waiting));
+        put_gauge(out, "idemproc_ordering_key_depth_max",
+                  "Most unfinished records of one key (or partition) in "
+                  "hand at once since start: the deepest per-key queue.",
+                  LOAD(m->key_depth_hwm));
+        put_gauge(out, "idemproc_ordering_partitions_held",
+                  "Partitions whose fetch is paused because their records "
+                  "in hand all wait behind busy keys.",
+                  LOAD(m->key_holds));
+        put_counter(out, "idemproc_ordering_partition_holds_total",
+                    "Times a partition's fetch paused because its records in "
+                    "hand all waited behind busy keys.",
+                    LOAD(m->key_holds_n));
     }
 
-    if (atomic_load_explicit(&m->table_on, memory_order_relaxed)) {
-        put_header(out, "idemproc_dedup_table_bytes", "gauge",
-                   "Bytes of the member's partition tables of dedup marks "
-                   "(dedup.scope=partition).");
-        put_i64(out, "idemproc_dedup_table_bytes",
-                atomic_load_explicit(&m->table_bytes, memory_order_relaxed));
-        put_header(out, "idemproc_dedup_table_marks", "gauge",
-                   "Dedup marks the member's partition tables hold.");
-        put_i64(out, "idemproc_dedup_table_marks",
-                atomic_load_explicit(&m->table_marks, memory_order_relaxed));
-        put_header(out, "idemproc_dedup_memory_max_bytes", "gauge",
-                   "dedup.memory.max: the bound of the partition tables; at "
-                   "it, records that need a new mark wait (never evicted).");
-        put_i64(out, "idemproc_dedup_memory_max_bytes",
-                atomic_load_explicit(&m->table_max, memory_order_relaxed));
+    if (LOAD(m->table_on)) {
+        put_gauge(out, "idemproc_dedup_table_bytes",
+                  "Bytes of the member's partition tables of dedup marks "
+                  "(dedup.scope=partition).",
+                  LOAD(m->table_bytes));
+        put_gauge(out, "idemproc_dedup_table_marks",
+                  "Dedup marks the member's partition tables hold.",
+                  LOAD(m->table_marks));
+        put_gauge(out, "idemproc_dedup_memory_max_bytes",
+                  "dedup.memory.max: the bound of the partition tables; at "
+                  "it, records that need a new mark wait (never evicted).",
+                  LOAD(m->table_max));
         put_header(out, "idemproc_dedup_layout_refusals_total", "counter",
                    "Dedup scripts refused because the group's layout key "
                    "changed (script=chunk: partition chunks; "
                    "script=global: failed global requests after which the "
                    "key was found changed).");
         put_u64(out, "idemproc_dedup_layout_refusals_total", "script", "chunk",
-                atomic_load_explicit(&m->layout_refused_chunk,
-                                     memory_order_relaxed));
+                LOAD(m->layout_refused_chunk));
         put_u64(out, "idemproc_dedup_layout_refusals_total", "script", "global",
-                atomic_load_explicit(&m->layout_refused_global,
-                                     memory_order_relaxed));
+                LOAD(m->layout_refused_global));
     }
-    if (atomic_load_explicit(&m->memb_on, memory_order_relaxed)) {
-        put_header(out, "idemproc_member_memory_max_bytes", "gauge",
-                   "member.memory.max: the bound of the member's resident "
-                   "memory.");
-        put_i64(out, "idemproc_member_memory_max_bytes",
-                atomic_load_explicit(&m->memb_max, memory_order_relaxed));
-        put_header(out, "idemproc_member_memory_paused", "gauge",
-                   "1 while fetching is paused because the member's "
-                   "resident memory passed member.memory.max.");
-        put_i64(out, "idemproc_member_memory_paused",
-                atomic_load_explicit(&m->memb_paused, memory_order_relaxed));
-        put_header(out, "idemproc_member_memory_pauses_total", "counter",
-                   "Times fetching paused because the member's resident "
-                   "memory passed member.memory.max.");
-        put_u64(out, "idemproc_member_memory_pauses_total", NULL, NULL,
-                atomic_load_explicit(&m->memb_pauses, memory_order_relaxed));
+    if (LOAD(m->memb_on)) {
+        put_gauge(out, "idemproc_member_memory_max_bytes",
+                  "member.memory.max: the bound of the member's resident "
+                  "memory.",
+                  LOAD(m->memb_max));
+        put_gauge(out, "idemproc_member_memory_paused",
+                  "1 while fetching is paused because the member's "
+                  "resident memory passed member.memory.max.",
+                  LOAD(m->memb_paused));
+        put_counter(out, "idemproc_member_memory_pauses_total",
+                    "Times fetching paused because the member's resident "
+                    "memory passed member.memory.max.",
+                    LOAD(m->memb_pauses));
     }
 
     render_histogram(out, &m->latency);
@@ -1319,18 +1318,16 @@ void idem_metrics_render(idem_metrics_t *m, FILE *out)
         put_u64(out, "idemproc_redis_errors_total", "class",
                 idem_metrics_redis_classes[i],
                 counter_get(&m->redis_errors[i]));
-    put_header(out, "idemproc_redis_position_behind_total", "counter",
-               "Partitions whose position in Redis was behind the one it "
-               "acknowledged or Kafka's committed offset (Redis lost "
-               "writes); the member rewound them.");
-    put_u64(out, "idemproc_redis_position_behind_total", NULL, NULL,
-            counter_get(&m->redis_behind));
-    put_header(out, "idemproc_kafka_offset_moved_total", "counter",
-               "Partitions whose committed offset in Kafka was moved by "
-               "another tool (not a member, not idemproc offsets reset); "
-               "not honoured: the member started from Redis's position.");
-    put_u64(out, "idemproc_kafka_offset_moved_total", NULL, NULL,
-            counter_get(&m->kafka_moved));
+    put_counter(out, "idemproc_redis_position_behind_total",
+                "Partitions whose position in Redis was behind the one it "
+                "acknowledged or Kafka's committed offset (Redis lost "
+                "writes); the member rewound them.",
+                counter_get(&m->redis_behind));
+    put_counter(out, "idemproc_kafka_offset_moved_total",
+                "Partitions whose committed offset in Kafka was moved by "
+                "another tool (not a member, not idemproc offsets reset); "
+                "not honoured: the member started from Redis's position.",
+                counter_get(&m->kafka_moved));
     put_header(out, "idemproc_redis_aof_rewrites_total", "counter",
                "AOF rewrites a member waited for before its first write to "
                "a new Redis server, by result (refused: BGREWRITEAOF was "
@@ -1346,19 +1343,15 @@ void idem_metrics_render(idem_metrics_t *m, FILE *out)
         put_u64(out, "idemproc_position_mismatch_total", "reason",
                 idem_metrics_mismatch_reasons[i],
                 counter_get(&m->mismatches[i]));
-    put_header(out, "idemproc_redis_eviction_allowed", "gauge",
-               "1 while the member runs against an evicting "
-               "maxmemory-policy because redis.allow.eviction=true.");
-    put_i64(
-        out, "idemproc_redis_eviction_allowed",
-        atomic_load_explicit(&m->redis_eviction_allowed, memory_order_relaxed));
-    put_header(out, "idemproc_group_config_mismatch", "gauge",
-               "Other live members of the group whose effect-defining "
-               "settings (handler, its keys, envelope) differ from this "
-               "member's, as of the last heartbeat.");
-    put_i64(
-        out, "idemproc_group_config_mismatch",
-        atomic_load_explicit(&m->group_config_mismatch, memory_order_relaxed));
+    put_gauge(out, "idemproc_redis_eviction_allowed",
+              "1 while the member runs against an evicting "
+              "maxmemory-policy because redis.allow.eviction=true.",
+              LOAD(m->redis_eviction_allowed));
+    put_gauge(out, "idemproc_group_config_mismatch",
+              "Other live members of the group whose effect-defining "
+              "settings (handler, its keys, envelope) differ from this "
+              "member's, as of the last heartbeat.",
+              LOAD(m->group_config_mismatch));
 
     put_header(out, "idemproc_commits_total", "counter",
                "Offset commits by result.");
@@ -1371,9 +1364,7 @@ void idem_metrics_render(idem_metrics_t *m, FILE *out)
                "Unix time of the last successful offset commit (0: none "
                "yet).");
     fputs("idemproc_last_commit_timestamp_seconds ", out);
-    put_double(out, (double)atomic_load_explicit(&m->last_commit_wall_ms,
-                                                 memory_order_relaxed) /
-                        1000.0);
+    put_double(out, (double)LOAD(m->last_commit_wall_ms) / 1000.0);
     fputc('\n', out);
 
     put_header(out, "idemproc_rebalances_total", "counter",
@@ -1382,28 +1373,25 @@ void idem_metrics_render(idem_metrics_t *m, FILE *out)
         put_u64(out, "idemproc_rebalances_total", "event", rebalance_names[i],
                 counter_get(&m->rebalances[i]));
 
-    put_header(out, "idemproc_assigned_partitions", "gauge",
-               "Partitions currently assigned to this member.");
-    put_i64(out, "idemproc_assigned_partitions",
-            atomic_load_explicit(&m->assigned, memory_order_relaxed));
-    put_header(out, "idemproc_paused_partitions", "gauge",
-               "Assigned partitions currently paused (backpressure or "
-               "infrastructure failure).");
-    put_i64(out, "idemproc_paused_partitions",
-            atomic_load_explicit(&m->paused, memory_order_relaxed));
-    put_header(out, "idemproc_inflight_records", "gauge",
-               "Records fetched whose outcome is not final yet.");
-    put_i64(out, "idemproc_inflight_records",
-            atomic_load_explicit(&m->inflight, memory_order_relaxed));
+    put_gauge(out, "idemproc_assigned_partitions",
+              "Partitions currently assigned to this member.",
+              LOAD(m->assigned));
+    put_gauge(out, "idemproc_paused_partitions",
+              "Assigned partitions currently paused (backpressure or "
+              "infrastructure failure).",
+              LOAD(m->paused));
+    put_gauge(out, "idemproc_inflight_records",
+              "Records fetched whose outcome is not final yet.",
+              LOAD(m->inflight));
 
     render_lag(out, m);
     render_cluster(out, m);
     if (atomic_load(&m->stall_on))
         render_stalled(out, m);
 
-    put_header(out, "idemproc_ready", "gauge",
-               "1 when the processor is ready (see /readyz), else 0.");
-    put_i64(out, "idemproc_ready", idem_metrics_ready_get(m, NULL, 0));
+    put_gauge(out, "idemproc_ready",
+              "1 when the processor is ready (see /readyz), else 0.",
+              idem_metrics_ready_get(m, NULL, 0));
 
     put_header(out, "idemproc_build_info", "gauge",
                "Build information; the value is always 1.");

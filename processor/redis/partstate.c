@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/random.h>
 
 /* redis/partchunk.lua, as the build embeds it (Makefile: LUA_SRCS). */
@@ -57,10 +58,14 @@ idem_partstate_t *idem_partstate_new(idem_store_t *store,
     void *opaque = NULL;
     const char *effect = idem_store_effect(store, &per, &args, &opaque);
     if (!effect || per < 2) {
+        /* Decided by what the handler registered, not by its name: a
+         * handler whose effect runs in Redis (IDEM_EFFECT_IN_REDIS,
+         * effect/handler.h) registers one; redis/ does not know the
+         * registry, so the text names the kind, not handlers. */
         snprintf(errstr, errstr_size,
-                 "dedup.scope=partition: the handler has no effect the "
-                 "partition layout can run (only handler=ledger and "
-                 "handler=script)");
+                 "dedup.scope=partition: the handler registered no effect "
+                 "that runs in Redis (an external effect, claimed and marked "
+                 "by the loop, runs with dedup.scope=global)");
         return NULL;
     }
     idem_partstate_t *p = idem_xcalloc(1, sizeof(*p));
@@ -647,6 +652,12 @@ static void chunks_cluster_wait(idem_partstate_t *p, const char (*keys)[672],
                      "WAIT",
                      node[i], now ? now : "no node");
         }
+        if (bad && node[i][0] && !strstr(e, node[i])) {
+            /* A lost connection's text names no node: say which. */
+            char named[sizeof(e)];
+            snprintf(named, sizeof(named), "redis cluster: %s: %s", node[i], e);
+            snprintf(e, sizeof(e), "%s", named);
+        }
         for (size_t q = i; q < k; q++) {
             if (rcs[q] || waited[q] || strcmp(node[q], node[i]))
                 continue;
@@ -924,4 +935,290 @@ int idem_partstate_chunk(idem_partstate_t *p, const idem_partstate_chunk_t *ch,
             return -1;
     }
     return -1;
+}
+
+/* The keys of one partition that a rights check names (rights[] below). */
+typedef enum {
+    RK_NONE = 0,
+    RK_EPOCH,    /* <stem>epoch */
+    RK_WINDOW,   /* <stem>w0 */
+    RK_POS,      /* <prefix>pos{<tag>} (cluster mode's positions hash) */
+    RK_LAYOUT,   /* the group's layout key */
+    RK_DEDUPKEY, /* <prefix>dedupkey:<group> */
+    RK_KEYCOPY,  /* <stem>hashkey */
+    RK_EFFECT,   /* <stem>effect: an effect's keys depend on its records */
+} rights_key_t;
+
+#define RIGHT_ARGS 4 /* arguments after the command, at most */
+
+/* One command as the check asks it: the command, its arguments ("$k":
+ * the key, "$sha": a script digest), the key, why it is sent. Every
+ * command is asked with whole arguments: Redis 7.0's acl_check_cmd finds
+ * the keys by the command's key specs without checking its arity, and a
+ * command cut short (EVALSHA alone) can crash the server. */
+typedef struct {
+    const char *cmd;
+    const char *args[RIGHT_ARGS]; /* NULL-ended when shorter */
+    rights_key_t key;
+    const char *why;
+} right_spec_t;
+
+/* What a member in cluster mode sends for the partition layout: the chunk
+ * script's commands (partchunk.lua), its loader's (this file), the
+ * positions' and the layout key's (store.c) and the cluster client's
+ * (cluster.c). Keep in step with them and with deploy/README.md's line. */
+static const right_spec_t rights[] = {
+    {"EVALSHA", {"$sha", "0"}, RK_NONE, "the chunk script"},
+    {"TIME", {NULL}, RK_NONE, "the chunk's window and the loader's clock"},
+    {"MGET", {"$k"}, RK_EPOCH, "the chunk reading its partition's epoch"},
+    {"HMGET",
+     {"$k", "f"},
+     RK_POS,
+     "the chunk reading its partition's position"},
+    {"STRLEN",
+     {"$k"},
+     RK_WINDOW,
+     "the chunk finding the open part of a window key"},
+    {"APPEND", {"$k", "v"}, RK_WINDOW, "the chunk writing its marks"},
+    {"EXPIREAT", {"$k", "0"}, RK_WINDOW, "the chunk's window key expiry"},
+    {"HSET",
+     {"$k", "f", "v"},
+     RK_POS,
+     "the chunk writing its partition's position"},
+    {"INCR", {"$k"}, RK_EPOCH, "a new owner bumping the partition's epoch"},
+    {"GETRANGE", {"$k", "0", "1"}, RK_WINDOW, "loading a partition's marks"},
+    {"SET", {"$k", "v", "NX"}, RK_DEDUPKEY, "the group's hash key"},
+    {"GET", {"$k"}, RK_DEDUPKEY, "reading the group's hash key"},
+    {"SET",
+     {"$k", "v", "NX"},
+     RK_KEYCOPY,
+     "the partition's copy of the hash key"},
+    {"HGET", {"$k", "f"}, RK_POS, "reading a partition's position"},
+    {"HSET", {"$k", "f", "v"}, RK_LAYOUT, "fixing the layout key"},
+    {"HSETNX", {"$k", "f", "v"}, RK_LAYOUT, "the layout key's since field"},
+    {"CLUSTER", {"SLOTS"}, RK_NONE, "reading the slot map"},
+    {"ASKING", {NULL}, RK_NONE, "following ASK during a slot migration"},
+};
+
+static const right_spec_t right_wait = {
+    "WAIT", {"1", "0"}, RK_NONE, "redis.wait.replicas"};
+
+/* The commands an effect may call literally, with whole arguments (see
+ * right_spec_t); effect_rights asks those of them the effect's source
+ * calls. A command not here is not asked. */
+static const right_spec_t effect_cmds[] = {
+    {"EXISTS", {"$k"}, RK_EFFECT, NULL},
+    {"GET", {"$k"}, RK_EFFECT, NULL},
+    {"SET", {"$k", "v"}, RK_EFFECT, NULL},
+    {"DEL", {"$k"}, RK_EFFECT, NULL},
+    {"INCR", {"$k"}, RK_EFFECT, NULL},
+    {"INCRBY", {"$k", "1"}, RK_EFFECT, NULL},
+    {"DECRBY", {"$k", "1"}, RK_EFFECT, NULL},
+    {"INCRBYFLOAT", {"$k", "1"}, RK_EFFECT, NULL},
+    {"HGET", {"$k", "f"}, RK_EFFECT, NULL},
+    {"HSET", {"$k", "f", "v"}, RK_EFFECT, NULL},
+    {"HDEL", {"$k", "f"}, RK_EFFECT, NULL},
+    {"HINCRBY", {"$k", "f", "1"}, RK_EFFECT, NULL},
+    {"HINCRBYFLOAT", {"$k", "f", "1"}, RK_EFFECT, NULL},
+    {"PTTL", {"$k"}, RK_EFFECT, NULL},
+    {"PEXPIRE", {"$k", "1"}, RK_EFFECT, NULL},
+    {"EXPIRE", {"$k", "1"}, RK_EFFECT, NULL},
+};
+
+/* The check: ARGV holds groups (the count of words, then the command and
+ * its arguments), each asked of the caller's ACL with redis.acl_check_cmd
+ * (it runs nothing); the numbers (from 1) of the groups refused. */
+static const char rights_lua[] =
+    "local out, i, g = {}, 1, 0\n"
+    "while i <= #ARGV do\n"
+    "  local n = tonumber(ARGV[i])\n"
+    "  g = g + 1\n"
+    "  local ok, yes = pcall(redis.acl_check_cmd, unpack(ARGV, i + 1, i + n))\n"
+    "  if not ok or not yes then out[#out + 1] = g end\n"
+    "  i = i + n + 1\n"
+    "end\n"
+    "return out\n";
+
+#define RIGHTS_MAX 48 /* rights[], WAIT and the effect's commands */
+
+/* The effect_cmds[] the effect calls, `redis.call('X'` or
+ * `redis.pcall('X'` written literally (not the script handler's own
+ * wrappers, which call through another name: an effect's idem.* keys are
+ * the user's), each once, appended to out[*n]. */
+static void effect_rights(const char *src, const right_spec_t **out, size_t *n)
+{
+    static const char *const pats[] = {"redis.call('", "redis.pcall('",
+                                       "redis.call(\"", "redis.pcall(\""};
+    for (size_t e = 0; e < sizeof(effect_cmds) / sizeof(effect_cmds[0]); e++) {
+        size_t cl = strlen(effect_cmds[e].cmd);
+        int found = 0;
+        for (size_t k = 0; k < 4 && !found; k++) {
+            size_t pl = strlen(pats[k]);
+            for (const char *s = strstr(src, pats[k]); s && !found;
+                 s = strstr(s + pl, pats[k])) {
+                char c = s > src ? s[-1] : ' ';
+                if (c == '_' || c == '.' || (c >= 'a' && c <= 'z') ||
+                    (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9'))
+                    continue;
+                found = !strncasecmp(s + pl, effect_cmds[e].cmd, cl) &&
+                        (s[pl + cl] == '\'' || s[pl + cl] == '"');
+            }
+        }
+        if (found && *n < RIGHTS_MAX)
+            out[(*n)++] = &effect_cmds[e];
+    }
+}
+
+/* "+strlen", "+cluster|slots": the ACL right of r. */
+static void right_name(const right_spec_t *r, char *buf, size_t size)
+{
+    size_t o = 0;
+    char sub[32] = "";
+    if (!strcmp(r->cmd, "CLUSTER"))
+        snprintf(sub, sizeof(sub), "|%s", r->args[0]);
+    int w = snprintf(buf, size, "+%s%s", r->cmd, sub);
+    for (o = 1; w > 0 && o < (size_t)w && o < size; o++)
+        if (buf[o] >= 'A' && buf[o] <= 'Z')
+            buf[o] = (char)(buf[o] + 32);
+}
+
+/* The key of kind k for partition 0 of topic into buf ("" for none). */
+static void right_key(const idem_partstate_t *p, rights_key_t k,
+                      const char *topic, char *buf, size_t size)
+{
+    char st[640];
+    stem(p, topic, 0, st, sizeof(st));
+    const char *g = p->conf->group_id ? p->conf->group_id : "";
+    switch (k) {
+    case RK_NONE:
+        buf[0] = '\0';
+        break;
+    case RK_EPOCH:
+        snprintf(buf, size, "%sepoch", st);
+        break;
+    case RK_WINDOW:
+        snprintf(buf, size, "%sw0", st);
+        break;
+    case RK_POS:
+        snprintf(buf, size, "%spos{%s:%s:0}", p->conf->redis_prefix, g, topic);
+        break;
+    case RK_LAYOUT:
+        snprintf(buf, size, "%s", p->layout_key);
+        break;
+    case RK_DEDUPKEY:
+        snprintf(buf, size, "%sdedupkey:%s", p->conf->redis_prefix, g);
+        break;
+    case RK_KEYCOPY:
+        snprintf(buf, size, "%shashkey", st);
+        break;
+    case RK_EFFECT:
+        snprintf(buf, size, "%seffect", st);
+        break;
+    }
+}
+
+/* Why a command of the check failed: the I/O error, the error reply or
+ * an unexpected one (borrowed from c or r). */
+static const char *reply_why(const redisContext *c, const redisReply *r)
+{
+    if (!r)
+        return c->errstr;
+    return r->type == REDIS_REPLY_ERROR ? r->str : "unexpected reply";
+}
+
+/* SCRIPT LOAD of src (len bytes) on c into sha. 0, or -1 with errstr
+ * naming the node and `what`. */
+static int node_load(redisContext *c, const char *node, const char *what,
+                     const char *src, size_t len, char sha[41], char *errstr,
+                     size_t errstr_size)
+{
+    const char *argv[] = {"SCRIPT", "LOAD", src};
+    const size_t argvlen[] = {6, 4, len};
+    redisReply *r = redisCommandArgv(c, 3, argv, argvlen);
+    if (!r || r->type != REDIS_REPLY_STRING || r->len != 40) {
+        snprintf(errstr, errstr_size,
+                 "redis cluster: %s: SCRIPT LOAD of %s: %s", node, what,
+                 reply_why(c, r));
+        if (r)
+            freeReplyObject(r);
+        return -1;
+    }
+    memcpy(sha, r->str, 41);
+    freeReplyObject(r);
+    return 0;
+}
+
+int idem_partstate_node_check(idem_partstate_t *p, idem_redisconn_t *rc,
+                              const char *topic, char *errstr,
+                              size_t errstr_size)
+{
+    redisContext *c = idem_redisconn_context(rc);
+    const char *node = idem_redisconn_addr(rc);
+    char chunk_sha[41], check_sha[41];
+    if (node_load(c, node, "the partition chunk script", p->src, p->src_len,
+                  chunk_sha, errstr, errstr_size) ||
+        node_load(c, node, "the ACL check", rights_lua, strlen(rights_lua),
+                  check_sha, errstr, errstr_size))
+        return -1;
+
+    const right_spec_t *list[RIGHTS_MAX];
+    size_t n = 0;
+    for (size_t i = 0; i < sizeof(rights) / sizeof(rights[0]); i++)
+        list[n++] = &rights[i];
+    if (p->conf->redis_wait_replicas > 0)
+        list[n++] = &right_wait;
+    effect_rights(p->src, list, &n);
+
+    /* EVALSHA check 0, then per command: its word count, the words. */
+    char(*keys)[1300] = idem_xcalloc(n, sizeof(*keys));
+    char(*counts)[4] = idem_xcalloc(n, sizeof(*counts));
+    const char **argv = idem_xcalloc(3 + n * (2 + RIGHT_ARGS), sizeof(*argv));
+    size_t a = 0;
+    argv[a++] = "EVALSHA";
+    argv[a++] = check_sha;
+    argv[a++] = "0";
+    for (size_t i = 0; i < n; i++) {
+        right_key(p, list[i]->key, topic, keys[i], sizeof(keys[i]));
+        size_t at = a++, w = 1;
+        argv[a++] = list[i]->cmd;
+        for (size_t j = 0; j < RIGHT_ARGS && list[i]->args[j]; j++, w++) {
+            const char *x = list[i]->args[j];
+            argv[a++] = !strcmp(x, "$k")     ? keys[i]
+                        : !strcmp(x, "$sha") ? chunk_sha
+                                             : x;
+        }
+        snprintf(counts[i], sizeof(counts[i]), "%zu", w);
+        argv[at] = counts[i];
+    }
+    redisReply *r = redisCommandArgv(c, (int)a, argv, NULL);
+    int rc_ = -1;
+    if (!r || r->type != REDIS_REPLY_ARRAY) {
+        snprintf(errstr, errstr_size, "redis cluster: %s: the ACL check: %s",
+                 node, reply_why(c, r));
+    } else if (!r->elements) {
+        rc_ = 0;
+    } else {
+        size_t o = (size_t)snprintf(
+            errstr, errstr_size,
+            "redis cluster: %s: the ACL user (redis.username) lacks", node);
+        for (size_t i = 0; i < r->elements && o < errstr_size; i++) {
+            long long k = r->element[i]->integer;
+            if (r->element[i]->type != REDIS_REPLY_INTEGER || k < 1 ||
+                (size_t)k > n)
+                continue;
+            const right_spec_t *x = list[k - 1];
+            char name[48];
+            right_name(x, name, sizeof(name));
+            o += (size_t)snprintf(errstr + o, errstr_size - o, "%s %s (%s%s%s)",
+                                  i ? "," : "", name,
+                                  x->why ? x->why : "the handler's effect",
+                                  keys[k - 1][0] ? ", key " : "", keys[k - 1]);
+        }
+    }
+    if (r)
+        freeReplyObject(r);
+    free(argv);
+    free(counts);
+    free(keys);
+    return rc_;
 }

@@ -13,6 +13,7 @@
 #include <stdint.h>
 
 #include "conf/conf.h"
+#include "redis/redisconn.h"
 #include "redis/store.h"
 
 #define IDEM_PARTSTATE_MARK  16    /* bytes of one mark */
@@ -160,5 +161,21 @@ int idem_partstate_chunks(idem_partstate_t *p, const idem_partstate_chunk_t *ch,
                           size_t k, idem_partstate_result_t *const *results,
                           int64_t *windows, int *rcs, char *errstr,
                           size_t errstr_size);
+
+/* check-config --connect in Redis Cluster mode (cmd/clustercheck.c), on
+ * one primary's connection rc (borrowed; its address names the node):
+ * SCRIPT LOAD of the chunk script (the handler's effect in it), then
+ * whether rc's ACL user may run every command the partition layout sends
+ * there, each with the key it goes with (partition 0 of `topic`): the
+ * chunk script's, its loader's, the positions' and the layout key's, the
+ * cluster client's, WAIT with redis.wait.replicas, and the commands the
+ * effect calls literally (redis.call('X'), without a key). Asked of the
+ * node's own ACL (redis.acl_check_cmd in a script run by SCRIPT LOAD and
+ * EVALSHA): nothing is written. 0, or -1 with errstr naming the node and
+ * each right it lacks ("redis cluster: 127.0.0.1:7001: the ACL user
+ * (redis.username) lacks +strlen (...)"), or the failed command. */
+int idem_partstate_node_check(idem_partstate_t *p, idem_redisconn_t *rc,
+                              const char *topic, char *errstr,
+                              size_t errstr_size);
 
 #endif

@@ -15,6 +15,7 @@ struct idem_storeread_s {
     const idem_conf_t *conf;
     idem_redisconn_t *rc;
     redisContext *node; /* cluster mode: the primary being scanned */
+    const char *addr;   /* its "host:port" (the cluster client's) */
 };
 
 idem_storeread_t *idem_storeread_new(const idem_conf_t *conf)
@@ -43,6 +44,26 @@ static redisContext *reader_ctx(idem_storeread_t *r, char *errstr,
     return r->rc ? idem_redisconn_context(r->rc) : NULL;
 }
 
+/* The failure of `what` (a command and its key) with `detail` (the
+ * reply's error or the I/O error) into errstr. In cluster mode it names
+ * the node scanned ("redis cluster: <host:port>: ..."), and a CLUSTERDOWN
+ * from that live node says that the cluster is down, as readiness does:
+ * the node that said it is not the one that is down. */
+static void node_fail(const idem_storeread_t *r, const char *what,
+                      const char *detail, char *errstr, size_t errstr_size)
+{
+    if (!r->node)
+        snprintf(errstr, errstr_size, "redis %s: %s", what, detail);
+    else if (!strncmp(detail, "CLUSTERDOWN", 11))
+        snprintf(errstr, errstr_size,
+                 "redis cluster: the cluster is down: the live node %s "
+                 "answers %s (%s)",
+                 r->addr, detail, what);
+    else
+        snprintf(errstr, errstr_size, "redis cluster: %s: %s: %s", r->addr,
+                 what, detail);
+}
+
 /* Sends argv[argc] (lengths argvlen, NULL: strlen) and returns the reply
  * (caller frees), or NULL with errstr: a lost connection (dropped, the next
  * call reconnects) or an error reply. */
@@ -55,14 +76,14 @@ static redisReply *reader_command(idem_storeread_t *r, int argc,
         return NULL;
     redisReply *rep = redisCommandArgv(c, argc, argv, argvlen);
     if (!rep) {
-        snprintf(errstr, errstr_size, "redis %s: %s", argv[0],
-                 c->errstr[0] ? c->errstr : "connection lost");
+        node_fail(r, argv[0], c->errstr[0] ? c->errstr : "connection lost",
+                  errstr, errstr_size);
         idem_redisconn_close(r->rc);
         r->rc = NULL;
         return NULL;
     }
     if (rep->type == REDIS_REPLY_ERROR) {
-        snprintf(errstr, errstr_size, "redis %s: %s", argv[0], rep->str);
+        node_fail(r, argv[0], rep->str, errstr, errstr_size);
         freeReplyObject(rep);
         return NULL;
     }
@@ -75,13 +96,15 @@ static redisReply *reader_command(idem_storeread_t *r, int argc,
  * "lease:<owner>:<message_id>". */
 #define MARK_SEGMENT "dedup:"
 
-/* Cluster mode: the values of keys (a SCAN's, all on node c, each on a
- * slot of its own) by one GET each, pipelined: MGET takes one slot's
- * keys only. An array reply as MGET's (a key whose GET failed, moved
- * since the SCAN, reads as nil), or NULL with errstr. */
-static redisReply *node_gets(redisContext *c, const redisReply *keys,
+/* Cluster mode: the values of keys (a SCAN's, all on node r->node, each
+ * on a slot of its own) by one GET each, pipelined: MGET takes one slot's
+ * keys only. An array reply as MGET's (a key moved since the SCAN,
+ * answered MOVED or ASK, reads as nil), or NULL with errstr naming the
+ * node (a lost connection, CLUSTERDOWN or another error reply). */
+static redisReply *node_gets(idem_storeread_t *r, const redisReply *keys,
                              char *errstr, size_t errstr_size)
 {
+    redisContext *c = r->node;
     for (size_t i = 0; i < keys->elements; i++) {
         const char *argv[] = {"GET", keys->element[i]->str};
         const size_t len[] = {3, keys->element[i]->len};
@@ -94,12 +117,24 @@ static redisReply *node_gets(redisContext *c, const redisReply *keys,
     for (size_t i = 0; i < keys->elements; i++) {
         void *v = NULL;
         if (redisGetReply(c, &v) != REDIS_OK || !v) {
-            snprintf(errstr, errstr_size, "redis GET: %s",
-                     c->errstr[0] ? c->errstr : "connection lost");
+            node_fail(r, "GET", c->errstr[0] ? c->errstr : "connection lost",
+                      errstr, errstr_size);
             freeReplyObject(out);
             return NULL;
         }
         out->element[out->elements++] = v;
+        const redisReply *e = v;
+        if (e->type == REDIS_REPLY_ERROR && strncmp(e->str, "MOVED ", 6) &&
+            strncmp(e->str, "ASK ", 4)) {
+            char what[300];
+            snprintf(what, sizeof(what), "GET %.*s",
+                     (int)(keys->element[i]->len > 256 ? 256
+                                                       : keys->element[i]->len),
+                     keys->element[i]->str);
+            node_fail(r, what, e->str, errstr, errstr_size);
+            freeReplyObject(out);
+            return NULL;
+        }
     }
     return out;
 }
@@ -127,7 +162,7 @@ static int each_node(idem_storeread_t *r, node_fn fn, void *arg, char *errstr,
     }
     int rc = 0;
     for (size_t k = 0; !rc; k++) {
-        r->node = idem_cluster_primary_context(cl, k, NULL, &e);
+        r->node = idem_cluster_primary_context(cl, k, &r->addr, &e);
         if (!r->node) {
             if (e.cls != IDEM_CLUSTER_ERR_NONE) {
                 snprintf(errstr, errstr_size, "%s", e.str);
@@ -138,6 +173,7 @@ static int each_node(idem_storeread_t *r, node_fn fn, void *arg, char *errstr,
         rc = fn(r, arg, errstr, errstr_size);
     }
     r->node = NULL;
+    r->addr = NULL;
     idem_cluster_destroy(cl);
     return rc;
 }
@@ -221,10 +257,9 @@ static int marks_scan(idem_storeread_t *r, void *arg, char *errstr,
                 margv[i + 1] = keys->element[i]->str;
                 mlen[i + 1] = keys->element[i]->len;
             }
-            redisReply *vals =
-                r->node ? node_gets(r->node, keys, errstr, errstr_size)
-                        : reader_command(r, (int)n, margv, mlen, errstr,
-                                         errstr_size);
+            redisReply *vals = r->node ? node_gets(r, keys, errstr, errstr_size)
+                                       : reader_command(r, (int)n, margv, mlen,
+                                                        errstr, errstr_size);
             free(margv);
             free(mlen);
             if (!vals) {
@@ -329,15 +364,27 @@ static int scan_values(idem_storeread_t *r, const char *pattern,
         for (size_t i = 0; i < keys->elements; i++) {
             void *v = NULL;
             if (redisGetReply(c, &v) != REDIS_OK || !v) {
-                snprintf(errstr, errstr_size, "redis %s: %s",
-                         field ? "HGET" : "GET",
-                         c->errstr[0] ? c->errstr : "connection lost");
+                node_fail(r, field ? "HGET" : "GET",
+                          c->errstr[0] ? c->errstr : "connection lost", errstr,
+                          errstr_size);
                 if (!r->node) {
                     idem_redisconn_close(r->rc);
                     r->rc = NULL;
                 }
                 freeReplyObject(rep);
                 return -1;
+            }
+            const redisReply *val = v;
+            if (!rc && val->type == REDIS_REPLY_ERROR &&
+                !strncmp(val->str, "CLUSTERDOWN", 11)) {
+                char what[300];
+                snprintf(what, sizeof(what), "%s %.*s", field ? "HGET" : "GET",
+                         (int)(keys->element[i]->len > 256
+                                   ? 256
+                                   : keys->element[i]->len),
+                         keys->element[i]->str);
+                node_fail(r, what, val->str, errstr, errstr_size);
+                rc = -1;
             }
             if (!rc)
                 rc = each(keys->element[i], v, arg, errstr, errstr_size);
@@ -442,9 +489,11 @@ static int hashkey_node(idem_storeread_t *r, void *arg, char *errstr,
         return -1;
     const char *argv[] = {"GET", x->name};
     redisReply *rep = redisCommandArgv(c, 2, argv, NULL);
+    char what[1100];
+    snprintf(what, sizeof(what), "GET %s", x->name);
     if (!rep) {
-        snprintf(errstr, errstr_size, "redis GET %s: %s", x->name,
-                 c->errstr[0] ? c->errstr : "connection lost");
+        node_fail(r, what, c->errstr[0] ? c->errstr : "connection lost", errstr,
+                  errstr_size);
         if (!r->node) {
             idem_redisconn_close(r->rc);
             r->rc = NULL;
@@ -458,8 +507,7 @@ static int hashkey_node(idem_storeread_t *r, void *arg, char *errstr,
     } else if (rep->type == REDIS_REPLY_ERROR) {
         if (!r->node ||
             (strncmp(rep->str, "MOVED ", 6) && strncmp(rep->str, "ASK ", 4))) {
-            snprintf(errstr, errstr_size, "redis GET %s: %s", x->name,
-                     rep->str);
+            node_fail(r, what, rep->str, errstr, errstr_size);
             rc = -1;
         }
     } else if (rep->type != REDIS_REPLY_NIL) {

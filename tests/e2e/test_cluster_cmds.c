@@ -273,7 +273,8 @@ static int key_slot(const char *key)
 /* A member whose every key is on node 0, and node 2 (no replica) killed:
  * node 0 lives but answers CLUSTERDOWN (its cluster_state is fail), and
  * /readyz says the cluster is down naming node 0, not a node the member
- * never talks to. With both back, the ledger ends exact. */
+ * never talks to; so does `state get script`, whose scan reads node 0
+ * first. With both back, the ledger ends exact. */
 Test(cluster_cmds, clusterdown_from_a_live_node_names_it_in_readiness,
      .timeout = 300)
 {
@@ -291,6 +292,13 @@ Test(cluster_cmds, clusterdown_from_a_live_node_names_it_in_readiness,
             continue;
         cr_assert_eq(th_cluster_migrate_begin(&clu, slot, from, 0), 0);
         cr_assert_eq(th_cluster_migrate_end(&clu, slot, from, 0), 0);
+    }
+    /* And slot 0, so node 0 is the first primary a scan reads. */
+    int from0 = th_cluster_owner(&clu, 0);
+    cr_assert_geq(from0, 0);
+    if (from0 != 0) {
+        cr_assert_eq(th_cluster_migrate_begin(&clu, 0, from0, 0), 0);
+        cr_assert_eq(th_cluster_migrate_end(&clu, 0, from0, 0), 0);
     }
     cr_assert_eq(th_cluster_wait_ok(&clu, 60000), 0, "cluster not ok");
     cr_assert_eq(th_stack_start(&stk, 1, cluster_props()), 0);
@@ -310,6 +318,12 @@ Test(cluster_cmds, clusterdown_from_a_live_node_names_it_in_readiness,
     }
     cr_assert(ready, "m1 never ready:\n%s", th_stack_member_log(&stk, "m1"));
 
+    /* A script effect's shard on node 0 (partition 0's tag), for state
+     * get below. */
+    char *hs =
+        th_cluster_cmd(&clu, 0, "HSET shop:x{test-group:payments:0} f 5");
+    cr_assert_str_eq(hs ? hs : "", "1");
+    free(hs);
     th_cluster_kill(&clu, 2);
     int down = 0;
     for (int w = 0; w < 30000 && !down; w += 100) {
@@ -332,6 +346,18 @@ Test(cluster_cmds, clusterdown_from_a_live_node_names_it_in_readiness,
     cr_expect(body && strstr(body, want), "readyz: %s\n(wanted: %s)",
               body ? body : "", want);
     free(body);
+    /* state get script scans every primary for a key's shards: node 0,
+     * the first (alive), holds one and answers its HGET CLUSTERDOWN; the
+     * error says the cluster is down, naming node 0. */
+    const char *sget[] = {"state", "get", "script", "shop:x", "f", NULL};
+    char *sout = NULL, *serr = NULL;
+    int src = idem(sget, &sout, &serr);
+    cr_expect_eq(src, 1, "state get while the cluster is down: %d\n%s\n%s", src,
+                 sout, serr);
+    cr_expect(serr && strstr(serr, want), "state get: %s\n(wanted: %s)",
+              serr ? serr : "", want);
+    free(sout);
+    free(serr);
 
     cr_assert_eq(th_cluster_restart(&clu, 2), 0);
     cr_assert_eq(th_cluster_wait_ok(&clu, 60000), 0, "cluster not ok");

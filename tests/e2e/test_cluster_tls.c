@@ -90,25 +90,6 @@ static int tag_slot(int p)
     return slot;
 }
 
-/* A live replica of node `primary`: with tls-replication its ROLE names
- * the primary's TLS port (th_cluster_replica_of compares the plain one). */
-static int tls_replica_of(int primary)
-{
-    for (int i = 0; i < clu.n; i++) {
-        if (i == primary || clu.node[i].pid <= 0)
-            continue;
-        char *out = th_cluster_cmd(&clu, i, "ROLE");
-        /* ROLE of a replica: slave, host, port, state, offset. */
-        const char *nl =
-            out && !strncmp(out, "slave\n", 6) ? strchr(out + 6, '\n') : NULL;
-        int port = nl ? atoi(nl + 1) : -1;
-        free(out);
-        if (port == clu.tls_port[primary])
-            return i;
-    }
-    return -1;
-}
-
 static pthread_t producer;
 static atomic_int produced; /* 1 once the producer ended, 2 + rc */
 
@@ -153,7 +134,7 @@ Test(cluster_tls, members_over_tls_through_a_failover_exact, .timeout = 300)
 
     int victim = th_cluster_owner(&clu, tag_slot(0));
     cr_assert_geq(victim, 0);
-    int replica = tls_replica_of(victim);
+    int replica = th_cluster_replica_of(&clu, victim);
     cr_assert_geq(replica, 0);
     th_cluster_kill(&clu, victim);
     cr_assert_eq(th_cluster_wait_ok(&clu, 30000), 0, "no failover");

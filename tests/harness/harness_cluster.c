@@ -56,7 +56,9 @@ static void reply_text(const redisReply *r, char **buf, size_t *len,
     (*buf)[*len] = '\0';
 }
 
-char *th_cluster_cmd(th_cluster_t *c, int i, const char *fmt, ...)
+/* A connection to node i (AUTH sent when the cluster has a password),
+ * or NULL when it does not answer. Caller frees with redisFree. */
+static redisContext *node_connect(th_cluster_t *c, int i)
 {
     if (i < 0 || i >= c->n || c->node[i].pid <= 0)
         return NULL;
@@ -74,10 +76,12 @@ char *th_cluster_cmd(th_cluster_t *c, int i, const char *fmt, ...)
         if (a)
             freeReplyObject(a);
     }
-    va_list ap;
-    va_start(ap, fmt);
-    redisReply *r = redisvCommand(rc, fmt, ap);
-    va_end(ap);
+    return rc;
+}
+
+/* r as th_cluster_cmd's text (NULL for no reply), r freed. */
+static char *reply_take(redisReply *r)
+{
     char *out = NULL;
     if (r) {
         size_t len = 0, cap = 64;
@@ -87,8 +91,31 @@ char *th_cluster_cmd(th_cluster_t *c, int i, const char *fmt, ...)
             out[--len] = '\0';
         freeReplyObject(r);
     }
-    redisFree(rc);
     return out;
+}
+
+char *th_cluster_cmd(th_cluster_t *c, int i, const char *fmt, ...)
+{
+    redisContext *rc = node_connect(c, i);
+    if (!rc)
+        return NULL;
+    va_list ap;
+    va_start(ap, fmt);
+    redisReply *r = redisvCommand(rc, fmt, ap);
+    va_end(ap);
+    redisFree(rc);
+    return reply_take(r);
+}
+
+char *th_cluster_cmd_argv(th_cluster_t *c, int i, int argc,
+                          const char *const argv[])
+{
+    redisContext *rc = node_connect(c, i);
+    if (!rc)
+        return NULL;
+    redisReply *r = redisCommandArgv(rc, argc, (const char **)argv, NULL);
+    redisFree(rc);
+    return reply_take(r);
 }
 
 /* The node's id (CLUSTER MYID) into id; 0 or -1. */
@@ -218,7 +245,10 @@ int th_cluster_replica_of(th_cluster_t *c, int primary)
         if (nl)
             port = atoi(nl + 1);
         free(out);
-        if (port == c->node[primary].port)
+        /* On a TLS cluster (tls-replication) a replica names its
+         * primary's TLS port. */
+        if (port == c->node[primary].port ||
+            (c->tls_port[primary] && port == c->tls_port[primary]))
             return i;
     }
     return -1;

@@ -64,7 +64,8 @@ int th_cluster_wait_ok(th_cluster_t *c, int timeout_ms);
  * slot; -1 when they disagree or none serves it. */
 int th_cluster_owner(th_cluster_t *c, int slot);
 
-/* The index of a live replica of node `primary`; -1 when none. */
+/* The index of a live replica of node `primary`; -1 when none. On a TLS
+ * cluster a replica names its primary's TLS port, which counts too. */
 int th_cluster_replica_of(th_cluster_t *c, int primary);
 
 /* Node i's cluster_state as "ok" or "fail" ("" when it did not answer). */
@@ -105,6 +106,11 @@ int th_cluster_slots_upto(th_cluster_t *c, int i, int slot);
  * NULL when the node did not answer. */
 char *th_cluster_cmd(th_cluster_t *c, int i, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
+
+/* th_cluster_cmd with the command as argc words argv (borrowed): for a
+ * command built at run time (an ACL line). */
+char *th_cluster_cmd_argv(th_cluster_t *c, int i, int argc,
+                          const char *const argv[]);
 
 /* 1 when node i runs and its ROLE says master (a primary now: a killed
  * primary's promoted replica says so too), else 0. */
