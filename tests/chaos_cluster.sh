@@ -724,6 +724,8 @@ printf 'chaos-cluster: %-39s %s\n' \
     "lost" "$lost" \
     "doubled" "$doubled"
 printf '%s\n' "$VERIFY_OUT" | sed 's/^/chaos-cluster: /'
+# The dead letters by reason (what verify's first differences may not show).
+"$BIN" dlq stats -c "$CONF" 2>&1 | sed 's/^/chaos-cluster: /' || true
 ((verified)) || die "verify did not say exact within ${SETTLE}s of the end of the chaos (fault log: $FLOG)"
 grep -q 'ledger exact' <<<"$VERIFY_OUT" && grep -q 'dlq exact' <<<"$VERIFY_OUT" ||
     die "verify passed without 'ledger exact' and 'dlq exact'"
