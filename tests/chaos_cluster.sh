@@ -21,6 +21,9 @@
 #     cheapest counts that reach the tags, as tests/e2e/test_cluster_run.c
 #     picks them), to one target primary, in the background;
 #   CLUSTER FAILOVER on a replica (a planned switch);
+#   a lost tail: a replica SIGSTOPped for 1-3 s while its primary takes
+#     writes, then the primary kill -9'd and the replica woken: it is
+#     promoted without the writes it missed (restart of the node as above);
 #
 # and, on their own clock every 2-6 s, member faults: kill -9 (restarted
 # 0.2-1.2 s later), SIGSTOP for 1-9 s (beyond session.timeout.ms=6000
@@ -408,7 +411,7 @@ tags_moved_to() {
     echo "$n"
 }
 
-KILLS=0 STOPS=0 FAILOVERS_STOP=0 RESHARDS=0 RESHARD_FAILS=0 MANUAL_FO=0 MKILLS=0 MSTOPS=0 MRESTARTS=0
+KILLS=0 STOPS=0 LAGS=0 RESHARDS=0 RESHARD_FAILS=0 MANUAL_FO=0 MKILLS=0 MSTOPS=0 MRESTARTS=0
 RESHARD_TAGS=0
 REDIS_BUSY='' # what the current Redis fault waits for: restart, cont, reshard, failover, settle
 busy_until=0 busy_node=-1 busy_role=''
@@ -421,8 +424,23 @@ chaos_end=$((T_CHAOS0 + DURATION * 1000))
 redis_fault() {
     local now=$1 v r
     primaries
-    rnd 4
+    rnd 5
     case $R in
+    4)
+        # A lost tail: the replica is stopped for 1-3 s while its primary
+        # takes writes, then the primary is kill -9'd and the replica woken:
+        # it is promoted without what it missed.
+        local cand=()
+        for v in "${P[@]}"; do replica_of "$v"; ((I >= 0)) && cand+=("$v"); done
+        ((${#cand[@]})) || return 0
+        rnd ${#cand[@]}; v=${cand[R]}
+        replica_of "$v"; r=$I
+        kill -STOP "${PID[node$r]}"
+        NSTATE[r]=stopped
+        rnd 2000; busy_until=$((now + 1000 + R))
+        REDIS_BUSY=lag busy_node=$v busy_role=$r
+        flog "redis: SIGSTOP replica node $r of primary node $v for $((busy_until - now)) ms, then kill -9 of the primary"
+        ;;
     0 | 1)
         # a primary with a live replica: kill -9, or SIGSTOP
         local cand=()
@@ -484,6 +502,20 @@ redis_step() {
             node_start "$busy_node"
             flog "redis: node $busy_node restarted"
             REDIS_BUSY=settle busy_until=$((now + 60000))
+        fi
+        ;;
+    lag)
+        if ((now >= busy_until)); then
+            scrape_all
+            kill -KILL "${PID[node$busy_node]}" 2>/dev/null || true
+            stop "node$busy_node" - 5 || true
+            NSTATE[busy_node]=killed
+            kill -CONT "${PID[node$busy_role]}"
+            NSTATE[busy_role]=up
+            LAGS=$((LAGS + 1))
+            flog "redis: kill -9 primary node $busy_node, SIGCONT of its lagging replica node $busy_role"
+            rnd 6000; busy_until=$((now + 2000 + R))
+            REDIS_BUSY=restart
         fi
         ;;
     cont)
@@ -631,7 +663,7 @@ for m in "${!MRESUME[@]}"; do member_resume "$m"; done
 while [[ -n $REDIS_BUSY ]]; do
     now=$(now_ms)
     # a pending restart or SIGCONT happens now
-    ((busy_until > now)) && [[ $REDIS_BUSY == restart || $REDIS_BUSY == cont ]] && busy_until=$now
+    ((busy_until > now)) && [[ $REDIS_BUSY == restart || $REDIS_BUSY == cont || $REDIS_BUSY == lag ]] && busy_until=$now
     redis_step "$now"
     sleep 0.1
 done
@@ -710,6 +742,7 @@ printf 'chaos-cluster: %-39s %s\n' \
     "applied (expected)" "$APPLIED ($WANT_APPLIED)" \
     "primary kill -9 (node back as replica)" "$KILLS" \
     "primary SIGSTOP (a failover under it)" "$STOPS" \
+    "replica SIGSTOP, then primary kill -9" "$LAGS" \
     "reshards (failed; tags moved)" "$RESHARDS ($RESHARD_FAILS; $RESHARD_TAGS)" \
     "CLUSTER FAILOVER on a replica" "$MANUAL_FO" \
     "member kill -9 / SIGSTOP / restart" "$MKILLS / $MSTOPS / $MRESTARTS" \
@@ -719,7 +752,7 @@ printf 'chaos-cluster: %-39s %s\n' \
     "MOVED / ASK / TRYAGAIN / CLUSTERDOWN" "$(s idemproc_redis_cluster_moved_total) / $(s idemproc_redis_cluster_ask_total) / $(s idemproc_redis_cluster_tryagain_total) / $(s idemproc_redis_cluster_clusterdown_total)" \
     "slot map reads; connection errors" "$(s idemproc_redis_cluster_slot_map_refreshes_total); $(s idemproc_redis_cluster_connection_errors_total)" \
     "positions behind (rewinds)" "$(s idemproc_redis_position_behind_total)" \
-    "'redis went back in time' log lines" "$(cat "$DIR"/m*.log | grep -c 'went back in time' || true)" \
+    "rewinds logged (rewound, back in time)" "$(cat "$DIR"/m*.log | grep -c 'rewound to the position\|went back in time' || true)" \
     "chaos / settle seconds" "$(((T_CHAOS - T_CHAOS0) / 1000)) / $(((T_VERIFIED - T_CHAOS) / 1000))" \
     "lost" "$lost" \
     "doubled" "$doubled"
