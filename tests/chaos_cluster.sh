@@ -77,9 +77,10 @@ LIB_NAME=chaos-cluster LIB_CONTEXT=" (CHAOS_SEED=$SEED)" LIB_KEEP=${CHAOS_KEEP:-
 . "$(dirname "$0")/lib.sh"
 lib_init chaos-cluster
 # A process left stopped (SIGSTOP) would sit out lib_cleanup's SIGTERM
-# grace: every one gets SIGCONT first.
+# grace: every one gets SIGCONT first (errexit off: a failed run must still
+# reach the cleanup).
 cont_all() { local n; for n in "${!PID[@]}"; do kill -CONT "${PID[$n]}" 2>/dev/null || true; done; }
-trap 'rc=$?; cont_all; (exit $rc); lib_cleanup' EXIT
+trap 'rc=$?; set +e; cont_all; (exit $rc); lib_cleanup' EXIT
 T0=$(now_ms)
 
 # rnd N: R = a number in 0..N-1 from the seeded generator (chaos.sh's).
