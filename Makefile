@@ -116,7 +116,7 @@ TEST_ARGS ?=
 # The test objects need Criterion, which only deps-check-test installs.
 .PHONY: all deps deps-check deps-check-test deps-check-fuzz deps-check-bench \
         test check check-includes check-format check-deploy \
-        format demo demo-outbox bench chaos fuzz fuzz-build tsan memcheck clean \
+        format demo demo-outbox bench chaos chaos-cluster fuzz fuzz-build tsan memcheck clean \
         install help
 
 all: $(BIN) $(PLUGINS)
@@ -136,6 +136,9 @@ help:
 	@echo "                BENCH_ROWS=\"kcat idemproc1 ...\" picks rows, BENCH_REPS repetitions"
 	@echo "make chaos      kills, Redis kill -9, broker faults at once; exact or fail"
 	@echo "                (CHAOS_SEED, CHAOS_RECORDS, CHAOS_SECONDS)"
+	@echo "make chaos-cluster  the same on a 3+3 Redis Cluster (or CHAOS_CLUSTER=1 make"
+	@echo "                chaos): primaries kill -9'd and SIGSTOPped, reshards, CLUSTER"
+	@echo "                FAILOVER, members killed, stopped, restarted; exact or fail"
 	@echo "make fuzz       each libFuzzer target for FUZZ_SECONDS (default 60)"
 	@echo "make tsan       ThreadSanitizer: the HTTP thread against the loop's updates"
 	@echo "make memcheck   make demo (fewer records) with every process under valgrind"
@@ -385,8 +388,13 @@ memcheck: $(BIN) | deps-check-test
 	@command -v valgrind >/dev/null || $(MAKE) --no-print-directory deps DEB_PKGS="$(CHECK_DEB_PKGS)"
 	@tests/memcheck.sh $(BIN)
 
+# CHAOS_CLUSTER=1 make chaos is make chaos-cluster.
 chaos: $(BIN) | deps-check-test
-	@tests/chaos.sh $(BIN)
+	@if [ -n "$(CHAOS_CLUSTER)" ] && [ "$(CHAOS_CLUSTER)" != 0 ]; then \
+	    tests/chaos_cluster.sh $(BIN); else tests/chaos.sh $(BIN); fi
+
+chaos-cluster: $(BIN) | deps-check-test
+	@tests/chaos_cluster.sh $(BIN)
 
 # libFuzzer targets (tests/fuzz/fuzz_<target>.c), built with clang, ASan and
 # UBSan in their own directory. Each runs FUZZ_SECONDS on a scratch corpus
