@@ -381,6 +381,8 @@ typedef struct {
     int64_t moved;   /* marks written without an effect */
     int have_key;    /* key read: expected identities can be hashed */
     uint8_t key[16]; /* the group's hash key (idem_storeread_hashkey) */
+    int cluster;     /* redis.cluster.nodes: done marks are the global
+                        path's buckets, never a layout switch's */
 } marks_tally_t;
 
 static void collect_mark(const idem_storeread_mark_t *m, void *opaque)
@@ -478,6 +480,12 @@ static void compare_marks(report_t *r, json_t *want, const marks_tally_t *got)
                  "identity %s: applied %" JSON_INTEGER_FORMAT
                  " times (marks in the partition layout)",
                  printable(s, n, pb, sizeof(pb)), in_part);
+        else if (got->cluster && in_part && json_object_getn(got->done, s, n))
+            diff(r,
+                 "identity %s: applied twice (a done mark of the global "
+                 "path and a mark in the partition layout; cluster mode has "
+                 "no layout switch that would explain both)",
+                 printable(s, n, pb, sizeof(pb)));
     }
     const char *k;
     size_t klen;
@@ -767,6 +775,7 @@ int idem_verify(const idem_conf_t *conf, const idem_verify_effect_t *effect,
     int cluster = conf->redis_cluster_nodes && *conf->redis_cluster_nodes;
     int part_layout =
         cluster || conf->dedup_scope == IDEM_DEDUP_SCOPE_PARTITION;
+    marks.cluster = cluster;
     if (with_marks) {
         if (idem_storeread_marks(rd, conf->group_id, collect_mark, &marks,
                                  errstr, errstr_size))

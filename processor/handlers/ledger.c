@@ -73,6 +73,17 @@ static size_t ledger_args(const void *rec, const char **argv, size_t *argvlen,
     return LEDGER_ARGS;
 }
 
+/* Where a record was read (idem_store_where_fn): the store's global path
+ * in cluster mode keeps, per partition, what each bucket applied. */
+static void ledger_where(const void *rec, const char **topic,
+                         int32_t *partition, int64_t *offset)
+{
+    const idem_record_t *r = rec;
+    *topic = r->topic;
+    *partition = r->partition;
+    *offset = r->offset;
+}
+
 static void *ledger_start(const idem_handler_ctx_t *ctx, char *errstr,
                           size_t errstr_size)
 {
@@ -89,6 +100,7 @@ static void *ledger_start(const idem_handler_ctx_t *ctx, char *errstr,
         free(l);
         return NULL;
     }
+    idem_store_effect_where(l->store, ledger_where);
     return l;
 }
 

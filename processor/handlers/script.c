@@ -98,6 +98,17 @@ static size_t script_args(const void *rec, const char **argv, size_t *argvlen,
            idem_luascript_args(h->lua, r, &h->scratch, argv + 2, argvlen + 2);
 }
 
+/* Where a record was read (idem_store_where_fn): the store's global path
+ * in cluster mode keeps, per partition, what each bucket applied. */
+static void script_where(const void *rec, const char **topic,
+                         int32_t *partition, int64_t *offset)
+{
+    const idem_record_t *r = rec;
+    *topic = r->topic;
+    *partition = r->partition;
+    *offset = r->offset;
+}
+
 static int script_validate(const idem_conf_t *conf, const char *arg,
                            char *errstr, size_t errstr_size)
 {
@@ -152,6 +163,7 @@ static void *script_start(const idem_handler_ctx_t *ctx, char *errstr,
         h->script = idem_store_effect_register(
             h->store, eff, strlen(eff), 2 + idem_luascript_rec_args(h->lua),
             script_args, h, errstr, errstr_size);
+        idem_store_effect_where(h->store, script_where);
     } else {
         const char *src = idem_luascript_source(h->lua);
         h->script = idem_store_script_register(

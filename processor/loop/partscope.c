@@ -385,8 +385,20 @@ static int part_load(idem_partscope_t *ps, idem_part_t *pt, char *errstr,
                              errstr, errstr_size))
         return -1;
     idem_store_pos_t pos = {.topic = pt->topic, .partition = pt->partition};
+    uint64_t conns = ps->redis.connections(ps->redis.ctx);
     if (ps->redis.positions_load(ps->redis.ctx, &pos, 1, errstr, errstr_size))
         return -1;
+    if (ps->redis.connections(ps->redis.ctx) != conns) {
+        /* The load met a new connection, or (cluster mode) found a global
+         * bucket that lost records and set the position back: the loop
+         * reads the positions again and rewinds first (positions.c), the
+         * table is loaded after that. */
+        snprintf(errstr, errstr_size,
+                 "partition table of %s/%" PRId32 ": redis went back in time "
+                 "while it was loaded; positions are read again first",
+                 pt->topic, pt->partition);
+        return -1;
+    }
     if (pos.offset != pt->saved) {
         char a[24], b[24], part[16];
         snprintf(a, sizeof(a), "%" PRId64, pt->saved);

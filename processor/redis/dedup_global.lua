@@ -7,6 +7,22 @@
 -- their partition), then PER per record: identity, message_id, the
 -- effect's own.
 --
+-- Redis Cluster mode (the store's global path, store.c cluster_global):
+-- ARGV[4] is the bucket's hash tag "{<group>::<NN>}" instead of a layout
+-- (no layout check: a cluster runs the partition layout, and the layout
+-- key is on another slot); ARGV[5] = G, then G quadruples (field
+-- "<topic>:<partition>", the highest offset of that partition in this
+-- call, its lowest, and the last the member saw this bucket acknowledge
+-- for it or "-"), then the records. KEYS = the records' mark keys
+-- <prefix>dedup{<group>::<NN>}:<identity>, then the bucket's positions
+-- hash <prefix>gpos{<group>::<NN>}: all of one slot. Before any write, a
+-- field below what the member saw acknowledged (the bucket's node lost
+-- writes: a failover to a replica that missed them) refuses the call
+-- with an error GPOS, nothing written. The effect gets the tag as its key
+-- suffix (ksuf), so its writes stay in the slot. After the marks, per
+-- partition: field = max(field, highest) and field .. ':at' = lowest
+-- (docs/design.md, "Redis Cluster mode", "The global path").
+--
 -- For each record a done or lease mark means "not applied" (the mark is
 -- returned); else the effect and the done mark happen together inside
 -- this script, so no crash can separate them. The marks are read with one
@@ -15,18 +31,41 @@
 -- later in the chunk. A server error of the effect is the reply.
 local group, ttl = ARGV[2], ARGV[3]
 local FIRST = 4
--- Layout check (redis/layout.h): the group's layout key must say what
--- the member runs (absent: global), else nothing is written and the
--- member reads the key again and routes the records again.
-local runs = redis.call('HMGET', ARGV[1] .. 'layout:' .. group, 'layout')[1]
-if (runs or 'global') ~= ARGV[4] then
-  return redis.error_reply('LAYOUT redis runs ' .. (runs or 'global') ..
-                           ', the member ' .. ARGV[4])
+local ksuf, G = nil, 0
+if string.sub(ARGV[4], 1, 1) == '{' then
+  ksuf, G = ARGV[4], tonumber(ARGV[5])
+  FIRST = 5 + 4 * G
+else
+  -- Layout check (redis/layout.h): the group's layout key must say what
+  -- the member runs (absent: global), else nothing is written and the
+  -- member reads the key again and routes the records again.
+  local runs = redis.call('HMGET', ARGV[1] .. 'layout:' .. group, 'layout')[1]
+  if (runs or 'global') ~= ARGV[4] then
+    return redis.error_reply('LAYOUT redis runs ' .. (runs or 'global') ..
+                             ', the member ' .. ARGV[4])
+  end
 end
 local n = (#ARGV - FIRST) / PER
+local gfields, ghad = {}, nil
+if G > 0 then
+  for p = 0, G - 1 do
+    gfields[p + 1] = ARGV[6 + 4 * p]
+  end
+  ghad = redis.call('HMGET', KEYS[n + 1], unpack(gfields))
+  for p = 0, G - 1 do
+    local want = ARGV[9 + 4 * p]
+    if want ~= '-' and tonumber(ghad[p + 1] or '-1') < tonumber(want) then
+      return redis.error_reply('GPOS ' .. KEYS[n + 1] .. ' ' .. gfields[p + 1] ..
+                               ': redis holds ' .. (ghad[p + 1] or 'none') ..
+                               ', the member saw ' .. want ..
+                               ' acknowledged')
+    end
+  end
+end
 local keys = {}
 for j = 1, n do
-  keys[j] = ARGV[1] .. 'dedup:' .. group .. ':' .. ARGV[FIRST + (j - 1) * PER + 1]
+  keys[j] = KEYS[j] or
+            (ARGV[1] .. 'dedup:' .. group .. ':' .. ARGV[FIRST + (j - 1) * PER + 1])
 end
 local marks = redis.call('MGET', unpack(keys))
 local out, seen, new, dups = {}, {}, {}, {}
@@ -43,7 +82,7 @@ for j = 1, n do
     out[j] = ''
   end
 end
-local refused, err = effect(FIRST + 2, PER, new) -- its own arguments
+local refused, err = effect(FIRST + 2, PER, new, ksuf) -- its own arguments
 if not refused then
   return redis.error_reply(err)
 end
@@ -54,6 +93,19 @@ for _, j in ipairs(new) do
     redis.call('SET', keys[j], 'done:' .. ARGV[FIRST + (j - 1) * PER + 2],
                'EX', ttl)
   end
+end
+if G > 0 then
+  local set = {}
+  for p = 0, G - 1 do
+    local f, hi = gfields[p + 1], ARGV[7 + 4 * p]
+    if not ghad[p + 1] or tonumber(ghad[p + 1]) < tonumber(hi) then
+      set[#set + 1] = f
+      set[#set + 1] = hi
+    end
+    set[#set + 1] = f .. ':at'
+    set[#set + 1] = ARGV[8 + 4 * p]
+  end
+  redis.call('HSET', KEYS[n + 1], unpack(set))
 end
 for _, d in ipairs(dups) do
   local j, first = d[1], d[2]

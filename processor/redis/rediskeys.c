@@ -142,19 +142,11 @@ static int cluster_check(const idem_conf_t *conf, char *errstr,
                  h);
         return -1;
     }
-    if (conf->retry_topics && *conf->retry_topics) {
-        snprintf(errstr, errstr_size,
-                 "redis.cluster.nodes: retry.topics is set; with "
-                 "handler=%s a copy from a retry topic must find the "
-                 "first's mark by identity and apply its effect in one "
-                 "script, and the identity's mark and the partition's "
-                 "state are on two slots (leave retry.topics empty: "
-                 "blocking retries; forward, webhook and plugins run it)",
-                 h);
-        return -1;
-    }
+    /* retry.topics: a copy takes the global path, whose marks and
+     * effects are sharded by bucket (store.c, cluster_global). */
     /* redis.wait.replicas: WAIT goes to each node a request's chunks
-     * were written to (redis/partstate.c). */
+     * were written to (redis/partstate.c), and after the global path's
+     * calls to every primary (store.c). */
     return 0;
 }
 

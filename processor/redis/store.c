@@ -7,6 +7,7 @@
 #include "base/log.h"
 #include "redis/aofgate.h"
 #include "redis/cluster.h"
+#include "redis/gpos.h"
 #include "redis/layout.h"
 #include "redis/redisconn.h"
 #include "base/util.h"
@@ -161,10 +162,28 @@ struct idem_store_s {
     idem_cluster_t *cl;
     int slot;               /* the slot c serves; -1 none */
     int home_slot;          /* the layout key's: INFO, scripts, the layout */
-    size_t cluster_refused; /* records of a global request refused (_recv) */
     uint64_t home_connects; /* the client's connects at the last INFO */
     int64_t cluster_exported_ms; /* idem_now_ms() of the last metrics copy */
     char layout_key[512];
+    /* Cluster mode's global path (cluster_global): */
+    idem_store_where_fn effect_where;
+    idem_store_result_t *gres; /* a send's results, until its _recv */
+    size_t gres_n, gres_cap;
+    int gres_pending;        /* a send's results wait for _recv */
+    struct gacked_s *gacked; /* per partition and bucket: the last offset
+                                the bucket acknowledged */
+    size_t ngacked, gacked_cap;
+    uint64_t gpos_losses; /* losses found: counted as connections */
+};
+
+/* A bucket's acknowledged last offset of one partition, as this member saw
+ * it (a call's reply, or the bucket's field read at a load): what the next
+ * call expects the bucket still to hold (GPOS otherwise). */
+struct gacked_s {
+    char *topic;
+    int32_t partition;
+    int bucket;
+    int64_t acked;
 };
 
 static void store_cluster_export(idem_store_t *s, int now);
@@ -177,6 +196,13 @@ static int cluster_positions(idem_store_t *s, idem_store_pos_t *load,
 
 static int store_route_key(idem_store_t *s, const char *key, size_t len,
                            char *errstr, size_t errstr_size);
+
+static int cluster_global(idem_store_t *s, int script, const void *const *recs,
+                          size_t n, const idem_store_pos_t *pos, size_t npos,
+                          char *errstr, size_t errstr_size);
+static int gpos_check(idem_store_t *s, idem_store_pos_t *load,
+                      char (*const raw)[160], const int64_t *records, size_t n,
+                      char *errstr, size_t errstr_size);
 
 idem_store_t *idem_store_new(const idem_conf_t *conf, idem_metrics_t *m)
 {
@@ -232,6 +258,10 @@ void idem_store_destroy(idem_store_t *s)
     for (size_t i = 0; i < s->user_cnt; i++)
         free(s->user[i].src);
     free(s->effect);
+    free(s->gres);
+    for (size_t i = 0; i < s->ngacked; i++)
+        free(s->gacked[i].topic);
+    free(s->gacked);
     free(s);
 }
 
@@ -923,7 +953,8 @@ uint64_t idem_store_connections(const idem_store_t *s)
 {
     /* Cluster mode: any new connection may be to a server that lost
      * writes (a promoted replica), so each one counts. */
-    return s->cl ? idem_cluster_connects(s->cl) : s->connections;
+    return s->cl ? idem_cluster_connects(s->cl) + s->gpos_losses
+                 : s->connections;
 }
 
 const char *idem_store_run_id(const idem_store_t *s)
@@ -1474,7 +1505,7 @@ static int store_eval_batch(idem_store_t *s, script_t script, const char *arg3,
 
 int idem_store_busy(const idem_store_t *s)
 {
-    return s->pending_chunks > 0;
+    return s->pending_chunks > 0 || s->gres_pending;
 }
 
 int idem_store_reply_fd(const idem_store_t *s)
@@ -1549,6 +1580,11 @@ int idem_store_effect_register(idem_store_t *s, const char *effect, size_t len,
     return n;
 }
 
+void idem_store_effect_where(idem_store_t *s, idem_store_where_fn where)
+{
+    s->effect_where = where;
+}
+
 void idem_store_effect_layout(idem_store_t *s, const char *layout)
 {
     s->effect_layout = layout;
@@ -1574,16 +1610,9 @@ int idem_store_script_send(idem_store_t *s, int script, const void *const *recs,
         snprintf(errstr, errstr_size, "redis: no handler script %d", script);
         return -1;
     }
-    if (idem_store_cluster(s)) {
-        /* The global marks are one key per identity: not one slot. Such
-         * records (keyless, replayed) are refused, named, until they are
-         * sharded; the positions go to their partitions' hashes. */
-        if (idem_store_connect(s, errstr, errstr_size) ||
-            cluster_positions(s, NULL, pos, npos, errstr, errstr_size))
-            return -1;
-        s->cluster_refused = n;
-        return 0;
-    }
+    if (idem_store_cluster(s))
+        return cluster_global(s, script, recs, n, pos, npos, errstr,
+                              errstr_size);
     return store_send(s, script, s->ttl, NULL, NULL, recs, n, pos, npos, errstr,
                       errstr_size);
 }
@@ -1593,15 +1622,13 @@ int idem_store_script_recv(idem_store_t *s, size_t n,
                            size_t errstr_size)
 {
     if (idem_store_cluster(s)) {
-        for (size_t i = 0; i < n && i < s->cluster_refused; i++) {
-            memset(&results[i], 0, sizeof(results[i]));
-            results[i].mark = IDEM_MARK_REJECT;
-            snprintf(results[i].detail, sizeof(results[i].detail),
-                     "redis cluster mode: a record without a key, or replayed "
-                     "from the dead letter topic, needs the global dedup "
-                     "marks, which are not sharded by partition yet");
+        if (!s->gres_pending || n != s->gres_n) {
+            snprintf(errstr, errstr_size, "redis: no request in flight for %zu",
+                     n);
+            return -1;
         }
-        s->cluster_refused = 0;
+        memcpy(results, s->gres, n * sizeof(*results));
+        s->gres_pending = 0;
         return 0;
     }
     return store_recv(s, n, results, errstr, errstr_size);
@@ -1641,39 +1668,69 @@ int idem_store_gmark_key(const idem_conf_t *conf, const char *identity,
 }
 
 /* Cluster mode's positions: one hash per partition under its tag, one
- * command each on the partition's primary; load (HGET) or save (HSET). */
+ * command each on the partition's primary; save (HSET) or load (HGETALL:
+ * the position and the global path's records of the buckets the partition
+ * used, "<topic>:<partition>:g<NN>", judged by gpos_check). */
 static int cluster_positions(idem_store_t *s, idem_store_pos_t *load,
                              const idem_store_pos_t *save, size_t n,
                              char *errstr, size_t errstr_size)
 {
     pos_text(s, load ? load : save, n, save != NULL);
+    char(*raw)[160] = load ? idem_xcalloc(n ? n : 1, sizeof(*raw)) : NULL;
+    int64_t *records =
+        load ? idem_xmalloc((n ? n : 1) * IDEM_GBUCKETS * sizeof(*records))
+             : NULL;
+    int any = 0, rc = -1;
     for (size_t i = 0; i < n; i++) {
         const idem_store_pos_t *p = load ? &load[i] : &save[i];
         char key[640];
         idem_store_pos_key(s->conf, p->topic, p->partition, key, sizeof(key));
         if (store_route_key(s, key, strlen(key), errstr, errstr_size))
-            return -1;
-        const char *argv[] = {save ? "HSET" : "HGET", key, s->fields[i],
+            goto out;
+        const char *argv[] = {save ? "HSET" : "HGETALL", key, s->fields[i],
                               s->offs[i]};
         redisReply *r =
-            store_command(s, errstr, errstr_size, save ? 4 : 3, argv, NULL);
+            store_command(s, errstr, errstr_size, save ? 4 : 2, argv, NULL);
         if (!r)
-            return -1;
+            goto out;
         if (load) {
             load[i].offset = -1;
             idem_posval_init(&load[i].val, NULL);
-            if (r->type == REDIS_REPLY_STRING &&
-                idem_posval_parse(r->str, r->len, &load[i].offset,
-                                  &load[i].val)) {
-                load[i].offset = -1;
-                idem_log_kv(IDEM_LOG_WARN,
-                            "unreadable position in redis: not used", "key",
-                            key, "value", r->str, NULL);
+            for (int b = 0; b < IDEM_GBUCKETS; b++)
+                records[i * IDEM_GBUCKETS + b] = -1;
+            size_t flen = strlen(s->fields[i]);
+            for (size_t j = 0;
+                 r->type == REDIS_REPLY_ARRAY && j + 1 < r->elements; j += 2) {
+                const redisReply *f = r->element[j], *v = r->element[j + 1];
+                if (f->type != REDIS_REPLY_STRING ||
+                    v->type != REDIS_REPLY_STRING)
+                    continue;
+                int b =
+                    idem_gpos_record_bucket(f->str, f->len, s->fields[i], flen);
+                if (b >= 0) {
+                    records[i * IDEM_GBUCKETS + b] = strtoll(v->str, NULL, 10);
+                    any = 1;
+                    continue;
+                }
+                if (f->len != flen || memcmp(f->str, s->fields[i], flen))
+                    continue;
+                snprintf(raw[i], sizeof(raw[i]), "%.*s", (int)v->len, v->str);
+                if (idem_posval_parse(v->str, v->len, &load[i].offset,
+                                      &load[i].val)) {
+                    load[i].offset = -1;
+                    idem_log_kv(IDEM_LOG_WARN,
+                                "unreadable position in redis: not used", "key",
+                                key, "value", v->str, NULL);
+                }
             }
         }
         freeReplyObject(r);
     }
-    return 0;
+    rc = any ? gpos_check(s, load, raw, records, n, errstr, errstr_size) : 0;
+out:
+    free(raw);
+    free(records);
+    return rc;
 }
 
 int idem_store_positions_save(idem_store_t *s, const idem_store_pos_t *pos,
@@ -2032,6 +2089,689 @@ out:
     free(calls);
     free(refs);
     free(keys);
+    return rc;
+}
+
+/* ---- cluster mode: the global path of in-Redis effects ---------------- */
+
+/* The bucket's acknowledged last offset of topic/partition as this member
+ * saw it, or NULL (create: a new entry at -1). */
+static struct gacked_s *gacked_find(idem_store_t *s, const char *topic,
+                                    int32_t partition, int bucket, int create)
+{
+    for (size_t i = 0; i < s->ngacked; i++)
+        if (s->gacked[i].partition == partition &&
+            s->gacked[i].bucket == bucket && !strcmp(s->gacked[i].topic, topic))
+            return &s->gacked[i];
+    if (!create)
+        return NULL;
+    if (s->ngacked == s->gacked_cap) {
+        s->gacked_cap = s->gacked_cap ? 2 * s->gacked_cap : 64;
+        s->gacked =
+            idem_xrealloc(s->gacked, s->gacked_cap * sizeof(*s->gacked));
+    }
+    struct gacked_s *g = &s->gacked[s->ngacked++];
+    g->topic = idem_xstrdup(topic);
+    g->partition = partition;
+    g->bucket = bucket;
+    g->acked = -1;
+    return g;
+}
+
+/* One record of a global request: its index in the caller's order, its
+ * bucket and where it was read. */
+typedef struct {
+    size_t i;
+    int bucket;
+    const char *topic; /* NULL: not known (no where function) */
+    int32_t partition;
+    int64_t offset;
+} grec_t;
+
+static int grec_cmp(const void *a, const void *b)
+{
+    const grec_t *x = a, *y = b;
+    if (x->bucket != y->bucket)
+        return x->bucket < y->bucket ? -1 : 1;
+    return x->i < y->i ? -1 : x->i > y->i;
+}
+
+/* One partition of one call: its field and offsets as text. */
+typedef struct {
+    const char *topic;
+    int32_t partition;
+    int64_t hi, lo;
+    char field[320], hi_s[24], lo_s[24], want_s[24];
+} gpart_t;
+
+/* One call: grecs[start, start + cnt) of one bucket, its partitions
+ * gparts[pstart, pstart + pcnt), formatted at req[off, off + len). */
+typedef struct {
+    size_t start, cnt, pstart, pcnt, off, len;
+    int bucket, slot;
+    char tag[300], gpos_key[640];
+} gcall_t;
+
+/* Appends call k as EVALSHA (or EVAL with the script's source, after
+ * NOSCRIPT) to s->req: the mark keys and the bucket's gpos hash in KEYS,
+ * ARGV as redis/dedup_global.lua's cluster mode reads it. av/al hold every
+ * record's arguments (per_record each, in the caller's order). */
+static void gcall_format(idem_store_t *s, const user_script_t *u, int eval,
+                         const grec_t *g, const gpart_t *gp, const char *keys,
+                         const size_t *koff, const size_t *klen,
+                         const char *const *av, const size_t *al, gcall_t *k)
+{
+    char nk[24], np[24];
+    snprintf(nk, sizeof(nk), "%zu", k->cnt + 1);
+    snprintf(np, sizeof(np), "%zu", k->pcnt);
+    size_t per = u->per_record;
+    argv_reserve(s, 10 + k->cnt * (1 + per) + 4 * k->pcnt);
+    size_t a = 0;
+    s->argv[a++] = eval ? "EVAL" : "EVALSHA";
+    s->argv[a++] = eval ? u->src : u->sha;
+    s->argv[a++] = nk;
+    for (size_t a0 = 0; a0 < a; a0++)
+        s->argvlen[a0] = strlen(s->argv[a0]);
+    for (size_t j = 0; j < k->cnt; j++) {
+        s->argv[a] = keys + koff[k->start + j];
+        s->argvlen[a++] = klen[k->start + j];
+    }
+    const char *fixed[] = {
+        k->gpos_key, s->conf->redis_prefix, s->conf->group_id, s->ttl, k->tag,
+        np};
+    for (size_t f = 0; f < 6; f++) {
+        s->argv[a] = fixed[f];
+        s->argvlen[a++] = strlen(fixed[f]);
+    }
+    for (size_t q = 0; q < k->pcnt; q++) {
+        const gpart_t *p = &gp[k->pstart + q];
+        const char *four[] = {p->field, p->hi_s, p->lo_s, p->want_s};
+        for (size_t f = 0; f < 4; f++) {
+            s->argv[a] = four[f];
+            s->argvlen[a++] = strlen(four[f]);
+        }
+    }
+    for (size_t j = 0; j < k->cnt; j++) {
+        size_t i = g[k->start + j].i;
+        for (size_t x = 0; x < per; x++) {
+            s->argv[a] = av[i * per + x];
+            s->argvlen[a++] = al[i * per + x];
+        }
+    }
+    k->off = s->req_len;
+    req_command(s, a, s->argv, s->argvlen);
+    k->len = s->req_len - k->off;
+}
+
+/* Max-merges the partition's records of the buckets it used (fields
+ * "<topic>:<partition>:g<NN>" of its position hash): a record only grows. */
+static const char grecord_lua[] =
+    "for i = 1, #ARGV, 2 do\n"
+    "  local v = redis.call('HGET', KEYS[1], ARGV[i])\n"
+    "  if not v or tonumber(v) < tonumber(ARGV[i + 1]) then\n"
+    "    redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1])\n"
+    "  end\n"
+    "end\n"
+    "return 0\n";
+
+/* After a global request's calls were answered: each partition they
+ * carried records, in its own position hash, the last offset each bucket
+ * acknowledged (s->gacked), one call per partition, pipelined. A position
+ * that passes those records is saved later (they are finished only now),
+ * so on the partition's node the record comes before it. 0, or -1. */
+static int grecords_write(idem_store_t *s, const gpart_t *gp,
+                          const gcall_t *calls, size_t ncalls, char *errstr,
+                          size_t errstr_size)
+{
+    size_t total = 0;
+    for (size_t k = 0; k < ncalls; k++)
+        total += calls[k].pcnt;
+    if (!total)
+        return 0;
+    char(*pkey)[640] = idem_xmalloc(total * sizeof(*pkey));
+    const char **keys = idem_xmalloc(total * sizeof(*keys));
+    size_t *klens = idem_xmalloc(total * sizeof(*klens));
+    char **cmds = idem_xcalloc(total, sizeof(*cmds));
+    size_t *clens = idem_xmalloc(total * sizeof(*clens));
+    redisReply **rep = idem_xcalloc(total, sizeof(*rep));
+    const char **argv = idem_xmalloc((4 + 2 * total) * sizeof(*argv));
+    char(*fld)[340] = idem_xmalloc(total * sizeof(*fld));
+    char(*val)[24] = idem_xmalloc(total * sizeof(*val));
+    size_t np = 0;
+    for (size_t k = 0; k < ncalls; k++)
+        for (size_t q = 0; q < calls[k].pcnt; q++) {
+            const gpart_t *p = &gp[calls[k].pstart + q];
+            idem_store_pos_key(s->conf, p->topic, p->partition, pkey[np],
+                               sizeof(pkey[np]));
+            int seen = 0;
+            for (size_t x = 0; x < np && !seen; x++)
+                seen = !strcmp(pkey[x], pkey[np]);
+            if (seen)
+                continue;
+            /* Every bucket this partition used in this request. */
+            size_t a = 0, nf = 0;
+            argv[a++] = "EVAL";
+            argv[a++] = grecord_lua;
+            argv[a++] = "1";
+            argv[a++] = pkey[np];
+            for (size_t k2 = 0; k2 < ncalls; k2++)
+                for (size_t q2 = 0; q2 < calls[k2].pcnt; q2++) {
+                    const gpart_t *p2 = &gp[calls[k2].pstart + q2];
+                    if (p2->partition != p->partition ||
+                        strcmp(p2->topic, p->topic))
+                        continue;
+                    const struct gacked_s *ga = gacked_find(
+                        s, p->topic, p->partition, calls[k2].bucket, 0);
+                    snprintf(fld[nf], sizeof(fld[nf]), "%s:g%02d", p->field,
+                             calls[k2].bucket);
+                    snprintf(val[nf], sizeof(val[nf]), "%" PRId64,
+                             ga ? ga->acked : p2->hi);
+                    argv[a++] = fld[nf];
+                    argv[a++] = val[nf++];
+                }
+            int len = redisFormatCommandArgv(&cmds[np], (int)a, argv, NULL);
+            clens[np] = len > 0 ? (size_t)len : 0;
+            keys[np] = pkey[np];
+            klens[np] = strlen(pkey[np]);
+            np++;
+        }
+    int rc = idem_store_ctx_calls(s, keys, klens, (const char *const *)cmds,
+                                  clens, np, 0, rep, errstr, errstr_size);
+    for (size_t x = 0; x < np && rc == 0; x++)
+        if (!rep[x] || rep[x]->type == REDIS_REPLY_ERROR) {
+            char msg[300];
+            snprintf(msg, sizeof(msg), "%s: %s", pkey[x],
+                     rep[x] ? rep[x]->str : "no reply");
+            s->slot = idem_cluster_keyslot(pkey[x], strlen(pkey[x]));
+            rc = store_fail(s, errstr, errstr_size, "EVAL", msg);
+        }
+    for (size_t x = 0; x < np; x++) {
+        if (rep[x])
+            freeReplyObject(rep[x]);
+        redisFreeCommand(cmds[x]);
+    }
+    free(pkey);
+    free(keys);
+    free(klens);
+    free(cmds);
+    free(clens);
+    free(rep);
+    free(argv);
+    free(fld);
+    free(val);
+    return rc;
+}
+
+/* Cluster mode's global path (docs/design.md, "Redis Cluster mode", "The
+ * global path"): the records are grouped by the bucket of their identity
+ * (idem_store_gbucket), one script call per bucket (at most CHUNK_RECORDS
+ * records) on the bucket's slot with the mark keys and the bucket's gpos
+ * hash declared, the calls of one node pipelined (idem_cluster_pipeline_
+ * slots; MOVED, TRYAGAIN per call, ASK waited out as for the partition
+ * chunks: the effect's keys are not declared). NOSCRIPT: those calls go
+ * again as EVAL. A call refused GPOS (its bucket's node lost writes) or any
+ * outage fails the request, nothing answered; the calls that did run are
+ * harmless to send again (their marks). Then the partitions' records of
+ * the buckets (grecords_write), the positions pos[npos] and, with
+ * redis.wait.replicas, WAIT on every primary. The results wait in s->gres
+ * for idem_store_script_recv. Returns 0, or -1 with errstr (retriable). */
+static int cluster_global(idem_store_t *s, int script, const void *const *recs,
+                          size_t n, const idem_store_pos_t *pos, size_t npos,
+                          char *errstr, size_t errstr_size)
+{
+    if (s->pending_chunks || s->gres_pending) {
+        snprintf(errstr, errstr_size, "redis: a request is still in flight");
+        return -1;
+    }
+    if (idem_store_connect(s, errstr, errstr_size))
+        return -1;
+    const user_script_t *u = &s->user[script - SCRIPT_CNT];
+    size_t per = u->per_record;
+    uint64_t connects = idem_cluster_connects(s->cl);
+    int64_t t0 = idem_now_us();
+    if (s->gres_cap < n) {
+        s->gres_cap = n;
+        s->gres = idem_xrealloc(s->gres, n * sizeof(*s->gres));
+    }
+    /* Every record's arguments, in the caller's order (the handler's args
+     * function may count its calls), then its bucket and place. */
+    const char **av = idem_xmalloc((n ? n : 1) * per * sizeof(*av));
+    size_t *al = idem_xmalloc((n ? n : 1) * per * sizeof(*al));
+    grec_t *g = idem_xmalloc((n ? n : 1) * sizeof(*g));
+    size_t klen = 0;
+    for (size_t i = 0; i < n; i++) {
+        u->args(recs[i], av + i * per, al + i * per, u->opaque);
+        g[i] = (grec_t){.i = i,
+                        .bucket = idem_store_gbucket(av[i * per], al[i * per]),
+                        .offset = -1};
+        if (s->effect_where && script == s->effect_script)
+            s->effect_where(recs[i], &g[i].topic, &g[i].partition,
+                            &g[i].offset);
+        klen += strlen(s->conf->redis_prefix) + strlen(s->conf->group_id) + 16 +
+                al[i * per];
+    }
+    qsort(g, n, sizeof(*g), grec_cmp);
+    /* The mark keys <prefix>dedup{<group>::<NN>}:<identity>, in g's order
+     * (identities are bytes: NULs are data). */
+    char *keys = idem_xmalloc(klen ? klen : 1);
+    size_t *koff = idem_xmalloc((n ? n : 1) * sizeof(*koff));
+    size_t *kl = idem_xmalloc((n ? n : 1) * sizeof(*kl));
+    for (size_t j = 0, o = 0; j < n; j++) {
+        char tag[300];
+        idem_store_gbucket_tag(s->conf, g[j].bucket, tag, sizeof(tag));
+        const char *id = av[g[j].i * per];
+        size_t idl = al[g[j].i * per];
+        int hl = snprintf(keys + o, klen - o,
+                          "%sdedup%s:", s->conf->redis_prefix, tag);
+        memcpy(keys + o + hl, id, idl);
+        koff[j] = o;
+        kl[j] = (size_t)hl + idl;
+        o += kl[j];
+    }
+    /* The calls, and each call's partitions with their offsets. */
+    gcall_t *calls = idem_xmalloc((n ? n : 1) * sizeof(*calls));
+    gpart_t *gp = idem_xmalloc((n ? n : 1) * sizeof(*gp));
+    size_t ncalls = 0, ngp = 0;
+    for (size_t j = 0; j < n; j++) {
+        gcall_t *k = ncalls ? &calls[ncalls - 1] : NULL;
+        if (!k || k->bucket != g[j].bucket || k->cnt == CHUNK_RECORDS) {
+            k = &calls[ncalls++];
+            memset(k, 0, sizeof(*k));
+            k->start = j;
+            k->bucket = g[j].bucket;
+            k->pstart = ngp;
+            idem_store_gbucket_tag(s->conf, k->bucket, k->tag, sizeof(k->tag));
+            snprintf(k->gpos_key, sizeof(k->gpos_key), "%sgpos%s",
+                     s->conf->redis_prefix, k->tag);
+            k->slot = idem_cluster_keyslot(k->gpos_key, strlen(k->gpos_key));
+        }
+        k->cnt++;
+        if (!g[j].topic)
+            continue;
+        gpart_t *p = NULL;
+        for (size_t q = k->pstart; q < ngp && !p; q++)
+            if (gp[q].partition == g[j].partition &&
+                !strcmp(gp[q].topic, g[j].topic))
+                p = &gp[q];
+        if (!p) {
+            p = &gp[ngp++];
+            k->pcnt++;
+            p->topic = g[j].topic;
+            p->partition = g[j].partition;
+            p->hi = p->lo = g[j].offset;
+            snprintf(p->field, sizeof(p->field), "%s:%" PRId32, p->topic,
+                     p->partition);
+            const struct gacked_s *ga =
+                gacked_find(s, p->topic, p->partition, k->bucket, 0);
+            if (ga && ga->acked >= 0)
+                snprintf(p->want_s, sizeof(p->want_s), "%" PRId64, ga->acked);
+            else
+                snprintf(p->want_s, sizeof(p->want_s), "-");
+        }
+        if (g[j].offset > p->hi)
+            p->hi = g[j].offset;
+        if (g[j].offset < p->lo)
+            p->lo = g[j].offset;
+    }
+    for (size_t q = 0; q < ngp; q++) {
+        snprintf(gp[q].hi_s, sizeof(gp[q].hi_s), "%" PRId64, gp[q].hi);
+        snprintf(gp[q].lo_s, sizeof(gp[q].lo_s), "%" PRId64, gp[q].lo);
+    }
+    s->req_len = 0;
+    for (size_t k = 0; k < ncalls; k++)
+        gcall_format(s, u, 0, g, gp, keys, koff, kl, av, al, &calls[k]);
+    idem_cluster_cmd_t *cc = idem_xcalloc(ncalls ? ncalls : 1, sizeof(*cc));
+    int *slots = idem_xmalloc((ncalls ? ncalls : 1) * sizeof(*slots));
+    redisReply **rep = idem_xcalloc(ncalls ? ncalls : 1, sizeof(*rep));
+    idem_cluster_err_t *errs =
+        idem_xmalloc((ncalls ? ncalls : 1) * sizeof(*errs));
+    idem_cluster_err_t first;
+    int rc = -1;
+    for (int attempt = 0; attempt < 2; attempt++) {
+        for (size_t k = 0; k < ncalls; k++) {
+            cc[k] = (idem_cluster_cmd_t){.formatted = s->req + calls[k].off,
+                                         .formatted_len = calls[k].len,
+                                         .ask_waits = 1};
+            slots[k] = calls[k].slot;
+        }
+        int failed = idem_cluster_pipeline_slots(s->cl, cc, slots, ncalls, rep,
+                                                 errs, &first);
+        store_cluster_export(s, failed);
+        if (failed) {
+            store_cluster_fail(s, &first, errstr, errstr_size);
+            goto out;
+        }
+        size_t noscript = 0;
+        for (size_t k = 0; k < ncalls; k++)
+            if (rep[k]->type == REDIS_REPLY_ERROR &&
+                !strncmp(rep[k]->str, "NOSCRIPT", 8) && attempt == 0) {
+                freeReplyObject(rep[k]);
+                rep[k] = NULL;
+                gcall_format(s, u, 1, g, gp, keys, koff, kl, av, al, &calls[k]);
+                noscript++;
+            }
+        if (!noscript)
+            break;
+    }
+    for (size_t k = 0; k < ncalls; k++) {
+        const redisReply *r = rep[k];
+        const gcall_t *call = &calls[k];
+        if (r->type == REDIS_REPLY_ERROR) {
+            char msg[512];
+            snprintf(msg, sizeof(msg), "%s", r->str);
+            s->slot = call->slot;
+            if (!strncmp(msg, "GPOS", 4)) {
+                /* The bucket's node holds less than it acknowledged: the
+                 * loop reads the positions again (a new connection for it)
+                 * and rewinds before anything more goes there. */
+                s->gpos_losses++;
+                idem_log_kv(IDEM_LOG_WARN,
+                            "redis went back in time: a global bucket's node "
+                            "lost writes it acknowledged; the positions are "
+                            "read again",
+                            "node", idem_cluster_slot_node(s->cl, call->slot),
+                            "detail", msg, NULL);
+            }
+            store_fail(s, errstr, errstr_size, "EVALSHA", msg);
+            goto out;
+        }
+        if (r->type != REDIS_REPLY_ARRAY || r->elements != call->cnt) {
+            s->slot = call->slot;
+            store_fail(s, errstr, errstr_size, "EVALSHA",
+                       "unexpected reply to script");
+            goto out;
+        }
+        for (size_t j = 0; j < call->cnt; j++) {
+            const redisReply *e = r->element[j];
+            int str =
+                e->type == REDIS_REPLY_STRING || e->type == REDIS_REPLY_STATUS;
+            result_from_string(&s->gres[g[call->start + j].i],
+                               str ? e->str : "", str ? e->len : 0);
+        }
+    }
+    for (size_t k = 0; k < ncalls; k++)
+        for (size_t q = 0; q < calls[k].pcnt; q++) {
+            const gpart_t *p = &gp[calls[k].pstart + q];
+            struct gacked_s *ga =
+                gacked_find(s, p->topic, p->partition, calls[k].bucket, 1);
+            if (p->hi > ga->acked)
+                ga->acked = p->hi;
+        }
+    if (grecords_write(s, gp, calls, ncalls, errstr, errstr_size) ||
+        (npos && cluster_positions(s, NULL, pos, npos, errstr, errstr_size)))
+        goto out;
+    if (s->conf->redis_wait_replicas > 0) {
+        if (cluster_wait(s, errstr, errstr_size))
+            goto out;
+        if (idem_cluster_connects(s->cl) != connects) {
+            snprintf(errstr, errstr_size,
+                     "redis cluster: a node's connection was replaced "
+                     "between the global path's writes and WAIT; sending "
+                     "again");
+            if (s->metrics)
+                idem_metrics_redis_error_add(s->metrics, "wait", 1);
+            goto out;
+        }
+    }
+    if (s->metrics)
+        idem_metrics_redis_observe(s->metrics,
+                                   (double)(idem_now_us() - t0) / 1e6);
+    s->gres_n = n;
+    s->gres_pending = 1;
+    rc = 0;
+out:
+    for (size_t k = 0; k < ncalls; k++)
+        if (rep[k])
+            freeReplyObject(rep[k]);
+    s->c = NULL; /* the client may have moved connections: routed again */
+    free(rep);
+    free(errs);
+    free(slots);
+    free(cc);
+    free(calls);
+    free(gp);
+    free(keys);
+    free(koff);
+    free(kl);
+    free(g);
+    free(av);
+    free(al);
+    return rc;
+}
+
+/* Sets a partition's position back (value ARGV[3], "" deletes it) when it
+ * still is what the load read (ARGV[2], "" none), and its buckets' records
+ * (pairs after: field, value, "" deletes). 1 done, 0 changed meanwhile. */
+static const char gposback_lua[] =
+    "local cur = redis.call('HGET', KEYS[1], ARGV[1])\n"
+    "if (cur or '') ~= ARGV[2] then return 0 end\n"
+    "local function put(f, v)\n"
+    "  if v == '' then redis.call('HDEL', KEYS[1], f)\n"
+    "  else redis.call('HSET', KEYS[1], f, v) end\n"
+    "end\n"
+    "put(ARGV[1], ARGV[3])\n"
+    "for i = 4, #ARGV, 2 do put(ARGV[i], ARGV[i + 1]) end\n"
+    "return 1\n";
+
+/* One bucket record of a loaded partition, and what its bucket holds. */
+typedef struct {
+    size_t i; /* the partition's index in the load */
+    int bucket;
+    int64_t recorded, last, at;
+    idem_gpos_verdict_t verdict;
+} gcheck_t;
+
+/* Reads the bucket fields of a load's records (records[i * IDEM_GBUCKETS +
+ * b] >= 0: partition i recorded bucket b), one HMGET each, pipelined. 0,
+ * or -1 with errstr. */
+static int gcheck_read(idem_store_t *s, const idem_store_pos_t *load,
+                       gcheck_t *gc, size_t ng, char *errstr,
+                       size_t errstr_size)
+{
+    char(*key)[640] = idem_xmalloc(ng * sizeof(*key));
+    char(*fat)[340] = idem_xmalloc(ng * sizeof(*fat));
+    const char **keys = idem_xmalloc(ng * sizeof(*keys));
+    size_t *klens = idem_xmalloc(ng * sizeof(*klens));
+    char **cmds = idem_xcalloc(ng, sizeof(*cmds));
+    size_t *clens = idem_xmalloc(ng * sizeof(*clens));
+    redisReply **rep = idem_xcalloc(ng, sizeof(*rep));
+    for (size_t x = 0; x < ng; x++) {
+        char tag[300];
+        idem_store_gbucket_tag(s->conf, gc[x].bucket, tag, sizeof(tag));
+        snprintf(key[x], sizeof(key[x]), "%sgpos%s", s->conf->redis_prefix,
+                 tag);
+        const char *field = s->fields[gc[x].i];
+        snprintf(fat[x], sizeof(fat[x]), "%s:at", field);
+        const char *argv[] = {"HMGET", key[x], field, fat[x]};
+        int len = redisFormatCommandArgv(&cmds[x], 4, argv, NULL);
+        clens[x] = len > 0 ? (size_t)len : 0;
+        keys[x] = key[x];
+        klens[x] = strlen(key[x]);
+    }
+    (void)load;
+    int rc = idem_store_ctx_calls(s, keys, klens, (const char *const *)cmds,
+                                  clens, ng, 0, rep, errstr, errstr_size);
+    for (size_t x = 0; x < ng && rc == 0; x++) {
+        const redisReply *r = rep[x];
+        if (!r || r->type != REDIS_REPLY_ARRAY || r->elements != 2) {
+            char msg[700];
+            snprintf(msg, sizeof(msg), "%s: %s", key[x],
+                     r && r->type == REDIS_REPLY_ERROR ? r->str
+                                                       : "unexpected reply");
+            s->slot = idem_cluster_keyslot(key[x], klens[x]);
+            rc = store_fail(s, errstr, errstr_size, "HMGET", msg);
+            break;
+        }
+        gc[x].last = r->element[0]->type == REDIS_REPLY_STRING
+                         ? strtoll(r->element[0]->str, NULL, 10)
+                         : -1;
+        gc[x].at = r->element[1]->type == REDIS_REPLY_STRING
+                       ? strtoll(r->element[1]->str, NULL, 10)
+                       : -1;
+    }
+    for (size_t x = 0; x < ng; x++) {
+        if (rep[x])
+            freeReplyObject(rep[x]);
+        redisFreeCommand(cmds[x]);
+    }
+    free(key);
+    free(fat);
+    free(keys);
+    free(klens);
+    free(cmds);
+    free(clens);
+    free(rep);
+    return rc;
+}
+
+/* Partition i of a load lost global-path records on buckets gc[] (those of
+ * it judged BEHIND or GONE): logged with the node, its position set back
+ * in its hash (compare-and-set on raw, what the load read) to `rewind`
+ * (-1: deleted, a GONE bucket) and the lost buckets' records to what they
+ * hold (deleted when GONE), so the next load finds them kept. load[i]
+ * becomes the position set. 0, or -1 with errstr (the position changed
+ * meanwhile, or an outage). */
+static int gpos_setback(idem_store_t *s, idem_store_pos_t *load, size_t i,
+                        const char *raw, const gcheck_t *gc, size_t ng,
+                        int64_t rewind, char *errstr, size_t errstr_size)
+{
+    char key[640], val[160] = "";
+    idem_store_pos_key(s->conf, load[i].topic, load[i].partition, key,
+                       sizeof(key));
+    idem_posval_t v;
+    idem_posval_init(&v, load[i].val.cluster);
+    if (rewind >= 0 && !idem_posval_format(val, sizeof(val), rewind, &v))
+        snprintf(val, sizeof(val), "%" PRId64, rewind);
+    const char **argv = idem_xmalloc((7 + 2 * ng) * sizeof(*argv));
+    char(*fld)[340] = idem_xmalloc((ng ? ng : 1) * sizeof(*fld));
+    char(*fv)[24] = idem_xmalloc((ng ? ng : 1) * sizeof(*fv));
+    size_t a = 0;
+    argv[a++] = "EVAL";
+    argv[a++] = gposback_lua;
+    argv[a++] = "1";
+    argv[a++] = key;
+    argv[a++] = s->fields[i];
+    argv[a++] = raw;
+    argv[a++] = val;
+    for (size_t x = 0; x < ng; x++) {
+        if (gc[x].i != i || gc[x].verdict == IDEM_GPOS_KEPT)
+            continue;
+        char node[300], b[8], rec[24], last[24], at[24], rw[24];
+        char tag[300], gkey[640];
+        idem_store_gbucket_tag(s->conf, gc[x].bucket, tag, sizeof(tag));
+        snprintf(gkey, sizeof(gkey), "%sgpos%s", s->conf->redis_prefix, tag);
+        const char *nd = idem_store_key_node(s, gkey, strlen(gkey));
+        snprintf(node, sizeof(node), "%s", nd ? nd : "-");
+        snprintf(b, sizeof(b), "%02d", gc[x].bucket);
+        snprintf(rec, sizeof(rec), "%" PRId64, gc[x].recorded);
+        snprintf(last, sizeof(last), "%" PRId64, gc[x].last);
+        snprintf(at, sizeof(at), "%" PRId64, gc[x].at);
+        snprintf(rw, sizeof(rw), "%" PRId64, rewind);
+        idem_log_kv(IDEM_LOG_WARN,
+                    gc[x].verdict == IDEM_GPOS_GONE
+                        ? "redis went back in time: a global bucket's node "
+                          "holds nothing of a partition it acknowledged "
+                          "records of; the partition's position is dropped "
+                          "(the rules of a lost position apply)"
+                        : "redis went back in time: a global bucket's node "
+                          "lost records of a partition it acknowledged; "
+                          "reading again from the bucket's last kept call",
+                    "topic", load[i].topic, "partition", s->fields[i], "node",
+                    node, "bucket", b, "recorded", rec, "bucket_last", last,
+                    "bucket_at", at, "rewind", rw, NULL);
+        snprintf(fld[x], sizeof(fld[x]), "%s:g%02d", s->fields[i],
+                 gc[x].bucket);
+        if (gc[x].verdict == IDEM_GPOS_GONE)
+            fv[x][0] = '\0';
+        else
+            snprintf(fv[x], sizeof(fv[x]), "%" PRId64, gc[x].last);
+        argv[a++] = fld[x];
+        argv[a++] = fv[x];
+        struct gacked_s *ga =
+            gacked_find(s, load[i].topic, load[i].partition, gc[x].bucket, 1);
+        ga->acked = gc[x].verdict == IDEM_GPOS_GONE ? -1 : gc[x].last;
+    }
+    char *cmd = NULL;
+    int len = redisFormatCommandArgv(&cmd, (int)a, argv, NULL);
+    redisReply *r = NULL;
+    int rc =
+        idem_store_ctx_call(s, key, strlen(key), cmd, len > 0 ? (size_t)len : 0,
+                            0, &r, errstr, errstr_size);
+    redisFreeCommand(cmd);
+    free(argv);
+    free(fld);
+    free(fv);
+    if (rc)
+        return -1;
+    int done = r && r->type == REDIS_REPLY_INTEGER && r->integer == 1;
+    char msg[700] = "";
+    if (!done)
+        snprintf(msg, sizeof(msg), "%s %s: %s", key, s->fields[i],
+                 r && r->type == REDIS_REPLY_ERROR
+                     ? r->str
+                     : "the position changed while it was set back; read "
+                       "again");
+    if (r)
+        freeReplyObject(r);
+    if (!done) {
+        s->slot = idem_cluster_keyslot(key, strlen(key));
+        return store_fail(s, errstr, errstr_size, "EVAL", msg);
+    }
+    s->gpos_losses++;
+    load[i].offset = rewind;
+    load[i].val = v;
+    return 0;
+}
+
+/* A cluster load's check of the global path (store.h, idem_store_
+ * positions_load): each bucket a partition recorded is judged against what
+ * it holds (redis/gpos.h); a partition with a bucket behind is set back to
+ * the lowest rewind, one with a bucket gone loses its position; a bucket
+ * kept is what the next call expects (s->gacked). raw[i] is the position
+ * value as read ("" none). 0, or -1 with errstr. */
+static int gpos_check(idem_store_t *s, idem_store_pos_t *load,
+                      char (*const raw)[160], const int64_t *records, size_t n,
+                      char *errstr, size_t errstr_size)
+{
+    size_t ng = 0;
+    for (size_t x = 0; x < n * IDEM_GBUCKETS; x++)
+        ng += records[x] >= 0;
+    if (!ng)
+        return 0;
+    gcheck_t *gc = idem_xcalloc(ng, sizeof(*gc));
+    for (size_t i = 0, k = 0; i < n; i++)
+        for (int b = 0; b < IDEM_GBUCKETS; b++)
+            if (records[i * IDEM_GBUCKETS + b] >= 0)
+                gc[k++] =
+                    (gcheck_t){.i = i,
+                               .bucket = b,
+                               .recorded = records[i * IDEM_GBUCKETS + b]};
+    int rc = gcheck_read(s, load, gc, ng, errstr, errstr_size);
+    for (size_t i = 0; i < n && rc == 0; i++) {
+        int64_t rewind = -1;
+        int lost = 0, gone = 0;
+        for (size_t x = 0; x < ng; x++) {
+            if (gc[x].i != i)
+                continue;
+            int64_t rw;
+            gc[x].verdict = idem_gpos_judge(gc[x].recorded, gc[x].last,
+                                            gc[x].at, load[i].offset, &rw);
+            if (gc[x].verdict == IDEM_GPOS_KEPT) {
+                struct gacked_s *ga = gacked_find(
+                    s, load[i].topic, load[i].partition, gc[x].bucket, 1);
+                ga->acked = gc[x].last;
+                continue;
+            }
+            lost = 1;
+            gone |= gc[x].verdict == IDEM_GPOS_GONE;
+            if (rw >= 0 && (rewind < 0 || rw < rewind))
+                rewind = rw;
+        }
+        if (lost)
+            rc = gpos_setback(s, load, i, raw[i], gc, ng, gone ? -1 : rewind,
+                              errstr, errstr_size);
+    }
+    free(gc);
     return rc;
 }
 

@@ -82,7 +82,9 @@ int idem_store_refused(const idem_store_t *s, char *errstr, size_t errstr_size);
 int idem_store_check(idem_store_t *s, int64_t interval_ms, char *errstr,
                      size_t errstr_size);
 
-/* Successful connects so far: the caller notices a reconnect by a change. */
+/* Successful connects so far: the caller notices a reconnect by a change.
+ * Cluster mode: every connection to any node, plus every loss the global
+ * path found (a bucket behind its record, or a call refused GPOS). */
 uint64_t idem_store_connections(const idem_store_t *s);
 
 /* For readers that never write (verify): accept a replica, so a ledger can
@@ -140,7 +142,18 @@ int idem_store_positions_save(idem_store_t *s, const idem_store_pos_t *pos,
 
 /* Reads the positions of pos[n] (topic and partition set by the caller)
  * into pos[i].offset and .val, offset -1 where Redis holds none (or a value
- * it cannot read, which is logged). 0, or -1 (retriable). */
+ * it cannot read, which is logged). 0, or -1 (retriable).
+ *
+ * Cluster mode: a partition whose global-path records went to a bucket
+ * whose node lost some of them since (the bucket's gpos fields behind what
+ * the partition's hash recorded, redis/gpos.h) reads as the offset to read
+ * again from (the bucket's `at`), and the store first writes that
+ * position back to the partition's hash (compare-and-set on the value it
+ * read; a change in between fails the load): logged "redis went back in
+ * time" with the node. A bucket that holds nothing of the partition while
+ * the partition recorded it reads as no position (-1), written back so.
+ * Either counts as a new connection (idem_store_connections), so the loop
+ * reads the positions again and rewinds. */
 int idem_store_positions_load(idem_store_t *s, idem_store_pos_t *pos, size_t n,
                               char *errstr, size_t errstr_size);
 
@@ -209,6 +222,23 @@ int idem_store_script_register(idem_store_t *s, const char *lua, size_t len,
 int idem_store_effect_register(idem_store_t *s, const char *effect, size_t len,
                                size_t per_record, idem_store_args_fn args,
                                void *opaque, char *errstr, size_t errstr_size);
+
+/* Where a record of the effect was read (idem_store_effect_where): its
+ * topic (borrowed), partition and offset. */
+typedef void (*idem_store_where_fn)(const void *rec, const char **topic,
+                                    int32_t *partition, int64_t *offset);
+
+/* Cluster mode's global path (records without a key, dead-letter replays,
+ * retry copies; docs/design.md, "Redis Cluster mode"): the effect's
+ * records are sent per bucket (idem_store_gbucket), each call on its
+ * bucket's slot, and each call records, per partition it carries, the
+ * offsets it applied in the bucket's <prefix>gpos{<group>::<NN>} hash, so
+ * a bucket's node that loses a tail is found when the partition's
+ * position is read (idem_store_positions_load). `where` tells the store a
+ * record's partition and offset; without one no such record is kept (the
+ * lost tail of a bucket's node then goes unseen). Set before the first
+ * send. */
+void idem_store_effect_where(idem_store_t *s, idem_store_where_fn where);
 
 /* The layout the effect's global framing is told the member runs
  * ("global", the default, or "partition"; static text, borrowed): the

@@ -182,6 +182,8 @@ typedef struct {
     const char *group;
     void (*cb)(const idem_storeread_mark_t *mark, void *opaque);
     void *opaque;
+    int bucket; /* cluster mode's global path: <prefix>dedup{<group>::<NN>}:
+                   <identity> (store.h, idem_store_gmark_key) */
 } marks_arg_t;
 
 static int marks_scan(idem_storeread_t *r, void *arg, char *errstr,
@@ -215,7 +217,12 @@ int idem_storeread_marks(idem_storeread_t *r, const char *group,
                                     void *opaque),
                          void *opaque, char *errstr, size_t errstr_size)
 {
-    marks_arg_t a = {group, cb, opaque};
+    marks_arg_t a = {group, cb, opaque, 0};
+    if (each_node(r, marks_scan, &a, errstr, errstr_size))
+        return -1;
+    if (!r->conf->redis_cluster_nodes || !*r->conf->redis_cluster_nodes)
+        return 0;
+    a.bucket = 1;
     return each_node(r, marks_scan, &a, errstr, errstr_size);
 }
 
@@ -227,7 +234,9 @@ static int marks_scan(idem_storeread_t *r, void *arg, char *errstr,
     /* SCAN MATCH takes a glob: the prefix and group are escaped. */
     char head[1024], pattern[2100];
     int hn = snprintf(head, sizeof(head),
-                      "%s" MARK_SEGMENT "%s:", r->conf->redis_prefix, group);
+                      a->bucket ? "%sdedup{%s::" : "%s" MARK_SEGMENT "%s:",
+                      r->conf->redis_prefix, group);
+    int skip = a->bucket ? 4 : 0; /* "<NN>}:" after the bucket's head */
     if (hn < 0 || (size_t)hn >= sizeof(head)) {
         snprintf(errstr, errstr_size, "redis.prefix and group.id: too long");
         return -1;
@@ -268,11 +277,13 @@ static int marks_scan(idem_storeread_t *r, void *arg, char *errstr,
             }
             for (size_t i = 0; i < keys->elements && i < vals->elements; i++) {
                 redisReply *k = keys->element[i], *v = vals->element[i];
-                if (v->type != REDIS_REPLY_STRING || k->len < (size_t)hn)
-                    continue; /* expired since the SCAN */
+                if (v->type != REDIS_REPLY_STRING ||
+                    k->len < (size_t)(hn + skip) ||
+                    (skip && memcmp(k->str + hn + 2, "}:", 2)))
+                    continue; /* expired since the SCAN, or another key */
                 idem_storeread_mark_t m = {
-                    .identity = k->str + hn,
-                    .identity_len = k->len - (size_t)hn,
+                    .identity = k->str + hn + skip,
+                    .identity_len = k->len - (size_t)(hn + skip),
                     .done = v->len >= 5 && !memcmp(v->str, "done:", 5),
                 };
                 if (m.done) {
@@ -307,14 +318,15 @@ static int glob_prefix(const char *head, char *pattern, size_t size)
 
 /* The length of "<topic>:<partition>}" at the start of s (a Kafka topic
  * name has no ':' and no '}'), with the partition in *partition; 0 when s
- * does not start so. */
+ * does not start so. An empty topic is the tag of a global bucket of
+ * cluster mode, "{<group>::<NN>}", read as partition NN. */
 static size_t tag_tail(const char *s, size_t len, size_t *topic_len,
                        int32_t *partition)
 {
     size_t t = 0;
     while (t < len && s[t] != ':' && s[t] != '}')
         t++;
-    if (t == 0 || t >= len || s[t] != ':')
+    if (t >= len || s[t] != ':')
         return 0;
     size_t i = t + 1;
     int64_t p = 0;

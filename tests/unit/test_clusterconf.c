@@ -45,6 +45,11 @@ Test(clusterconf, ledger_partition_accepted)
     cr_assert_not_null(c, "%s", err);
     cr_expect_str_eq(c->redis_cluster_nodes, "127.0.0.1:7000,127.0.0.1:7001");
     idem_conf_destroy(c);
+    /* Retry copies take the global path, sharded by bucket. */
+    c = load_with("dedup.scope=partition", "retry.topics=5s", NULL, err,
+                  sizeof(err));
+    cr_expect_not_null(c, "%s", err);
+    idem_conf_destroy(c);
 }
 
 /* The external handlers keep only their per-identity marks: cluster
@@ -77,9 +82,7 @@ Test(clusterconf, refused)
         {"dedup.scope=global", NULL, NULL, "needs dedup.scope=partition"},
         {"dedup.scope=partition", "redis.sentinels=127.0.0.1:26379",
          "redis.sentinel.master=m", "together with redis.sentinels"},
-        {"dedup.scope=partition", "retry.topics=5s", NULL, "retry.topics"},
         {"dedup.scope=partition", "redis.prefix=a{b}:", NULL, "contains '{'"},
-        {"dedup.scope=partition", "retry.topics=5s", NULL, "two slots"},
         {"handler=forward", "output.topic=o", "dedup.scope=partition",
          "dedup.scope=partition"},
     };

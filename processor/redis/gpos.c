@@ -1,0 +1,43 @@
+/* gpos: the global path's positions judged (gpos.h). */
+#include "redis/gpos.h"
+
+#include <string.h>
+
+idem_gpos_verdict_t idem_gpos_judge(int64_t recorded, int64_t last, int64_t at,
+                                    int64_t pos, int64_t *rewind)
+{
+    *rewind = -1;
+    if (recorded < 0)
+        return IDEM_GPOS_KEPT; /* nothing recorded: nothing to lose */
+    if (last < 0 || at < 0)
+        return IDEM_GPOS_GONE;
+    if (last >= recorded)
+        return IDEM_GPOS_KEPT;
+    *rewind = pos >= 0 && pos < at ? pos : at;
+    return IDEM_GPOS_BEHIND;
+}
+
+const char *idem_gpos_verdict2str(idem_gpos_verdict_t v)
+{
+    switch (v) {
+    case IDEM_GPOS_KEPT:
+        return "kept";
+    case IDEM_GPOS_BEHIND:
+        return "behind";
+    case IDEM_GPOS_GONE:
+        return "gone";
+    }
+    return "?";
+}
+
+int idem_gpos_record_bucket(const char *field, size_t len, const char *base,
+                            size_t blen)
+{
+    if (len != blen + 4 || memcmp(field, base, blen) || field[blen] != ':' ||
+        field[blen + 1] != 'g')
+        return -1;
+    char d1 = field[blen + 2], d2 = field[blen + 3];
+    if (d1 < '0' || d1 > '9' || d2 < '0' || d2 > '9')
+        return -1;
+    return (d1 - '0') * 10 + (d2 - '0');
+}

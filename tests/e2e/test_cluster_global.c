@@ -1,0 +1,423 @@
+/* test_cluster_global: the global path of the ledger and the script handler
+ * in Redis Cluster mode (docs/design.md, "Redis Cluster mode", "The global
+ * path"), on a real cluster of 3 primaries and 3 replicas: records without
+ * a key, spread over the partitions and sent again to other partitions,
+ * are applied once, their marks and balances sharded by bucket, `verify`
+ * exact (and a MISMATCH once a bucket's mark is deleted by hand); a dead
+ * letter replayed after the fix is applied once and a second replay is a
+ * duplicate; the script handler's keyless records likewise. */
+#include "harness.h"
+#include "harness_cluster.h"
+
+#include <criterion/criterion.h>
+#include <jansson.h>
+#include <librdkafka/rdkafka.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+/* At file scope (see test_pipeline.c): the suite's .fini needs them. */
+static th_stack_t stk;
+static th_cluster_t clu;
+static char *script_dir;
+
+static void global_fini(void)
+{
+    th_stack_cleanup();
+    th_cluster_stop(&clu);
+    if (script_dir)
+        th_rmrf(script_dir);
+    free(script_dir);
+    script_dir = NULL;
+}
+
+TestSuite(cluster_global, .fini = global_fini);
+
+#define PARTS 6
+
+static char nodes_prop[512];
+
+/* The stack's properties in cluster mode, handler lines in more[]. */
+static void start_stack(const char *const more[])
+{
+    snprintf(nodes_prop, sizeof(nodes_prop), "redis.cluster.nodes=%s",
+             clu.seeds);
+    const char *props[12];
+    int n = 0;
+    props[n++] = "dedup.scope=partition";
+    props[n++] = "batch.max.messages=50";
+    props[n++] = nodes_prop;
+    for (int i = 0; more && more[i]; i++)
+        props[n++] = more[i];
+    props[n] = NULL;
+    cr_assert_eq(th_stack_start(&stk, PARTS, props), 0);
+}
+
+/* Keys matching pattern over the cluster's primaries. */
+static long cluster_keys(const char *pattern)
+{
+    long n = 0;
+    for (int i = 0; i < clu.n; i++) {
+        if (!th_cluster_is_primary(&clu, i))
+            continue;
+        char *keys = th_cluster_cmd(&clu, i, "KEYS %s", pattern);
+        for (char *k = keys ? strtok(keys, "\n") : NULL; k;
+             k = strtok(NULL, "\n"))
+            n++;
+        free(keys);
+    }
+    return n;
+}
+
+/* The primary that holds key (asked on each primary), or -1. */
+static int key_node(const char *key)
+{
+    for (int i = 0; i < clu.n; i++) {
+        if (!th_cluster_is_primary(&clu, i))
+            continue;
+        char *v = th_cluster_cmd(&clu, i, "EXISTS %s", key);
+        int here = v && !strcmp(v, "1");
+        free(v);
+        if (here)
+            return i;
+    }
+    return -1;
+}
+
+/* A payment's value: identity pay-<id>, message id <mid>. */
+static int payment_json(char *buf, size_t size, const char *id, int mid,
+                        const char *user, int cents)
+{
+    return snprintf(buf, size,
+                    "{\"message_id\":\"00000000-0000-4000-8000-%012d\","
+                    "\"idempotency_key\":\"pay-%s\",\"order_id\":\"%s\","
+                    "\"user_id\":\"%s\",\"amount\":%d.%02d,"
+                    "\"currency\":\"EUR\"}",
+                    mid, id, id, user, cents / 100, cents % 100);
+}
+
+/* Sends one payment to partition `part` (RD_KAFKA_PARTITION_UA: by key),
+ * without a key when key is NULL. */
+static void send_payment(rd_kafka_t *rk, int part, const char *key,
+                         const char *id, int mid, const char *user, int cents)
+{
+    char v[512];
+    int len = payment_json(v, sizeof(v), id, mid, user, cents);
+    cr_assert_eq(rd_kafka_producev(
+                     rk, RD_KAFKA_V_TOPIC("payments"),
+                     RD_KAFKA_V_PARTITION(part),
+                     RD_KAFKA_V_KEY((void *)key, key ? strlen(key) : 0),
+                     RD_KAFKA_V_VALUE(v, (size_t)len),
+                     RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY), RD_KAFKA_V_END),
+                 0);
+}
+
+/* The expectation verify reads: identities applied and the ledger. */
+typedef struct {
+    json_t *ids;    /* array of identities */
+    json_t *ledger; /* user -> cents */
+} expect_t;
+
+static void expect_add(expect_t *e, const char *id, const char *user, int cents)
+{
+    char ident[64];
+    snprintf(ident, sizeof(ident), "pay-%s", id);
+    json_array_append_new(e->ids, json_string(ident));
+    json_int_t had = json_integer_value(json_object_get(e->ledger, user));
+    json_object_set_new(e->ledger, user, json_integer(had + cents));
+}
+
+static void expect_write(expect_t *e)
+{
+    json_t *o = json_pack("{s:I, s:O, s:{s:O}}", "applied",
+                          (json_int_t)json_array_size(e->ids), "identities",
+                          e->ids, "ledger", "EUR", e->ledger);
+    cr_assert_eq(json_dump_file(o, stk.expect, JSON_COMPACT), 0);
+    json_decref(o);
+}
+
+/* `idemproc <cmd> <sub> <args...> -c <conf>`; its exit code. */
+static int cli(const char *cmd, const char *sub, const char *const args[],
+               char **out, char **err)
+{
+    char *argv[24];
+    int n = 0;
+    argv[n++] = (char *)th_bin();
+    argv[n++] = (char *)cmd;
+    if (sub)
+        argv[n++] = (char *)sub;
+    for (int i = 0; args && args[i] && n < 21; i++)
+        argv[n++] = (char *)args[i];
+    argv[n++] = "-c";
+    argv[n++] = stk.conf;
+    argv[n] = NULL;
+    return th_run(argv, out, err, 120000);
+}
+
+/* a. Keyless payments spread over the partitions, each sent again without
+ * a key to another partition (half redeliveries, half resends), with keyed
+ * traffic and its duplicates beside them, two members: every identity
+ * applied once, the keyless ones marked in the buckets, their balances in
+ * the buckets' shards, verify exact; then one bucket mark deleted by hand
+ * and verify says MISMATCH naming it. */
+Test(cluster_global, keyless_records_applied_once, .timeout = 360)
+{
+    cr_assert_eq(th_cluster_start(&clu, 3, 1), 0, "cluster did not start");
+    const char *more[] = {"handler=ledger", NULL};
+    start_stack(more);
+    pid_t m1 = th_stack_member_started(&stk, "m1", NULL);
+    pid_t m2 = th_stack_member_started(&stk, "m2", NULL);
+    expect_t e = {json_array(), json_object()};
+    rd_kafka_t *rk = th_producer(stk.broker.bootstrap, NULL);
+    const int keyless = 300, copies = 100, keyed = 200, keyed_dups = 40;
+    for (int i = 0; i < keyless; i++) {
+        char id[32], user[32];
+        snprintf(id, sizeof(id), "k-%d", i);
+        snprintf(user, sizeof(user), "user-%d", i % 20);
+        send_payment(rk, i % PARTS, NULL, id, i, user, 100 + i);
+        expect_add(&e, id, user, 100 + i);
+    }
+    for (int i = 0; i < keyed; i++) {
+        char id[32], user[32];
+        snprintf(id, sizeof(id), "o-%d", i);
+        snprintf(user, sizeof(user), "user-%d", i % 20);
+        send_payment(rk, RD_KAFKA_PARTITION_UA, id, id, 10000 + i, user,
+                     50 + i);
+        expect_add(&e, id, user, 50 + i);
+    }
+    /* Copies: keyless to another partition than the first (even: the
+     * same message id, a redelivery; odd: a new one, a resend); keyed
+     * with their key (the same partition). */
+    for (int i = 0; i < copies; i++) {
+        char id[32], user[32];
+        snprintf(id, sizeof(id), "k-%d", i);
+        snprintf(user, sizeof(user), "user-%d", i % 20);
+        send_payment(rk, (i + 1) % PARTS, NULL, id, i % 2 ? 50000 + i : i, user,
+                     100 + i);
+    }
+    for (int i = 0; i < keyed_dups; i++) {
+        char id[32], user[32];
+        snprintf(id, sizeof(id), "o-%d", i);
+        snprintf(user, sizeof(user), "user-%d", i % 20);
+        send_payment(rk, RD_KAFKA_PARTITION_UA, id, id, 10000 + i, user,
+                     50 + i);
+    }
+    cr_assert_eq(rd_kafka_flush(rk, 30000), 0);
+    rd_kafka_destroy(rk);
+    expect_write(&e);
+
+    TH_ASSERT_VERIFIED(&stk, 0, NULL, 180000);
+    th_stack_wait_committed(&stk, "payments", PARTS, 60000);
+    cr_expect_eq(th_topic_size(stk.broker.bootstrap, "payments.dlq"), 0,
+                 "a record was dead-lettered");
+    cr_expect_eq(cluster_keys("idemproc:dedup{test-group::*}:*"), keyless,
+                 "one bucket mark per keyless identity");
+    cr_expect_gt(cluster_keys("idemproc:ledger:EUR{test-group::*}"), 0,
+                 "no balance shard under a bucket's tag");
+    cr_expect_gt(cluster_keys("idemproc:ledger:EUR{test-group:payments:*}"), 0,
+                 "no balance shard under a partition's tag");
+    cr_expect_gt(cluster_keys("idemproc:gpos{test-group::*}"), 0,
+                 "no bucket positions");
+    /* The buckets' marks are on more than one primary. */
+    int on[TH_CLUSTER_MAX] = {0}, nodes = 0;
+    for (int b = 0; b < 64; b++) {
+        char key[64];
+        snprintf(key, sizeof(key), "idemproc:gpos{test-group::%02d}", b);
+        int nd = key_node(key);
+        if (nd >= 0 && !on[nd]++)
+            nodes++;
+    }
+    cr_expect_geq(nodes, 2, "the buckets' state is on one primary only");
+    /* state get sums the shards, the buckets' included. */
+    char *out = NULL, *err = NULL;
+    const char *get[] = {"ledger", "EUR", "user-3", NULL};
+    cr_assert_eq(cli("state", "get", get, &out, &err), 0, "%s", err);
+    json_int_t want = json_integer_value(json_object_get(e.ledger, "user-3"));
+    char line[128];
+    snprintf(line, sizeof(line), "ledger EUR user-3: %lld", (long long)want);
+    cr_expect(strstr(out, line), "%s (want %s)", out, line);
+    free(out);
+    free(err);
+    cr_expect_eq(th_stop(m1, 15000), 0);
+    cr_expect_eq(th_stop(m2, 15000), 0);
+
+    /* A bucket mark deleted by hand: verify names the identity. */
+    char key[128];
+    int b = -1;
+    for (int i = 0; i < clu.n && b < 0; i++) {
+        if (!th_cluster_is_primary(&clu, i))
+            continue;
+        char *k = th_cluster_cmd(&clu, i, "KEYS idemproc:dedup{*}:pay-k-7");
+        if (k && *k) {
+            snprintf(key, sizeof(key), "%s", k);
+            char *d = th_cluster_cmd(&clu, i, "DEL %s", key);
+            b = d && !strcmp(d, "1") ? i : -1;
+            free(d);
+        }
+        free(k);
+    }
+    cr_assert_geq(b, 0, "no bucket mark of pay-k-7");
+    out = NULL;
+    cr_expect_neq(th_stack_verify(&stk, 0, NULL, &out), 0, "%s", out);
+    cr_expect(out && strstr(out, "pay-k-7"), "%s", out);
+    free(out);
+    json_decref(e.ids);
+    json_decref(e.ledger);
+    th_stack_stop(&stk);
+    th_cluster_stop(&clu);
+}
+
+/* The slot of a key, as the cluster computes it. */
+static int key_slot(const char *key)
+{
+    for (int i = 0; i < clu.n; i++) {
+        if (!clu.node[i].pid)
+            continue; /* killed */
+        char *out = th_cluster_cmd(&clu, i, "CLUSTER KEYSLOT %s", key);
+        int slot = out ? atoi(out) : -1;
+        free(out);
+        if (slot >= 0)
+            return slot;
+    }
+    cr_assert_fail("no node computed the slot of %s", key);
+    return -1;
+}
+
+/* The global bucket of an identity: CRC16 modulo 64, which is the slot of
+ * the identity taken as a key without braces, modulo 64 (16384 is a
+ * multiple of 64). */
+static int identity_bucket(const char *identity)
+{
+    return key_slot(identity) % 64;
+}
+
+/* Sends `n` keyless payments pay-<tag>-<i> of bucket `bucket` to
+ * partition 0, with a keyed one (to partition 0) after each, adding them
+ * to e; *next is the running number of identities tried. */
+static void send_bucket_phase(rd_kafka_t *rk, expect_t *e, const char *tag,
+                              int bucket, int n, int *next)
+{
+    for (int sent = 0; sent < n; (*next)++) {
+        char id[48], ident[64], user[32];
+        snprintf(id, sizeof(id), "%s-%d", tag, *next);
+        snprintf(ident, sizeof(ident), "pay-%s", id);
+        if (identity_bucket(ident) != bucket)
+            continue;
+        snprintf(user, sizeof(user), "user-%d", *next % 7);
+        send_payment(rk, 0, NULL, id, 100000 + *next, user, 100 + sent);
+        expect_add(e, id, user, 100 + sent);
+        snprintf(id, sizeof(id), "%s-keyed-%d", tag, *next);
+        send_payment(rk, 0, id, id, 200000 + *next, user, 7);
+        expect_add(e, id, user, 7);
+        sent++;
+    }
+    cr_assert_eq(rd_kafka_flush(rk, 30000), 0);
+}
+
+/* c. The lost tail of a bucket's node: partition 0's position lives on
+ * primary A, the keyless records' bucket on primary B != A. B's replica is
+ * stopped (SIGSTOP), records are applied (B acknowledges them, A's
+ * position passes them and records what B acknowledged), B is killed and
+ * its replica, which never got those writes, takes over (CLUSTER FAILOVER
+ * TAKEOVER). The member must find the bucket behind what partition 0
+ * recorded, rewind the partition to the bucket's last kept call and apply
+ * the lost records again: verify exact, the loss logged and counted. */
+Test(cluster_global, bucket_node_lost_tail_rewinds, .timeout = 360)
+{
+    cr_assert_eq(th_cluster_start(&clu, 3, 1), 0, "cluster did not start");
+    const char *more[] = {"handler=ledger", "http.listen=127.0.0.1:0", NULL};
+    start_stack(more);
+    int a = th_cluster_owner(&clu, key_slot("idemproc:pos{test-group:"
+                                            "payments:0}"));
+    cr_assert_geq(a, 0);
+    /* A bucket whose gpos hash is on another primary with a replica. */
+    int bucket = -1, b = -1;
+    for (int t = 0; t < 64 && bucket < 0; t++) {
+        char key[64];
+        snprintf(key, sizeof(key), "idemproc:gpos{test-group::%02d}", t);
+        int o = th_cluster_owner(&clu, key_slot(key));
+        if (o >= 0 && o != a && th_cluster_replica_of(&clu, o) >= 0) {
+            bucket = t;
+            b = o;
+        }
+    }
+    cr_assert_geq(bucket, 0, "no bucket on another primary");
+    int r = th_cluster_replica_of(&clu, b);
+    pid_t m1 = th_stack_member_started(&stk, "m1", NULL);
+    expect_t e = {json_array(), json_object()};
+    rd_kafka_t *rk = th_producer(stk.broker.bootstrap, NULL);
+    int next = 0;
+    send_bucket_phase(rk, &e, "c1", bucket, 20, &next);
+    expect_write(&e);
+    TH_ASSERT_VERIFIED(&stk, 0, NULL, 120000);
+    th_stack_wait_committed(&stk, "payments", 1, 60000);
+
+    /* B's replica stops replicating: stopped (SIGSTOP), its link closed by
+     * B (what B sent before would still sit in the stopped replica's
+     * socket), so what follows is on B alone. */
+    cr_assert_eq(kill(clu.node[r].pid, SIGSTOP), 0);
+    char *killed = th_cluster_cmd(&clu, b, "CLIENT KILL TYPE replica");
+    cr_assert(killed && atoi(killed) >= 1, "replica link: %s", killed);
+    free(killed);
+    cr_log_info("phase 1 applied; bucket %d on node %d, partition 0 on %d",
+                bucket, b, a);
+    send_bucket_phase(rk, &e, "c2", bucket, 20, &next);
+    expect_write(&e);
+    TH_ASSERT_VERIFIED(&stk, 0, NULL, 120000);
+    th_stack_wait_committed(&stk, "payments", 1, 60000);
+
+    cr_log_info("phase 2 applied on B alone");
+    /* B dies; its replica, without the last writes, takes over. */
+    th_cluster_kill(&clu, b);
+    cr_assert_eq(kill(clu.node[r].pid, SIGCONT), 0);
+    char *out = NULL;
+    for (int i = 0; i < 50; i++) {
+        free(out);
+        out = th_cluster_cmd(&clu, r, "CLUSTER FAILOVER TAKEOVER");
+        if (out && !strncmp(out, "OK", 2))
+            break;
+        usleep(200 * 1000);
+    }
+    cr_assert(out && !strncmp(out, "OK", 2), "takeover: %s", out);
+    free(out);
+    cr_assert_eq(th_cluster_wait_ok(&clu, 30000), 0);
+    /* The promoted replica lacks the second phase's writes. */
+    char gkey[64];
+    snprintf(gkey, sizeof(gkey), "idemproc:gpos{test-group::%02d}", bucket);
+    char *kept = th_cluster_cmd(&clu, r, "HGET %s payments:0", gkey);
+    char *rec = th_cluster_cmd(&clu, a,
+                               "HGET idemproc:pos{test-group:"
+                               "payments:0} payments:0:g%02d",
+                               bucket);
+    cr_assert(kept && rec && atol(kept) < atol(rec),
+              "the replica kept every write (bucket last %s, recorded %s): "
+              "nothing was lost, nothing tested",
+              kept ? kept : "-", rec ? rec : "-");
+    free(kept);
+    free(rec);
+
+    cr_log_info("replica %d took over", r);
+    /* More traffic: the member meets the promoted replica. */
+    send_bucket_phase(rk, &e, "c3", bucket, 10, &next);
+    rd_kafka_destroy(rk);
+    expect_write(&e);
+    char *vout = NULL;
+    int vrc = th_stack_wait_verified(&stk, 0, NULL, 120000, &vout);
+    if (vrc) {
+        char *log = th_stack_member_log(&stk, "m1");
+        cr_assert_eq(vrc, 0, "verify never exact:\n%s\nmember:\n%s", vout, log);
+        free(log);
+    }
+    free(vout);
+    cr_expect_geq(th_stack_log_count(&stk, "m1", "a global bucket's node"), 1,
+                  "the loss was not logged:\n%s",
+                  th_stack_member_log(&stk, "m1"));
+    cr_expect_eq(th_topic_size(stk.broker.bootstrap, "payments.dlq"), 0);
+    cr_expect_eq(th_stack_stop_member(&stk, "m1", m1, 15000), 0);
+    json_decref(e.ids);
+    json_decref(e.ledger);
+    th_stack_stop(&stk);
+    th_cluster_stop(&clu);
+}
