@@ -1665,8 +1665,17 @@ int idem_store_gmark_key(const idem_conf_t *conf, const char *identity,
     char tag[300];
     idem_store_gbucket_tag(conf, idem_store_gbucket(identity, len), tag,
                            sizeof(tag));
-    return snprintf(buf, size, "%sdedup%s:%.*s", conf->redis_prefix, tag,
-                    (int)len, identity);
+    int hl = snprintf(buf, size, "%sdedup%s:", conf->redis_prefix, tag);
+    if (hl < 0)
+        return hl;
+    /* The identity byte for byte: NULs are data. */
+    if ((size_t)hl < size) {
+        size_t room = size - (size_t)hl - 1;
+        size_t cp = len < room ? len : room;
+        memcpy(buf + hl, identity, cp);
+        buf[(size_t)hl + cp] = '\0';
+    }
+    return hl + (int)len;
 }
 
 /* Cluster mode's positions: one hash per partition under its tag, one
@@ -2361,15 +2370,10 @@ static int cluster_global(idem_store_t *s, int script, const void *const *recs,
     size_t *koff = idem_xmalloc((n ? n : 1) * sizeof(*koff));
     size_t *kl = idem_xmalloc((n ? n : 1) * sizeof(*kl));
     for (size_t j = 0, o = 0; j < n; j++) {
-        char tag[300];
-        idem_store_gbucket_tag(s->conf, g[j].bucket, tag, sizeof(tag));
-        const char *id = av[g[j].i * per];
-        size_t idl = al[g[j].i * per];
-        int hl = snprintf(keys + o, klen - o,
-                          "%sdedup%s:", s->conf->redis_prefix, tag);
-        memcpy(keys + o + hl, id, idl);
+        int len = idem_store_gmark_key(s->conf, av[g[j].i * per],
+                                       al[g[j].i * per], keys + o, klen - o);
         koff[j] = o;
-        kl[j] = (size_t)hl + idl;
+        kl[j] = (size_t)len;
         o += kl[j];
     }
     /* The calls, and each call's partitions with their offsets. */

@@ -130,8 +130,10 @@ void idem_store_gbucket_tag(const idem_conf_t *conf, int bucket, char *buf,
                             size_t size);
 
 /* The global path's mark key of an identity in cluster mode:
- * "<prefix>dedup{<group.id>::<NN>}:<identity>" into buf; returns its
- * length (snprintf's: >= size means cut). */
+ * "<prefix>dedup{<group.id>::<NN>}:<identity>" into buf, the identity's
+ * len bytes as they are (a NUL among them is data: use the returned
+ * length, not strlen), NUL-terminated; returns its length (snprintf's: >=
+ * size means cut). The global path's calls build their keys with it. */
 int idem_store_gmark_key(const idem_conf_t *conf, const char *identity,
                          size_t len, char *buf, size_t size);
 
