@@ -536,3 +536,148 @@ Test(cluster_global, rarely_used_bucket_rewinds_only_to_its_touch,
     th_stack_stop(&stk);
     th_cluster_stop(&clu);
 }
+
+/* Sets (value) or deletes (value NULL) field user-bad of every partition's
+ * ledger shard, each on its primary: a balance that is not a number makes
+ * the ledger refuse user-bad's payments. */
+static void poison_user_bad(const char *value)
+{
+    for (int p = 0; p < PARTS; p++) {
+        char key[80];
+        snprintf(key, sizeof(key),
+                 "idemproc:ledger:EUR{test-group:payments:%d}", p);
+        int o = th_cluster_owner(&clu, key_slot(key));
+        char *out =
+            value ? th_cluster_cmd(&clu, o, "HSET %s user-bad %s", key, value)
+                  : th_cluster_cmd(&clu, o, "HDEL %s user-bad", key);
+        cr_assert(out && out[0] >= '0' && out[0] <= '9', "%s: %s", key, out);
+        free(out);
+    }
+}
+
+/* b. dlq replay on a cluster: user-bad's payments are refused (a balance
+ * that is not a number) and dead-lettered; the balance fixed, `dlq
+ * replay` sends copies back to their partitions, which take the global
+ * path (per identity, in the buckets): each applied once, verify exact.
+ * Replayed again: duplicates, nothing applied twice, nothing
+ * dead-lettered again. */
+Test(cluster_global, dlq_replay_applies_each_copy_once, .timeout = 360)
+{
+    cr_assert_eq(th_cluster_start(&clu, 3, 1), 0, "cluster did not start");
+    const char *more[] = {"handler=ledger", NULL};
+    start_stack(more);
+    poison_user_bad("not-a-number");
+    pid_t m1 = th_stack_member_started(&stk, "m1", NULL);
+    expect_t e = {json_array(), json_object()};
+    rd_kafka_t *rk = th_producer(stk.broker.bootstrap, NULL);
+    const int bad = 12, good = 30;
+    for (int i = 0; i < good + bad; i++) {
+        char id[32];
+        snprintf(id, sizeof(id), "r-%d", i);
+        const char *user = i < good ? "user-good" : "user-bad";
+        send_payment(rk, RD_KAFKA_PARTITION_UA, id, id, 70000 + i, user,
+                     100 + i);
+        expect_add(&e, id, user, 100 + i);
+    }
+    cr_assert_eq(rd_kafka_flush(rk, 30000), 0);
+    rd_kafka_destroy(rk);
+    th_stack_wait_committed(&stk, "payments", PARTS, 60000);
+    cr_assert_eq(th_topic_size(stk.broker.bootstrap, "payments.dlq"), bad,
+                 "user-bad's payments dead-lettered");
+
+    poison_user_bad(NULL);
+    char *out = NULL, *err = NULL;
+    cr_assert_eq(cli("dlq", "replay", NULL, &out, &err), 0, "%s\n%s", out, err);
+    free(out);
+    free(err);
+    expect_write(&e);
+    TH_ASSERT_VERIFIED(&stk, 0, NULL, 120000);
+    /* The copies took the global path: one mark each in the buckets. */
+    cr_expect_eq(cluster_keys("idemproc:dedup{test-group::*"), bad);
+    cr_expect_gt(cluster_keys("idemproc:ledger:EUR{test-group::*}"), 0);
+
+    /* Again: every copy a duplicate. */
+    out = err = NULL;
+    cr_assert_eq(cli("dlq", "replay", NULL, &out, &err), 0, "%s\n%s", out, err);
+    free(out);
+    free(err);
+    th_stack_wait_committed(&stk, "payments", PARTS, 60000);
+    cr_expect_eq(th_topic_size(stk.broker.bootstrap, "payments"),
+                 good + 3 * bad, "the copies of both replays");
+    TH_ASSERT_VERIFIED(&stk, 0, NULL, 60000);
+    cr_expect_eq(th_topic_size(stk.broker.bootstrap, "payments.dlq"), bad,
+                 "a copy was dead-lettered again");
+    cr_expect_eq(th_stack_stop_member(&stk, "m1", m1, 15000), 0);
+    json_decref(e.ids);
+    json_decref(e.ledger);
+    th_stack_stop(&stk);
+    th_cluster_stop(&clu);
+}
+
+/* Sends n keyless payments w-<tag>-<i> of bucket `bucket` to partition 0,
+ * adding them to e. */
+static void send_keyless_bucket(rd_kafka_t *rk, expect_t *e, const char *tag,
+                                int bucket, int n, int *next)
+{
+    for (int sent = 0; sent < n; (*next)++) {
+        char id[48], ident[64];
+        snprintf(id, sizeof(id), "w-%s-%d", tag, *next);
+        snprintf(ident, sizeof(ident), "pay-%s", id);
+        if (identity_bucket(ident) != bucket)
+            continue;
+        send_payment(rk, 0, NULL, id, 400000 + *next, "user-w", 100 + sent);
+        expect_add(e, id, "user-w", 100 + sent);
+        sent++;
+    }
+    cr_assert_eq(rd_kafka_flush(rk, 30000), 0);
+}
+
+/* f. redis.wait.replicas=1 on the global path: the bucket's primary's
+ * replica stopped (SIGSTOP), keyless records applied there fail the
+ * request's WAIT: an outage naming that node, nothing dead-lettered;
+ * the replica resumed, the records (sent again: their marks) are applied
+ * once, verify exact. */
+Test(cluster_global, wait_replicas_on_the_global_path, .timeout = 300)
+{
+    cr_assert_eq(th_cluster_start(&clu, 3, 1), 0, "cluster did not start");
+    const char *more[] = {"handler=ledger", "redis.wait.replicas=1",
+                          "redis.wait.timeout.ms=300", NULL};
+    start_stack(more);
+    int a, b, r, bucket = pick_bucket(&a, &b, &r);
+    pid_t m1 = th_stack_member_started(&stk, "m1", NULL);
+    expect_t e = {json_array(), json_object()};
+    rd_kafka_t *rk = th_producer(stk.broker.bootstrap, NULL);
+    int next = 0;
+    send_keyless_bucket(rk, &e, "1", bucket, 5, &next);
+    expect_write(&e);
+    TH_ASSERT_VERIFIED(&stk, 0, NULL, 120000);
+    cr_expect_eq(th_stack_log_count(&stk, "m1", "redis cluster: WAIT:"), 0,
+                 "a WAIT failed with every replica up:\n%s",
+                 th_stack_member_log(&stk, "m1"));
+
+    cr_assert_eq(kill(clu.node[r].pid, SIGSTOP), 0);
+    send_keyless_bucket(rk, &e, "2", bucket, 5, &next);
+    char said[96];
+    snprintf(said, sizeof(said), "redis cluster: WAIT: 127.0.0.1:%d: 0 of 1",
+             clu.node[b].port);
+    int seen = 0;
+    for (int i = 0; i < 300 && !seen; i++) {
+        seen = th_stack_log_count(&stk, "m1", said) > 0;
+        if (!seen)
+            usleep(100 * 1000);
+    }
+    cr_assert(seen, "no outage naming %d's WAIT:\n%s", b,
+              th_stack_member_log(&stk, "m1"));
+    cr_expect_eq(th_topic_size(stk.broker.bootstrap, "payments.dlq"), 0);
+
+    cr_assert_eq(kill(clu.node[r].pid, SIGCONT), 0);
+    rd_kafka_destroy(rk);
+    expect_write(&e);
+    TH_ASSERT_VERIFIED(&stk, 0, NULL, 120000);
+    cr_expect_eq(th_topic_size(stk.broker.bootstrap, "payments.dlq"), 0);
+    cr_expect_eq(th_stack_stop_member(&stk, "m1", m1, 15000), 0);
+    json_decref(e.ids);
+    json_decref(e.ledger);
+    th_stack_stop(&stk);
+    th_cluster_stop(&clu);
+}
