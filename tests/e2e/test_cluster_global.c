@@ -681,3 +681,85 @@ Test(cluster_global, wait_replicas_on_the_global_path, .timeout = 300)
     th_stack_stop(&stk);
     th_cluster_stop(&clu);
 }
+
+/* The script handler's payments (as tests/e2e/test_cluster_run.c's). */
+static const char script_lua[] =
+    "function effect(rec)\n"
+    "  local f = rec.fields\n"
+    "  local cur, user, amt = f['/currency'], f['/user_id'], f['/amount']\n"
+    "  if type(cur) ~= 'string' or type(user) ~= 'string' or\n"
+    "    type(amt) ~= 'number' then\n"
+    "    return false, 'not a payment'\n"
+    "  end\n"
+    "  idem.hincrby('bal:' .. cur, user, math.floor(amt * 100 + 0.5))\n"
+    "  idem.incrby('applied', 1)\n"
+    "end\n";
+
+/* d. handler=script with keyless records on a cluster: sent once to one
+ * partition and again (a redelivery) to another, each applied once, its
+ * idem.* writes in the buckets' shards; verify exact (the shards summed),
+ * `state get script` the sum. */
+Test(cluster_global, script_keyless_records_applied_once, .timeout = 300)
+{
+    cr_assert_eq(th_cluster_start(&clu, 3, 1), 0, "cluster did not start");
+    char file[600];
+    snprintf(file, sizeof(file), "script.file=%s",
+             th_file_in(&script_dir, "payments.lua", script_lua));
+    const char *more[] = {"handler=script", file,
+                          "script.fields=/currency,/user_id,/amount", NULL};
+    start_stack(more);
+    pid_t m1 = th_stack_member_started(&stk, "m1", NULL);
+    rd_kafka_t *rk = th_producer(stk.broker.bootstrap, NULL);
+    const int n = 120;
+    json_t *bal = json_object();
+    for (int i = 0; i < n; i++) {
+        char id[32], user[32];
+        snprintf(id, sizeof(id), "s-%d", i);
+        snprintf(user, sizeof(user), "user-%d", i % 5);
+        send_payment(rk, i % PARTS, NULL, id, 500000 + i, user, 100 + i);
+        send_payment(rk, (i + 1) % PARTS, NULL, id, 500000 + i, user, 100 + i);
+        json_int_t had = json_integer_value(json_object_get(bal, user));
+        json_object_set_new(bal, user, json_integer(had + 100 + i));
+    }
+    cr_assert_eq(rd_kafka_flush(rk, 30000), 0);
+    rd_kafka_destroy(rk);
+    char vpath[600];
+    snprintf(vpath, sizeof(vpath), "%s/script-expect.json", stk.dir);
+    json_t *want = json_pack("{sI s{sO sI}}", "applied", (json_int_t)n, "redis",
+                             "bal:EUR", bal, "applied", (json_int_t)n);
+    cr_assert_eq(json_dump_file(want, vpath, JSON_INDENT(1)), 0);
+    json_decref(want);
+    const char *vargs[] = {"--expect", vpath, NULL};
+    char *out = NULL, *err = NULL;
+    int rc = -1;
+    for (int waited = 0; waited < 120000 && rc != 0; waited += 500) {
+        free(out);
+        free(err);
+        out = err = NULL;
+        rc = cli("verify", NULL, vargs, &out, &err);
+        if (rc)
+            usleep(500 * 1000);
+    }
+    cr_assert_eq(rc, 0, "verify:\n%s\n%s", out, err);
+    cr_expect(out && strstr(out, "verify: redis exact ("), "%s", out);
+    free(out);
+    free(err);
+    cr_expect_gt(cluster_keys("idemproc:dedup{test-group::*"), 0);
+    cr_expect_gt(cluster_keys("bal:EUR{test-group::*}"), 0,
+                 "no script shard under a bucket's tag");
+    /* state get: the sum of the shards. */
+    const char *sargs[] = {"script", "bal:EUR", "user-3", NULL};
+    out = err = NULL;
+    cr_expect_eq(cli("state", "get", sargs, &out, &err), 0, "%s", err);
+    char line[96];
+    snprintf(line, sizeof(line), "script bal:EUR user-3: %lld (the sum of ",
+             (long long)json_integer_value(json_object_get(bal, "user-3")));
+    cr_expect(out && strstr(out, line), "want %s in:\n%s", line, out);
+    free(out);
+    free(err);
+    cr_expect_eq(th_topic_size(stk.broker.bootstrap, "payments.dlq"), 0);
+    cr_expect_eq(th_stack_stop_member(&stk, "m1", m1, 15000), 0);
+    json_decref(bal);
+    th_stack_stop(&stk);
+    th_cluster_stop(&clu);
+}
