@@ -85,6 +85,9 @@ void idem_apply_table_gauges(const idem_apply_t *a, idem_metrics_t *m,
         uint64_t chunk = 0, global = 0;
         idem_partscope_layout_refusals(a->ps, &chunk, &global);
         idem_metrics_dedup_layout_refusals_set(m, chunk, global);
+        uint64_t behind = idem_partscope_behind_take(a->ps);
+        if (behind)
+            idem_metrics_redis_behind_add(m, behind);
     }
 }
 

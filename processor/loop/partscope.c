@@ -72,7 +72,9 @@ struct idem_partscope_s {
     int layout_recheck;   /* read it again at the next submit */
     int recheck_failed;   /* ... because a handler request failed */
     uint64_t refused_chunk, refused_global; /* layout refusals met */
-    int rollback_checked;   /* the start's rollback considered */
+    uint64_t behind;      /* loads that found redis behind what it acknowledged,
+                             not yet taken (idem_partscope_behind_take) */
+    int rollback_checked; /* the start's rollback considered */
     int64_t layout_read_ms; /* our clock when read */
 };
 
@@ -404,9 +406,19 @@ static int part_load(idem_partscope_t *ps, idem_part_t *pt, char *errstr,
         snprintf(a, sizeof(a), "%" PRId64, pt->saved);
         snprintf(b, sizeof(b), "%" PRId64, pos.offset);
         snprintf(part, sizeof(part), "%" PRId32, pt->partition);
-        idem_log_kv(IDEM_LOG_INFO,
-                    "partition table load: the position redis holds is the "
-                    "next chunk's start",
+        /* Behind what Redis acknowledged: Redis went back in time (it lost
+         * acknowledged writes). Reported here, once: with saved lowered,
+         * the reconnect check (positions.c) no longer sees it. */
+        int behind = pt->saved >= 0 && pos.offset < pt->saved;
+        if (behind)
+            ps->behind++;
+        idem_log_kv(behind ? IDEM_LOG_WARN : IDEM_LOG_INFO,
+                    behind ? "redis went back in time: the position it holds "
+                             "is behind the one it acknowledged; the "
+                             "partition table is loaded from it and the "
+                             "next chunk starts there"
+                           : "partition table load: the position redis holds "
+                             "is the next chunk's start",
                     "topic", pt->topic, "partition", part, "believed", a,
                     "redis", b, NULL);
         pt->saved = pos.offset;
@@ -558,6 +570,13 @@ void idem_partscope_layout_recheck(idem_partscope_t *ps)
 {
     if (ps)
         ps->layout_recheck = ps->recheck_failed = 1;
+}
+
+uint64_t idem_partscope_behind_take(idem_partscope_t *ps)
+{
+    uint64_t n = ps->behind;
+    ps->behind = 0;
+    return n;
 }
 
 void idem_partscope_layout_refusals(const idem_partscope_t *ps, uint64_t *chunk,

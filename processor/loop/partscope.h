@@ -125,6 +125,12 @@ void idem_partscope_reset(idem_partscope_t *ps, const char *topic,
 void idem_partscope_layout_refusals(const idem_partscope_t *ps, uint64_t *chunk,
                                     uint64_t *global);
 
+/* The partition tables' loads that found the position in Redis behind the
+ * one it acknowledged (Redis went back in time; each logged as a warning
+ * with both offsets) since the last call: the caller counts them in
+ * idemproc_redis_position_behind_total. */
+uint64_t idem_partscope_behind_take(idem_partscope_t *ps);
+
 /* Bytes and marks the tables hold. */
 size_t idem_partscope_bytes(const idem_partscope_t *ps);
 size_t idem_partscope_marks(const idem_partscope_t *ps);

@@ -59,15 +59,45 @@ size_t idem_positions_due(idem_positions_t *ps, const idem_offsets_t *offs,
         pos_reserve(ps, offs->cnt ? offs->cnt : 1));
 }
 
+/* Cluster mode: the touch of the global path's positions (store.h,
+ * idem_store_gpos_touch) for the partitions of subset (NULL: all) this
+ * member holds and has finished something of; forced at a revoke (a
+ * subset). A failure is logged: the next save tries again. */
+static void positions_touch(idem_positions_t *ps, const idem_offsets_t *offs,
+                            const rd_kafka_topic_partition_list_t *subset)
+{
+    idem_store_pos_t *fin = pos_reserve(ps, offs->cnt ? offs->cnt : 1);
+    size_t n = 0;
+    for (size_t i = 0; i < offs->cnt; i++) {
+        const idem_part_t *pt = &offs->v[i];
+        if (pt->next_offset < 0 || pt->lost)
+            continue;
+        if (subset && !rd_kafka_topic_partition_list_find(subset, pt->topic,
+                                                          pt->partition))
+            continue;
+        fin[n++] = (idem_store_pos_t){.topic = pt->topic,
+                                      .partition = pt->partition,
+                                      .offset = pt->next_offset};
+    }
+    char errstr[512];
+    if (n && idem_store_gpos_touch(ps->store, fin, n, subset != NULL, errstr,
+                                   sizeof(errstr)))
+        idem_log_kv(IDEM_LOG_WARN,
+                    "touching the global path's positions in redis failed",
+                    "error", errstr, NULL);
+}
+
 /* Writes the finished prefixes to Redis before they are committed to
  * Kafka (docs/design.md, "Positions in Redis"); only with no request in
  * flight (the ledger sends them along with its requests otherwise). A
- * failure leaves the Kafka commit behind; the next attempt catches up. */
+ * failure leaves the Kafka commit behind; the next attempt catches up.
+ * In cluster mode the global path's buckets are touched after. */
 void idem_positions_save(idem_positions_t *ps, idem_offsets_t *offs,
                          const idem_records_t *recs,
                          const rd_kafka_topic_partition_list_t *subset)
 {
-    if (idem_positions_due(ps, offs, subset) == 0)
+    int touch = idem_store_cluster(ps->store);
+    if (idem_positions_due(ps, offs, subset) == 0 && !touch)
         return;
     char errstr[512];
     /* A new connection is compared first (which may rewind): never write
@@ -86,6 +116,8 @@ void idem_positions_save(idem_positions_t *ps, idem_offsets_t *offs,
     }
     for (size_t i = 0; i < n; i++)
         position_stored(offs, &ps->pos[i]);
+    if (touch)
+        positions_touch(ps, offs, subset);
 }
 
 /* The lowest offset pt holds in hand (or has finished up to); -1 when it

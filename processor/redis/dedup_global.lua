@@ -20,8 +20,9 @@
 -- writes: a failover to a replica that missed them) refuses the call
 -- with an error GPOS, nothing written. The effect gets the tag as its key
 -- suffix (ksuf), so its writes stay in the slot. After the marks, per
--- partition: field = max(field, highest) and field .. ':at' = lowest
--- (docs/design.md, "Redis Cluster mode", "The global path").
+-- partition: field = max(field, highest), field .. ':at' = lowest and
+-- field .. ':ts' = when (Redis's TIME, ms: how old a rewind to `at`
+-- would reach) (docs/design.md, "Redis Cluster mode", "The global path").
 --
 -- For each record a done or lease mark means "not applied" (the mark is
 -- returned); else the effect and the done mark happen together inside
@@ -95,6 +96,9 @@ for _, j in ipairs(new) do
   end
 end
 if G > 0 then
+  local tm = redis.call('TIME')
+  local ms = string.format('%.0f', tonumber(tm[1]) * 1000 +
+                                   math.floor(tonumber(tm[2]) / 1000))
   local set = {}
   for p = 0, G - 1 do
     local f, hi = gfields[p + 1], ARGV[7 + 4 * p]
@@ -104,6 +108,8 @@ if G > 0 then
     end
     set[#set + 1] = f .. ':at'
     set[#set + 1] = ARGV[8 + 4 * p]
+    set[#set + 1] = f .. ':ts'
+    set[#set + 1] = ms
   end
   redis.call('HSET', KEYS[n + 1], unpack(set))
 end

@@ -17,6 +17,19 @@ idem_gpos_verdict_t idem_gpos_judge(int64_t recorded, int64_t last, int64_t at,
     return IDEM_GPOS_BEHIND;
 }
 
+int idem_gpos_touch_due(int64_t finished, int64_t touched, int64_t touched_ms,
+                        int64_t acked, int64_t now_ms, int force)
+{
+    if (acked < 0 || finished < 0 || finished <= touched)
+        return 0;
+    return force || touched_ms < 0 || now_ms - touched_ms >= IDEM_GPOS_TOUCH_MS;
+}
+
+int idem_gpos_stale(int64_t at_ms, int64_t now_ms, int64_t ttl_seconds)
+{
+    return at_ms >= 0 && now_ms - at_ms > ttl_seconds * 1000;
+}
+
 const char *idem_gpos_verdict2str(idem_gpos_verdict_t v)
 {
     switch (v) {

@@ -34,6 +34,27 @@ typedef enum {
 idem_gpos_verdict_t idem_gpos_judge(int64_t recorded, int64_t last, int64_t at,
                                     int64_t pos, int64_t *rewind);
 
+/* How often a partition's finished prefix is written to the buckets it
+ * used as their `at` (the touch, idem_gpos_touch_due), in ms. */
+#define IDEM_GPOS_TOUCH_MS 10000
+
+/* Whether to touch one bucket of a partition now: write `finished` (the
+ * partition's finished prefix: every record below it is finished) as the
+ * bucket's `at`. `touched` is the last value this member wrote there (-1:
+ * none), `touched_ms` when (monotonic ms, -1: never), `acked` the last
+ * offset the member saw the bucket acknowledge for the partition (-1: the
+ * partition never used the bucket: nothing to touch). Due when the prefix
+ * moved past what was written and, unless `force` (revoke, shutdown), a
+ * period passed since the last touch. 1 or 0. */
+int idem_gpos_touch_due(int64_t finished, int64_t touched, int64_t touched_ms,
+                        int64_t acked, int64_t now_ms, int force);
+
+/* Whether a rewind to a bucket's `at` written at `at_ms` (wall clock ms,
+ * -1: not known) reaches back further than the dedup window
+ * (ttl_seconds) at now_ms: records read again from there may have marks
+ * that expired, so they would be applied again. 1 or 0. */
+int idem_gpos_stale(int64_t at_ms, int64_t now_ms, int64_t ttl_seconds);
+
 /* "kept", "behind", "gone". */
 const char *idem_gpos_verdict2str(idem_gpos_verdict_t v);
 

@@ -184,6 +184,8 @@ struct gacked_s {
     int32_t partition;
     int bucket;
     int64_t acked;
+    int64_t touched;    /* the last `at` this member's touch wrote (-1) */
+    int64_t touched_ms; /* idem_now_ms() of that touch (-1: never) */
 };
 
 static void store_cluster_export(idem_store_t *s, int now);
@@ -1663,8 +1665,17 @@ int idem_store_gmark_key(const idem_conf_t *conf, const char *identity,
     char tag[300];
     idem_store_gbucket_tag(conf, idem_store_gbucket(identity, len), tag,
                            sizeof(tag));
-    return snprintf(buf, size, "%sdedup%s:%.*s", conf->redis_prefix, tag,
-                    (int)len, identity);
+    int hl = snprintf(buf, size, "%sdedup%s:", conf->redis_prefix, tag);
+    if (hl < 0)
+        return hl;
+    /* The identity byte for byte: NULs are data. */
+    if ((size_t)hl < size) {
+        size_t room = size - (size_t)hl - 1;
+        size_t cp = len < room ? len : room;
+        memcpy(buf + hl, identity, cp);
+        buf[(size_t)hl + cp] = '\0';
+    }
+    return hl + (int)len;
 }
 
 /* Cluster mode's positions: one hash per partition under its tag, one
@@ -2115,6 +2126,8 @@ static struct gacked_s *gacked_find(idem_store_t *s, const char *topic,
     g->partition = partition;
     g->bucket = bucket;
     g->acked = -1;
+    g->touched = -1;
+    g->touched_ms = -1;
     return g;
 }
 
@@ -2357,15 +2370,10 @@ static int cluster_global(idem_store_t *s, int script, const void *const *recs,
     size_t *koff = idem_xmalloc((n ? n : 1) * sizeof(*koff));
     size_t *kl = idem_xmalloc((n ? n : 1) * sizeof(*kl));
     for (size_t j = 0, o = 0; j < n; j++) {
-        char tag[300];
-        idem_store_gbucket_tag(s->conf, g[j].bucket, tag, sizeof(tag));
-        const char *id = av[g[j].i * per];
-        size_t idl = al[g[j].i * per];
-        int hl = snprintf(keys + o, klen - o,
-                          "%sdedup%s:", s->conf->redis_prefix, tag);
-        memcpy(keys + o + hl, id, idl);
+        int len = idem_store_gmark_key(s->conf, av[g[j].i * per],
+                                       al[g[j].i * per], keys + o, klen - o);
         koff[j] = o;
-        kl[j] = (size_t)hl + idl;
+        kl[j] = (size_t)len;
         o += kl[j];
     }
     /* The calls, and each call's partitions with their offsets. */
@@ -2558,18 +2566,19 @@ typedef struct {
     size_t i; /* the partition's index in the load */
     int bucket;
     int64_t recorded, last, at;
+    int64_t at_ms; /* when `at` was written (Redis's clock, ms; -1) */
     idem_gpos_verdict_t verdict;
 } gcheck_t;
 
 /* Reads the bucket fields of a load's records (records[i * IDEM_GBUCKETS +
  * b] >= 0: partition i recorded bucket b), one HMGET each, pipelined. 0,
  * or -1 with errstr. */
-static int gcheck_read(idem_store_t *s, const idem_store_pos_t *load,
-                       gcheck_t *gc, size_t ng, char *errstr,
+static int gcheck_read(idem_store_t *s, gcheck_t *gc, size_t ng, char *errstr,
                        size_t errstr_size)
 {
     char(*key)[640] = idem_xmalloc(ng * sizeof(*key));
     char(*fat)[340] = idem_xmalloc(ng * sizeof(*fat));
+    char(*fts)[340] = idem_xmalloc(ng * sizeof(*fts));
     const char **keys = idem_xmalloc(ng * sizeof(*keys));
     size_t *klens = idem_xmalloc(ng * sizeof(*klens));
     char **cmds = idem_xcalloc(ng, sizeof(*cmds));
@@ -2582,18 +2591,18 @@ static int gcheck_read(idem_store_t *s, const idem_store_pos_t *load,
                  tag);
         const char *field = s->fields[gc[x].i];
         snprintf(fat[x], sizeof(fat[x]), "%s:at", field);
-        const char *argv[] = {"HMGET", key[x], field, fat[x]};
-        int len = redisFormatCommandArgv(&cmds[x], 4, argv, NULL);
+        snprintf(fts[x], sizeof(fts[x]), "%s:ts", field);
+        const char *argv[] = {"HMGET", key[x], field, fat[x], fts[x]};
+        int len = redisFormatCommandArgv(&cmds[x], 5, argv, NULL);
         clens[x] = len > 0 ? (size_t)len : 0;
         keys[x] = key[x];
         klens[x] = strlen(key[x]);
     }
-    (void)load;
     int rc = idem_store_ctx_calls(s, keys, klens, (const char *const *)cmds,
                                   clens, ng, 0, rep, errstr, errstr_size);
     for (size_t x = 0; x < ng && rc == 0; x++) {
         const redisReply *r = rep[x];
-        if (!r || r->type != REDIS_REPLY_ARRAY || r->elements != 2) {
+        if (!r || r->type != REDIS_REPLY_ARRAY || r->elements != 3) {
             char msg[700];
             snprintf(msg, sizeof(msg), "%s: %s", key[x],
                      r && r->type == REDIS_REPLY_ERROR ? r->str
@@ -2608,6 +2617,9 @@ static int gcheck_read(idem_store_t *s, const idem_store_pos_t *load,
         gc[x].at = r->element[1]->type == REDIS_REPLY_STRING
                        ? strtoll(r->element[1]->str, NULL, 10)
                        : -1;
+        gc[x].at_ms = r->element[2]->type == REDIS_REPLY_STRING
+                          ? strtoll(r->element[2]->str, NULL, 10)
+                          : -1;
     }
     for (size_t x = 0; x < ng; x++) {
         if (rep[x])
@@ -2616,6 +2628,7 @@ static int gcheck_read(idem_store_t *s, const idem_store_pos_t *load,
     }
     free(key);
     free(fat);
+    free(fts);
     free(keys);
     free(klens);
     free(cmds);
@@ -2679,6 +2692,23 @@ static int gpos_setback(idem_store_t *s, idem_store_pos_t *load, size_t i,
                     "topic", load[i].topic, "partition", s->fields[i], "node",
                     node, "bucket", b, "recorded", rec, "bucket_last", last,
                     "bucket_at", at, "rewind", rw, NULL);
+        if (gc[x].verdict == IDEM_GPOS_BEHIND &&
+            idem_gpos_stale(gc[x].at_ms, idem_wall_ms(),
+                            s->conf->dedup_ttl_seconds)) {
+            char age[24];
+            snprintf(age, sizeof(age), "%" PRId64,
+                     (idem_wall_ms() - gc[x].at_ms) / 1000);
+            idem_log_kv(IDEM_LOG_WARN,
+                        "the rewind after a global bucket's loss reaches "
+                        "back further than dedup.ttl.seconds: records read "
+                        "again from it whose marks expired will be applied "
+                        "again (the bucket's at was written that long ago "
+                        "and not touched since: the member was down or "
+                        "could not reach it)",
+                        "topic", load[i].topic, "partition", s->fields[i],
+                        "node", node, "bucket", b, "rewind", rw,
+                        "at_age_seconds", age, NULL);
+        }
         snprintf(fld[x], sizeof(fld[x]), "%s:g%02d", s->fields[i],
                  gc[x].bucket);
         if (gc[x].verdict == IDEM_GPOS_GONE)
@@ -2746,7 +2776,7 @@ static int gpos_check(idem_store_t *s, idem_store_pos_t *load,
                     (gcheck_t){.i = i,
                                .bucket = b,
                                .recorded = records[i * IDEM_GBUCKETS + b]};
-    int rc = gcheck_read(s, load, gc, ng, errstr, errstr_size);
+    int rc = gcheck_read(s, gc, ng, errstr, errstr_size);
     for (size_t i = 0; i < n && rc == 0; i++) {
         int64_t rewind = -1;
         int lost = 0, gone = 0;
@@ -2772,6 +2802,165 @@ static int gpos_check(idem_store_t *s, idem_store_pos_t *load,
                               errstr, errstr_size);
     }
     free(gc);
+    return rc;
+}
+
+/* The touch's script on a bucket's gpos hash: per partition (triples of
+ * field, finished prefix, the last offset the member saw the bucket
+ * acknowledge), `at` = the prefix (never lowered) and `ts` = now, only
+ * while the bucket still holds what the member saw acknowledged: a bucket
+ * that lost it is left for the next load to judge. Returns how many
+ * partitions it refused. */
+static const char gtouch_lua[] =
+    "local tm = redis.call('TIME')\n"
+    "local ms = string.format('%.0f', tonumber(tm[1]) * 1000 +\n"
+    "                         math.floor(tonumber(tm[2]) / 1000))\n"
+    "local refused = 0\n"
+    "for i = 1, #ARGV, 3 do\n"
+    "  local f = ARGV[i]\n"
+    "  local last = tonumber(redis.call('HGET', KEYS[1], f) or '-1')\n"
+    "  if last < tonumber(ARGV[i + 2]) then\n"
+    "    refused = refused + 1\n"
+    "  else\n"
+    "    local at = tonumber(redis.call('HGET', KEYS[1], f .. ':at') or '-1')\n"
+    "    if at < tonumber(ARGV[i + 1]) then\n"
+    "      redis.call('HSET', KEYS[1], f .. ':at', ARGV[i + 1], f .. ':ts', "
+    "ms)\n"
+    "    end\n"
+    "  end\n"
+    "end\n"
+    "return refused\n";
+
+int idem_store_gpos_touch(idem_store_t *s, const idem_store_pos_t *fin,
+                          size_t n, int force, char *errstr, size_t errstr_size)
+{
+    if (!s->cl || !n || !s->ngacked)
+        return 0;
+    if (s->pending_chunks || s->gres_pending) {
+        snprintf(errstr, errstr_size, "redis: a request is still in flight");
+        return -1;
+    }
+    int64_t now = idem_now_ms();
+    /* Per bucket, the entries (s->gacked indexes) due and their prefix. */
+    size_t *due = idem_xmalloc(s->ngacked * sizeof(*due));
+    int64_t *pre = idem_xmalloc(s->ngacked * sizeof(*pre));
+    size_t nd = 0;
+    int used[IDEM_GBUCKETS] = {0};
+    for (size_t i = 0; i < n; i++)
+        for (size_t x = 0; x < s->ngacked; x++) {
+            const struct gacked_s *g = &s->gacked[x];
+            if (g->partition != fin[i].partition ||
+                strcmp(g->topic, fin[i].topic) ||
+                !idem_gpos_touch_due(fin[i].offset, g->touched, g->touched_ms,
+                                     g->acked, now, force))
+                continue;
+            due[nd] = x;
+            pre[nd++] = fin[i].offset;
+            used[g->bucket] = 1;
+        }
+    int rc = 0;
+    if (nd && idem_store_connect(s, errstr, errstr_size))
+        rc = -1;
+    size_t nb = 0;
+    for (int b = 0; b < IDEM_GBUCKETS; b++)
+        nb += used[b];
+    if (!nd || rc) {
+        free(due);
+        free(pre);
+        return rc;
+    }
+    char(*key)[640] = idem_xmalloc(nb * sizeof(*key));
+    const char **keys = idem_xmalloc(nb * sizeof(*keys));
+    size_t *klens = idem_xmalloc(nb * sizeof(*klens));
+    char **cmds = idem_xcalloc(nb, sizeof(*cmds));
+    size_t *clens = idem_xmalloc(nb * sizeof(*clens));
+    redisReply **rep = idem_xcalloc(nb, sizeof(*rep));
+    const char **argv = idem_xmalloc((4 + 3 * nd) * sizeof(*argv));
+    char(*fld)[340] = idem_xmalloc(nd * sizeof(*fld));
+    char(*num)[2][24] = idem_xmalloc(nd * sizeof(*num));
+    size_t k = 0;
+    for (int b = 0; b < IDEM_GBUCKETS; b++) {
+        if (!used[b])
+            continue;
+        char tag[300];
+        idem_store_gbucket_tag(s->conf, b, tag, sizeof(tag));
+        snprintf(key[k], sizeof(key[k]), "%sgpos%s", s->conf->redis_prefix,
+                 tag);
+        size_t a = 0;
+        argv[a++] = "EVAL";
+        argv[a++] = gtouch_lua;
+        argv[a++] = "1";
+        argv[a++] = key[k];
+        for (size_t d = 0; d < nd; d++) {
+            const struct gacked_s *g = &s->gacked[due[d]];
+            if (g->bucket != b)
+                continue;
+            snprintf(fld[d], sizeof(fld[d]), "%s:%" PRId32, g->topic,
+                     g->partition);
+            snprintf(num[d][0], sizeof(num[d][0]), "%" PRId64, pre[d]);
+            snprintf(num[d][1], sizeof(num[d][1]), "%" PRId64, g->acked);
+            argv[a++] = fld[d];
+            argv[a++] = num[d][0];
+            argv[a++] = num[d][1];
+        }
+        int len = redisFormatCommandArgv(&cmds[k], (int)a, argv, NULL);
+        clens[k] = len > 0 ? (size_t)len : 0;
+        keys[k] = key[k];
+        klens[k] = strlen(key[k]);
+        k++;
+    }
+    rc = idem_store_ctx_calls(s, keys, klens, (const char *const *)cmds, clens,
+                              nb, 0, rep, errstr, errstr_size);
+    int refused = 0, lost[IDEM_GBUCKETS] = {0};
+    for (size_t x = 0; x < nb && rc == 0; x++) {
+        if (!rep[x] || rep[x]->type != REDIS_REPLY_INTEGER) {
+            char msg[700];
+            snprintf(msg, sizeof(msg), "%s: %s", key[x],
+                     rep[x] && rep[x]->type == REDIS_REPLY_ERROR
+                         ? rep[x]->str
+                         : "unexpected reply");
+            s->slot = idem_cluster_keyslot(key[x], klens[x]);
+            rc = store_fail(s, errstr, errstr_size, "EVAL", msg);
+            break;
+        }
+        if (rep[x]->integer > 0) {
+            refused = 1;
+            for (int b = 0, j = 0; b < IDEM_GBUCKETS; b++)
+                if (used[b] && (size_t)j++ == x)
+                    lost[b] = 1;
+        }
+    }
+    if (rc == 0) {
+        /* A refused partition's bucket lost what it acknowledged: counted
+         * as a new connection, so the positions are read again (and the
+         * loss judged) before anything more. The others are touched. */
+        if (refused)
+            s->gpos_losses++;
+        for (size_t d = 0; d < nd; d++) {
+            struct gacked_s *g = &s->gacked[due[d]];
+            if (lost[g->bucket])
+                continue;
+            if (g->touched < pre[d])
+                g->touched = pre[d];
+            g->touched_ms = now;
+        }
+    }
+    for (size_t x = 0; x < nb; x++) {
+        if (rep[x])
+            freeReplyObject(rep[x]);
+        redisFreeCommand(cmds[x]);
+    }
+    free(key);
+    free(keys);
+    free(klens);
+    free(cmds);
+    free(clens);
+    free(rep);
+    free(argv);
+    free(fld);
+    free(num);
+    free(due);
+    free(pre);
     return rc;
 }
 

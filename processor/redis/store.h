@@ -130,10 +130,26 @@ void idem_store_gbucket_tag(const idem_conf_t *conf, int bucket, char *buf,
                             size_t size);
 
 /* The global path's mark key of an identity in cluster mode:
- * "<prefix>dedup{<group.id>::<NN>}:<identity>" into buf; returns its
- * length (snprintf's: >= size means cut). */
+ * "<prefix>dedup{<group.id>::<NN>}:<identity>" into buf, the identity's
+ * len bytes as they are (a NUL among them is data: use the returned
+ * length, not strlen), NUL-terminated; returns its length (snprintf's: >=
+ * size means cut). The global path's calls build their keys with it. */
 int idem_store_gmark_key(const idem_conf_t *conf, const char *identity,
                          size_t len, char *buf, size_t size);
+
+/* Cluster mode's touch of the global path's positions (docs/design.md,
+ * "Redis Cluster mode", "The touch"): for each partition fin[i] (owned by
+ * this member; .offset its finished prefix) and each bucket it used (the
+ * buckets this member saw acknowledge its records), writes the prefix as
+ * the bucket's `at` of the partition, when idem_gpos_touch_due says so
+ * (force: revoke, shutdown; else every IDEM_GPOS_TOUCH_MS while the
+ * prefix moves), one script per bucket, pipelined per node. A bucket that
+ * no longer holds what it acknowledged refuses (counted as a new
+ * connection: the positions are read again and the loss judged). No-op on
+ * a single Redis. The store must be free. 0, or -1 (retriable). */
+int idem_store_gpos_touch(idem_store_t *s, const idem_store_pos_t *fin,
+                          size_t n, int force, char *errstr,
+                          size_t errstr_size);
 
 /* Writes pos[n] (borrowed) in one HSET (cluster mode: one per partition).
  * Returns 0, or -1 (retriable). */

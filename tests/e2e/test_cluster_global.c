@@ -316,59 +316,44 @@ static void send_bucket_phase(rd_kafka_t *rk, expect_t *e, const char *tag,
     cr_assert_eq(rd_kafka_flush(rk, 30000), 0);
 }
 
-/* c. The lost tail of a bucket's node: partition 0's position lives on
- * primary A, the keyless records' bucket on primary B != A. B's replica is
- * stopped (SIGSTOP), records are applied (B acknowledges them, A's
- * position passes them and records what B acknowledged), B is killed and
- * its replica, which never got those writes, takes over (CLUSTER FAILOVER
- * TAKEOVER). The member must find the bucket behind what partition 0
- * recorded, rewind the partition to the bucket's last kept call and apply
- * the lost records again: verify exact, the loss logged and counted. */
-Test(cluster_global, bucket_node_lost_tail_rewinds, .timeout = 360)
+/* Partition 0's primary *a and a bucket whose gpos hash is on another
+ * primary *b with a replica *r: the bucket. */
+static int pick_bucket(int *a, int *b, int *r)
 {
-    cr_assert_eq(th_cluster_start(&clu, 3, 1), 0, "cluster did not start");
-    const char *more[] = {"handler=ledger", "http.listen=127.0.0.1:0", NULL};
-    start_stack(more);
-    int a = th_cluster_owner(&clu, key_slot("idemproc:pos{test-group:"
-                                            "payments:0}"));
-    cr_assert_geq(a, 0);
-    /* A bucket whose gpos hash is on another primary with a replica. */
-    int bucket = -1, b = -1;
+    *a = th_cluster_owner(&clu, key_slot("idemproc:pos{test-group:"
+                                         "payments:0}"));
+    cr_assert_geq(*a, 0);
+    int bucket = -1;
     for (int t = 0; t < 64 && bucket < 0; t++) {
         char key[64];
         snprintf(key, sizeof(key), "idemproc:gpos{test-group::%02d}", t);
         int o = th_cluster_owner(&clu, key_slot(key));
-        if (o >= 0 && o != a && th_cluster_replica_of(&clu, o) >= 0) {
+        if (o >= 0 && o != *a && th_cluster_replica_of(&clu, o) >= 0) {
             bucket = t;
-            b = o;
+            *b = o;
         }
     }
     cr_assert_geq(bucket, 0, "no bucket on another primary");
-    int r = th_cluster_replica_of(&clu, b);
-    pid_t m1 = th_stack_member_started(&stk, "m1", NULL);
-    expect_t e = {json_array(), json_object()};
-    rd_kafka_t *rk = th_producer(stk.broker.bootstrap, NULL);
-    int next = 0;
-    send_bucket_phase(rk, &e, "c1", bucket, 20, &next);
-    expect_write(&e);
-    TH_ASSERT_VERIFIED(&stk, 0, NULL, 120000);
-    th_stack_wait_committed(&stk, "payments", 1, 60000);
+    *r = th_cluster_replica_of(&clu, *b);
+    return bucket;
+}
 
-    /* B's replica stops replicating: stopped (SIGSTOP), its link closed by
-     * B (what B sent before would still sit in the stopped replica's
-     * socket), so what follows is on B alone. */
+/* B's replica r stops replicating: stopped (SIGSTOP), its link closed by
+ * B (what B sent before would still sit in the stopped replica's socket),
+ * so what follows is on B alone. */
+static void replica_detach(int b, int r)
+{
     cr_assert_eq(kill(clu.node[r].pid, SIGSTOP), 0);
     char *killed = th_cluster_cmd(&clu, b, "CLIENT KILL TYPE replica");
     cr_assert(killed && atoi(killed) >= 1, "replica link: %s", killed);
     free(killed);
-    cr_log_info("phase 1 applied; bucket %d on node %d, partition 0 on %d",
-                bucket, b, a);
-    send_bucket_phase(rk, &e, "c2", bucket, 20, &next);
-    expect_write(&e);
-    TH_ASSERT_VERIFIED(&stk, 0, NULL, 120000);
-    th_stack_wait_committed(&stk, "payments", 1, 60000);
+}
 
-    cr_log_info("phase 2 applied on B alone");
+/* B (the bucket's primary) dies; its replica r, without the writes since
+ * replica_detach, takes over; asserts it lacks what partition 0's hash on
+ * A recorded of the bucket (else nothing was lost, nothing tested). */
+static void takeover(int a, int b, int r, int bucket)
+{
     /* B dies; its replica, without the last writes, takes over. */
     th_cluster_kill(&clu, b);
     cr_assert_eq(kill(clu.node[r].pid, SIGCONT), 0);
@@ -397,7 +382,41 @@ Test(cluster_global, bucket_node_lost_tail_rewinds, .timeout = 360)
               kept ? kept : "-", rec ? rec : "-");
     free(kept);
     free(rec);
+}
 
+/* c. The lost tail of a bucket's node: partition 0's position lives on
+ * primary A, the keyless records' bucket on primary B != A. B's replica is
+ * stopped (SIGSTOP), records are applied (B acknowledges them, A's
+ * position passes them and records what B acknowledged), B is killed and
+ * its replica, which never got those writes, takes over (CLUSTER FAILOVER
+ * TAKEOVER). The member must find the bucket behind what partition 0
+ * recorded, rewind the partition to the bucket's last kept call and apply
+ * the lost records again: verify exact, the loss logged and counted. */
+Test(cluster_global, bucket_node_lost_tail_rewinds, .timeout = 360)
+{
+    cr_assert_eq(th_cluster_start(&clu, 3, 1), 0, "cluster did not start");
+    const char *more[] = {"handler=ledger", "http.listen=127.0.0.1:0", NULL};
+    start_stack(more);
+    int a, b, r, bucket = pick_bucket(&a, &b, &r);
+    pid_t m1 = th_stack_member_started(&stk, "m1", NULL);
+    expect_t e = {json_array(), json_object()};
+    rd_kafka_t *rk = th_producer(stk.broker.bootstrap, NULL);
+    int next = 0;
+    send_bucket_phase(rk, &e, "c1", bucket, 20, &next);
+    expect_write(&e);
+    TH_ASSERT_VERIFIED(&stk, 0, NULL, 120000);
+    th_stack_wait_committed(&stk, "payments", 1, 60000);
+
+    replica_detach(b, r);
+    cr_log_info("phase 1 applied; bucket %d on node %d, partition 0 on %d",
+                bucket, b, a);
+    send_bucket_phase(rk, &e, "c2", bucket, 20, &next);
+    expect_write(&e);
+    TH_ASSERT_VERIFIED(&stk, 0, NULL, 120000);
+    th_stack_wait_committed(&stk, "payments", 1, 60000);
+
+    cr_log_info("phase 2 applied on B alone");
+    takeover(a, b, r, bucket);
     cr_log_info("replica %d took over", r);
     /* More traffic: the member meets the promoted replica. */
     send_bucket_phase(rk, &e, "c3", bucket, 10, &next);
@@ -418,6 +437,329 @@ Test(cluster_global, bucket_node_lost_tail_rewinds, .timeout = 360)
     cr_expect_eq(th_stack_stop_member(&stk, "m1", m1, 15000), 0);
     json_decref(e.ids);
     json_decref(e.ledger);
+    th_stack_stop(&stk);
+    th_cluster_stop(&clu);
+}
+
+/* Partition 0's window keys of marks on its primary a. */
+static long window_keys(int a)
+{
+    char *out = th_cluster_cmd(&clu, a, "EVAL %s 0 %s",
+                               "return #redis.call('KEYS', ARGV[1])",
+                               "idemproc:st{test-group:payments:0}:w*");
+    cr_assert(out && out[0] >= '0' && out[0] <= '9', "KEYS: %s", out);
+    long n = atol(out);
+    free(out);
+    return n;
+}
+
+/* Waits until partition 0's window keys of marks expired on its primary
+ * a (dedup.ttl.seconds and a window after the last keyed record). */
+static void wait_marks_expired(int a)
+{
+    cr_assert_gt(window_keys(a), 0, "no marks to expire");
+    for (int i = 0; i < 600; i++) {
+        if (window_keys(a) == 0)
+            return;
+        usleep(200 * 1000);
+    }
+    cr_assert_fail("partition 0's marks never expired");
+}
+
+/* g. The touch: partition 0 used the bucket once, long ago (its call older
+ * than dedup.ttl.seconds=20), then only keyed records whose marks then
+ * expired. The bucket's node loses a later call (as in c). Without the
+ * touch the rewind would go back to the old call's `at` and apply the
+ * expired keyed records again (verify MISMATCH: measured with the touch
+ * disabled); with it, `at` is partition 0's finished prefix of at most a
+ * touch period before the loss: exact, and no rewind older than the
+ * window is reported. */
+Test(cluster_global, rarely_used_bucket_rewinds_only_to_its_touch,
+     .timeout = 360)
+{
+    cr_assert_eq(th_cluster_start(&clu, 3, 1), 0, "cluster did not start");
+    const char *more[] = {"handler=ledger", "http.listen=127.0.0.1:0",
+                          "dedup.ttl.seconds=20", NULL};
+    start_stack(more);
+    int a, b, r, bucket = pick_bucket(&a, &b, &r);
+    pid_t m1 = th_stack_member_started(&stk, "m1", NULL);
+    expect_t e = {json_array(), json_object()};
+    rd_kafka_t *rk = th_producer(stk.broker.bootstrap, NULL);
+    int next = 0;
+    send_bucket_phase(rk, &e, "g1", bucket, 1, &next);
+    for (int i = 0; i < 40; i++) {
+        char id[32];
+        snprintf(id, sizeof(id), "g-keyed-%d", i);
+        send_payment(rk, 0, id, id, 300000 + i, "user-g", 3);
+        expect_add(&e, id, "user-g", 3);
+    }
+    cr_assert_eq(rd_kafka_flush(rk, 30000), 0);
+    expect_write(&e);
+    TH_ASSERT_VERIFIED(&stk, 0, NULL, 120000);
+    th_stack_wait_committed(&stk, "payments", 1, 60000);
+    /* The bucket's call is now older than the window, and so are the
+     * keyed records' marks. */
+    wait_marks_expired(a);
+    /* Their marks are gone, their effects stay: verify expects the
+     * ledger's sums and only the identities sent from now on. */
+    json_decref(e.ids);
+    e.ids = json_array();
+    cr_log_info("bucket %d on node %d: its call and the marks are old", bucket,
+                b);
+
+    replica_detach(b, r);
+    send_bucket_phase(rk, &e, "g2", bucket, 3, &next);
+    expect_write(&e);
+    TH_ASSERT_VERIFIED(&stk, 0, NULL, 120000);
+    th_stack_wait_committed(&stk, "payments", 1, 60000);
+    takeover(a, b, r, bucket);
+    send_bucket_phase(rk, &e, "g3", bucket, 2, &next);
+    rd_kafka_destroy(rk);
+    expect_write(&e);
+    char *vout = NULL;
+    int vrc = th_stack_wait_verified(&stk, 0, NULL, 120000, &vout);
+    if (vrc) {
+        char *log = th_stack_member_log(&stk, "m1");
+        cr_assert_eq(vrc, 0, "verify never exact:\n%s\nmember:\n%s", vout, log);
+        free(log);
+    }
+    free(vout);
+    cr_expect_geq(th_stack_log_count(&stk, "m1", "a global bucket's node"), 1,
+                  "the loss was not logged");
+    cr_expect_eq(th_stack_log_count(&stk, "m1", "reaches back further"), 0,
+                 "a rewind older than the window:\n%s",
+                 th_stack_member_log(&stk, "m1"));
+    cr_expect_eq(th_topic_size(stk.broker.bootstrap, "payments.dlq"), 0);
+    cr_expect_eq(th_stack_stop_member(&stk, "m1", m1, 15000), 0);
+    json_decref(e.ids);
+    json_decref(e.ledger);
+    th_stack_stop(&stk);
+    th_cluster_stop(&clu);
+}
+
+/* Sets (value) or deletes (value NULL) field user-bad of every partition's
+ * ledger shard, each on its primary: a balance that is not a number makes
+ * the ledger refuse user-bad's payments. */
+static void poison_user_bad(const char *value)
+{
+    for (int p = 0; p < PARTS; p++) {
+        char key[80];
+        snprintf(key, sizeof(key),
+                 "idemproc:ledger:EUR{test-group:payments:%d}", p);
+        int o = th_cluster_owner(&clu, key_slot(key));
+        char *out =
+            value ? th_cluster_cmd(&clu, o, "HSET %s user-bad %s", key, value)
+                  : th_cluster_cmd(&clu, o, "HDEL %s user-bad", key);
+        cr_assert(out && out[0] >= '0' && out[0] <= '9', "%s: %s", key, out);
+        free(out);
+    }
+}
+
+/* b. dlq replay on a cluster: user-bad's payments are refused (a balance
+ * that is not a number) and dead-lettered; the balance fixed, `dlq
+ * replay` sends copies back to their partitions, which take the global
+ * path (per identity, in the buckets): each applied once, verify exact.
+ * Replayed again: duplicates, nothing applied twice, nothing
+ * dead-lettered again. */
+Test(cluster_global, dlq_replay_applies_each_copy_once, .timeout = 360)
+{
+    cr_assert_eq(th_cluster_start(&clu, 3, 1), 0, "cluster did not start");
+    const char *more[] = {"handler=ledger", NULL};
+    start_stack(more);
+    poison_user_bad("not-a-number");
+    pid_t m1 = th_stack_member_started(&stk, "m1", NULL);
+    expect_t e = {json_array(), json_object()};
+    rd_kafka_t *rk = th_producer(stk.broker.bootstrap, NULL);
+    const int bad = 12, good = 30;
+    for (int i = 0; i < good + bad; i++) {
+        char id[32];
+        snprintf(id, sizeof(id), "r-%d", i);
+        const char *user = i < good ? "user-good" : "user-bad";
+        send_payment(rk, RD_KAFKA_PARTITION_UA, id, id, 70000 + i, user,
+                     100 + i);
+        expect_add(&e, id, user, 100 + i);
+    }
+    cr_assert_eq(rd_kafka_flush(rk, 30000), 0);
+    rd_kafka_destroy(rk);
+    th_stack_wait_committed(&stk, "payments", PARTS, 60000);
+    cr_assert_eq(th_topic_size(stk.broker.bootstrap, "payments.dlq"), bad,
+                 "user-bad's payments dead-lettered");
+
+    poison_user_bad(NULL);
+    char *out = NULL, *err = NULL;
+    cr_assert_eq(cli("dlq", "replay", NULL, &out, &err), 0, "%s\n%s", out, err);
+    free(out);
+    free(err);
+    expect_write(&e);
+    TH_ASSERT_VERIFIED(&stk, 0, NULL, 120000);
+    /* The copies took the global path: one mark each in the buckets. */
+    cr_expect_eq(cluster_keys("idemproc:dedup{test-group::*"), bad);
+    cr_expect_gt(cluster_keys("idemproc:ledger:EUR{test-group::*}"), 0);
+
+    /* Again: every copy a duplicate. */
+    out = err = NULL;
+    cr_assert_eq(cli("dlq", "replay", NULL, &out, &err), 0, "%s\n%s", out, err);
+    free(out);
+    free(err);
+    th_stack_wait_committed(&stk, "payments", PARTS, 60000);
+    cr_expect_eq(th_topic_size(stk.broker.bootstrap, "payments"),
+                 good + 3 * bad, "the copies of both replays");
+    TH_ASSERT_VERIFIED(&stk, 0, NULL, 60000);
+    cr_expect_eq(th_topic_size(stk.broker.bootstrap, "payments.dlq"), bad,
+                 "a copy was dead-lettered again");
+    cr_expect_eq(th_stack_stop_member(&stk, "m1", m1, 15000), 0);
+    json_decref(e.ids);
+    json_decref(e.ledger);
+    th_stack_stop(&stk);
+    th_cluster_stop(&clu);
+}
+
+/* Sends n keyless payments w-<tag>-<i> of bucket `bucket` to partition 0,
+ * adding them to e. */
+static void send_keyless_bucket(rd_kafka_t *rk, expect_t *e, const char *tag,
+                                int bucket, int n, int *next)
+{
+    for (int sent = 0; sent < n; (*next)++) {
+        char id[48], ident[64];
+        snprintf(id, sizeof(id), "w-%s-%d", tag, *next);
+        snprintf(ident, sizeof(ident), "pay-%s", id);
+        if (identity_bucket(ident) != bucket)
+            continue;
+        send_payment(rk, 0, NULL, id, 400000 + *next, "user-w", 100 + sent);
+        expect_add(e, id, "user-w", 100 + sent);
+        sent++;
+    }
+    cr_assert_eq(rd_kafka_flush(rk, 30000), 0);
+}
+
+/* f. redis.wait.replicas=1 on the global path: the bucket's primary's
+ * replica stopped (SIGSTOP), keyless records applied there fail the
+ * request's WAIT: an outage naming that node, nothing dead-lettered;
+ * the replica resumed, the records (sent again: their marks) are applied
+ * once, verify exact. */
+Test(cluster_global, wait_replicas_on_the_global_path, .timeout = 300)
+{
+    cr_assert_eq(th_cluster_start(&clu, 3, 1), 0, "cluster did not start");
+    const char *more[] = {"handler=ledger", "redis.wait.replicas=1",
+                          "redis.wait.timeout.ms=300", NULL};
+    start_stack(more);
+    int a, b, r, bucket = pick_bucket(&a, &b, &r);
+    pid_t m1 = th_stack_member_started(&stk, "m1", NULL);
+    expect_t e = {json_array(), json_object()};
+    rd_kafka_t *rk = th_producer(stk.broker.bootstrap, NULL);
+    int next = 0;
+    send_keyless_bucket(rk, &e, "1", bucket, 5, &next);
+    expect_write(&e);
+    TH_ASSERT_VERIFIED(&stk, 0, NULL, 120000);
+    cr_expect_eq(th_stack_log_count(&stk, "m1", "redis cluster: WAIT:"), 0,
+                 "a WAIT failed with every replica up:\n%s",
+                 th_stack_member_log(&stk, "m1"));
+
+    cr_assert_eq(kill(clu.node[r].pid, SIGSTOP), 0);
+    send_keyless_bucket(rk, &e, "2", bucket, 5, &next);
+    char said[96];
+    snprintf(said, sizeof(said), "redis cluster: WAIT: 127.0.0.1:%d: 0 of 1",
+             clu.node[b].port);
+    int seen = 0;
+    for (int i = 0; i < 300 && !seen; i++) {
+        seen = th_stack_log_count(&stk, "m1", said) > 0;
+        if (!seen)
+            usleep(100 * 1000);
+    }
+    cr_assert(seen, "no outage naming %d's WAIT:\n%s", b,
+              th_stack_member_log(&stk, "m1"));
+    cr_expect_eq(th_topic_size(stk.broker.bootstrap, "payments.dlq"), 0);
+
+    cr_assert_eq(kill(clu.node[r].pid, SIGCONT), 0);
+    rd_kafka_destroy(rk);
+    expect_write(&e);
+    TH_ASSERT_VERIFIED(&stk, 0, NULL, 120000);
+    cr_expect_eq(th_topic_size(stk.broker.bootstrap, "payments.dlq"), 0);
+    cr_expect_eq(th_stack_stop_member(&stk, "m1", m1, 15000), 0);
+    json_decref(e.ids);
+    json_decref(e.ledger);
+    th_stack_stop(&stk);
+    th_cluster_stop(&clu);
+}
+
+/* The script handler's payments (as tests/e2e/test_cluster_run.c's). */
+static const char script_lua[] =
+    "function effect(rec)\n"
+    "  local f = rec.fields\n"
+    "  local cur, user, amt = f['/currency'], f['/user_id'], f['/amount']\n"
+    "  if type(cur) ~= 'string' or type(user) ~= 'string' or\n"
+    "    type(amt) ~= 'number' then\n"
+    "    return false, 'not a payment'\n"
+    "  end\n"
+    "  idem.hincrby('bal:' .. cur, user, math.floor(amt * 100 + 0.5))\n"
+    "  idem.incrby('applied', 1)\n"
+    "end\n";
+
+/* d. handler=script with keyless records on a cluster: sent once to one
+ * partition and again (a redelivery) to another, each applied once, its
+ * idem.* writes in the buckets' shards; verify exact (the shards summed),
+ * `state get script` the sum. */
+Test(cluster_global, script_keyless_records_applied_once, .timeout = 300)
+{
+    cr_assert_eq(th_cluster_start(&clu, 3, 1), 0, "cluster did not start");
+    char file[600];
+    snprintf(file, sizeof(file), "script.file=%s",
+             th_file_in(&script_dir, "payments.lua", script_lua));
+    const char *more[] = {"handler=script", file,
+                          "script.fields=/currency,/user_id,/amount", NULL};
+    start_stack(more);
+    pid_t m1 = th_stack_member_started(&stk, "m1", NULL);
+    rd_kafka_t *rk = th_producer(stk.broker.bootstrap, NULL);
+    const int n = 120;
+    json_t *bal = json_object();
+    for (int i = 0; i < n; i++) {
+        char id[32], user[32];
+        snprintf(id, sizeof(id), "s-%d", i);
+        snprintf(user, sizeof(user), "user-%d", i % 5);
+        send_payment(rk, i % PARTS, NULL, id, 500000 + i, user, 100 + i);
+        send_payment(rk, (i + 1) % PARTS, NULL, id, 500000 + i, user, 100 + i);
+        json_int_t had = json_integer_value(json_object_get(bal, user));
+        json_object_set_new(bal, user, json_integer(had + 100 + i));
+    }
+    cr_assert_eq(rd_kafka_flush(rk, 30000), 0);
+    rd_kafka_destroy(rk);
+    char vpath[600];
+    snprintf(vpath, sizeof(vpath), "%s/script-expect.json", stk.dir);
+    json_t *want = json_pack("{sI s{sO sI}}", "applied", (json_int_t)n, "redis",
+                             "bal:EUR", bal, "applied", (json_int_t)n);
+    cr_assert_eq(json_dump_file(want, vpath, JSON_INDENT(1)), 0);
+    json_decref(want);
+    const char *vargs[] = {"--expect", vpath, NULL};
+    char *out = NULL, *err = NULL;
+    int rc = -1;
+    for (int waited = 0; waited < 120000 && rc != 0; waited += 500) {
+        free(out);
+        free(err);
+        out = err = NULL;
+        rc = cli("verify", NULL, vargs, &out, &err);
+        if (rc)
+            usleep(500 * 1000);
+    }
+    cr_assert_eq(rc, 0, "verify:\n%s\n%s", out, err);
+    cr_expect(out && strstr(out, "verify: redis exact ("), "%s", out);
+    free(out);
+    free(err);
+    cr_expect_gt(cluster_keys("idemproc:dedup{test-group::*"), 0);
+    cr_expect_gt(cluster_keys("bal:EUR{test-group::*}"), 0,
+                 "no script shard under a bucket's tag");
+    /* state get: the sum of the shards. */
+    const char *sargs[] = {"script", "bal:EUR", "user-3", NULL};
+    out = err = NULL;
+    cr_expect_eq(cli("state", "get", sargs, &out, &err), 0, "%s", err);
+    char line[96];
+    snprintf(line, sizeof(line), "script bal:EUR user-3: %lld (the sum of ",
+             (long long)json_integer_value(json_object_get(bal, "user-3")));
+    cr_expect(out && strstr(out, line), "want %s in:\n%s", line, out);
+    free(out);
+    free(err);
+    cr_expect_eq(th_topic_size(stk.broker.bootstrap, "payments.dlq"), 0);
+    cr_expect_eq(th_stack_stop_member(&stk, "m1", m1, 15000), 0);
+    json_decref(bal);
     th_stack_stop(&stk);
     th_cluster_stop(&clu);
 }

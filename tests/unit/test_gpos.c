@@ -52,3 +52,33 @@ Test(gpos, record_fields_name_their_bucket)
     cr_expect_eq(idem_gpos_record_bucket("payments:4:g07", 14, base, bl), -1);
     cr_expect_eq(idem_gpos_record_bucket("payments:3:g071", 15, base, bl), -1);
 }
+
+Test(gpos, the_touch_is_due_when_the_prefix_moved_and_a_period_passed)
+{
+    int64_t p = IDEM_GPOS_TOUCH_MS;
+    /* Never touched: due at once. */
+    cr_expect_eq(idem_gpos_touch_due(500, -1, -1, 120, 1000, 0), 1);
+    /* Touched at 480 a moment ago: not yet; a period later: due. */
+    cr_expect_eq(idem_gpos_touch_due(500, 480, 1000, 120, 1000 + p - 1, 0), 0);
+    cr_expect_eq(idem_gpos_touch_due(500, 480, 1000, 120, 1000 + p, 0), 1);
+    /* Revoke or shutdown: no period. */
+    cr_expect_eq(idem_gpos_touch_due(500, 480, 1000, 120, 1001, 1), 1);
+    /* The prefix did not move past the last touch: nothing to write, not
+     * even when forced. */
+    cr_expect_eq(idem_gpos_touch_due(480, 480, 1000, 120, 1000 + 9 * p, 0), 0);
+    cr_expect_eq(idem_gpos_touch_due(470, 480, 1000, 120, 1000 + 9 * p, 1), 0);
+    /* A bucket the partition never used, or no prefix yet: never. */
+    cr_expect_eq(idem_gpos_touch_due(500, -1, -1, -1, 1000, 1), 0);
+    cr_expect_eq(idem_gpos_touch_due(-1, -1, -1, 120, 1000, 1), 0);
+}
+
+Test(gpos, a_rewind_older_than_the_dedup_window_is_stale)
+{
+    /* at written 25 s ago, TTL 20 s: stale; 15 s ago: within it. */
+    cr_expect_eq(idem_gpos_stale(100000, 125000, 20), 1);
+    cr_expect_eq(idem_gpos_stale(110000, 125000, 20), 0);
+    cr_expect_eq(idem_gpos_stale(105000, 125000, 20), 0);
+    /* When at was written is not known (a bucket written before the
+     * field existed): not judged. */
+    cr_expect_eq(idem_gpos_stale(-1, 125000, 20), 0);
+}

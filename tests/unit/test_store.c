@@ -72,3 +72,31 @@ Test(store, global_buckets_are_stable_and_tagged_apart_from_partitions)
     cr_assert_str_eq(key, "idem:dedup{g1::03}:123456789");
     cr_assert_eq(len, (int)strlen(key));
 }
+
+Test(store, a_global_mark_key_keeps_an_identity_byte_for_byte)
+{
+    idem_conf_t conf;
+    memset(&conf, 0, sizeof(conf));
+    conf.group_id = "g1";
+    conf.redis_prefix = "idem:";
+    /* An identity with a NUL inside: the key carries all its bytes, in the
+     * bucket of all of them (not of "ab", where a C string would stop). */
+    const char id[] = {'a', 'b', '\0', 'c', 'd'};
+    char key[128], tag[64], want[128];
+    memset(key, 'x', sizeof(key));
+    int len = idem_store_gmark_key(&conf, id, sizeof(id), key, sizeof(key));
+    idem_store_gbucket_tag(&conf, idem_store_gbucket(id, sizeof(id)), tag,
+                           sizeof(tag));
+    int hl = snprintf(want, sizeof(want), "idem:dedup%s:", tag);
+    memcpy(want + hl, id, sizeof(id));
+    cr_assert_eq(len, hl + (int)sizeof(id));
+    cr_assert_eq(memcmp(key, want, (size_t)len), 0);
+    cr_assert_eq(key[len], '\0');
+    cr_assert_neq(idem_store_gbucket(id, sizeof(id)), idem_store_gbucket(id, 2),
+                  "choose an identity whose bucket differs from its prefix's");
+    /* Too small a buffer: cut and terminated, the full length returned. */
+    char small[24];
+    cr_assert_eq(
+        idem_store_gmark_key(&conf, id, sizeof(id), small, sizeof(small)), len);
+    cr_assert_eq(small[sizeof(small) - 1], '\0');
+}
