@@ -45,6 +45,7 @@
 /* How often the Redis server's maxmemory-policy is checked again. */
 #define POLICY_CHECK_INTERVAL_MS 30000
 #define IDLE_CHECK_INTERVAL_MS   1000
+#define TOUCH_CHECK_INTERVAL_MS  1000
 
 /* How long collect may wait for an external effect's results when nothing
  * else is to be done (short: the consumer is not polled meanwhile). */
@@ -91,6 +92,7 @@ struct idem_pipeline_s {
     char fatal[512];           /* a producer's fatal error: stop */
     void (*on_shutdown)(void); /* called once when shutdown begins */
     int64_t last_commit_ms;
+    int64_t last_touch_ms;      /* cluster mode: idem_positions_touch in work */
     idem_progress_t progress;   /* the progress line (progress.c) */
     int refused;                /* the Redis server was refused: exit 2 */
     idem_positions_t positions; /* positions in Redis (positions.c) */
@@ -508,6 +510,16 @@ static int work(idem_pipeline_t *p, char *errstr, size_t errstr_size)
     if (rc == 0 && !idem_loop_store_busy(p))
         rc = idem_store_check(p->store, POLICY_CHECK_INTERVAL_MS, errstr,
                               errstr_size);
+    /* Cluster mode: the global path's buckets are touched here too, with
+     * the store free between two requests: under constant load the commit
+     * step seldom finds it free, and an untouched bucket would make a
+     * rewind after a lost tail go back too far. */
+    int64_t tnow = idem_now_ms();
+    if (rc == 0 && !idem_loop_store_busy(p) && !p->flow.down &&
+        tnow - p->last_touch_ms >= TOUCH_CHECK_INTERVAL_MS) {
+        p->last_touch_ms = tnow;
+        idem_positions_touch(&p->positions, &p->offs);
+    }
     idem_effects_parse(&p->fx);
     if (rc == 0)
         rc = idem_effects_dlq_queue(&p->fx, errstr, errstr_size);

@@ -87,6 +87,12 @@ static void positions_touch(idem_positions_t *ps, const idem_offsets_t *offs,
                     "error", errstr, NULL);
 }
 
+void idem_positions_touch(idem_positions_t *ps, const idem_offsets_t *offs)
+{
+    if (idem_store_cluster(ps->store))
+        positions_touch(ps, offs, NULL);
+}
+
 /* Writes the finished prefixes to Redis before they are committed to
  * Kafka (docs/design.md, "Positions in Redis"); only with no request in
  * flight (the ledger sends them along with its requests otherwise). A

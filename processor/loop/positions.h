@@ -54,6 +54,13 @@ void idem_positions_term(idem_positions_t *ps);
 size_t idem_positions_due(idem_positions_t *ps, const idem_offsets_t *offs,
                           const rd_kafka_topic_partition_list_t *subset);
 
+/* Cluster mode: touches the global path's buckets (store.h,
+ * idem_store_gpos_touch) for every partition held whose touch is due. For
+ * a loop under constant load, whose commit step rarely finds the store
+ * free: the caller calls it when the store is free between two requests,
+ * at most every second. No-op on a single Redis. */
+void idem_positions_touch(idem_positions_t *ps, const idem_offsets_t *offs);
+
 /* Writes the finished prefixes to Redis before they are committed to
  * Kafka. The caller calls it only when the store is free (no request in
  * flight) and up. A failure is logged and leaves the Kafka commit

@@ -2669,7 +2669,8 @@ static int gpos_setback(idem_store_t *s, idem_store_pos_t *load, size_t i,
     for (size_t x = 0; x < ng; x++) {
         if (gc[x].i != i || gc[x].verdict == IDEM_GPOS_KEPT)
             continue;
-        char node[300], b[8], rec[24], last[24], at[24], rw[24];
+        char node[300], b[8], rec[24], last[24], at[24], rw[24], part[16];
+        snprintf(part, sizeof(part), "%" PRId32, load[i].partition);
         char tag[300], gkey[640];
         idem_store_gbucket_tag(s->conf, gc[x].bucket, tag, sizeof(tag));
         snprintf(gkey, sizeof(gkey), "%sgpos%s", s->conf->redis_prefix, tag);
@@ -2689,8 +2690,8 @@ static int gpos_setback(idem_store_t *s, idem_store_pos_t *load, size_t i,
                         : "redis went back in time: a global bucket's node "
                           "lost records of a partition it acknowledged; "
                           "reading again from the bucket's last kept call",
-                    "topic", load[i].topic, "partition", s->fields[i], "node",
-                    node, "bucket", b, "recorded", rec, "bucket_last", last,
+                    "topic", load[i].topic, "partition", part, "node", node,
+                    "bucket", b, "recorded", rec, "bucket_last", last,
                     "bucket_at", at, "rewind", rw, NULL);
         if (gc[x].verdict == IDEM_GPOS_BEHIND &&
             idem_gpos_stale(gc[x].at_ms, idem_wall_ms(),
@@ -2701,13 +2702,13 @@ static int gpos_setback(idem_store_t *s, idem_store_pos_t *load, size_t i,
             idem_log_kv(IDEM_LOG_WARN,
                         "the rewind after a global bucket's loss reaches "
                         "back further than dedup.ttl.seconds: records read "
-                        "again from it whose marks expired will be applied "
+                        "again from it whose marks expired may be applied "
                         "again (the bucket's at was written that long ago "
-                        "and not touched since: the member was down or "
-                        "could not reach it)",
-                        "topic", load[i].topic, "partition", s->fields[i],
-                        "node", node, "bucket", b, "rewind", rw,
-                        "at_age_seconds", age, NULL);
+                        "and not touched since: the member was down, could "
+                        "not reach it, or the partition was idle; records "
+                        "finished after that time are not at risk)",
+                        "topic", load[i].topic, "partition", part, "node", node,
+                        "bucket", b, "rewind", rw, "at_age_seconds", age, NULL);
         }
         snprintf(fld[x], sizeof(fld[x]), "%s:g%02d", s->fields[i],
                  gc[x].bucket);
