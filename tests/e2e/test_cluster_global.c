@@ -468,6 +468,33 @@ static void wait_marks_expired(int a)
     cr_assert_fail("partition 0's marks never expired");
 }
 
+/* Waits until the bucket's `at` for partition 0 (on its primary b) has
+ * reached partition 0's position (on its primary a): the member touched
+ * the bucket after its last records. Fails naming both when it does not
+ * within 60 s (a touch is due every 10 s while the prefix moves). */
+static void wait_touched(int a, int b, int bucket)
+{
+    char gkey[64];
+    snprintf(gkey, sizeof(gkey), "idemproc:gpos{test-group::%02d}", bucket);
+    long pos = -1, at = -1;
+    for (int i = 0; i < 300; i++) {
+        char *p =
+            th_cluster_cmd(&clu, a, "HGET %s %s",
+                           "idemproc:pos{test-group:payments:0}", "payments:0");
+        char *t = th_cluster_cmd(&clu, b, "HGET %s %s", gkey, "payments:0:at");
+        pos = p && *p >= '0' && *p <= '9' ? atol(p) : -1;
+        at = t && *t >= '0' && *t <= '9' ? atol(t) : -1;
+        free(p);
+        free(t);
+        if (pos >= 0 && at >= pos)
+            return;
+        usleep(200 * 1000);
+    }
+    cr_assert_fail("the bucket %d was never touched up to partition 0's "
+                   "position: at %ld, position %ld",
+                   bucket, at, pos);
+}
+
 /* g. The touch: partition 0 used the bucket once, long ago (its call older
  * than dedup.ttl.seconds=20), then only keyed records whose marks then
  * expired. The bucket's node loses a later call (as in c). Without the
@@ -501,6 +528,7 @@ Test(cluster_global, rarely_used_bucket_rewinds_only_to_its_touch,
     /* The bucket's call is now older than the window, and so are the
      * keyed records' marks. */
     wait_marks_expired(a);
+    wait_touched(a, b, bucket);
     /* Their marks are gone, their effects stay: verify expects the
      * ledger's sums and only the identities sent from now on. */
     e.earlier += (long)json_array_size(e.ids);
