@@ -189,7 +189,8 @@ Test(cluster_external, forward_primary_killed_replica_promoted_wait_exact,
     cr_assert(th_cluster_is_primary(&clu, replica));
     assert_mid_stream("failover");
     cr_assert_eq(th_cluster_restart(&clu, victim), 0);
-    cr_assert_eq(th_cluster_wait_ok(&clu, 30000), 0);
+    cr_assert_eq(th_cluster_wait_ok(&clu, 60000), 0,
+                 "the cluster not ok after the node came back as a replica");
     end_exact(m1, m2);
 }
 

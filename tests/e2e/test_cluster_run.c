@@ -334,7 +334,8 @@ Test(cluster_run, primary_killed_replica_promoted_node_back_exact,
     cr_assert_eq(th_cluster_owner(&clu, tag_slot(0)), replica);
     assert_mid_stream("failover");
     cr_assert_eq(th_cluster_restart(&clu, victim), 0);
-    cr_assert_eq(th_cluster_wait_ok(&clu, 30000), 0);
+    cr_assert_eq(th_cluster_wait_ok(&clu, 60000), 0,
+                 "the cluster not ok after the node came back as a replica");
     end_exact(m1, m2);
 }
 
@@ -525,7 +526,8 @@ Test(cluster_run, script_handler_reshard_and_failover_exact, .timeout = 300)
     cr_assert_eq(th_cluster_wait_ok(&clu, 30000), 0, "no failover");
     cr_assert_eq(th_cluster_owner(&clu, tag_slot(0)), replica);
     cr_assert_eq(th_cluster_restart(&clu, victim), 0);
-    cr_assert_eq(th_cluster_wait_ok(&clu, 30000), 0);
+    cr_assert_eq(th_cluster_wait_ok(&clu, 60000), 0,
+                 "the cluster not ok after the node came back as a replica");
     pthread_join(producer, NULL);
     cr_assert_eq(atomic_load(&produced), 2, "the producer failed");
     long unique = th_stack_expect_unique(&stk);

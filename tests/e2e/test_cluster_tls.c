@@ -144,7 +144,8 @@ Test(cluster_tls, members_over_tls_through_a_failover_exact, .timeout = 300)
     /* Back as a replica (over TLS: tls-replication), so the promoted
      * node's WAIT 1 is answered again. */
     cr_assert_eq(th_cluster_restart(&clu, victim), 0);
-    cr_assert_eq(th_cluster_wait_ok(&clu, 30000), 0);
+    cr_assert_eq(th_cluster_wait_ok(&clu, 60000), 0,
+                 "the cluster not ok after the node came back as a replica");
 
     pthread_join(producer, NULL);
     cr_assert_eq(atomic_load(&produced), 2, "the producer failed");
